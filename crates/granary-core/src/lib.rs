@@ -1,0 +1,1 @@
+//! granary core (being written).

@@ -1,0 +1,1 @@
+//! The interposition library (being written).

@@ -1,0 +1,263 @@
+//! The on-memory layout of a catalog table, version 1.
+//!
+//! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
+//! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
+//! header by offsets, so a lookup is a few loads and one hash — no syscall, no lock, no allocation.
+//!
+//! ```text
+//! 0            header (HEADER_LEN bytes: fixed fields, then PATH_SLOTS slots of PATH_SLOT_LEN)
+//! entries_off  entry_count × EntryRec         immutable after build: relative path, struct stat
+//! states_off   entry_count × 16 bytes         mutable, atomics only: [state word, checksum]
+//! hash_off     hash_slots × u32               open addressing, entry index + 1, 0 = empty
+//! strings_off  strings_len bytes              relative paths and symlink targets
+//! ring_off     request ring                   clients → agent (see `ring`)
+//! stats_off    job_slots × JobStats            per-job counters, atomics only
+//! ```
+//! Entries of one directory are contiguous (`first_child .. first_child + child_count`), in the
+//! order the source's `readdir` returned them, so a listing is a slice walk. Entry 0 is the root.
+//!
+//! Invariant the resolver relies on: every ancestor of a catalogued path is a real directory (the
+//! walk never descends a symlink), so lexical `..` inside the catalog is exact.
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
+pub const VERSION: u32 = 1;
+
+// Header fields: byte offsets from the start of the table.
+pub const H_MAGIC: usize = 0;
+pub const H_VERSION: usize = 8;
+/// `AtomicU32`; bit `FLAG_VALID` cleared by the agent when the table must no longer be trusted.
+pub const H_FLAGS: usize = 12;
+pub const H_TOTAL_LEN: usize = 16;
+pub const H_ENTRY_COUNT: usize = 24;
+pub const H_HASH_SLOTS: usize = 28;
+pub const H_ENTRIES_OFF: usize = 32;
+pub const H_STATES_OFF: usize = 40;
+pub const H_HASH_OFF: usize = 48;
+pub const H_STRINGS_OFF: usize = 56;
+pub const H_STRINGS_LEN: usize = 64;
+pub const H_RING_OFF: usize = 72;
+pub const H_RING_CAP: usize = 80;
+pub const H_JOB_SLOTS: usize = 84;
+pub const H_STATS_OFF: usize = 88;
+pub const H_TIER_COUNT: usize = 96;
+pub const H_AGENT_PID: usize = 100;
+/// `st_ino` of the source root's parent, for the `..` entry of a listing of the root.
+pub const H_ROOT_PARENT_INO: usize = 104;
+/// `AtomicU64`; bumped by the agent whenever it replaces a cache object (diagnostics only).
+pub const H_GENERATION: usize = 120;
+
+pub const FLAG_VALID: u32 = 1;
+
+/// Path slots hold absolute paths the hooks need: `len: u32` at +0, bytes from +8.
+pub const PATHS_OFF: usize = 4096;
+pub const PATH_SLOT_LEN: usize = 4096;
+pub const PATH_MAX_LEN: usize = PATH_SLOT_LEN - 8;
+/// The source root as the user named it, lexically normalised, absolute.
+pub const SLOT_SOURCE: usize = 0;
+/// The source root with symlinks resolved (`realpath`); may equal `SLOT_SOURCE`.
+pub const SLOT_SOURCE_REAL: usize = 1;
+/// An empty directory owned by the agent; its fd stands in for a catalogued directory so that
+/// `opendir`/`fdopendir`/`*at` get a real kernel fd while listings come from the catalog.
+pub const SLOT_SHADOW_DIR: usize = 2;
+/// Tier `t`'s object directory lives in slot `SLOT_TIER0 + t`.
+pub const SLOT_TIER0: usize = 3;
+pub const MAX_TIERS: usize = 8;
+pub const PATH_SLOTS: usize = SLOT_TIER0 + MAX_TIERS;
+pub const HEADER_LEN: usize = PATHS_OFF + PATH_SLOTS * PATH_SLOT_LEN;
+
+/// Seconds and nanoseconds, as in `struct statx_timestamp`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ts {
+    pub sec: i64,
+    pub nsec: u32,
+    pub _pad: u32,
+}
+
+/// Everything `statx(2)` told the walk about one path (with `AT_SYMLINK_NOFOLLOW`).
+/// `struct stat` and `struct statx` answers are both derived from it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatRec {
+    /// `stx_mask`: which fields the source filled in.
+    pub mask: u32,
+    pub blksize: u32,
+    pub attributes: u64,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// File type and permission bits (`st_mode`).
+    pub mode: u32,
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub attributes_mask: u64,
+    pub atime: Ts,
+    pub btime: Ts,
+    pub ctime: Ts,
+    pub mtime: Ts,
+    pub rdev_major: u32,
+    pub rdev_minor: u32,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+}
+
+impl StatRec {
+    pub fn file_type(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+    pub fn is_dir(&self) -> bool {
+        self.file_type() == libc::S_IFDIR
+    }
+    pub fn is_file(&self) -> bool {
+        self.file_type() == libc::S_IFREG
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.file_type() == libc::S_IFLNK
+    }
+    /// `d_type` for a directory listing.
+    pub fn dirent_type(&self) -> u8 {
+        match self.file_type() {
+            libc::S_IFREG => libc::DT_REG,
+            libc::S_IFDIR => libc::DT_DIR,
+            libc::S_IFLNK => libc::DT_LNK,
+            libc::S_IFCHR => libc::DT_CHR,
+            libc::S_IFBLK => libc::DT_BLK,
+            libc::S_IFIFO => libc::DT_FIFO,
+            libc::S_IFSOCK => libc::DT_SOCK,
+            _ => libc::DT_UNKNOWN,
+        }
+    }
+    /// Modification time in nanoseconds, the key (with size) that decides whether a cached copy
+    /// still matches the source.
+    pub fn mtime_ns(&self) -> i128 {
+        self.mtime.sec as i128 * 1_000_000_000 + self.mtime.nsec as i128
+    }
+}
+
+/// One catalogued path. Immutable once the table is built.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EntryRec {
+    /// Path relative to the source root, in the string pool, without leading `/`; empty for the root.
+    pub path_off: u32,
+    pub path_len: u32,
+    /// Offset of the last component inside the path (the name a listing shows).
+    pub name_off: u32,
+    /// Index of the parent directory (the root is its own parent).
+    pub parent: u32,
+    /// Directories: children are entries `first_child .. first_child + child_count`.
+    pub first_child: u32,
+    pub child_count: u32,
+    /// Symlinks: the target as `readlink` returns it, in the string pool.
+    pub link_off: u32,
+    pub link_len: u32,
+    /// Name of the cached copy in a tier's object directory (`object_name`).
+    pub object: u64,
+    pub stat: StatRec,
+}
+
+pub const ENTRY_LEN: usize = core::mem::size_of::<EntryRec>();
+/// Per entry: state word (`AtomicU64`) and content checksum of the placed copy (`AtomicU64`).
+pub const STATE_LEN: usize = 16;
+
+/// Placement state, low byte of an entry's state word; the tier is the next byte.
+pub mod state {
+    /// Not cached; opens go to the source and ask the agent to place it.
+    pub const UNPLACED: u8 = 0;
+    /// The agent accepted a request and will copy it.
+    pub const QUEUED: u8 = 1;
+    /// A copy is being written (under a temporary name: never visible to clients).
+    pub const PLACING: u8 = 2;
+    /// A complete copy exists in the tier named by the state word.
+    pub const PLACED: u8 = 3;
+    /// Never cached (unreadable for the agent, no tier has room, not a regular file); served from
+    /// the catalog's metadata, opened on the source.
+    pub const SOURCE_ONLY: u8 = 4;
+    /// The source changed under us (a client opened it for writing): the catalog's metadata and
+    /// any copy are void; every call passes through.
+    pub const STALE: u8 = 5;
+
+    pub const fn word(state: u8, tier: u8) -> u64 {
+        state as u64 | (tier as u64) << 8
+    }
+    pub const fn state_of(word: u64) -> u8 {
+        word as u8
+    }
+    pub const fn tier_of(word: u64) -> u8 {
+        (word >> 8) as u8
+    }
+}
+
+/// The cached copy's file name inside a tier's object directory: 16 lowercase hex digits.
+pub fn object_name(object: u64) -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = HEX[((object >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
+}
+
+/// Object id of a relative path. Stable across catalog rebuilds, so a cache survives them.
+pub fn object_id(rel_path: &[u8]) -> u64 {
+    // Seeded so that an object id is never equal to the catalog's hash-table key for the path.
+    xxhash_rust::xxh3::xxh3_64_with_seed(rel_path, 0x6772_616e_6172_7921)
+}
+
+/// Hash-table key of a relative path.
+pub fn path_hash(rel_path: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(rel_path)
+}
+
+/// Requests clients push onto the ring: kind in the top byte, entry index below.
+pub mod request {
+    /// A client opened an unplaced file on the source: place it.
+    pub const OPEN_UNPLACED: u8 = 1;
+    /// A client opened the file for writing: drop the copy, re-stat the source.
+    pub const INVALIDATE: u8 = 2;
+    /// A client found the cached copy damaged (wrong size or type): drop it, place it again.
+    pub const DAMAGED: u8 = 3;
+
+    pub const fn encode(kind: u8, entry: u32) -> u64 {
+        (kind as u64) << 56 | entry as u64
+    }
+    pub const fn decode(value: u64) -> (u8, u32) {
+        ((value >> 56) as u8, value as u32)
+    }
+}
+
+/// Ring layout: consumer index at +0, producer index at +64 (own cache lines), slots from +128,
+/// each slot `[sequence: AtomicU64, value: AtomicU64]`.
+pub const RING_HEAD: usize = 0;
+pub const RING_TAIL: usize = 64;
+pub const RING_SLOTS: usize = 128;
+pub const RING_SLOT_LEN: usize = 16;
+
+/// Per-job counters, `AtomicU64` each, `JOB_STATS_WORDS` per job slot. Slot 0 collects processes
+/// that run without a job slot (e.g. preloaded by hand). Counted by the preload library.
+pub mod job {
+    /// pid of the `granary run` that owns the slot, 0 when free. Written by the agent only.
+    pub const OWNER: usize = 0;
+    /// Opens of catalogued regular files.
+    pub const OPENS: usize = 1;
+    /// Opens the program made on the source (not served from a tier).
+    pub const SOURCE_OPENS: usize = 2;
+    /// `read`-family calls on fds opened on the source, and the bytes they returned.
+    pub const SOURCE_READS: usize = 3;
+    pub const SOURCE_BYTES: usize = 4;
+    /// Metadata calls on dataset paths that went to the source (stat, access, readdir, …).
+    pub const SOURCE_META: usize = 5;
+    /// Metadata calls answered from the catalog.
+    pub const CATALOG_META: usize = 6;
+    /// Times a placed copy could not be used and the call went to the source instead.
+    pub const FALLBACKS: usize = 7;
+    /// Files opened from tier `t`: `TIER_FILES + t`; bytes read from them: `TIER_BYTES + t`.
+    pub const TIER_FILES: usize = 8;
+    pub const TIER_BYTES: usize = TIER_FILES + super::MAX_TIERS;
+    pub const WORDS: usize = TIER_BYTES + super::MAX_TIERS + 8;
+}
+pub const JOB_STATS_LEN: usize = job::WORDS * 8;
+
+const _: () = assert!(ENTRY_LEN % 8 == 0);
+const _: () = assert!(HEADER_LEN % 4096 == 0);

@@ -1,0 +1,21 @@
+//! The catalog table shared by the node agent (writer) and the preload library (reader).
+//!
+//! See `layout` for the format. The API is allocation-free and lock-free on the reading side, so
+//! it is safe to call from inside interposed libc calls.
+
+pub mod build;
+pub mod layout;
+pub mod mapping;
+pub mod region;
+pub mod resolve;
+mod ring;
+pub mod table;
+
+pub use build::{build, BuildError, CatalogEntry, TableSpec};
+pub use layout::{job, object_id, object_name, request, state, EntryRec, StatRec, Ts};
+pub use mapping::{MapError, Mapping};
+pub use resolve::{resolve, strip_root, Resolved};
+pub use table::{Table, TableError};
+
+#[cfg(test)]
+mod tests;

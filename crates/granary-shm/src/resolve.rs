@@ -1,0 +1,104 @@
+//! Following symlinks inside the catalog, without allocation.
+//!
+//! Only positive answers come from the catalog. Whenever the kernel could resolve a path
+//! differently from what the catalog can prove (a link leaving the source, `..` after a link,
+//! too many hops) the answer is `PassThrough` and the caller asks the real file system.
+
+use crate::layout::PATH_MAX_LEN;
+use crate::table::Table;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved {
+    /// The path names this entry.
+    Entry(u32),
+    /// Not in the catalog, or not provably: ask the source.
+    PassThrough,
+}
+
+/// Linux's limit on symlinks followed in one resolution.
+const MAX_HOPS: usize = 40;
+
+/// Resolves `rel` (relative to the source root, normalised: no `.`/`..`/empty components, no
+/// leading or trailing `/`). With `follow`, a final symlink is followed as `stat` and `open` do.
+pub fn resolve(table: &Table, rel: &[u8], follow: bool) -> Resolved {
+    let Some(mut idx) = table.lookup(rel) else {
+        return Resolved::PassThrough;
+    };
+    if !follow {
+        return Resolved::Entry(idx);
+    }
+    let mut buf = [0u8; PATH_MAX_LEN];
+    for _ in 0..MAX_HOPS {
+        let Some(e) = table.entry(idx) else {
+            return Resolved::PassThrough;
+        };
+        let Some(target) = table.link_target(&e) else {
+            return Resolved::Entry(idx);
+        };
+        let Some(parent) = table.entry(e.parent).and_then(|p| table.rel_path(&p)) else {
+            return Resolved::PassThrough;
+        };
+        let Some(len) = join_target(table, parent, target, &mut buf) else {
+            return Resolved::PassThrough;
+        };
+        match table.lookup(&buf[..len]) {
+            Some(next) => idx = next,
+            None => return Resolved::PassThrough,
+        }
+    }
+    Resolved::PassThrough
+}
+
+/// Writes the catalog path a link target names into `out`; `None` if it leaves the source or
+/// needs knowledge the catalog lacks.
+fn join_target(table: &Table, link_dir: &[u8], target: &[u8], out: &mut [u8]) -> Option<usize> {
+    let mut len = 0;
+    let mut rest = target;
+    if target.first() == Some(&b'/') {
+        rest = strip_root(target, table.source_root())
+            .or_else(|| strip_root(target, table.source_real_root()))?;
+    } else {
+        out.get_mut(..link_dir.len())?.copy_from_slice(link_dir);
+        len = link_dir.len();
+    }
+    // Leading `..` are exact: the link's directory and its ancestors are real directories.
+    // A `..` after any other component might follow a symlink, which only the kernel knows.
+    let mut seen_name = false;
+    for comp in rest.split(|&b| b == b'/') {
+        match comp {
+            b"" | b"." => {}
+            b".." if !seen_name => {
+                if len == 0 {
+                    return None; // above the source root
+                }
+                len = out[..len].iter().rposition(|&b| b == b'/').unwrap_or(0);
+            }
+            b".." => return None,
+            name => {
+                seen_name = true;
+                if len > 0 {
+                    *out.get_mut(len)? = b'/';
+                    len += 1;
+                }
+                out.get_mut(len..len + name.len())?.copy_from_slice(name);
+                len += name.len();
+            }
+        }
+    }
+    Some(len)
+}
+
+/// `path` relative to `root` if `path` lies inside it (`root` itself gives "").
+pub fn strip_root<'a>(path: &'a [u8], root: &[u8]) -> Option<&'a [u8]> {
+    if root.is_empty() {
+        return None;
+    }
+    let rest = path.strip_prefix(root)?;
+    if rest.is_empty() {
+        return Some(rest);
+    }
+    if root == b"/" {
+        return Some(rest);
+    }
+    rest.strip_prefix(b"/")
+}

@@ -1,0 +1,113 @@
+//! Client → agent request ring in shared memory: many producers (every hooked process), one
+//! consumer (the agent). A bounded sequence-numbered queue (D. Vyukov's design): a producer
+//! claims a position by CAS on the tail and publishes by bumping the slot's sequence.
+//!
+//! Processes die at any instruction (kill -9, a forked worker exiting), so the consumer must
+//! survive a producer that claimed a slot and never published it: `skip_stuck` lets the agent
+//! step over such a slot after a grace period. A late producer then loses its CAS and its request
+//! is dropped — requests are hints, never facts the agent trusts without checking.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::layout::{RING_HEAD, RING_SLOTS, RING_SLOT_LEN, RING_TAIL};
+use crate::region::Region;
+
+pub(crate) struct Ring<'a> {
+    region: &'a Region,
+    off: usize,
+    cap: u64,
+}
+
+impl<'a> Ring<'a> {
+    pub(crate) fn new(region: &'a Region, off: usize, cap: u32) -> Ring<'a> {
+        Ring {
+            region,
+            off,
+            cap: cap as u64,
+        }
+    }
+
+    fn head(&self) -> Option<&AtomicU64> {
+        self.region.atomic_u64(self.off + RING_HEAD)
+    }
+
+    fn tail(&self) -> Option<&AtomicU64> {
+        self.region.atomic_u64(self.off + RING_TAIL)
+    }
+
+    fn slot(&self, pos: u64) -> Option<(&AtomicU64, &AtomicU64)> {
+        let base = self.off + RING_SLOTS + (pos & (self.cap - 1)) as usize * RING_SLOT_LEN;
+        Some((
+            self.region.atomic_u64(base)?,
+            self.region.atomic_u64(base + 8)?,
+        ))
+    }
+
+    pub(crate) fn push(&self, value: u64) -> bool {
+        let Some(tail) = self.tail() else {
+            return false;
+        };
+        let mut pos = tail.load(Ordering::Relaxed);
+        // Bounded: a hook must never spin for long.
+        for _ in 0..64 {
+            let Some((seq, val)) = self.slot(pos) else {
+                return false;
+            };
+            let s = seq.load(Ordering::Acquire);
+            if s == pos {
+                match tail.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    Ok(_) => {
+                        val.store(value, Ordering::Relaxed);
+                        // Publish; fails only if the consumer already skipped us as stuck.
+                        return seq
+                            .compare_exchange(pos, pos + 1, Ordering::Release, Ordering::Relaxed)
+                            .is_ok();
+                    }
+                    Err(now) => pos = now,
+                }
+            } else if s < pos {
+                return false; // full
+            } else {
+                pos = tail.load(Ordering::Relaxed);
+            }
+        }
+        false
+    }
+
+    pub(crate) fn pop(&self) -> Option<u64> {
+        let head = self.head()?;
+        let pos = head.load(Ordering::Relaxed);
+        let (seq, val) = self.slot(pos)?;
+        if seq.load(Ordering::Acquire) != pos + 1 {
+            return None;
+        }
+        let value = val.load(Ordering::Relaxed);
+        seq.store(pos + self.cap, Ordering::Release);
+        head.store(pos + 1, Ordering::Relaxed);
+        Some(value)
+    }
+
+    /// True if the head slot is claimed (tail moved past it) but unpublished and was skipped.
+    /// Call only after the head has looked stuck for a while.
+    pub(crate) fn skip_stuck(&self) -> bool {
+        let (Some(head), Some(tail)) = (self.head(), self.tail()) else {
+            return false;
+        };
+        let pos = head.load(Ordering::Relaxed);
+        if tail.load(Ordering::Relaxed) <= pos {
+            return false;
+        }
+        let Some((seq, _)) = self.slot(pos) else {
+            return false;
+        };
+        if seq
+            .compare_exchange(pos, pos + self.cap, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            head.store(pos + 1, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+}

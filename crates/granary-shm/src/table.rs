@@ -1,0 +1,372 @@
+//! A validated view of a mapped catalog table: lookups, placement state, counters.
+//!
+//! Everything here is allocation-free and lock-free, so the preload library can call it from
+//! inside any hook (including a vfork child).
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::layout::*;
+use crate::region::Region;
+
+/// Why a mapping is not usable as a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableError {
+    TooShort,
+    BadMagic,
+    BadVersion(u32),
+    BadLayout(&'static str),
+}
+
+impl core::fmt::Display for TableError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            TableError::TooShort => write!(f, "table file is shorter than its header"),
+            TableError::BadMagic => write!(f, "not a granary table (bad magic)"),
+            TableError::BadVersion(v) => write!(f, "table version {v}, this build reads {VERSION}"),
+            TableError::BadLayout(what) => write!(f, "table layout is inconsistent: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for TableError {}
+
+#[derive(Clone, Copy)]
+pub struct Table {
+    region: Region,
+    entry_count: u32,
+    hash_slots: u32,
+    entries_off: usize,
+    states_off: usize,
+    hash_off: usize,
+    strings_off: usize,
+    strings_len: usize,
+    ring_off: usize,
+    ring_cap: u32,
+    job_slots: u32,
+    stats_off: usize,
+    tier_count: u32,
+}
+
+fn section(
+    region: &Region,
+    off: usize,
+    count: usize,
+    item: usize,
+    what: &'static str,
+) -> Result<usize, TableError> {
+    let len = count.checked_mul(item).ok_or(TableError::BadLayout(what))?;
+    let end = off.checked_add(len).ok_or(TableError::BadLayout(what))?;
+    if off < HEADER_LEN || end > region.len() || off % 8 != 0 {
+        return Err(TableError::BadLayout(what));
+    }
+    Ok(off)
+}
+
+impl Table {
+    /// Validates the header and every section's bounds once, so later accessors only need
+    /// per-index checks.
+    pub fn new(region: Region) -> Result<Table, TableError> {
+        if region.len() < HEADER_LEN {
+            return Err(TableError::TooShort);
+        }
+        let u32_at = |off| region.u32_at(off).ok_or(TableError::TooShort);
+        let u64_at = |off| region.u64_at(off).ok_or(TableError::TooShort);
+        if u64_at(H_MAGIC)? != MAGIC {
+            return Err(TableError::BadMagic);
+        }
+        let version = u32_at(H_VERSION)?;
+        if version != VERSION {
+            return Err(TableError::BadVersion(version));
+        }
+        if u64_at(H_TOTAL_LEN)? as usize != region.len() {
+            return Err(TableError::BadLayout(
+                "total length differs from the file's",
+            ));
+        }
+        let entry_count = u32_at(H_ENTRY_COUNT)?;
+        let hash_slots = u32_at(H_HASH_SLOTS)?;
+        if entry_count == 0 || !hash_slots.is_power_of_two() || hash_slots <= entry_count {
+            return Err(TableError::BadLayout("entry count or hash slots"));
+        }
+        let n = entry_count as usize;
+        let entries_off = section(
+            &region,
+            u64_at(H_ENTRIES_OFF)? as usize,
+            n,
+            ENTRY_LEN,
+            "entries",
+        )?;
+        let states_off = section(
+            &region,
+            u64_at(H_STATES_OFF)? as usize,
+            n,
+            STATE_LEN,
+            "states",
+        )?;
+        let hash_off = section(
+            &region,
+            u64_at(H_HASH_OFF)? as usize,
+            hash_slots as usize,
+            4,
+            "hash",
+        )?;
+        let strings_len = u64_at(H_STRINGS_LEN)? as usize;
+        let strings_off = section(
+            &region,
+            u64_at(H_STRINGS_OFF)? as usize,
+            strings_len,
+            1,
+            "strings",
+        )?;
+        let ring_cap = u32_at(H_RING_CAP)?;
+        if !ring_cap.is_power_of_two() {
+            return Err(TableError::BadLayout("ring capacity"));
+        }
+        let ring_off = section(
+            &region,
+            u64_at(H_RING_OFF)? as usize,
+            RING_SLOTS + ring_cap as usize * RING_SLOT_LEN,
+            1,
+            "ring",
+        )?;
+        let job_slots = u32_at(H_JOB_SLOTS)?;
+        let stats_off = section(
+            &region,
+            u64_at(H_STATS_OFF)? as usize,
+            job_slots as usize,
+            JOB_STATS_LEN,
+            "stats",
+        )?;
+        let tier_count = u32_at(H_TIER_COUNT)?;
+        if tier_count as usize > MAX_TIERS {
+            return Err(TableError::BadLayout("tier count"));
+        }
+        Ok(Table {
+            region,
+            entry_count,
+            hash_slots,
+            entries_off,
+            states_off,
+            hash_off,
+            strings_off,
+            strings_len,
+            ring_off,
+            ring_cap,
+            job_slots,
+            stats_off,
+            tier_count,
+        })
+    }
+
+    pub fn region(&self) -> Region {
+        self.region
+    }
+
+    /// False once the agent has withdrawn the table; clients then pass everything through.
+    pub fn is_valid(&self) -> bool {
+        self.region
+            .atomic_u32(H_FLAGS)
+            .is_some_and(|f| f.load(Ordering::Acquire) & FLAG_VALID != 0)
+    }
+
+    pub fn set_valid(&self, valid: bool) {
+        if let Some(f) = self.region.atomic_u32(H_FLAGS) {
+            if valid {
+                f.fetch_or(FLAG_VALID, Ordering::Release);
+            } else {
+                f.fetch_and(!FLAG_VALID, Ordering::Release);
+            }
+        }
+    }
+
+    pub fn entry_count(&self) -> u32 {
+        self.entry_count
+    }
+
+    pub fn tier_count(&self) -> u32 {
+        self.tier_count
+    }
+
+    pub fn job_slots(&self) -> u32 {
+        self.job_slots
+    }
+
+    pub fn agent_pid(&self) -> u32 {
+        self.region.u32_at(H_AGENT_PID).unwrap_or(0)
+    }
+
+    pub fn root_parent_ino(&self) -> u64 {
+        self.region.u64_at(H_ROOT_PARENT_INO).unwrap_or(0)
+    }
+
+    /// One of the header's path slots (`SLOT_*`), without a trailing NUL.
+    pub fn path_slot(&self, slot: usize) -> Option<&[u8]> {
+        if slot >= PATH_SLOTS {
+            return None;
+        }
+        let off = PATHS_OFF + slot * PATH_SLOT_LEN;
+        let len = self.region.u32_at(off)? as usize;
+        if len > PATH_MAX_LEN {
+            return None;
+        }
+        self.region.bytes(off + 8, len)
+    }
+
+    pub fn source_root(&self) -> &[u8] {
+        self.path_slot(SLOT_SOURCE).unwrap_or(b"")
+    }
+
+    pub fn source_real_root(&self) -> &[u8] {
+        self.path_slot(SLOT_SOURCE_REAL).unwrap_or(b"")
+    }
+
+    pub fn shadow_dir(&self) -> &[u8] {
+        self.path_slot(SLOT_SHADOW_DIR).unwrap_or(b"")
+    }
+
+    /// Object directory of tier `t`.
+    pub fn tier_dir(&self, tier: u32) -> Option<&[u8]> {
+        if tier >= self.tier_count {
+            return None;
+        }
+        self.path_slot(SLOT_TIER0 + tier as usize)
+    }
+
+    pub fn entry(&self, idx: u32) -> Option<EntryRec> {
+        if idx >= self.entry_count {
+            return None;
+        }
+        self.region
+            .read(self.entries_off + idx as usize * ENTRY_LEN)
+    }
+
+    fn string(&self, off: u32, len: u32) -> Option<&[u8]> {
+        let end = (off as usize).checked_add(len as usize)?;
+        if end > self.strings_len {
+            return None;
+        }
+        self.region
+            .bytes(self.strings_off + off as usize, len as usize)
+    }
+
+    /// Path of an entry relative to the source root ("" for the root).
+    pub fn rel_path(&self, e: &EntryRec) -> Option<&[u8]> {
+        self.string(e.path_off, e.path_len)
+    }
+
+    /// Last component of an entry's path: the name a listing shows.
+    pub fn name(&self, e: &EntryRec) -> Option<&[u8]> {
+        let path = self.rel_path(e)?;
+        path.get(e.name_off as usize..)
+    }
+
+    /// Target of a symlink entry, as `readlink` returns it.
+    pub fn link_target(&self, e: &EntryRec) -> Option<&[u8]> {
+        if !e.stat.is_symlink() {
+            return None;
+        }
+        self.string(e.link_off, e.link_len)
+    }
+
+    /// Entry index of a path relative to the source root, without following symlinks.
+    pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
+        let mask = self.hash_slots - 1;
+        let mut slot = path_hash(rel) as u32 & mask;
+        for _ in 0..self.hash_slots {
+            let v = self.region.u32_at(self.hash_off + slot as usize * 4)?;
+            if v == 0 {
+                return None;
+            }
+            let idx = v - 1;
+            let e = self.entry(idx)?;
+            if self.rel_path(&e)? == rel {
+                return Some(idx);
+            }
+            slot = (slot + 1) & mask;
+        }
+        None
+    }
+
+    fn state_cell(&self, idx: u32) -> Option<&AtomicU64> {
+        if idx >= self.entry_count {
+            return None;
+        }
+        self.region
+            .atomic_u64(self.states_off + idx as usize * STATE_LEN)
+    }
+
+    fn checksum_cell(&self, idx: u32) -> Option<&AtomicU64> {
+        if idx >= self.entry_count {
+            return None;
+        }
+        self.region
+            .atomic_u64(self.states_off + idx as usize * STATE_LEN + 8)
+    }
+
+    /// The entry's state word (`state::*`); Acquire so a PLACED word implies the copy is complete.
+    pub fn state(&self, idx: u32) -> u64 {
+        self.state_cell(idx)
+            .map_or(state::word(state::STALE, 0), |c| c.load(Ordering::Acquire))
+    }
+
+    pub fn set_state(&self, idx: u32, word: u64) {
+        if let Some(c) = self.state_cell(idx) {
+            c.store(word, Ordering::Release);
+        }
+    }
+
+    /// Compare-and-swap of a state word; false if it was not `from`.
+    pub fn swap_state(&self, idx: u32, from: u64, to: u64) -> bool {
+        self.state_cell(idx).is_some_and(|c| {
+            c.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
+    }
+
+    pub fn checksum(&self, idx: u32) -> u64 {
+        self.checksum_cell(idx)
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    pub fn set_checksum(&self, idx: u32, sum: u64) {
+        if let Some(c) = self.checksum_cell(idx) {
+            c.store(sum, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn ring(&self) -> crate::ring::Ring<'_> {
+        crate::ring::Ring::new(&self.region, self.ring_off, self.ring_cap)
+    }
+
+    /// Asks the agent for something (`request::*`). Never blocks; returns false if the ring is
+    /// full — requests are hints, and the next open will ask again.
+    pub fn push_request(&self, kind: u8, entry: u32) -> bool {
+        self.ring().push(request::encode(kind, entry))
+    }
+
+    /// Agent side: the next request, if any.
+    pub fn pop_request(&self) -> Option<(u8, u32)> {
+        self.ring().pop().map(request::decode)
+    }
+
+    /// Agent side: skips a slot a producer claimed but never filled (it died in between).
+    pub fn skip_stuck_request(&self) -> bool {
+        self.ring().skip_stuck()
+    }
+
+    /// A job counter (`job::*`) of job slot `slot`; slot 0 when the slot is out of range.
+    pub fn counter(&self, slot: u32, word: usize) -> Option<&AtomicU64> {
+        if word >= job::WORDS || self.job_slots == 0 {
+            return None;
+        }
+        let slot = if slot < self.job_slots { slot } else { 0 };
+        self.region
+            .atomic_u64(self.stats_off + slot as usize * JOB_STATS_LEN + word * 8)
+    }
+
+    pub fn count(&self, slot: u32, word: usize, n: u64) {
+        if let Some(c) = self.counter(slot, word) {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}

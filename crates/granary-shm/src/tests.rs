@@ -1,0 +1,285 @@
+//! Table round trips against a plain in-memory model of the tree.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::AsRawFd;
+
+use proptest::prelude::*;
+
+use crate::*;
+
+fn map_image(img: &[u8]) -> (Mapping, Table, tempfile::NamedTempFile) {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut f, img).unwrap();
+    let (m, t) = Mapping::map(f.as_file().as_raw_fd(), img.len()).unwrap();
+    (m, t, f)
+}
+
+fn stat(mode: u32, ino: u64, size: u64) -> StatRec {
+    StatRec {
+        mode,
+        ino,
+        size,
+        nlink: 1,
+        mask: 0x7ff,
+        ..Default::default()
+    }
+}
+
+/// A model tree: relative path → (is_dir, children names in listing order, symlink target).
+struct Model {
+    entries: Vec<CatalogEntry>,
+}
+
+impl Model {
+    fn new() -> Model {
+        let root = CatalogEntry {
+            stat: stat(libc::S_IFDIR | 0o755, 1, 4096),
+            ..Default::default()
+        };
+        Model {
+            entries: vec![root],
+        }
+    }
+    fn add(&mut self, parent: usize, name: &str, st: StatRec, link: &str) -> usize {
+        let p = &self.entries[parent].rel_path;
+        let mut rel = p.clone();
+        if !rel.is_empty() {
+            rel.push(b'/');
+        }
+        rel.extend_from_slice(name.as_bytes());
+        let idx = self.entries.len();
+        self.entries.push(CatalogEntry {
+            rel_path: rel,
+            stat: st,
+            link_target: link.as_bytes().to_vec(),
+            ..Default::default()
+        });
+        self.entries[parent].children.push(idx);
+        idx
+    }
+    fn spec() -> TableSpec {
+        TableSpec {
+            source: b"/pfs/data".to_vec(),
+            source_real: b"/lustre/data".to_vec(),
+            shadow_dir: b"/dev/shm/granary-0/empty".to_vec(),
+            tier_dirs: vec![b"/dev/shm/g/objects".to_vec(), b"/tmp/g/objects".to_vec()],
+            ring_cap: 8,
+            job_slots: 4,
+            ..Default::default()
+        }
+    }
+}
+
+#[test]
+fn header_round_trip() {
+    let mut m = Model::new();
+    let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    m.add(d, "a.jpg", stat(libc::S_IFREG | 0o644, 3, 110_000), "");
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    assert!(t.is_valid());
+    assert_eq!(t.source_root(), b"/pfs/data");
+    assert_eq!(t.source_real_root(), b"/lustre/data");
+    assert_eq!(t.tier_count(), 2);
+    assert_eq!(t.tier_dir(1).unwrap(), b"/tmp/g/objects");
+    assert!(t.tier_dir(2).is_none());
+    let idx = t.lookup(b"train/a.jpg").unwrap();
+    let e = t.entry(idx).unwrap();
+    assert_eq!(e.stat.size, 110_000);
+    assert_eq!(t.name(&e).unwrap(), b"a.jpg");
+    assert_eq!(e.object, object_id(b"train/a.jpg"));
+    assert_eq!(t.lookup(b""), Some(0));
+    assert_eq!(t.lookup(b"train/b.jpg"), None);
+    t.set_valid(false);
+    assert!(!t.is_valid());
+}
+
+#[test]
+fn damaged_images_are_rejected() {
+    let m = Model::new();
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let mut bad = img.clone();
+    bad[0] ^= 1;
+    let f = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut &f, &bad).unwrap();
+    assert!(matches!(
+        Mapping::map(f.as_raw_fd(), bad.len()),
+        Err(MapError::Table(TableError::BadMagic))
+    ));
+    // A truncated file: the header's total length no longer matches.
+    let short = &img[..img.len() - 4096];
+    let (r, _f) = {
+        let f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut &f, short).unwrap();
+        (Mapping::map(f.as_raw_fd(), short.len()).map(|_| ()), f)
+    };
+    assert!(matches!(r, Err(MapError::Table(TableError::BadLayout(_)))));
+}
+
+#[test]
+fn symlinks_resolve_inside_the_catalog_only() {
+    let mut m = Model::new();
+    let d = m.add(0, "d", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    let f = m.add(d, "f", stat(libc::S_IFREG | 0o644, 3, 10), "");
+    m.add(0, "rel", stat(libc::S_IFLNK | 0o777, 4, 3), "d/f");
+    m.add(d, "up", stat(libc::S_IFLNK | 0o777, 5, 4), "../d/f");
+    m.add(
+        0,
+        "abs",
+        stat(libc::S_IFLNK | 0o777, 6, 13),
+        "/pfs/data/d/f",
+    );
+    m.add(
+        0,
+        "absreal",
+        stat(libc::S_IFLNK | 0o777, 7, 16),
+        "/lustre/data/d/f",
+    );
+    m.add(0, "out", stat(libc::S_IFLNK | 0o777, 8, 4), "/etc/passwd");
+    m.add(0, "above", stat(libc::S_IFLNK | 0o777, 9, 5), "../x");
+    m.add(0, "mid", stat(libc::S_IFLNK | 0o777, 10, 8), "d/../d/f");
+    m.add(0, "chain", stat(libc::S_IFLNK | 0o777, 11, 3), "rel");
+    m.add(0, "loop", stat(libc::S_IFLNK | 0o777, 12, 4), "loop");
+    let _ = f;
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let target = t.lookup(b"d/f").unwrap();
+    for p in ["rel", "d/up", "abs", "absreal", "chain"] {
+        assert_eq!(
+            resolve(&t, p.as_bytes(), true),
+            Resolved::Entry(target),
+            "{p}"
+        );
+    }
+    for p in ["out", "above", "mid", "loop", "missing"] {
+        assert_eq!(
+            resolve(&t, p.as_bytes(), true),
+            Resolved::PassThrough,
+            "{p}"
+        );
+    }
+    let link = t.lookup(b"rel").unwrap();
+    assert_eq!(resolve(&t, b"rel", false), Resolved::Entry(link));
+    assert_eq!(t.link_target(&t.entry(link).unwrap()).unwrap(), b"d/f");
+}
+
+#[test]
+fn ring_is_fifo_and_bounded() {
+    let m = Model::new();
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    for round in 0..3u32 {
+        for i in 0..8 {
+            assert!(t.push_request(request::OPEN_UNPLACED, round * 8 + i));
+        }
+        assert!(
+            !t.push_request(request::OPEN_UNPLACED, 99),
+            "ring of 8 accepted a 9th"
+        );
+        for i in 0..8 {
+            assert_eq!(
+                t.pop_request(),
+                Some((request::OPEN_UNPLACED, round * 8 + i))
+            );
+        }
+        assert_eq!(t.pop_request(), None);
+    }
+    assert!(!t.skip_stuck_request(), "nothing claimed, nothing to skip");
+}
+
+#[test]
+fn counters_fall_back_to_slot_zero() {
+    let m = Model::new();
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    t.count(2, job::OPENS, 5);
+    t.count(77, job::OPENS, 1);
+    let get = |slot, w| {
+        t.counter(slot, w)
+            .unwrap()
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert_eq!(get(2, job::OPENS), 5);
+    assert_eq!(get(0, job::OPENS), 1);
+    assert!(t.counter(0, job::WORDS).is_none());
+}
+
+#[test]
+fn ring_survives_concurrent_producers() {
+    let m = Model::new();
+    let mut spec = Model::spec();
+    spec.ring_cap = 1024;
+    let img = build(&spec, &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let per = 200u32;
+    let mut got = Vec::new();
+    std::thread::scope(|s| {
+        for p in 0..4u32 {
+            s.spawn(move || {
+                for i in 0..per {
+                    while !t.push_request(request::OPEN_UNPLACED, p * per + i) {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+        while got.len() < (4 * per) as usize {
+            match t.pop_request() {
+                Some((_, e)) => got.push(e),
+                None => std::thread::yield_now(),
+            }
+        }
+    });
+    got.sort();
+    assert_eq!(got, (0..4 * per).collect::<Vec<_>>());
+}
+
+fn arb_tree() -> impl Strategy<Value = Vec<(usize, String, bool)>> {
+    // (parent choice, name, is_dir) — parent is resolved modulo the directories so far.
+    prop::collection::vec((any::<usize>(), "[a-z0-9._-]{1,12}", any::<bool>()), 1..200)
+}
+
+proptest! {
+    #[test]
+    fn every_path_is_found_with_its_listing(ops in arb_tree()) {
+        let mut m = Model::new();
+        let mut dirs = vec![0usize];
+        let mut model: BTreeMap<Vec<u8>, (bool, u64)> = BTreeMap::new();
+        for (i, (p, name, is_dir)) in ops.into_iter().enumerate() {
+            let parent = dirs[p % dirs.len()];
+            let exists = m.entries[parent].children.iter().any(|&c| m.entries[c].rel_path.ends_with(format!("/{name}").as_bytes()) || m.entries[c].rel_path == name.as_bytes());
+            if exists || name == "." || name == ".." { continue; }
+            let mode = if is_dir { libc::S_IFDIR | 0o755 } else { libc::S_IFREG | 0o644 };
+            let idx = m.add(parent, &name, stat(mode, 100 + i as u64, i as u64), "");
+            if is_dir { dirs.push(idx); }
+            model.insert(m.entries[idx].rel_path.clone(), (is_dir, i as u64));
+        }
+        let img = build(&Model::spec(), &m.entries).unwrap();
+        let (_m, t, _f) = map_image(&img);
+        prop_assert_eq!(t.entry_count() as usize, model.len() + 1);
+        for (path, (is_dir, size)) in &model {
+            let idx = t.lookup(path).expect("catalogued path not found");
+            let e = t.entry(idx).unwrap();
+            prop_assert_eq!(e.stat.is_dir(), *is_dir);
+            prop_assert_eq!(e.stat.size, *size);
+            prop_assert_eq!(t.rel_path(&e).unwrap(), path.as_slice());
+            // Parent's listing contains this entry.
+            let parent = t.entry(e.parent).unwrap();
+            prop_assert!((parent.first_child..parent.first_child + parent.child_count).contains(&idx));
+        }
+        // Listings in the table match the model's listing order, breadth first.
+        let mut queue = VecDeque::from([0usize]);
+        while let Some(old) = queue.pop_front() {
+            let rel = &m.entries[old].rel_path;
+            let e = t.entry(t.lookup(rel).unwrap()).unwrap();
+            let names: Vec<&[u8]> = (e.first_child..e.first_child + e.child_count)
+                .map(|c| t.name(&t.entry(c).unwrap()).unwrap()).collect();
+            let want: Vec<&[u8]> = m.entries[old].children.iter().map(|&c| {
+                let p = &m.entries[c].rel_path;
+                &p[p.iter().rposition(|&b| b == b'/').map_or(0, |x| x + 1)..]
+            }).collect();
+            prop_assert_eq!(names, want);
+            queue.extend(m.entries[old].children.iter().copied());
+        }
+    }
+}
