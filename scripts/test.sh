@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The test command of the README and of CI: installs what the tests need, builds everything,
+# runs every test (Rust unit, property and integration tests, then end-to-end tests that drive
+# real programs — cat, tar, python, fio, lmdb — through `granary run`).
+#
+#   scripts/test.sh            everything
+#   scripts/test.sh -k lmdb    extra arguments go to pytest (end-to-end tests only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+for pair in fio:fio strace:strace mkfs.ext4:e2fsprogs losetup:mount setpriv:util-linux \
+            pgrep:procps diff:diffutils cc:gcc; do
+    command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
+done
+[ -e /usr/include/lmdb.h ] || need_apt+=(liblmdb-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "test.sh: installing ${need_apt[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    else
+        echo "test.sh: missing ${need_apt[*]} (not root: tests that need them are skipped)" >&2
+    fi
+fi
+py_missing=()
+python3 -c "import pytest" 2>/dev/null || py_missing+=(pytest)
+python3 -c "import lmdb" 2>/dev/null || py_missing+=(lmdb)
+if [ ${#py_missing[@]} -gt 0 ]; then
+    echo "test.sh: pip install ${py_missing[*]}"
+    python3 -m pip install -q "${py_missing[@]}" 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages "${py_missing[@]}"
+fi
+
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -q -- -D warnings
+cargo build --workspace
+cargo test --workspace
+python3 -m pytest tests/e2e -v -p no:cacheprovider "$@"
