@@ -114,8 +114,9 @@ class Reporter:
                   samples=self.samples - s0, **extra)
 
     def verified(self, nbytes):
-        self.verified_files += 1
-        self.verified_bytes += nbytes
+        with self.lock:  # reader threads call this concurrently
+            self.verified_files += 1
+            self.verified_bytes += nbytes
 
     def done(self):
         self._stop.set()

@@ -10,6 +10,7 @@ file and check it against the manifest; the main process runs the model step.
 
 import multiprocessing as mp
 import os
+import queue
 import random
 import sys
 
@@ -39,16 +40,21 @@ def worker_loop(root, cache_dir, index_q, result_q):
             result_q.put((bid, e, 0))
 
 
+def consume(args, rep, nbytes, nsamples):
+    """Main side: the batch reaches the model."""
+    rep.consumed(nbytes, nsamples)
+    rep.verified_files += nsamples
+    rep.verified_bytes += nbytes
+    common.compute_step(args.compute, nsamples)
+
+
 def run_epoch(args, files, order, rep):
     batches = [[files[i] for i in order[k:k + args.batch]]
                for k in range(0, len(order), args.batch)]
     if args.workers == 0:
         for b in batches:
             n = load_batch(args.root, args.cache_dir, b)
-            for _ in b:
-                rep.verified(0)
-            rep.consumed(n, len(b))
-            common.compute_step(args.compute, len(b))
+            consume(args, rep, n, len(b))
         return
     ctx = mp.get_context("fork")
     result_q = ctx.Queue()
@@ -71,20 +77,21 @@ def run_epoch(args, files, order, rep):
     for want in range(len(batches)):
         # Results come back in any order; hand them to the model in order.
         while want not in ready:
-            bid, n, cnt = result_q.get()
+            try:
+                bid, n, cnt = result_q.get(timeout=0.5)
+            except queue.Empty:
+                # A worker that found a mismatch exits non-zero: so do we.
+                for p in procs:
+                    if p.exitcode not in (None, 0):
+                        sys.exit(p.exitcode)
+                continue
             if isinstance(n, Exception):
                 raise n
             ready[bid] = (n, cnt)
-            for p in procs:
-                if p.exitcode not in (None, 0):
-                    sys.exit(p.exitcode)
         n, cnt = ready.pop(want)
         if sent < len(batches):
             send()
-        rep.consumed(n, cnt)
-        rep.verified_files += cnt
-        rep.verified_bytes += n
-        common.compute_step(args.compute, cnt)
+        consume(args, rep, n, cnt)
     for q in index_qs:
         q.put(None)
     for p in procs:

@@ -1,0 +1,184 @@
+"""Knobs: size presets and the command line.
+
+Every knob has a preset value per --size and can be overridden one by one. The
+presets are sized for a 2-core machine: quick finishes in about 2 minutes, full
+in about 20 (see bench/README.md for how they were chosen).
+"""
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+
+MIB = 1 << 20
+
+# Workloads: name -> (dataset, client script, extra client args, framework cache?)
+WORKLOADS = {
+    "small": ("smallfiles", "smallfiles.py", [], True),
+    "records": ("records", "records.py", ["--io", "pread"], True),
+    "mmap": ("records", "records.py", ["--io", "mmap"], False),
+    "fanstore": ("fanstore", "fanstore.py", [], True),
+}
+SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half"]
+
+
+@dataclass
+class Knobs:
+    size: str = "quick"
+    out: str = "results/quick"
+    workdir: str = "/var/tmp/granary-bench"
+    seed: int = 1
+    # datasets
+    small_files: int = 600
+    small_classes: int = 10
+    small_mean_kb: int = 110
+    record_shards: int = 3
+    record_min_mb: int = 32
+    record_max_mb: int = 40
+    record_mean_kb: int = 110
+    fanstore_counts: dict = field(default_factory=lambda: {"128K": 128, "512K": 32, "2M": 8, "8M": 2})
+    # emulated PFS
+    read_bps: int = 32 * MIB
+    read_iops: int = 400
+    readahead_kb: int = 128
+    mem_cap: int = 64 * MIB
+    # the job
+    epochs: int = 3
+    workers: int = 2
+    batch: int = 32
+    workloads: list = field(default_factory=lambda: ["small:lenet", "records:lenet", "mmap:lenet",
+                                                     "fanstore"])
+    setups: list = field(default_factory=lambda: list(SETUPS))
+    client_cmd: str = None
+    # granary
+    granary: str = None
+    granary_half: float = 0.5
+    granary_extra: list = field(default_factory=list)
+    strace: bool = False
+    keep: bool = False
+
+
+PRESETS = {
+    "quick": {},
+    "full": dict(
+        out="results/full",
+        small_files=4000, small_classes=40,
+        record_shards=8, record_min_mb=32, record_max_mb=128,
+        fanstore_counts={"128K": 1024, "512K": 256, "2M": 64, "8M": 16},
+        mem_cap=256 * MIB,
+        workloads=["small:lenet", "small:resnet", "records:lenet", "mmap:lenet", "fanstore"],
+    ),
+}
+
+
+def parse_size(text):
+    """512M, 8G, 64K or plain bytes."""
+    text = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if mult > 1 else text) * mult)
+
+
+def _counts(text):
+    out = {}
+    for part in text.split(","):
+        k, _, v = part.partition("=")
+        out[k.strip()] = int(v)
+    return out
+
+
+HELP = __doc__ + """
+Setups (all in one run, on the same data):
+  pfs           the client reads the emulated PFS directly, page cache cold
+  local         the dataset is copied to local disk first (copy time reported apart)
+  cache         framework cache: epoch 1 copies each file locally as it is read,
+                later epochs read the copies (not for mmap readers: DALI/LMDB have none)
+  granary-full  granary run with a local tier that holds the whole dataset
+  granary-half  granary run with a local tier that holds --granary-half of it
+
+Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
+  small         ImageNet-like small files in class dirs, shuffled, DataLoader-like
+                forked workers reading whole files
+  records       TFRecord-like 32-128 MiB shards, shuffled, 256 KiB preads,
+                several shards interleaved (tf.data)
+  mmap          the same shards through mmap (DALI, LMDB)
+  fanstore      FanStore's micro-benchmark: 128K/512K/2M/8M files, MB/s and files/s
+"""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="bench/run.py", description=HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = Knobs()
+    p.add_argument("--size", choices=sorted(PRESETS), default="quick",
+                   help="preset for every knob below (quick ~2 min, full ~20 min on 2 cores)")
+    p.add_argument("--out", help="report directory (default results/<size>)")
+    p.add_argument("--workdir", help=f"scratch space for the image, local copies and tiers "
+                                     f"(default {d.workdir}); never inside the repository")
+    p.add_argument("--seed", type=int, help="dataset layout and shuffle seed")
+    g = p.add_argument_group("datasets")
+    g.add_argument("--small-files", type=int, help=f"small files (quick {d.small_files})")
+    g.add_argument("--small-classes", type=int, help="class directories")
+    g.add_argument("--small-mean-kb", type=int, help="mean small-file size, KiB (110)")
+    g.add_argument("--record-shards", type=int, help=f"record shards (quick {d.record_shards})")
+    g.add_argument("--record-min-mb", type=int, help="smallest shard, MiB")
+    g.add_argument("--record-max-mb", type=int, help="largest shard, MiB")
+    g.add_argument("--record-mean-kb", type=int, help="mean record size, KiB (110)")
+    g.add_argument("--fanstore-counts", type=_counts,
+                   help="files per size, e.g. 128K=128,512K=32,2M=8,8M=2 (FanStore/1024)")
+    g = p.add_argument_group("emulated PFS")
+    g.add_argument("--read-bps", type=parse_size, help="blkio read bandwidth cap, e.g. 32M "
+                                                       "(0 = none; default 32M)")
+    g.add_argument("--read-iops", type=int, help="blkio read IOPS cap (0 = none; default 400)")
+    g.add_argument("--readahead-kb", type=int, help="loop device readahead, KiB (128)")
+    g.add_argument("--mem-cap", type=parse_size,
+                   help="memory cgroup limit for the run's processes and page cache, e.g. 64M "
+                        "(quick 64M, full 256M; keep it below the dataset size)")
+    g = p.add_argument_group("job")
+    g.add_argument("--epochs", type=int, help="epochs per job (3, as in the seeds)")
+    g.add_argument("--workers", type=int, help="loader processes/threads (2)")
+    g.add_argument("--batch", type=int, help="samples per batch (small files, 32)")
+    g.add_argument("--workloads", type=lambda s: s.split(","),
+                   help="comma list of NAME[:COMPUTE] (see above)")
+    g.add_argument("--setups", type=lambda s: s.split(","), help="comma list of setups (see above)")
+    g.add_argument("--client-cmd",
+                   help="plug in your own reader instead of the shipped clients: a shell command "
+                        "with {root} {manifest} {epochs} {workers} {cache_dir} placeholders "
+                        "(also exported as BENCH_ROOT, BENCH_MANIFEST, ...); it replaces the "
+                        "client of every workload. If it prints the clients' JSON lines the "
+                        "report has per-epoch data, otherwise just the total time.")
+    g = p.add_argument_group("granary")
+    g.add_argument("--granary", help="granary binary (default $GRANARY_BIN or "
+                                     "target/release/granary, built with cargo if missing)")
+    g.add_argument("--granary-half", type=float, help="tier size of granary-half, as a fraction "
+                                                      "of the dataset (0.5)")
+    g.add_argument("--granary-extra", action="append",
+                   help="extra argument for `granary run` (repeatable)")
+    g = p.add_argument_group("other")
+    g.add_argument("--strace", action="store_true",
+                   help="also count file/descriptor syscalls on source paths with strace -f "
+                        "(slows every run; timings are marked)")
+    g.add_argument("--keep", action="store_true", help="keep the workdir (image, copies, tiers)")
+    g.add_argument("--report-only", metavar="DIR",
+                   help="re-render DIR/report.md and plots from DIR/results.json; runs nothing")
+    a = p.parse_args(argv)
+
+    values = {f.name: getattr(d, f.name) for f in fields(Knobs)}
+    values.update(PRESETS[a.size])
+    values["size"] = a.size
+    values.setdefault("out", f"results/{a.size}")
+    for f in fields(Knobs):
+        v = getattr(a, f.name, None)
+        if v is not None and v is not False:
+            values[f.name] = v
+    k = Knobs(**values)
+    k.report_only = a.report_only
+    if a.out is None:
+        k.out = PRESETS[a.size].get("out", f"results/{a.size}")
+    k.out = os.path.abspath(k.out)
+    k.workdir = os.path.abspath(k.workdir)
+    for w in k.workloads:
+        if w.split(":")[0] not in WORKLOADS:
+            p.error(f"unknown workload {w}")
+    for s in k.setups:
+        if s not in SETUPS:
+            p.error(f"unknown setup {s}")
+    return k

@@ -1,0 +1,132 @@
+"""Synthetic datasets with the seeds' shapes, and their checksum manifests.
+
+Contents are random (incompressible) bytes; sizes are drawn from a seeded
+generator so two runs with the same knobs have the same layout. The manifest
+(relative path, size, sha256 of every file) is written outside the emulated
+PFS, so that reading it costs the source nothing.
+"""
+
+import hashlib
+import json
+import math
+import os
+import random
+import struct
+import zlib
+from dataclasses import dataclass
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+RECORD_HEADER = struct.Struct("<QI")
+
+
+@dataclass
+class Dataset:
+    name: str          # directory under the source root
+    files: list        # [(relpath, size, sha256)]
+    manifest: str      # path of the manifest JSON
+
+    @property
+    def total_bytes(self):
+        return sum(f[1] for f in self.files)
+
+
+def _lognormal_sizes(rng, n, mean, lo, hi, sigma=0.5):
+    """ImageNet JPEGs are roughly log-normal around ~110 KB."""
+    mu = math.log(mean) - sigma * sigma / 2
+    return [int(min(hi, max(lo, rng.lognormvariate(mu, sigma)))) for _ in range(n)]
+
+
+def _write(path, chunks):
+    """Writes the chunks, returns (size, sha256)."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "wb") as f:
+        for c in chunks:
+            f.write(c)
+            h.update(c)
+            size += len(c)
+    return size, h.hexdigest()
+
+
+def _random_chunks(n):
+    while n > 0:
+        k = min(n, 4 * MIB)
+        yield os.urandom(k)
+        n -= k
+
+
+def _record_chunks(rng, shard_bytes, mean_record):
+    """A shard of framed records (see bench/clients/records.py) of ~shard_bytes."""
+    left = shard_bytes
+    while left > 0:
+        payload_len = _lognormal_sizes(rng, 1, mean_record, 4 * KIB, 1 * MIB)[0]
+        payload_len = max(1, min(payload_len, left - RECORD_HEADER.size - 4))
+        payload = os.urandom(payload_len)
+        length = struct.pack("<Q", payload_len)
+        yield RECORD_HEADER.pack(payload_len, zlib.crc32(length))
+        yield payload
+        yield struct.pack("<I", zlib.crc32(payload))
+        left -= RECORD_HEADER.size + payload_len + 4
+
+
+def gen_smallfiles(rng, base, n_files, n_classes, mean_kb):
+    """ImageNet-like: class directories of ~mean_kb JPEG-sized files."""
+    sizes = _lognormal_sizes(rng, n_files, mean_kb * KIB, 4 * KIB, 1 * MIB)
+    out = []
+    for i, size in enumerate(sizes):
+        rel = f"train/c{i % n_classes:04d}/img_{i:07d}.jpg"
+        os.makedirs(os.path.join(base, os.path.dirname(rel)), exist_ok=True)
+        out.append((rel, *_write(os.path.join(base, rel), _random_chunks(size))))
+    return out
+
+
+def gen_records(rng, base, n_shards, min_mb, max_mb, mean_record_kb):
+    """TFRecord-like shards of min_mb..max_mb MiB."""
+    out = []
+    os.makedirs(base, exist_ok=True)
+    for i in range(n_shards):
+        shard = int(rng.uniform(min_mb, max_mb) * MIB)
+        rel = f"shard-{i:05d}-of-{n_shards:05d}.rec"
+        out.append((rel, *_write(os.path.join(base, rel),
+                                 _record_chunks(rng, shard, mean_record_kb * KIB))))
+    return out
+
+
+FANSTORE_SIZES = {"128K": 128 * KIB, "512K": 512 * KIB, "2M": 2 * MIB, "8M": 8 * MIB}
+
+
+def gen_fanstore(rng, base, counts):
+    """FanStore's benchmark: one directory per file size, counts per size."""
+    out = []
+    for d, size in FANSTORE_SIZES.items():
+        os.makedirs(os.path.join(base, d), exist_ok=True)
+        for i in range(counts[d]):
+            rel = f"{d}/f{i:06d}"
+            out.append((rel, *_write(os.path.join(base, rel), _random_chunks(size))))
+    return out
+
+
+def generate(knobs, source_root, manifest_dir, names):
+    """Generates the named datasets under source_root; returns {name: Dataset}."""
+    os.makedirs(manifest_dir, exist_ok=True)
+    made = {}
+    for name in names:
+        rng = random.Random(f"{knobs.seed}:{name}")
+        base = os.path.join(source_root, name)
+        if name == "smallfiles":
+            files = gen_smallfiles(rng, base, knobs.small_files, knobs.small_classes,
+                                   knobs.small_mean_kb)
+        elif name == "records":
+            files = gen_records(rng, base, knobs.record_shards, knobs.record_min_mb,
+                                knobs.record_max_mb, knobs.record_mean_kb)
+        elif name == "fanstore":
+            files = gen_fanstore(rng, base, knobs.fanstore_counts)
+        else:
+            raise ValueError(f"unknown dataset {name}")
+        manifest = os.path.join(manifest_dir, f"{name}.json")
+        with open(manifest, "w") as f:
+            json.dump({"name": name, "files": files}, f)
+        made[name] = Dataset(name, files, manifest)
+    return made

@@ -1,0 +1,262 @@
+"""report.md: the results as a person reads them, plus the figures.
+
+Times are the client's own epoch times (what a training job would log); the
+Local setup's copy is reported apart. Ratios are granary's time divided by the
+alternative's: below 1 means granary is faster.
+"""
+
+import os
+
+GRANARY = ("granary-full", "granary-half")
+
+
+def _job_time(r):
+    if r.get("epochs"):
+        return sum(e["seconds"] for e in r["epochs"])
+    return r.get("wall")
+
+
+def _ratio(a, b):
+    if a is None or not b:
+        return "–"
+    return f"{a / b:.2f}"
+
+
+def _s(x):
+    return "–" if x is None else f"{x:.1f}"
+
+
+def _mb(b):
+    return f"{b / 1e6:.0f}"
+
+
+def _table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def _by_workload(results):
+    out = {}
+    for r in results:
+        out.setdefault(r["workload"], {})[r["setup"]] = r
+    return out
+
+
+def _later(r):
+    """Mean time of epochs 2.. (steady state), or None."""
+    eps = r.get("epochs") or []
+    return sum(e["seconds"] for e in eps[1:]) / (len(eps) - 1) if len(eps) > 1 else None
+
+
+def ratio_rows(data):
+    rows = []
+    for wl, by in _by_workload(data["results"]).items():
+        pfs, local = by.get("pfs"), by.get("local")
+        copy = data["copies"].get(local["dataset"], {}).get("seconds") if local else None
+        for g in GRANARY:
+            r = by.get(g)
+            if not r or r["status"] != "ok":
+                continue
+            t = _job_time(r)
+            ok = lambda x: x if x and x["status"] == "ok" else None  # noqa: E731
+            pfs_ok, local_ok = ok(pfs), ok(local)
+            rows.append([
+                wl, g,
+                _ratio(t, _job_time(pfs_ok) if pfs_ok else None),
+                _ratio(t, _job_time(local_ok) if local_ok else None),
+                _ratio(t, _job_time(local_ok) + copy if local_ok and copy else None),
+                _ratio(r["epochs"][0]["seconds"] if r.get("epochs") else None,
+                       pfs_ok["epochs"][0]["seconds"] if pfs_ok and pfs_ok.get("epochs") else None),
+                _ratio(_later(r), _later(local_ok) if local_ok else None),
+                _ratio(r["source_total"]["bytes"], pfs_ok["source_total"]["bytes"] if pfs_ok else None),
+            ])
+    return rows
+
+
+def write(data, out, log):
+    figs = {}
+    try:
+        from . import plots
+        plots.epochs_stacked(data, os.path.join(out, "epochs.png"))
+        figs["epochs"] = "epochs.png"
+        plots.epoch1_throughput(data, os.path.join(out, "epoch1_throughput.png"))
+        figs["throughput"] = "epoch1_throughput.png"
+        plots.source_traffic(data, os.path.join(out, "source_traffic.png"))
+        figs["source"] = "source_traffic.png"
+        if plots.fanstore(data, os.path.join(out, "fanstore.png")):
+            figs["fanstore"] = "fanstore.png"
+    except ImportError as e:
+        log(f"no plots: {e}")
+    md = render(data, figs)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(md)
+
+
+def render(data, figs):
+    k, m = data["knobs"], data["machine"]
+    res = data["results"]
+    L = []
+    L.append(f"# granary evaluation — `{k['size']}` run\n")
+    L.append(f"{m['date']} · {m['cpus']} CPUs, {m['memory_gib']} GiB RAM, Linux {m['kernel']}, "
+             f"Python {m['python']} · git `{m['git']}` · granary: "
+             f"{data['granary']['version'] or 'not run'} · whole run {data['wall_seconds']:.0f} s\n")
+    L.append(f"Command: `{data['command']}`\n")
+    bad = [r for r in res if r["status"] not in ("ok", "skipped")]
+    if bad:
+        L.append("> **FAILED RUNS** — the numbers of these jobs are not valid:\n>")
+        for r in bad:
+            L.append(f"> - {r['workload']} / {r['setup']}: **{r['status']}** — "
+                     f"{r.get('reason', '').splitlines()[0] if r.get('reason') else ''}")
+        L.append("")
+    skipped = sorted({(r["setup"], r.get("reason", "")) for r in res if r["status"] == "skipped"})
+    if skipped:
+        L.append("Skipped: " + "; ".join(f"{s} ({why.splitlines()[0]})" for s, why in skipped) + "\n")
+
+    L.append("## Headline: granary against the alternatives\n")
+    L.append("Each cell is granary's time divided by the alternative's (below 1: granary is "
+             "faster). *Job* = sum of the epoch times as the client logs them; *Local+copy* "
+             "adds the up-front copy; *later epochs* compares the mean of epochs 2.. with "
+             "Local's; *source bytes* is the ratio of bytes read from the emulated PFS over the "
+             "whole job.\n")
+    rows = ratio_rows(data)
+    if rows:
+        L.append(_table(["workload", "setup", "job / PFS", "job / Local", "job / (Local+copy)",
+                         "epoch 1 / PFS epoch 1", "later epochs / Local", "source bytes / PFS"],
+                        rows))
+    else:
+        L.append("_No granary results in this run" +
+                 (f": {data['granary']['skipped_reason'].splitlines()[0]}"
+                  if data["granary"].get("skipped_reason") else "") + "._\n")
+
+    L.append("## Job time per epoch\n")
+    if "epochs" in figs:
+        L.append(f"![job time per setup, stacked by epoch]({figs['epochs']})\n")
+    for wl, by in _by_workload(res).items():
+        n_ep = max((len(r.get("epochs") or []) for r in by.values()), default=0)
+        rows = []
+        for s, r in by.items():
+            if r["status"] == "skipped":
+                rows.append([r["label"]] + ["–"] * (n_ep + 3) + [f"skipped: {r['reason']}"])
+                continue
+            eps = [_s(e["seconds"]) for e in r.get("epochs") or []]
+            eps += ["–"] * (n_ep - len(eps))
+            copy = data["copies"].get(r["dataset"], {}).get("seconds") if s == "local" else None
+            note = r["status"] if r["status"] != "ok" else ""
+            if r.get("memory", {}).get("oom_kill"):
+                note += f" OOM kills: {r['memory']['oom_kill']}"
+            rows.append([r["label"], *eps, _s(_job_time(r)), _s(copy), _s(r.get("wall")), note])
+        L.append(f"### {wl}\n")
+        L.append(_table(["setup", *[f"epoch {i}" for i in range(1, n_ep + 1)], "job (s)",
+                         "copy (s)", "process wall (s)", "note"], rows))
+
+    L.append("## Throughput during epoch 1\n")
+    if "throughput" in figs:
+        L.append(f"![epoch 1 throughput]({figs['throughput']})\n")
+    L.append("Solid lines: MB/s delivered to the model (the client's own counter, sampled every "
+             "0.2 s). Dotted: MB/s read from the emulated PFS (loop device counters, every 50 ms) "
+             "— for granary this includes the agent's background copying.\n")
+
+    L.append("## Source traffic per epoch\n")
+    if "source" in figs:
+        L.append(f"![source traffic]({figs['source']})\n")
+    L.append("Counted outside granary, from `/sys/block/<loop>/stat` (reads completed, sectors "
+             "read), cut when the harness receives each epoch's first and last line. *startup* is "
+             "before epoch 1 (process start, agent start), *after* is after the last epoch until "
+             "the agent was stopped. Cells: MB / device reads.\n")
+    for wl, by in _by_workload(res).items():
+        rows = []
+        n_ep = 0
+        for r in by.values():
+            if r["status"] == "skipped":
+                continue
+            src = {str(b): v for b, v in r.get("source", {}).items()}
+            eps = sorted(int(b) for b in src if b.isdigit())
+            n_ep = max(n_ep, len(eps))
+            cells = [f"{_mb(src[b]['bytes'])} / {src[b]['reads']}" if b in src else "–"
+                     for b in ["startup", *map(str, eps), "after"]]
+            rows.append([r["label"], *cells,
+                         f"{_mb(r['source_total']['bytes'])} / {r['source_total']['reads']}"])
+        if rows:
+            L.append(f"### {wl}\n")
+            L.append(_table(["setup", "startup", *[f"epoch {i}" for i in range(1, n_ep + 1)],
+                             "after", "total"], rows))
+    copies = data.get("copies") or {}
+    if copies:
+        L.append("Local setup copies (`cp -a` from the emulated PFS, before the job, page cache "
+                 "cold):\n")
+        L.append(_table(["dataset", "seconds", "source MB", "source reads"],
+                        [[d, _s(c["seconds"]), _mb(c["source_bytes"]), c["source_reads"]]
+                         for d, c in copies.items()]))
+
+    fan = [r for r in res if r["workload"] == "fanstore" and r["status"] == "ok"
+           and r.get("epochs") and r["epochs"][0].get("per_size")]
+    if fan:
+        L.append("## FanStore micro-benchmark\n")
+        if "fanstore" in figs:
+            L.append(f"![fanstore]({figs['fanstore']})\n")
+        sizes = list(fan[0]["epochs"][0]["per_size"])
+        rows = []
+        for r in fan:
+            for label, ep in (("epoch 1", r["epochs"][0]), ("last epoch", r["epochs"][-1])):
+                rows.append([r["label"], label] + [
+                    f"{ep['per_size'][s]['MBps']:.0f} MB/s, {ep['per_size'][s]['files_per_s']:.0f} f/s"
+                    for s in sizes])
+        L.append(_table(["setup", "epoch", *sizes], rows))
+
+    gstats = [r for r in res if r.get("granary_stats") or r.get("granary_stats_error")]
+    if gstats:
+        L.append("## granary's own counters (`--stats-json`)\n")
+        L.append("As reported by granary, for comparison with the device counters above.\n")
+        for r in gstats:
+            L.append(f"- **{r['workload']} / {r['setup']}** (tier {r['tier']['bytes'] >> 20} MiB, "
+                     f"{r['tier']['used_bytes'] >> 20} MiB used at the end): "
+                     + (_flat(r["granary_stats"]) if r.get("granary_stats")
+                        else f"no stats: {r['granary_stats_error']}"))
+        L.append("")
+
+    L.append("## Emulated PFS and run parameters\n")
+    L.append(_table(["parameter", "value"], [[a, f"`{b}`" if "/" in str(b) else b]
+                                              for a, b in data["emulation"].items()]))
+    if data.get("probe"):
+        L.append("Probe (measured at the start of this run; the run aborts if the throttle does "
+                 "not hold):\n")
+        L.append(_table(["measurement", "result"], list(data["probe"].items())))
+    L.append(_table(["knob", "value"], [
+        ["epochs", k["epochs"]], ["loader workers", k["workers"]], ["batch (small files)", k["batch"]],
+        ["workloads", ", ".join(k["workloads"])], ["setups", ", ".join(k["setups"])],
+        ["granary-half tier", f"{k['granary_half']:.0%} of the dataset"],
+        ["client command", k["client_cmd"] or "shipped clients (bench/clients)"],
+        ["strace", "on (timings include its overhead)" if k["strace"] else "off"],
+    ]))
+    L.append(_table(["dataset", "files", "MB", "mean file"], [
+        [n, d["files"], _mb(d["bytes"]), f"{d['bytes'] / max(d['files'], 1) / 1024:.0f} KiB"]
+        for n, d in data["datasets"].items()]))
+    L.append("Compute per sample (a sleep in the consuming process, standing for accelerator "
+             "time): lenet 0.05 ms, alexnet 1.5 ms, resnet 6 ms.\n")
+
+    L.append("## How to read this\n")
+    L.append(
+        "- **PFS** reads the emulated PFS directly; **Local** copies the dataset to local disk "
+        "first and reads the copy; **Cache** copies each file to local disk as epoch 1 reads it "
+        "(framework cache; only when the dataset fits, and not for mmap readers); **granary** "
+        "runs the same client under `granary run` with a local tier that holds everything, or "
+        "part of it.\n"
+        "- Every run starts cold: caches dropped, fresh tier and cache directories, no agent alive.\n"
+        "- Every client checks every byte it reads against the sha256 manifest written at "
+        "generation; a mismatch fails the job and the run.\n"
+        "- The page cache is capped by the memory cgroup, so PFS epochs 2.. are partly served "
+        "from RAM, as on a real node whose RAM is smaller than the dataset.\n")
+    return "\n".join(L)
+
+
+def _flat(d, prefix=""):
+    parts = []
+    for key, v in d.items():
+        if isinstance(v, dict):
+            parts.append(_flat(v, f"{prefix}{key}."))
+        elif isinstance(v, list):
+            parts.append(f"{prefix}{key}=[{len(v)} items]")
+        else:
+            parts.append(f"{prefix}{key}={v}")
+    return ", ".join(p for p in parts if p)

@@ -1,0 +1,194 @@
+"""Runs the matrix: every workload under every setup, cold, in one process.
+
+For one job: the setup prepares (copy, cache dir, fresh tier, no agent left),
+caches are dropped, the device sampler starts, the client runs inside the
+cgroups and its JSON lines are collected, the setup finishes (granary stop,
+stats), and the device counters are cut at the client's epoch boundaries.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from . import config, counters, setups
+
+CLIENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "clients")
+
+
+@dataclass
+class Job:
+    workload: str      # e.g. "small"
+    compute: str       # e.g. "lenet"
+    dataset: str
+    script: str
+    args: list
+    cacheable: bool
+
+    @property
+    def key(self):
+        return f"{self.workload}-{self.compute}" if self.compute else self.workload
+
+    @classmethod
+    def parse(cls, spec):
+        name, _, compute = spec.partition(":")
+        dataset, script, args, cacheable = config.WORKLOADS[name]
+        # FanStore's benchmark only reads: no model step unless asked for.
+        compute = compute or ("" if name == "fanstore" else "lenet")
+        return cls(name, compute, dataset, script, args, cacheable)
+
+
+class Bench:
+    def __init__(self, knobs, pfs, datasets, granary, granary_reason, log):
+        self.k = knobs
+        self.pfs = pfs
+        self.datasets = datasets
+        self.granary = granary
+        self.granary_reason = granary_reason
+        self.log = log
+        self.copies = {}     # dataset -> copy stats
+        self.logdir = os.path.join(knobs.out, "logs")
+        os.makedirs(self.logdir, exist_ok=True)
+
+    def source_dir(self, dataset):
+        return os.path.join(self.pfs.mount, dataset)
+
+    def local_copy(self, dataset):
+        dst = os.path.join(self.k.workdir, "local", dataset)
+        if dataset not in self.copies:
+            self.log(f"  copying {dataset} to local disk (cp -a, throttled)")
+            self.copies[dataset] = setups.copy_tree(self, self.source_dir(dataset), dst)
+            self.log(f"  copy took {self.copies[dataset]['seconds']:.1f}s")
+        return dst
+
+    # ---- one job -----------------------------------------------------------
+
+    def client_argv(self, job, root, cache_dir):
+        ds = self.datasets[job.dataset]
+        if self.k.client_cmd:
+            cmd = self.k.client_cmd.format(root=shlex.quote(root), manifest=shlex.quote(ds.manifest),
+                                           epochs=self.k.epochs, workers=self.k.workers,
+                                           cache_dir=shlex.quote(cache_dir or ""))
+            return ["sh", "-c", cmd]
+        argv = [sys.executable, os.path.join(CLIENTS, job.script), "--root", root,
+                "--manifest", ds.manifest, "--epochs", str(self.k.epochs),
+                "--workers", str(self.k.workers), "--seed", str(self.k.seed), *job.args]
+        if job.compute:
+            argv += ["--compute", job.compute]
+        if job.workload == "small":
+            argv += ["--batch", str(self.k.batch)]
+        if cache_dir:
+            argv += ["--cache-dir", cache_dir]
+        return argv
+
+    def run_job(self, job, setup):
+        res = {"workload": job.key, "dataset": job.dataset, "setup": setup.name,
+               "label": setup.label, "status": "ok"}
+        try:
+            root, cache_dir = setup.prepare(job)
+        except setups.Skip as e:
+            res.update(status="skipped", reason=str(e))
+            self.log(f"  {setup.name}: skipped ({e})")
+            return res
+        argv = self.client_argv(job, root, cache_dir)
+        env = dict(os.environ, BENCH_ROOT=root, BENCH_MANIFEST=self.datasets[job.dataset].manifest,
+                   BENCH_EPOCHS=str(self.k.epochs), BENCH_WORKERS=str(self.k.workers),
+                   BENCH_CACHE_DIR=cache_dir or "", PYTHONUNBUFFERED="1")
+        argv = setup.wrap(job, argv)
+        strace_file = None
+        if self.k.strace:
+            strace_file = os.path.join(self.k.workdir, f"strace-{job.key}-{setup.name}.txt")
+            argv = counters.strace_prefix(strace_file) + argv
+        argv = self.pfs.wrap(argv)
+        res["argv"] = argv
+
+        self.pfs.drop_caches([root, self.k.workdir])
+        self.pfs.reset_memory_stats()
+        events = {"epoch": [], "tick": [], "done": None, "mismatch": []}
+        logpath = os.path.join(self.logdir, f"{job.key}-{setup.name}.log")
+        marks = counters.EpochMarks(self.pfs.stat)
+        with open(logpath, "w") as logf, counters.DeviceSampler(self.pfs.stat) as dev:
+            t0 = time.time()
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=logf, env=env, text=True)
+            killer = threading.Timer(self.k_timeout(), proc.kill)
+            killer.start()
+            for line in proc.stdout:
+                ev = self._event(line, events, logf)
+                if ev:
+                    marks.on_event(ev)
+            rc = proc.wait()
+            killer.cancel()
+            t1 = time.time()
+            setup.finish(job, res)
+            res["source"] = marks.per_epoch()
+        res["wall"] = t1 - t0
+        res["t_start"] = t0
+        res["rc"] = rc
+        res["epochs"] = events["epoch"]
+        res["ticks"] = events["tick"]
+        res["done"] = events["done"]
+        res["source_total"] = dev.between(dev.samples[0][0], dev.samples[-1][0])
+        res["source_rate"] = dev.rate_series(t0)
+        res["memory"] = self.pfs.memory_stats()
+        if strace_file:
+            res["strace"] = counters.strace_counts(strace_file, self.source_dir(job.dataset),
+                                                   events["epoch"])
+        if events["mismatch"]:
+            res.update(status="MISMATCH", reason=json.dumps(events["mismatch"][:5]))
+        elif rc != 0:
+            res.update(status="failed", reason=f"exit status {rc}; log: {logpath}\n" + _tail(logpath))
+        elif not self.k.client_cmd and not events["done"]:
+            res.update(status="failed", reason="client ended without its 'done' line")
+        if res["memory"].get("oom_kill"):
+            res["reason"] = res.get("reason", "") + f" (memory cgroup OOM kills: {res['memory']['oom_kill']})"
+        self.log(f"  {setup.name}: {res['status']} in {res['wall']:.1f}s, epochs "
+                 + " ".join(f"{e['seconds']:.1f}" for e in res["epochs"])
+                 + f", source {res['source_total']['bytes'] / 1e6:.0f} MB "
+                   f"in {res['source_total']['reads']} reads"
+                 + (f" -- {res['reason']}" if res["status"] != "ok" else ""))
+        return res
+
+    def k_timeout(self):
+        """A hung job must not hang the bench: generous bound from the data size."""
+        total = sum(d.total_bytes for d in self.datasets.values())
+        rate = self.k.read_bps or (50 << 20)
+        return 120 + 4 * self.k.epochs * total / rate
+
+    @staticmethod
+    def _event(line, events, logf):
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            ev = None
+        if not isinstance(ev, dict):
+            logf.write("stdout: " + line)
+            return None
+        kind = ev.get("ev")
+        if kind in ("epoch", "tick", "mismatch"):
+            events[kind].append(ev)
+        elif kind == "done":
+            events["done"] = ev
+        elif kind != "start":
+            logf.write("stdout: " + line)
+        return ev
+
+    def run_all(self):
+        results = []
+        for spec in self.k.workloads:
+            job = Job.parse(spec)
+            self.log(f"workload {job.key} (dataset {job.dataset})")
+            for setup in setups.make_setups(self):
+                results.append(self.run_job(job, setup))
+        return results
+
+
+def _tail(path, n=15):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
