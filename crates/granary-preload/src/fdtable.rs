@@ -1,0 +1,129 @@
+//! Which fds granary opened, and for what: a static array of atomics indexed by fd, so the
+//! fd-taking hooks (`read`, `fstat`, `close`, …) pay one load on the fast path. Fds beyond the
+//! array are simply never tracked (their calls pass through).
+//!
+//! Atomics in static memory survive fork unchanged, which is what a forked child's inherited
+//! fds need; nothing here needs a lock.
+
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+const MAX_FDS: usize = 65536;
+/// Directory fds get a listing cursor and a dirent buffer each; more than this pass through.
+pub const MAX_DIR_FDS: usize = 4096;
+
+static FDS: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+/// Listing position of each tracked directory fd: 0 = `.`, 1 = `..`, 2 + i = child i.
+static DIR_POS: [AtomicU32; MAX_DIR_FDS] = [const { AtomicU32::new(0) }; MAX_DIR_FDS];
+
+const KIND_SOURCE: u64 = 1;
+const KIND_TIER: u64 = 2;
+const KIND_DIR: u64 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A catalogued regular file opened on the source.
+    Source,
+    /// A catalogued regular file served from tier `t`'s copy.
+    Tier(u8),
+    /// The shadow directory standing in for a catalogued directory.
+    Dir,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    pub entry: u32,
+    pub kind: Kind,
+}
+
+fn encode(t: Tracked) -> u64 {
+    let (kind, tier) = match t.kind {
+        Kind::Source => (KIND_SOURCE, 0),
+        Kind::Tier(x) => (KIND_TIER, x as u64),
+        Kind::Dir => (KIND_DIR, 0),
+    };
+    (t.entry as u64) << 32 | (tier & 0xff) << 8 | kind
+}
+
+fn decode(v: u64) -> Option<Tracked> {
+    let kind = match v & 0xff {
+        KIND_SOURCE => Kind::Source,
+        KIND_TIER => Kind::Tier((v >> 8) as u8),
+        KIND_DIR => Kind::Dir,
+        _ => return None,
+    };
+    Some(Tracked {
+        entry: (v >> 32) as u32,
+        kind,
+    })
+}
+
+fn cell(fd: i32) -> Option<&'static AtomicU64> {
+    FDS.get(usize::try_from(fd).ok()?)
+}
+
+#[inline]
+pub fn get(fd: i32) -> Option<Tracked> {
+    decode(cell(fd)?.load(Ordering::Acquire))
+}
+
+/// Records `fd`; false if it cannot be tracked (out of range, or a directory beyond the
+/// cursor array), in which case the caller must not rely on it.
+pub fn track(fd: i32, t: Tracked) -> bool {
+    let Some(c) = cell(fd) else {
+        return false;
+    };
+    if t.kind == Kind::Dir {
+        let Some(pos) = usize::try_from(fd).ok().and_then(|i| DIR_POS.get(i)) else {
+            return false;
+        };
+        pos.store(0, Ordering::Relaxed);
+    }
+    c.store(encode(t), Ordering::Release);
+    true
+}
+
+/// Forgets `fd` (closed, or now naming something granary did not open).
+#[inline]
+pub fn clear(fd: i32) {
+    if let Some(c) = cell(fd) {
+        if c.load(Ordering::Relaxed) != 0 {
+            c.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// `new` now names what `old` names (dup family).
+pub fn copy(old: i32, new: i32) {
+    if old == new {
+        return;
+    }
+    match get(old) {
+        Some(t) => {
+            if !track(new, t) {
+                clear(new);
+            }
+        }
+        None => clear(new),
+    }
+}
+
+pub fn can_track_dir(fd: i32) -> bool {
+    usize::try_from(fd).is_ok_and(|i| i < MAX_DIR_FDS)
+}
+
+pub fn dir_pos(fd: i32) -> Option<&'static AtomicU32> {
+    DIR_POS.get(usize::try_from(fd).ok()?)
+}
+
+pub fn clear_range(first: u32, last: u32) {
+    let end = (last as usize).min(MAX_FDS - 1);
+    let mut fd = first as usize;
+    while fd <= end {
+        if let Some(c) = FDS.get(fd) {
+            if c.load(Ordering::Relaxed) != 0 {
+                c.store(0, Ordering::Release);
+            }
+        }
+        fd += 1;
+    }
+}

@@ -1,0 +1,64 @@
+//! Catalogued `StatRec` → the structs the kernel would have filled for the same file.
+
+use granary_shm::StatRec;
+
+pub fn stat(s: &StatRec, out: &mut libc::stat) {
+    *out = crate::detour::empty_stat();
+    out.st_dev = libc::makedev(s.dev_major, s.dev_minor);
+    out.st_ino = s.ino;
+    out.st_nlink = s.nlink as _;
+    out.st_mode = s.mode;
+    out.st_uid = s.uid;
+    out.st_gid = s.gid;
+    out.st_rdev = libc::makedev(s.rdev_major, s.rdev_minor);
+    out.st_size = s.size as _;
+    out.st_blksize = s.blksize as _;
+    out.st_blocks = s.blocks as _;
+    out.st_atime = s.atime.sec as _;
+    out.st_atime_nsec = s.atime.nsec as _;
+    out.st_mtime = s.mtime.sec as _;
+    out.st_mtime_nsec = s.mtime.nsec as _;
+    out.st_ctime = s.ctime.sec as _;
+    out.st_ctime_nsec = s.ctime.nsec as _;
+}
+
+// `struct stat64` has the same layout as `struct stat` on the 64-bit targets we build for.
+const _: () = assert!(core::mem::size_of::<libc::stat>() == core::mem::size_of::<libc::stat64>());
+
+/// Fields `statx` can answer from the catalog: the basic stats and the birth time. Anything
+/// newer (mount id, direct-I/O alignment, …) the walk did not keep.
+const KNOWN: u32 = libc::STATX_BASIC_STATS | libc::STATX_BTIME;
+
+pub fn statx(s: &StatRec, requested: u32, out: &mut libc::statx) {
+    // SAFETY: `struct statx` is plain integers; all-zero is what the kernel leaves unfilled.
+    *out = unsafe { core::mem::zeroed() };
+    let mask = s.mask & KNOWN & (requested | libc::STATX_BASIC_STATS);
+    out.stx_mask = mask;
+    out.stx_blksize = s.blksize;
+    out.stx_attributes = s.attributes;
+    out.stx_nlink = s.nlink;
+    out.stx_uid = s.uid;
+    out.stx_gid = s.gid;
+    out.stx_mode = s.mode as u16;
+    out.stx_ino = s.ino;
+    out.stx_size = s.size;
+    out.stx_blocks = s.blocks;
+    out.stx_attributes_mask = s.attributes_mask;
+    let ts = |t: &granary_shm::Ts| {
+        // SAFETY: plain integers; zero padding is what the kernel writes.
+        let mut v: libc::statx_timestamp = unsafe { core::mem::zeroed() };
+        v.tv_sec = t.sec;
+        v.tv_nsec = t.nsec;
+        v
+    };
+    out.stx_atime = ts(&s.atime);
+    if mask & libc::STATX_BTIME != 0 {
+        out.stx_btime = ts(&s.btime);
+    }
+    out.stx_ctime = ts(&s.ctime);
+    out.stx_mtime = ts(&s.mtime);
+    out.stx_rdev_major = s.rdev_major;
+    out.stx_rdev_minor = s.rdev_minor;
+    out.stx_dev_major = s.dev_major;
+    out.stx_dev_minor = s.dev_minor;
+}

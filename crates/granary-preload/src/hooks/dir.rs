@@ -1,0 +1,211 @@
+//! Listings of catalogued directories from the catalog: `opendir` hands back a real `DIR*` on
+//! the shadow directory, and `readdir` on a stream whose fd we track walks the entry's children.
+//! Streams on any other fd are libc's.
+
+use core::cell::UnsafeCell;
+use core::ffi::{c_char, c_int, c_long};
+use core::sync::atomic::Ordering;
+
+use granary_shm::job;
+
+use super::{find, locate};
+use crate::detour::{self, real, KeepErrno};
+use crate::fdtable::{self, Kind, MAX_DIR_FDS};
+use crate::path::Bufs;
+use crate::{config, perm};
+
+type OpendirFn = unsafe extern "C" fn(*const c_char) -> *mut libc::DIR;
+type FdopendirFn = unsafe extern "C" fn(c_int) -> *mut libc::DIR;
+type ReaddirFn = unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64;
+type ClosedirFn = unsafe extern "C" fn(*mut libc::DIR) -> c_int;
+type RewinddirFn = unsafe extern "C" fn(*mut libc::DIR);
+type TelldirFn = unsafe extern "C" fn(*mut libc::DIR) -> c_long;
+type SeekdirFn = unsafe extern "C" fn(*mut libc::DIR, c_long);
+
+/// One `struct dirent64` per trackable directory fd: `readdir` returns a pointer that stays
+/// valid until the next `readdir` on the same stream, which is all POSIX promises.
+struct Dirents(UnsafeCell<[libc::dirent64; MAX_DIR_FDS]>);
+
+// SAFETY: slot `fd` is only written by `readdir` on the stream owning `fd`; concurrent readdir
+// on one stream is undefined behaviour for the caller already.
+unsafe impl Sync for Dirents {}
+
+const EMPTY: libc::dirent64 = libc::dirent64 {
+    d_ino: 0,
+    d_off: 0,
+    d_reclen: 0,
+    d_type: 0,
+    d_name: [0; 256],
+};
+static DIRENTS: Dirents = Dirents(UnsafeCell::new([EMPTY; MAX_DIR_FDS]));
+
+fn stream_fd(dirp: *mut libc::DIR) -> c_int {
+    if dirp.is_null() {
+        return -1;
+    }
+    // SAFETY: a non-null DIR* owned by the caller; dirfd only reads it.
+    unsafe { libc::dirfd(dirp) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
+    let pass = || real!(OPENDIR as OpendirFn, c"opendir", (path) or core::ptr::null_mut());
+    let Some(g) = detour::enter() else {
+        return pass();
+    };
+    let mut bufs = Bufs::new();
+    let loc = locate(&g, libc::AT_FDCWD, path, &mut bufs);
+    if loc.rel.is_none() {
+        let d = pass();
+        fdtable::clear(stream_fd(d));
+        return d;
+    }
+    if let Some(f) = find(&g, &loc, true) {
+        if f.entry.stat.is_dir() && perm::certain(&f.entry.stat, perm::R) {
+            if let Some(fd) = super::open::shadow_fd(&g, f.idx, libc::O_CLOEXEC) {
+                let d =
+                    real!(FDOPENDIR as FdopendirFn, c"fdopendir", (fd) or core::ptr::null_mut());
+                if !d.is_null() {
+                    g.count(job::CATALOG_META, 1);
+                    return d;
+                }
+                let _keep = KeepErrno::new();
+                fdtable::clear(fd);
+                detour::raw_close(fd);
+            }
+        }
+    }
+    g.count(job::SOURCE_META, 1);
+    let d = pass();
+    fdtable::clear(stream_fd(d));
+    d
+}
+
+/// The next catalog entry of the stream on tracked fd `fd`, or `None` at the end.
+fn next_entry(fd: c_int, dir_entry: u32) -> Option<*mut libc::dirent64> {
+    let table = config::table()?;
+    let pos_cell = fdtable::dir_pos(fd)?;
+    let pos = pos_cell.load(Ordering::Relaxed);
+    let e = table.entry(dir_entry)?;
+    let (name, ino, dtype): (&[u8], u64, u8) = match pos {
+        0 => (b".", e.stat.ino, libc::DT_DIR),
+        1 => {
+            let ino = if dir_entry == 0 {
+                table.root_parent_ino()
+            } else {
+                table.entry(e.parent)?.stat.ino
+            };
+            (b"..", ino, libc::DT_DIR)
+        }
+        _ => {
+            let i = pos - 2;
+            if i >= e.child_count {
+                return None;
+            }
+            let c = table.entry(e.first_child.checked_add(i)?)?;
+            (table.name(&c)?, c.stat.ino, c.stat.dirent_type())
+        }
+    };
+    let slot = usize::try_from(fd).ok().filter(|&i| i < MAX_DIR_FDS)?;
+    // SAFETY: in bounds; see `Dirents` for why no one else writes this slot now.
+    let d = unsafe { &mut (*DIRENTS.0.get())[slot] };
+    let n = name.len().min(255);
+    d.d_name = [0; 256];
+    for (dst, &b) in d.d_name.iter_mut().zip(name.iter().take(n)) {
+        *dst = b as c_char;
+    }
+    d.d_ino = ino;
+    d.d_off = pos as i64 + 1;
+    // Offset of d_name (19) + name + NUL, rounded up to 8, as the kernel's getdents64 does.
+    d.d_reclen = ((19 + n + 1 + 7) & !7) as u16;
+    d.d_type = dtype;
+    pos_cell.store(pos + 1, Ordering::Relaxed);
+    Some(d as *mut libc::dirent64)
+}
+
+fn readdir_impl(
+    dirp: *mut libc::DIR,
+    pass: impl FnOnce() -> *mut libc::dirent64,
+) -> *mut libc::dirent64 {
+    let fd = stream_fd(dirp);
+    let Some(t) = fdtable::get(fd) else {
+        return pass();
+    };
+    if t.kind != Kind::Dir {
+        return pass();
+    }
+    let Some(_g) = detour::enter() else {
+        return pass();
+    };
+    // At the start of a listing, make sure the fd is still our shadow directory.
+    if fdtable::dir_pos(fd).is_some_and(|p| p.load(Ordering::Relaxed) == 0) {
+        let _keep = KeepErrno::new();
+        let mut st = detour::empty_stat();
+        if detour::raw_fstat(fd, &mut st) != 0 || !config::is_shadow(&st) {
+            fdtable::clear(fd);
+            drop(_keep);
+            return pass();
+        }
+    }
+    // The end of a listing leaves errno alone, as readdir does.
+    next_entry(fd, t.entry).unwrap_or(core::ptr::null_mut())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readdir(dirp: *mut libc::DIR) -> *mut libc::dirent {
+    readdir_impl(
+        dirp,
+        || real!(READDIR as ReaddirFn, c"readdir", (dirp) or core::ptr::null_mut()),
+    )
+    .cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readdir64(dirp: *mut libc::DIR) -> *mut libc::dirent64 {
+    readdir_impl(
+        dirp,
+        || real!(READDIR64 as ReaddirFn, c"readdir64", (dirp) or core::ptr::null_mut()),
+    )
+}
+
+// dirent and dirent64 are the same record on our 64-bit targets.
+const _: () =
+    assert!(core::mem::size_of::<libc::dirent>() == core::mem::size_of::<libc::dirent64>());
+
+#[no_mangle]
+pub unsafe extern "C" fn closedir(dirp: *mut libc::DIR) -> c_int {
+    fdtable::clear(stream_fd(dirp));
+    real!(CLOSEDIR as ClosedirFn, c"closedir", (dirp) or -1)
+}
+
+fn tracked_dir(dirp: *mut libc::DIR) -> Option<c_int> {
+    let fd = stream_fd(dirp);
+    (fdtable::get(fd)?.kind == Kind::Dir).then_some(fd)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rewinddir(dirp: *mut libc::DIR) {
+    if let Some(p) = tracked_dir(dirp).and_then(fdtable::dir_pos) {
+        p.store(0, Ordering::Relaxed);
+    }
+    real!(REWINDDIR as RewinddirFn, c"rewinddir", (dirp) or ())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn telldir(dirp: *mut libc::DIR) -> c_long {
+    if let Some(p) = tracked_dir(dirp).and_then(fdtable::dir_pos) {
+        return p.load(Ordering::Relaxed) as c_long;
+    }
+    real!(TELLDIR as TelldirFn, c"telldir", (dirp) or -1)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn seekdir(dirp: *mut libc::DIR, loc: c_long) {
+    if let Some(p) = tracked_dir(dirp).and_then(fdtable::dir_pos) {
+        if let Ok(v) = u32::try_from(loc) {
+            p.store(v, Ordering::Relaxed);
+        }
+        return;
+    }
+    real!(SEEKDIR as SeekdirFn, c"seekdir", (dirp, loc) or ())
+}

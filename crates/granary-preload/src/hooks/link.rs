@@ -1,0 +1,135 @@
+//! `readlink`/`readlinkat` of catalogued symlinks, and `realpath` of catalogued paths that
+//! involve no symlink inside the source.
+
+use core::ffi::{c_char, c_int};
+
+use granary_shm::{job, resolve, state, Resolved};
+
+use super::{find, locate};
+use crate::detour::{self, real, sys};
+use crate::path::{self, Bufs, BUF};
+use crate::perm;
+
+type ReadlinkFn = unsafe extern "C" fn(*const c_char, *mut c_char, usize) -> isize;
+type ReadlinkatFn = unsafe extern "C" fn(c_int, *const c_char, *mut c_char, usize) -> isize;
+type RealpathFn = unsafe extern "C" fn(*const c_char, *mut c_char) -> *mut c_char;
+type RealpathChkFn = unsafe extern "C" fn(*const c_char, *mut c_char, usize) -> *mut c_char;
+
+fn readlink_impl(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+    pass: impl FnOnce(c_int, *const c_char) -> isize,
+) -> isize {
+    let Some(g) = detour::enter() else {
+        return pass(dirfd, path);
+    };
+    let mut bufs = Bufs::new();
+    let loc = locate(&g, dirfd, path, &mut bufs);
+    let (d, p) = loc.pass_args(dirfd, path);
+    if loc.rel.is_none() {
+        return pass(d, p);
+    }
+    if size > 0 && !buf.is_null() {
+        if let Some(f) = find(&g, &loc, false) {
+            if let Some(target) = g.table.link_target(&f.entry) {
+                // Truncated like the kernel's: no NUL, at most `size` bytes.
+                let n = target.len().min(size);
+                // SAFETY: the caller provides `size` writable bytes at `buf`; n <= size.
+                let dst = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), n) };
+                dst.copy_from_slice(target.get(..n).unwrap_or(b""));
+                g.count(job::CATALOG_META, 1);
+                return n as isize;
+            }
+        }
+    }
+    g.count(job::SOURCE_META, 1);
+    pass(d, p)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: usize) -> isize {
+    readlink_impl(libc::AT_FDCWD, path, buf, size, |d, p| {
+        if d == libc::AT_FDCWD && p == path {
+            real!(READLINK as ReadlinkFn, (p, buf, size)
+                else sys!(libc::SYS_readlinkat, d, p, buf, size) as isize)
+        } else {
+            real!(READLINKAT as ReadlinkatFn, (d, p, buf, size)
+                else sys!(libc::SYS_readlinkat, d, p, buf, size) as isize)
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readlinkat(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> isize {
+    readlink_impl(dirfd, path, buf, size, |d, p| {
+        real!(READLINKAT as ReadlinkatFn, (d, p, buf, size)
+            else sys!(libc::SYS_readlinkat, d, p, buf, size) as isize)
+    })
+}
+
+/// Writes the canonical path into `resolved` (PATH_MAX bytes) when the catalog proves it:
+/// the path names an entry through no symlink inside the source. The answer uses the source's
+/// real root, since realpath resolves symlinks above the source too.
+fn realpath_answer(path: *const c_char, resolved: *mut c_char) -> Option<*mut c_char> {
+    let g = detour::enter()?;
+    let mut bufs = Bufs::new();
+    let loc = locate(&g, libc::AT_FDCWD, path, &mut bufs);
+    let rel = loc.rel?;
+    let Resolved::Entry(idx) = resolve(g.table, rel, false) else {
+        g.count(job::SOURCE_META, 1);
+        return None;
+    };
+    let e = g.table.entry(idx)?;
+    let fine = !e.stat.is_symlink()
+        && (!loc.must_dir || e.stat.is_dir())
+        && state::state_of(g.table.state(idx)) != state::STALE
+        && perm::ancestors_searchable(g.table, idx);
+    if !fine {
+        g.count(job::SOURCE_META, 1);
+        return None;
+    }
+    let mut out = [0u8; BUF];
+    let len = path::real_path_of(g.table, rel, &mut out)?.len();
+    // SAFETY: realpath's contract: `resolved` has room for PATH_MAX bytes; len + 1 <= BUF = PATH_MAX + 1
+    // only when len < PATH_MAX, checked here.
+    if len >= libc::PATH_MAX as usize {
+        return None;
+    }
+    let dst = unsafe { core::slice::from_raw_parts_mut(resolved.cast::<u8>(), len + 1) };
+    dst.copy_from_slice(out.get(..len + 1)?);
+    g.count(job::CATALOG_META, 1);
+    Some(resolved)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
+    // A NULL buffer means realpath allocates: that is libc's job, not a hook's.
+    if !resolved.is_null() {
+        if let Some(r) = realpath_answer(path, resolved) {
+            return r;
+        }
+    }
+    real!(REALPATH as RealpathFn, c"realpath", (path, resolved) or core::ptr::null_mut())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __realpath_chk(
+    path: *const c_char,
+    resolved: *mut c_char,
+    resolved_len: usize,
+) -> *mut c_char {
+    if !resolved.is_null() && resolved_len >= libc::PATH_MAX as usize {
+        if let Some(r) = realpath_answer(path, resolved) {
+            return r;
+        }
+    }
+    real!(REALPATH_CHK as RealpathChkFn, c"__realpath_chk", (path, resolved, resolved_len)
+        or core::ptr::null_mut())
+}
