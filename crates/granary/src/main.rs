@@ -1,1 +1,23 @@
-fn main() {}
+//! `granary`: the CLI and the node agent.
+
+mod agent;
+mod cli;
+mod client;
+mod demo;
+mod logging;
+mod run;
+mod signals;
+
+use clap::Parser;
+
+fn main() {
+    let cli = cli::Cli::parse();
+    let code = match cli::dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("granary: {e:#}");
+            2
+        }
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,220 @@
+//! The catalog beside the cache: saved as a table image (the `granary_shm::build` format, via a
+//! temporary file and rename) at `<first tier>/<source id>/catalog.table` after each walk and when
+//! the agent exits. The next walk reuses a copy only when the file's path, size and mtime (ns)
+//! match the saved entry, the copy was complete (PLACED, checksum recorded) and its object file
+//! exists with the right size; everything else in the object directories is deleted.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use granary_shm::{object_id, object_name, state, CatalogEntry, Mapping, TableSpec};
+
+use crate::sys;
+use crate::tiers::Tiers;
+
+/// Writes `entries` as a table image to `path` atomically.
+pub fn save(path: &Path, spec: &TableSpec, entries: &[CatalogEntry]) -> std::io::Result<()> {
+    let img = granary_shm::build(spec, entries)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    write_atomic(path, &img)
+}
+
+/// Temporary file in the same directory, then rename: readers see the old or the new file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".tmp-{name}-{}", std::process::id()));
+    let res = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// A saved entry's identity and placement.
+#[derive(Clone, Copy, Debug)]
+pub struct Prev {
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub state: u64,
+    pub checksum: u64,
+}
+
+pub struct Persisted {
+    pub entries: HashMap<Vec<u8>, Prev>,
+    /// Object directory of each tier index, as the saved table names them.
+    pub tier_dirs: Vec<PathBuf>,
+}
+
+/// Loads a saved catalog; `None` (after a debug log) when missing or unreadable: the cache is
+/// then rebuilt from nothing, never trusted blindly.
+pub fn load_persisted(path: &Path) -> Option<Persisted> {
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::debug!("no saved catalog at {}: {e}", path.display());
+            return None;
+        }
+    };
+    let len = f.metadata().ok()?.len() as usize;
+    let (_map, table) = match Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!("ignoring saved catalog {}: {e}", path.display());
+            return None;
+        }
+    };
+    let tier_dirs = (0..table.tier_count())
+        .filter_map(|t| table.tier_dir(t))
+        .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+        .collect();
+    let mut entries = HashMap::with_capacity(table.entry_count() as usize);
+    for i in 0..table.entry_count() {
+        let Some(e) = table.entry(i) else { continue };
+        if !e.stat.is_file() {
+            continue;
+        }
+        let Some(rel) = table.rel_path(&e) else {
+            continue;
+        };
+        entries.insert(
+            rel.to_vec(),
+            Prev {
+                size: e.stat.size,
+                mtime_ns: e.stat.mtime_ns(),
+                state: table.state(i),
+                checksum: table.checksum(i),
+            },
+        );
+    }
+    Some(Persisted { entries, tier_dirs })
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReuseOutcome {
+    pub files: u64,
+    pub bytes: u64,
+    /// Files removed from the object directories (stale, unreferenced, temporaries).
+    pub removed: u64,
+}
+
+/// Marks entries whose copy from an earlier run is still valid as PLACED (accounting their space
+/// in `tiers`), and deletes every other file in this source's object directories.
+/// `object_dirs[t]` is tier `t`'s object directory for this source and `dir_fds[t]` its fd.
+pub fn reuse(
+    entries: &mut [CatalogEntry],
+    prev: Option<&Persisted>,
+    object_dirs: &[PathBuf],
+    dir_fds: &[Option<OwnedFd>],
+    tiers: &Tiers,
+) -> ReuseOutcome {
+    let mut out = ReuseOutcome::default();
+    let mut keep: Vec<HashSet<[u8; 16]>> = vec![HashSet::new(); object_dirs.len()];
+    if let Some(prev) = prev {
+        for e in entries.iter_mut().filter(|e| e.stat.is_file()) {
+            let Some(p) = prev.entries.get(&e.rel_path) else {
+                continue;
+            };
+            if p.size != e.stat.size
+                || p.mtime_ns != e.stat.mtime_ns()
+                || state::state_of(p.state) != state::PLACED
+                || p.checksum == 0
+            {
+                continue;
+            }
+            let Some(old_dir) = prev.tier_dirs.get(state::tier_of(p.state) as usize) else {
+                continue;
+            };
+            let Some(t) = object_dirs.iter().position(|d| d == old_dir) else {
+                continue;
+            };
+            let Some(fd) = &dir_fds[t] else { continue };
+            let name = object_name(object_id(&e.rel_path));
+            match sys::stat_at(fd, &name) {
+                Ok((mode, size)) if mode & libc::S_IFMT == libc::S_IFREG && size == e.stat.size => {
+                }
+                _ => continue,
+            }
+            if !tiers.adopt(t, e.stat.size) {
+                continue;
+            }
+            e.state = state::word(state::PLACED, t as u8);
+            e.checksum = p.checksum;
+            keep[t].insert(name);
+            out.files += 1;
+            out.bytes += e.stat.size;
+        }
+    }
+    for (t, dir) in object_dirs.iter().enumerate() {
+        let (Ok(rd), Some(fd)) = (std::fs::read_dir(dir), &dir_fds[t]) else {
+            continue;
+        };
+        for de in rd.flatten() {
+            let name = de.file_name();
+            let b = name.as_bytes();
+            let kept = <[u8; 16]>::try_from(b).is_ok_and(|n| keep[t].contains(&n));
+            if !kept {
+                match sys::unlink_at(fd, b) {
+                    Ok(()) => out.removed += 1,
+                    Err(e) => tracing::debug!("cannot remove {}: {e}", de.path().display()),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The live state of a table as catalog entries (table order, children by index), for saving:
+/// copies in progress are saved as UNPLACED, complete ones with their tier and checksum.
+pub fn snapshot(table: &granary_shm::Table) -> Vec<CatalogEntry> {
+    let n = table.entry_count();
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let Some(e) = table.entry(i) else { break };
+        let w = table.state(i);
+        let st = state::state_of(w);
+        let word = if e.stat.is_file() && matches!(st, state::QUEUED | state::PLACING) {
+            state::word(state::UNPLACED, 0)
+        } else {
+            w
+        };
+        let children = if e.stat.is_dir() && e.child_count > 0 {
+            (e.first_child as usize..(e.first_child + e.child_count) as usize).collect()
+        } else {
+            Vec::new()
+        };
+        out.push(CatalogEntry {
+            rel_path: table.rel_path(&e).unwrap_or_default().to_vec(),
+            stat: e.stat,
+            link_target: table.link_target(&e).unwrap_or_default().to_vec(),
+            children,
+            state: word,
+            checksum: if st == state::PLACED {
+                table.checksum(i)
+            } else {
+                0
+            },
+        });
+    }
+    out
+}

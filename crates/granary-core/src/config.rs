@@ -1,0 +1,393 @@
+//! Configuration: the administrator's TOML file, merged with command-line flags by the binary.
+//!
+//! ```toml
+//! [[tier]]                 # ordered: fastest first
+//! path = "/dev/shm/granary"
+//! capacity = "8G"          # optional: default 90 % of the free space
+//! block_size = "4K"        # optional: accounting granularity
+//! [[tier]]
+//! path = "/local/ssd/granary"
+//! capacity = "400G"
+//! [placement]
+//! workers = 4              # default: from the core count
+//! [agent]
+//! idle_timeout = "30s"     # exit when no job used the agent this long
+//! log_level = "info"
+//! log_file = "/tmp/granary-agent.log"
+//! ```
+//! The file is checked key by key so an error names the key and its line, in one line:
+//! `config /x.toml: unknown key `tier[0].capcity` (line 3)`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::size::{parse_duration, parse_size};
+
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierConfig {
+    pub path: PathBuf,
+    /// Bytes; `None` = 90 % of the free space of the tier's file system.
+    pub capacity: Option<u64>,
+    pub block_size: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub tiers: Vec<TierConfig>,
+    pub workers: Option<usize>,
+    pub idle_timeout: Option<Duration>,
+    pub log_level: Option<String>,
+    pub log_file: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config {file}: {cause}")]
+    Read {
+        file: PathBuf,
+        cause: std::io::Error,
+    },
+    #[error("config {file}: {msg}")]
+    Invalid { file: PathBuf, msg: String },
+    #[error("bad --tier `{0}`: expected PATH or PATH=SIZE (e.g. /dev/shm/granary=8G)")]
+    TierFlag(String),
+}
+
+impl Config {
+    pub fn load(file: &Path) -> Result<Config, ConfigError> {
+        let src = std::fs::read_to_string(file).map_err(|cause| ConfigError::Read {
+            file: file.to_path_buf(),
+            cause,
+        })?;
+        Config::parse(&src).map_err(|msg| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            msg,
+        })
+    }
+
+    /// Parses TOML text; the error is one line naming the key (and its line when known).
+    pub fn parse(src: &str) -> Result<Config, String> {
+        let doc: toml::Table = src.parse().map_err(|e: toml::de::Error| {
+            let line = e
+                .span()
+                .map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1);
+            let msg = e
+                .message()
+                .lines()
+                .next()
+                .unwrap_or("syntax error")
+                .to_string();
+            match line {
+                Some(l) => format!("{msg} (line {l})"),
+                None => msg,
+            }
+        })?;
+        let err = |key: &str, what: &str| -> String {
+            match find_line(src, key) {
+                Some(l) => format!("{what} `{key}` (line {l})"),
+                None => format!("{what} `{key}`"),
+            }
+        };
+        let mut cfg = Config::default();
+        for (k, v) in &doc {
+            match k.as_str() {
+                "tier" => {
+                    let arr = v
+                        .as_array()
+                        .ok_or_else(|| err("tier", "expected [[tier]] tables for key"))?;
+                    for (i, t) in arr.iter().enumerate() {
+                        let base = format!("tier[{i}]");
+                        let t = t
+                            .as_table()
+                            .ok_or_else(|| err(&base, "expected a table for key"))?;
+                        let mut path = None;
+                        let mut capacity = None;
+                        let mut block_size = None;
+                        for (k, v) in t {
+                            let key = format!("{base}.{k}");
+                            match k.as_str() {
+                                "path" => {
+                                    path =
+                                        Some(PathBuf::from(v.as_str().ok_or_else(|| {
+                                            err(&key, "expected a string for key")
+                                        })?))
+                                }
+                                "capacity" => {
+                                    capacity = Some(size_value(v).ok_or_else(|| {
+                                        err(&key, "expected a size like \"8G\" for key")
+                                    })?)
+                                }
+                                "block_size" => {
+                                    let b = size_value(v).filter(|b| *b > 0).ok_or_else(|| {
+                                        err(&key, "expected a non-zero size like \"4K\" for key")
+                                    })?;
+                                    block_size = Some(b)
+                                }
+                                _ => return Err(err(&key, "unknown key")),
+                            }
+                        }
+                        let path =
+                            path.ok_or_else(|| err(&format!("{base}.path"), "missing key"))?;
+                        cfg.tiers.push(TierConfig {
+                            path,
+                            capacity,
+                            block_size,
+                        });
+                    }
+                }
+                "placement" => {
+                    let t = v
+                        .as_table()
+                        .ok_or_else(|| err("placement", "expected a table for key"))?;
+                    for (k, v) in t {
+                        let key = format!("placement.{k}");
+                        match k.as_str() {
+                            "workers" => {
+                                let n =
+                                    v.as_integer().filter(|n| *n > 0 && *n <= 1024).ok_or_else(
+                                        || err(&key, "expected an integer 1..1024 for key"),
+                                    )?;
+                                cfg.workers = Some(n as usize);
+                            }
+                            _ => return Err(err(&key, "unknown key")),
+                        }
+                    }
+                }
+                "agent" => {
+                    let t = v
+                        .as_table()
+                        .ok_or_else(|| err("agent", "expected a table for key"))?;
+                    for (k, v) in t {
+                        let key = format!("agent.{k}");
+                        match k.as_str() {
+                            "idle_timeout" => {
+                                let d = match v {
+                                    toml::Value::Integer(n) if *n >= 0 => {
+                                        Some(Duration::from_secs(*n as u64))
+                                    }
+                                    toml::Value::String(s) => parse_duration(s),
+                                    _ => None,
+                                };
+                                cfg.idle_timeout = Some(d.ok_or_else(|| {
+                                    err(&key, "expected a duration like \"30s\" for key")
+                                })?);
+                            }
+                            "log_level" => {
+                                let s = v
+                                    .as_str()
+                                    .filter(|s| {
+                                        ["error", "warn", "info", "debug", "trace", "off"]
+                                            .contains(s)
+                                    })
+                                    .ok_or_else(|| {
+                                        err(&key, "expected one of error/warn/info/debug/trace/off for key")
+                                    })?;
+                                cfg.log_level = Some(s.to_string());
+                            }
+                            "log_file" => {
+                                cfg.log_file = Some(PathBuf::from(
+                                    v.as_str()
+                                        .ok_or_else(|| err(&key, "expected a string for key"))?,
+                                ))
+                            }
+                            _ => return Err(err(&key, "unknown key")),
+                        }
+                    }
+                }
+                other => return Err(err(other, "unknown key")),
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+fn size_value(v: &toml::Value) -> Option<u64> {
+    match v {
+        toml::Value::Integer(n) if *n >= 0 => Some(*n as u64),
+        toml::Value::String(s) => parse_size(s),
+        _ => None,
+    }
+}
+
+/// `--tier PATH[=SIZE]`.
+pub fn parse_tier_flag(s: &str) -> Result<TierConfig, ConfigError> {
+    let (path, cap) = match s.rsplit_once('=') {
+        Some((p, c)) => (
+            p,
+            Some(parse_size(c).ok_or_else(|| ConfigError::TierFlag(s.to_string()))?),
+        ),
+        None => (s, None),
+    };
+    if path.is_empty() {
+        return Err(ConfigError::TierFlag(s.to_string()));
+    }
+    Ok(TierConfig {
+        path: PathBuf::from(path),
+        capacity: cap,
+        block_size: None,
+    })
+}
+
+/// Line of `key` (`tier[1].capacity`, `agent`, `placement.workers`) in the source text: a plain
+/// scan of table headers and `key =` lines, enough for error messages.
+fn find_line(src: &str, key: &str) -> Option<usize> {
+    let (section, leaf) = match key.rsplit_once('.') {
+        Some((s, l)) => (s.to_string(), l),
+        None => (String::new(), key),
+    };
+    let mut current = String::new();
+    let mut tier_count = 0usize;
+    for (n, line) in src.lines().enumerate() {
+        let l = line.trim();
+        if let Some(h) = l.strip_prefix("[[").and_then(|h| h.split("]]").next()) {
+            let h = h.trim();
+            if h == "tier" {
+                current = format!("tier[{tier_count}]");
+                tier_count += 1;
+            } else {
+                current = h.to_string();
+            }
+            if section.is_empty() && h == leaf {
+                return Some(n + 1);
+            }
+            continue;
+        }
+        if let Some(h) = l.strip_prefix('[').and_then(|h| h.split(']').next()) {
+            current = h.trim().to_string();
+            if section.is_empty() && current == leaf {
+                return Some(n + 1);
+            }
+            continue;
+        }
+        if let Some((k, _)) = l.split_once('=') {
+            let k = k.trim().trim_matches('"');
+            if current == section && k == leaf {
+                return Some(n + 1);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_file() {
+        let c = Config::parse(
+            "[[tier]]\npath = \"/dev/shm/g\"\ncapacity = \"8G\"\nblock_size = 4096\n\
+             [[tier]]\npath = \"/ssd/g\"\n[placement]\nworkers = 3\n\
+             [agent]\nidle_timeout = \"5s\"\nlog_level = \"debug\"\nlog_file = \"/tmp/l\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.tiers.len(), 2);
+        assert_eq!(c.tiers[0].capacity, Some(8 << 30));
+        assert_eq!(c.tiers[0].block_size, Some(4096));
+        assert_eq!(c.tiers[1].capacity, None);
+        assert_eq!(c.workers, Some(3));
+        assert_eq!(c.idle_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(c.log_level.as_deref(), Some("debug"));
+    }
+
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let e = Config::parse("[[tier]]\npath = \"/a\"\ncapcity = \"8G\"\n").unwrap_err();
+        assert_eq!(e, "unknown key `tier[0].capcity` (line 3)");
+        let e = Config::parse("[[tier]]\npath=\"/a\"\n[[tier]]\npath=\"/b\"\ncapacity=\"lots\"\n")
+            .unwrap_err();
+        assert!(e.contains("`tier[1].capacity` (line 5)"), "{e}");
+        let e = Config::parse("[agent]\nidle = 3\n").unwrap_err();
+        assert_eq!(e, "unknown key `agent.idle` (line 2)");
+        let e = Config::parse("[[tier]]\ncapacity = 1\n").unwrap_err();
+        assert!(e.starts_with("missing key `tier[0].path`"), "{e}");
+        let e = Config::parse("bogus = 1\n").unwrap_err();
+        assert_eq!(e, "unknown key `bogus` (line 1)");
+        let e = Config::parse("[[tier]\n").unwrap_err();
+        assert!(e.contains("(line 1)") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn tier_flags() {
+        let t = parse_tier_flag("/dev/shm/g=8G").unwrap();
+        assert_eq!(t.path, PathBuf::from("/dev/shm/g"));
+        assert_eq!(t.capacity, Some(8 << 30));
+        assert_eq!(parse_tier_flag("/x").unwrap().capacity, None);
+        assert!(parse_tier_flag("/x=huge").is_err());
+    }
+}
+
+/// The default tier when neither flags nor a config name one: `<dir>/granary-<user>` in the
+/// first writable of `$GRANARY_CACHE_DIR`, `$SLURM_TMPDIR`, `$TMPDIR`, `/tmp`.
+pub fn default_tier() -> Option<TierConfig> {
+    let user = crate::sys::user_name();
+    let mut dirs: Vec<PathBuf> = ["GRANARY_CACHE_DIR", "SLURM_TMPDIR", "TMPDIR"]
+        .iter()
+        .filter_map(|v| std::env::var_os(v))
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    dirs.push(PathBuf::from("/tmp"));
+    dirs.into_iter()
+        .find(|d| {
+            let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).ok();
+            // SAFETY: access(2) on a NUL-terminated path.
+            d.is_dir()
+                && c.is_some_and(
+                    |c| unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0,
+                )
+        })
+        .map(|d| TierConfig {
+            path: d.join(format!("granary-{user}")),
+            capacity: None,
+            block_size: None,
+        })
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("tier {path}: {cause}")]
+pub struct TierError {
+    pub path: PathBuf,
+    pub cause: std::io::Error,
+}
+
+/// Creates each tier's directory (mode 0700) and fills in capacities (90 % of the free space)
+/// and block sizes. The flag `true` in the result marks capacities that were defaulted.
+pub fn resolve_tiers(cfg: &[TierConfig]) -> Result<Vec<(crate::tiers::TierSpec, bool)>, TierError> {
+    cfg.iter()
+        .map(|t| {
+            let err = |cause| TierError {
+                path: t.path.clone(),
+                cause,
+            };
+            let path = crate::source::normalize(&t.path).map_err(err)?;
+            if std::fs::symlink_metadata(&path).is_err() {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&path)
+                    .map_err(err)?;
+            }
+            if !std::fs::metadata(&path).map_err(err)?.is_dir() {
+                return Err(err(std::io::Error::other("not a directory")));
+            }
+            let (capacity, defaulted) = match t.capacity {
+                Some(c) => (c, false),
+                None => (crate::sys::free_space(&path).map_err(err)? / 10 * 9, true),
+            };
+            Ok((
+                crate::tiers::TierSpec {
+                    path,
+                    capacity,
+                    block_size: t.block_size.unwrap_or(crate::tiers::DEFAULT_BLOCK_SIZE),
+                },
+                defaulted,
+            ))
+        })
+        .collect()
+}

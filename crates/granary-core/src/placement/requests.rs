@@ -1,0 +1,72 @@
+use std::sync::Arc;
+
+use granary_shm::{object_name, request, state};
+
+use super::{Job, Pool, SourceCtx};
+use crate::sys;
+use crate::tiers::Tiers;
+
+/// Acts on one request from a table's ring. Requests are hints from untrusted-but-same-user
+/// clients: each is checked against the entry's current state before anything happens.
+pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, tiers: &Tiers, pool: &Pool) {
+    let t = &ctx.table;
+    let Some(e) = t.entry(idx) else { return };
+    match kind {
+        request::OPEN_UNPLACED => {
+            if e.stat.is_file()
+                && t.swap_state(
+                    idx,
+                    state::word(state::UNPLACED, 0),
+                    state::word(state::QUEUED, 0),
+                )
+            {
+                pool.submit(Job {
+                    ctx: ctx.clone(),
+                    entry: idx,
+                });
+            }
+        }
+        request::INVALIDATE => {
+            // The client already marked the entry STALE; drop any copy so its space comes back.
+            let w = t.state(idx);
+            if state::state_of(w) == state::PLACED {
+                t.set_state(idx, state::word(state::STALE, 0));
+            }
+            drop_copies(ctx, &e, tiers);
+        }
+        request::DAMAGED => {
+            let w = t.state(idx);
+            if state::state_of(w) != state::PLACED {
+                return;
+            }
+            let tier = state::tier_of(w) as usize;
+            let name = object_name(e.object);
+            let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+                return;
+            };
+            let ok = matches!(sys::stat_at(dir, &name),
+                Ok((mode, size)) if mode & libc::S_IFMT == libc::S_IFREG && size == e.stat.size);
+            if ok {
+                return;
+            }
+            // Withdraw it first so no new client opens it, then delete and give the space back.
+            if t.swap_state(idx, w, state::word(state::UNPLACED, 0)) {
+                tracing::debug!("damaged copy of entry {idx} on tier {tier}: removing");
+                // Wrong or gone (deleted behind our back): either way its space is still charged.
+                let _ = sys::unlink_at(dir, &name);
+                tiers.release(tier, tiers.charge(tier, e.stat.size));
+            }
+        }
+        _ => tracing::debug!("unknown request kind {kind} for entry {idx}"),
+    }
+}
+
+fn drop_copies(ctx: &SourceCtx, e: &granary_shm::EntryRec, tiers: &Tiers) {
+    let name = object_name(e.object);
+    for (tier, dir) in ctx.object_dirs.iter().enumerate() {
+        let Some(dir) = dir else { continue };
+        if sys::unlink_at(dir, &name).is_ok() {
+            tiers.release(tier, tiers.charge(tier, e.stat.size));
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! The per-user runtime directory: `/dev/shm/granary-<uid>` (falls back to
+//! `$TMPDIR/granary-<uid>`, then `/tmp/granary-<uid>`), or `$GRANARY_RUNTIME_DIR` when set (tests,
+//! several independent agents on one node). It holds the agent's socket, lock and log, the tables
+//! and the shadow directory. Mode 0700, owned by the user, never a symlink.
+
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("runtime directory {path}: {cause}")]
+    Io { path: PathBuf, cause: io::Error },
+    #[error("runtime directory {0} is a symlink; refusing to use it")]
+    Symlink(PathBuf),
+    #[error("runtime directory {0} is owned by uid {1}, not by this user")]
+    NotOwned(PathBuf, u32),
+    #[error("no usable runtime directory (tried {0})")]
+    NoneUsable(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    pub dir: PathBuf,
+}
+
+impl Runtime {
+    /// Finds or creates the runtime directory, verifying owner and mode.
+    pub fn open() -> Result<Runtime, RuntimeError> {
+        if let Some(dir) = std::env::var_os("GRANARY_RUNTIME_DIR") {
+            let dir = PathBuf::from(dir);
+            ensure_private_dir(&dir)?;
+            return Runtime::with_dir(dir);
+        }
+        let uid = crate::sys::uid();
+        let mut tried = Vec::new();
+        let mut candidates = vec![PathBuf::from("/dev/shm")];
+        if let Some(t) = std::env::var_os("TMPDIR") {
+            candidates.push(PathBuf::from(t));
+        }
+        candidates.push(PathBuf::from("/tmp"));
+        let mut last = None;
+        for base in candidates {
+            if !base.is_dir() {
+                continue;
+            }
+            let dir = base.join(format!("granary-{uid}"));
+            tried.push(dir.display().to_string());
+            match ensure_private_dir(&dir) {
+                Ok(()) => return Runtime::with_dir(dir),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(RuntimeError::NoneUsable(tried.join(", "))))
+    }
+
+    fn with_dir(dir: PathBuf) -> Result<Runtime, RuntimeError> {
+        let rt = Runtime { dir };
+        ensure_private_dir(&rt.shadow_dir())?;
+        Ok(rt)
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("agent.sock")
+    }
+    pub fn lock(&self) -> PathBuf {
+        self.dir.join("agent.lock")
+    }
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+    /// The empty directory whose fd stands in for catalogued directories.
+    pub fn shadow_dir(&self) -> PathBuf {
+        self.dir.join("empty")
+    }
+    pub fn table(&self, source_id: &str, generation: u64) -> PathBuf {
+        self.dir.join(format!("{source_id}.{generation}.table"))
+    }
+}
+
+/// Creates `dir` with mode 0700 if missing; then insists it is a real directory owned by us,
+/// and takes away group/other access if someone added it.
+pub fn ensure_private_dir(dir: &Path) -> Result<(), RuntimeError> {
+    let io_err = |cause| RuntimeError::Io {
+        path: dir.to_path_buf(),
+        cause,
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_err(e)),
+    }
+    let md = std::fs::symlink_metadata(dir).map_err(io_err)?;
+    if md.file_type().is_symlink() {
+        return Err(RuntimeError::Symlink(dir.to_path_buf()));
+    }
+    if !md.is_dir() {
+        return Err(io_err(io::Error::new(
+            io::ErrorKind::Other,
+            "exists and is not a directory",
+        )));
+    }
+    if md.uid() != crate::sys::uid() {
+        return Err(RuntimeError::NotOwned(dir.to_path_buf(), md.uid()));
+    }
+    if md.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io_err)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_dir_rules() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("rt");
+        ensure_private_dir(&d).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ensure_private_dir(&d).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        let l = t.path().join("link");
+        std::os::unix::fs::symlink(&d, &l).unwrap();
+        assert!(matches!(
+            ensure_private_dir(&l),
+            Err(RuntimeError::Symlink(_))
+        ));
+    }
+}

@@ -1,0 +1,251 @@
+//! Counters: what the agent did (placement, its own source traffic) and the report `granary run`
+//! prints and writes with `--stats-json`. The program's own I/O is counted by the preload library
+//! in the table's job slots (`granary_shm::job`); `JobReport` puts both together.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use granary_shm::layout::MAX_TIERS;
+use serde::{Deserialize, Serialize};
+
+use crate::tiers::TierUsage;
+
+/// The agent's counters for one source (lifetime of the agent).
+#[derive(Debug, Default)]
+pub struct AgentCounters {
+    pub files_placed: AtomicU64,
+    pub bytes_placed: AtomicU64,
+    pub tier_files: [AtomicU64; MAX_TIERS],
+    pub tier_bytes: [AtomicU64; MAX_TIERS],
+    /// The agent's own reads of the source (placement copies).
+    pub source_opens: AtomicU64,
+    pub source_reads: AtomicU64,
+    pub source_bytes: AtomicU64,
+    /// Placements that failed (unreadable source, no room, write error) or found the source
+    /// changed.
+    pub failures: AtomicU64,
+    pub stale: AtomicU64,
+}
+
+impl AgentCounters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> PlacementStats {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PlacementStats {
+            files_placed: l(&self.files_placed),
+            bytes_placed: l(&self.bytes_placed),
+            tier_files_placed: self.tier_files.iter().map(l).collect(),
+            tier_bytes_placed: self.tier_bytes.iter().map(l).collect(),
+            agent_source_opens: l(&self.source_opens),
+            agent_source_reads: l(&self.source_reads),
+            agent_source_bytes: l(&self.source_bytes),
+            failures: l(&self.failures),
+            stale: l(&self.stale),
+        }
+    }
+}
+
+/// A snapshot of `AgentCounters`; also the delta over one job (`since`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementStats {
+    pub files_placed: u64,
+    pub bytes_placed: u64,
+    /// Per tier index (`MAX_TIERS` long).
+    pub tier_files_placed: Vec<u64>,
+    pub tier_bytes_placed: Vec<u64>,
+    pub agent_source_opens: u64,
+    pub agent_source_reads: u64,
+    pub agent_source_bytes: u64,
+    pub failures: u64,
+    pub stale: u64,
+}
+
+impl PlacementStats {
+    pub fn since(&self, before: &PlacementStats) -> PlacementStats {
+        let v = |a: &Vec<u64>, b: &Vec<u64>| {
+            a.iter()
+                .enumerate()
+                .map(|(i, x)| x.saturating_sub(b.get(i).copied().unwrap_or(0)))
+                .collect()
+        };
+        PlacementStats {
+            files_placed: self.files_placed.saturating_sub(before.files_placed),
+            bytes_placed: self.bytes_placed.saturating_sub(before.bytes_placed),
+            tier_files_placed: v(&self.tier_files_placed, &before.tier_files_placed),
+            tier_bytes_placed: v(&self.tier_bytes_placed, &before.tier_bytes_placed),
+            agent_source_opens: self
+                .agent_source_opens
+                .saturating_sub(before.agent_source_opens),
+            agent_source_reads: self
+                .agent_source_reads
+                .saturating_sub(before.agent_source_reads),
+            agent_source_bytes: self
+                .agent_source_bytes
+                .saturating_sub(before.agent_source_bytes),
+            failures: self.failures.saturating_sub(before.failures),
+            stale: self.stale.saturating_sub(before.stale),
+        }
+    }
+}
+
+/// What the catalog walk found.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CatalogStats {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// Sum of regular files' sizes.
+    pub bytes: u64,
+    /// Files whose copy from an earlier run was reused (size, mtime and object verified).
+    pub reused_files: u64,
+    pub reused_bytes: u64,
+    /// Seconds the walk took (0 when the job joined a table another job already had).
+    pub walk_s: f64,
+    /// Directories or files the walk could not read; calls on them pass through.
+    pub unreadable: u64,
+}
+
+/// One tier's line in the job report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierReport {
+    pub index: usize,
+    pub path: String,
+    pub capacity: u64,
+    /// Bytes of complete copies on the tier now (all sources), and reserved by copies in progress.
+    pub used: u64,
+    pub reserved: u64,
+    /// Opens of this job's program served from the tier, and bytes it read from them.
+    pub files_served: u64,
+    pub bytes_served: u64,
+    /// Files and bytes the agent placed on this tier during the job.
+    pub files_placed: u64,
+    pub bytes_placed: u64,
+}
+
+/// The program's traffic to the source (the PFS).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceReport {
+    /// Opens of source files by the program (not served from a tier).
+    pub opens: u64,
+    pub reads: u64,
+    pub bytes: u64,
+    /// Metadata calls (stat, access, readdir, …) that went to the source.
+    pub metadata_calls: u64,
+}
+
+/// The report of one `granary run`, printed as a table on stderr and written by `--stats-json`.
+///
+/// JSON keys are stable (add, never rename); version 1:
+/// ```json
+/// {
+///   "version": 1, "source": "/pfs/imagenet", "exit_status": 0, "wall_time_s": 12.5,
+///   "disabled": false, "job_slot": 1,
+///   "catalog": {"files": 0, "dirs": 0, "symlinks": 0, "bytes": 0, "reused_files": 0,
+///               "reused_bytes": 0, "walk_s": 0.0, "unreadable": 0},
+///   "opens": 0, "catalog_metadata_calls": 0, "fallbacks": 0,
+///   "source_io": {"opens": 0, "reads": 0, "bytes": 0, "metadata_calls": 0},
+///   "tiers": [{"index": 0, "path": "/dev/shm/granary/…", "capacity": 0, "used": 0, "reserved": 0,
+///              "files_served": 0, "bytes_served": 0, "files_placed": 0, "bytes_placed": 0}],
+///   "placement": {"files_placed": 0, "bytes_placed": 0, "tier_files_placed": [..8],
+///                 "tier_bytes_placed": [..8], "agent_source_opens": 0, "agent_source_reads": 0,
+///                 "agent_source_bytes": 0, "failures": 0, "stale": 0},
+///   "files_served_from_tiers": 0, "bytes_served_from_tiers": 0, "bytes_placed": 0
+/// }
+/// ```
+/// `opens` counts the program's opens of catalogued regular files; `source_io` what it did on
+/// the source itself; `tiers[i].files_served/bytes_served` what the tiers served it;
+/// `placement` the agent's copies during the job (delta), with the agent's own source traffic.
+/// Program-side counters are zero until the preload library counts them (or with
+/// `GRANARY_DISABLE=1`, when `disabled` is true).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobReport {
+    pub version: u32,
+    pub source: String,
+    pub exit_status: i32,
+    pub wall_time_s: f64,
+    pub disabled: bool,
+    pub job_slot: u32,
+    pub catalog: CatalogStats,
+    pub opens: u64,
+    pub catalog_metadata_calls: u64,
+    pub fallbacks: u64,
+    pub source_io: SourceReport,
+    pub tiers: Vec<TierReport>,
+    pub placement: PlacementStats,
+    pub files_served_from_tiers: u64,
+    pub bytes_served_from_tiers: u64,
+    pub bytes_placed: u64,
+}
+
+impl JobReport {
+    pub fn tier_reports(usage: &[TierUsage]) -> Vec<TierReport> {
+        usage
+            .iter()
+            .enumerate()
+            .map(|(i, u)| TierReport {
+                index: i,
+                path: u.path.display().to_string(),
+                capacity: u.capacity,
+                used: u.used,
+                reserved: u.reserved,
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// The short table `granary run` prints on stderr.
+    pub fn render(&self) -> String {
+        use crate::size::format_size as sz;
+        let mut s = String::new();
+        s.push_str(&format!(
+            "granary: {} — exit {} in {:.2} s{}\n",
+            self.source,
+            self.exit_status,
+            self.wall_time_s,
+            if self.disabled {
+                " (GRANARY_DISABLE=1)"
+            } else {
+                ""
+            }
+        ));
+        s.push_str(&format!(
+            "  {:<28} {:>10} {:>12} {:>10} {:>12}\n",
+            "where", "files", "bytes", "placed", "bytes placed"
+        ));
+        for t in &self.tiers {
+            s.push_str(&format!(
+                "  {:<28} {:>10} {:>12} {:>10} {:>12}\n",
+                format!("tier {} ({})", t.index, sz(t.capacity)),
+                t.files_served,
+                sz(t.bytes_served),
+                t.files_placed,
+                sz(t.bytes_placed)
+            ));
+        }
+        s.push_str(&format!(
+            "  {:<28} {:>10} {:>12}   reads {}, metadata calls {}\n",
+            "source (program)",
+            self.source_io.opens,
+            sz(self.source_io.bytes),
+            self.source_io.reads,
+            self.source_io.metadata_calls
+        ));
+        s.push_str(&format!(
+            "  {:<28} {:>10} {:>12}   placement failures {}\n",
+            "source (agent copies)",
+            self.placement.agent_source_opens,
+            sz(self.placement.agent_source_bytes),
+            self.placement.failures
+        ));
+        s.push_str(&format!(
+            "  catalog: {} files, {} dirs, {}; {} reused from an earlier run\n",
+            self.catalog.files,
+            self.catalog.dirs,
+            sz(self.catalog.bytes),
+            self.catalog.reused_files
+        ));
+        s
+    }
+}

@@ -1,0 +1,213 @@
+//! The few system calls std does not offer: `statx` into the table's `StatRec`, and `*at` calls
+//! relative to a directory fd so nothing in a cache directory is followed through a symlink.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use granary_shm::{StatRec, Ts};
+
+fn cstr(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL"))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn uid() -> u32 {
+    // SAFETY: getuid cannot fail and touches no memory.
+    unsafe { libc::getuid() }
+}
+
+/// `statx(path, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS | STATX_BTIME)`.
+pub fn statx_nofollow(path: &Path) -> io::Result<StatRec> {
+    let c = cstr(path.as_os_str().as_bytes())?;
+    // SAFETY: zeroed statx is a valid out-buffer; the kernel writes into it.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated and sx is a valid, writable struct statx.
+    check(unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut sx,
+        )
+    })?;
+    let ts = |t: libc::statx_timestamp| Ts {
+        sec: t.tv_sec,
+        nsec: t.tv_nsec,
+        _pad: 0,
+    };
+    Ok(StatRec {
+        mask: sx.stx_mask,
+        blksize: sx.stx_blksize,
+        attributes: sx.stx_attributes,
+        nlink: sx.stx_nlink,
+        uid: sx.stx_uid,
+        gid: sx.stx_gid,
+        mode: sx.stx_mode as u32,
+        ino: sx.stx_ino,
+        size: sx.stx_size,
+        blocks: sx.stx_blocks,
+        attributes_mask: sx.stx_attributes_mask,
+        atime: ts(sx.stx_atime),
+        btime: ts(sx.stx_btime),
+        ctime: ts(sx.stx_ctime),
+        mtime: ts(sx.stx_mtime),
+        rdev_major: sx.stx_rdev_major,
+        rdev_minor: sx.stx_rdev_minor,
+        dev_major: sx.stx_dev_major,
+        dev_minor: sx.stx_dev_minor,
+    })
+}
+
+/// Opens a directory without following a symlink in its last component.
+pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    let c = cstr(path.as_os_str().as_bytes())?;
+    // SAFETY: c is NUL-terminated; the returned fd is owned below.
+    let fd = check(unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Creates `name` in `dir` exclusively (never through a symlink), write-only, with `mode`.
+pub fn create_excl_at(dir: &OwnedFd, name: &[u8], mode: u32) -> io::Result<File> {
+    let c = cstr(name)?;
+    // SAFETY: dir is an open directory fd, c is NUL-terminated; the fd is owned below.
+    let fd = check(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    })?;
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Opens `name` in `dir` for reading, never through a symlink.
+pub fn open_read_at(dir: &OwnedFd, name: &[u8]) -> io::Result<File> {
+    let c = cstr(name)?;
+    // SAFETY: as in create_excl_at.
+    let fd = check(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+pub fn rename_at(dir: &OwnedFd, from: &[u8], to: &[u8]) -> io::Result<()> {
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: both names are NUL-terminated and relative to the same open directory.
+    check(unsafe { libc::renameat(dir.as_raw_fd(), f.as_ptr(), dir.as_raw_fd(), t.as_ptr()) })?;
+    Ok(())
+}
+
+pub fn unlink_at(dir: &OwnedFd, name: &[u8]) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: c is NUL-terminated, dir is an open directory fd.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) })?;
+    Ok(())
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: (file type and mode, size).
+pub fn stat_at(dir: &OwnedFd, name: &[u8]) -> io::Result<(u32, u64)> {
+    let c = cstr(name)?;
+    // SAFETY: zeroed stat is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid dir fd, NUL-terminated name, writable out-buffer.
+    check(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok((st.st_mode, st.st_size as u64))
+}
+
+/// Free bytes available to an unprivileged user on the file system holding `path`.
+pub fn free_space(path: &Path) -> io::Result<u64> {
+    let c = cstr(path.as_os_str().as_bytes())?;
+    // SAFETY: zeroed statvfs is a valid out-buffer.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: NUL-terminated path, writable out-buffer.
+    check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Starts write-back of a finished copy so dirty pages do not pile up while placement streams
+/// many GiB (the stalls Monarch's first epoch shows). Dropping the pages (`fadvise DONTNEED`) is
+/// left to the placement engine, which knows whether the tier is page-cache backed or tmpfs.
+pub fn start_writeback(file: &File, len: u64) {
+    // SAFETY: advisory call on an open fd; failure is harmless and ignored.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            0,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
+}
+
+/// The user's login name, for default cache directory names.
+pub fn user_name() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty() && !u.contains('/'))
+        .unwrap_or_else(|| uid().to_string())
+}
+
+/// uid of the process at the other end of a Unix socket (`SO_PEERCRED`).
+pub fn peer_uid(sock: &impl AsRawFd) -> io::Result<u32> {
+    // SAFETY: zeroed ucred is a valid out-buffer of the size we pass.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: valid socket fd, out-buffer and length describe `cred`.
+    check(unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    })?;
+    Ok(cred.uid)
+}
+
+/// Exclusive `flock` on an open file, released when the file is closed.
+pub fn flock_exclusive(f: &File) -> io::Result<()> {
+    loop {
+        // SAFETY: flock on an open fd.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The ring consumer: drains every source's request ring and hands requests to placement.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use granary_core::placement::handle_request;
+
+use super::Agent;
+
+pub fn consume(agent: Arc<Agent>) {
+    let mut empty_since: Option<Instant> = None;
+    while !agent.stopping.load(Ordering::Acquire) {
+        let Some(setup) = agent.setup.get() else {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        let ctxs: Vec<_> = agent
+            .sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(|s| s.ctx())
+            .collect();
+        let mut did = 0usize;
+        for ctx in &ctxs {
+            // Bounded per pass so one busy source cannot starve the others.
+            for _ in 0..4096 {
+                let Some((kind, idx)) = ctx.table.pop_request() else {
+                    break;
+                };
+                handle_request(ctx, kind, idx, &setup.tiers, &setup.pool);
+                did += 1;
+            }
+        }
+        if did > 0 {
+            empty_since = None;
+            continue;
+        }
+        let since = *empty_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > Duration::from_secs(1) {
+            // A client that died between claiming a slot and publishing it would block the ring.
+            for ctx in &ctxs {
+                if ctx.table.skip_stuck_request() {
+                    tracing::debug!("skipped a stuck ring slot");
+                }
+            }
+            empty_since = None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

@@ -1,0 +1,245 @@
+//! One source as the agent holds it: its current table, attached jobs and counters.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use granary_core::catalog::{self, Progress};
+use granary_core::placement::{object_dir, SourceCtx};
+use granary_core::runtime::ensure_private_dir;
+use granary_core::stats::{AgentCounters, CatalogStats};
+use granary_core::{sys, Tiers};
+use granary_shm::{job, state, Mapping, TableSpec};
+
+pub const JOB_SLOTS: u32 = 64;
+const RING_CAP: u32 = 16384;
+
+pub struct SourceState {
+    pub source: PathBuf,
+    pub source_real: PathBuf,
+    pub id: String,
+    pub counters: Arc<AgentCounters>,
+    pub inner: Mutex<Inner>,
+    /// The table requests are consumed from; swapped only under `inner`.
+    pub current: RwLock<Option<Arc<SourceCtx>>>,
+}
+
+#[derive(Default)]
+pub struct Inner {
+    pub jobs: usize,
+    pub table_path: Option<PathBuf>,
+    pub spec: Option<TableSpec>,
+    pub catalog: CatalogStats,
+}
+
+impl SourceState {
+    pub fn new(source: PathBuf) -> Result<SourceState> {
+        let source_real = std::fs::canonicalize(&source)
+            .with_context(|| format!("source {}", source.display()))?;
+        let id = granary_core::source::source_id(&source_real);
+        Ok(SourceState {
+            source,
+            source_real,
+            id,
+            counters: Arc::default(),
+            inner: Mutex::default(),
+            current: RwLock::default(),
+        })
+    }
+
+    pub fn ctx(&self) -> Option<Arc<SourceCtx>> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn catalog_file(&self, tiers: &Tiers) -> PathBuf {
+        tiers.spec(0).path.join(&self.id).join("catalog.table")
+    }
+
+    /// Walks the source and publishes a new table, reusing valid copies from the last one (or
+    /// from the catalog saved by an earlier agent). Called with no job attached.
+    pub fn rewalk(
+        &self,
+        inner: &mut Inner,
+        tiers: &Tiers,
+        rt_dir: &granary_core::runtime::Runtime,
+        generation: u64,
+        workers: usize,
+        progress: &Progress,
+    ) -> Result<()> {
+        let started = Instant::now();
+        self.retire(inner, tiers);
+        let catalog_file = self.catalog_file(tiers);
+        let prev = catalog::load_persisted(&catalog_file);
+        let walk = catalog::walk(&self.source_real, workers, progress)?;
+        let mut entries = walk.entries;
+        let mut object_dirs = Vec::new();
+        let mut dir_fds = Vec::new();
+        for t in 0..tiers.len() {
+            let root = &tiers.spec(t).path;
+            let dir = object_dir(root, &self.id);
+            let fd = ensure_private_dir(&root.join(&self.id))
+                .and_then(|()| ensure_private_dir(&dir))
+                .map_err(anyhow::Error::from)
+                .and_then(|()| sys::open_dir(&dir).map_err(anyhow::Error::from));
+            match fd {
+                Ok(fd) => dir_fds.push(Some(fd)),
+                Err(e) => {
+                    tracing::warn!("tier {t} unusable for {}: {e:#}", self.source.display());
+                    dir_fds.push(None);
+                }
+            }
+            object_dirs.push(dir);
+        }
+        let reused = catalog::reuse(&mut entries, prev.as_ref(), &object_dirs, &dir_fds, tiers);
+        let spec = TableSpec {
+            source: self.source.as_os_str().as_bytes().to_vec(),
+            source_real: self.source_real.as_os_str().as_bytes().to_vec(),
+            shadow_dir: rt_dir.shadow_dir().as_os_str().as_bytes().to_vec(),
+            tier_dirs: object_dirs
+                .iter()
+                .map(|d| d.as_os_str().as_bytes().to_vec())
+                .collect(),
+            root_parent_ino: walk.root_parent_ino,
+            agent_pid: std::process::id(),
+            ring_cap: RING_CAP,
+            job_slots: JOB_SLOTS,
+        };
+        let image = granary_shm::build(&spec, &entries).context("building the catalog table")?;
+        let table_path = rt_dir.table(&self.id, generation);
+        catalog::write_atomic(&table_path, &image)
+            .with_context(|| format!("writing {}", table_path.display()))?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&table_path)
+            .with_context(|| format!("opening {}", table_path.display()))?;
+        let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), image.len())
+            .with_context(|| format!("mapping {}", table_path.display()))?;
+        let ctx = Arc::new(SourceCtx {
+            table,
+            mapping,
+            source_real: self.source_real.clone(),
+            object_dirs: dir_fds,
+            counters: self.counters.clone(),
+            retired: AtomicBool::new(false),
+            inflight: AtomicUsize::new(0),
+        });
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx);
+        let mut stats = walk.stats;
+        stats.reused_files = reused.files;
+        stats.reused_bytes = reused.bytes;
+        stats.walk_s = started.elapsed().as_secs_f64();
+        tracing::info!(
+            "catalog of {}: {} files, {} dirs, {} bytes; {} copies reused, {} stale objects removed ({:.2} s)",
+            self.source.display(),
+            stats.files,
+            stats.dirs,
+            stats.bytes,
+            reused.files,
+            reused.removed,
+            stats.walk_s
+        );
+        inner.catalog = stats;
+        inner.table_path = Some(table_path);
+        inner.spec = Some(spec);
+        self.persist(inner, tiers);
+        Ok(())
+    }
+
+    /// Saves the current table's state beside the cache.
+    pub fn persist(&self, inner: &Inner, tiers: &Tiers) {
+        let (Some(ctx), Some(spec)) = (self.ctx(), &inner.spec) else {
+            return;
+        };
+        let entries = catalog::snapshot(&ctx.table);
+        let file = self.catalog_file(tiers);
+        match catalog::save(&file, spec, &entries) {
+            Ok(()) => tracing::debug!("saved catalog {}", file.display()),
+            Err(e) => tracing::warn!("cannot save catalog {}: {e}", file.display()),
+        }
+    }
+
+    /// Withdraws the current table: queued copies are dropped, running ones finish, its state is
+    /// saved, its space is given back (the next walk re-adopts what is still valid), and the table
+    /// file is removed.
+    pub fn retire(&self, inner: &mut Inner, tiers: &Tiers) {
+        let Some(ctx) = self.ctx() else { return };
+        ctx.retired.store(true, Ordering::Release);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while ctx.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.persist(inner, tiers);
+        let t = &ctx.table;
+        for i in 0..t.entry_count() {
+            let w = t.state(i);
+            if state::state_of(w) == state::PLACED {
+                if let Some(e) = t.entry(i) {
+                    let tier = state::tier_of(w) as usize;
+                    if tier < tiers.len() {
+                        tiers.release(tier, tiers.charge(tier, e.stat.size));
+                    }
+                }
+            }
+        }
+        t.set_valid(false);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(p) = inner.table_path.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    /// A free job slot (1..), its counters zeroed, owned by `pid`.
+    pub fn claim_slot(&self, pid: u32) -> u32 {
+        let Some(ctx) = self.ctx() else { return 0 };
+        let t = &ctx.table;
+        for slot in 1..t.job_slots() {
+            let Some(owner) = t.counter(slot, job::OWNER) else {
+                break;
+            };
+            if owner
+                .compare_exchange(0, pid.max(1) as u64, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                for w in 1..job::WORDS {
+                    if let Some(c) = t.counter(slot, w) {
+                        c.store(0, Ordering::Relaxed);
+                    }
+                }
+                return slot;
+            }
+        }
+        0
+    }
+
+    pub fn free_slot(&self, slot: u32) {
+        if slot == 0 {
+            return;
+        }
+        if let Some(ctx) = self.ctx() {
+            if let Some(owner) = ctx.table.counter(slot, job::OWNER) {
+                owner.store(0, Ordering::Release);
+            }
+        }
+    }
+
+    /// Complete copies in the current table: (files, bytes).
+    pub fn placed_now(&self) -> (u64, u64) {
+        let Some(ctx) = self.ctx() else { return (0, 0) };
+        let t = &ctx.table;
+        let (mut files, mut bytes) = (0, 0);
+        for i in 0..t.entry_count() {
+            if state::state_of(t.state(i)) == state::PLACED {
+                files += 1;
+                bytes += t.entry(i).map_or(0, |e| e.stat.size);
+            }
+        }
+        (files, bytes)
+    }
+}

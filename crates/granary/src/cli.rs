@@ -1,0 +1,114 @@
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Serve a training program's reads of a dataset from fast node-local tiers.
+#[derive(Parser, Debug)]
+#[command(name = "granary", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+/// Where to cache: shared by `run` and `agent`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TierArgs {
+    /// A tier, fastest first: PATH or PATH=SIZE (e.g. /dev/shm/granary=8G). Repeatable.
+    /// Default: a per-user directory on node-local storage, 90% of its free space.
+    #[arg(long = "tier", value_name = "PATH[=SIZE]")]
+    pub tiers: Vec<String>,
+    /// TOML configuration (tiers, placement workers, agent idle timeout, logging).
+    /// Default: $GRANARY_CONFIG.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Placement worker threads (default: from the core count).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// An agent exits after no job used it this long (e.g. 30s, 2m). Default 30s.
+    #[arg(long, value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a program with its reads of --source served from local tiers.
+    Run(RunArgs),
+    /// Run the node agent in the foreground (normally `granary run` starts it on demand).
+    Agent(AgentArgs),
+    /// Ask the running agent to save its catalogs and exit; waits until it is gone.
+    Stop,
+    /// Show the running agent: sources, tiers, files placed, jobs.
+    Status {
+        /// Print the agent's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate a small dataset and compare a shuffled multi-epoch reader with and without granary.
+    Demo(DemoArgs),
+    #[command(name = "__demo-reader", hide = true)]
+    DemoReader(DemoReaderArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The dataset directory the program reads (on the shared file system).
+    #[arg(long, value_name = "DIR")]
+    pub source: PathBuf,
+    #[command(flatten)]
+    pub tiers: TierArgs,
+    /// Write the job's report as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
+    /// Do not print the report table.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    pub program: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub tiers: TierArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Number of files.
+    #[arg(long, default_value_t = 2000)]
+    pub files: usize,
+    /// Size of each file (e.g. 64K).
+    #[arg(long, default_value = "64K")]
+    pub size: String,
+    /// Epochs per reader run.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: usize,
+    /// Directory for the dataset and the demo's tier (default: a temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoReaderArgs {
+    #[arg(long)]
+    pub dataset: PathBuf,
+    #[arg(long)]
+    pub epochs: usize,
+    #[arg(long)]
+    pub seed: u64,
+    /// Where to write per-epoch timings (JSON).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    match cli.cmd {
+        Command::Run(a) => crate::run::run(a),
+        Command::Agent(a) => crate::agent::main(a),
+        Command::Stop => crate::client::stop(),
+        Command::Status { json } => crate::client::status(json),
+        Command::Demo(a) => crate::demo::demo(a),
+        Command::DemoReader(a) => crate::demo::reader(a),
+    }
+}
