@@ -197,8 +197,14 @@ fn attach(
             let mut pw = w.try_clone()?;
             let (progress, done) = (&progress, &done);
             s.spawn(move || {
+                let mut ticks = 0u32;
                 while !done.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(250));
+                    // Short naps so a quick walk is not held up waiting for this thread.
+                    std::thread::sleep(Duration::from_millis(10));
+                    ticks += 1;
+                    if ticks % 25 != 0 {
+                        continue;
+                    }
                     let p = Reply::Progress {
                         files: progress.files.load(Ordering::Relaxed),
                         dirs: progress.dirs.load(Ordering::Relaxed),
