@@ -104,7 +104,10 @@ impl Agent {
 pub fn main(args: AgentArgs) -> Result<i32> {
     let rt = Runtime::open()?;
     let cfg = crate::run::load_config(&args.tiers)?;
-    crate::logging::init(Some(cfg.log_level.as_deref().unwrap_or("info")), cfg.log_file.clone());
+    crate::logging::init(
+        Some(cfg.log_level.as_deref().unwrap_or("info")),
+        cfg.log_file.clone(),
+    );
     let idle_timeout = match &args.tiers.idle_timeout {
         Some(s) => granary_core::size::parse_duration(s)
             .with_context(|| format!("bad --idle-timeout `{s}`"))?,
