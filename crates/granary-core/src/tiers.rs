@@ -199,7 +199,7 @@ mod tests {
 
     #[test]
     fn rounding_and_limits() {
-        let t = tiers(&[10_000], 4096);
+        let t = tiers(&[14_000], 4096);
         let a = t.reserve(0, 1).unwrap();
         assert_eq!(a.charge(), 4096);
         let b = t.reserve(0, 4097).unwrap();

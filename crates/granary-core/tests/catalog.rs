@@ -1,0 +1,218 @@
+//! The catalog against what std reports, and reuse of copies across walks.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use granary_core::catalog::{self, Progress};
+use granary_core::sys;
+use granary_core::tiers::{TierSpec, Tiers};
+use granary_shm::{object_id, object_name, state, Mapping, TableSpec};
+use proptest::prelude::*;
+
+fn spec(root: &Path, tier_dirs: &[PathBuf]) -> TableSpec {
+    TableSpec {
+        source: root.as_os_str().as_bytes().to_vec(),
+        source_real: root.as_os_str().as_bytes().to_vec(),
+        shadow_dir: b"/nonexistent".to_vec(),
+        tier_dirs: tier_dirs
+            .iter()
+            .map(|d| d.as_os_str().as_bytes().to_vec())
+            .collect(),
+        root_parent_ino: 1,
+        agent_pid: 1,
+        ring_cap: 64,
+        job_slots: 4,
+    }
+}
+
+fn map(img: &[u8], dir: &Path) -> (Mapping, granary_shm::Table) {
+    let p = dir.join("t.table");
+    std::fs::write(&p, img).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    Mapping::map(f.as_raw_fd(), img.len()).unwrap()
+}
+
+/// Builds a tree from a list of (depth-limited) names: directories, files and symlinks.
+fn make_tree(root: &Path, items: &[(u8, u8, u16)]) {
+    for (i, &(kind, parent, size)) in items.iter().enumerate() {
+        let parent_dir = if parent % 3 == 0 {
+            root.to_path_buf()
+        } else {
+            root.join(format!("d{}", parent % 4))
+        };
+        std::fs::create_dir_all(&parent_dir).unwrap();
+        let p = parent_dir.join(format!("n{i}"));
+        match kind % 3 {
+            0 => std::fs::write(&p, vec![b'x'; size as usize]).unwrap(),
+            1 => std::fs::create_dir_all(&p).unwrap(),
+            _ => std::os::unix::fs::symlink(format!("../target{i}"), &p).unwrap(),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    /// Every path of a generated tree is in the table with exactly the metadata std reports,
+    /// symlinks are not followed, and each directory lists exactly its entries.
+    #[test]
+    fn walk_matches_std(items in proptest::collection::vec((0u8..3, 0u8..12, 0u16..5000), 0..40)) {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("src");
+        std::fs::create_dir(&root).unwrap();
+        make_tree(&root, &items);
+        let w = catalog::walk(&root, 4, &Progress::default()).unwrap();
+        let img = granary_shm::build(&spec(&root, &[]), &w.entries).unwrap();
+        let (_m, table) = map(&img, t.path());
+        let mut seen = 0;
+        for entry in walkdir(&root) {
+            let rel = entry.strip_prefix(&root).unwrap();
+            let idx = table.lookup(rel.as_os_str().as_bytes());
+            prop_assert!(idx.is_some(), "missing {}", rel.display());
+            let e = table.entry(idx.unwrap()).unwrap();
+            let md = std::fs::symlink_metadata(&entry).unwrap();
+            prop_assert_eq!(e.stat.mode, md.mode());
+            prop_assert_eq!(e.stat.ino, md.ino());
+            prop_assert_eq!(e.stat.nlink as u64, md.nlink());
+            prop_assert_eq!(e.stat.uid, md.uid());
+            prop_assert_eq!(e.stat.size, md.size());
+            prop_assert_eq!(e.stat.mtime.sec, md.mtime());
+            prop_assert_eq!(e.stat.mtime.nsec as i64, md.mtime_nsec());
+            prop_assert_eq!(e.stat.blocks, md.blocks());
+            if md.file_type().is_symlink() {
+                let target = std::fs::read_link(&entry).unwrap();
+                prop_assert_eq!(table.link_target(&e).unwrap(), target.as_os_str().as_bytes());
+            }
+            if md.is_dir() {
+                let mut want: Vec<Vec<u8>> = std::fs::read_dir(&entry).unwrap()
+                    .map(|d| d.unwrap().file_name().as_bytes().to_vec()).collect();
+                let mut got: Vec<Vec<u8>> = (e.first_child..e.first_child + e.child_count)
+                    .map(|c| table.name(&table.entry(c).unwrap()).unwrap().to_vec()).collect();
+                want.sort();
+                got.sort();
+                prop_assert_eq!(got, want);
+            }
+            seen += 1;
+        }
+        prop_assert_eq!(seen + 1, table.entry_count() as usize);
+    }
+}
+
+fn walkdir(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn unreadable_directory_is_stale_not_empty() {
+    if sys::uid() == 0 {
+        return; // root reads everything
+    }
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("src");
+    std::fs::create_dir_all(root.join("closed")).unwrap();
+    std::fs::write(root.join("closed/f"), b"x").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root.join("closed"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    let w = catalog::walk(&root, 2, &Progress::default()).unwrap();
+    std::fs::set_permissions(root.join("closed"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let e = w.entries.iter().find(|e| e.rel_path == b"closed").unwrap();
+    assert_eq!(state::state_of(e.state), state::STALE);
+    assert!(e.children.is_empty());
+}
+
+/// Walk, "place" some files by hand, save; change, delete and damage some; walk again: only
+/// files whose size, mtime and object still match keep their placement.
+#[test]
+fn reuse_keeps_only_valid_copies() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("src");
+    let objects = t.path().join("tier/objects");
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::create_dir_all(&objects).unwrap();
+    let names = [
+        "keep", "changed", "deleted", "noobject", "badsize", "d/keep2",
+    ];
+    for n in names {
+        std::fs::write(root.join(n), n.repeat(100)).unwrap();
+    }
+    let tiers = Tiers::new(vec![TierSpec {
+        path: t.path().join("tier"),
+        capacity: 1 << 20,
+        block_size: 4096,
+    }]);
+    let dirs = vec![objects.clone()];
+    let fds = vec![Some(sys::open_dir(&objects).unwrap())];
+    let mut w = catalog::walk(&root, 2, &Progress::default()).unwrap();
+    let out = catalog::reuse(&mut w.entries, None, &dirs, &fds, &tiers);
+    assert_eq!(out.files, 0);
+    for e in w.entries.iter_mut().filter(|e| e.stat.is_file()) {
+        std::fs::copy(
+            root.join(std::ffi::OsStr::from_bytes(&e.rel_path)),
+            objects.join(std::str::from_utf8(&object_name(object_id(&e.rel_path))).unwrap()),
+        )
+        .unwrap();
+        e.state = state::word(state::PLACED, 0);
+        e.checksum = 7;
+    }
+    let saved = t.path().join("catalog.table");
+    catalog::save(&saved, &spec(&root, &dirs), &w.entries).unwrap();
+    std::fs::write(objects.join(".tmp-leftover-1-1"), b"partial").unwrap();
+
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(root.join("changed"), b"new content").unwrap();
+    std::fs::remove_file(root.join("deleted")).unwrap();
+    let obj =
+        |n: &str| objects.join(std::str::from_utf8(&object_name(object_id(n.as_bytes()))).unwrap());
+    std::fs::remove_file(obj("noobject")).unwrap();
+    std::fs::write(obj("badsize"), b"short").unwrap();
+
+    let prev = catalog::load_persisted(&saved).unwrap();
+    let tiers = Tiers::new(tiers.specs());
+    let mut w2 = catalog::walk(&root, 2, &Progress::default()).unwrap();
+    let out = catalog::reuse(&mut w2.entries, Some(&prev), &dirs, &fds, &tiers);
+    let placed: Vec<&[u8]> = w2
+        .entries
+        .iter()
+        .filter(|e| state::state_of(e.state) == state::PLACED)
+        .map(|e| e.rel_path.as_slice())
+        .collect();
+    let mut placed = placed;
+    placed.sort();
+    assert_eq!(placed, vec![b"d/keep2".as_slice(), b"keep".as_slice()]);
+    assert_eq!(out.files, 2);
+    assert_eq!(tiers.usage()[0].used, 2 * 4096);
+    let mut left: Vec<String> = std::fs::read_dir(&objects)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    let mut want = vec![
+        std::str::from_utf8(&object_name(object_id(b"keep")))
+            .unwrap()
+            .to_string(),
+        std::str::from_utf8(&object_name(object_id(b"d/keep2")))
+            .unwrap()
+            .to_string(),
+    ];
+    want.sort();
+    assert_eq!(left, want, "stale objects and temporaries are removed");
+    let e = w2.entries.iter().find(|e| e.rel_path == b"keep").unwrap();
+    assert_eq!(e.checksum, 7);
+}
