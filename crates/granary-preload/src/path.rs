@@ -39,6 +39,9 @@ pub struct Loc<'a> {
     /// `(AT_FDCWD, redirect)` instead of the caller's arguments, which would name the (empty)
     /// shadow directory.
     pub redirect: Option<*const c_char>,
+    /// The path named the source root itself through the user's spelling of it, which is a
+    /// symlink to the real root: not following it means the link, not the catalog's root.
+    pub root_link: bool,
 }
 
 impl Loc<'_> {
@@ -47,6 +50,7 @@ impl Loc<'_> {
             rel: None,
             must_dir: false,
             redirect: None,
+            root_link: false,
         }
     }
 
@@ -172,6 +176,7 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, bufs: &'a mu
             rel: None,
             must_dir,
             redirect: redirect_ptr,
+            root_link: false,
         };
     }
     let len = n.len;
@@ -179,12 +184,15 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, bufs: &'a mu
         Some(b) if !b.is_empty() => b,
         _ => b"/",
     };
-    let rel =
-        strip_root(abs, table.source_root()).or_else(|| strip_root(abs, table.source_real_root()));
+    let named = strip_root(abs, table.source_root());
+    let root_link =
+        named.is_some_and(|r| r.is_empty()) && table.source_root() != table.source_real_root();
+    let rel = named.or_else(|| strip_root(abs, table.source_real_root()));
     Loc {
         rel,
         must_dir,
         redirect: redirect_ptr,
+        root_link,
     }
 }
 

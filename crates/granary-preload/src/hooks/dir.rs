@@ -75,7 +75,7 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
             }
         }
     }
-    g.count(job::SOURCE_META, 1);
+    super::source_meta(&g, b"opendir", &loc);
     let d = pass();
     fdtable::clear(stream_fd(d));
     d

@@ -44,7 +44,7 @@ fn readlink_impl(
             }
         }
     }
-    g.count(job::SOURCE_META, 1);
+    super::source_meta(&g, b"readlink", &loc);
     pass(d, p)
 }
 
@@ -82,8 +82,11 @@ fn realpath_answer(path: *const c_char, resolved: *mut c_char) -> Option<*mut c_
     let mut bufs = Bufs::new();
     let loc = locate(&g, libc::AT_FDCWD, path, &mut bufs);
     let rel = loc.rel?;
+    if loc.root_link {
+        return None;
+    }
     let Resolved::Entry(idx) = resolve(g.table, rel, false) else {
-        g.count(job::SOURCE_META, 1);
+        super::source_meta(&g, b"realpath", &loc);
         return None;
     };
     let e = g.table.entry(idx)?;
@@ -92,7 +95,7 @@ fn realpath_answer(path: *const c_char, resolved: *mut c_char) -> Option<*mut c_
         && state::state_of(g.table.state(idx)) != state::STALE
         && perm::ancestors_searchable(g.table, idx);
     if !fine {
-        g.count(job::SOURCE_META, 1);
+        super::source_meta(&g, b"realpath", &loc);
         return None;
     }
     let mut out = [0u8; BUF];

@@ -34,6 +34,9 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Option<Found> {
     let rel = loc.rel?;
     // "dir/" follows a final symlink even for lstat, and must name a directory.
     let follow = follow || loc.must_dir;
+    if loc.root_link && !follow {
+        return None;
+    }
     let Resolved::Entry(idx) = resolve(g.table, rel, follow) else {
         return None;
     };
@@ -81,4 +84,12 @@ pub fn locate<'a>(g: &Guard, dirfd: c_int, path: *const c_char, bufs: &'a mut Bu
         return Loc::outside();
     }
     path::locate(g.table, dirfd, path, bufs)
+}
+
+/// A metadata call on a dataset path that the catalog could not answer.
+pub fn source_meta(g: &Guard, call: &[u8], loc: &Loc) {
+    g.count(granary_shm::job::SOURCE_META, 1);
+    if crate::log::enabled() {
+        crate::log::line(&[call, b" passed through: ", loc.rel.unwrap_or(b"?")]);
+    }
 }

@@ -219,6 +219,9 @@ fn invalidate(g: &Guard, loc: &Loc, flags: c_int) {
 
 /// Like `find`, but regardless of state and permissions (a write makes any entry stale).
 fn find_any(g: &Guard, loc: &Loc, follow: bool) -> Option<u32> {
+    if loc.root_link && !follow {
+        return None;
+    }
     match granary_shm::resolve(g.table, loc.rel?, follow || loc.must_dir) {
         granary_shm::Resolved::Entry(i) => Some(i),
         granary_shm::Resolved::PassThrough => None,

@@ -98,7 +98,7 @@ fn stat_impl(
             return 0;
         }
     }
-    g.count(job::SOURCE_META, 1);
+    super::source_meta(&g, b"stat", &loc);
     pass(d, p)
 }
 
@@ -329,7 +329,7 @@ fn access_impl(
             }
         }
     }
-    g.count(job::SOURCE_META, 1);
+    super::source_meta(&g, b"access", &loc);
     pass(d, p)
 }
 
