@@ -1,0 +1,375 @@
+//! Drives the real `granary` binary. Each test gets its own runtime directory (so its own agent),
+//! source and tier, and stops its agent at the end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_granary");
+
+/// The preload library next to the binary; built on demand since `cargo test -p granary` does
+/// not build the cdylib.
+fn ensure_preload() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let lib = Path::new(BIN).with_file_name("libgranary_preload.so");
+        if !lib.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut c = Command::new(cargo);
+            c.args(["build", "-p", "granary-preload"]);
+            if Path::new(BIN)
+                .parent()
+                .is_some_and(|p| p.ends_with("release"))
+            {
+                c.arg("--release");
+            }
+            let st = c.status().expect("running cargo build -p granary-preload");
+            assert!(st.success());
+        }
+    });
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new(files: usize) -> Env {
+        ensure_preload();
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        for i in 0..files {
+            let d = src.join(format!("c{}", i % 3));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(format!("f{i}")), vec![i as u8; 1000 + i * 37]).unwrap();
+        }
+        std::fs::create_dir_all(&src).unwrap();
+        Env { dir }
+    }
+    fn src(&self) -> PathBuf {
+        self.dir.path().join("src")
+    }
+    fn tier(&self) -> PathBuf {
+        self.dir.path().join("tier")
+    }
+    fn rt(&self) -> PathBuf {
+        self.dir.path().join("rt")
+    }
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("GRANARY_RUNTIME_DIR", self.rt())
+            .env_remove("GRANARY_CONFIG")
+            .env_remove("GRANARY_DISABLE")
+            .env_remove("LD_PRELOAD");
+        c
+    }
+    fn run(&self, extra: &[&str], program: &[&str]) -> Output {
+        let mut c = self.cmd();
+        c.arg("run")
+            .arg("--source")
+            .arg(self.src())
+            .arg("--tier")
+            .arg(format!("{}=64M", self.tier().display()))
+            .arg("--idle-timeout=20s")
+            .args(extra)
+            .arg("--")
+            .args(program);
+        c.output().unwrap()
+    }
+    fn status(&self) -> serde_json::Value {
+        let o = self.cmd().args(["status", "--json"]).output().unwrap();
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+    fn agent_pid(&self) -> Option<i64> {
+        self.status()["pid"].as_i64()
+    }
+    fn stop(&self) {
+        let _ = self.cmd().arg("stop").output();
+    }
+    fn wait_placed(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = self.status();
+            let placed = s["sources"][0]["files_placed_now"].as_u64().unwrap_or(0);
+            if placed >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {placed} of {n} placed: {s}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[test]
+fn exit_status_is_the_programs() {
+    let e = Env::new(3);
+    assert_eq!(e.run(&["-q"], &["true"]).status.code(), Some(0));
+    assert_eq!(e.run(&["-q"], &["false"]).status.code(), Some(1));
+    assert_eq!(
+        e.run(&["-q"], &["sh", "-c", "exit 3"]).status.code(),
+        Some(3)
+    );
+    assert_eq!(
+        e.run(&["-q"], &["sh", "-c", "kill -TERM $$"]).status.code(),
+        Some(128 + 15)
+    );
+}
+
+#[test]
+fn disabled_runs_the_program_plainly() {
+    let e = Env::new(1);
+    let json = e.dir.path().join("s.json");
+    let o = e
+        .cmd()
+        .env("GRANARY_DISABLE", "1")
+        .arg("run")
+        .arg("--source")
+        .arg(e.src())
+        .arg("--stats-json")
+        .arg(&json)
+        .args(["--", "sh", "-c", "exit 5"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(5));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["disabled"], true);
+    assert_eq!(v["exit_status"], 5);
+    assert!(
+        !e.rt().join("agent.sock").exists(),
+        "no agent when disabled"
+    );
+}
+
+#[test]
+fn stats_json_has_the_documented_keys() {
+    let e = Env::new(6);
+    let json = e.dir.path().join("s.json");
+    let o = e.run(
+        &["--stats-json", json.to_str().unwrap()],
+        &["sh", "-c", "exit 0"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["exit_status"], 0);
+    assert_eq!(v["catalog"]["files"], 6);
+    assert_eq!(v["catalog"]["dirs"], 4);
+    assert!(v["job_slot"].as_u64().unwrap() >= 1);
+    for k in ["opens", "reads", "bytes", "metadata_calls"] {
+        assert!(v["source_io"][k].is_u64(), "source_io.{k}");
+    }
+    for k in [
+        "files_placed",
+        "bytes_placed",
+        "agent_source_opens",
+        "failures",
+    ] {
+        assert!(v["placement"][k].is_u64(), "placement.{k}");
+    }
+    let t = &v["tiers"][0];
+    for k in [
+        "capacity",
+        "used",
+        "files_served",
+        "bytes_served",
+        "files_placed",
+        "bytes_placed",
+    ] {
+        assert!(t[k].is_u64(), "tiers[0].{k}");
+    }
+    assert_eq!(t["capacity"], 64 << 20);
+    assert!(v["wall_time_s"].is_f64());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("tier 0"), "report table on stderr: {err}");
+}
+
+#[test]
+fn bad_config_is_one_line_naming_the_key() {
+    let e = Env::new(1);
+    let cfg = e.dir.path().join("g.toml");
+    std::fs::write(&cfg, "[[tier]]\npath = \"/tmp/x\"\ncapcity = \"8G\"\n").unwrap();
+    let o = e
+        .cmd()
+        .arg("run")
+        .arg("--source")
+        .arg(e.src())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "granary: config {}: unknown key `tier[0].capcity` (line 3)",
+            cfg.display()
+        )
+    );
+    // The same through GRANARY_CONFIG.
+    let o = e
+        .cmd()
+        .env("GRANARY_CONFIG", &cfg)
+        .arg("run")
+        .arg("--source")
+        .arg(e.src())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn config_file_tiers_are_used() {
+    let e = Env::new(2);
+    let cfg = e.dir.path().join("g.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[tier]]\npath = \"{}\"\ncapacity = \"10M\"\nblock_size = \"64K\"\n[agent]\nidle_timeout = \"20s\"\n",
+            e.tier().display()
+        ),
+    )
+    .unwrap();
+    let json = e.dir.path().join("s.json");
+    let o = e
+        .cmd()
+        .arg("run")
+        .arg("--source")
+        .arg(e.src())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--stats-json")
+        .arg(&json)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["tiers"][0]["capacity"], 10 << 20);
+    assert_eq!(e.status()["idle_timeout_s"], 20.0);
+}
+
+#[test]
+fn agent_is_reused_by_sequential_runs() {
+    let e = Env::new(2);
+    assert!(e.run(&["-q"], &["true"]).status.success());
+    let pid = e.agent_pid().expect("agent running");
+    assert!(e.run(&["-q"], &["true"]).status.success());
+    assert_eq!(e.agent_pid(), Some(pid));
+    assert_eq!(e.status()["jobs"], 0);
+}
+
+#[test]
+fn agent_exits_when_idle() {
+    let e = Env::new(1);
+    let o = e
+        .cmd()
+        .arg("run")
+        .arg("-q")
+        .arg("--source")
+        .arg(e.src())
+        .arg("--tier")
+        .arg(e.tier())
+        .arg("--idle-timeout=1s")
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while e.rt().join("agent.sock").exists() {
+        assert!(Instant::now() < deadline, "agent still running");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let tables = std::fs::read_dir(e.rt())
+        .unwrap()
+        .filter(|d| {
+            d.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".table")
+        })
+        .count();
+    assert_eq!(tables, 0, "tables removed on exit");
+    assert!(std::fs::read_dir(e.tier()).unwrap().count() > 0);
+}
+
+#[test]
+fn killed_agent_is_replaced() {
+    let e = Env::new(2);
+    assert!(e.run(&["-q"], &["true"]).status.success());
+    let pid = e.agent_pid().unwrap();
+    // SAFETY: kill(2) on the agent this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        e.rt().join("agent.sock").exists(),
+        "stale socket left behind"
+    );
+    let o = e.run(&["-q"], &["sh", "-c", "exit 4"]);
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let new = e.agent_pid().unwrap();
+    assert_ne!(new, pid);
+}
+
+#[test]
+fn placed_files_persist_across_agents() {
+    let e = Env::new(9);
+    let files: Vec<String> = (0..9)
+        .map(|i| {
+            e.src()
+                .join(format!("c{}/f{i}", i % 3))
+                .display()
+                .to_string()
+        })
+        .collect();
+    let mut prog = vec!["cat"];
+    prog.extend(files.iter().map(|s| s.as_str()));
+    let o = e.run(&["-q"], &prog);
+    assert!(o.status.success());
+    assert_eq!(o.stdout.len(), (0..9).map(|i| 1000 + i * 37).sum::<usize>());
+    e.wait_placed(9);
+    e.stop();
+    let catalog = std::fs::read_dir(e.tier())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(catalog.join("catalog.table").exists());
+    assert_eq!(
+        std::fs::read_dir(catalog.join("objects")).unwrap().count(),
+        9
+    );
+
+    // A changed file is not reused.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&files[0], b"changed").unwrap();
+    let json = e.dir.path().join("s.json");
+    let o = e.run(&["-q", "--stats-json", json.to_str().unwrap()], &prog);
+    assert!(o.status.success());
+    assert!(o.stdout.starts_with(b"changed"), "never served stale");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["catalog"]["reused_files"], 8);
+    if v["opens"].as_u64().unwrap_or(0) > 0 {
+        // The preload library is counting: the reused copies were served from the tier.
+        assert_eq!(v["tiers"][0]["files_served"], 8, "{v}");
+        assert_eq!(v["source_io"]["opens"], 1, "{v}");
+    }
+}
