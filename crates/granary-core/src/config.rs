@@ -327,7 +327,7 @@ pub fn default_tier() -> Option<TierConfig> {
     let user = crate::sys::user_name();
     let mut dirs: Vec<PathBuf> = ["GRANARY_CACHE_DIR", "SLURM_TMPDIR", "TMPDIR"]
         .iter()
-        .filter_map(|v| std::env::var_os(v))
+        .filter_map(std::env::var_os)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .collect();

@@ -95,10 +95,7 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), RuntimeError> {
         return Err(RuntimeError::Symlink(dir.to_path_buf()));
     }
     if !md.is_dir() {
-        return Err(io_err(io::Error::new(
-            io::ErrorKind::Other,
-            "exists and is not a directory",
-        )));
+        return Err(io_err(io::Error::other("exists and is not a directory")));
     }
     if md.uid() != crate::sys::uid() {
         return Err(RuntimeError::NotOwned(dir.to_path_buf(), md.uid()));

@@ -259,7 +259,7 @@ mod tests {
                         let tier = r.tier();
                         committed.push((tier, r.commit()));
                     }
-                    Op::Drop(i) if !open.is_empty() => { open.swap_remove(i % open.len()); }
+                    Op::Drop(i) if !open.is_empty() => { drop(open.swap_remove(i % open.len())); }
                     Op::Release(i) if !committed.is_empty() => {
                         let (tier, c) = committed.swap_remove(i % committed.len());
                         t.release(tier, c);

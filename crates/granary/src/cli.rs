@@ -103,6 +103,9 @@ pub struct DemoReaderArgs {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    if !matches!(cli.cmd, Command::Agent(_)) {
+        crate::logging::init(None, None);
+    }
     match cli.cmd {
         Command::Run(a) => crate::run::run(a),
         Command::Agent(a) => crate::agent::main(a),

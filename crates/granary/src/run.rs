@@ -156,7 +156,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let (table_path, slot, tier_usage, catalog, before) = loop {
         match conn.recv()? {
             Reply::Progress { files, dirs, bytes } => {
-                if walk_started.elapsed() > Duration::from_secs(1) && !args.quiet {
+                if walk_started.elapsed() > Duration::from_secs(1)
+                    && !args.quiet
+                    && std::io::IsTerminal::is_terminal(&std::io::stderr())
+                {
                     eprint!(
                         "\rgranary: cataloguing {}: {files} files, {dirs} dirs, {}   ",
                         source.display(),
@@ -176,6 +179,15 @@ pub fn run(args: RunArgs) -> Result<i32> {
             } => {
                 if shown {
                     eprintln!();
+                } else if walk_started.elapsed() > Duration::from_secs(1) && !args.quiet {
+                    eprintln!(
+                        "granary: catalogued {}: {} files, {} dirs, {} in {:.1} s",
+                        source.display(),
+                        catalog.files,
+                        catalog.dirs,
+                        format_size(catalog.bytes),
+                        catalog.walk_s
+                    );
                 }
                 if let Some(n) = note {
                     eprintln!("granary: {n}");
@@ -267,9 +279,19 @@ fn spawn_and_wait(
     cmd: &mut std::process::Command,
     prog: &std::ffi::OsStr,
 ) -> Result<std::process::ExitStatus> {
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot run {}", Path::new(prog).display()))?;
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            // As a shell reports it: 127 not found, 126 not executable.
+            eprintln!("granary: cannot run {}: {e}", Path::new(prog).display());
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Ok(std::process::ExitStatus::from_raw(code << 8));
+        }
+    };
     crate::signals::forward_to(child.id());
     Ok(child.wait()?)
 }
