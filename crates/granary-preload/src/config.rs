@@ -30,8 +30,15 @@ pub fn is_shadow(st: &libc::stat) -> bool {
         && st.st_ino == SHADOW_INO.load(Ordering::Relaxed)
 }
 
+extern "C" fn after_fork_in_child() {
+    crate::fdtable::set_owner();
+}
+
 extern "C" fn init() {
     detour::resolve_all();
+    crate::fdtable::set_owner();
+    // SAFETY: registers a handler that only stores an atomic; called once, from the constructor.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     if let Some(spec) = env(c"GRANARY_LOG") {
         log::configure(spec);
     }

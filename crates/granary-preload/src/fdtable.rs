@@ -5,7 +5,9 @@
 //! Atomics in static memory survive fork unchanged, which is what a forked child's inherited
 //! fds need; nothing here needs a lock.
 
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use crate::detour::sys;
 
 const MAX_FDS: usize = 65536;
 /// Directory fds get a listing cursor and a dirent buffer each; more than this pass through.
@@ -14,6 +16,20 @@ pub const MAX_DIR_FDS: usize = 4096;
 static FDS: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
 /// Listing position of each tracked directory fd: 0 = `.`, 1 = `..`, 2 + i = child i.
 static DIR_POS: [AtomicU32; MAX_DIR_FDS] = [const { AtomicU32::new(0) }; MAX_DIR_FDS];
+
+/// The process this table describes. A vfork child (CPython's subprocess, posix_spawn) runs in
+/// its parent's memory until exec: its closes and dup2s must not rewrite the parent's table.
+/// fork children update it from the atfork handler (which vfork does not run).
+static OWNER: AtomicI32 = AtomicI32::new(0);
+
+pub fn set_owner() {
+    OWNER.store(sys!(libc::SYS_getpid) as i32, Ordering::Relaxed);
+}
+
+/// Called only when a write is about to happen, so untracked fds never pay the syscall.
+fn owned() -> bool {
+    sys!(libc::SYS_getpid) as i32 == OWNER.load(Ordering::Relaxed)
+}
 
 const KIND_SOURCE: u64 = 1;
 const KIND_TIER: u64 = 2;
@@ -72,6 +88,9 @@ pub fn track(fd: i32, t: Tracked) -> bool {
     let Some(c) = cell(fd) else {
         return false;
     };
+    if !owned() {
+        return false;
+    }
     if t.kind == Kind::Dir {
         let Some(pos) = usize::try_from(fd).ok().and_then(|i| DIR_POS.get(i)) else {
             return false;
@@ -86,7 +105,7 @@ pub fn track(fd: i32, t: Tracked) -> bool {
 #[inline]
 pub fn clear(fd: i32) {
     if let Some(c) = cell(fd) {
-        if c.load(Ordering::Relaxed) != 0 {
+        if c.load(Ordering::Relaxed) != 0 && owned() {
             c.store(0, Ordering::Release);
         }
     }
@@ -116,6 +135,9 @@ pub fn dir_pos(fd: i32) -> Option<&'static AtomicU32> {
 }
 
 pub fn clear_range(first: u32, last: u32) {
+    if !owned() {
+        return;
+    }
     let end = (last as usize).min(MAX_FDS - 1);
     let mut fd = first as usize;
     while fd <= end {

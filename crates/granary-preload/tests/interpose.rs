@@ -484,6 +484,12 @@ if __name__ == "__main__":
         for r in pool.map(work, rels * 3):
             print(r)
     print(subprocess.run(["cat", os.path.join(root, "a.txt")], capture_output=True).stdout)
+    # The child of a vfork closes every fd in its parent's memory: our tracking must survive it.
+    p = os.path.join(root, "train/big.bin")
+    fd = os.open(p, os.O_RDONLY)
+    subprocess.run(["true"], close_fds=True, check=True)
+    a, b = os.fstat(fd), os.stat(p)
+    print((a.st_ino, a.st_dev, a.st_ctime_ns, a.st_mtime_ns) == (b.st_ino, b.st_dev, b.st_ctime_ns, b.st_mtime_ns))
 "#;
     f.same_py(script);
     assert!(f.counter(job::TIER_FILES) >= 9);
