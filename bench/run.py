@@ -85,7 +85,7 @@ def main(argv=None):
             log(f"granary setups will be skipped: {reason.splitlines()[0]}")
         else:
             log(f"granary: {g.path} ({g.version})")
-            stack.callback(g.stop, emu.groups())
+            stack.callback(g.cleanup, emu.groups())
         bench = runner.Bench(k, emu, datasets, g, reason, log)
         results = bench.run_all()
         data = {"knobs": {f: getattr(k, f) for f in k.__dataclass_fields__},

@@ -49,7 +49,7 @@ def base_parser(description):
     p.add_argument("--cache-dir", default=None,
                    help="framework-style cache: epoch 1 copies each file here as it is read, "
                         "later epochs read the copies")
-    p.add_argument("--tick", type=float, default=0.2, help="timeline sampling period, seconds")
+    p.add_argument("--tick", type=float, default=0.1, help="timeline sampling period, seconds")
     return p
 
 

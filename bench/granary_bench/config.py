@@ -37,8 +37,8 @@ class Knobs:
     record_mean_kb: int = 110
     fanstore_counts: dict = field(default_factory=lambda: {"128K": 128, "512K": 32, "2M": 8, "8M": 2})
     # emulated PFS
-    read_bps: int = 32 * MIB
-    read_iops: int = 400
+    read_bps: int = 64 * MIB
+    read_iops: int = 300
     readahead_kb: int = 128
     mem_cap: int = 64 * MIB
     # the job
@@ -126,8 +126,8 @@ def parse_args(argv=None):
                    help="files per size, e.g. 128K=128,512K=32,2M=8,8M=2 (FanStore/1024)")
     g = p.add_argument_group("emulated PFS")
     g.add_argument("--read-bps", type=parse_size, help="blkio read bandwidth cap, e.g. 32M "
-                                                       "(0 = none; default 32M)")
-    g.add_argument("--read-iops", type=int, help="blkio read IOPS cap (0 = none; default 400)")
+                                                       "(0 = none; default 64M)")
+    g.add_argument("--read-iops", type=int, help="blkio read IOPS cap (0 = none; default 300)")
     g.add_argument("--readahead-kb", type=int, help="loop device readahead, KiB (128)")
     g.add_argument("--mem-cap", type=parse_size,
                    help="memory cgroup limit for the run's processes and page cache, e.g. 64M "

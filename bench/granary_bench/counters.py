@@ -53,14 +53,10 @@ class DeviceSampler:
         r1, b1 = self.at(t1)
         return {"reads": r1 - r0, "bytes": b1 - b0}
 
-    def rate_series(self, t_origin):
-        """[(t - t_origin, MB/s)] of source bytes, for the timeline plot."""
-        out = []
-        for a, b in zip(self.samples, self.samples[1:]):
-            dt = b[0] - a[0]
-            if dt > 0:
-                out.append((b[0] - t_origin, (b[2] - a[2]) / dt / 1e6))
-        return out
+    def series(self, t_origin):
+        """[(t - t_origin, bytes since the start)] for the timeline plot."""
+        b0 = self.samples[0][2]
+        return [(round(t - t_origin, 3), b - b0) for t, _, b in self.samples]
 
 
 class EpochMarks:

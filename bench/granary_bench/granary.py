@@ -19,6 +19,10 @@ class Granary:
         self.path = path
         self.log = log
         self.version = ""
+        # A runtime directory of our own: our jobs only ever talk to the agent
+        # we started (inside the cgroups), never to another user's test agent.
+        self.runtime_dir = f"/dev/shm/granary-bench-{os.getpid()}"
+        os.environ["GRANARY_RUNTIME_DIR"] = self.runtime_dir
 
     # ---- locating ----------------------------------------------------------
 
@@ -67,9 +71,10 @@ class Granary:
         return [p for g in groups for p in g.pids()]
 
     def agents_outside(self, groups):
-        """`granary agent` processes of this binary that are not in our cgroups:
-        such an agent would serve our job from outside the throttle."""
+        """`granary agent` processes on our runtime directory that are not in our
+        cgroups: such an agent would serve our job from outside the throttle."""
         ours = {p for g in groups for p in g.pids()}
+        mark = f"GRANARY_RUNTIME_DIR={self.runtime_dir}".encode()
         found = []
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) in ours:
@@ -77,9 +82,14 @@ class Granary:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     argv = f.read().split(b"\0")
-                exe = os.readlink(f"/proc/{pid}/exe")
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
             except OSError:
                 continue
-            if len(argv) > 1 and argv[1] == b"agent" and os.path.basename(exe).startswith("granary"):
+            if len(argv) > 1 and argv[1] == b"agent" and mark in env:
                 found.append(int(pid))
         return found
+
+    def cleanup(self, groups):
+        self.stop(groups)
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)

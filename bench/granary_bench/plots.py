@@ -59,33 +59,66 @@ def epochs_stacked(data, path):
     plt.close(fig)
 
 
+def _rates(points, t_end, window):
+    """Cumulative (t, bytes) -> [(t, MB/s)] over fixed windows ending at t:
+    the raw counters move in throttle-slice steps, windows make a readable line."""
+    if len(points) < 2:
+        return [], []
+    xs, ys = [], []
+    t = window
+    i = 0
+    prev = _interp(points, 0.0)
+    while t <= t_end + 1e-9:
+        cur = _interp(points, t)
+        xs.append(t)
+        ys.append((cur - prev) / window / 1e6)
+        prev = cur
+        t += window
+    return xs, ys
+
+
+def _interp(points, t):
+    if t <= points[0][0]:
+        return points[0][1]
+    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+        if t0 <= t <= t1:
+            return v0 + (v1 - v0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
+    return points[-1][1]
+
+
 def epoch1_throughput(data, path):
-    """What the model receives (MB/s) during epoch 1, and what the source
-    delivers (dashed), per setup."""
+    """Epoch 1, per setup: MB/s delivered to the model and read from the source
+    (top), and MB delivered so far (bottom: the slope is the throughput)."""
     wl = _by_workload(data)
-    fig, axes = _grid(len(wl))
-    for ax, (name, rs) in zip(axes, wl.items()):
-        for r in _ok(rs):
+    fig, axes = plt.subplots(2, len(wl), figsize=(4.2 * len(wl), 6.4), squeeze=False)
+    for col, (name, rs) in enumerate(wl.items()):
+        top, bottom = axes[0][col], axes[1][col]
+        rs = _ok(rs)
+        longest = max((r["epochs"][0]["seconds"] for r in rs), default=1.0)
+        window = max(0.2, longest / 15)
+        for r in rs:
             e1 = r["epochs"][0]
-            ticks = [t for t in r["ticks"] if t["epoch"] == 1]
-            xs, ys = [], []
-            for a, b in zip(ticks, ticks[1:]):
-                dt = b["t"] - a["t"]
-                if dt > 0:
-                    xs.append(b["t"] - e1["t0"])
-                    ys.append((b["bytes"] - a["bytes"]) / dt / 1e6)
+            dur = e1["seconds"]
+            pts = [(t["t"] - e1["t0"], t["bytes"] - r["ticks"][0]["bytes"]) for t in r["ticks"]
+                   if t["epoch"] == 1]
             c = COLORS.get(r["setup"], "grey")
-            ax.plot(xs, ys, color=c, label=r["setup"], linewidth=1.4)
-            src = [(t + r["t_start"] - e1["t0"], v) for t, v in r.get("source_rate", [])
-                   if e1["t0"] <= t + r["t_start"] <= e1["t1"]]
+            xs, ys = _rates(pts, dur, min(window, max(dur / 4, 0.02)))
+            top.plot(xs, ys, color=c, label=r["setup"], linewidth=1.4)
+            bottom.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], color=c,
+                        label=r["setup"], linewidth=1.4)
+            off = r["t_start"] - e1["t0"]
+            src = [(t + off, b) for t, b in r.get("source_series", [])]
+            base = _interp(src, 0.0) if src else 0
+            src = [(t, b - base) for t, b in src if t >= 0]
             if src and r["setup"] != "local":
-                ax.plot([s[0] for s in src], [s[1] for s in src], color=c, linestyle=":",
-                        linewidth=1.0)
-        ax.set_title(name)
-        ax.set_xlabel("seconds into epoch 1")
-        ax.set_ylabel("MB/s delivered to the model")
-        ax.legend(fontsize=7)
-    fig.suptitle("Epoch 1 throughput (solid: data delivered to the model; dotted: read from the PFS)")
+                xs, ys = _rates(src, dur, window)
+                top.plot(xs, ys, color=c, linestyle=":", linewidth=1.2)
+        top.set_title(name)
+        top.set_ylabel("MB/s")
+        top.legend(fontsize=7)
+        bottom.set_xlabel("seconds into epoch 1")
+        bottom.set_ylabel("MB delivered to the model")
+    fig.suptitle("Epoch 1: throughput over time (solid: delivered to the model, dotted: read from the PFS) and progress")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -70,6 +70,7 @@ def ratio_rows(data):
                        pfs_ok["epochs"][0]["seconds"] if pfs_ok and pfs_ok.get("epochs") else None),
                 _ratio(_later(r), _later(local_ok) if local_ok else None),
                 _ratio(r["source_total"]["bytes"], pfs_ok["source_total"]["bytes"] if pfs_ok else None),
+                _ratio(r.get("wall"), pfs_ok.get("wall") if pfs_ok else None),
             ])
     return rows
 
@@ -118,11 +119,13 @@ def render(data, figs):
              "faster). *Job* = sum of the epoch times as the client logs them; *Local+copy* "
              "adds the up-front copy; *later epochs* compares the mean of epochs 2.. with "
              "Local's; *source bytes* is the ratio of bytes read from the emulated PFS over the "
-             "whole job.\n")
+             "whole job; *process wall* is the time of the whole command, including granary's agent "
+             "start and catalog walk.\n")
     rows = ratio_rows(data)
     if rows:
         L.append(_table(["workload", "setup", "job / PFS", "job / Local", "job / (Local+copy)",
-                         "epoch 1 / PFS epoch 1", "later epochs / Local", "source bytes / PFS"],
+                         "epoch 1 / PFS epoch 1", "later epochs / Local", "source bytes / PFS",
+                         "process wall / PFS"],
                         rows))
     else:
         L.append("_No granary results in this run" +
@@ -154,7 +157,7 @@ def render(data, figs):
     if "throughput" in figs:
         L.append(f"![epoch 1 throughput]({figs['throughput']})\n")
     L.append("Solid lines: MB/s delivered to the model (the client's own counter, sampled every "
-             "0.2 s). Dotted: MB/s read from the emulated PFS (loop device counters, every 50 ms) "
+             "0.1 s). Dotted: MB/s read from the emulated PFS (loop device counters, every 50 ms) "
              "— for granary this includes the agent's background copying.\n")
 
     L.append("## Source traffic per epoch\n")
@@ -181,6 +184,17 @@ def render(data, figs):
             L.append(f"### {wl}\n")
             L.append(_table(["setup", "startup", *[f"epoch {i}" for i in range(1, n_ep + 1)],
                              "after", "total"], rows))
+    traced = [r for r in res if r.get("strace") is not None]
+    if traced:
+        L.append("System calls of the job (strace -f, not the agent) that name a path under the "
+                 "source, per epoch — metadata and open calls that reach the PFS:\n")
+        buckets = sorted({str(b) for r in traced for b in r["strace"]},
+                         key=lambda b: (not b.isdigit(), int(b) if b.isdigit() else 0, b))
+        L.append(_table(["workload", "setup", *buckets], [
+            [r["workload"], r["setup"]] + [
+                ", ".join(f"{n} {c}" for n, c in sorted(r["strace"].get(b, {}).items())) or "0"
+                for b in buckets]
+            for r in traced]))
     copies = data.get("copies") or {}
     if copies:
         L.append("Local setup copies (`cp -a` from the emulated PFS, before the job, page cache "
@@ -207,13 +221,33 @@ def render(data, figs):
     gstats = [r for r in res if r.get("granary_stats") or r.get("granary_stats_error")]
     if gstats:
         L.append("## granary's own counters (`--stats-json`)\n")
-        L.append("As reported by granary, for comparison with the device counters above.\n")
+        L.append("As granary reports them, next to the device counters above. *program* = what "
+                 "the job itself read from the source through the library (mmap page faults are "
+                 "invisible to it), *agent* = the agent's copies, *served* = files and MB the job "
+                 "got from the tier, *placed* = files and MB copied into the tier, *not placed* = "
+                 "placement failures (a full tier counts here), *walk* = catalog walk time.\n")
+        rows = []
         for r in gstats:
-            L.append(f"- **{r['workload']} / {r['setup']}** (tier {r['tier']['bytes'] >> 20} MiB, "
-                     f"{r['tier']['used_bytes'] >> 20} MiB used at the end): "
-                     + (_flat(r["granary_stats"]) if r.get("granary_stats")
-                        else f"no stats: {r['granary_stats_error']}"))
-        L.append("")
+            st = r.get("granary_stats")
+            if not st:
+                rows.append([r["workload"], r["setup"], f"no stats: {r['granary_stats_error']}"]
+                            + [""] * 7)
+                continue
+            src, pl = st.get("source_io", {}), st.get("placement", {})
+            rows.append([
+                r["workload"], r["setup"],
+                f"{src.get('opens', '?')} opens, {_mb(src.get('bytes', 0))} MB",
+                f"{_mb(pl.get('agent_source_bytes', 0))} MB",
+                f"{st.get('files_served_from_tiers', '?')} / {_mb(st.get('bytes_served_from_tiers', 0))} MB",
+                f"{pl.get('files_placed', '?')} / {_mb(pl.get('bytes_placed', 0))} MB",
+                pl.get("failures", "?"),
+                f"{r['tier']['bytes'] >> 20} MiB ({r['tier']['used_bytes'] >> 20} used)",
+                f"{st.get('catalog', {}).get('walk_s', 0):.2f} s",
+                f"{st.get('wall_time_s', 0):.1f} s",
+            ])
+        L.append(_table(["workload", "setup", "program source reads", "agent source reads",
+                         "served from tier", "placed", "not placed", "tier", "walk", "wall"],
+                        rows))
 
     L.append("## Emulated PFS and run parameters\n")
     L.append(_table(["parameter", "value"], [[a, f"`{b}`" if "/" in str(b) else b]
@@ -250,13 +284,3 @@ def render(data, figs):
     return "\n".join(L)
 
 
-def _flat(d, prefix=""):
-    parts = []
-    for key, v in d.items():
-        if isinstance(v, dict):
-            parts.append(_flat(v, f"{prefix}{key}."))
-        elif isinstance(v, list):
-            parts.append(f"{prefix}{key}=[{len(v)} items]")
-        else:
-            parts.append(f"{prefix}{key}={v}")
-    return ", ".join(p for p in parts if p)

@@ -51,7 +51,7 @@ class Bench:
         self.granary_reason = granary_reason
         self.log = log
         self.copies = {}     # dataset -> copy stats
-        self.logdir = os.path.join(knobs.out, "logs")
+        self.logdir = os.path.join(knobs.out, "logs")  # stderr of each job, small
         os.makedirs(self.logdir, exist_ok=True)
 
     def source_dir(self, dataset):
@@ -98,12 +98,13 @@ class Bench:
         env = dict(os.environ, BENCH_ROOT=root, BENCH_MANIFEST=self.datasets[job.dataset].manifest,
                    BENCH_EPOCHS=str(self.k.epochs), BENCH_WORKERS=str(self.k.workers),
                    BENCH_CACHE_DIR=cache_dir or "", PYTHONUNBUFFERED="1")
-        argv = setup.wrap(job, argv)
         strace_file = None
         if self.k.strace:
+            # Inside the setup's wrapper: we count the job's own calls, and strace
+            # must not follow (and wait for) the agent `granary run` spawns.
             strace_file = os.path.join(self.k.workdir, f"strace-{job.key}-{setup.name}.txt")
             argv = counters.strace_prefix(strace_file) + argv
-        argv = self.pfs.wrap(argv)
+        argv = self.pfs.wrap(setup.wrap(job, argv))
         res["argv"] = argv
 
         self.pfs.drop_caches([root, self.k.workdir])
@@ -132,7 +133,7 @@ class Bench:
         res["ticks"] = events["tick"]
         res["done"] = events["done"]
         res["source_total"] = dev.between(dev.samples[0][0], dev.samples[-1][0])
-        res["source_rate"] = dev.rate_series(t0)
+        res["source_series"] = dev.series(t0)
         res["memory"] = self.pfs.memory_stats()
         if strace_file:
             res["strace"] = counters.strace_counts(strace_file, self.source_dir(job.dataset),

@@ -94,9 +94,8 @@ class GranarySetup(Setup):
             raise RuntimeError(f"processes {left} still in the bench cgroups after `granary stop`")
         outside = g.agents_outside(self.b.pfs.groups())
         if outside:
-            self.b.log(f"WARNING: granary agent(s) {outside} running outside the bench cgroups "
-                       "(another user of this machine?); if our job talks to one of them its "
-                       "reads escape the throttle")
+            raise RuntimeError(f"granary agent(s) {outside} on our runtime directory run outside "
+                               "the bench cgroups: their reads would escape the throttle")
         d = self.tier_dir(job)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
