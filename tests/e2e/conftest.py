@@ -52,19 +52,28 @@ class Granary:
         """Waits until the agent has no placement pending for `source` (the first run's copies
         happen in the background)."""
         deadline = time.monotonic() + timeout
+        last, stable_since = None, time.monotonic()
         while time.monotonic() < deadline:
-            st = self.status()
-            pending = [s for s in st.get("sources", []) if os.path.realpath(s.get("source", "")) == os.path.realpath(source)]
-            if pending and all(s.get("pending", 1) == 0 for s in pending):
-                return st
-            time.sleep(0.2)
+            st = self.status() or {}
+            mine = [s for s in st.get("sources", [])
+                    if os.path.realpath(s.get("source", "")) == os.path.realpath(source)]
+            if mine and all("pending" in s for s in mine):
+                if all(s["pending"] == 0 for s in mine):
+                    return st
+            elif mine:  # an agent without `pending`: wait until placement stops moving
+                now = [s.get("files_placed_now") for s in mine]
+                if now != last:
+                    last, stable_since = now, time.monotonic()
+                elif time.monotonic() - stable_since > 1.5:
+                    return st
+            time.sleep(0.1)
         raise AssertionError(f"placement for {source} did not settle in {timeout}s: {self.status()}")
 
     def status(self):
         proc = subprocess.run([self.bin, "status", "--json"], capture_output=True, timeout=60)
         if proc.returncode != 0:
             return {}
-        return json.loads(proc.stdout or b"{}")
+        return json.loads(proc.stdout or b"{}") or {}
 
     def stop(self):
         subprocess.run([self.bin, "stop"], capture_output=True, timeout=120)
@@ -77,19 +86,19 @@ class Granary:
 
 # Stats JSON accessors, in one place so the schema lives here only.
 def tier_files(stats) -> int:
-    return sum(t["files"] for t in stats["tiers"])
+    return stats["files_served_from_tiers"]
 
 
 def source_opens(stats) -> int:
-    return stats["source"]["opens"]
+    return stats["source_io"]["opens"]
 
 
 def source_reads(stats) -> int:
-    return stats["source"]["reads"]
+    return stats["source_io"]["reads"]
 
 
 def source_meta(stats) -> int:
-    return stats["source"]["metadata_calls"]
+    return stats["source_io"]["metadata_calls"]
 
 
 def direct(cmd, cwd=None, env=None):
