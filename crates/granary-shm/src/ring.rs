@@ -88,6 +88,19 @@ impl<'a> Ring<'a> {
         Some(value)
     }
 
+    /// Positions claimed by producers and not yet consumed or skipped (tail − head). Counts
+    /// claimed-but-unpublished slots too, so it errs towards "not yet drained".
+    pub(crate) fn backlog(&self) -> u64 {
+        let (Some(head), Some(tail)) = (self.head(), self.tail()) else {
+            return 0;
+        };
+        // Head first: both only grow and head never passes tail, so reading tail afterwards can
+        // only overstate the backlog, never report it drained while a request is still there.
+        let h = head.load(Ordering::Acquire);
+        let t = tail.load(Ordering::Acquire);
+        t.saturating_sub(h)
+    }
+
     /// True if the head slot is claimed (tail moved past it) but unpublished and was skipped.
     /// Call only after the head has looked stuck for a while.
     pub(crate) fn skip_stuck(&self) -> bool {

@@ -349,6 +349,11 @@ impl Table {
         self.ring().pop().map(request::decode)
     }
 
+    /// Requests pushed (or being pushed) and not yet popped. Allocation-free; a snapshot.
+    pub fn ring_backlog(&self) -> u64 {
+        self.ring().backlog()
+    }
+
     /// Agent side: skips a slot a producer claimed but never filled (it died in between).
     pub fn skip_stuck_request(&self) -> bool {
         self.ring().skip_stuck()

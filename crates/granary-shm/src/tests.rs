@@ -169,18 +169,22 @@ fn ring_is_fifo_and_bounded() {
     let img = build(&Model::spec(), &m.entries).unwrap();
     let (_m, t, _f) = map_image(&img);
     for round in 0..3u32 {
+        assert_eq!(t.ring_backlog(), 0);
         for i in 0..8 {
             assert!(t.push_request(request::OPEN_UNPLACED, round * 8 + i));
+            assert_eq!(t.ring_backlog(), u64::from(i) + 1);
         }
         assert!(
             !t.push_request(request::OPEN_UNPLACED, 99),
             "ring of 8 accepted a 9th"
         );
+        assert_eq!(t.ring_backlog(), 8, "a refused push is not counted");
         for i in 0..8 {
             assert_eq!(
                 t.pop_request(),
                 Some((request::OPEN_UNPLACED, round * 8 + i))
             );
+            assert_eq!(t.ring_backlog(), 7 - u64::from(i));
         }
         assert_eq!(t.pop_request(), None);
     }
