@@ -1,13 +1,17 @@
 //! Capacity accounting of the local tiers.
 //!
-//! One `Tiers` per agent is the only authority over how many bytes each tier may hold, shared by
-//! every source and placement worker, so many processes and workers never over-fill a tier. Space
+//! Each source has its own ordered `Tiers` (fastest first), but a tier *directory* has exactly one
+//! `Tier` per agent: the agent's `TierRegistry` hands out the same `Arc<Tier>` to every source
+//! that names that directory, so its counter stays the only authority over how many bytes it may
+//! hold, and many sources, processes and workers never over-fill it together. Space
 //! is *reserved* before a byte is written (rounded up to the tier's block size) and the
 //! reservation is either committed (the copy was renamed into place) or released by `Drop` (any
 //! failure path), so an error can never leak capacity.
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -41,9 +45,11 @@ pub struct TierUsage {
     pub reserved: u64,
 }
 
+/// One source's tiers, fastest first. Indices are this source's tier numbers (the table's
+/// `SLOT_TIER0 + t`); the `Tier`s behind them may be shared with other sources.
 #[derive(Debug)]
 pub struct Tiers {
-    tiers: Vec<Tier>,
+    tiers: Vec<Arc<Tier>>,
 }
 
 /// Space held for one copy in progress. Dropping it releases the space; `commit` keeps it.
@@ -82,23 +88,35 @@ impl Drop for Reservation<'_> {
     }
 }
 
-impl Tiers {
-    pub fn new(specs: Vec<TierSpec>) -> Tiers {
-        Tiers {
-            tiers: specs
-                .into_iter()
-                .map(|mut spec| {
-                    if spec.block_size == 0 {
-                        spec.block_size = DEFAULT_BLOCK_SIZE;
-                    }
-                    Tier {
-                        spec,
-                        used: AtomicU64::new(0),
-                        committed: AtomicU64::new(0),
-                    }
-                })
-                .collect(),
+impl Tier {
+    /// A tier with nothing charged yet (a block size of 0 means the default).
+    pub fn new(mut spec: TierSpec) -> Tier {
+        if spec.block_size == 0 {
+            spec.block_size = DEFAULT_BLOCK_SIZE;
         }
+        Tier {
+            spec,
+            used: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Tiers {
+    /// Tiers of their own, shared with nobody (tests, tools).
+    pub fn new(specs: Vec<TierSpec>) -> Tiers {
+        Tiers::from_shared(specs.into_iter().map(|s| Arc::new(Tier::new(s))).collect())
+    }
+
+    /// Tiers over existing `Tier`s, normally from a `TierRegistry`.
+    pub fn from_shared(tiers: Vec<Arc<Tier>>) -> Tiers {
+        Tiers { tiers }
+    }
+
+    /// True if tier `t` here is the very same accounting object as `other` (not merely the
+    /// same path).
+    pub fn shares(&self, t: usize, other: &Arc<Tier>) -> bool {
+        self.tiers.get(t).is_some_and(|x| Arc::ptr_eq(x, other))
     }
 
     pub fn len(&self) -> usize {
@@ -177,6 +195,87 @@ impl Tiers {
             })
             .collect()
     }
+}
+
+/// The agent's tiers by canonical directory: the first source to name a directory creates its
+/// `Tier` (its capacity and block size win); later sources naming the same directory, under any
+/// spelling, get the same `Tier`, so the directory has one capacity counter. Entries live as long
+/// as the agent: a source that stops using a tier still holds charges on it until its table is
+/// retired, so forgetting or replacing a `Tier` early would split the authority.
+#[derive(Debug, Default)]
+pub struct TierRegistry {
+    tiers: Mutex<HashMap<PathBuf, Arc<Tier>>>,
+}
+
+impl TierRegistry {
+    /// The key a directory is registered under: its canonical path (symlinks resolved), or the
+    /// path as given if it cannot be resolved (it does not exist yet).
+    pub fn key(path: &Path) -> PathBuf {
+        std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+    }
+
+    /// The registered tier of this directory, if any.
+    pub fn get(&self, path: &Path) -> Option<Arc<Tier>> {
+        self.lock().get(&Self::key(path)).cloned()
+    }
+
+    /// `specs` as `Tiers`, registering directories not seen before. The second value lists, for
+    /// each spec that disagrees with its directory's registered capacity or block size, a
+    /// human-readable line saying what is used instead.
+    pub fn resolve(&self, specs: &[TierSpec]) -> (Tiers, Vec<String>) {
+        let mut map = self.lock();
+        let mut notes = Vec::new();
+        let mut out = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let t = map
+                .entry(Self::key(&spec.path))
+                .or_insert_with(|| Arc::new(Tier::new(spec.clone())))
+                .clone();
+            notes.extend(conflict(&t, spec));
+            out.push(t);
+        }
+        (Tiers::from_shared(out), notes)
+    }
+
+    /// The conflicts `resolve` would report for `specs`, registering nothing.
+    pub fn conflicts(&self, specs: &[TierSpec]) -> Vec<String> {
+        let map = self.lock();
+        specs
+            .iter()
+            .filter_map(|s| conflict(map.get(&Self::key(&s.path))?, s))
+            .collect()
+    }
+
+    /// Every registered tier's usage, ordered by path.
+    pub fn usage(&self) -> Vec<TierUsage> {
+        let tiers: Vec<Arc<Tier>> = self.lock().values().cloned().collect();
+        let mut u = Tiers::from_shared(tiers).usage();
+        u.sort_by(|a, b| a.path.cmp(&b.path));
+        u
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Arc<Tier>>> {
+        self.tiers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn conflict(t: &Tier, asked: &TierSpec) -> Option<String> {
+    let block = if asked.block_size == 0 {
+        DEFAULT_BLOCK_SIZE
+    } else {
+        asked.block_size
+    };
+    (t.spec.capacity != asked.capacity || t.spec.block_size != block).then(|| {
+        format!(
+            "tier {} already has capacity {} bytes (block {}) in this agent, not {} (block {}); \
+             keeping it (`granary stop` to change)",
+            asked.path.display(),
+            t.spec.capacity,
+            t.spec.block_size,
+            asked.capacity,
+            block
+        )
+    })
 }
 
 #[cfg(test)]
@@ -275,6 +374,49 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn registry_shares_one_counter_per_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::os::unix::fs::symlink(&a, d.path().join("link")).unwrap();
+        let spec = |p: PathBuf, capacity| TierSpec {
+            path: p,
+            capacity,
+            block_size: 4096,
+        };
+        let reg = TierRegistry::default();
+        let (one, notes) = reg.resolve(&[spec(a.clone(), 8192), spec(b.clone(), 1 << 20)]);
+        assert!(notes.is_empty(), "{notes:?}");
+        // Another source names `a` through a symlink, with another capacity, and `b` first.
+        let (two, notes) = reg.resolve(&[
+            spec(b.clone(), 1 << 20),
+            spec(d.path().join("link"), 1 << 30),
+        ]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("8192"), "{notes:?}");
+        assert_eq!(two.spec(1).capacity, 8192, "first declaration wins");
+        assert!(two.shares(1, &reg.get(&a).unwrap()));
+        assert!(one.shares(0, &reg.get(&a).unwrap()));
+        let r = one.reserve(0, 4096).unwrap();
+        let r2 = two.reserve(1, 4096).unwrap();
+        assert!(
+            two.reserve(1, 1).is_none(),
+            "the two sources share a's 8192 bytes"
+        );
+        assert!(one.reserve(0, 1).is_none());
+        drop(r);
+        assert!(two.reserve(1, 1).is_some());
+        drop(r2);
+        assert_eq!(reg.usage().len(), 2);
+        assert_eq!(
+            reg.conflicts(&[spec(b.clone(), 1 << 20)]),
+            Vec::<String>::new()
+        );
+        assert_eq!(reg.conflicts(&[spec(b, 1)]).len(), 1);
     }
 
     #[test]

@@ -190,15 +190,19 @@ pub fn status(json: bool) -> Result<i32> {
     }
     for src in &s.sources {
         println!(
-            "source {} ({}): {} files, {}; {} placed ({}); {} job(s)",
+            "source {} ({}): {} files, {}; {} placed ({}), {} pending; {} job(s)",
             src.source.display(),
             src.id,
             src.catalog.files,
             format_size(src.catalog.bytes),
             src.files_placed_now,
             format_size(src.bytes_placed_now),
+            src.pending,
             src.jobs
         );
+        for (i, t) in src.tiers.iter().enumerate() {
+            println!("  tier {i}: {}", t.path.display());
+        }
     }
     Ok(0)
 }

@@ -373,3 +373,156 @@ fn placed_files_persist_across_agents() {
         assert_eq!(v["source_io"]["opens"], 1, "{v}");
     }
 }
+
+/// The status entry of one source.
+fn source_status(status: &serde_json::Value, src: &Path) -> serde_json::Value {
+    status["sources"]
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .find(|s| s["source"].as_str() == Some(src.to_str().unwrap()))
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("{} not in status: {status}", src.display()))
+}
+
+/// Polls `granary status` until the source has no placement work left (and was not busy, so
+/// the whole entry is filled in); checks on every poll
+/// that none of its tiers holds more than its capacity. Returns the last status entry.
+fn wait_settled(e: &Env, src: &Path) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = source_status(&e.status(), src);
+        for t in s["tiers"].as_array().unwrap() {
+            let (used, reserved) = (t["used"].as_u64().unwrap(), t["reserved"].as_u64().unwrap());
+            assert!(used + reserved <= t["capacity"].as_u64().unwrap(), "{t}");
+        }
+        if s["pending"] == 0 && s["busy"] == false {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "placement never settled: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Writes `n` files of `size` bytes under `dir`; returns their paths.
+fn make_files(dir: &Path, n: usize, size: usize) -> Vec<String> {
+    std::fs::create_dir_all(dir).unwrap();
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("g{i}"));
+            std::fs::write(&p, vec![b'a' + (i % 26) as u8; size]).unwrap();
+            p.display().to_string()
+        })
+        .collect()
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// One agent, two sources run one after the other with different tier directories and
+/// capacities: each source's copies go to its own tier, and the small tier's capacity holds.
+#[test]
+fn each_source_uses_its_own_tiers() {
+    let e = Env::new(0);
+    let (src_a, src_b) = (e.dir.path().join("a"), e.dir.path().join("b"));
+    let (tier_x, tier_y) = (e.dir.path().join("x"), e.dir.path().join("y"));
+    let files_a = make_files(&src_a, 6, 3000);
+    // 20 files of 10000 bytes cost 12288 bytes each in 4 KiB blocks: exactly 5 fit in 64 KiB.
+    let files_b = make_files(&src_b, 20, 10_000);
+    let run = |src: &Path, tier: String, files: &[String]| {
+        let mut c = e.cmd();
+        c.arg("run")
+            .arg("--source")
+            .arg(src)
+            .arg("--tier")
+            .arg(tier)
+            .arg("--idle-timeout=30s")
+            .arg("--")
+            .arg("cat")
+            .args(files);
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o
+    };
+
+    let o = run(&src_a, format!("{}=1G", tier_x.display()), &files_a);
+    assert_eq!(o.stdout.len(), 6 * 3000);
+    let pid = e.agent_pid().expect("agent running");
+    let a = wait_settled(&e, &src_a);
+    assert_eq!(a["files_placed_now"], 6, "{a}");
+    let id_a = a["id"].as_str().unwrap().to_string();
+
+    let o = run(&src_b, format!("{}=64K", tier_y.display()), &files_b);
+    assert_eq!(o.stdout.len(), 20 * 10_000);
+    assert_eq!(e.agent_pid(), Some(pid), "the same agent served both");
+    let b = wait_settled(&e, &src_b);
+    let id_b = b["id"].as_str().unwrap().to_string();
+    assert_eq!(b["tiers"].as_array().unwrap().len(), 1, "{b}");
+    assert_eq!(b["tiers"][0]["path"], tier_y.to_str().unwrap());
+    assert_eq!(b["tiers"][0]["capacity"], 64 << 10);
+    assert_eq!(b["files_placed_now"], 5, "{b}");
+    assert_eq!(b["tiers"][0]["used"], 5 * 12288);
+    // A keeps its own tier, untouched by B.
+    let a = source_status(&e.status(), &src_a);
+    assert_eq!(a["tiers"][0]["path"], tier_x.to_str().unwrap());
+    assert_eq!(a["files_placed_now"], 6);
+    assert_eq!(entries(&tier_x), vec![id_a.clone()]);
+    assert_eq!(entries(&tier_y), vec![id_b.clone()]);
+    assert_eq!(entries(&tier_y.join(&id_b).join("objects")).len(), 5);
+    assert_eq!(entries(&tier_x.join(&id_a).join("objects")).len(), 6);
+    let all = e.status();
+    assert_eq!(all["tiers"].as_array().unwrap().len(), 2, "{all}");
+
+    // B again, now asking for more room in the same directory: the directory keeps its first
+    // capacity (one counter per directory), and the job is told.
+    let o = run(&src_b, format!("{}=1M", tier_y.display()), &files_b);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("already has capacity 65536"), "{err}");
+    let b = wait_settled(&e, &src_b);
+    assert_eq!(b["catalog"]["reused_files"], 5, "{b}");
+    assert_eq!(b["files_placed_now"], 5, "{b}");
+    assert_eq!(b["tiers"][0]["capacity"], 64 << 10);
+    assert_eq!(entries(&tier_y.join(&id_b).join("objects")).len(), 5);
+
+    // A again on another tier: x is no longer A's, so nothing there is reused, and nothing
+    // there is deleted either. y has room for one 4 KiB-block copy next to B's five.
+    let o = run(&src_a, format!("{}=64K", tier_y.display()), &files_a);
+    assert_eq!(o.stdout.len(), 6 * 3000);
+    let a = wait_settled(&e, &src_a);
+    assert_eq!(a["tiers"][0]["path"], tier_y.to_str().unwrap());
+    assert_eq!(a["catalog"]["reused_files"], 0, "{a}");
+    assert_eq!(a["files_placed_now"], 1, "{a}");
+    assert_eq!(a["tiers"][0]["used"], 5 * 12288 + 4096);
+    assert_eq!(entries(&tier_x.join(&id_a).join("objects")).len(), 6);
+    assert_eq!(e.agent_pid(), Some(pid));
+}
+
+/// `pending` counts work not yet decided and returns to 0 once every opened file is placed.
+#[test]
+fn pending_drains_to_zero() {
+    let e = Env::new(12);
+    let files: Vec<String> = (0..12)
+        .map(|i| {
+            e.src()
+                .join(format!("c{}/f{i}", i % 3))
+                .display()
+                .to_string()
+        })
+        .collect();
+    let mut prog = vec!["cat"];
+    prog.extend(files.iter().map(|s| s.as_str()));
+    assert!(e.run(&["-q"], &prog).status.success());
+    let s = wait_settled(&e, &e.src());
+    // Settled means decided: all twelve fit, so all twelve are placed.
+    assert_eq!(s["files_placed_now"], 12, "{s}");
+    assert_eq!(s["placement"]["files_placed"], 12, "{s}");
+}

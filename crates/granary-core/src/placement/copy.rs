@@ -10,7 +10,6 @@ use granary_shm::{object_name, state, EntryRec};
 use super::{Policy, SourceCtx};
 use crate::stats::AgentCounters;
 use crate::sys;
-use crate::tiers::Tiers;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlaceOutcome {
@@ -30,14 +29,9 @@ static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Places one entry (which a request moved to QUEUED). Never leaves a temporary file or a
 /// reservation behind, and publishes PLACED only after the copy is complete under its final name.
-pub fn place(
-    ctx: &SourceCtx,
-    idx: u32,
-    tiers: &Tiers,
-    policy: &dyn Policy,
-    buf: &mut [u8],
-) -> PlaceOutcome {
+pub fn place(ctx: &SourceCtx, idx: u32, policy: &dyn Policy, buf: &mut [u8]) -> PlaceOutcome {
     let t = &ctx.table;
+    let tiers = &*ctx.tiers;
     let queued = state::word(state::QUEUED, 0);
     if ctx.retired.load(Ordering::Acquire) {
         t.swap_state(idx, queued, state::word(state::UNPLACED, 0));

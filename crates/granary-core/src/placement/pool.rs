@@ -4,14 +4,14 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::{place, Policy, SourceCtx};
-use crate::tiers::Tiers;
 
 pub struct Job {
     pub ctx: Arc<SourceCtx>,
     pub entry: u32,
 }
 
-/// A fixed pool of placement workers fed by one unbounded queue. Requests are deduplicated by the
+/// A fixed pool of placement workers fed by one unbounded queue, shared by every source (each
+/// job's `SourceCtx` carries the tiers it places on). Requests are deduplicated by the
 /// entry's state word (only UNPLACED → QUEUED enqueues), so the queue holds each file once.
 pub struct Pool {
     tx: Option<Sender<Job>>,
@@ -28,23 +28,18 @@ pub fn default_workers() -> usize {
 }
 
 impl Pool {
-    pub fn new(
-        workers: usize,
-        tiers: Arc<Tiers>,
-        policy: Arc<dyn Policy>,
-    ) -> std::io::Result<Pool> {
+    pub fn new(workers: usize, policy: Arc<dyn Policy>) -> std::io::Result<Pool> {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         let workers = (0..workers.max(1))
             .map(|i| {
                 let rx: Receiver<Job> = rx.clone();
-                let tiers = tiers.clone();
                 let policy = policy.clone();
                 std::thread::Builder::new()
                     .name(format!("place-{i}"))
                     .spawn(move || {
                         let mut buf = vec![0u8; 1 << 20];
                         for job in rx {
-                            let out = place(&job.ctx, job.entry, &tiers, policy.as_ref(), &mut buf);
+                            let out = place(&job.ctx, job.entry, policy.as_ref(), &mut buf);
                             tracing::trace!("placement of entry {}: {out:?}", job.entry);
                             job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
                         }

@@ -4,12 +4,12 @@ use granary_shm::{object_name, request, state};
 
 use super::{Job, Pool, SourceCtx};
 use crate::sys;
-use crate::tiers::Tiers;
 
 /// Acts on one request from a table's ring. Requests are hints from untrusted-but-same-user
 /// clients: each is checked against the entry's current state before anything happens.
-pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, tiers: &Tiers, pool: &Pool) {
+pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, pool: &Pool) {
     let t = &ctx.table;
+    let tiers = &*ctx.tiers;
     let Some(e) = t.entry(idx) else { return };
     match kind {
         request::OPEN_UNPLACED => {
@@ -32,7 +32,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, tiers: &Tiers, p
             if state::state_of(w) == state::PLACED {
                 t.set_state(idx, state::word(state::STALE, 0));
             }
-            drop_copies(ctx, &e, tiers);
+            drop_copies(ctx, &e);
         }
         request::DAMAGED => {
             let w = t.state(idx);
@@ -61,7 +61,8 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, tiers: &Tiers, p
     }
 }
 
-fn drop_copies(ctx: &SourceCtx, e: &granary_shm::EntryRec, tiers: &Tiers) {
+fn drop_copies(ctx: &SourceCtx, e: &granary_shm::EntryRec) {
+    let tiers = &*ctx.tiers;
     let name = object_name(e.object);
     for (tier, dir) in ctx.object_dirs.iter().enumerate() {
         let Some(dir) = dir else { continue };

@@ -16,15 +16,14 @@ use anyhow::{bail, Context, Result};
 use granary_core::config::{resolve_tiers, DEFAULT_IDLE_TIMEOUT};
 use granary_core::placement::{default_workers, FillHighestFirst, Pool};
 use granary_core::runtime::Runtime;
-use granary_core::tiers::TierSpec;
-use granary_core::Tiers;
+use granary_core::tiers::{TierRegistry, TierSpec};
 
 use crate::cli::AgentArgs;
 use source::SourceState;
 
-/// Tiers and placement pool, fixed by the agent's own configuration or by the first job.
+/// The placement pool, started by the first job. It serves every source: each job carries its
+/// table's tiers, so sources with different tiers need no pool of their own.
 pub struct Setup {
-    pub tiers: Arc<Tiers>,
     pub pool: Pool,
     pub workers: usize,
 }
@@ -33,6 +32,12 @@ pub struct Agent {
     pub rt: Runtime,
     pub started: Instant,
     pub idle_timeout: Duration,
+    /// Tiers from the agent's own flags or configuration, for a job that names none.
+    pub default_tiers: Vec<TierSpec>,
+    /// Workers from the agent's own flags or configuration; else the first job's.
+    pub workers: Option<usize>,
+    /// One capacity counter per tier directory, whichever sources use it.
+    pub registry: TierRegistry,
     pub setup: OnceLock<Setup>,
     setup_lock: Mutex<()>,
     pub sources: Mutex<HashMap<std::path::PathBuf, Arc<SourceState>>>,
@@ -43,8 +48,8 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// The tiers in use; the first caller's `tiers` decide when the agent has none yet.
-    pub fn setup(&self, tiers: &[TierSpec], workers: Option<usize>) -> Result<&Setup> {
+    /// The placement pool; the agent's configured workers, else the first caller's, size it.
+    pub fn setup(&self, workers: Option<usize>) -> Result<&Setup> {
         if let Some(s) = self.setup.get() {
             return Ok(s);
         }
@@ -52,26 +57,11 @@ impl Agent {
         if let Some(s) = self.setup.get() {
             return Ok(s);
         }
-        if tiers.is_empty() {
-            bail!("no tiers configured");
-        }
-        let workers = workers.unwrap_or_else(default_workers);
-        let t = Arc::new(Tiers::new(tiers.to_vec()));
-        let pool = Pool::new(workers, t.clone(), Arc::new(FillHighestFirst))
-            .context("starting placement workers")?;
-        for (i, s) in tiers.iter().enumerate() {
-            tracing::info!(
-                "tier {i}: {} ({} bytes, block {})",
-                s.path.display(),
-                s.capacity,
-                s.block_size
-            );
-        }
-        let _ = self.setup.set(Setup {
-            tiers: t,
-            pool,
-            workers,
-        });
+        let workers = self.workers.or(workers).unwrap_or_else(default_workers);
+        let pool =
+            Pool::new(workers, Arc::new(FillHighestFirst)).context("starting placement workers")?;
+        tracing::info!("{workers} placement workers");
+        let _ = self.setup.set(Setup { pool, workers });
         Ok(self.setup.get().expect("set above"))
     }
 
@@ -84,18 +74,16 @@ impl Agent {
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
         let _ = std::fs::remove_file(self.rt.socket());
-        if let Some(setup) = self.setup.get() {
-            let sources: Vec<_> = self
-                .sources
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .cloned()
-                .collect();
-            for s in sources {
-                let mut inner = s.inner.lock().unwrap_or_else(|e| e.into_inner());
-                s.retire(&mut inner, &setup.tiers);
-            }
+        let sources: Vec<_> = self
+            .sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for s in sources {
+            let mut inner = s.inner.lock().unwrap_or_else(|e| e.into_inner());
+            s.retire(&mut inner);
         }
         tracing::info!("agent {} exiting", std::process::id());
     }
@@ -114,11 +102,15 @@ pub fn main(args: AgentArgs) -> Result<i32> {
         None => cfg.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),
     };
     let tier_cfg = crate::run::tier_configs(&args.tiers, &cfg)?;
+    let default_tiers: Vec<_> = resolve_tiers(&tier_cfg)?.into_iter().map(|t| t.0).collect();
     let listener = bind(&rt)?;
     let agent = Arc::new(Agent {
         rt,
         started: Instant::now(),
         idle_timeout,
+        default_tiers,
+        workers: args.tiers.workers.or(cfg.workers),
+        registry: TierRegistry::default(),
         setup: OnceLock::new(),
         setup_lock: Mutex::new(()),
         sources: Mutex::default(),
@@ -127,10 +119,6 @@ pub fn main(args: AgentArgs) -> Result<i32> {
         stopping: AtomicBool::new(false),
         generation: AtomicU64::new(0),
     });
-    if !tier_cfg.is_empty() {
-        let specs: Vec<_> = resolve_tiers(&tier_cfg)?.into_iter().map(|t| t.0).collect();
-        agent.setup(&specs, args.tiers.workers.or(cfg.workers))?;
-    }
     tracing::info!(
         "agent {} listening on {} (idle timeout {:?})",
         std::process::id(),

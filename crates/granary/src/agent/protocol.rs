@@ -10,14 +10,16 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Request {
     /// Attach a job to a source. The connection stays open as the job's lease; closing it
-    /// detaches. `tiers` and `workers` configure an agent that has none yet.
+    /// detaches. `tiers` become the source's tiers if no other job is attached to it (empty:
+    /// the agent's configured tiers); `workers` sizes the placement pool of an agent that has
+    /// none yet.
     Attach {
         source: PathBuf,
         pid: u32,
         tiers: Vec<TierSpec>,
         workers: Option<usize>,
     },
-    /// Agent counters of one source (placement, its own source traffic) and tier usage.
+    /// Agent counters of one source (placement, its own source traffic) and its tiers' usage.
     Stats {
         source: PathBuf,
     },
@@ -38,7 +40,8 @@ pub enum Reply {
         job_slot: u32,
         source_id: String,
         tiers: Vec<TierUsage>,
-        /// Set when the agent already runs with other tiers than the job asked for.
+        /// Set when the job gets other tiers than it asked for: another job holds the source
+        /// with other tiers, or a tier directory is already known with another capacity.
         note: Option<String>,
         catalog: CatalogStats,
         placement: PlacementStats,
@@ -54,6 +57,7 @@ pub enum Reply {
     },
 }
 
+/// `granary status --json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AgentStatus {
     pub pid: u32,
@@ -61,6 +65,7 @@ pub struct AgentStatus {
     pub jobs: usize,
     pub idle_timeout_s: f64,
     pub runtime_dir: PathBuf,
+    /// Every tier directory any source has used in this agent, once each, ordered by path.
     pub tiers: Vec<TierUsage>,
     pub sources: Vec<SourceStatus>,
 }
@@ -69,10 +74,23 @@ pub struct AgentStatus {
 pub struct SourceStatus {
     pub source: PathBuf,
     pub id: String,
+    /// True when the source was busy (being walked, attached or saved) as status was taken:
+    /// `table`, `jobs` and `catalog` are then not filled in rather than waited for.
+    pub busy: bool,
+    /// The current table; `None` before the first walk finished (or while busy).
     pub table: Option<PathBuf>,
     pub jobs: usize,
     pub catalog: CatalogStats,
+    /// This source's tiers, fastest first (tier `t` of its table and counters). Usage is the
+    /// directory's: sources sharing a directory share its capacity and count each other's copies.
+    pub tiers: Vec<TierUsage>,
     pub files_placed_now: u64,
     pub bytes_placed_now: u64,
+    /// Placement work not finished for the current table: requests still in its ring plus
+    /// copies queued or running (entries in QUEUED/PLACING). 0 means every file opened so far
+    /// has been decided (PLACED, SOURCE_ONLY or STALE), so polling for 0 waits for background
+    /// copies. A request the ring had no room for is dropped (the next open asks again) and is
+    /// not counted.
+    pub pending: u64,
     pub placement: PlacementStats,
 }

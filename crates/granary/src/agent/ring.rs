@@ -1,6 +1,6 @@
 //! The ring consumer: drains every source's request ring and hands requests to placement.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,10 +26,17 @@ pub fn consume(agent: Arc<Agent>) {
         for ctx in &ctxs {
             // Bounded per pass so one busy source cannot starve the others.
             for _ in 0..4096 {
+                // Held from before the pop until the request is handed on, so `pending` never
+                // sees a request that is neither in the ring nor in the pool (see
+                // `SourceCtx::pending`).
+                ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                fence(Ordering::SeqCst);
                 let Some((kind, idx)) = ctx.table.pop_request() else {
+                    ctx.inflight.fetch_sub(1, Ordering::AcqRel);
                     break;
                 };
-                handle_request(ctx, kind, idx, &setup.tiers, &setup.pool);
+                handle_request(ctx, kind, idx, &setup.pool);
+                ctx.inflight.fetch_sub(1, Ordering::AcqRel);
                 did += 1;
             }
         }

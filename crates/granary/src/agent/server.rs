@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use granary_core::catalog::Progress;
 
 use super::protocol::{AgentStatus, Reply, Request, SourceStatus};
@@ -111,7 +111,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     let reply = match find_source(agent, &source) {
                         Some(s) => Reply::Stats {
                             placement: s.counters.snapshot(),
-                            tiers: tier_usage(agent),
+                            tiers: s.ctx().map(|c| c.tiers.usage()).unwrap_or_default(),
                         },
                         None => Reply::Error {
                             message: format!("no such source: {}", source.display()),
@@ -135,14 +135,6 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
     result
 }
 
-fn tier_usage(agent: &Agent) -> Vec<granary_core::tiers::TierUsage> {
-    agent
-        .setup
-        .get()
-        .map(|s| s.tiers.usage())
-        .unwrap_or_default()
-}
-
 fn find_source(agent: &Agent, source: &std::path::Path) -> Option<Arc<SourceState>> {
     let key = granary_core::source::normalize(source).ok()?;
     agent
@@ -162,18 +154,7 @@ fn attach(
     workers: Option<usize>,
 ) -> Result<(Reply, Lease)> {
     agent.touch();
-    let setup = agent.setup(tiers, workers)?;
-    let in_use = setup.tiers.specs();
-    let note = (!tiers.is_empty() && in_use != tiers).then(|| {
-        format!(
-            "the agent already runs with tiers {}; using them (`granary stop` to change)",
-            in_use
-                .iter()
-                .map(|t| t.path.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    });
+    let setup = agent.setup(workers)?;
     let key = granary_core::source::normalize(source)?;
     let src = {
         let mut map = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
@@ -187,8 +168,31 @@ fn attach(
         }
     };
     let mut inner = src.inner.lock().unwrap_or_else(|e| e.into_inner());
+    let mut notes = Vec::new();
     if inner.jobs == 0 || src.ctx().is_none() {
-        // First job on this source (again): walk, so changes since the last job are seen.
+        // First job on this source (again): its tiers become the source's, and walk, so changes
+        // since the last job are seen.
+        let specs = if tiers.is_empty() {
+            &agent.default_tiers[..]
+        } else {
+            tiers
+        };
+        if specs.is_empty() {
+            bail!("no tiers configured");
+        }
+        let (src_tiers, conflicts) = agent.registry.resolve(specs);
+        notes.extend(conflicts);
+        for i in 0..src_tiers.len() {
+            let s = src_tiers.spec(i);
+            tracing::info!(
+                "{} tier {i}: {} ({} bytes, block {})",
+                src.source.display(),
+                s.path.display(),
+                s.capacity,
+                s.block_size
+            );
+        }
+        let src_tiers = Arc::new(src_tiers);
         let progress = Progress::default();
         let generation = agent.generation.fetch_add(1, Ordering::AcqRel);
         let walk_threads = (setup.workers * 2).clamp(4, 32);
@@ -217,7 +221,7 @@ fn attach(
             });
             let r = src.rewalk(
                 &mut inner,
-                &setup.tiers,
+                src_tiers,
                 &agent.rt,
                 generation,
                 walk_threads,
@@ -227,7 +231,32 @@ fn attach(
             r
         });
         res?;
+    } else if !tiers.is_empty() {
+        // Jobs already share this source's table, and with it its tiers.
+        let ctx = src.ctx().context("no table published")?;
+        let same = tiers.len() == ctx.tiers.len()
+            && tiers.iter().enumerate().all(|(i, s)| {
+                agent
+                    .registry
+                    .get(&s.path)
+                    .is_some_and(|t| ctx.tiers.shares(i, &t))
+            });
+        if same {
+            notes.extend(agent.registry.conflicts(tiers));
+        } else {
+            notes.push(format!(
+                "{} is in use by another job with tiers {}; using them",
+                src.source.display(),
+                ctx.tiers
+                    .specs()
+                    .iter()
+                    .map(|t| t.path.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
     }
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
     let slot = src.claim_slot(pid);
     inner.jobs += 1;
     agent.jobs.fetch_add(1, Ordering::AcqRel);
@@ -240,7 +269,7 @@ fn attach(
         table: inner.table_path.clone().context("no table published")?,
         job_slot: slot,
         source_id: src.id.clone(),
-        tiers: setup.tiers.usage(),
+        tiers: src.ctx().map(|c| c.tiers.usage()).unwrap_or_default(),
         note,
         catalog: inner.catalog.clone(),
         placement: src.counters.snapshot(),
@@ -261,9 +290,7 @@ fn detach(agent: &Agent, l: Lease) {
         inner.jobs
     );
     if inner.jobs == 0 {
-        if let Some(setup) = agent.setup.get() {
-            l.source.persist(&inner, &setup.tiers);
-        }
+        l.source.persist(&inner);
     }
 }
 
@@ -281,23 +308,27 @@ fn status(agent: &Agent) -> AgentStatus {
         jobs: agent.jobs.load(Ordering::Acquire),
         idle_timeout_s: agent.idle_timeout.as_secs_f64(),
         runtime_dir: agent.rt.dir.clone(),
-        tiers: tier_usage(agent),
+        tiers: agent.registry.usage(),
         sources: sources
             .iter()
             .map(|s| {
-                let (files, bytes) = s.placed_now();
-                let (jobs, table, catalog) = match s.inner.try_lock() {
-                    Ok(i) => (i.jobs, i.table_path.clone(), i.catalog.clone()),
-                    Err(_) => (0, None, Default::default()),
+                let snap = s.snapshot();
+                // Not waited for: a walk holds it for as long as the source takes to list.
+                let (busy, jobs, table, catalog) = match s.inner.try_lock() {
+                    Ok(i) => (false, i.jobs, i.table_path.clone(), i.catalog.clone()),
+                    Err(_) => (true, 0, None, Default::default()),
                 };
                 SourceStatus {
                     source: s.source.clone(),
                     id: s.id.clone(),
+                    busy,
                     table,
                     jobs,
                     catalog,
-                    files_placed_now: files,
-                    bytes_placed_now: bytes,
+                    tiers: snap.tiers,
+                    files_placed_now: snap.files_placed,
+                    bytes_placed_now: snap.bytes_placed,
+                    pending: snap.pending,
                     placement: s.counters.snapshot(),
                 }
             })

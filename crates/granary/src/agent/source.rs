@@ -61,21 +61,29 @@ impl SourceState {
         tiers.spec(0).path.join(&self.id).join("catalog.table")
     }
 
-    /// Walks the source and publishes a new table, reusing valid copies from the last one (or
-    /// from the catalog saved by an earlier agent). Called with no job attached.
+    /// Walks the source and publishes a new table on `tiers` (which become this source's tiers),
+    /// reusing valid copies from the last table (or from the catalog saved by an earlier agent).
+    /// Called with no job attached.
     pub fn rewalk(
         &self,
         inner: &mut Inner,
-        tiers: &Tiers,
+        tiers: Arc<Tiers>,
         rt_dir: &granary_core::runtime::Runtime,
         generation: u64,
         workers: usize,
         progress: &Progress,
     ) -> Result<()> {
         let started = Instant::now();
-        self.retire(inner, tiers);
-        let catalog_file = self.catalog_file(tiers);
-        let prev = catalog::load_persisted(&catalog_file);
+        // The last table's catalog is the newest record of this source's copies even when its
+        // first tier (where it is saved) is not the new first tier; copies on tiers no longer
+        // listed are simply not matched, and their files are left alone.
+        let last_file = self.ctx().map(|c| self.catalog_file(&c.tiers));
+        self.retire(inner);
+        let catalog_file = self.catalog_file(&tiers);
+        let prev = last_file
+            .as_deref()
+            .and_then(catalog::load_persisted)
+            .or_else(|| catalog::load_persisted(&catalog_file));
         let walk = catalog::walk(&self.source_real, workers, progress)?;
         let mut entries = walk.entries;
         let mut object_dirs = Vec::new();
@@ -96,7 +104,7 @@ impl SourceState {
             }
             object_dirs.push(dir);
         }
-        let reused = catalog::reuse(&mut entries, prev.as_ref(), &object_dirs, &dir_fds, tiers);
+        let reused = catalog::reuse(&mut entries, prev.as_ref(), &object_dirs, &dir_fds, &tiers);
         let spec = TableSpec {
             source: self.source.as_os_str().as_bytes().to_vec(),
             source_real: self.source_real.as_os_str().as_bytes().to_vec(),
@@ -125,6 +133,7 @@ impl SourceState {
             table,
             mapping,
             source_real: self.source_real.clone(),
+            tiers,
             object_dirs: dir_fds,
             counters: self.counters.clone(),
             retired: AtomicBool::new(false),
@@ -148,17 +157,17 @@ impl SourceState {
         inner.catalog = stats;
         inner.table_path = Some(table_path);
         inner.spec = Some(spec);
-        self.persist(inner, tiers);
+        self.persist(inner);
         Ok(())
     }
 
-    /// Saves the current table's state beside the cache.
-    pub fn persist(&self, inner: &Inner, tiers: &Tiers) {
+    /// Saves the current table's state beside the cache, in its first tier.
+    pub fn persist(&self, inner: &Inner) {
         let (Some(ctx), Some(spec)) = (self.ctx(), &inner.spec) else {
             return;
         };
         let entries = catalog::snapshot(&ctx.table);
-        let file = self.catalog_file(tiers);
+        let file = self.catalog_file(&ctx.tiers);
         match catalog::save(&file, spec, &entries) {
             Ok(()) => tracing::debug!("saved catalog {}", file.display()),
             Err(e) => tracing::warn!("cannot save catalog {}: {e}", file.display()),
@@ -168,14 +177,15 @@ impl SourceState {
     /// Withdraws the current table: queued copies are dropped, running ones finish, its state is
     /// saved, its space is given back (the next walk re-adopts what is still valid), and the table
     /// file is removed.
-    pub fn retire(&self, inner: &mut Inner, tiers: &Tiers) {
+    pub fn retire(&self, inner: &mut Inner) {
         let Some(ctx) = self.ctx() else { return };
+        let tiers = &*ctx.tiers;
         ctx.retired.store(true, Ordering::Release);
         let deadline = Instant::now() + Duration::from_secs(120);
         while ctx.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        self.persist(inner, tiers);
+        self.persist(inner);
         let t = &ctx.table;
         for i in 0..t.entry_count() {
             let w = t.state(i);
@@ -229,17 +239,41 @@ impl SourceState {
         }
     }
 
-    /// Complete copies in the current table: (files, bytes).
-    pub fn placed_now(&self) -> (u64, u64) {
-        let Some(ctx) = self.ctx() else { return (0, 0) };
+    /// The current table at a glance, in one pass over its state words.
+    pub fn snapshot(&self) -> Snapshot {
+        let Some(ctx) = self.ctx() else {
+            return Snapshot::default();
+        };
         let t = &ctx.table;
-        let (mut files, mut bytes) = (0, 0);
+        let mut s = Snapshot {
+            tiers: ctx.tiers.usage(),
+            ..Snapshot::default()
+        };
+        let mut busy = 0;
         for i in 0..t.entry_count() {
-            if state::state_of(t.state(i)) == state::PLACED {
-                files += 1;
-                bytes += t.entry(i).map_or(0, |e| e.stat.size);
+            match state::state_of(t.state(i)) {
+                state::PLACED => {
+                    s.files_placed += 1;
+                    s.bytes_placed += t.entry(i).map_or(0, |e| e.stat.size);
+                }
+                state::QUEUED | state::PLACING => busy += 1,
+                _ => {}
             }
         }
-        (files, bytes)
+        s.pending = ctx.pending(busy);
+        s
     }
+}
+
+/// See `SourceState::snapshot`.
+#[derive(Default)]
+pub struct Snapshot {
+    /// Complete copies: files and bytes.
+    pub files_placed: u64,
+    pub bytes_placed: u64,
+    /// `SourceCtx::pending`.
+    pub pending: u64,
+    /// Usage of this source's tiers (shared counters: another source on the same directory
+    /// counts too).
+    pub tiers: Vec<granary_core::tiers::TierUsage>,
 }
