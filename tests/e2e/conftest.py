@@ -58,7 +58,7 @@ class Granary:
             mine = [s for s in st.get("sources", [])
                     if os.path.realpath(s.get("source", "")) == os.path.realpath(source)]
             if mine and all("pending" in s for s in mine):
-                if all(s["pending"] == 0 for s in mine):
+                if all(s["pending"] == 0 and not s.get("busy") for s in mine):
                     return st
             elif mine:  # an agent without `pending`: wait until placement stops moving
                 now = [s.get("files_placed_now") for s in mine]

@@ -51,7 +51,17 @@ pub fn job_tiers(args: &TierArgs, cfg: &Config, quiet: bool) -> Result<Vec<TierS
             "no writable directory for a default tier ($GRANARY_CACHE_DIR, $SLURM_TMPDIR, $TMPDIR, /tmp); use --tier",
         )?);
     }
-    let resolved = resolve_tiers(&tcfg)?;
+    // An unusable tier (not creatable, not a directory) costs speed, never the job: drop it.
+    let mut resolved = Vec::new();
+    for t in &tcfg {
+        match resolve_tiers(std::slice::from_ref(t)) {
+            Ok(mut r) => resolved.append(&mut r),
+            Err(e) => eprintln!("granary: {e}; not using this tier"),
+        }
+    }
+    if resolved.is_empty() {
+        bail!("no usable tier");
+    }
     for (i, (t, cap_default)) in resolved.iter().enumerate() {
         if (defaulted || *cap_default) && !quiet {
             eprintln!(
@@ -133,7 +143,109 @@ pub fn run(args: RunArgs) -> Result<i32> {
         return Ok(report.exit_status);
     }
 
-    let tiers = job_tiers(&args.tiers, &cfg, args.quiet)?;
+    // A malformed --tier is the user's to fix: refuse it before anything runs.
+    tier_configs(&args.tiers, &cfg)?;
+    let job = match attach(&args, &cfg, &source) {
+        Ok(job) => job,
+        Err(e) => {
+            // granary may make a job slower, never failed: run it as if granary were absent.
+            eprintln!("granary: {e:#}");
+            eprintln!("granary: running the program without granary");
+            let st = spawn_and_wait(&mut cmd, prog)?;
+            let report = JobReport {
+                version: 1,
+                source: source.display().to_string(),
+                exit_status: exit_code(st),
+                wall_time_s: started.elapsed().as_secs_f64(),
+                disabled: true,
+                ..Default::default()
+            };
+            finish(&args, &report)?;
+            return Ok(report.exit_status);
+        }
+    };
+    let Job {
+        mut conn,
+        table_path,
+        slot,
+        tier_usage,
+        catalog,
+        before,
+        preload,
+        _mapping,
+        table,
+    } = job;
+    let mut ld = preload.as_os_str().to_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        ld.push(":");
+        ld.push(old);
+    }
+    cmd.env("LD_PRELOAD", ld)
+        .env("GRANARY_TABLE", &table_path)
+        .env("GRANARY_JOB_SLOT", slot.to_string());
+    let st = spawn_and_wait(&mut cmd, prog)?;
+    let exit_status = exit_code(st);
+
+    let c = |w: usize| {
+        table
+            .counter(slot, w)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    };
+    let (placement, usage) =
+        agent_stats(&mut conn, &source).unwrap_or((before.clone(), tier_usage));
+    let delta = placement.since(&before);
+    let mut tiers_rep = JobReport::tier_reports(&usage);
+    for (i, t) in tiers_rep.iter_mut().enumerate().take(MAX_TIERS) {
+        t.files_served = c(job::TIER_FILES + i);
+        t.bytes_served = c(job::TIER_BYTES + i);
+        t.files_placed = delta.tier_files_placed.get(i).copied().unwrap_or(0);
+        t.bytes_placed = delta.tier_bytes_placed.get(i).copied().unwrap_or(0);
+    }
+    let report = JobReport {
+        version: 1,
+        source: source.display().to_string(),
+        exit_status,
+        wall_time_s: started.elapsed().as_secs_f64(),
+        disabled: false,
+        job_slot: slot,
+        catalog,
+        opens: c(job::OPENS),
+        catalog_metadata_calls: c(job::CATALOG_META),
+        fallbacks: c(job::FALLBACKS),
+        source_io: SourceReport {
+            opens: c(job::SOURCE_OPENS),
+            reads: c(job::SOURCE_READS),
+            bytes: c(job::SOURCE_BYTES),
+            metadata_calls: c(job::SOURCE_META),
+        },
+        files_served_from_tiers: tiers_rep.iter().map(|t| t.files_served).sum(),
+        bytes_served_from_tiers: tiers_rep.iter().map(|t| t.bytes_served).sum(),
+        bytes_placed: delta.bytes_placed,
+        tiers: tiers_rep,
+        placement: delta,
+    };
+    drop(conn);
+    finish(&args, &report)?;
+    Ok(exit_status)
+}
+
+/// A job attached to the agent: its table mapped, its counter slot, the agent's counters at start.
+struct Job {
+    conn: Conn,
+    table_path: PathBuf,
+    slot: u32,
+    tier_usage: Vec<granary_core::tiers::TierUsage>,
+    catalog: granary_core::stats::CatalogStats,
+    before: PlacementStats,
+    preload: PathBuf,
+    _mapping: Mapping,
+    table: granary_shm::Table,
+}
+
+/// Everything granary needs before the program starts: tiers, preload library, agent, table.
+/// Any failure here is granary's, so the caller runs the program without granary instead.
+fn attach(args: &RunArgs, cfg: &Config, source: &Path) -> Result<Job> {
+    let tiers = job_tiers(&args.tiers, cfg, args.quiet)?;
     let preload = find_preload()?;
     let rt = Runtime::open()?;
     let mut agent_args = Vec::new();
@@ -146,7 +258,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     let mut conn = connect_or_spawn(&rt, &agent_args)?;
     conn.send(&Request::Attach {
-        source: source.clone(),
+        source: source.to_path_buf(),
         pid: std::process::id(),
         tiers: tiers.clone(),
         workers: args.tiers.workers.or(cfg.workers),
@@ -204,62 +316,20 @@ pub fn run(args: RunArgs) -> Result<i32> {
         .open(&table_path)
         .with_context(|| format!("opening table {}", table_path.display()))?;
     let len = f.metadata()?.len() as usize;
-    let (_mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
+    let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
         .with_context(|| format!("mapping table {}", table_path.display()))?;
     drop(f);
-
-    let mut ld = preload.as_os_str().to_os_string();
-    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
-        ld.push(":");
-        ld.push(old);
-    }
-    cmd.env("LD_PRELOAD", ld)
-        .env("GRANARY_TABLE", &table_path)
-        .env("GRANARY_JOB_SLOT", slot.to_string());
-    let st = spawn_and_wait(&mut cmd, prog)?;
-    let exit_status = exit_code(st);
-
-    let c = |w: usize| {
-        table
-            .counter(slot, w)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
-    };
-    let (placement, usage) =
-        agent_stats(&mut conn, &source).unwrap_or((before.clone(), tier_usage));
-    let delta = placement.since(&before);
-    let mut tiers_rep = JobReport::tier_reports(&usage);
-    for (i, t) in tiers_rep.iter_mut().enumerate().take(MAX_TIERS) {
-        t.files_served = c(job::TIER_FILES + i);
-        t.bytes_served = c(job::TIER_BYTES + i);
-        t.files_placed = delta.tier_files_placed.get(i).copied().unwrap_or(0);
-        t.bytes_placed = delta.tier_bytes_placed.get(i).copied().unwrap_or(0);
-    }
-    let report = JobReport {
-        version: 1,
-        source: source.display().to_string(),
-        exit_status,
-        wall_time_s: started.elapsed().as_secs_f64(),
-        disabled: false,
-        job_slot: slot,
+    Ok(Job {
+        conn,
+        table_path,
+        slot,
+        tier_usage,
         catalog,
-        opens: c(job::OPENS),
-        catalog_metadata_calls: c(job::CATALOG_META),
-        fallbacks: c(job::FALLBACKS),
-        source_io: SourceReport {
-            opens: c(job::SOURCE_OPENS),
-            reads: c(job::SOURCE_READS),
-            bytes: c(job::SOURCE_BYTES),
-            metadata_calls: c(job::SOURCE_META),
-        },
-        files_served_from_tiers: tiers_rep.iter().map(|t| t.files_served).sum(),
-        bytes_served_from_tiers: tiers_rep.iter().map(|t| t.bytes_served).sum(),
-        bytes_placed: delta.bytes_placed,
-        tiers: tiers_rep,
-        placement: delta,
-    };
-    drop(conn);
-    finish(&args, &report)?;
-    Ok(exit_status)
+        before,
+        preload,
+        _mapping: mapping,
+        table,
+    })
 }
 
 fn agent_stats(
