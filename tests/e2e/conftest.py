@@ -32,6 +32,9 @@ class Granary:
     def __init__(self, tmp: pathlib.Path):
         self.bin = granary_bin()
         self.tmp = tmp
+        # A private agent: the tests never touch (or get stopped by) the user's own agent.
+        self.runtime = tmp / "runtime"
+        self.env = {**os.environ, "GRANARY_RUNTIME_DIR": str(self.runtime)}
 
     def run(self, source, cmd, tier=None, tier_size="1G", env=None, check=True, extra=()):
         """`granary run --source S --tier T=SIZE --stats-json F -- cmd`; returns (proc, stats)."""
@@ -39,7 +42,7 @@ class Granary:
         tier = tier or (self.tmp / "tier")
         args = [self.bin, "run", "--source", str(source), "--tier", f"{tier}={tier_size}",
                 "--stats-json", str(stats_path), *extra, "--", *map(str, cmd)]
-        proc = subprocess.run(args, capture_output=True, env={**os.environ, **(env or {})}, timeout=600)
+        proc = subprocess.run(args, capture_output=True, env={**self.env, **(env or {})}, timeout=600)
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"granary run failed ({proc.returncode}): {' '.join(args)}\n"
@@ -70,18 +73,25 @@ class Granary:
         raise AssertionError(f"placement for {source} did not settle in {timeout}s: {self.status()}")
 
     def status(self):
-        proc = subprocess.run([self.bin, "status", "--json"], capture_output=True, timeout=60)
+        proc = subprocess.run([self.bin, "status", "--json"], capture_output=True, timeout=60, env=self.env)
         if proc.returncode != 0:
             return {}
         return json.loads(proc.stdout or b"{}") or {}
 
     def stop(self):
-        subprocess.run([self.bin, "stop"], capture_output=True, timeout=120)
+        subprocess.run([self.bin, "stop"], capture_output=True, timeout=120, env=self.env)
 
     def agent_pids(self):
         out = subprocess.run(["pgrep", "-u", str(os.getuid()), "-f", f"{self.bin} agent"],
                              capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
+        return [int(p) for p in out.split() if self._is_ours(int(p))]
+
+    def _is_ours(self, pid: int) -> bool:
+        try:
+            environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return f"GRANARY_RUNTIME_DIR={self.runtime}".encode() in environ
 
 
 # Stats JSON accessors, in one place so the schema lives here only.

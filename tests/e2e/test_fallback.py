@@ -41,6 +41,9 @@ def test_missing_file_and_permission_denied_errno(granary, tmp_path_factory):
     (base / "src" / "d" / "public").chmod(0o644)
     (base / "tier").mkdir()
     os.chown(base / "tier", 65534, 65534)
+    (base / "rt").mkdir(mode=0o700)
+    os.chown(base / "rt", 65534, 65534)
+    rt_env = {"GRANARY_RUNTIME_DIR": str(base / "rt")}
     paths = [base / "src" / "d" / n for n in ("secret", "public", "missing")]
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
     # cat and stat report errno as text ("Permission denied"): the same text means the same errno.
@@ -51,7 +54,7 @@ def test_missing_file_and_permission_denied_errno(granary, tmp_path_factory):
             cmd = [*as_nobody, granary.bin, "run", "--source", base / "src", "--tier",
                    f"{base / 'tier'}=64M", "-q", "--", *probe]
             for _ in range(2):
-                got = direct(cmd)
+                got = direct(cmd, env=rt_env)
                 program_err = b"".join(l for l in got.stderr.splitlines(True) if not l.startswith(b"granary: "))
                 assert (got.returncode, got.stdout, program_err) == (want.returncode, want.stdout, want.stderr)
         assert b"Permission denied" in direct([*as_nobody, "cat", paths[0]]).stderr
@@ -60,7 +63,7 @@ def test_missing_file_and_permission_denied_errno(granary, tmp_path_factory):
         objects = [p for p in (base / "tier").rglob("*") if p.is_file() and p.read_bytes() == b"root only"]
         assert objects == []
     finally:
-        direct([*as_nobody, granary.bin, "stop"])
+        direct([*as_nobody, granary.bin, "stop"], env=rt_env)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -68,7 +71,8 @@ def test_agent_killed_mid_epoch(granary, dataset, tier, tmp_path):
     marker = tmp_path / "half"
     cmd = [granary.bin, "run", "--source", dataset, "--tier", f"{tier}=1G", "--",
            *LOADER, dataset, "--epochs", "2", "--workers", "2", "--delay", "0.02", "--marker", marker]
-    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=granary.env)
     try:
         deadline = time.monotonic() + 300
         while not marker.exists():
@@ -161,7 +165,8 @@ def test_changed_source_is_never_served_stale(granary, dataset, tier):
 def test_two_jobs_at_once_share_one_agent(granary, dataset, tier):
     cmd = [granary.bin, "run", "--source", dataset, "--tier", f"{tier}=1G", "--",
            *LOADER, dataset, "--epochs", "2", "--workers", "2"]
-    procs = [subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    procs = [subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=granary.env)
              for _ in range(2)]
     for p in procs:
         out, err = p.communicate(timeout=600)

@@ -58,7 +58,8 @@ def test_second_epoch_reads_nothing_from_the_source_device(granary, loop_source,
     cmd = [granary.bin, "run", "--source", source, "--tier", f"{tmp_path / 'tier'}=1G", "--",
            sys.executable, CLIENTS / "loader.py", source, "--epochs", "2", "--workers", "3",
            "--sync-dir", sync]
-    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=granary.env)
     try:
         while not (sync / "done-0").exists():
             assert proc.poll() is None, proc.communicate()
@@ -102,4 +103,4 @@ def test_second_run_reads_nothing_from_the_source_device(granary, loop_source, t
     # ext4 metadata reads (inode tables, directories) are allowed, data reads are not: the
     # dataset is ~60 MB, so any data read would show up as thousands of sectors.
     sectors = after[1] - before[1]
-    assert sectors < 2048, f"second run read {sectors} sectors from {dev}"
+    assert sectors < 2048, f"second run read {sectors} sectors from {dev}; stats {stats}"
