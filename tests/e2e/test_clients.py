@@ -87,7 +87,7 @@ def test_fio_verifies_its_pattern(granary, tmp_path, engine):
     source = tmp_path / "pfs"
     (source / "fio").mkdir(parents=True)
     job = ["--name=verify", f"--directory={source / 'fio'}", "--bs=64k", "--size=8M", "--nrfiles=4",
-           "--verify=crc32c", "--verify_fatal=1"]
+           "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0"]
     write = direct(["fio", *job, "--rw=write", "--do_verify=0", "--ioengine=psync"])
     assert write.returncode == 0, write.stderr
     read = ["fio", *job, "--rw=read", "--verify_only", f"--ioengine={engine}", "--readonly"]

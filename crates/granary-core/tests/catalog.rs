@@ -24,6 +24,7 @@ fn spec(root: &Path, tier_dirs: &[PathBuf]) -> TableSpec {
         agent_pid: 1,
         ring_cap: 64,
         job_slots: 4,
+        ..Default::default()
     }
 }
 

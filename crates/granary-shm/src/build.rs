@@ -15,6 +15,9 @@ pub struct CatalogEntry {
     /// Initial state word and checksum (a placement reused from an earlier run).
     pub state: u64,
     pub checksum: u64,
+    /// Initial chunk bitmap words (a partial copy reused from an earlier run); may be shorter
+    /// than the file's bitmap, missing words are zero.
+    pub chunks: Vec<u64>,
 }
 
 /// Where things are, for the header.
@@ -29,6 +32,10 @@ pub struct TableSpec {
     /// Rounded up to a power of two.
     pub ring_cap: u32,
     pub job_slots: u32,
+    /// See `layout::H_PREFETCH_MIN_SIZE`; 0 means "never" (u64::MAX is stored).
+    pub prefetch_min_size: u64,
+    /// See `layout::H_CHUNK_SIZE`; a multiple of 4096, 0 means no chunk bitmaps.
+    pub chunk_size: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +46,7 @@ pub enum BuildError {
     PathTooLong(Vec<u8>),
     StringsTooLarge,
     BadChild { parent: usize, child: usize },
+    BadChunkSize(u64),
 }
 
 impl std::fmt::Display for BuildError {
@@ -59,6 +67,7 @@ impl std::fmt::Display for BuildError {
                 )
             }
             BuildError::StringsTooLarge => write!(f, "paths of the catalog exceed 4 GiB"),
+            BuildError::BadChunkSize(c) => write!(f, "chunk size {c} is not a multiple of 4096"),
             BuildError::BadChild { parent, child } => {
                 write!(
                     f,
@@ -159,6 +168,9 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
     if spec.tier_dirs.len() > MAX_TIERS {
         return Err(BuildError::TooManyTiers(spec.tier_dirs.len()));
     }
+    if spec.chunk_size % 4096 != 0 {
+        return Err(BuildError::BadChunkSize(spec.chunk_size));
+    }
 
     // Breadth-first order: order[new] = old, new_of[old] = new.
     let n = entries.len();
@@ -204,7 +216,21 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
     let strings_off = align8(hash_off + hash_slots as usize * 4);
     let ring_off = align8(strings_off + strings_len);
     let stats_off = ring_off + RING_SLOTS + ring_cap as usize * RING_SLOT_LEN;
-    let total = (stats_off + spec.job_slots as usize * JOB_STATS_LEN).div_ceil(4096) * 4096;
+    // Chunk bitmaps: regular files larger than one chunk. Offset 0 means "none", so the
+    // section starts with one unused word.
+    let bitmap_words = |e: &CatalogEntry| -> usize {
+        if spec.chunk_size == 0 || !e.stat.is_file() || e.stat.size <= spec.chunk_size {
+            0
+        } else {
+            chunk_count(e.stat.size, spec.chunk_size).div_ceil(64) as usize
+        }
+    };
+    let chunks_off = stats_off + spec.job_slots as usize * JOB_STATS_LEN;
+    let chunks_len = 8 + order
+        .iter()
+        .map(|&o| bitmap_words(&entries[o]) * 8)
+        .sum::<usize>();
+    let total = (chunks_off + chunks_len).div_ceil(4096) * 4096;
 
     let mut img = Image(vec![0u8; total]);
     img.put_u64(H_MAGIC, MAGIC);
@@ -225,6 +251,17 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
     img.put_u32(H_TIER_COUNT, spec.tier_dirs.len() as u32);
     img.put_u32(H_AGENT_PID, spec.agent_pid);
     img.put_u64(H_ROOT_PARENT_INO, spec.root_parent_ino);
+    img.put_u64(
+        H_PREFETCH_MIN_SIZE,
+        if spec.prefetch_min_size == 0 {
+            u64::MAX
+        } else {
+            spec.prefetch_min_size
+        },
+    );
+    img.put_u64(H_CHUNK_SIZE, spec.chunk_size);
+    img.put_u64(H_CHUNKS_OFF, chunks_off as u64);
+    img.put_u64(H_CHUNKS_LEN, chunks_len as u64);
     img.put_path(SLOT_SOURCE, &spec.source)?;
     img.put_path(SLOT_SOURCE_REAL, &spec.source_real)?;
     img.put_path(SLOT_SHADOW_DIR, &spec.shadow_dir)?;
@@ -233,6 +270,7 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
     }
 
     let mut str_pos = 0usize;
+    let mut chunk_pos = 8usize;
     let mask = hash_slots - 1;
     for (new, &old) in order.iter().enumerate() {
         let src = &entries[old];
@@ -260,8 +298,17 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
             stat: src.stat,
         };
         img.put_entry(entries_off + new * ENTRY_LEN, &rec);
-        img.put_u64(states_off + new * STATE_LEN, src.state);
-        img.put_u64(states_off + new * STATE_LEN + 8, src.checksum);
+        let state_block = states_off + new * STATE_LEN;
+        img.put_u64(state_block + STATE_WORD, src.state);
+        img.put_u64(state_block + STATE_CHECKSUM, src.checksum);
+        let words = bitmap_words(src);
+        if words > 0 {
+            img.put_u64(state_block + STATE_CHUNKS, chunk_pos as u64);
+            for (i, w) in src.chunks.iter().take(words).enumerate() {
+                img.put_u64(chunks_off + chunk_pos + i * 8, *w);
+            }
+            chunk_pos += words * 8;
+        }
 
         let mut slot = path_hash(&src.rel_path) as u32 & mask;
         loop {

@@ -7,11 +7,13 @@
 //! ```text
 //! 0            header (HEADER_LEN bytes: fixed fields, then PATH_SLOTS slots of PATH_SLOT_LEN)
 //! entries_off  entry_count × EntryRec         immutable after build: relative path, struct stat
-//! states_off   entry_count × 16 bytes         mutable, atomics only: [state word, checksum]
+//! states_off   entry_count × 32 bytes         mutable, atomics only: [state word, checksum,
+//!                                             progress, chunk bitmap offset]
 //! hash_off     hash_slots × u32               open addressing, entry index + 1, 0 = empty
 //! strings_off  strings_len bytes              relative paths and symlink targets
 //! ring_off     request ring                   clients → agent (see `ring`)
 //! stats_off    job_slots × JobStats            per-job counters, atomics only
+//! chunks_off   chunks_len bytes               chunk bitmaps of files larger than a chunk
 //! ```
 //! Entries of one directory are contiguous (`first_child .. first_child + child_count`), in the
 //! order the source's `readdir` returned them, so a listing is a slice walk. Entry 0 is the root.
@@ -20,7 +22,7 @@
 //! walk never descends a symlink), so lexical `..` inside the catalog is exact.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -45,6 +47,20 @@ pub const H_AGENT_PID: usize = 100;
 pub const H_ROOT_PARENT_INO: usize = 104;
 /// `AtomicU64`; bumped by the agent whenever it replaces a cache object (diagnostics only).
 pub const H_GENERATION: usize = 120;
+
+/// `AtomicU64`: CLOCK_MONOTONIC nanoseconds, bumped by the agent every `HEARTBEAT_PERIOD_MS`. A
+/// client waiting for the agent gives up when it is older than `HEARTBEAT_STALE_MS`.
+pub const H_HEARTBEAT: usize = 128;
+/// Files at least this large are fetched whole by the agent from their first open, and the
+/// program's reads are served from the partial copy (docs/placement.md).
+pub const H_PREFETCH_MIN_SIZE: usize = 136;
+/// Chunk size of partially cached files (`state::PARTIAL`), a multiple of 4096.
+pub const H_CHUNK_SIZE: usize = 144;
+pub const H_CHUNKS_OFF: usize = 152;
+pub const H_CHUNKS_LEN: usize = 160;
+
+pub const HEARTBEAT_PERIOD_MS: u64 = 100;
+pub const HEARTBEAT_STALE_MS: u64 = 2000;
 
 pub const FLAG_VALID: u32 = 1;
 
@@ -158,8 +174,14 @@ pub struct EntryRec {
 }
 
 pub const ENTRY_LEN: usize = core::mem::size_of::<EntryRec>();
-/// Per entry: state word (`AtomicU64`) and content checksum of the placed copy (`AtomicU64`).
-pub const STATE_LEN: usize = 16;
+/// Per entry, all `AtomicU64`: state word; xxh3 of the placed copy; `progress` — bytes of the
+/// partial copy (`<object>.part`) written and readable while the state is PLACING, only ever
+/// increasing; offset of the entry's chunk bitmap in the chunk section (0 = none).
+pub const STATE_LEN: usize = 32;
+pub const STATE_WORD: usize = 0;
+pub const STATE_CHECKSUM: usize = 8;
+pub const STATE_PROGRESS: usize = 16;
+pub const STATE_CHUNKS: usize = 24;
 
 /// Placement state, low byte of an entry's state word; the tier is the next byte.
 pub mod state {
@@ -177,6 +199,9 @@ pub mod state {
     /// The source changed under us (a client opened it for writing): the catalog's metadata and
     /// any copy are void; every call passes through.
     pub const STALE: u8 = 5;
+    /// Too large for any tier's free space: some chunks live in `<object>.chunks` in the tier
+    /// named by the state word; the chunk bitmap says which.
+    pub const PARTIAL: u8 = 6;
 
     pub const fn word(state: u8, tier: u8) -> u64 {
         state as u64 | (tier as u64) << 8
@@ -199,6 +224,43 @@ pub fn object_name(object: u64) -> [u8; 16] {
     out
 }
 
+/// Name of the partial copy being written (PLACING): renamed to `object_name` when complete,
+/// so an fd opened on it stays valid and becomes the complete copy.
+pub fn part_name(object: u64) -> [u8; 21] {
+    suffixed(object, b".part")
+}
+
+/// Name of the chunk file of a partially cached file (`state::PARTIAL`).
+pub fn chunks_name(object: u64) -> [u8; 23] {
+    suffixed(object, b".chunks")
+}
+
+fn suffixed<const N: usize>(object: u64, suffix: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    out[..16].copy_from_slice(&object_name(object));
+    out[16..16 + suffix.len()].copy_from_slice(suffix);
+    out
+}
+
+/// Chunk files: a header (`CHUNK_MAGIC`, version, chunk size, source size, source mtime, chunk
+/// count, then one xxh3 per chunk, 0 = absent) padded to 4096 bytes, then chunk `k` at
+/// `chunk_data_offset + k × chunk_size` (a sparse file: absent chunks take no space).
+pub const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"GRNCHK01");
+pub const CHUNK_VERSION: u32 = 1;
+pub const CHUNK_HEADER_FIXED: usize = 64;
+
+pub const fn chunk_count(size: u64, chunk_size: u64) -> u64 {
+    if chunk_size == 0 {
+        return 0;
+    }
+    size.div_ceil(chunk_size)
+}
+
+/// Where chunk data starts in a chunk file.
+pub const fn chunk_data_offset(size: u64, chunk_size: u64) -> u64 {
+    (CHUNK_HEADER_FIXED as u64 + 8 * chunk_count(size, chunk_size)).div_ceil(4096) * 4096
+}
+
 /// Object id of a relative path. Stable across catalog rebuilds, so a cache survives them.
 pub fn object_id(rel_path: &[u8]) -> u64 {
     // Seeded so that an object id is never equal to the catalog's hash-table key for the path.
@@ -218,12 +280,27 @@ pub mod request {
     pub const INVALIDATE: u8 = 2;
     /// A client found the cached copy damaged (wrong size or type): drop it, place it again.
     pub const DAMAGED: u8 = 3;
+    /// A client closed a source fd of a small file it read: its pages are in the page cache now,
+    /// copy it from there.
+    pub const CLOSED: u8 = 4;
+    /// A read of a PARTIAL file missed a chunk: fetch it (chunk index in `arg`).
+    pub const CHUNK: u8 = 5;
+
+    /// Largest `arg` a request carries (24 bits).
+    pub const ARG_MAX: u32 = (1 << 24) - 1;
 
     pub const fn encode(kind: u8, entry: u32) -> u64 {
-        (kind as u64) << 56 | entry as u64
+        encode_arg(kind, entry, 0)
+    }
+    /// A request with an argument; `arg` is truncated to 24 bits.
+    pub const fn encode_arg(kind: u8, entry: u32, arg: u32) -> u64 {
+        (kind as u64) << 56 | ((arg & ARG_MAX) as u64) << 32 | entry as u64
     }
     pub const fn decode(value: u64) -> (u8, u32) {
         ((value >> 56) as u8, value as u32)
+    }
+    pub const fn arg_of(value: u64) -> u32 {
+        ((value >> 32) as u32) & ARG_MAX
     }
 }
 

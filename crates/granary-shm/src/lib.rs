@@ -12,10 +12,13 @@ mod ring;
 pub mod table;
 
 pub use build::{build, BuildError, CatalogEntry, TableSpec};
-pub use layout::{job, object_id, object_name, request, state, EntryRec, StatRec, Ts};
+pub use layout::{
+    chunk_count, chunk_data_offset, chunks_name, job, object_id, object_name, part_name, request,
+    state, EntryRec, StatRec, Ts,
+};
 pub use mapping::{MapError, Mapping};
 pub use resolve::{resolve, strip_root, Resolved};
-pub use table::{Table, TableError};
+pub use table::{Request, Table, TableError};
 
 #[cfg(test)]
 mod tests;

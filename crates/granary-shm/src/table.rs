@@ -45,6 +45,17 @@ pub struct Table {
     job_slots: u32,
     stats_off: usize,
     tier_count: u32,
+    chunks_off: usize,
+    chunks_len: usize,
+}
+
+/// A request taken off the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub kind: u8,
+    pub entry: u32,
+    /// Kind-specific (the chunk index of `request::CHUNK`).
+    pub arg: u32,
 }
 
 fn section(
@@ -141,6 +152,17 @@ impl Table {
         if tier_count as usize > MAX_TIERS {
             return Err(TableError::BadLayout("tier count"));
         }
+        let chunks_len = u64_at(H_CHUNKS_LEN)? as usize;
+        let chunks_off = section(
+            &region,
+            u64_at(H_CHUNKS_OFF)? as usize,
+            chunks_len,
+            1,
+            "chunks",
+        )?;
+        if u64_at(H_CHUNK_SIZE)? % 4096 != 0 {
+            return Err(TableError::BadLayout("chunk size"));
+        }
         Ok(Table {
             region,
             entry_count,
@@ -155,6 +177,8 @@ impl Table {
             job_slots,
             stats_off,
             tier_count,
+            chunks_off,
+            chunks_len,
         })
     }
 
@@ -287,20 +311,111 @@ impl Table {
         None
     }
 
-    fn state_cell(&self, idx: u32) -> Option<&AtomicU64> {
+    fn state_block(&self, idx: u32, word: usize) -> Option<&AtomicU64> {
         if idx >= self.entry_count {
             return None;
         }
         self.region
-            .atomic_u64(self.states_off + idx as usize * STATE_LEN)
+            .atomic_u64(self.states_off + idx as usize * STATE_LEN + word)
+    }
+
+    fn state_cell(&self, idx: u32) -> Option<&AtomicU64> {
+        self.state_block(idx, STATE_WORD)
     }
 
     fn checksum_cell(&self, idx: u32) -> Option<&AtomicU64> {
-        if idx >= self.entry_count {
+        self.state_block(idx, STATE_CHECKSUM)
+    }
+
+    /// Bytes of the partial copy that are written and readable (meaningful while PLACING).
+    /// Acquire: a client that sees `n` may read the first `n` bytes of `<object>.part`.
+    pub fn progress(&self, idx: u32) -> u64 {
+        self.state_block(idx, STATE_PROGRESS)
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    /// Agent side: publishes progress (never moves backwards).
+    pub fn set_progress(&self, idx: u32, bytes: u64) {
+        if let Some(c) = self.state_block(idx, STATE_PROGRESS) {
+            c.fetch_max(bytes, Ordering::Release);
+        }
+    }
+
+    /// Agent side: a new partial copy starts from zero.
+    pub fn reset_progress(&self, idx: u32) {
+        if let Some(c) = self.state_block(idx, STATE_PROGRESS) {
+            c.store(0, Ordering::Release);
+        }
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.region.u64_at(H_CHUNK_SIZE).unwrap_or(0)
+    }
+
+    pub fn prefetch_min_size(&self) -> u64 {
+        self.region.u64_at(H_PREFETCH_MIN_SIZE).unwrap_or(u64::MAX)
+    }
+
+    /// Number of chunks of an entry that has a chunk bitmap (files larger than one chunk), else 0.
+    pub fn chunk_count(&self, idx: u32) -> u64 {
+        let has_bitmap = self
+            .state_block(idx, STATE_CHUNKS)
+            .is_some_and(|c| c.load(Ordering::Relaxed) != 0);
+        match (has_bitmap, self.entry(idx)) {
+            (true, Some(e)) => chunk_count(e.stat.size, self.chunk_size()),
+            _ => 0,
+        }
+    }
+
+    fn chunk_word(&self, idx: u32, chunk: u64) -> Option<(&AtomicU64, u64)> {
+        if chunk >= self.chunk_count(idx) {
             return None;
         }
+        let base = self.state_block(idx, STATE_CHUNKS)?.load(Ordering::Relaxed) as usize;
+        let off = base.checked_add((chunk / 64) as usize * 8)?;
+        if off.checked_add(8)? > self.chunks_len {
+            return None;
+        }
+        Some((
+            self.region.atomic_u64(self.chunks_off + off)?,
+            1u64 << (chunk % 64),
+        ))
+    }
+
+    /// True if chunk `chunk` of a PARTIAL entry is complete in its chunk file (Acquire).
+    pub fn chunk_present(&self, idx: u32, chunk: u64) -> bool {
+        self.chunk_word(idx, chunk)
+            .is_some_and(|(w, bit)| w.load(Ordering::Acquire) & bit != 0)
+    }
+
+    /// Agent side: marks a chunk complete (Release: after its bytes are written) or absent.
+    pub fn set_chunk(&self, idx: u32, chunk: u64, present: bool) {
+        if let Some((w, bit)) = self.chunk_word(idx, chunk) {
+            if present {
+                w.fetch_or(bit, Ordering::Release);
+            } else {
+                w.fetch_and(!bit, Ordering::Release);
+            }
+        }
+    }
+
+    /// The agent's last heartbeat (CLOCK_MONOTONIC ns); 0 before the first.
+    pub fn heartbeat(&self) -> u64 {
         self.region
-            .atomic_u64(self.states_off + idx as usize * STATE_LEN + 8)
+            .atomic_u64(H_HEARTBEAT)
+            .map_or(0, |h| h.load(Ordering::Acquire))
+    }
+
+    pub fn beat(&self, now_ns: u64) {
+        if let Some(h) = self.region.atomic_u64(H_HEARTBEAT) {
+            h.store(now_ns, Ordering::Release);
+        }
+    }
+
+    /// True if the agent beat within `HEARTBEAT_STALE_MS` of `now_ns` (CLOCK_MONOTONIC).
+    pub fn agent_alive(&self, now_ns: u64) -> bool {
+        let h = self.heartbeat();
+        h != 0 && now_ns.saturating_sub(h) < HEARTBEAT_STALE_MS * 1_000_000
     }
 
     /// The entry's state word (`state::*`); Acquire so a PLACED word implies the copy is complete.
@@ -344,9 +459,21 @@ impl Table {
         self.ring().push(request::encode(kind, entry))
     }
 
+    /// A request with an argument (24 bits; see `request::encode_arg`).
+    pub fn push_request_arg(&self, kind: u8, entry: u32, arg: u32) -> bool {
+        self.ring().push(request::encode_arg(kind, entry, arg))
+    }
+
     /// Agent side: the next request, if any.
-    pub fn pop_request(&self) -> Option<(u8, u32)> {
-        self.ring().pop().map(request::decode)
+    pub fn pop_request(&self) -> Option<Request> {
+        self.ring().pop().map(|v| {
+            let (kind, entry) = request::decode(v);
+            Request {
+                kind,
+                entry,
+                arg: request::arg_of(v),
+            }
+        })
     }
 
     /// Requests pushed (or being pushed) and not yet popped. Allocation-free; a snapshot.

@@ -182,7 +182,11 @@ fn ring_is_fifo_and_bounded() {
         for i in 0..8 {
             assert_eq!(
                 t.pop_request(),
-                Some((request::OPEN_UNPLACED, round * 8 + i))
+                Some(Request {
+                    kind: request::OPEN_UNPLACED,
+                    entry: round * 8 + i,
+                    arg: 0
+                })
             );
             assert_eq!(t.ring_backlog(), 7 - u64::from(i));
         }
@@ -229,7 +233,7 @@ fn ring_survives_concurrent_producers() {
         }
         while got.len() < (4 * per) as usize {
             match t.pop_request() {
-                Some((_, e)) => got.push(e),
+                Some(r) => got.push(r.entry),
                 None => std::thread::yield_now(),
             }
         }
@@ -286,4 +290,133 @@ proptest! {
             queue.extend(m.entries[old].children.iter().copied());
         }
     }
+}
+
+#[test]
+fn progress_only_moves_forward() {
+    let mut m = Model::new();
+    m.add(0, "big", stat(libc::S_IFREG | 0o644, 2, 100 << 20), "");
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let idx = t.lookup(b"big").unwrap();
+    assert_eq!(t.progress(idx), 0);
+    t.set_progress(idx, 8 << 20);
+    t.set_progress(idx, 4 << 20); // a late, smaller publication must not move it back
+    assert_eq!(t.progress(idx), 8 << 20);
+    t.reset_progress(idx);
+    assert_eq!(t.progress(idx), 0);
+    assert_eq!(
+        t.progress(9999),
+        0,
+        "out-of-range entries read as nothing copied"
+    );
+}
+
+#[test]
+fn chunk_bitmaps_exist_for_large_files_only() {
+    let mut m = Model::new();
+    let chunk = 4u64 << 20;
+    m.add(0, "small", stat(libc::S_IFREG | 0o644, 2, chunk), "");
+    m.add(
+        0,
+        "huge",
+        stat(libc::S_IFREG | 0o644, 3, 130 * chunk + 1),
+        "",
+    );
+    let pre = m.add(0, "reused", stat(libc::S_IFREG | 0o644, 4, 3 * chunk), "");
+    m.entries[pre].chunks = vec![0b101];
+    m.add(0, "dir", stat(libc::S_IFDIR | 0o755, 5, 200 * chunk), "");
+    let mut spec = Model::spec();
+    spec.chunk_size = chunk;
+    spec.prefetch_min_size = 1 << 20;
+    let img = build(&spec, &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    assert_eq!(t.chunk_size(), chunk);
+    assert_eq!(t.prefetch_min_size(), 1 << 20);
+    let small = t.lookup(b"small").unwrap();
+    let huge = t.lookup(b"huge").unwrap();
+    let reused = t.lookup(b"reused").unwrap();
+    assert_eq!(
+        t.chunk_count(small),
+        0,
+        "a file of one chunk needs no bitmap"
+    );
+    assert_eq!(t.chunk_count(t.lookup(b"dir").unwrap()), 0);
+    assert_eq!(t.chunk_count(huge), 131);
+    for k in [0, 63, 64, 130] {
+        assert!(!t.chunk_present(huge, k));
+        t.set_chunk(huge, k, true);
+        assert!(t.chunk_present(huge, k));
+    }
+    assert!(!t.chunk_present(huge, 65));
+    assert!(!t.chunk_present(huge, 131), "past the last chunk");
+    t.set_chunk(huge, 131, true); // ignored, must not touch a neighbour's bitmap
+    t.set_chunk(huge, 63, false);
+    assert!(!t.chunk_present(huge, 63) && t.chunk_present(huge, 64));
+    assert_eq!(
+        (0..3)
+            .map(|k| t.chunk_present(reused, k))
+            .collect::<Vec<_>>(),
+        [true, false, true],
+        "initial bitmap from the catalog entry"
+    );
+}
+
+#[test]
+fn chunk_size_must_be_page_multiple() {
+    let m = Model::new();
+    let mut spec = Model::spec();
+    spec.chunk_size = 1000;
+    assert_eq!(
+        build(&spec, &m.entries),
+        Err(BuildError::BadChunkSize(1000))
+    );
+}
+
+#[test]
+fn heartbeat_tells_a_live_agent_from_a_dead_one() {
+    let m = Model::new();
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    assert!(!t.agent_alive(10), "no heartbeat yet");
+    t.beat(1_000_000_000);
+    assert!(t.agent_alive(1_500_000_000));
+    assert!(!t.agent_alive(1_000_000_000 + layout::HEARTBEAT_STALE_MS * 1_000_000));
+    assert_eq!(t.prefetch_min_size(), u64::MAX, "0 in the spec means never");
+}
+
+#[test]
+fn requests_carry_an_argument() {
+    let m = Model::new();
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    assert!(t.push_request_arg(request::CHUNK, 7, 51_199));
+    assert!(t.push_request_arg(request::CHUNK, u32::MAX, request::ARG_MAX + 5));
+    assert_eq!(
+        t.pop_request(),
+        Some(Request {
+            kind: request::CHUNK,
+            entry: 7,
+            arg: 51_199
+        })
+    );
+    let r = t.pop_request().unwrap();
+    assert_eq!(
+        (r.entry, r.arg),
+        (u32::MAX, 4),
+        "arg is truncated to 24 bits"
+    );
+}
+
+#[test]
+fn derived_object_names() {
+    let id = 0x0123_4567_89ab_cdef;
+    assert_eq!(&part_name(id), b"0123456789abcdef.part");
+    assert_eq!(&chunks_name(id), b"0123456789abcdef.chunks");
+    assert_eq!(chunk_data_offset(10 << 20, 4 << 20), 4096);
+    assert_eq!(
+        chunk_data_offset(600 << 20, 1 << 20),
+        8192,
+        "64 + 8 × 600 bytes of header"
+    );
 }

@@ -214,7 +214,23 @@ pub fn snapshot(table: &granary_shm::Table) -> Vec<CatalogEntry> {
             } else {
                 0
             },
+            chunks: chunk_bitmap(table, i),
         });
     }
     out
+}
+
+/// The entry's chunk bitmap as words (empty when it has none or no chunk is present).
+fn chunk_bitmap(table: &granary_shm::Table, idx: u32) -> Vec<u64> {
+    let n = table.chunk_count(idx);
+    let mut words = vec![0u64; n.div_ceil(64) as usize];
+    for k in 0..n {
+        if table.chunk_present(idx, k) {
+            words[(k / 64) as usize] |= 1 << (k % 64);
+        }
+    }
+    if words.iter().all(|w| *w == 0) {
+        words.clear();
+    }
+    words
 }

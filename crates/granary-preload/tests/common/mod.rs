@@ -157,6 +157,7 @@ impl Fixture {
             agent_pid: std::process::id(),
             ring_cap: 64,
             job_slots: 4,
+            ..Default::default()
         };
         let img = build(&spec, &entries).unwrap();
         fs::write(&table, &img).unwrap();
@@ -217,7 +218,10 @@ impl Fixture {
 
     pub fn requests(&self) -> Vec<(u8, String)> {
         let mut out = vec![];
-        while let Some((kind, idx)) = self.t().pop_request() {
+        while let Some(granary_shm::Request {
+            kind, entry: idx, ..
+        }) = self.t().pop_request()
+        {
             let e = self.t().entry(idx).unwrap();
             out.push((
                 kind,

@@ -31,7 +31,10 @@ pub fn consume(agent: Arc<Agent>) {
                 // `SourceCtx::pending`).
                 ctx.inflight.fetch_add(1, Ordering::AcqRel);
                 fence(Ordering::SeqCst);
-                let Some((kind, idx)) = ctx.table.pop_request() else {
+                let Some(granary_shm::Request {
+                    kind, entry: idx, ..
+                }) = ctx.table.pop_request()
+                else {
                     ctx.inflight.fetch_sub(1, Ordering::AcqRel);
                     break;
                 };

@@ -117,6 +117,9 @@ impl SourceState {
             agent_pid: std::process::id(),
             ring_cap: RING_CAP,
             job_slots: JOB_SLOTS,
+            // Whole-file prefetch and chunked partial copies: not enabled yet (docs/placement.md).
+            prefetch_min_size: 0,
+            chunk_size: 0,
         };
         let image = granary_shm::build(&spec, &entries).context("building the catalog table")?;
         let table_path = rt_dir.table(&self.id, generation);
