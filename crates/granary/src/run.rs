@@ -119,7 +119,8 @@ fn exit_code(st: std::process::ExitStatus) -> i32 {
 
 pub fn run(args: RunArgs) -> Result<i32> {
     let started = Instant::now();
-    let disabled = std::env::var_os("GRANARY_DISABLE").is_some_and(|v| v == "1");
+    // Same rule as the preload library: any value but empty or "0" turns granary off.
+    let disabled = std::env::var_os("GRANARY_DISABLE").is_some_and(|v| !v.is_empty() && v != "0");
     let cfg = load_config(&args.tiers)?;
     let source = granary_core::source::normalize(&args.source)?;
     if !source.is_dir() {
