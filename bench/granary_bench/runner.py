@@ -116,13 +116,16 @@ class Bench:
             t0 = time.time()
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=logf, env=env, text=True)
             killer = threading.Timer(self.k_timeout(), proc.kill)
+            killer.daemon = True  # an interrupted run must not wait for it
             killer.start()
-            for line in proc.stdout:
-                ev = self._event(line, events, logf)
-                if ev:
-                    marks.on_event(ev)
-            rc = proc.wait()
-            killer.cancel()
+            try:
+                for line in proc.stdout:
+                    ev = self._event(line, events, logf)
+                    if ev:
+                        marks.on_event(ev)
+                rc = proc.wait()
+            finally:
+                killer.cancel()
             t1 = time.time()
             setup.finish(job, res)
             res["source"] = marks.per_epoch()
