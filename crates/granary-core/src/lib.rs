@@ -11,6 +11,7 @@ pub mod runtime;
 pub mod size;
 pub mod source;
 pub mod stats;
+pub mod sync;
 pub mod sys;
 pub mod tiers;
 

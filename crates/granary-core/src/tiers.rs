@@ -10,8 +10,9 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+// Through the `sync` shim so `tests/shuttle.rs` can explore interleavings of the accounting.
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
@@ -254,7 +255,7 @@ impl TierRegistry {
         u
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Arc<Tier>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, Arc<Tier>>> {
         self.tiers.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
