@@ -172,7 +172,9 @@ def parse_args(argv=None):
     k = Knobs(**values)
     k.report_only = a.report_only
     if a.out is None:
-        k.out = PRESETS[a.size].get("out", f"results/{a.size}")
+        # Default reports land in the repository's results/, wherever we run from.
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        k.out = os.path.join(repo, PRESETS[a.size].get("out", f"results/{a.size}"))
     k.out = os.path.abspath(k.out)
     k.workdir = os.path.abspath(k.workdir)
     for w in k.workloads:

@@ -75,6 +75,54 @@ def ratio_rows(data):
     return rows
 
 
+def _longest_stall(r):
+    """Longest time in epoch 1 during which the model received nothing."""
+    ticks = [t for t in r.get("ticks", []) if t["epoch"] == 1]
+    if len(ticks) < 2:
+        return 0.0
+    longest, last = 0.0, ticks[0]
+    for t in ticks[1:]:
+        if t["bytes"] > last["bytes"]:
+            longest = max(longest, t["t"] - last["t"])
+            last = t
+    return longest
+
+
+def anomalies(data):
+    """Heuristic flags on granary's behaviour, for the people working on it."""
+    out = []
+    for wl, by in _by_workload(data["results"]).items():
+        pfs = by.get("pfs")
+        for g in GRANARY:
+            r = by.get(g)
+            if not r or r["status"] != "ok" or not r.get("epochs"):
+                continue
+            size = data["datasets"][r["dataset"]]["bytes"]
+            src = {str(b): v for b, v in r["source"].items()}
+            later = sum(v["bytes"] for b, v in src.items() if b.isdigit() and b != "1")
+            if g == "granary-full" and later > 0.01 * size:
+                out.append(f"{wl} / {g}: {later / 1e6:.1f} MB read from the PFS after epoch 1 "
+                           "although the tier holds everything (placement lagging behind the job?)")
+            e1 = src.get("1", {}).get("bytes", 0) + src.get("startup", {}).get("bytes", 0)
+            if e1 > 1.05 * size:
+                out.append(f"{wl} / {g}: epoch 1 read {e1 / 1e6:.0f} MB from the PFS for a "
+                           f"{size / 1e6:.0f} MB dataset (+{(e1 / size - 1) * 100:.0f}% duplicate reads)")
+            if pfs and pfs["status"] == "ok" and pfs.get("epochs"):
+                a, b = r["epochs"][0]["seconds"], pfs["epochs"][0]["seconds"]
+                if a > 1.1 * b:
+                    out.append(f"{wl} / {g}: epoch 1 took {a:.1f} s, {a / b:.2f}x the PFS "
+                               f"setup's {b:.1f} s")
+                stall, base = _longest_stall(r), _longest_stall(pfs)
+                if stall > 0.5 and stall > 2 * base:
+                    out.append(f"{wl} / {g}: the model received nothing for {stall:.1f} s in "
+                               f"epoch 1 (longest gap under PFS: {base:.1f} s)")
+    for r in data["results"]:
+        if r.get("memory", {}).get("oom_kill"):
+            out.append(f"{r['workload']} / {r['setup']}: {r['memory']['oom_kill']} OOM kill(s) in "
+                       "the memory cgroup")
+    return out
+
+
 def write(data, out, log):
     figs = {}
     try:
@@ -103,6 +151,11 @@ def render(data, figs):
              f"Python {m['python']} · git `{m['git']}` · granary: "
              f"{data['granary']['version'] or 'not run'} · whole run {data['wall_seconds']:.0f} s\n")
     L.append(f"Command: `{data['command']}`\n")
+    if not str(data["emulation"].get("mode", "")).startswith("throttled"):
+        L.append("> **Not PFS-like**: this run had no root (or no cgroup-v1 blkio/memory), so the "
+                 "source was a plain directory, unthrottled, with no page-cache cap and no device "
+                 "counters (source traffic reads 0). Only correctness and relative overheads mean "
+                 "anything here.\n")
     bad = [r for r in res if r["status"] not in ("ok", "skipped")]
     if bad:
         L.append("> **FAILED RUNS** — the numbers of these jobs are not valid:\n>")
@@ -131,6 +184,12 @@ def render(data, figs):
         L.append("_No granary results in this run" +
                  (f": {data['granary']['skipped_reason'].splitlines()[0]}"
                   if data["granary"].get("skipped_reason") else "") + "._\n")
+
+    notes = anomalies(data)
+    if notes:
+        L.append("### Things to look at (automatic checks)\n")
+        L.extend(f"- {n}" for n in notes)
+        L.append("")
 
     L.append("## Job time per epoch\n")
     if "epochs" in figs:
