@@ -9,6 +9,7 @@ mod copy;
 mod policy;
 mod pool;
 mod requests;
+pub mod states;
 
 pub use copy::{object_dir, place, PlaceOutcome};
 pub use policy::{FillHighestFirst, Policy};
