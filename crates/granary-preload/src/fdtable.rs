@@ -27,13 +27,17 @@ pub fn set_owner() {
 }
 
 /// Called only when a write is about to happen, so untracked fds never pay the syscall.
-fn owned() -> bool {
+/// Also guards anything that changes the process's fds on its behalf (the switch to a copy).
+pub fn owned() -> bool {
     sys!(libc::SYS_getpid) as i32 == OWNER.load(Ordering::Relaxed)
 }
 
 const KIND_SOURCE: u64 = 1;
 const KIND_TIER: u64 = 2;
 const KIND_DIR: u64 = 3;
+/// A source fd whose switch to the complete copy failed once: it stays on the source for good
+/// (the switch is tried at most once per fd). Ignored by `decode`.
+const PINNED: u64 = 1 << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -80,6 +84,20 @@ fn cell(fd: i32) -> Option<&'static AtomicU64> {
 #[inline]
 pub fn get(fd: i32) -> Option<Tracked> {
     decode(cell(fd)?.load(Ordering::Acquire))
+}
+
+/// True if `fd` is a source fd that must stay on the source (see `PINNED`).
+pub fn pinned(fd: i32) -> bool {
+    cell(fd).is_some_and(|c| c.load(Ordering::Relaxed) & PINNED != 0)
+}
+
+/// Marks a tracked source fd as staying on the source.
+pub fn pin(fd: i32) {
+    if let Some(c) = cell(fd) {
+        if c.load(Ordering::Relaxed) & 0xff == KIND_SOURCE && owned() {
+            c.fetch_or(PINNED, Ordering::Release);
+        }
+    }
 }
 
 /// Records `fd`; false if it cannot be tracked (out of range, or a directory beyond the
@@ -134,7 +152,8 @@ pub fn dir_pos(fd: i32) -> Option<&'static AtomicU32> {
     DIR_POS.get(usize::try_from(fd).ok()?)
 }
 
-pub fn clear_range(first: u32, last: u32) {
+/// Forgets the fds `first..=last`, telling `closed` what each tracked one was.
+pub fn clear_range(first: u32, last: u32, mut closed: impl FnMut(Tracked)) {
     if !owned() {
         return;
     }
@@ -142,8 +161,12 @@ pub fn clear_range(first: u32, last: u32) {
     let mut fd = first as usize;
     while fd <= end {
         if let Some(c) = FDS.get(fd) {
-            if c.load(Ordering::Relaxed) != 0 {
+            let v = c.load(Ordering::Relaxed);
+            if v != 0 {
                 c.store(0, Ordering::Release);
+                if let Some(t) = decode(v) {
+                    closed(t);
+                }
             }
         }
         fd += 1;

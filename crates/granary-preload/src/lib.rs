@@ -16,3 +16,4 @@ mod hooks;
 mod log;
 mod path;
 mod perm;
+mod place;

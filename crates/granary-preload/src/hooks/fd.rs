@@ -2,14 +2,12 @@
 //! honest, `fchdir` into a shadow directory goes to the real directory, and reads are counted.
 //! Every one costs an untracked fd a single atomic load.
 
-use core::ffi::{c_char, c_int, c_long, c_uint, c_void};
+use core::ffi::{c_char, c_int, c_long, c_uint};
 
-use granary_shm::job;
-
-use crate::config;
 use crate::detour::{self, real, sys};
 use crate::fdtable::{self, Kind};
 use crate::path::{self, BUF};
+use crate::place;
 
 type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
 type CloseRangeFn = unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int;
@@ -19,21 +17,27 @@ type Dup3Fn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
 type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
 type ChdirFn = unsafe extern "C" fn(*const c_char) -> c_int;
 type FchdirFn = unsafe extern "C" fn(c_int) -> c_int;
-type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, usize) -> isize;
-type PreadFn = unsafe extern "C" fn(c_int, *mut c_void, usize, libc::off_t) -> isize;
-type ReadvFn = unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> isize;
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let t = fdtable::get(fd);
     // Forget first: once closed, another thread may get the same number for something else.
-    fdtable::clear(fd);
-    real!(CLOSE as CloseFn, (fd) else detour::raw_close(fd))
+    if t.is_some() {
+        fdtable::clear(fd);
+    }
+    let r = real!(CLOSE as CloseFn, (fd) else detour::raw_close(fd));
+    if let Some(t) = t {
+        let _keep = detour::KeepErrno::new();
+        place::on_close(t);
+    }
+    r
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
-        fdtable::clear_range(first, last);
+        let _keep = detour::KeepErrno::new();
+        fdtable::clear_range(first, last, place::on_close);
     }
     real!(CLOSE_RANGE as CloseRangeFn, (first, last, flags)
         else sys!(libc::SYS_close_range, first, last, flags) as c_int)
@@ -125,57 +129,4 @@ pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
     }
     let p = buf.as_ptr().cast::<c_char>();
     real!(CHDIR as ChdirFn, (p) else sys!(libc::SYS_chdir, p) as c_int)
-}
-
-/// Counts what a read on a tracked fd returned: bytes from a tier copy or from the source.
-#[inline]
-fn count_read(fd: c_int, n: isize) -> isize {
-    if n > 0 {
-        if let Some(t) = fdtable::get(fd) {
-            if let Some(table) = config::table() {
-                let slot = config::job_slot();
-                match t.kind {
-                    Kind::Source => {
-                        table.count(slot, job::SOURCE_READS, 1);
-                        table.count(slot, job::SOURCE_BYTES, n as u64);
-                    }
-                    Kind::Tier(x) => table.count(slot, job::TIER_BYTES + x as usize, n as u64),
-                    Kind::Dir => {}
-                }
-            }
-        }
-    }
-    n
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: usize) -> isize {
-    let n = real!(READ as ReadFn, (fd, buf, len) else sys!(libc::SYS_read, fd, buf, len) as isize);
-    count_read(fd, n)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, len: usize, off: libc::off_t) -> isize {
-    let n = real!(PREAD as PreadFn, (fd, buf, len, off)
-        else sys!(libc::SYS_pread64, fd, buf, len, off) as isize);
-    count_read(fd, n)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn pread64(
-    fd: c_int,
-    buf: *mut c_void,
-    len: usize,
-    off: libc::off_t,
-) -> isize {
-    let n = real!(PREAD64 as PreadFn, (fd, buf, len, off)
-        else sys!(libc::SYS_pread64, fd, buf, len, off) as isize);
-    count_read(fd, n)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
-    let n =
-        real!(READV as ReadvFn, (fd, iov, cnt) else sys!(libc::SYS_readv, fd, iov, cnt) as isize);
-    count_read(fd, n)
 }

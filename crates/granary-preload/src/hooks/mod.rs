@@ -11,6 +11,7 @@ pub mod dir;
 pub mod fd;
 pub mod link;
 pub mod open;
+pub mod read;
 pub mod stat;
 
 use core::ffi::{c_char, c_int};

@@ -88,7 +88,7 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
 
 /// Opens tier `tier`'s copy of entry `idx`, checking it is the complete regular file the
 /// catalog describes; reports it damaged otherwise. Never changes errno.
-fn open_copy(
+pub(crate) fn open_copy(
     g: &Guard,
     idx: u32,
     entry: &granary_shm::EntryRec,
@@ -526,6 +526,13 @@ pub unsafe extern "C" fn freopen64(
 /// would be taken for a catalogued file.
 #[no_mangle]
 pub unsafe extern "C" fn fclose(fp: *mut libc::FILE) -> c_int {
-    fdtable::clear(stream_fd(fp));
-    real!(FCLOSE as FcloseFn, c"fclose", (fp) or libc::EOF)
+    let fd = stream_fd(fp);
+    let t = fdtable::get(fd);
+    fdtable::clear(fd);
+    let r = real!(FCLOSE as FcloseFn, c"fclose", (fp) or libc::EOF);
+    if let Some(t) = t {
+        let _keep = KeepErrno::new();
+        crate::place::on_close(t);
+    }
+    r
 }
