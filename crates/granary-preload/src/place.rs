@@ -206,7 +206,11 @@ fn now_ns() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    sys!(libc::SYS_clock_gettime, libc::CLOCK_MONOTONIC, &mut ts as *mut libc::timespec);
+    sys!(
+        libc::SYS_clock_gettime,
+        libc::CLOCK_MONOTONIC,
+        &mut ts as *mut libc::timespec
+    );
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use granary_shm::{
-    build, object_id, object_name, state, CatalogEntry, Mapping, StatRec, Table, TableSpec, Ts,
+    build, chunks_name, object_id, object_name, part_name, state, CatalogEntry, Mapping, StatRec,
+    Table, TableSpec, Ts,
 };
 
 pub const SLOT: u32 = 1;
@@ -67,7 +68,7 @@ pub struct Fixture {
     mapping: Option<(Mapping, Table)>,
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| {
             (i as u32)
@@ -89,6 +90,28 @@ impl Fixture {
 
     /// With `via_link`, programs name the source through a symlink to the real directory.
     pub fn with_root_link(via_link: bool) -> Fixture {
+        Fixture::build(via_link, &[], TableSpec::default())
+    }
+
+    /// The usual tree plus `large` files (relative path, size, pattern seed) and the placement
+    /// parameters of `params` (`prefetch_min_size`, `chunk_size`).
+    pub fn with_large(
+        large: &[(&str, usize, u8)],
+        prefetch_min_size: u64,
+        chunk_size: u64,
+    ) -> Fixture {
+        Fixture::build(
+            false,
+            large,
+            TableSpec {
+                prefetch_min_size,
+                chunk_size,
+                ..Default::default()
+            },
+        )
+    }
+
+    fn build(via_link: bool, large: &[(&str, usize, u8)], params: TableSpec) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
         let real = dir.path().join("src");
@@ -119,6 +142,11 @@ impl Fixture {
         fs::set_permissions(s.join("locked"), fs::Permissions::from_mode(0o700)).unwrap();
         fs::write(s.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
         fs::set_permissions(s.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+        for (rel, len, seed) in large {
+            let p = s.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, pattern(*len, *seed)).unwrap();
+        }
         symlink("a.txt", s.join("link_rel")).unwrap();
         symlink("train/cls0", s.join("link_dir")).unwrap();
         symlink(s.join(BIG), s.join("link_abs")).unwrap();
@@ -157,7 +185,8 @@ impl Fixture {
             agent_pid: std::process::id(),
             ring_cap: 64,
             job_slots: 4,
-            ..Default::default()
+            prefetch_min_size: params.prefetch_min_size,
+            chunk_size: params.chunk_size,
         };
         let img = build(&spec, &entries).unwrap();
         fs::write(&table, &img).unwrap();
@@ -203,6 +232,48 @@ impl Fixture {
         fs::copy(self.real_src().join(rel), self.object(rel)).unwrap();
         let idx = self.t().lookup(rel.as_bytes()).unwrap();
         self.t().set_state(idx, state::word(state::PLACED, 0));
+    }
+
+    pub fn idx(&self, rel: &str) -> u32 {
+        self.t().lookup(rel.as_bytes()).unwrap()
+    }
+
+    /// The agent's partial copy of `rel` (`<object>.part`) in tier 0.
+    pub fn part(&self, rel: &str) -> PathBuf {
+        let name = part_name(object_id(rel.as_bytes()));
+        self.tier.join(std::str::from_utf8(&name).unwrap())
+    }
+
+    /// The chunk file of `rel` (`<object>.chunks`) in tier 0.
+    pub fn chunks(&self, rel: &str) -> PathBuf {
+        let name = chunks_name(object_id(rel.as_bytes()));
+        self.tier.join(std::str::from_utf8(&name).unwrap())
+    }
+
+    /// A heartbeat as the agent would beat it (CLOCK_MONOTONIC).
+    pub fn beat(&self) {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime fills the timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        self.t()
+            .beat(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+    }
+
+    /// Requests on the ring with their argument: (kind, path, arg).
+    pub fn requests_arg(&self) -> Vec<(u8, String, u32)> {
+        let mut out = vec![];
+        while let Some(granary_shm::Request { kind, entry, arg }) = self.t().pop_request() {
+            let e = self.t().entry(entry).unwrap();
+            out.push((
+                kind,
+                String::from_utf8_lossy(self.t().rel_path(&e).unwrap()).into_owned(),
+                arg,
+            ));
+        }
+        out
     }
 
     pub fn state_of(&self, rel: &str) -> u8 {
