@@ -36,4 +36,5 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace
 cargo test --workspace
+cargo test -p granary-core --features shuttle --test shuttle
 python3 -m pytest tests/e2e -v -p no:cacheprovider "$@"
