@@ -46,6 +46,8 @@ class Granary:
             return None, f"{g.path} has no working `run` subcommand yet"
         v = subprocess.run([g.path, "--version"], capture_output=True, text=True)
         g.version = (v.stdout or v.stderr).strip().splitlines()[0] if v.returncode == 0 else "?"
+        # A stale binary would be measured silently: say when it was built.
+        g.version += time.strftime(", built %Y-%m-%d %H:%M", time.localtime(os.path.getmtime(g.path)))
         return g, ""
 
     # ---- driving -----------------------------------------------------------
