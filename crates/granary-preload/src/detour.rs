@@ -125,7 +125,8 @@ real_slots! {
     CLOSE = c"close"; CLOSE_RANGE = c"close_range"; DUP = c"dup"; DUP2 = c"dup2";
     DUP3 = c"dup3"; FCNTL = c"fcntl"; FCNTL64 = c"fcntl64"; CHDIR = c"chdir";
     FCHDIR = c"fchdir"; READ = c"read"; PREAD = c"pread"; PREAD64 = c"pread64"; READV = c"readv";
-    PREADV = c"preadv"; PREADV64 = c"preadv64"; READ_CHK = c"__read_chk";
+    PREADV = c"preadv"; PREADV64 = c"preadv64"; PREADV2 = c"preadv2";
+    PREADV64V2 = c"preadv64v2"; READ_CHK = c"__read_chk";
     PREAD_CHK = c"__pread_chk"; PREAD64_CHK = c"__pread64_chk";
     MMAP = c"mmap"; MMAP64 = c"mmap64"; LSEEK = c"lseek"; LSEEK64 = c"lseek64";
 }

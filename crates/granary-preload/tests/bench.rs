@@ -49,3 +49,57 @@ fn open_read_close_overhead() {
     }
     assert!(f.counter(granary_shm::job::TIER_FILES) >= 60000);
 }
+
+/// 64 MiB read in 256 KiB `pread`s by Python, three ways in one run: from the partial copy
+/// (PLACING, progress complete: open/pread/close of `.part` per call), from the placed copy
+/// (open returns the copy's fd), and the copy read directly without the library.
+#[test]
+#[ignore]
+fn partial_copy_vs_placed_copy() {
+    const SIZE: usize = 64 << 20;
+    const REL: &str = "large/bench.bin";
+    let f = common::Fixture::with_large(&[(REL, SIZE, 3)], 1 << 20, 1 << 20);
+    let idx = f.idx(REL);
+    let data = common::pattern(SIZE, 3);
+    std::fs::write(f.part(REL), &data).unwrap();
+    std::fs::write(f.object(REL), &data).unwrap();
+    let script = r#"
+import sys, os, time
+p, reps = sys.argv[1], int(sys.argv[2])
+fd = os.open(p, os.O_RDONLY)
+size = os.fstat(fd).st_size
+best = None
+for _ in range(reps):
+    t = time.perf_counter()
+    off = 0
+    while off < size:
+        off += len(os.pread(fd, 262144, off))
+    d = time.perf_counter() - t
+    best = d if best is None else min(best, d)
+print(best * 1e9)
+"#;
+    let src = f.p(REL);
+    let copy = f.object(REL).display().to_string();
+    for round in 0..3 {
+        f.t().set_state(
+            idx,
+            granary_shm::state::word(granary_shm::state::PLACING, 0),
+        );
+        f.t().set_progress(idx, SIZE as u64);
+        let part = ns(&f.run(common::PY, &["-c", script, &src, "20"], true));
+        f.t()
+            .set_state(idx, granary_shm::state::word(granary_shm::state::PLACED, 0));
+        let placed = ns(&f.run(common::PY, &["-c", script, &src, "20"], true));
+        let local = ns(&f.run(common::PY, &["-c", script, &copy, "20"], false));
+        println!(
+            "round {round}: 64 MiB in 256 KiB preads: from .part {:.1} ms, placed copy {:.1} ms \
+             ({:.3}x), copy without granary {:.1} ms (placed/local {:.3}x)",
+            part / 1e6,
+            placed / 1e6,
+            part / placed,
+            local / 1e6,
+            placed / local
+        );
+    }
+    assert_eq!(f.counter(granary_shm::job::SOURCE_BYTES), 0);
+}

@@ -253,6 +253,38 @@ macro_rules! preadv_hook {
 preadv_hook!(preadv, PREADV);
 preadv_hook!(preadv64, PREADV64);
 
+type Preadv2Fn =
+    unsafe extern "C" fn(c_int, *const libc::iovec, c_int, libc::off_t, c_int) -> isize;
+
+macro_rules! preadv2_hook {
+    ($name:ident, $slot:ident, $cname:literal) => {
+        /// Offset -1 reads at the fd's offset (like `readv`); with flags (RWF_NOWAIT, …) the
+        /// kernel's semantics are kept: the real call, counted.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            fd: c_int,
+            iov: *const libc::iovec,
+            cnt: c_int,
+            off: libc::off_t,
+            flags: c_int,
+        ) -> isize {
+            let real = || {
+                real!($slot as Preadv2Fn, $cname, (fd, iov, cnt, off, flags) or -1)
+            };
+            if fdtable::get(fd).is_none() {
+                return real();
+            }
+            let at = if off == -1 { None } else { Some(off) };
+            match iov_slice(iov, cnt) {
+                Some((v, total)) if flags == 0 => read_family(fd, at, Some(total), &Iov(v), real),
+                _ => read_family(fd, at, None, &Iov(&[]), real),
+            }
+        }
+    };
+}
+preadv2_hook!(preadv2, PREADV2, c"preadv2");
+preadv2_hook!(preadv64v2, PREADV64V2, c"preadv64v2");
+
 macro_rules! mmap_hook {
     ($name:ident, $slot:ident) => {
         /// Anonymous mappings (fd -1) and untracked fds cost one bounds check or one load.
