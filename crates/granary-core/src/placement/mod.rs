@@ -5,6 +5,7 @@
 //! try, reserves capacity, copies under a temporary name, renames, and publishes PLACED. Every
 //! failure releases what it took and leaves the entry served from the source.
 
+pub mod chunks;
 mod copy;
 mod policy;
 mod pool;
