@@ -10,6 +10,14 @@
 //! capacity = "400G"
 //! [placement]
 //! workers = 4              # default: from the core count
+//! block_size = "8M"        # size of the agent's reads of the source (large-file fetches)
+//! max_source_streams = 4   # source reads in flight at once on this node, all jobs together
+//! prefetch_min_size = "1M" # files this large are fetched whole by the agent from their first
+//!                          # open; smaller ones are copied from the page cache after the program
+//! chunk_size = "4M"        # chunks of files too large for any tier (a multiple of 4096)
+//! small_copy_delay = "2s"  # a small file is copied this long after its open if no close came
+//! [reuse]
+//! verify = "checksum"      # or "size": how copies from an earlier run are checked at the walk
 //! [agent]
 //! idle_timeout = "30s"     # exit when no job used the agent this long
 //! log_level = "info"
@@ -26,6 +34,25 @@ use serde::{Deserialize, Serialize};
 use crate::size::{parse_duration, parse_size};
 
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Large reads reach a PFS's bandwidth limit where the program's 128–256 KiB reads hit its
+/// per-request (IOPS) limit.
+pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
+/// Per node: many nodes times many streams is what overwhelms a PFS (seed 002's staggering).
+pub const DEFAULT_MAX_SOURCE_STREAMS: usize = 4;
+pub const DEFAULT_PREFETCH_MIN_SIZE: u64 = 1 << 20;
+pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
+pub const DEFAULT_SMALL_COPY_DELAY: Duration = Duration::from_secs(2);
+
+/// How a copy left by an earlier run is checked before it is served again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verify {
+    /// Re-hash every reused copy (xxh3) against the checksum recorded when it was placed.
+    #[default]
+    Checksum,
+    /// Size and source mtime only (fast; trusts the cache's contents).
+    Size,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TierConfig {
@@ -39,6 +66,12 @@ pub struct TierConfig {
 pub struct Config {
     pub tiers: Vec<TierConfig>,
     pub workers: Option<usize>,
+    pub block_size: Option<u64>,
+    pub max_source_streams: Option<usize>,
+    pub prefetch_min_size: Option<u64>,
+    pub chunk_size: Option<u64>,
+    pub small_copy_delay: Option<Duration>,
+    pub verify: Option<Verify>,
     pub idle_timeout: Option<Duration>,
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
@@ -153,6 +186,66 @@ impl Config {
                                     )?;
                                 cfg.workers = Some(n as usize);
                             }
+                            "block_size" => {
+                                let b = size_value(v)
+                                    .filter(|b| (4096..=1 << 30).contains(b))
+                                    .ok_or_else(|| {
+                                        err(&key, "expected a size 4K..1G like \"8M\" for key")
+                                    })?;
+                                cfg.block_size = Some(b);
+                            }
+                            "max_source_streams" => {
+                                let n =
+                                    v.as_integer().filter(|n| *n > 0 && *n <= 1024).ok_or_else(
+                                        || err(&key, "expected an integer 1..1024 for key"),
+                                    )?;
+                                cfg.max_source_streams = Some(n as usize);
+                            }
+                            "prefetch_min_size" => {
+                                cfg.prefetch_min_size = Some(size_value(v).ok_or_else(|| {
+                                    err(&key, "expected a size like \"1M\" for key")
+                                })?);
+                            }
+                            "chunk_size" => {
+                                let c = size_value(v)
+                                    .filter(|c| *c > 0 && c % 4096 == 0)
+                                    .ok_or_else(|| {
+                                        err(
+                                            &key,
+                                            "expected a non-zero multiple of 4K like \"4M\" for key",
+                                        )
+                                    })?;
+                                cfg.chunk_size = Some(c);
+                            }
+                            "small_copy_delay" => {
+                                cfg.small_copy_delay =
+                                    Some(duration_value(v).ok_or_else(|| {
+                                        err(&key, "expected a duration like \"2s\" for key")
+                                    })?);
+                            }
+                            _ => return Err(err(&key, "unknown key")),
+                        }
+                    }
+                }
+                "reuse" => {
+                    let t = v
+                        .as_table()
+                        .ok_or_else(|| err("reuse", "expected a table for key"))?;
+                    for (k, v) in t {
+                        let key = format!("reuse.{k}");
+                        match k.as_str() {
+                            "verify" => {
+                                cfg.verify = Some(match v.as_str() {
+                                    Some("checksum") => Verify::Checksum,
+                                    Some("size") => Verify::Size,
+                                    _ => {
+                                        return Err(err(
+                                            &key,
+                                            "expected \"checksum\" or \"size\" for key",
+                                        ))
+                                    }
+                                });
+                            }
                             _ => return Err(err(&key, "unknown key")),
                         }
                     }
@@ -165,14 +258,7 @@ impl Config {
                         let key = format!("agent.{k}");
                         match k.as_str() {
                             "idle_timeout" => {
-                                let d = match v {
-                                    toml::Value::Integer(n) if *n >= 0 => {
-                                        Some(Duration::from_secs(*n as u64))
-                                    }
-                                    toml::Value::String(s) => parse_duration(s),
-                                    _ => None,
-                                };
-                                cfg.idle_timeout = Some(d.ok_or_else(|| {
+                                cfg.idle_timeout = Some(duration_value(v).ok_or_else(|| {
                                     err(&key, "expected a duration like \"30s\" for key")
                                 })?);
                             }
@@ -202,6 +288,15 @@ impl Config {
             }
         }
         Ok(cfg)
+    }
+}
+
+/// Seconds as an integer, or a string like "2s", "500ms".
+fn duration_value(v: &toml::Value) -> Option<Duration> {
+    match v {
+        toml::Value::Integer(n) if *n >= 0 => Some(Duration::from_secs(*n as u64)),
+        toml::Value::String(s) => parse_duration(s),
+        _ => None,
     }
 }
 
@@ -309,6 +404,33 @@ mod tests {
         assert_eq!(e, "unknown key `bogus` (line 1)");
         let e = Config::parse("[[tier]\n").unwrap_err();
         assert!(e.contains("(line 1)") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn placement_keys() {
+        let c = Config::parse(
+            "[placement]\nblock_size = \"2M\"\nmax_source_streams = 2\n\
+             prefetch_min_size = \"512K\"\nchunk_size = \"8M\"\nsmall_copy_delay = \"500ms\"\n\
+             [reuse]\nverify = \"size\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.block_size, Some(2 << 20));
+        assert_eq!(c.max_source_streams, Some(2));
+        assert_eq!(c.prefetch_min_size, Some(512 << 10));
+        assert_eq!(c.chunk_size, Some(8 << 20));
+        assert_eq!(c.small_copy_delay, Some(Duration::from_millis(500)));
+        assert_eq!(c.verify, Some(Verify::Size));
+        let e = Config::parse("[placement]\nchunk_size = 5000\n").unwrap_err();
+        assert!(e.contains("`placement.chunk_size` (line 2)"), "{e}");
+        let e = Config::parse("[placement]\nmax_source_streams = 0\n").unwrap_err();
+        assert!(e.contains("`placement.max_source_streams` (line 2)"), "{e}");
+        let e = Config::parse("[reuse]\nverify = \"md5\"\n").unwrap_err();
+        assert_eq!(
+            e,
+            "expected \"checksum\" or \"size\" for key `reuse.verify` (line 2)"
+        );
+        let e = Config::parse("[reuse]\nverfy = 1\n").unwrap_err();
+        assert_eq!(e, "unknown key `reuse.verfy` (line 2)");
     }
 
     #[test]

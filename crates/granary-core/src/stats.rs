@@ -24,6 +24,12 @@ pub struct AgentCounters {
     /// changed.
     pub failures: AtomicU64,
     pub stale: AtomicU64,
+    /// Bytes of small-file copies taken from the page cache (pages the program had just read):
+    /// no source traffic.
+    pub page_cache_bytes: AtomicU64,
+    /// Bytes the agent read from the source that the program had read already (a small file's
+    /// pages were evicted before the copy). Also counted in `source_bytes`.
+    pub duplicate_bytes: AtomicU64,
 }
 
 impl AgentCounters {
@@ -43,6 +49,8 @@ impl AgentCounters {
             agent_source_bytes: l(&self.source_bytes),
             failures: l(&self.failures),
             stale: l(&self.stale),
+            page_cache_bytes: l(&self.page_cache_bytes),
+            duplicate_bytes: l(&self.duplicate_bytes),
         }
     }
 }
@@ -60,6 +68,11 @@ pub struct PlacementStats {
     pub agent_source_bytes: u64,
     pub failures: u64,
     pub stale: u64,
+    /// See `AgentCounters::page_cache_bytes` (absent in older agents' replies: 0).
+    #[serde(default)]
+    pub page_cache_bytes: u64,
+    #[serde(default)]
+    pub duplicate_bytes: u64,
 }
 
 impl PlacementStats {
@@ -86,6 +99,10 @@ impl PlacementStats {
                 .saturating_sub(before.agent_source_bytes),
             failures: self.failures.saturating_sub(before.failures),
             stale: self.stale.saturating_sub(before.stale),
+            page_cache_bytes: self
+                .page_cache_bytes
+                .saturating_sub(before.page_cache_bytes),
+            duplicate_bytes: self.duplicate_bytes.saturating_sub(before.duplicate_bytes),
         }
     }
 }
@@ -101,6 +118,10 @@ pub struct CatalogStats {
     /// Files whose copy from an earlier run was reused (size, mtime and object verified).
     pub reused_files: u64,
     pub reused_bytes: u64,
+    /// Copies from an earlier run dropped at the walk because their contents (checksum) or size
+    /// no longer matched: deleted, placed again on demand, never served.
+    #[serde(default)]
+    pub reuse_rejected: u64,
     /// Seconds the walk took (0 when the job joined a table another job already had).
     pub walk_s: f64,
     /// Directories or files the walk could not read; calls on them pass through.
@@ -143,14 +164,15 @@ pub struct SourceReport {
 ///   "version": 1, "source": "/pfs/imagenet", "exit_status": 0, "wall_time_s": 12.5,
 ///   "disabled": false, "job_slot": 1,
 ///   "catalog": {"files": 0, "dirs": 0, "symlinks": 0, "bytes": 0, "reused_files": 0,
-///               "reused_bytes": 0, "walk_s": 0.0, "unreadable": 0},
+///               "reused_bytes": 0, "reuse_rejected": 0, "walk_s": 0.0, "unreadable": 0},
 ///   "opens": 0, "catalog_metadata_calls": 0, "fallbacks": 0,
 ///   "source_io": {"opens": 0, "reads": 0, "bytes": 0, "metadata_calls": 0},
 ///   "tiers": [{"index": 0, "path": "/dev/shm/granary/…", "capacity": 0, "used": 0, "reserved": 0,
 ///              "files_served": 0, "bytes_served": 0, "files_placed": 0, "bytes_placed": 0}],
 ///   "placement": {"files_placed": 0, "bytes_placed": 0, "tier_files_placed": [..8],
 ///                 "tier_bytes_placed": [..8], "agent_source_opens": 0, "agent_source_reads": 0,
-///                 "agent_source_bytes": 0, "failures": 0, "stale": 0},
+///                 "agent_source_bytes": 0, "failures": 0, "stale": 0,
+///                 "page_cache_bytes": 0, "duplicate_bytes": 0},
 ///   "files_served_from_tiers": 0, "bytes_served_from_tiers": 0, "bytes_placed": 0
 /// }
 /// ```
@@ -240,11 +262,19 @@ impl JobReport {
             self.placement.failures
         ));
         s.push_str(&format!(
-            "  catalog: {} files, {} dirs, {}; {} reused from an earlier run\n",
+            "  {:<28} {:>10} {:>12}   duplicate source bytes {}\n",
+            "bytes from page cache",
+            "",
+            sz(self.placement.page_cache_bytes),
+            sz(self.placement.duplicate_bytes)
+        ));
+        s.push_str(&format!(
+            "  catalog: {} files, {} dirs, {}; {} reused from an earlier run, {} rejected\n",
             self.catalog.files,
             self.catalog.dirs,
             sz(self.catalog.bytes),
-            self.catalog.reused_files
+            self.catalog.reused_files,
+            self.catalog.reuse_rejected
         ));
         s
     }

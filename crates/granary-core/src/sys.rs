@@ -211,3 +211,93 @@ pub fn flock_exclusive(f: &File) -> io::Result<()> {
         }
     }
 }
+
+/// `posix_fadvise`; advisory, so failures are ignored (the copy is correct either way).
+pub fn fadvise(file: &impl AsRawFd, offset: u64, len: u64, advice: libc::c_int) {
+    // SAFETY: advisory call on an open fd; touches no memory of ours.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            advice,
+        );
+    }
+}
+
+/// `sync_file_range(fd, offset, len, flags)`; errors are ignored: write-back pacing is an
+/// optimisation, and a real write error shows up in `write` or the final checks.
+pub fn sync_range(file: &impl AsRawFd, offset: u64, len: u64, flags: libc::c_uint) {
+    // SAFETY: advisory call on an open fd; touches no memory of ours.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            flags,
+        );
+    }
+}
+
+/// True if `file` lives in memory (tmpfs, ramfs): there is no write-back to pace there, and
+/// dropping its pages would drop the data.
+pub fn is_memory_fs(file: &impl AsRawFd) -> bool {
+    // SAFETY: zeroed statfs is a valid out-buffer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, writable out-buffer.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    // `f_type`'s and the constant's C types differ between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    let t = st.f_type as i64;
+    #[allow(clippy::unnecessary_cast)]
+    let tmpfs = libc::TMPFS_MAGIC as i64;
+    t == tmpfs || t == RAMFS_MAGIC
+}
+
+/// `preadv2(fd, buf, offset, RWF_NOWAIT)`: bytes already in the page cache, never a device read.
+/// `EAGAIN` (nothing cached at `offset`) and `EOPNOTSUPP` (the file system cannot tell) come
+/// back as errors; a short count means the cached run ends there.
+pub fn pread_nowait(file: &impl AsRawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: one iovec describing `buf`, which is valid and writable for its length.
+    let n = unsafe {
+        libc::preadv2(
+            file.as_raw_fd(),
+            &iov,
+            1,
+            offset as libc::off_t,
+            libc::RWF_NOWAIT,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of the table's heartbeat.
+pub fn monotonic_ns() -> u64 {
+    // SAFETY: zeroed timespec is a valid out-buffer.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: valid clock id and out-buffer; cannot fail for CLOCK_MONOTONIC.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// False only when no process `pid` exists (`kill(pid, 0)` fails with ESRCH); a process of
+/// another user (EPERM) counts as alive.
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks for existence; nothing is delivered.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 // Through the `sync` shim so `tests/shuttle.rs` can explore interleavings of the accounting.
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,10 @@ pub struct Tier {
     /// Reserved plus committed bytes; never exceeds `spec.capacity`.
     used: AtomicU64,
     committed: AtomicU64,
+    /// A write to the tier failed with ENOSPC or EIO although the accounting had room (the file
+    /// system is smaller or fuller than configured, or failing): no new reservations until a
+    /// committed copy is released (or the agent restarts).
+    full: AtomicBool,
 }
 
 /// A snapshot for reports.
@@ -99,6 +103,7 @@ impl Tier {
             spec,
             used: AtomicU64::new(0),
             committed: AtomicU64::new(0),
+            full: AtomicBool::new(false),
         }
     }
 }
@@ -145,6 +150,9 @@ impl Tiers {
     /// Reserves room for `bytes` on `tier`, or `None` if it would exceed the capacity.
     pub fn reserve(&self, tier: usize, bytes: u64) -> Option<Reservation<'_>> {
         let t = self.tiers.get(tier)?;
+        if t.full.load(Ordering::Acquire) {
+            return None;
+        }
         let charge = self.charge(tier, bytes);
         let mut cur = t.used.load(Ordering::Acquire);
         loop {
@@ -178,6 +186,24 @@ impl Tiers {
         let t = &self.tiers[tier];
         t.committed.fetch_sub(charge, Ordering::AcqRel);
         t.used.fetch_sub(charge, Ordering::AcqRel);
+        if charge > 0 {
+            // Space came back: the file system may take new copies again.
+            t.full.store(false, Ordering::Release);
+        }
+    }
+
+    /// Marks `tier` full after a write failed (ENOSPC, EIO): `reserve` refuses it until a copy is
+    /// released. True if it was not marked already (the caller logs once).
+    pub fn mark_full(&self, tier: usize) -> bool {
+        self.tiers
+            .get(tier)
+            .is_some_and(|t| !t.full.swap(true, Ordering::AcqRel))
+    }
+
+    pub fn is_full(&self, tier: usize) -> bool {
+        self.tiers
+            .get(tier)
+            .is_some_and(|t| t.full.load(Ordering::Acquire))
     }
 
     pub fn usage(&self) -> Vec<TierUsage> {
@@ -321,6 +347,7 @@ mod tests {
         Commit(usize),
         Drop(usize),
         Release(usize),
+        MarkFull(usize),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -329,6 +356,7 @@ mod tests {
             (0usize..16).prop_map(Op::Commit),
             (0usize..16).prop_map(Op::Drop),
             (0usize..16).prop_map(Op::Release),
+            (0usize..3).prop_map(Op::MarkFull),
         ]
     }
 
@@ -342,13 +370,16 @@ mod tests {
             let t = tiers(&caps, block);
             let mut open: Vec<Reservation> = Vec::new();
             let mut committed: Vec<(usize, u64)> = Vec::new();
+            // The model of the full flag: set by a failed write, cleared by a release that
+            // gives back space.
+            let mut full = [false; 3];
             for op in ops {
                 match op {
                     Op::Reserve(tier, bytes) => {
                         let charge = bytes.div_ceil(block) * block;
                         let in_use: u64 = open.iter().filter(|r| r.tier() == tier).map(|r| r.charge()).sum::<u64>()
                             + committed.iter().filter(|c| c.0 == tier).map(|c| c.1).sum::<u64>();
-                        let fits = in_use + charge <= caps[tier];
+                        let fits = in_use + charge <= caps[tier] && !full[tier];
                         match t.reserve(tier, bytes) {
                             Some(r) => { prop_assert!(fits); prop_assert_eq!(r.charge(), charge); open.push(r) }
                             None => prop_assert!(!fits),
@@ -363,6 +394,13 @@ mod tests {
                     Op::Release(i) if !committed.is_empty() => {
                         let (tier, c) = committed.swap_remove(i % committed.len());
                         t.release(tier, c);
+                        if c > 0 {
+                            full[tier] = false;
+                        }
+                    }
+                    Op::MarkFull(tier) => {
+                        prop_assert_eq!(t.mark_full(tier), !full[tier], "newly marked");
+                        full[tier] = true;
                     }
                     _ => {}
                 }
@@ -372,6 +410,7 @@ mod tests {
                     prop_assert_eq!(u.used, model_committed);
                     prop_assert_eq!(u.reserved, model_reserved);
                     prop_assert!(u.used + u.reserved <= u.capacity);
+                    prop_assert_eq!(t.is_full(tier), full[tier]);
                 }
             }
         }

@@ -6,6 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use granary_core::catalog::{self, Progress};
+use granary_core::config::Verify;
 use granary_core::sys;
 use granary_core::tiers::{TierSpec, Tiers};
 use granary_shm::{object_id, object_name, state, Mapping, TableSpec};
@@ -161,7 +162,7 @@ fn reuse_keeps_only_valid_copies() {
     let dirs = vec![objects.clone()];
     let fds = vec![Some(sys::open_dir(&objects).unwrap())];
     let mut w = catalog::walk(&root, 2, &Progress::default()).unwrap();
-    let out = catalog::reuse(&mut w.entries, None, &dirs, &fds, &tiers);
+    let out = catalog::reuse(&mut w.entries, None, &dirs, &fds, &tiers, Verify::Size, 2);
     assert_eq!(out.files, 0);
     for e in w.entries.iter_mut().filter(|e| e.stat.is_file()) {
         std::fs::copy(
@@ -187,7 +188,15 @@ fn reuse_keeps_only_valid_copies() {
     let prev = catalog::load_persisted(&saved).unwrap();
     let tiers = Tiers::new(tiers.specs());
     let mut w2 = catalog::walk(&root, 2, &Progress::default()).unwrap();
-    let out = catalog::reuse(&mut w2.entries, Some(&prev), &dirs, &fds, &tiers);
+    let out = catalog::reuse(
+        &mut w2.entries,
+        Some(&prev),
+        &dirs,
+        &fds,
+        &tiers,
+        Verify::Size,
+        2,
+    );
     let placed: Vec<&[u8]> = w2
         .entries
         .iter()
@@ -216,4 +225,70 @@ fn reuse_keeps_only_valid_copies() {
     assert_eq!(left, want, "stale objects and temporaries are removed");
     let e = w2.entries.iter().find(|e| e.rel_path == b"keep").unwrap();
     assert_eq!(e.checksum, 7);
+}
+
+/// With `Verify::Checksum`, a reused copy whose contents changed (same size, one byte flipped)
+/// is rejected and deleted; intact copies are kept; a `.part` left by a killed agent is deleted.
+#[test]
+fn reuse_rehashes_copies() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("src");
+    let objects = t.path().join("tier/objects");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&objects).unwrap();
+    for (i, n) in ["good", "flipped", "truncated"].iter().enumerate() {
+        std::fs::write(root.join(n), vec![i as u8 + 1; 10_000]).unwrap();
+    }
+    let tiers = Tiers::new(vec![TierSpec {
+        path: t.path().join("tier"),
+        capacity: 1 << 20,
+        block_size: 4096,
+    }]);
+    let dirs = vec![objects.clone()];
+    let fds = vec![Some(sys::open_dir(&objects).unwrap())];
+    let mut w = catalog::walk(&root, 2, &Progress::default()).unwrap();
+    let obj = |n: &[u8]| objects.join(std::str::from_utf8(&object_name(object_id(n))).unwrap());
+    for e in w.entries.iter_mut().filter(|e| e.stat.is_file()) {
+        let bytes = std::fs::read(root.join(std::ffi::OsStr::from_bytes(&e.rel_path))).unwrap();
+        std::fs::write(obj(&e.rel_path), &bytes).unwrap();
+        e.state = state::word(state::PLACED, 0);
+        e.checksum = xxhash_rust::xxh3::xxh3_64(&bytes).max(1);
+    }
+    let saved = t.path().join("catalog.table");
+    catalog::save(&saved, &spec(&root, &dirs), &w.entries).unwrap();
+    let mut f = std::fs::read(obj(b"flipped")).unwrap();
+    f[5000] ^= 0x40;
+    std::fs::write(obj(b"flipped"), f).unwrap();
+    std::fs::write(obj(b"truncated"), [3u8; 100]).unwrap();
+    let part = objects.join("0123456789abcdef.part");
+    std::fs::write(&part, b"torn").unwrap();
+
+    let prev = catalog::load_persisted(&saved).unwrap();
+    let mut w2 = catalog::walk(&root, 2, &Progress::default()).unwrap();
+    let out = catalog::reuse(
+        &mut w2.entries,
+        Some(&prev),
+        &dirs,
+        &fds,
+        &tiers,
+        Verify::Checksum,
+        4,
+    );
+    assert_eq!((out.files, out.rejected), (1, 2), "{out:?}");
+    let st = |n: &[u8]| {
+        let e = w2.entries.iter().find(|e| e.rel_path == n).unwrap();
+        state::state_of(e.state)
+    };
+    assert_eq!(st(b"good"), state::PLACED);
+    assert_eq!(st(b"flipped"), state::UNPLACED);
+    assert_eq!(st(b"truncated"), state::UNPLACED);
+    assert!(obj(b"good").exists());
+    assert!(!obj(b"flipped").exists(), "a corrupt copy is deleted");
+    assert!(!obj(b"truncated").exists());
+    assert!(!part.exists(), "a part left by a killed agent is deleted");
+    assert_eq!(
+        tiers.usage()[0].used,
+        tiers.charge(0, 10_000),
+        "only the good copy"
+    );
 }

@@ -24,6 +24,14 @@ pub struct TierArgs {
     /// Placement worker threads (default: from the core count).
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
+    /// Size of the agent's reads of the source (e.g. 8M; default 8M). Applies to an agent
+    /// started by this command.
+    #[arg(long, value_name = "SIZE")]
+    pub block_size: Option<String>,
+    /// Source reads the agent makes at once on this node, all jobs together (default 4).
+    /// Applies to an agent started by this command.
+    #[arg(long, value_name = "N")]
+    pub max_source_streams: Option<usize>,
     /// An agent exits after no job used it this long (e.g. 30s, 2m). Default 30s.
     #[arg(long, value_name = "DURATION")]
     pub idle_timeout: Option<String>,

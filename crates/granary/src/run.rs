@@ -17,17 +17,31 @@ use crate::agent::protocol::{Reply, Request};
 use crate::cli::{RunArgs, TierArgs};
 use crate::client::{connect_or_spawn, Conn};
 
-/// `--config FILE`, else `$GRANARY_CONFIG`, else nothing.
+/// `--config FILE`, else `$GRANARY_CONFIG`, else nothing; the placement flags
+/// (`--block-size`, `--max-source-streams`) override the file's values.
 pub fn load_config(args: &TierArgs) -> Result<Config> {
     let file = args.config.clone().or_else(|| {
         std::env::var_os("GRANARY_CONFIG")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     });
-    match file {
-        Some(f) => Ok(Config::load(&f)?),
-        None => Ok(Config::default()),
+    let mut cfg = match file {
+        Some(f) => Config::load(&f)?,
+        None => Config::default(),
+    };
+    if let Some(b) = &args.block_size {
+        let v = granary_core::size::parse_size(b)
+            .filter(|v| (4096..=1 << 30).contains(v))
+            .with_context(|| format!("bad --block-size `{b}`: expected a size 4K..1G like 8M"))?;
+        cfg.block_size = Some(v);
     }
+    if let Some(n) = args.max_source_streams {
+        if !(1..=1024).contains(&n) {
+            bail!("bad --max-source-streams `{n}`: expected 1..1024");
+        }
+        cfg.max_source_streams = Some(n);
+    }
+    Ok(cfg)
 }
 
 /// Tiers named by flags (which win) or the configuration; empty when neither names any.
@@ -263,6 +277,8 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path) -> Result<Job> {
         pid: std::process::id(),
         tiers: tiers.clone(),
         workers: args.tiers.workers.or(cfg.workers),
+        block_size: cfg.block_size,
+        max_source_streams: cfg.max_source_streams,
     })?;
     let walk_started = Instant::now();
     let mut shown = false;

@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 
 use granary_shm::{object_id, object_name, state, CatalogEntry, Mapping, TableSpec};
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::config::Verify;
 use crate::sys;
 use crate::tiers::Tiers;
 
@@ -114,24 +117,33 @@ pub fn load_persisted(path: &Path) -> Option<Persisted> {
 pub struct ReuseOutcome {
     pub files: u64,
     pub bytes: u64,
-    /// Files removed from the object directories (stale, unreferenced, temporaries).
+    /// Files removed from the object directories (stale, unreferenced, temporaries, parts).
     pub removed: u64,
+    /// Copies the saved catalog called complete whose object had the wrong size or (with
+    /// `Verify::Checksum`) the wrong contents: deleted, never served.
+    pub rejected: u64,
 }
 
 /// Marks entries whose copy from an earlier run is still valid as PLACED (accounting their space
-/// in `tiers`), and deletes every other file in this source's object directories.
-/// `object_dirs[t]` is tier `t`'s object directory for this source and `dir_fds[t]` its fd.
+/// in `tiers`), and deletes every other file in this source's object directories (including
+/// `.part` and `.tmp-*` files a killed agent left). `object_dirs[t]` is tier `t`'s object
+/// directory for this source and `dir_fds[t]` its fd. With `Verify::Checksum` every candidate
+/// is re-hashed (xxh3, `threads` at once) against the checksum recorded when it was placed.
 pub fn reuse(
     entries: &mut [CatalogEntry],
     prev: Option<&Persisted>,
     object_dirs: &[PathBuf],
     dir_fds: &[Option<OwnedFd>],
     tiers: &Tiers,
+    verify: Verify,
+    threads: usize,
 ) -> ReuseOutcome {
     let mut out = ReuseOutcome::default();
     let mut keep: Vec<HashSet<[u8; 16]>> = vec![HashSet::new(); object_dirs.len()];
+    // (entry index, tier, object name, recorded checksum)
+    let mut candidates: Vec<(usize, usize, [u8; 16], u64)> = Vec::new();
     if let Some(prev) = prev {
-        for e in entries.iter_mut().filter(|e| e.stat.is_file()) {
+        for (i, e) in entries.iter().enumerate().filter(|(_, e)| e.stat.is_file()) {
             let Some(p) = prev.entries.get(&e.rel_path) else {
                 continue;
             };
@@ -153,17 +165,38 @@ pub fn reuse(
             match sys::stat_at(fd, &name) {
                 Ok((mode, size)) if mode & libc::S_IFMT == libc::S_IFREG && size == e.stat.size => {
                 }
-                _ => continue,
+                Ok(_) => {
+                    // Truncated, grown or not a file: it would be served wrong.
+                    out.rejected += 1;
+                    continue;
+                }
+                Err(_) => continue,
             }
-            if !tiers.adopt(t, e.stat.size) {
-                continue;
-            }
-            e.state = state::word(state::PLACED, t as u8);
-            e.checksum = p.checksum;
-            keep[t].insert(name);
-            out.files += 1;
-            out.bytes += e.stat.size;
+            candidates.push((i, t, name, p.checksum));
         }
+    }
+    let verified: Vec<bool> = match verify {
+        Verify::Size => vec![true; candidates.len()],
+        Verify::Checksum => verify_all(&candidates, dir_fds, threads),
+    };
+    for ((i, t, name, sum), ok) in candidates.into_iter().zip(verified) {
+        let e = &mut entries[i];
+        if !ok {
+            tracing::warn!(
+                "cached copy of {} failed its checksum: dropped, placed again on demand",
+                super::walk::rel_display(&e.rel_path).display()
+            );
+            out.rejected += 1;
+            continue;
+        }
+        if !tiers.adopt(t, e.stat.size) {
+            continue;
+        }
+        e.state = state::word(state::PLACED, t as u8);
+        e.checksum = sum;
+        keep[t].insert(name);
+        out.files += 1;
+        out.bytes += e.stat.size;
     }
     for (t, dir) in object_dirs.iter().enumerate() {
         let (Ok(rd), Some(fd)) = (std::fs::read_dir(dir), &dir_fds[t]) else {
@@ -182,6 +215,56 @@ pub fn reuse(
         }
     }
     out
+}
+
+/// Re-hashes each candidate's object with `threads` threads; true where it matches.
+fn verify_all(
+    candidates: &[(usize, usize, [u8; 16], u64)],
+    dir_fds: &[Option<OwnedFd>],
+    threads: usize,
+) -> Vec<bool> {
+    let next = AtomicUsize::new(0);
+    let results: Vec<AtomicBool> = candidates.iter().map(|_| AtomicBool::new(false)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, 64).min(candidates.len().max(1)) {
+            s.spawn(|| {
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((_, t, name, sum)) = candidates.get(k) else {
+                        break;
+                    };
+                    let ok = dir_fds[*t]
+                        .as_ref()
+                        .and_then(|fd| hash_object(fd, name, &mut buf).ok())
+                        .is_some_and(|h| h == *sum);
+                    results[k].store(ok, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    results.into_iter().map(AtomicBool::into_inner).collect()
+}
+
+/// xxh3 of an object as placement computes it (never 0).
+fn hash_object(dir: &OwnedFd, name: &[u8], buf: &mut [u8]) -> std::io::Result<u64> {
+    let f = sys::open_read_at(dir, name)?;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut off = 0u64;
+    loop {
+        match std::os::unix::fs::FileExt::read_at(&f, buf, off) {
+            Ok(0) => break,
+            Ok(n) => {
+                h.update(&buf[..n]);
+                off += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    // Reading the copy should not evict the program's working set.
+    sys::fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
+    Ok(h.digest().max(1))
 }
 
 /// The live state of a table as catalog entries (table order, children by index), for saving:

@@ -1,25 +1,101 @@
+//! The placement pool: worker threads, a two-level priority queue, small-file copies held back
+//! until the program closed the file, and the node-wide cap on concurrent source streams.
+
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use super::{Params, Policy, SourceCtx};
 
-use super::{place, Policy, SourceCtx};
+/// What a job does with its entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Whole-file fetch of a large file by the agent (`fetch::fetch_large`): a program may be
+    /// waiting on its progress, so it goes first.
+    Fetch,
+    /// Copy of a small file the program has read, from the page cache (`small::copy_small`):
+    /// nobody waits for it.
+    Small,
+}
 
 pub struct Job {
     pub ctx: Arc<SourceCtx>,
     pub entry: u32,
+    pub kind: Kind,
 }
 
-/// A fixed pool of placement workers fed by one unbounded queue, shared by every source (each
-/// job's `SourceCtx` carries the tiers it places on). Requests are deduplicated by the
-/// entry's state word (only UNPLACED → QUEUED enqueues), so the queue holds each file once.
+/// A counting semaphore: at most `max` source streams at once, node-wide. A placement holds one
+/// for as long as it reads the source; page-cache copies take none.
+pub struct Streams {
+    max: usize,
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+/// One stream held; dropping it lets the next placement read the source.
+pub struct Stream<'a>(&'a Streams);
+
+impl Streams {
+    pub fn new(max: usize) -> Streams {
+        Streams {
+            max: max.max(1),
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        }
+    }
+
+    pub fn acquire(&self) -> Stream<'_> {
+        let mut used = lock(&self.used);
+        while *used >= self.max {
+            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+        }
+        *used += 1;
+        Stream(self)
+    }
+
+    /// Streams in use now (for tests and status).
+    pub fn in_use(&self) -> usize {
+        *lock(&self.used)
+    }
+}
+
+impl Drop for Stream<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.used) -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    high: VecDeque<Job>,
+    low: VecDeque<Job>,
+    closed: bool,
+}
+
+/// Shared by the workers, the timer and the submitters.
+pub struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    /// Small files opened and not yet closed: copied when CLOSED arrives (`promote`) or when the
+    /// deadline passes. Keyed by (table, entry).
+    delayed: Mutex<HashMap<(usize, u32), (Instant, Job)>>,
+    pub streams: Streams,
+    pub params: Params,
+    pub policy: Arc<dyn Policy>,
+}
+
+/// A fixed pool of placement workers shared by every source (each job's `SourceCtx` carries the
+/// tiers it places on). Requests are deduplicated by the entry's state word (only
+/// UNPLACED → QUEUED enqueues), so the queues hold each file once.
 pub struct Pool {
-    tx: Option<Sender<Job>>,
+    shared: Arc<Shared>,
     workers: Vec<std::thread::JoinHandle<()>>,
 }
 
-/// Workers when the configuration does not say: the copies are I/O-bound, so a few per core,
-/// capped so the source is not flooded with streams.
+/// Workers when the configuration does not say: the copies are I/O-bound, so one per core, at
+/// least 2, capped (source streams are capped separately by `max_source_streams`).
 pub fn default_workers() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
@@ -27,45 +103,153 @@ pub fn default_workers() -> usize {
         .clamp(2, 8)
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn key(job: &Job) -> (usize, u32) {
+    (Arc::as_ptr(&job.ctx) as usize, job.entry)
+}
+
 impl Pool {
-    pub fn new(workers: usize, policy: Arc<dyn Policy>) -> std::io::Result<Pool> {
-        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-        let workers = (0..workers.max(1))
+    pub fn new(workers: usize, policy: Arc<dyn Policy>, params: Params) -> std::io::Result<Pool> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::default(),
+            ready: Condvar::new(),
+            delayed: Mutex::default(),
+            streams: Streams::new(params.max_source_streams),
+            params,
+            policy,
+        });
+        let mut handles = (0..workers.max(1))
             .map(|i| {
-                let rx: Receiver<Job> = rx.clone();
-                let policy = policy.clone();
+                let sh = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("place-{i}"))
-                    .spawn(move || {
-                        let mut buf = vec![0u8; 1 << 20];
-                        for job in rx {
-                            let out = place(&job.ctx, job.entry, policy.as_ref(), &mut buf);
-                            tracing::trace!("placement of entry {}: {out:?}", job.entry);
-                            job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
-                        }
-                    })
+                    .spawn(move || worker(&sh))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
+        let sh = shared.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name("place-timer".into())
+                .spawn(move || timer(&sh))?,
+        );
         Ok(Pool {
-            tx: Some(tx),
-            workers,
+            shared,
+            workers: handles,
         })
     }
 
+    pub fn params(&self) -> &Params {
+        &self.shared.params
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Queues a job now: fetches before small copies.
     pub fn submit(&self, job: Job) {
         job.ctx.inflight.fetch_add(1, Ordering::AcqRel);
-        if let Some(tx) = &self.tx {
-            if let Err(e) = tx.send(job) {
-                e.0.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+        enqueue(&self.shared, job);
+    }
+
+    /// Queues a small copy for later: `promote` (the program closed the file) or the deadline
+    /// (`small_copy_delay`; no close came, e.g. the program keeps it open) releases it.
+    pub fn submit_delayed(&self, job: Job) {
+        job.ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        let at = Instant::now() + self.shared.params.small_copy_delay;
+        let k = key(&job);
+        if let Some((_, old)) = lock(&self.shared.delayed).insert(k, (at, job)) {
+            // Cannot happen (one QUEUED per entry), but never strand a count.
+            old.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The program closed `entry`: its pages are hot, copy it now. False if it was not waiting.
+    pub fn promote(&self, ctx: &Arc<SourceCtx>, entry: u32) -> bool {
+        let k = (Arc::as_ptr(ctx) as usize, entry);
+        let job = lock(&self.shared.delayed).remove(&k);
+        match job {
+            Some((_, job)) => {
+                enqueue(&self.shared, job);
+                true
             }
+            None => false,
         }
     }
 
     /// Lets queued jobs finish (retired tables drop theirs quickly) and joins the workers.
     pub fn shutdown(mut self) {
-        self.tx.take();
+        let delayed: Vec<_> = lock(&self.shared.delayed).drain().collect();
+        for (_, (_, job)) in delayed {
+            enqueue(&self.shared, job);
+        }
+        lock(&self.shared.queue).closed = true;
+        self.shared.ready.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
+        }
+    }
+}
+
+fn enqueue(sh: &Shared, job: Job) {
+    let mut q = lock(&sh.queue);
+    match job.kind {
+        Kind::Fetch => q.high.push_back(job),
+        Kind::Small => q.low.push_back(job),
+    }
+    drop(q);
+    sh.ready.notify_one();
+}
+
+fn worker(sh: &Shared) {
+    let mut buf = vec![0u8; sh.params.block_size.max(4096) as usize];
+    loop {
+        let job = {
+            let mut q = lock(&sh.queue);
+            loop {
+                if let Some(j) = q.high.pop_front().or_else(|| q.low.pop_front()) {
+                    break j;
+                }
+                if q.closed {
+                    return;
+                }
+                q = sh.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let out = match job.kind {
+            Kind::Fetch => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
+            Kind::Small => super::small::copy_small(&job.ctx, job.entry, sh, &mut buf),
+        };
+        tracing::trace!("placement of entry {} ({:?}): {out:?}", job.entry, job.kind);
+        job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Releases delayed small copies whose deadline passed, and those of retired tables at once (so
+/// retiring a table never waits for them).
+fn timer(sh: &Shared) {
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        if lock(&sh.queue).closed {
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<Job> = {
+            let mut d = lock(&sh.delayed);
+            let keys: Vec<_> = d
+                .iter()
+                .filter(|(_, (at, j))| *at <= now || j.ctx.retired.load(Ordering::Acquire))
+                .map(|(k, _)| *k)
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| d.remove(&k).map(|(_, j)| j))
+                .collect()
+        };
+        for j in due {
+            enqueue(sh, j);
         }
     }
 }

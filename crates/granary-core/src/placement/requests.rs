@@ -2,12 +2,14 @@ use std::sync::Arc;
 
 use granary_shm::{object_name, request, state};
 
-use super::{Job, Pool, SourceCtx};
+use super::{Job, Kind, Pool, SourceCtx};
 use crate::sys;
 
 /// Acts on one request from a table's ring. Requests are hints from untrusted-but-same-user
 /// clients: each is checked against the entry's current state before anything happens.
-pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, pool: &Pool) {
+///
+/// `arg` is the request's argument (`request::arg_of`; the chunk index of CHUNK).
+pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, _arg: u32, pool: &Pool) {
     let t = &ctx.table;
     let tiers = &*ctx.tiers;
     let Some(e) = t.entry(idx) else { return };
@@ -20,9 +22,37 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, pool: &Pool) {
                     state::word(state::QUEUED, 0),
                 )
             {
+                let job = |kind| Job {
+                    ctx: ctx.clone(),
+                    entry: idx,
+                    kind,
+                };
+                if pool.params().is_large(e.stat.size) {
+                    // The agent is the one reader of a large file: start now, the program's
+                    // reads are served from the partial copy.
+                    pool.submit(job(Kind::Fetch));
+                } else {
+                    // The program reads it itself; copy its pages once it is done with them.
+                    pool.submit_delayed(job(Kind::Small));
+                }
+            }
+        }
+        request::CLOSED => {
+            // The program closed a small file it read: copy it now, from the page cache.
+            if !pool.promote(ctx, idx)
+                && e.stat.is_file()
+                && !pool.params().is_large(e.stat.size)
+                && t.swap_state(
+                    idx,
+                    state::word(state::UNPLACED, 0),
+                    state::word(state::QUEUED, 0),
+                )
+            {
+                // Its OPEN_UNPLACED was lost (full ring): the close is enough to act on.
                 pool.submit(Job {
                     ctx: ctx.clone(),
                     entry: idx,
+                    kind: Kind::Small,
                 });
             }
         }

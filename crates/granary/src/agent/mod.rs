@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use granary_core::config::{resolve_tiers, DEFAULT_IDLE_TIMEOUT};
-use granary_core::placement::{default_workers, FillHighestFirst, Pool};
+use granary_core::config::{resolve_tiers, Config, DEFAULT_IDLE_TIMEOUT};
+use granary_core::placement::{default_workers, FillHighestFirst, Params, Pool};
 use granary_core::runtime::Runtime;
 use granary_core::tiers::{TierRegistry, TierSpec};
 
@@ -36,6 +36,9 @@ pub struct Agent {
     pub default_tiers: Vec<TierSpec>,
     /// Workers from the agent's own flags or configuration; else the first job's.
     pub workers: Option<usize>,
+    /// The agent's own configuration (placement parameters, reuse verification); for a
+    /// placement key it leaves unset, the first job's value counts.
+    pub cfg: Config,
     /// One capacity counter per tier directory, whichever sources use it.
     pub registry: TierRegistry,
     pub setup: OnceLock<Setup>,
@@ -48,8 +51,14 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// The placement pool; the agent's configured workers, else the first caller's, size it.
-    pub fn setup(&self, workers: Option<usize>) -> Result<&Setup> {
+    /// The placement pool; the agent's configured workers and placement parameters, else the
+    /// first caller's, size it.
+    pub fn setup(
+        &self,
+        workers: Option<usize>,
+        block_size: Option<u64>,
+        max_source_streams: Option<usize>,
+    ) -> Result<&Setup> {
         if let Some(s) = self.setup.get() {
             return Ok(s);
         }
@@ -58,9 +67,19 @@ impl Agent {
             return Ok(s);
         }
         let workers = self.workers.or(workers).unwrap_or_else(default_workers);
-        let pool =
-            Pool::new(workers, Arc::new(FillHighestFirst)).context("starting placement workers")?;
-        tracing::info!("{workers} placement workers");
+        let mut cfg = self.cfg.clone();
+        cfg.block_size = cfg.block_size.or(block_size);
+        cfg.max_source_streams = cfg.max_source_streams.or(max_source_streams);
+        let params = Params::from_config(&cfg);
+        tracing::info!(
+            "{workers} placement workers, {} source streams, blocks of {} bytes, whole-file \
+             fetch from {} bytes",
+            params.max_source_streams,
+            params.block_size,
+            params.prefetch_min_size
+        );
+        let pool = Pool::new(workers, Arc::new(FillHighestFirst), params)
+            .context("starting placement workers")?;
         let _ = self.setup.set(Setup { pool, workers });
         Ok(self.setup.get().expect("set above"))
     }
@@ -73,7 +92,6 @@ impl Agent {
     /// only complete copies have object names, and the saved catalogs describe them.
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
-        let _ = std::fs::remove_file(self.rt.socket());
         let sources: Vec<_> = self
             .sources
             .lock()
@@ -85,6 +103,9 @@ impl Agent {
             let mut inner = s.inner.lock().unwrap_or_else(|e| e.into_inner());
             s.retire(&mut inner);
         }
+        // Last: a socket that is gone means the agent's tables are gone too (tests and
+        // `granary stop` wait on it).
+        let _ = std::fs::remove_file(self.rt.socket());
         tracing::info!("agent {} exiting", std::process::id());
     }
 }
@@ -104,12 +125,14 @@ pub fn main(args: AgentArgs) -> Result<i32> {
     let tier_cfg = crate::run::tier_configs(&args.tiers, &cfg)?;
     let default_tiers: Vec<_> = resolve_tiers(&tier_cfg)?.into_iter().map(|t| t.0).collect();
     let listener = bind(&rt)?;
+    remove_stale_tables(&rt);
     let agent = Arc::new(Agent {
         rt,
         started: Instant::now(),
         idle_timeout,
         default_tiers,
         workers: args.tiers.workers.or(cfg.workers),
+        cfg: cfg.clone(),
         registry: TierRegistry::default(),
         setup: OnceLock::new(),
         setup_lock: Mutex::new(()),
@@ -130,6 +153,12 @@ pub fn main(args: AgentArgs) -> Result<i32> {
         std::thread::Builder::new()
             .name("ring".into())
             .spawn(move || ring::consume(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || heartbeat(a))?;
     }
     {
         let a = agent.clone();
@@ -164,6 +193,72 @@ pub fn main(args: AgentArgs) -> Result<i32> {
     }
     agent.shutdown();
     Ok(0)
+}
+
+/// Beats on every current table so clients waiting on a fetch know the agent is alive; a
+/// client gives up waiting (and reads the source) when the beat is older than
+/// `HEARTBEAT_STALE_MS`. Its own thread, so a busy ring consumer or pool never delays it.
+fn heartbeat(agent: Arc<Agent>) {
+    let period = Duration::from_millis(granary_shm::layout::HEARTBEAT_PERIOD_MS);
+    while !agent.stopping.load(Ordering::Acquire) {
+        let ctxs: Vec<_> = agent
+            .sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(|s| s.ctx())
+            .collect();
+        let now = granary_core::sys::monotonic_ns();
+        for ctx in &ctxs {
+            ctx.table.beat(now);
+        }
+        drop(ctxs);
+        std::thread::sleep(period);
+    }
+}
+
+/// Deletes tables left in the runtime directory by agents that are gone (killed: a clean exit
+/// removes its own). Their pid is in the table header; a table of a live process is left alone.
+fn remove_stale_tables(rt: &Runtime) {
+    let Ok(rd) = std::fs::read_dir(&rt.dir) else {
+        return;
+    };
+    let mut removed = 0;
+    for de in rd.flatten() {
+        let path = de.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("table") {
+            continue;
+        }
+        let pid = table_agent_pid(&path);
+        if pid.is_some_and(|p| p != std::process::id() && !granary_core::sys::pid_alive(p))
+            && std::fs::remove_file(&path).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::info!("removed {removed} tables of agents that are gone");
+    }
+}
+
+/// The agent pid recorded in a table file's header (`None` if it is not a table).
+fn table_agent_pid(path: &std::path::Path) -> Option<u32> {
+    use granary_shm::layout::{H_AGENT_PID, H_MAGIC, MAGIC};
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let mut hdr = [0u8; H_AGENT_PID + 4];
+    f.read_exact_at(&mut hdr, 0).ok()?;
+    let magic = u64::from_le_bytes(hdr[H_MAGIC..H_MAGIC + 8].try_into().ok()?);
+    if magic != MAGIC {
+        return None;
+    }
+    Some(u32::from_le_bytes(
+        hdr[H_AGENT_PID..H_AGENT_PID + 4].try_into().ok()?,
+    ))
 }
 
 fn socket_is_ours(rt: &Runtime) -> bool {

@@ -18,6 +18,12 @@ pub enum Request {
         pid: u32,
         tiers: Vec<TierSpec>,
         workers: Option<usize>,
+        /// `[placement] block_size` / `max_source_streams` of an agent that has no pool yet
+        /// (the job's flags or configuration); the agent's own configuration wins.
+        #[serde(default)]
+        block_size: Option<u64>,
+        #[serde(default)]
+        max_source_streams: Option<usize>,
     },
     /// Agent counters of one source (placement, its own source traffic) and its tiers' usage.
     Stats {

@@ -32,13 +32,15 @@ pub fn consume(agent: Arc<Agent>) {
                 ctx.inflight.fetch_add(1, Ordering::AcqRel);
                 fence(Ordering::SeqCst);
                 let Some(granary_shm::Request {
-                    kind, entry: idx, ..
+                    kind,
+                    entry: idx,
+                    arg,
                 }) = ctx.table.pop_request()
                 else {
                     ctx.inflight.fetch_sub(1, Ordering::AcqRel);
                     break;
                 };
-                handle_request(ctx, kind, idx, &setup.pool);
+                handle_request(ctx, kind, idx, arg, &setup.pool);
                 ctx.inflight.fetch_sub(1, Ordering::AcqRel);
                 did += 1;
             }

@@ -84,6 +84,8 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     pid,
                     tiers,
                     workers,
+                    block_size,
+                    max_source_streams,
                 } => {
                     if lease.is_some() {
                         send(
@@ -94,7 +96,14 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                         )?;
                         continue;
                     }
-                    match attach(agent, &mut w, &source, pid, &tiers, workers) {
+                    match attach(
+                        agent,
+                        &mut w,
+                        &source,
+                        pid,
+                        &tiers,
+                        (workers, block_size, max_source_streams),
+                    ) {
                         Ok((reply, l)) => {
                             lease = Some(l);
                             send(&mut w, &reply)?;
@@ -151,10 +160,10 @@ fn attach(
     source: &std::path::Path,
     pid: u32,
     tiers: &[granary_core::tiers::TierSpec],
-    workers: Option<usize>,
+    (workers, block_size, max_source_streams): (Option<usize>, Option<u64>, Option<usize>),
 ) -> Result<(Reply, Lease)> {
     agent.touch();
-    let setup = agent.setup(workers)?;
+    let setup = agent.setup(workers, block_size, max_source_streams)?;
     let key = granary_core::source::normalize(source)?;
     let src = {
         let mut map = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
@@ -224,7 +233,12 @@ fn attach(
                 src_tiers,
                 &agent.rt,
                 generation,
-                walk_threads,
+                &super::source::WalkOpts {
+                    threads: walk_threads,
+                    params: setup.pool.params(),
+                    verify: agent.cfg.verify.unwrap_or_default(),
+                    hashers: setup.workers.max(2),
+                },
                 progress,
             );
             done.store(true, Ordering::Release);

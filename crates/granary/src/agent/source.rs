@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use granary_core::catalog::{self, Progress};
-use granary_core::placement::{object_dir, SourceCtx};
+use granary_core::config::Verify;
+use granary_core::placement::{object_dir, Params, SourceCtx};
 use granary_core::runtime::ensure_private_dir;
 use granary_core::stats::{AgentCounters, CatalogStats};
 use granary_core::{sys, Tiers};
@@ -16,6 +17,15 @@ use granary_shm::{job, state, Mapping, TableSpec};
 
 pub const JOB_SLOTS: u32 = 64;
 const RING_CAP: u32 = 16384;
+
+/// How a (re)walk runs: its threads, the placement parameters the new table advertises, and how
+/// reused copies are verified (with `hashers` threads).
+pub struct WalkOpts<'a> {
+    pub threads: usize,
+    pub params: &'a Params,
+    pub verify: Verify,
+    pub hashers: usize,
+}
 
 pub struct SourceState {
     pub source: PathBuf,
@@ -70,9 +80,15 @@ impl SourceState {
         tiers: Arc<Tiers>,
         rt_dir: &granary_core::runtime::Runtime,
         generation: u64,
-        workers: usize,
+        opts: &WalkOpts<'_>,
         progress: &Progress,
     ) -> Result<()> {
+        let &WalkOpts {
+            threads: workers,
+            params,
+            verify,
+            hashers,
+        } = opts;
         let started = Instant::now();
         // The last table's catalog is the newest record of this source's copies even when its
         // first tier (where it is saved) is not the new first tier; copies on tiers no longer
@@ -104,7 +120,15 @@ impl SourceState {
             }
             object_dirs.push(dir);
         }
-        let reused = catalog::reuse(&mut entries, prev.as_ref(), &object_dirs, &dir_fds, &tiers);
+        let reused = catalog::reuse(
+            &mut entries,
+            prev.as_ref(),
+            &object_dirs,
+            &dir_fds,
+            &tiers,
+            verify,
+            hashers,
+        );
         let spec = TableSpec {
             source: self.source.as_os_str().as_bytes().to_vec(),
             source_real: self.source_real.as_os_str().as_bytes().to_vec(),
@@ -117,9 +141,10 @@ impl SourceState {
             agent_pid: std::process::id(),
             ring_cap: RING_CAP,
             job_slots: JOB_SLOTS,
-            // Whole-file prefetch and chunked partial copies: not enabled yet (docs/placement.md).
-            prefetch_min_size: 0,
-            chunk_size: 0,
+            // The preload library serves large files from the partial copy the agent is
+            // fetching; 0 disables it there too.
+            prefetch_min_size: params.prefetch_min_size,
+            chunk_size: params.chunk_size,
         };
         let image = granary_shm::build(&spec, &entries).context("building the catalog table")?;
         let table_path = rt_dir.table(&self.id, generation);
@@ -146,14 +171,16 @@ impl SourceState {
         let mut stats = walk.stats;
         stats.reused_files = reused.files;
         stats.reused_bytes = reused.bytes;
+        stats.reuse_rejected = reused.rejected;
         stats.walk_s = started.elapsed().as_secs_f64();
         tracing::info!(
-            "catalog of {}: {} files, {} dirs, {} bytes; {} copies reused, {} stale objects removed ({:.2} s)",
+            "catalog of {}: {} files, {} dirs, {} bytes; {} copies reused, {} rejected, {} stale objects removed ({:.2} s)",
             self.source.display(),
             stats.files,
             stats.dirs,
             stats.bytes,
             reused.files,
+            reused.rejected,
             reused.removed,
             stats.walk_s
         );

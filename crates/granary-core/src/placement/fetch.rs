@@ -1,0 +1,133 @@
+//! Whole-file fetch of a large file (size ≥ `prefetch_min_size`), started by the program's first
+//! open: the agent is the only reader of the source, in `block_size` sequential reads, writing
+//! `<object>.part` and publishing `progress` after each block so the program's reads are served
+//! from the part as soon as it covers them (docs/placement.md).
+//!
+//! Order of publication, relied on by the preload library: `reset_progress` happens before the
+//! state word names a tier (`PLACING | tier`), the part file exists before that word is stored,
+//! a block's bytes are written before `progress` covers them, and the part is renamed to the
+//! object name (same inode: open fds keep working) before PLACED. When a tier fails the part is
+//! unlinked before progress is reset and the next tier is announced, so a client holding the old
+//! word finds no file (and reads the source) rather than someone else's bytes.
+
+use std::os::fd::OwnedFd;
+
+use granary_shm::{part_name, state};
+
+use super::copy::{claim, place_on_tiers, still_ours, write_all, Claimed, CopyError};
+use super::pool::Shared;
+use super::{PlaceOutcome, SourceCtx};
+use crate::stats::AgentCounters;
+use crate::sys;
+
+pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut [u8]) -> PlaceOutcome {
+    // One source stream for the whole file: sequential reads of one file are what a PFS serves
+    // best, and the cap keeps many workers (and nodes) from hammering it.
+    let _stream = sh.streams.acquire();
+    let mut cl = match claim(ctx, idx) {
+        Ok(cl) => cl,
+        Err(out) => return out,
+    };
+    let block = (sh.params.block_size as usize).clamp(4096, buf.len());
+    sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+    let out = place_on_tiers(ctx, &mut cl, sh.policy.as_ref(), |cl, tier, dir| {
+        copy_part(ctx, cl, tier, dir, &mut buf[..block])
+    });
+    // Whatever happened, the source's pages are not needed by us any more: the copy (or the
+    // program's own reads) took what it needed.
+    sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
+    out
+}
+
+fn copy_part(
+    ctx: &SourceCtx,
+    cl: &mut Claimed,
+    tier: usize,
+    dir: &OwnedFd,
+    buf: &mut [u8],
+) -> Result<(Vec<u8>, u64), CopyError> {
+    let t = &ctx.table;
+    let idx = cl.idx;
+    let name = part_name(cl.entry.object);
+    // A part left by a killed agent (or an earlier attempt) is never continued: its bytes were
+    // never published as complete and may be torn.
+    let _ = sys::unlink_at(dir, &name);
+    let mut out = sys::create_excl_at(dir, &name, 0o600).map_err(CopyError::Tier)?;
+    // From here on, a failure unlinks the part before the next tier is announced.
+    let res = (|| {
+        t.reset_progress(idx);
+        let prev = t.state(idx);
+        if state::state_of(prev) != state::PLACING
+            || !t.swap_state(idx, prev, state::word(state::PLACING, tier as u8))
+        {
+            return Err(CopyError::Lost);
+        }
+        let memory = sys::is_memory_fs(&out);
+        let size = cl.entry.stat.size;
+        let c = &ctx.counters;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut off = 0u64;
+        let mut last: Option<(u64, u64)> = None;
+        while off < size {
+            let want = buf.len().min((size - off) as usize);
+            let n = match std::os::unix::fs::FileExt::read_at(&cl.src, &mut buf[..want], off) {
+                Ok(0) => return Err(CopyError::Changed),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(CopyError::Source(e)),
+            };
+            AgentCounters::add(&c.source_reads, 1);
+            AgentCounters::add(&c.source_bytes, n as u64);
+            hasher.update(&buf[..n]);
+            write_all(&mut out, &buf[..n]).map_err(CopyError::Tier)?;
+            // Written bytes are visible to every process that opens the part: publish them.
+            t.set_progress(idx, off + n as u64);
+            if !memory {
+                // Start write-back of this block now, and wait for the previous one and drop
+                // its pages: dirty pages never pile up (Monarch's figure-19 stall), and the
+                // tier's copy does not double the page cache.
+                sys::sync_range(&out, off, n as u64, libc::SYNC_FILE_RANGE_WRITE);
+                if let Some((po, pn)) = last {
+                    settle(&out, po, pn);
+                }
+            }
+            last = Some((off, n as u64));
+            off += n as u64;
+            if !still_ours(ctx, idx) {
+                return Err(CopyError::Lost);
+            }
+        }
+        // The file may have grown since the walk: a byte past `size` means it changed.
+        let mut probe = [0u8; 1];
+        if matches!(std::os::unix::fs::FileExt::read_at(&cl.src, &mut probe, size), Ok(n) if n > 0)
+        {
+            return Err(CopyError::Changed);
+        }
+        if !memory {
+            if let Some((po, pn)) = last {
+                settle(&out, po, pn);
+            }
+        }
+        Ok(hasher.digest().max(1))
+    })();
+    match res {
+        Ok(sum) => Ok((name.to_vec(), sum)),
+        Err(e) => {
+            let _ = sys::unlink_at(dir, &name);
+            Err(e)
+        }
+    }
+}
+
+/// Waits for a written range to reach the device and drops its pages.
+fn settle(out: &std::fs::File, off: u64, len: u64) {
+    sys::sync_range(
+        out,
+        off,
+        len,
+        libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+    );
+    sys::fadvise(out, off, len, libc::POSIX_FADV_DONTNEED);
+}

@@ -1,0 +1,116 @@
+//! Copies of small files (size < `prefetch_min_size`) from the page cache. The program reads a
+//! small file from the source itself (it must never wait for the agent); right after (CLOSED,
+//! or `small_copy_delay` after the open) the agent copies it with `preadv2(RWF_NOWAIT)`, which
+//! returns only pages already cached, so the copy costs the source nothing. Bytes whose pages
+//! are gone already are read normally and counted as `duplicate_bytes` (the program read them
+//! from the source too).
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::copy::{claim, place_on_tiers, write_all, Claimed, CopyError};
+use super::pool::{Shared, Stream};
+use super::{PlaceOutcome, SourceCtx};
+use crate::stats::AgentCounters;
+use crate::sys;
+
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Reads past the cached run are this small, so a partly cached file costs the source only
+/// what is missing (the next cached run is tried again after it).
+const UNCACHED_READ: usize = 128 << 10;
+
+pub fn copy_small(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut [u8]) -> PlaceOutcome {
+    let mut cl = match claim(ctx, idx) {
+        Ok(cl) => cl,
+        Err(out) => return out,
+    };
+    let mut stream = None;
+    place_on_tiers(ctx, &mut cl, sh.policy.as_ref(), |cl, _tier, dir| {
+        copy_tmp(ctx, cl, dir, buf, sh, &mut stream)
+    })
+}
+
+fn copy_tmp<'s>(
+    ctx: &SourceCtx,
+    cl: &mut Claimed,
+    dir: &OwnedFd,
+    buf: &mut [u8],
+    sh: &'s Shared,
+    stream: &mut Option<Stream<'s>>,
+) -> Result<(Vec<u8>, u64), CopyError> {
+    let tmp = format!(
+        ".tmp-{:016x}-{}-{}",
+        cl.entry.object,
+        std::process::id(),
+        TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+    .into_bytes();
+    let mut out = sys::create_excl_at(dir, &tmp, 0o600).map_err(CopyError::Tier)?;
+    let res = (|| {
+        let size = cl.entry.stat.size;
+        let c = &ctx.counters;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut off = 0u64;
+        let mut nowait = true;
+        while off < size {
+            let want = buf.len().min((size - off) as usize);
+            let cached = if nowait {
+                match sys::pread_nowait(&cl.src, &mut buf[..want], off) {
+                    Ok(n) => n,
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => 0,
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                        // The file system cannot tell what is cached: read normally (and count
+                        // it as a duplicate, the conservative answer).
+                        nowait = false;
+                        0
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(CopyError::Source(e)),
+                }
+            } else {
+                0
+            };
+            let n = if cached > 0 {
+                AgentCounters::add(&c.page_cache_bytes, cached as u64);
+                cached
+            } else {
+                // Not cached: the program's pages were evicted (or never cached). One stream,
+                // taken once per file, as for any source read.
+                if stream.is_none() {
+                    *stream = Some(sh.streams.acquire());
+                }
+                let want = want.min(if nowait { UNCACHED_READ } else { want });
+                let n = match std::os::unix::fs::FileExt::read_at(&cl.src, &mut buf[..want], off) {
+                    Ok(0) => return Err(CopyError::Changed),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(CopyError::Source(e)),
+                };
+                AgentCounters::add(&c.source_reads, 1);
+                AgentCounters::add(&c.source_bytes, n as u64);
+                AgentCounters::add(&c.duplicate_bytes, n as u64);
+                n
+            };
+            hasher.update(&buf[..n]);
+            write_all(&mut out, &buf[..n]).map_err(CopyError::Tier)?;
+            off += n as u64;
+        }
+        let mut probe = [0u8; 1];
+        if matches!(std::os::unix::fs::FileExt::read_at(&cl.src, &mut probe, size), Ok(n) if n > 0)
+        {
+            return Err(CopyError::Changed);
+        }
+        if !sys::is_memory_fs(&out) {
+            sys::sync_range(&out, 0, size, libc::SYNC_FILE_RANGE_WRITE);
+        }
+        Ok(hasher.digest().max(1))
+    })();
+    match res {
+        Ok(sum) => Ok((tmp, sum)),
+        Err(e) => {
+            let _ = sys::unlink_at(dir, &tmp);
+            Err(e)
+        }
+    }
+}
