@@ -1,21 +1,75 @@
-//! Placement: copying files from the source into a tier in the background.
+//! Placement: copying files from the source into a tier in the background (docs/placement.md).
 //!
 //! A request (a client opened an unplaced file) moves the entry UNPLACED → QUEUED and becomes a
-//! `Job` on the pool's queue; a worker moves it QUEUED → PLACING, asks the `Policy` which tiers to
-//! try, reserves capacity, copies under a temporary name, renames, and publishes PLACED. Every
-//! failure releases what it took and leaves the entry served from the source.
+//! `Job`: a large file (≥ `prefetch_min_size`) is fetched whole by the agent at once (`fetch`),
+//! a small one is copied from the page cache once the program closed it (`small`). A worker
+//! moves it QUEUED → PLACING, asks the `Policy` which tiers to try, reserves capacity, copies
+//! under a temporary name, renames, and publishes PLACED. Every failure releases what it took
+//! and leaves the entry served from the source.
 
 pub mod chunks;
 mod copy;
+mod fetch;
 mod policy;
 mod pool;
 mod requests;
+mod small;
 pub mod states;
 
-pub use copy::{object_dir, place, PlaceOutcome};
+pub use copy::{object_dir, PlaceOutcome};
+pub use fetch::fetch_large;
 pub use policy::{free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy};
-pub use pool::{default_workers, Job, Pool};
+pub use pool::{default_workers, Job, Kind, Pool, Shared, Stream, Streams};
 pub use requests::handle_request;
+pub use small::copy_small;
+
+/// The placement engine's parameters (`[placement]` in the configuration), resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Size of the agent's reads of the source.
+    pub block_size: u64,
+    /// Source reads in flight at once, node-wide.
+    pub max_source_streams: usize,
+    /// Files at least this large are fetched whole by the agent from their first open;
+    /// 0 = never (every file is copied from the page cache after the program read it).
+    pub prefetch_min_size: u64,
+    /// Chunk size of partial copies (0 = none).
+    pub chunk_size: u64,
+    /// A small file is copied this long after its open if no CLOSED arrived before.
+    pub small_copy_delay: std::time::Duration,
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        use crate::config as c;
+        Params {
+            block_size: c::DEFAULT_BLOCK_SIZE,
+            max_source_streams: c::DEFAULT_MAX_SOURCE_STREAMS,
+            prefetch_min_size: c::DEFAULT_PREFETCH_MIN_SIZE,
+            chunk_size: c::DEFAULT_CHUNK_SIZE,
+            small_copy_delay: c::DEFAULT_SMALL_COPY_DELAY,
+        }
+    }
+}
+
+impl Params {
+    /// The configuration's values over the defaults.
+    pub fn from_config(cfg: &crate::config::Config) -> Params {
+        let d = Params::default();
+        Params {
+            block_size: cfg.block_size.unwrap_or(d.block_size),
+            max_source_streams: cfg.max_source_streams.unwrap_or(d.max_source_streams),
+            prefetch_min_size: cfg.prefetch_min_size.unwrap_or(d.prefetch_min_size),
+            chunk_size: cfg.chunk_size.unwrap_or(d.chunk_size),
+            small_copy_delay: cfg.small_copy_delay.unwrap_or(d.small_copy_delay),
+        }
+    }
+
+    /// True if a file of `size` is fetched whole by the agent (else copied after the program).
+    pub fn is_large(&self, size: u64) -> bool {
+        self.prefetch_min_size != 0 && size >= self.prefetch_min_size
+    }
+}
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
