@@ -18,7 +18,9 @@ pub mod states;
 
 pub use copy::{object_dir, PlaceOutcome};
 pub use fetch::fetch_large;
-pub use policy::{free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy};
+pub use policy::{
+    free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy,
+};
 pub use pool::{default_workers, Job, Kind, Pool, Shared, Stream, Streams};
 pub use requests::handle_request;
 pub use small::copy_small;
