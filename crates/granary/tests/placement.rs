@@ -1,0 +1,480 @@
+//! The placement engine through the real binary and real files: whole-file fetch of a large
+//! file, page-cache copies of small files, checksum verification at reuse, `kill -9` of the
+//! agent during a fetch, and a tier that runs out of space. Every test has its own runtime
+//! directory (so its own agent). No timing assertions: waits are for states, with generous
+//! deadlines.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_granary");
+const MIB: u64 = 1 << 20;
+
+fn ensure_preload() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let lib = Path::new(BIN).with_file_name("libgranary_preload.so");
+        if !lib.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut c = Command::new(cargo);
+            c.args(["build", "-p", "granary-preload"]);
+            if Path::new(BIN)
+                .parent()
+                .is_some_and(|p| p.ends_with("release"))
+            {
+                c.arg("--release");
+            }
+            assert!(c
+                .status()
+                .expect("cargo build -p granary-preload")
+                .success());
+        }
+    });
+}
+
+/// Reads every file named in the manifest (path, sha256) with 256 KiB `pread`s, checks its
+/// digest, exits 1 on any mismatch.
+const READER: &str = r#"
+import hashlib, json, os, sys
+bad = 0
+for path, want in json.load(open(sys.argv[1])):
+    fd = os.open(path, os.O_RDONLY)
+    h = hashlib.sha256()
+    off = 0
+    while True:
+        b = os.pread(fd, 256 * 1024, off)
+        if not b:
+            break
+        h.update(b)
+        off += len(b)
+    os.close(fd)
+    if h.hexdigest() != want:
+        print("MISMATCH", path, file=sys.stderr)
+        bad += 1
+sys.exit(1 if bad else 0)
+"#;
+
+struct Env {
+    dir: tempfile::TempDir,
+    tiers: Vec<String>,
+    files: Vec<(PathBuf, Vec<u8>)>,
+}
+
+/// Deterministic, incompressible-looking bytes (so a wrong offset is always noticed).
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    // The test's own digest through python's, so the reader and the test agree by construction.
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+impl Env {
+    fn new() -> Env {
+        ensure_preload();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("src")).unwrap();
+        std::fs::write(dir.path().join("reader.py"), READER).unwrap();
+        let tier = dir.path().join("tier");
+        Env {
+            tiers: vec![format!("{}=1G", tier.display())],
+            dir,
+            files: Vec::new(),
+        }
+    }
+    fn add(&mut self, rel: &str, bytes: Vec<u8>) {
+        let p = self.src().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, &bytes).unwrap();
+        self.files.push((p, bytes));
+    }
+    fn src(&self) -> PathBuf {
+        self.dir.path().join("src")
+    }
+    fn rt(&self) -> PathBuf {
+        self.dir.path().join("rt")
+    }
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("GRANARY_RUNTIME_DIR", self.rt())
+            .env_remove("GRANARY_CONFIG")
+            .env_remove("GRANARY_DISABLE")
+            .env_remove("LD_PRELOAD");
+        c
+    }
+    /// Runs the reader over every file under granary; returns the output and the stats JSON.
+    fn run_reader(&self, extra: &[&str]) -> (Output, serde_json::Value) {
+        let manifest: Vec<(String, String)> = self
+            .files
+            .iter()
+            .map(|(p, b)| (p.display().to_string(), sha256_hex(b)))
+            .collect();
+        let mf = self.dir.path().join("manifest.json");
+        std::fs::write(&mf, serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let stats = self.dir.path().join("stats.json");
+        let _ = std::fs::remove_file(&stats);
+        let mut c = self.cmd();
+        c.arg("run").arg("-q").arg("--source").arg(self.src());
+        for t in &self.tiers {
+            c.arg("--tier").arg(t);
+        }
+        c.arg("--idle-timeout=30s")
+            .arg("--stats-json")
+            .arg(&stats)
+            .args(extra)
+            .arg("--")
+            .arg("python3")
+            .arg(self.dir.path().join("reader.py"))
+            .arg(&mf);
+        let out = c.output().unwrap();
+        let js = std::fs::read(&stats)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(serde_json::Value::Null);
+        (out, js)
+    }
+    fn status(&self) -> serde_json::Value {
+        let o = self.cmd().args(["status", "--json"]).output().unwrap();
+        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+    }
+    /// Waits until the agent has no placement work left for the source (`pending == 0`).
+    fn settle(&self) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.status();
+            let src = &s["sources"][0];
+            if src["pending"].as_u64() == Some(0) && !src["busy"].as_bool().unwrap_or(true) {
+                return src.clone();
+            }
+            assert!(Instant::now() < deadline, "placement never settled: {s}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    fn stop(&self) {
+        let _ = self.cmd().arg("stop").output();
+    }
+    /// Every file under the tier directories' object directories.
+    fn objects(&self, tier_root: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for src in std::fs::read_dir(tier_root).into_iter().flatten().flatten() {
+            let objs = src.path().join("objects");
+            for f in std::fs::read_dir(objs).into_iter().flatten().flatten() {
+                out.push(f.path());
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// (a) A 64 MiB file read in 256 KiB `pread`s: the agent fetches it whole, once, in 1 MiB
+/// blocks; the copy is complete, identical and PLACED with a checksum; the program reads
+/// (almost) nothing from the source itself.
+#[test]
+fn large_file_is_fetched_once_by_the_agent() {
+    let mut e = Env::new();
+    let size = 64 * MIB as usize;
+    e.add("records/train-00000.rec", pattern(1, size));
+    let (o, js) = e.run_reader(&["--block-size", "1M"]);
+    ok(&o);
+    let src = e.settle();
+    let p = &src["placement"];
+    assert_eq!(p["files_placed"], 1, "{src}");
+    assert_eq!(
+        p["agent_source_bytes"].as_u64(),
+        Some(size as u64),
+        "the agent read the file exactly once: {src}"
+    );
+    assert_eq!(
+        p["agent_source_reads"].as_u64(),
+        Some(64),
+        "1 MiB reads: {src}"
+    );
+    let objs = e.objects(&e.dir.path().join("tier"));
+    assert_eq!(objs.len(), 1, "one object, no part left: {objs:?}");
+    assert_eq!(
+        std::fs::read(&objs[0]).unwrap(),
+        e.files[0].1,
+        "the copy is identical"
+    );
+    // Read path (the preload library): the program's own source reads stay within a few blocks.
+    let prog = js["source_io"]["bytes"].as_u64().unwrap();
+    assert!(
+        prog <= 4 * MIB,
+        "program read {prog} bytes from the source: {js}"
+    );
+}
+
+/// (b) 100 small files read whole by the program: the agent copies them from the page cache;
+/// no byte is read from the source twice.
+#[test]
+fn small_files_come_from_the_page_cache() {
+    let mut e = Env::new();
+    let mut total = 0u64;
+    for i in 0..100u64 {
+        let len = 2000 + (i as usize * 997) % 30_000;
+        total += len as u64;
+        e.add(&format!("c{}/img{i}.jpg", i % 4), pattern(100 + i, len));
+    }
+    let (o, _) = e.run_reader(&[]);
+    ok(&o);
+    let src = e.settle();
+    let p = &src["placement"];
+    assert_eq!(p["files_placed"], 100, "{src}");
+    assert_eq!(p["page_cache_bytes"].as_u64(), Some(total), "{src}");
+    assert_eq!(p["duplicate_bytes"], 0, "{src}");
+    assert_eq!(p["agent_source_bytes"], 0, "{src}");
+}
+
+/// (c) A placed copy corrupted between jobs (one byte flipped, same size) is re-hashed at the
+/// next walk, rejected, never served, and placed again.
+#[test]
+fn corrupt_copy_is_rejected_at_reuse() {
+    let mut e = Env::new();
+    for i in 0..20u64 {
+        e.add(&format!("f{i}"), pattern(200 + i, 5000 + i as usize * 11));
+    }
+    e.add("big.rec", pattern(300, 3 * MIB as usize));
+    let (o, _) = e.run_reader(&[]);
+    ok(&o);
+    assert_eq!(e.settle()["files_placed_now"], 21);
+    e.stop();
+    let objs = e.objects(&e.dir.path().join("tier"));
+    assert_eq!(objs.len(), 21, "{objs:?}");
+    let victim = objs
+        .iter()
+        .find(|p| std::fs::metadata(p).unwrap().len() == 3 * MIB)
+        .unwrap()
+        .clone();
+    let mut b = std::fs::read(&victim).unwrap();
+    b[MIB as usize + 12345] ^= 0x01;
+    std::fs::write(&victim, &b).unwrap();
+
+    let (o, js) = e.run_reader(&[]);
+    ok(&o);
+    assert_eq!(js["catalog"]["reuse_rejected"], 1, "{js}");
+    assert_eq!(js["catalog"]["reused_files"], 20, "{js}");
+    e.settle();
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        e.files.last().unwrap().1,
+        "placed again, correctly"
+    );
+}
+
+/// (d) `kill -9` of the agent while it fetches a large file: the next job finds no `.part`,
+/// reads correct bytes, and the file is placed again.
+#[test]
+fn killed_agent_leaves_nothing_served_wrong() {
+    let mut e = Env::new();
+    let size = 512 * MIB as usize;
+    e.add("huge.rec", pattern(400, size));
+    // Start the agent ourselves so we know its pid; the job attaches to it.
+    let mut agent = e
+        .cmd()
+        .arg("agent")
+        .arg("--tier")
+        .arg(&e.tiers[0])
+        .arg("--block-size=1M")
+        .arg("--idle-timeout=30s")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !e.rt().join("agent.sock").exists() {
+        assert!(Instant::now() < deadline, "agent did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Slow the agent's reads down where we can (root, cgroup-v1 blkio): 32 MB/s on the
+    // source's device, so the kill lands mid-fetch.
+    let _throttle = Throttle::new(agent.id(), &e.files[0].0);
+    // Evict the source from the page cache so the fetch takes real reads.
+    let _ = Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)",
+        ])
+        .arg(&e.files[0].0)
+        .status();
+    // A job that opens the file (starting the fetch) and reads one byte.
+    let mut job = e
+        .cmd()
+        .args(["run", "-q", "--source"])
+        .arg(e.src())
+        .arg("--tier")
+        .arg(&e.tiers[0])
+        .arg("--")
+        .args([
+            "python3",
+            "-c",
+            "import sys,time; f=open(sys.argv[1],'rb'); f.read(1); time.sleep(30)",
+        ])
+        .arg(&e.files[0].0)
+        .spawn()
+        .unwrap();
+    // Kill the agent once the part exists (or the copy is done already: then there is
+    // simply nothing left to clean up, and the rest of the test still holds).
+    let tier = e.dir.path().join("tier");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let objs = e.objects(&tier);
+        if !objs.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let caught = e
+        .objects(&tier)
+        .iter()
+        .any(|p| p.to_string_lossy().ends_with(".part"));
+    agent.kill().unwrap();
+    let _ = agent.wait();
+    let _ = job.kill();
+    let _ = job.wait();
+    eprintln!(
+        "killed the agent {} the fetch",
+        if caught { "during" } else { "after" }
+    );
+
+    let (o, _) = e.run_reader(&[]);
+    ok(&o);
+    let st = e.settle();
+    let objs = e.objects(&tier);
+    assert!(
+        objs.iter().all(|p| !p.to_string_lossy().contains(".part")),
+        "no part survives: {objs:?}"
+    );
+    assert_eq!(st["files_placed_now"], 1, "{st}");
+    assert_eq!(objs.len(), 1);
+    assert!(std::fs::read(&objs[0]).unwrap() == e.files[0].1);
+}
+
+/// A blkio cgroup (v1) throttling reads of one device for one process; removed on drop.
+/// `None` (and no throttle) where that is not possible (not root, no cgroup v1 blkio).
+struct Throttle(PathBuf);
+
+impl Throttle {
+    fn new(pid: u32, file: &Path) -> Option<Throttle> {
+        use std::os::unix::fs::MetadataExt;
+        let root = Path::new("/sys/fs/cgroup/blkio");
+        if !root.join("blkio.throttle.read_bps_device").exists() {
+            return None;
+        }
+        let dev = std::fs::metadata(file).ok()?.dev();
+        let (maj, min) = (libc::major(dev), libc::minor(dev));
+        let cg = root.join(format!("granary-test-{}", std::process::id()));
+        std::fs::create_dir_all(&cg).ok()?;
+        let t = Throttle(cg.clone());
+        // The whole disk when the file system is on a partition is what blkio throttles; try
+        // the device itself, which is the disk on a partition-less (virtio) setup.
+        std::fs::write(
+            cg.join("blkio.throttle.read_bps_device"),
+            format!("{maj}:{min} {}", 32 << 20),
+        )
+        .ok()?;
+        std::fs::write(cg.join("cgroup.procs"), pid.to_string()).ok()?;
+        Some(t)
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        // Processes leave with their exit; the group can be removed then.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// (e) A tier configured larger than its file system (tmpfs of 2 MiB declared as 1G): writes
+/// fail with ENOSPC; files spill to the second tier or stay on the source; the program sees
+/// correct bytes and exits 0. Needs root (mount); skipped otherwise.
+#[test]
+fn enospc_spills_to_the_next_tier() {
+    let mut e = Env::new();
+    let small = e.dir.path().join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+        .arg(&small)
+        .output();
+    if !st.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIPPED enospc_spills_to_the_next_tier: cannot mount a tmpfs (needs root)");
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _um = Unmount(small.clone());
+    let second = e.dir.path().join("second");
+    e.tiers = vec![
+        format!("{}=1G", small.display()),
+        format!("{}=1G", second.display()),
+    ];
+    for i in 0..4u64 {
+        e.add(
+            &format!("r{i}.rec"),
+            pattern(500 + i, (3 * MIB / 2) as usize),
+        );
+    }
+    for i in 0..10u64 {
+        e.add(&format!("s{i}"), pattern(600 + i, 100_000));
+    }
+    let (o, js) = e.run_reader(&[]);
+    ok(&o);
+    let src = e.settle();
+    let placed_second = e.objects(&second).len();
+    assert!(placed_second > 0, "spilled to the second tier: {src}");
+    // The job after: every byte still correct, wherever it is served from.
+    let (o, js2) = e.run_reader(&[]);
+    ok(&o);
+    assert_eq!(js["exit_status"], 0);
+    assert_eq!(js2["exit_status"], 0);
+    drop(e);
+}
