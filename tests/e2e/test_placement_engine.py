@@ -1,0 +1,55 @@
+"""Issue "placement engine", checked where it matters: the source device. Bytes read from the
+loop device are counted by the kernel (/sys/block/loopN/stat), with the page cache dropped first,
+so nothing granary reports about itself is taken on trust."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CLIENTS, make_dataset, source_opens
+from test_source_device import device_reads, drop_caches, loop_source  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="loop devices and drop_caches need root")
+
+
+def dataset_bytes(root: pathlib.Path, prefix="") -> int:
+    manifest = json.loads((root / "MANIFEST.json").read_text())
+    return sum((root / k).stat().st_size for k in manifest if k.startswith(prefix))
+
+
+def run_epochs(granary, source, tier, client, epochs, dev, **kw):
+    """Runs `client` for `epochs` epochs in one job; returns (sectors read per epoch, stats)."""
+    drop_caches()
+    start = device_reads(dev)[1]
+    proc, stats = granary.run(source, [sys.executable, CLIENTS / client, source, "--epochs", epochs,
+                                       *sum(([f"--{k.replace('_', '-')}", v] for k, v in kw.items()), [])],
+                              tier=tier)
+    granary.settle(source)  # background copies count too
+    lines = [json.loads(l) for l in proc.stdout.decode().splitlines()]
+    assert [l["epoch"] for l in lines] == list(range(epochs))
+    return (device_reads(dev)[1] - start) * 512, stats
+
+
+def test_small_files_are_read_from_the_source_once(granary, loop_source, tmp_path):
+    dev, mnt = loop_source
+    source = make_dataset(mnt / "data", classes=6, per_class=60, mean_size=110_000, records=0)
+    size = dataset_bytes(source)
+    read, stats = run_epochs(granary, source, tmp_path / "tier", "loader.py", 3, dev, workers=3)
+    # The page cache is dropped before the job; the memory of the job is not capped here, so
+    # anything above 1.0 is the agent reading what the program had already read.
+    assert read <= 1.01 * size + (2 << 20), f"source device read {read} bytes for a {size}-byte dataset"
+    assert stats["placement"].get("duplicate_bytes", 0) == 0, stats["placement"]
+
+
+def test_large_records_are_read_from_the_source_once(granary, loop_source, tmp_path):
+    dev, mnt = loop_source
+    source = make_dataset(mnt / "data", classes=1, per_class=1, records=3, record_size=24 << 20)
+    size = dataset_bytes(source, "records/")
+    read, stats = run_epochs(granary, source, tmp_path / "tier", "records_reader.py", 2, dev,
+                             interleave=2)
+    assert read <= 1.01 * size + (2 << 20), f"source device read {read} bytes for {size} bytes of records"
+    # The program's own reads of the shards were served by the agent's fetch, not the source.
+    assert stats["source_io"]["bytes"] < size / 4, stats["source_io"]
