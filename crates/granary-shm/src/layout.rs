@@ -27,7 +27,8 @@ pub const VERSION: u32 = 2;
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
 pub const H_VERSION: usize = 8;
-/// `AtomicU32`; bit `FLAG_VALID` cleared by the agent when the table must no longer be trusted.
+/// `AtomicU32`; bit `FLAG_VALID` cleared by the agent when the table must no longer be trusted;
+/// bit `FLAG_REPORT_OPENS` set by the agent when it wants `request::OPENED`.
 pub const H_FLAGS: usize = 12;
 pub const H_TOTAL_LEN: usize = 16;
 pub const H_ENTRY_COUNT: usize = 24;
@@ -63,6 +64,10 @@ pub const HEARTBEAT_PERIOD_MS: u64 = 100;
 pub const HEARTBEAT_STALE_MS: u64 = 2000;
 
 pub const FLAG_VALID: u32 = 1;
+/// The agent follows the program's position (known-order placement): clients push
+/// `request::OPENED` after opening a catalogued file, placed or not. Clear (the default), the
+/// hooks cost one relaxed load and push nothing, so unplaced-only traffic stays as it was.
+pub const FLAG_REPORT_OPENS: u32 = 2;
 
 /// Path slots hold absolute paths the hooks need: `len: u32` at +0, bytes from +8.
 pub const PATHS_OFF: usize = 4096;
@@ -285,6 +290,10 @@ pub mod request {
     pub const CLOSED: u8 = 4;
     /// A read of a PARTIAL file missed a chunk: fetch it (chunk index in `arg`).
     pub const CHUNK: u8 = 5;
+    /// A client opened a catalogued regular file (from a tier or the source). Pushed only
+    /// while the header has `FLAG_REPORT_OPENS`: the agent's known-order policy uses it to
+    /// see where the program is, including opens of placed files it otherwise never sees.
+    pub const OPENED: u8 = 6;
 
     /// Largest `arg` a request carries (24 bits).
     pub const ARG_MAX: u32 = (1 << 24) - 1;

@@ -203,6 +203,25 @@ impl Table {
         }
     }
 
+    /// True if the agent asked for `request::OPENED` (`FLAG_REPORT_OPENS`). One relaxed load:
+    /// the hooks call it on every open, and a stale answer costs at most one request.
+    pub fn reports_opens(&self) -> bool {
+        self.region
+            .atomic_u32(H_FLAGS)
+            .is_some_and(|f| f.load(Ordering::Relaxed) & FLAG_REPORT_OPENS != 0)
+    }
+
+    /// Agent side: ask clients for (or stop) `request::OPENED`. Leaves the other flags alone.
+    pub fn set_reports_opens(&self, on: bool) {
+        if let Some(f) = self.region.atomic_u32(H_FLAGS) {
+            if on {
+                f.fetch_or(FLAG_REPORT_OPENS, Ordering::Release);
+            } else {
+                f.fetch_and(!FLAG_REPORT_OPENS, Ordering::Release);
+            }
+        }
+    }
+
     pub fn entry_count(&self) -> u32 {
         self.entry_count
     }

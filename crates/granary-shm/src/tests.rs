@@ -95,6 +95,29 @@ fn header_round_trip() {
 }
 
 #[test]
+fn report_opens_flag_is_independent_of_valid() {
+    let mut m = Model::new();
+    m.add(0, "a", stat(libc::S_IFREG | 0o644, 3, 10), "");
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    // A new table asks for nothing: clients stay silent about placed files.
+    assert!(!t.reports_opens());
+    t.set_reports_opens(true);
+    assert!(t.reports_opens());
+    assert!(t.is_valid(), "setting the flag must not touch FLAG_VALID");
+    t.set_valid(false);
+    assert!(t.reports_opens(), "clearing VALID must not clear REPORT_OPENS");
+    t.set_valid(true);
+    t.set_reports_opens(false);
+    assert!(!t.reports_opens());
+    assert!(t.is_valid());
+    let e = t.lookup(b"a").unwrap();
+    assert!(t.push_request(request::OPENED, e));
+    let r = t.pop_request().unwrap();
+    assert_eq!((r.kind, r.entry), (request::OPENED, e));
+}
+
+#[test]
 fn damaged_images_are_rejected() {
     let m = Model::new();
     let img = build(&Model::spec(), &m.entries).unwrap();
