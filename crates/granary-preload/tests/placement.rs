@@ -380,3 +380,60 @@ for rel in ["train/cls1/img3.jpg", "a.txt", "large/a.bin", "train/cls1/img4.jpg"
         "{reqs:?}"
     );
 }
+
+/// Opens placed files (tier), an unplaced one, a SOURCE_ONLY one and a directory; returns the
+/// requests pushed.
+fn opens_with_report_flag(on: bool) -> Vec<(u8, String)> {
+    let f = fixture();
+    f.t().set_reports_opens(on);
+    f.t().set_state(
+        f.idx("train/cls1/img4.jpg"),
+        state::word(state::SOURCE_ONLY, 0),
+    );
+    let script = r#"
+import sys, os
+root = sys.argv[1]
+for rel in ["a.txt", "train/cls0/img0.jpg", "train/cls1/img4.jpg"]:
+    with open(os.path.join(root, rel), "rb") as f:
+        f.read()
+os.listdir(os.path.join(root, "train"))
+"#;
+    f.same_py(script);
+    // A C program's fopen of a placed file.
+    f.same("cat", &[&f.p(common::BIG)]);
+    assert!(
+        f.counter(job::TIER_FILES) >= 2,
+        "a.txt and big.bin from the tier"
+    );
+    f.requests()
+}
+
+#[test]
+fn opens_are_reported_only_when_the_agent_asks() {
+    let on = opens_with_report_flag(true);
+    let opened: Vec<&str> = on
+        .iter()
+        .filter(|(k, _)| *k == request::OPENED)
+        .map(|(_, p)| p.as_str())
+        .collect();
+    // Placed files (tier) and a source open of a file that is not UNPLACED; the unplaced one
+    // says OPEN_UNPLACED instead (one request per open), directories say nothing.
+    assert_eq!(
+        opened,
+        ["a.txt", "train/cls1/img4.jpg", common::BIG],
+        "{on:?}"
+    );
+    assert!(
+        on.contains(&(request::OPEN_UNPLACED, "train/cls0/img0.jpg".into())),
+        "{on:?}"
+    );
+    let off = opens_with_report_flag(false);
+    assert!(
+        off.iter().all(|(k, _)| *k != request::OPENED),
+        "no OPENED without the flag: {off:?}"
+    );
+    assert!(
+        off.contains(&(request::OPEN_UNPLACED, "train/cls0/img0.jpg".into())),
+        "{off:?}"
+    );
+}

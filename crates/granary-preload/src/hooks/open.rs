@@ -67,6 +67,7 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
             ) {
                 g.count(job::OPENS, 1);
                 g.count(job::TIER_FILES + tier as usize, 1);
+                report_open(g, idx);
                 if log::enabled() {
                     log::line(&[
                         b"open from tier: ",
@@ -241,7 +242,19 @@ fn source_opened(g: &Guard, fd: c_int, idx: u32, unplaced: bool) {
     g.count(job::OPENS, 1);
     g.count(job::SOURCE_OPENS, 1);
     if unplaced {
+        // OPEN_UNPLACED tells a known-order agent where the program is as well.
         g.table.push_request(request::OPEN_UNPLACED, idx);
+    } else {
+        report_open(g, idx);
+    }
+}
+
+/// A known-order agent follows the program's position through every open, placed files
+/// included (it never sees those otherwise). Without the header flag this is one relaxed load;
+/// a full ring drops the hint (never blocks): the agent catches up at the next open.
+fn report_open(g: &Guard, idx: u32) {
+    if g.table.reports_opens() {
+        g.table.push_request(request::OPENED, idx);
     }
 }
 
