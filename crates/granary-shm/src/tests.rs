@@ -106,7 +106,10 @@ fn report_opens_flag_is_independent_of_valid() {
     assert!(t.reports_opens());
     assert!(t.is_valid(), "setting the flag must not touch FLAG_VALID");
     t.set_valid(false);
-    assert!(t.reports_opens(), "clearing VALID must not clear REPORT_OPENS");
+    assert!(
+        t.reports_opens(),
+        "clearing VALID must not clear REPORT_OPENS"
+    );
     t.set_valid(true);
     t.set_reports_opens(false);
     assert!(!t.reports_opens());
