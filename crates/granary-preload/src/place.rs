@@ -60,7 +60,9 @@ pub fn on_read(
     match state::state_of(word) {
         state::PLACED => return Read::Real(switch_kind(g, fd, idx, &entry, word)),
         state::PARTIAL => return partial(g, fd, idx, &entry, word, off, len, f),
-        state::QUEUED | state::PLACING if entry.stat.size >= g.table.prefetch_min_size() => {}
+        // UNPLACED too: our open asked the agent for it, which claims it within a ring poll.
+        state::UNPLACED | state::QUEUED | state::PLACING
+            if entry.stat.size >= g.table.prefetch_min_size() => {}
         _ => return Read::Real(Kind::Source),
     }
     let Some((pos, end)) = range(fd, off, len, entry.stat.size) else {
@@ -201,6 +203,10 @@ enum Waited {
     GiveUp,
 }
 
+/// How long a large file may stay UNPLACED after our open asked the agent to fetch it: the
+/// agent polls its ring every millisecond, so this only runs out when the request was lost.
+const UNCLAIMED_NS: u64 = 100_000_000;
+
 fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -227,7 +233,7 @@ fn wait(g: &Guard, idx: u32, end: Option<u64>) -> Waited {
         if st == state::PLACED {
             return Waited::Placed(word);
         }
-        if st != state::QUEUED && st != state::PLACING {
+        if st != state::UNPLACED && st != state::QUEUED && st != state::PLACING {
             return Waited::GiveUp;
         }
         // Progress is only meaningful while PLACING (a QUEUED entry may carry an old one).
@@ -250,7 +256,9 @@ fn wait(g: &Guard, idx: u32, end: Option<u64>) -> Waited {
         } else if p != last {
             (moved, last) = (now, p);
         }
-        if now - moved > STALL_NS || now - start > WAIT_MAX_NS {
+        // Still UNPLACED after a grace period: our request was lost (ring full) or refused.
+        let unclaimed = st == state::UNPLACED && now - start > UNCLAIMED_NS;
+        if unclaimed || now - moved > STALL_NS || now - start > WAIT_MAX_NS {
             if log::enabled() {
                 log::line(&[b"gave up waiting for the agent, reading the source"]);
             }
@@ -278,7 +286,9 @@ pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
         state::PLACED => {
             switch(g, fd, idx, &entry, word);
         }
-        state::QUEUED | state::PLACING if entry.stat.size >= g.table.prefetch_min_size() => {
+        state::UNPLACED | state::QUEUED | state::PLACING
+            if entry.stat.size >= g.table.prefetch_min_size() =>
+        {
             if let Waited::Placed(w) = wait(g, idx, None) {
                 switch(g, fd, idx, &entry, w);
             }
