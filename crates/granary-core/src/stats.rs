@@ -20,8 +20,8 @@ pub struct AgentCounters {
     pub source_opens: AtomicU64,
     pub source_reads: AtomicU64,
     pub source_bytes: AtomicU64,
-    /// Placements that failed (unreadable source, no room, write error) or found the source
-    /// changed.
+    /// Placements that failed (unreadable source, write error, rename): real errors only; no
+    /// room is `no_room`.
     pub failures: AtomicU64,
     pub stale: AtomicU64,
     /// Bytes of small-file copies taken from the page cache (pages the program had just read):
@@ -30,6 +30,14 @@ pub struct AgentCounters {
     /// Bytes the agent read from the source that the program had read already (a small file's
     /// pages were evicted before the copy). Also counted in `source_bytes`.
     pub duplicate_bytes: AtomicU64,
+    /// Files no tier had room for (SOURCE_ONLY or PARTIAL without a source call): not failures.
+    pub no_room: AtomicU64,
+    /// Chunks of PARTIAL files written to a tier, and their bytes.
+    pub chunks_placed: AtomicU64,
+    pub chunk_bytes_placed: AtomicU64,
+    /// Times source-reading work nobody waited on backed off because the program's own source
+    /// reads were moving (`Shared::stream_for`).
+    pub backoffs: AtomicU64,
 }
 
 impl AgentCounters {
@@ -51,6 +59,10 @@ impl AgentCounters {
             stale: l(&self.stale),
             page_cache_bytes: l(&self.page_cache_bytes),
             duplicate_bytes: l(&self.duplicate_bytes),
+            no_room: l(&self.no_room),
+            chunks_placed: l(&self.chunks_placed),
+            chunk_bytes_placed: l(&self.chunk_bytes_placed),
+            backoffs: l(&self.backoffs),
         }
     }
 }
@@ -73,6 +85,15 @@ pub struct PlacementStats {
     pub page_cache_bytes: u64,
     #[serde(default)]
     pub duplicate_bytes: u64,
+    /// See the `AgentCounters` fields of the same names.
+    #[serde(default)]
+    pub no_room: u64,
+    #[serde(default)]
+    pub chunks_placed: u64,
+    #[serde(default)]
+    pub chunk_bytes_placed: u64,
+    #[serde(default)]
+    pub backoffs: u64,
 }
 
 impl PlacementStats {
@@ -103,6 +124,12 @@ impl PlacementStats {
                 .page_cache_bytes
                 .saturating_sub(before.page_cache_bytes),
             duplicate_bytes: self.duplicate_bytes.saturating_sub(before.duplicate_bytes),
+            no_room: self.no_room.saturating_sub(before.no_room),
+            chunks_placed: self.chunks_placed.saturating_sub(before.chunks_placed),
+            chunk_bytes_placed: self
+                .chunk_bytes_placed
+                .saturating_sub(before.chunk_bytes_placed),
+            backoffs: self.backoffs.saturating_sub(before.backoffs),
         }
     }
 }
@@ -172,7 +199,8 @@ pub struct SourceReport {
 ///   "placement": {"files_placed": 0, "bytes_placed": 0, "tier_files_placed": [..8],
 ///                 "tier_bytes_placed": [..8], "agent_source_opens": 0, "agent_source_reads": 0,
 ///                 "agent_source_bytes": 0, "failures": 0, "stale": 0,
-///                 "page_cache_bytes": 0, "duplicate_bytes": 0},
+///                 "page_cache_bytes": 0, "duplicate_bytes": 0, "no_room": 0,
+///                 "chunks_placed": 0, "chunk_bytes_placed": 0, "backoffs": 0},
 ///   "files_served_from_tiers": 0, "bytes_served_from_tiers": 0, "bytes_placed": 0
 /// }
 /// ```
@@ -267,6 +295,14 @@ impl JobReport {
             "",
             sz(self.placement.page_cache_bytes),
             sz(self.placement.duplicate_bytes)
+        ));
+        s.push_str(&format!(
+            "  {:<28} {:>10} {:>12}   no room {}, backoffs {}\n",
+            "chunks placed (partial)",
+            self.placement.chunks_placed,
+            sz(self.placement.chunk_bytes_placed),
+            self.placement.no_room,
+            self.placement.backoffs
         ));
         s.push_str(&format!(
             "  catalog: {} files, {} dirs, {}; {} reused from an earlier run, {} rejected\n",

@@ -478,3 +478,104 @@ fn enospc_spills_to_the_next_tier() {
     assert_eq!(js2["exit_status"], 0);
     drop(e);
 }
+
+/// Present chunks of a chunk file, from its header (`granary_shm::layout`): one xxh3 per chunk
+/// from byte 64, 0 = absent.
+fn present_chunks(path: &Path, count: u64) -> Vec<u64> {
+    let b = std::fs::read(path).unwrap();
+    (0..count)
+        .filter(|&k| {
+            let at = 64 + 8 * k as usize;
+            u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) != 0
+        })
+        .collect()
+}
+
+/// (f) A 48 MiB file on a 16 MiB tier with 4 MiB chunks: it becomes PARTIAL, at most 16 MiB of
+/// chunks are kept, the program's reads of them come from the chunk file and the rest from the
+/// source; the next job reuses the validated chunks; a chunk corrupted on disk is rejected at
+/// reuse and never served.
+#[test]
+fn file_larger_than_the_tier_is_cached_in_chunks() {
+    let mut e = Env::new();
+    let size = 48 * MIB;
+    let chunk = 4 * MIB;
+    let tier = e.dir.path().join("tier");
+    e.tiers = vec![format!("{}=16M", tier.display())];
+    let cfg = e.dir.path().join("granary.toml");
+    std::fs::write(
+        &cfg,
+        "[placement]\nchunk_size = \"4M\"\nblock_size = \"4M\"\n",
+    )
+    .unwrap();
+    e.add("lmdb/data.mdb", pattern(400, size as usize));
+    // Read twice in one program: the second pass finds chunks placed during the first.
+    e.files.push(e.files[0].clone());
+    let cfg_arg = format!("--config={}", cfg.display());
+    let (o, _) = e.run_reader(&[&cfg_arg]);
+    ok(&o);
+    let src = e.settle();
+    let p = &src["placement"];
+    assert_eq!(p["files_placed"], 0, "it never fits whole: {src}");
+    assert_eq!(p["no_room"], 1, "{src}");
+    assert_eq!(p["failures"], 0, "{src}");
+    let objs = e.objects(&tier);
+    assert_eq!(objs.len(), 1, "one chunk file: {objs:?}");
+    let cf = objs[0].clone();
+    assert!(cf.to_string_lossy().ends_with(".chunks"), "{cf:?}");
+    let present = present_chunks(&cf, size / chunk);
+    let cached = present.len() as u64 * chunk;
+    assert!(
+        cached > 0 && cached <= 16 * MIB,
+        "{present:?} chunks present: {src}"
+    );
+    assert_eq!(p["chunk_bytes_placed"].as_u64(), Some(cached), "{src}");
+    // Every present chunk holds the source's bytes.
+    let data = std::fs::read(&cf).unwrap();
+    let data_off = 4096usize;
+    for &k in &present {
+        let (s, l) = ((k * chunk) as usize, chunk as usize);
+        assert!(
+            data[data_off + s..data_off + s + l] == e.files[0].1[s..s + l],
+            "chunk {k} differs"
+        );
+    }
+
+    // A second job re-walks: the chunks are validated and reused; its reads of them come from
+    // the tier, the rest from the source.
+    e.files.pop();
+    let (o, js) = e.run_reader(&[&cfg_arg]);
+    ok(&o);
+    assert_eq!(js["catalog"]["reused_files"], 1, "{js}");
+    assert_eq!(js["catalog"]["reused_bytes"].as_u64(), Some(cached), "{js}");
+    assert_eq!(js["catalog"]["reuse_rejected"], 0, "{js}");
+    let tier_bytes = js["tiers"][0]["bytes_served"].as_u64().unwrap();
+    let prog = js["source_io"]["bytes"].as_u64().unwrap();
+    assert_eq!(tier_bytes, cached, "the cached part came from chunks: {js}");
+    assert_eq!(prog, size - cached, "the rest from the source: {js}");
+    e.settle();
+    e.stop();
+
+    // Flip a byte inside a present chunk: rejected at reuse, never served.
+    let k = present[0];
+    let mut b = std::fs::read(&cf).unwrap();
+    b[data_off + (k * chunk) as usize + 777] ^= 0x40;
+    std::fs::write(&cf, &b).unwrap();
+    let (o, js) = e.run_reader(&[&cfg_arg]);
+    ok(&o);
+    assert_eq!(js["catalog"]["reuse_rejected"], 1, "{js}");
+    assert_eq!(
+        js["catalog"]["reused_bytes"].as_u64(),
+        Some(cached - chunk),
+        "{js}"
+    );
+    e.settle();
+    let after = std::fs::read(&cf).unwrap();
+    for k in present_chunks(&cf, size / chunk) {
+        let (s, l) = ((k * chunk) as usize, chunk as usize);
+        assert!(
+            after[data_off + s..data_off + s + l] == e.files[0].1[s..s + l],
+            "chunk {k} present but wrong"
+        );
+    }
+}

@@ -6,5 +6,7 @@
 pub mod persist;
 pub mod walk;
 
-pub use persist::{load_persisted, reuse, save, snapshot, write_atomic, Persisted, ReuseOutcome};
+pub use persist::{
+    load_persisted, reuse, reuse_chunked, save, snapshot, write_atomic, Persisted, ReuseOutcome,
+};
 pub use walk::{walk, Progress, Walk, WalkError};

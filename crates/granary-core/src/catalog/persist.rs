@@ -138,8 +138,48 @@ pub fn reuse(
     verify: Verify,
     threads: usize,
 ) -> ReuseOutcome {
+    reuse_chunked(
+        entries,
+        prev,
+        object_dirs,
+        dir_fds,
+        tiers,
+        verify,
+        threads,
+        0,
+    )
+}
+
+/// `reuse`, and PARTIAL entries keep their chunk file when its header matches the file and
+/// `chunk_size` (the new table's) and at least one chunk survives `ChunkFile::validate` (every
+/// recorded chunk re-hashed, whatever `verify` says: a chunk file has no other check). The
+/// entry's bits are the validated chunks; the tier is charged for them. A chunk file with a
+/// chunk that failed its checksum counts once in `rejected`.
+#[allow(clippy::too_many_arguments)]
+pub fn reuse_chunked(
+    entries: &mut [CatalogEntry],
+    prev: Option<&Persisted>,
+    object_dirs: &[PathBuf],
+    dir_fds: &[Option<OwnedFd>],
+    tiers: &Tiers,
+    verify: Verify,
+    threads: usize,
+    chunk_size: u64,
+) -> ReuseOutcome {
     let mut out = ReuseOutcome::default();
-    let mut keep: Vec<HashSet<[u8; 16]>> = vec![HashSet::new(); object_dirs.len()];
+    let mut keep: Vec<HashSet<Vec<u8>>> = vec![HashSet::new(); object_dirs.len()];
+    if let Some(prev) = prev {
+        reuse_partial(
+            entries,
+            prev,
+            object_dirs,
+            dir_fds,
+            tiers,
+            chunk_size,
+            &mut keep,
+            &mut out,
+        );
+    }
     // (entry index, tier, object name, recorded checksum)
     let mut candidates: Vec<(usize, usize, [u8; 16], u64)> = Vec::new();
     if let Some(prev) = prev {
@@ -194,7 +234,7 @@ pub fn reuse(
         }
         e.state = state::word(state::PLACED, t as u8);
         e.checksum = sum;
-        keep[t].insert(name);
+        keep[t].insert(name.to_vec());
         out.files += 1;
         out.bytes += e.stat.size;
     }
@@ -205,7 +245,7 @@ pub fn reuse(
         for de in rd.flatten() {
             let name = de.file_name();
             let b = name.as_bytes();
-            let kept = <[u8; 16]>::try_from(b).is_ok_and(|n| keep[t].contains(&n));
+            let kept = keep[t].contains(b);
             if !kept {
                 match sys::unlink_at(fd, b) {
                     Ok(()) => out.removed += 1,
@@ -215,6 +255,84 @@ pub fn reuse(
         }
     }
     out
+}
+
+/// The PARTIAL half of `reuse_chunked`.
+#[allow(clippy::too_many_arguments)]
+fn reuse_partial(
+    entries: &mut [CatalogEntry],
+    prev: &Persisted,
+    object_dirs: &[PathBuf],
+    dir_fds: &[Option<OwnedFd>],
+    tiers: &Tiers,
+    chunk_size: u64,
+    keep: &mut [HashSet<Vec<u8>>],
+    out: &mut ReuseOutcome,
+) {
+    use crate::placement::chunks::{present_bytes, ChunkFile, ChunkGeometry};
+    if chunk_size == 0 {
+        return;
+    }
+    for e in entries.iter_mut().filter(|e| e.stat.is_file()) {
+        let Some(p) = prev.entries.get(&e.rel_path) else {
+            continue;
+        };
+        // Only files that get a chunk bitmap in the new table (larger than one chunk).
+        if p.size != e.stat.size
+            || p.mtime_ns != e.stat.mtime_ns()
+            || state::state_of(p.state) != state::PARTIAL
+            || e.stat.size <= chunk_size
+        {
+            continue;
+        }
+        let Some(old_dir) = prev.tier_dirs.get(state::tier_of(p.state) as usize) else {
+            continue;
+        };
+        let Some(t) = object_dirs.iter().position(|d| d == old_dir) else {
+            continue;
+        };
+        let Some(fd) = &dir_fds[t] else { continue };
+        let name = granary_shm::chunks_name(object_id(&e.rel_path));
+        let geo = ChunkGeometry {
+            chunk_size,
+            size: e.stat.size,
+            mtime_sec: e.stat.mtime.sec,
+            mtime_nsec: e.stat.mtime.nsec,
+        };
+        let Ok(Some(cf)) = ChunkFile::open_matching(fd, &name, geo) else {
+            continue;
+        };
+        let recorded = (0..geo.count())
+            .filter(|&k| cf.recorded(k).is_ok_and(|s| s != 0))
+            .count() as u64;
+        let Ok(words) = cf.validate() else { continue };
+        let valid: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
+        if valid < recorded {
+            tracing::warn!(
+                "{} of {} cached chunks of {} failed their checksum: dropped, fetched again on demand",
+                recorded - valid,
+                recorded,
+                super::walk::rel_display(&e.rel_path).display()
+            );
+            out.rejected += 1;
+        }
+        if valid == 0 {
+            continue;
+        }
+        // Charged as placement charges them: each chunk rounded to the tier's blocks.
+        let charge: u64 = (0..geo.count())
+            .filter(|&k| words[(k / 64) as usize] & (1 << (k % 64)) != 0)
+            .map(|k| tiers.charge(t, geo.range(k).1))
+            .sum();
+        if !tiers.adopt(t, charge) {
+            continue;
+        }
+        e.state = state::word(state::PARTIAL, t as u8);
+        e.chunks = words;
+        keep[t].insert(name.to_vec());
+        out.files += 1;
+        out.bytes += present_bytes(&geo, &e.chunks);
+    }
 }
 
 /// Re-hashes each candidate's object with `threads` threads; true where it matches.

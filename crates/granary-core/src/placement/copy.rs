@@ -1,5 +1,6 @@
-//! What large-file fetches and small-file copies share: claiming the entry, opening the source,
-//! trying the policy's tiers with a reservation each, and publishing a finished copy.
+//! What large-file fetches and small-file copies share: claiming the entry, reserving room
+//! (before anything touches the source), opening the source, trying the policy's tiers, and
+//! publishing a finished copy.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -10,9 +11,11 @@ use std::sync::atomic::Ordering;
 
 use granary_shm::{object_name, state, EntryRec};
 
+use super::states::{self, EntryState, Finish};
 use super::SourceCtx;
 use crate::stats::AgentCounters;
 use crate::sys;
+use crate::tiers::Reservation;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlaceOutcome {
@@ -40,7 +43,14 @@ pub(super) enum CopyError {
     Lost,
 }
 
-/// An entry this worker owns (moved QUEUED → PLACING), with its source open.
+/// An entry this worker owns (moved QUEUED → PLACING); its source not opened yet.
+pub(super) struct Begun {
+    pub idx: u32,
+    pub entry: EntryRec,
+    pub path: PathBuf,
+}
+
+/// An entry this worker owns, with its source open.
 pub(super) struct Claimed {
     pub idx: u32,
     pub entry: EntryRec,
@@ -48,9 +58,10 @@ pub(super) struct Claimed {
     pub src: File,
 }
 
-/// Moves `idx` QUEUED → PLACING and opens its source, checking it still matches the catalog.
-/// `None` when there is nothing to do (the outcome says why; the state is already final).
-pub(super) fn claim(ctx: &SourceCtx, idx: u32) -> Result<Claimed, PlaceOutcome> {
+/// Moves `idx` QUEUED → PLACING. Touches nothing on the source: the caller reserves room
+/// first, so a file that cannot be placed costs the source no open (a metadata operation on
+/// a PFS). `Err` when there is nothing to do (the outcome says why; the state is final).
+pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Begun, PlaceOutcome> {
     let t = &ctx.table;
     let queued = state::word(state::QUEUED, 0);
     if ctx.retired.load(Ordering::Acquire) {
@@ -61,7 +72,7 @@ pub(super) fn claim(ctx: &SourceCtx, idx: u32) -> Result<Claimed, PlaceOutcome> 
     // reset before the entry says PLACING.
     t.reset_progress(idx);
     let placing = state::word(state::PLACING, 0);
-    if !t.swap_state(idx, queued, placing) {
+    if !states::begin(&EntryState { table: t, idx }) {
         return Err(PlaceOutcome::Skipped);
     }
     let Some((entry, rel)) = t
@@ -72,31 +83,63 @@ pub(super) fn claim(ctx: &SourceCtx, idx: u32) -> Result<Claimed, PlaceOutcome> 
         return Err(PlaceOutcome::SourceOnly);
     };
     let path = ctx.source_real.join(std::ffi::OsStr::from_bytes(&rel));
-    let c = &ctx.counters;
-    let src = match std::fs::OpenOptions::new()
+    Ok(Begun { idx, entry, path })
+}
+
+/// Opens the source of an entry the caller owns, read-only, never through a symlink.
+pub(super) fn open_source(ctx: &SourceCtx, path: &std::path::Path) -> std::io::Result<File> {
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-    {
+        .open(path)?;
+    AgentCounters::add(&ctx.counters.source_opens, 1);
+    Ok(f)
+}
+
+/// Opens the source of a begun entry and checks it still matches the catalog.
+pub(super) fn claim(ctx: &SourceCtx, b: Begun) -> Result<Claimed, PlaceOutcome> {
+    let src = match open_source(ctx, &b.path) {
         Ok(f) => f,
         Err(err) => {
-            tracing::debug!("placement: cannot open {}: {err}", path.display());
-            AgentCounters::add(&c.failures, 1);
-            t.swap_state(idx, placing, state::word(state::SOURCE_ONLY, 0));
-            return Err(PlaceOutcome::SourceOnly);
+            tracing::debug!("placement: cannot open {}: {err}", b.path.display());
+            return Err(source_only(ctx, b.idx));
         }
     };
-    AgentCounters::add(&c.source_opens, 1);
-    if !matches_catalog(&src, &entry) {
-        tracing::debug!("placement: {} changed since the walk", path.display());
-        return Err(stale(ctx, idx));
+    if !matches_catalog(&src, &b.entry) {
+        tracing::debug!("placement: {} changed since the walk", b.path.display());
+        return Err(stale(ctx, b.idx));
     }
     Ok(Claimed {
-        idx,
-        entry,
-        path,
+        idx: b.idx,
+        entry: b.entry,
+        path: b.path,
         src,
     })
+}
+
+/// The first of the policy's tiers with room for `size` (reserved), in the policy's order.
+pub(super) fn reserve_on<'a>(
+    ctx: &'a SourceCtx,
+    tiers_order: &[usize],
+    size: u64,
+) -> Option<Reservation<'a>> {
+    tiers_order.iter().find_map(|&t| {
+        matches!(ctx.object_dirs.get(t), Some(Some(_)))
+            .then(|| ctx.tiers.reserve(t, size))
+            .flatten()
+    })
+}
+
+/// No tier has room for the whole file: SOURCE_ONLY, counted as `no_room` (not a failure),
+/// without a single call on the source.
+pub(super) fn no_room(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
+    AgentCounters::add(&ctx.counters.no_room, 1);
+    let w = ctx.table.state(idx);
+    if state::state_of(w) == state::PLACING {
+        ctx.table
+            .swap_state(idx, w, state::word(state::SOURCE_ONLY, 0));
+    }
+    PlaceOutcome::SourceOnly
 }
 
 /// The entry's state is whatever PLACING word this copy announced last; any other word means
@@ -124,14 +167,17 @@ pub(super) fn source_only(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
     PlaceOutcome::SourceOnly
 }
 
-/// Tries the policy's tiers in order: `write` makes the copy under a temporary name in the
-/// tier's object directory and returns (that name, xxh3 of the bytes). Publishes the first that
-/// succeeds; a tier write error (ENOSPC, EIO, EDQUOT) marks that tier full. No error reaches a
-/// client: the worst outcome is SOURCE_ONLY.
+/// Writes the copy on `first` (reserved by the caller before the source was opened), then on
+/// the policy's later tiers if a tier write fails: `write` makes the copy under a temporary
+/// name in the tier's object directory and returns (that name, xxh3 of the bytes). Publishes
+/// the first that succeeds through `states::finish` (commit, rename, PLACED — in that order); a
+/// tier write error (ENOSPC, EIO, EDQUOT) marks that tier full. No error reaches a client: the
+/// worst outcome is SOURCE_ONLY.
 pub(super) fn place_on_tiers(
     ctx: &SourceCtx,
     cl: &mut Claimed,
-    policy: &dyn super::Policy,
+    order: &[usize],
+    first: Reservation<'_>,
     mut write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<(Vec<u8>, u64), CopyError>,
 ) -> PlaceOutcome {
     let t = &ctx.table;
@@ -140,12 +186,11 @@ pub(super) fn place_on_tiers(
     let idx = cl.idx;
     let size = cl.entry.stat.size;
     let name = object_name(cl.entry.object);
-    for tier in policy.tiers_for(size, tiers) {
+    let mut next = Some(first);
+    while let Some(res) = next.take() {
+        let tier = res.tier();
         let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
-            continue;
-        };
-        let Some(res) = tiers.reserve(tier, size) else {
-            continue;
+            break;
         };
         let (tmp, sum) = match write(cl, tier, dir) {
             Ok(x) => x,
@@ -158,6 +203,7 @@ pub(super) fn place_on_tiers(
             Err(CopyError::Tier(err)) => {
                 drop(res);
                 tier_failed(ctx, tier, &err);
+                next = later_tier(ctx, order, tier, size);
                 continue;
             }
         };
@@ -166,39 +212,51 @@ pub(super) fn place_on_tiers(
             let _ = sys::unlink_at(dir, &tmp);
             return stale(ctx, idx);
         }
-        // Commit before the rename (as `states::finish` argues): once the object name exists an
-        // INVALIDATE handler may unlink it and release its charge as a committed one.
-        let charge = res.commit();
-        if let Err(err) = sys::rename_at(dir, &tmp, &name) {
-            tracing::debug!("placement: rename in tier {tier} failed: {err}");
-            let _ = sys::unlink_at(dir, &tmp);
-            tiers.release(tier, charge);
-            continue;
-        }
+        // Read by clients only once the word says PLACED, which `finish` stores last.
         t.set_checksum(idx, sum);
-        let placing = t.state(idx);
-        if state::state_of(placing) != state::PLACING
-            || !t.swap_state(idx, placing, state::word(state::PLACED, tier as u8))
-        {
-            // A client invalidated the file while we copied: the copy is void. Whoever unlinks
-            // it (we or the INVALIDATE handler) gives the space back.
-            if sys::unlink_at(dir, &name).is_ok() {
-                tiers.release(tier, charge);
+        let cell = EntryState { table: t, idx };
+        let out = states::finish(
+            &cell,
+            tiers,
+            res,
+            || sys::rename_at(dir, &tmp, &name),
+            || sys::unlink_at(dir, &name).is_ok(),
+        );
+        match out {
+            Finish::Placed { .. } => {
+                AgentCounters::add(&c.files_placed, 1);
+                AgentCounters::add(&c.bytes_placed, size);
+                AgentCounters::add(&c.tier_files[tier], 1);
+                AgentCounters::add(&c.tier_bytes[tier], size);
+                return PlaceOutcome::Placed { tier, bytes: size };
             }
-            return PlaceOutcome::Skipped;
+            Finish::RenameFailed => {
+                tracing::debug!("placement: rename in tier {tier} failed");
+                let _ = sys::unlink_at(dir, &tmp);
+                next = later_tier(ctx, order, tier, size);
+            }
+            // A client invalidated the file while we copied: the copy is void, and whoever
+            // unlinked it (we or the INVALIDATE handler) gave the space back.
+            Finish::Invalidated => return PlaceOutcome::Skipped,
         }
-        AgentCounters::add(&c.files_placed, 1);
-        AgentCounters::add(&c.bytes_placed, size);
-        AgentCounters::add(&c.tier_files[tier], 1);
-        AgentCounters::add(&c.tier_bytes[tier], size);
-        return PlaceOutcome::Placed { tier, bytes: size };
     }
     source_only(ctx, idx)
 }
 
+/// A reservation on a tier after `failed` in the policy's order.
+fn later_tier<'a>(
+    ctx: &'a SourceCtx,
+    order: &[usize],
+    failed: usize,
+    size: u64,
+) -> Option<Reservation<'a>> {
+    let at = order.iter().position(|&t| t == failed)?;
+    reserve_on(ctx, &order[at + 1..], size)
+}
+
 /// A write to `tier` failed: ENOSPC/EDQUOT/EIO mean the tier cannot take more now, whatever
 /// the accounting says (a tier configured larger than its file system, a failing disk).
-fn tier_failed(ctx: &SourceCtx, tier: usize, err: &std::io::Error) {
+pub(super) fn tier_failed(ctx: &SourceCtx, tier: usize, err: &std::io::Error) {
     let full = matches!(
         err.raw_os_error(),
         Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EIO) | Some(libc::EFBIG)

@@ -14,23 +14,36 @@ use std::os::fd::OwnedFd;
 
 use granary_shm::{part_name, state};
 
-use super::copy::{claim, place_on_tiers, still_ours, write_all, Claimed, CopyError};
+use super::copy::{
+    begin, claim, place_on_tiers, reserve_on, still_ours, write_all, Claimed, CopyError,
+};
 use super::pool::Shared;
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
 use crate::sys;
 
-pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut [u8]) -> PlaceOutcome {
+pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) -> PlaceOutcome {
+    let b = match begin(ctx, idx) {
+        Ok(b) => b,
+        Err(out) => return out,
+    };
+    // Room first: a file no tier can take never costs the source an open.
+    let size = b.entry.stat.size;
+    let order = sh.policy.tiers_for(size, &ctx.tiers);
+    let Some(res) = reserve_on(ctx, &order, size) else {
+        return super::partial::no_room_for_whole(ctx, b, sh, buf);
+    };
     // One source stream for the whole file: sequential reads of one file are what a PFS serves
-    // best, and the cap keeps many workers (and nodes) from hammering it.
-    let _stream = sh.streams.acquire();
-    let mut cl = match claim(ctx, idx) {
+    // best, and the cap keeps many workers (and nodes) from hammering it. A program may be
+    // waiting on this fetch: it never backs off.
+    let _stream = sh.stream_for(ctx, true);
+    let mut cl = match claim(ctx, b) {
         Ok(cl) => cl,
         Err(out) => return out,
     };
     let block = (sh.params.block_size as usize).clamp(4096, buf.len());
     sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
-    let out = place_on_tiers(ctx, &mut cl, sh.policy.as_ref(), |cl, tier, dir| {
+    let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
         copy_part(ctx, cl, tier, dir, &mut buf[..block])
     });
     // Whatever happened, the source's pages are not needed by us any more: the copy (or the

@@ -10,6 +10,7 @@
 pub mod chunks;
 mod copy;
 mod fetch;
+mod partial;
 mod policy;
 mod pool;
 mod requests;
@@ -18,10 +19,11 @@ pub mod states;
 
 pub use copy::{object_dir, PlaceOutcome};
 pub use fetch::fetch_large;
+pub use partial::{release_partial_charges, Partials};
 pub use policy::{
     free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy,
 };
-pub use pool::{default_workers, Job, Kind, Pool, Shared, Stream, Streams};
+pub use pool::{default_workers, Held, Job, Kind, Pool, Shared, Stream, Streams};
 pub use requests::handle_request;
 pub use small::copy_small;
 
@@ -75,7 +77,7 @@ impl Params {
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use granary_shm::{Mapping, Table};
@@ -102,6 +104,32 @@ pub struct SourceCtx {
     /// Placement work the agent holds for this table: jobs queued or running in the pool, plus
     /// a request the ring consumer has popped and not yet handed on (see `pending`).
     pub inflight: AtomicUsize,
+    /// Entries in PARTIAL state the agent has touched: their chunk files and chunks in flight.
+    pub partials: Partials,
+    /// Whether the program's own source reads are moving (`program_busy`).
+    pub program: ProgramReads,
+}
+
+/// The program's source reads (`job::SOURCE_READS` summed over the table's job slots) as last
+/// sampled, and when the sum last changed.
+#[derive(Debug, Default)]
+pub struct ProgramReads {
+    last: AtomicU64,
+    /// `mono_ns()` of the last change (0: never).
+    moved_ns: AtomicU64,
+    sampled_ns: AtomicU64,
+}
+
+/// The program's reads count as "now" for this long after they moved.
+pub const BUSY_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Nanoseconds since the first call in this process (never 0).
+fn mono_ns() -> u64 {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    BASE.get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+        + 1
 }
 
 impl SourceCtx {
@@ -116,8 +144,35 @@ impl SourceCtx {
     /// `inflight` (fenced likewise) never misses a request in hand.
     pub fn pending(&self, busy_entries: u64) -> u64 {
         let ring = self.table.ring_backlog();
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        let held = self.inflight.load(std::sync::atomic::Ordering::Acquire) as u64;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let held = self.inflight.load(Ordering::Acquire) as u64;
         ring + held.max(busy_entries)
+    }
+
+    /// Samples the program's source reads (at most every 10 ms; the ring consumer calls this on
+    /// every pass, so a change is seen within about that long).
+    pub fn sample_program_reads(&self) {
+        let p = &self.program;
+        let now = mono_ns();
+        if now.saturating_sub(p.sampled_ns.load(Ordering::Relaxed)) < 10_000_000 {
+            return;
+        }
+        p.sampled_ns.store(now, Ordering::Relaxed);
+        let t = &self.table;
+        let sum = (0..t.job_slots())
+            .filter_map(|s| t.counter(s, granary_shm::job::SOURCE_READS))
+            .map(|c| c.load(Ordering::Relaxed))
+            .fold(0u64, u64::wrapping_add);
+        if p.last.swap(sum, Ordering::Relaxed) != sum {
+            p.moved_ns.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// True if the program read the source within the last `BUSY_WINDOW`: placement work that
+    /// reads the source and that nobody waits on should back off.
+    pub fn program_busy(&self) -> bool {
+        self.sample_program_reads();
+        let moved = self.program.moved_ns.load(Ordering::Relaxed);
+        moved != 0 && mono_ns().saturating_sub(moved) < BUSY_WINDOW.as_nanos() as u64
     }
 }

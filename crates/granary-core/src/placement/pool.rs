@@ -17,6 +17,10 @@ pub enum Kind {
     /// Copy of a small file the program has read, from the page cache (`small::copy_small`):
     /// nobody waits for it.
     Small,
+    /// Chunks of a PARTIAL file (`partial::chunk_job`) from chunk `first`: `requested` = a
+    /// client's read missed it (CHUNK; it goes first), else a sequential prefetch from `first`
+    /// while capacity allows.
+    Chunk { first: u32, requested: bool },
 }
 
 pub struct Job {
@@ -82,6 +86,9 @@ pub struct Shared {
     /// deadline passes. Keyed by (table, entry).
     delayed: Mutex<HashMap<(usize, u32), (Instant, Job)>>,
     pub streams: Streams,
+    /// One stream: what source-reading work nobody waits on holds, besides its stream, while
+    /// the program's own source reads are moving (`stream_for`).
+    background: Streams,
     pub params: Params,
     pub policy: Arc<dyn Policy>,
 }
@@ -118,6 +125,7 @@ impl Pool {
             ready: Condvar::new(),
             delayed: Mutex::default(),
             streams: Streams::new(params.max_source_streams),
+            background: Streams::new(1),
             params,
             policy,
         });
@@ -194,11 +202,39 @@ impl Pool {
     }
 }
 
+/// A source stream held by a placement, and the background slot when it backed off.
+pub struct Held<'a> {
+    // Dropped after the stream (fields drop in order): the slot was taken first.
+    _stream: Stream<'a>,
+    _background: Option<Stream<'a>>,
+}
+
+impl Shared {
+    /// A source stream for placement work on `ctx`. Work a client waits on (`waited`: a large
+    /// file it opened, a chunk its read missed) keeps its priority. Work nobody waits on (a
+    /// small copy whose pages are gone, chunk prefetch) backs off while the program's own
+    /// source reads moved within the last `BUSY_WINDOW` (`SourceCtx::program_busy`): such work
+    /// then runs one stream at a time node-wide, so the program's reads find the source free.
+    pub fn stream_for(&self, ctx: &SourceCtx, waited: bool) -> Held<'_> {
+        let background = (!waited && ctx.program_busy()).then(|| {
+            crate::stats::AgentCounters::add(&ctx.counters.backoffs, 1);
+            self.background.acquire()
+        });
+        Held {
+            _stream: self.streams.acquire(),
+            _background: background,
+        }
+    }
+}
+
 fn enqueue(sh: &Shared, job: Job) {
     let mut q = lock(&sh.queue);
     match job.kind {
-        Kind::Fetch => q.high.push_back(job),
-        Kind::Small => q.low.push_back(job),
+        Kind::Fetch
+        | Kind::Chunk {
+            requested: true, ..
+        } => q.high.push_back(job),
+        Kind::Small | Kind::Chunk { .. } => q.low.push_back(job),
     }
     drop(q);
     sh.ready.notify_one();
@@ -222,6 +258,14 @@ fn worker(sh: &Shared) {
         let out = match job.kind {
             Kind::Fetch => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
             Kind::Small => super::small::copy_small(&job.ctx, job.entry, sh, &mut buf),
+            Kind::Chunk { first, requested } => super::partial::chunk_job(
+                &job.ctx,
+                job.entry,
+                sh,
+                first as u64,
+                requested,
+                &mut buf,
+            ),
         };
         tracing::trace!("placement of entry {} ({:?}): {out:?}", job.entry, job.kind);
         job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);

@@ -2,6 +2,7 @@ use std::sync::Arc;
 
 use granary_shm::{object_name, request, state};
 
+use super::states::{self, EntryState};
 use super::{Job, Kind, Pool, SourceCtx};
 use crate::sys;
 
@@ -9,7 +10,7 @@ use crate::sys;
 /// clients: each is checked against the entry's current state before anything happens.
 ///
 /// `arg` is the request's argument (`request::arg_of`; the chunk index of CHUNK).
-pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, _arg: u32, pool: &Pool) {
+pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: &Pool) {
     let t = &ctx.table;
     let tiers = &*ctx.tiers;
     let Some(e) = t.entry(idx) else { return };
@@ -56,16 +57,27 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, _arg: u32, pool:
                 });
             }
         }
-        request::INVALIDATE => {
-            // The client already marked the entry STALE; drop any copy so its space comes back.
-            let w = t.state(idx);
-            if state::state_of(w) == state::PLACED {
-                t.set_state(idx, state::word(state::STALE, 0));
+        request::CHUNK => {
+            // A client's read of a PARTIAL file missed chunk `arg`.
+            if state::state_of(t.state(idx)) == state::PARTIAL {
+                super::partial::request_chunk(ctx, idx, arg as u64, pool);
             }
+        }
+        request::INVALIDATE => {
+            // The client already marked the entry STALE; withdraw a placed copy (one CAS, so a
+            // state set in between is never overwritten) and drop any copy or chunk file so its
+            // space comes back.
+            states::invalidate_by_agent(&EntryState { table: t, idx });
             drop_copies(ctx, &e);
+            super::partial::drop_partial(ctx, idx);
         }
         request::DAMAGED => {
             let w = t.state(idx);
+            if state::state_of(w) == state::PARTIAL {
+                // A chunk file that cannot be used: withdraw it, the next open starts over.
+                super::partial::withdraw_partial(ctx, idx, w);
+                return;
+            }
             if state::state_of(w) != state::PLACED {
                 return;
             }
@@ -80,7 +92,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, _arg: u32, pool:
                 return;
             }
             // Withdraw it first so no new client opens it, then delete and give the space back.
-            if t.swap_state(idx, w, state::word(state::UNPLACED, 0)) {
+            if states::withdraw(&EntryState { table: t, idx }, w) {
                 tracing::debug!("damaged copy of entry {idx} on tier {tier}: removing");
                 // Wrong or gone (deleted behind our back): either way its space is still charged.
                 let _ = sys::unlink_at(dir, &name);
@@ -92,12 +104,12 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, _arg: u32, pool:
 }
 
 fn drop_copies(ctx: &SourceCtx, e: &granary_shm::EntryRec) {
-    let tiers = &*ctx.tiers;
     let name = object_name(e.object);
     for (tier, dir) in ctx.object_dirs.iter().enumerate() {
         let Some(dir) = dir else { continue };
-        if sys::unlink_at(dir, &name).is_ok() {
-            tiers.release(tier, tiers.charge(tier, e.stat.size));
-        }
+        // Racing with a worker's `states::finish`: whoever unlinks releases, once.
+        states::drop_object(&ctx.tiers, tier, e.stat.size, || {
+            sys::unlink_at(dir, &name).is_ok()
+        });
     }
 }

@@ -8,8 +8,8 @@
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::copy::{claim, place_on_tiers, write_all, Claimed, CopyError};
-use super::pool::{Shared, Stream};
+use super::copy::{begin, claim, place_on_tiers, reserve_on, write_all, Claimed, CopyError};
+use super::pool::{Held, Shared};
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
 use crate::sys;
@@ -20,13 +20,23 @@ static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 /// what is missing (the next cached run is tried again after it).
 const UNCACHED_READ: usize = 128 << 10;
 
-pub fn copy_small(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut [u8]) -> PlaceOutcome {
-    let mut cl = match claim(ctx, idx) {
+pub fn copy_small(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) -> PlaceOutcome {
+    let b = match begin(ctx, idx) {
+        Ok(b) => b,
+        Err(out) => return out,
+    };
+    // Room first: a file no tier can take never costs the source an open.
+    let size = b.entry.stat.size;
+    let order = sh.policy.tiers_for(size, &ctx.tiers);
+    let Some(res) = reserve_on(ctx, &order, size) else {
+        return super::partial::no_room_for_whole(ctx, b, sh, buf);
+    };
+    let mut cl = match claim(ctx, b) {
         Ok(cl) => cl,
         Err(out) => return out,
     };
     let mut stream = None;
-    place_on_tiers(ctx, &mut cl, sh.policy.as_ref(), |cl, _tier, dir| {
+    place_on_tiers(ctx, &mut cl, &order, res, |cl, _tier, dir| {
         copy_tmp(ctx, cl, dir, buf, sh, &mut stream)
     })
 }
@@ -37,7 +47,7 @@ fn copy_tmp<'s>(
     dir: &OwnedFd,
     buf: &mut [u8],
     sh: &'s Shared,
-    stream: &mut Option<Stream<'s>>,
+    stream: &mut Option<Held<'s>>,
 ) -> Result<(Vec<u8>, u64), CopyError> {
     let tmp = format!(
         ".tmp-{:016x}-{}-{}",
@@ -76,9 +86,10 @@ fn copy_tmp<'s>(
                 cached
             } else {
                 // Not cached: the program's pages were evicted (or never cached). One stream,
-                // taken once per file, as for any source read.
+                // taken once per file, as for any source read; nobody waits for this copy, so
+                // it backs off while the program reads the source itself.
                 if stream.is_none() {
-                    *stream = Some(sh.streams.acquire());
+                    *stream = Some(sh.stream_for(ctx, false));
                 }
                 let want = want.min(if nowait { UNCACHED_READ } else { want });
                 let n = match std::os::unix::fs::FileExt::read_at(&cl.src, &mut buf[..want], off) {

@@ -138,7 +138,11 @@ pub fn finish(
         tiers.release(tier, charge);
         return Finish::RenameFailed;
     }
-    if c.cas(w(state::PLACING), state::word(state::PLACED, tier as u8)) {
+    // The worker announced `PLACING | tier` (a large file's part names its tier); any PLACING
+    // word is ours, anything else means a client took the entry away.
+    let cur = c.load();
+    if state::state_of(cur) == state::PLACING && c.cas(cur, state::word(state::PLACED, tier as u8))
+    {
         return Finish::Placed { charge };
     }
     if unlink() {

@@ -24,6 +24,8 @@ pub fn consume(agent: Arc<Agent>) {
             .collect();
         let mut did = 0usize;
         for ctx in &ctxs {
+            // Placement backs off while the program's own source reads move.
+            ctx.sample_program_reads();
             // Bounded per pass so one busy source cannot starve the others.
             for _ in 0..4096 {
                 // Held from before the pop until the request is handed on, so `pending` never

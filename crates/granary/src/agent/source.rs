@@ -120,7 +120,7 @@ impl SourceState {
             }
             object_dirs.push(dir);
         }
-        let reused = catalog::reuse(
+        let reused = catalog::reuse_chunked(
             &mut entries,
             prev.as_ref(),
             &object_dirs,
@@ -128,6 +128,7 @@ impl SourceState {
             &tiers,
             verify,
             hashers,
+            params.chunk_size,
         );
         let spec = TableSpec {
             source: self.source.as_os_str().as_bytes().to_vec(),
@@ -166,6 +167,8 @@ impl SourceState {
             counters: self.counters.clone(),
             retired: AtomicBool::new(false),
             inflight: AtomicUsize::new(0),
+            partials: Default::default(),
+            program: Default::default(),
         });
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx);
         let mut stats = walk.stats;
@@ -228,6 +231,8 @@ impl SourceState {
                 }
             }
         }
+        // Chunk files are charged per present chunk; the next walk re-adopts what it keeps.
+        granary_core::placement::release_partial_charges(&ctx);
         t.set_valid(false);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = None;
         if let Some(p) = inner.table_path.take() {

@@ -1,0 +1,444 @@
+//! Partial copies (`state::PARTIAL`): a file no tier has room for, kept as fixed-size chunks of
+//! a sparse `<object>.chunks` file (`placement::chunks`) on the tier with most free space.
+//!
+//! When a placement finds no room for the whole file and the file has a chunk bitmap, the
+//! chunk file is created, the entry becomes `PARTIAL | tier << 8`, and the worker fetches
+//! chunks sequentially from the start (a streaming reader wants them next) while capacity
+//! allows. A client read that misses a chunk pushes CHUNK; the agent fetches that chunk and the
+//! missing ones right after it, up to `block_size`, in one source read.
+//!
+//! Per chunk: reserve its bytes (no room: stop), write it, checksum it into the header, commit
+//! the reservation, and only then set the table's bit. Commit and bit happen together under the
+//! entry's lock, and dropping the chunk file (INVALIDATE, DAMAGED) clears the bits, unlinks the
+//! file and releases the charge of the set bits under the same lock: the tier is charged exactly
+//! for the chunks whose bits are set, so it is released once, however the two race.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use granary_shm::{chunks_name, state, EntryRec};
+
+use super::chunks::{self, ChunkFile, ChunkGeometry};
+use super::copy::{matches_catalog, no_room, open_source, source_only, tier_failed, Begun};
+use super::pool::{Job, Kind, Pool, Shared};
+use super::{free_space, PlaceOutcome, SourceCtx};
+use crate::stats::AgentCounters;
+use crate::sys;
+
+/// The PARTIAL entries of one table the agent has touched, by entry index.
+#[derive(Debug, Default)]
+pub struct Partials {
+    map: Mutex<HashMap<u32, Arc<Mutex<Slot>>>>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    /// `None` once the chunk file was dropped: jobs still running commit nothing.
+    file: Option<Arc<ChunkFile>>,
+    tier: usize,
+    /// Chunks queued or being fetched (so a CHUNK request for them is ignored).
+    busy: Vec<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The chunk geometry of an entry in this table.
+fn geometry(ctx: &SourceCtx, e: &EntryRec) -> ChunkGeometry {
+    ChunkGeometry {
+        chunk_size: ctx.table.chunk_size(),
+        size: e.stat.size,
+        mtime_sec: e.stat.mtime.sec,
+        mtime_nsec: e.stat.mtime.nsec,
+    }
+}
+
+/// Bytes charged on `tier` for the chunks whose bits are set.
+fn present_charge(ctx: &SourceCtx, idx: u32, geo: &ChunkGeometry, tier: usize) -> u64 {
+    (0..ctx.table.chunk_count(idx))
+        .filter(|&k| ctx.table.chunk_present(idx, k))
+        .map(|k| ctx.tiers.charge(tier, geo.range(k).1))
+        .sum()
+}
+
+/// The entry's slot; opened from its chunk file on first use when the entry is PARTIAL (a chunk
+/// file reused from an earlier run). `None` if the entry is not PARTIAL or its file is unusable.
+fn slot(ctx: &SourceCtx, idx: u32) -> Option<Arc<Mutex<Slot>>> {
+    let mut map = lock(&ctx.partials.map);
+    if let Some(s) = map.get(&idx) {
+        return Some(s.clone());
+    }
+    let w = ctx.table.state(idx);
+    if state::state_of(w) != state::PARTIAL {
+        return None;
+    }
+    let tier = state::tier_of(w) as usize;
+    let e = ctx.table.entry(idx)?;
+    let geo = geometry(ctx, &e);
+    let opened = ctx
+        .object_dirs
+        .get(tier)
+        .and_then(|d| d.as_ref())
+        .and_then(|dir| ChunkFile::open_matching(dir, &chunks_name(e.object), geo).ok())
+        .flatten();
+    let Some(cf) = opened else {
+        drop(map);
+        tracing::debug!("chunk file of entry {idx} is gone or foreign: withdrawn");
+        withdraw_partial(ctx, idx, w);
+        return None;
+    };
+    let s = Arc::new(Mutex::new(Slot {
+        file: Some(Arc::new(cf)),
+        tier,
+        busy: vec![false; geo.count() as usize],
+    }));
+    map.insert(idx, s.clone());
+    Some(s)
+}
+
+/// No tier has room for the whole file `b` (the caller owns it, PLACING, source untouched):
+/// with a chunk bitmap it becomes PARTIAL on the policy's chunk tier and the worker fetches
+/// chunks from the start; otherwise SOURCE_ONLY (`no_room`).
+pub(super) fn no_room_for_whole(
+    ctx: &SourceCtx,
+    b: Begun,
+    sh: &Shared,
+    buf: &mut Vec<u8>,
+) -> PlaceOutcome {
+    let idx = b.idx;
+    let t = &ctx.table;
+    if t.chunk_count(idx) == 0 || t.chunk_size() == 0 {
+        return no_room(ctx, idx);
+    }
+    let geo = geometry(ctx, &b.entry);
+    let first_len = geo.range(0).1;
+    let free = free_space(&ctx.tiers);
+    let tier = sh.policy.chunk_tier(&ctx.tiers).filter(|&tier| {
+        matches!(ctx.object_dirs.get(tier), Some(Some(_)))
+            && free
+                .get(tier)
+                .is_some_and(|&f| f >= ctx.tiers.charge(tier, first_len))
+    });
+    let (Some(tier), Some(Some(dir))) = (tier, tier.and_then(|x| ctx.object_dirs.get(x))) else {
+        return no_room(ctx, idx);
+    };
+    AgentCounters::add(&ctx.counters.no_room, 1);
+    let name = chunks_name(b.entry.object);
+    // A leftover (the walk keeps only validated chunk files of PARTIAL entries) is never
+    // continued: nothing vouches for it.
+    let _ = sys::unlink_at(dir, &name);
+    let cf = match ChunkFile::create(dir, &name, geo) {
+        Ok(cf) => cf,
+        Err(err) => {
+            tier_failed(ctx, tier, &err);
+            return source_only(ctx, idx);
+        }
+    };
+    // The slot exists before the word says PARTIAL, so the first CHUNK request finds it.
+    lock(&ctx.partials.map).insert(
+        idx,
+        Arc::new(Mutex::new(Slot {
+            file: Some(Arc::new(cf)),
+            tier,
+            busy: vec![false; geo.count() as usize],
+        })),
+    );
+    let placing = t.state(idx);
+    if state::state_of(placing) != state::PLACING
+        || !t.swap_state(idx, placing, state::word(state::PARTIAL, tier as u8))
+    {
+        // A client invalidated it meanwhile; nothing was charged yet.
+        lock(&ctx.partials.map).remove(&idx);
+        let _ = sys::unlink_at(dir, &name);
+        return PlaceOutcome::Skipped;
+    }
+    // The program just opened it: a streaming reader wants the start next.
+    chunk_job(ctx, idx, sh, 0, false, buf)
+}
+
+/// CHUNK from a client (its read missed chunk `k`): queue a fetch unless the chunk is present,
+/// already queued or being fetched, or there is no room for it.
+pub fn request_chunk(ctx: &Arc<SourceCtx>, idx: u32, k: u64, pool: &Pool) {
+    if ctx.retired.load(std::sync::atomic::Ordering::Acquire)
+        || k >= ctx.table.chunk_count(idx)
+        || ctx.table.chunk_present(idx, k)
+    {
+        return;
+    }
+    let Some(s) = slot(ctx, idx) else { return };
+    let mut g = lock(&s);
+    if g.file.is_none() || g.busy.get(k as usize) != Some(&false) {
+        return;
+    }
+    let Some(e) = ctx.table.entry(idx) else {
+        return;
+    };
+    let len = geometry(ctx, &e).range(k).1;
+    // Cheap early answer for a full tier: every missed read of a file that cannot grow would
+    // otherwise queue a job that only finds no room.
+    if free_space(&ctx.tiers)
+        .get(g.tier)
+        .is_none_or(|&f| f < ctx.tiers.charge(g.tier, len))
+    {
+        return;
+    }
+    g.busy[k as usize] = true;
+    drop(g);
+    pool.submit(Job {
+        ctx: ctx.clone(),
+        entry: idx,
+        kind: Kind::Chunk {
+            first: k as u32,
+            requested: true,
+        },
+    });
+}
+
+/// Fetches chunks of a PARTIAL entry: with `requested`, chunk `first` (already marked busy by
+/// `request_chunk`) and the missing chunks right after it, up to `block_size`, in one source
+/// read; otherwise runs of missing chunks from `first` on, until the end or no room.
+pub(super) fn chunk_job(
+    ctx: &SourceCtx,
+    idx: u32,
+    sh: &Shared,
+    first: u64,
+    requested: bool,
+    buf: &mut Vec<u8>,
+) -> PlaceOutcome {
+    let Some(s) = slot(ctx, idx) else {
+        return PlaceOutcome::Skipped;
+    };
+    let out = fetch_runs(ctx, idx, sh, &s, first, requested, buf);
+    if requested {
+        // However it ended, the requested chunk is no longer queued.
+        if let Some(b) = lock(&s).busy.get_mut(first as usize) {
+            *b = false;
+        }
+    }
+    out
+}
+
+fn fetch_runs(
+    ctx: &SourceCtx,
+    idx: u32,
+    sh: &Shared,
+    s: &Mutex<Slot>,
+    first: u64,
+    requested: bool,
+    buf: &mut Vec<u8>,
+) -> PlaceOutcome {
+    let t = &ctx.table;
+    let c = &ctx.counters;
+    let Some(e) = t.entry(idx) else {
+        return PlaceOutcome::Skipped;
+    };
+    let geo = geometry(ctx, &e);
+    let mut src = None;
+    let mut cursor = first;
+    let mut placed = 0u64;
+    let mut tier = 0;
+    loop {
+        if ctx.retired.load(std::sync::atomic::Ordering::Acquire) {
+            break;
+        }
+        // The next run: its chunks are marked busy while we hold them.
+        let (cf, k0, n) = {
+            let mut g = lock(s);
+            let Some(cf) = g.file.clone() else { break };
+            tier = g.tier;
+            let present = |k: u64| t.chunk_present(idx, k);
+            let k0 = if requested {
+                if cursor != first {
+                    break;
+                }
+                first
+            } else {
+                match (cursor..geo.count()).find(|&k| !present(k) && !g.busy[k as usize]) {
+                    Some(k) => k,
+                    None => break,
+                }
+            };
+            let n = chunks::coalesce(&geo, k0, sh.params.block_size, |k| {
+                present(k) || (k != k0 && g.busy[k as usize])
+            });
+            if n == 0 {
+                break;
+            }
+            for k in k0..k0 + n {
+                g.busy[k as usize] = true;
+            }
+            (cf, k0, n)
+        };
+        // Room for each chunk before the source is touched; the run ends at the first that
+        // does not fit.
+        let mut res: Vec<_> = (k0..k0 + n)
+            .map_while(|k| ctx.tiers.reserve(tier, geo.range(k).1))
+            .map(Some)
+            .collect();
+        let got = res.len() as u64;
+        if got < n {
+            let mut g = lock(s);
+            for k in k0 + got..k0 + n {
+                g.busy[k as usize] = false;
+            }
+        }
+        if got == 0 {
+            // The tier is full: the rest of the file stays on the source (`no_room` counts
+            // files, and this one was counted when it became PARTIAL).
+            break;
+        }
+        // A requested chunk is waited on; the chunks after it ride along in the same read.
+        // Sequential prefetch is waited on by nobody and backs off.
+        let _stream = sh.stream_for(ctx, requested);
+        if src.is_none() {
+            let path = t.rel_path(&e).map(|r| {
+                use std::os::unix::ffi::OsStrExt;
+                ctx.source_real.join(std::ffi::OsStr::from_bytes(r))
+            });
+            match path.map(|p| open_source(ctx, &p)) {
+                Some(Ok(f)) if matches_catalog(&f, &e) => {
+                    sys::fadvise(&f, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+                    src = Some(f);
+                }
+                other => {
+                    let failed = !matches!(other, Some(Ok(_)));
+                    unbusy(s, k0, n);
+                    if failed {
+                        AgentCounters::add(&c.failures, 1);
+                    } else {
+                        AgentCounters::add(&c.stale, 1);
+                    }
+                    break;
+                }
+            }
+        }
+        let Some(f) = src.as_ref() else { break };
+        let r = chunks::fetch(f, &cf, k0, got, buf, |k| {
+            let mut g = lock(s);
+            let live = g.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &cf));
+            let Some(r) = res[(k - k0) as usize].take() else {
+                return;
+            };
+            if live {
+                // Commit and bit together, under the lock `drop_partial` takes.
+                let len = geo.range(k).1;
+                r.commit();
+                t.set_chunk(idx, k, true);
+                AgentCounters::add(&c.chunks_placed, 1);
+                AgentCounters::add(&c.chunk_bytes_placed, len);
+                AgentCounters::add(&c.tier_bytes[tier], len);
+                placed += len;
+            }
+            g.busy[k as usize] = false;
+        });
+        drop(res);
+        unbusy(s, k0, n);
+        match r {
+            Ok(bytes) => {
+                AgentCounters::add(&c.source_reads, 1);
+                AgentCounters::add(&c.source_bytes, bytes);
+            }
+            Err(err) => {
+                if matches!(
+                    err.raw_os_error(),
+                    Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EIO) | Some(libc::EFBIG)
+                ) {
+                    tier_failed(ctx, tier, &err);
+                } else {
+                    AgentCounters::add(&c.failures, 1);
+                    tracing::debug!("chunks of entry {idx}: {err}");
+                }
+                break;
+            }
+        }
+        cursor = k0 + got;
+    }
+    if let Some(f) = &src {
+        // The chunk file has the bytes now; the source's pages are not ours to keep.
+        sys::fadvise(f, 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+    if placed > 0 {
+        PlaceOutcome::Placed {
+            tier,
+            bytes: placed,
+        }
+    } else {
+        PlaceOutcome::Skipped
+    }
+}
+
+fn unbusy(s: &Mutex<Slot>, k0: u64, n: u64) {
+    let mut g = lock(s);
+    for k in k0..k0 + n {
+        if let Some(b) = g.busy.get_mut(k as usize) {
+            *b = false;
+        }
+    }
+}
+
+/// Drops the entry's chunk file (INVALIDATE: the client already stored STALE; DAMAGED: after
+/// `withdraw_partial` moved the word): the bits are cleared, the file unlinked, and the charge
+/// of the set bits released on the tier whose file this call removed. Jobs still running see
+/// the slot empty and commit nothing more.
+pub fn drop_partial(ctx: &SourceCtx, idx: u32) {
+    let mut map = lock(&ctx.partials.map);
+    let s = map.remove(&idx);
+    let mut g = s.as_ref().map(|s| lock(s));
+    if let Some(g) = g.as_mut() {
+        g.file = None;
+    }
+    let Some(e) = ctx.table.entry(idx) else {
+        return;
+    };
+    let geo = geometry(ctx, &e);
+    let name = chunks_name(e.object);
+    // The chunks were charged on the slot's tier (when we know it); the one unlink that
+    // succeeds gives that charge back (as `states::drop_object` does for whole copies).
+    let charged = g.as_ref().map(|g| g.tier);
+    for (tier, dir) in ctx.object_dirs.iter().enumerate() {
+        let Some(dir) = dir else { continue };
+        if charged.is_some_and(|c| c != tier) {
+            continue;
+        }
+        let charge = present_charge(ctx, idx, &geo, tier);
+        if sys::unlink_at(dir, &name).is_ok() {
+            ctx.tiers.release(tier, charge);
+        }
+    }
+    for k in 0..ctx.table.chunk_count(idx) {
+        ctx.table.set_chunk(idx, k, false);
+    }
+    drop(g);
+    drop(map);
+}
+
+/// DAMAGED or an unusable chunk file: moves `word` (PARTIAL) back to UNPLACED, then drops it.
+pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: u64) -> bool {
+    if state::state_of(word) == state::PARTIAL
+        && ctx
+            .table
+            .swap_state(idx, word, state::word(state::UNPLACED, 0))
+    {
+        drop_partial(ctx, idx);
+        return true;
+    }
+    false
+}
+
+/// At retirement (no job running): gives back what the table's PARTIAL entries charge.
+pub fn release_partial_charges(ctx: &SourceCtx) {
+    let t = &ctx.table;
+    for idx in 0..t.entry_count() {
+        let w = t.state(idx);
+        if state::state_of(w) != state::PARTIAL {
+            continue;
+        }
+        let tier = state::tier_of(w) as usize;
+        let Some(e) = t.entry(idx) else { continue };
+        if tier < ctx.tiers.len() {
+            let charge = present_charge(ctx, idx, &geometry(ctx, &e), tier);
+            ctx.tiers.release(tier, charge);
+        }
+    }
+}
