@@ -90,6 +90,7 @@ def main(argv=None):
         results = bench.run_all()
         data = {"knobs": {f: getattr(k, f) for f in k.__dataclass_fields__},
                 "machine": machine_info(), "emulation": emu.params, "probe": emu.measured,
+                "probe_numbers": emu.numbers,
                 "datasets": {n: {"files": len(d.files), "bytes": d.total_bytes}
                              for n, d in datasets.items()},
                 "generation_seconds": gen_secs, "copies": bench.copies,

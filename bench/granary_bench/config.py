@@ -38,7 +38,7 @@ class Knobs:
     fanstore_counts: dict = field(default_factory=lambda: {"128K": 128, "512K": 32, "2M": 8, "8M": 2})
     # emulated PFS
     read_bps: int = 64 * MIB
-    read_iops: int = 300
+    read_iops: int = 150
     readahead_kb: int = 128
     mem_cap: int = 64 * MIB
     # the job
@@ -61,8 +61,10 @@ PRESETS = {
     "quick": {},
     "full": dict(
         out="results/full",
-        small_files=4000, small_classes=40,
-        record_shards=8, record_min_mb=32, record_max_mb=128,
+        # ~20 minutes on 2 cores at the default 150 IOPS (see bench/README.md); every
+        # dataset stays above the 256 MiB memory cap (~340 / ~540 / ~540 MB).
+        small_files=3000, small_classes=30,
+        record_shards=8, record_min_mb=32, record_max_mb=96,
         fanstore_counts={"128K": 1024, "512K": 256, "2M": 64, "8M": 16},
         mem_cap=256 * MIB,
         workloads=["small:lenet", "small:resnet", "records:lenet", "mmap:lenet", "fanstore"],
@@ -97,7 +99,7 @@ Setups (all in one run, on the same data):
 Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
   small         ImageNet-like small files in class dirs, shuffled, DataLoader-like
                 forked workers reading whole files
-  records       TFRecord-like 32-128 MiB shards, shuffled, 256 KiB preads,
+  records       TFRecord-like 32-96 MiB shards (full), shuffled, 256 KiB preads,
                 several shards interleaved (tf.data)
   mmap          the same shards through mmap (DALI, LMDB)
   fanstore      FanStore's micro-benchmark: 128K/512K/2M/8M files, MB/s and files/s
@@ -127,7 +129,10 @@ def parse_args(argv=None):
     g = p.add_argument_group("emulated PFS")
     g.add_argument("--read-bps", type=parse_size, help="blkio read bandwidth cap, e.g. 32M "
                                                        "(0 = none; default 64M)")
-    g.add_argument("--read-iops", type=int, help="blkio read IOPS cap (0 = none; default 300)")
+    g.add_argument("--read-iops", type=int,
+                   help="blkio read IOPS cap (0 = none; default 150: 150 x 256 KiB = 37.5 MiB/s, "
+                        "well below the bandwidth cap, so an untuned client's 128-256 KiB "
+                        "requests are request-bound while 1 MiB+ requests reach the bandwidth)")
     g.add_argument("--readahead-kb", type=int, help="loop device readahead, KiB (128)")
     g.add_argument("--mem-cap", type=parse_size,
                    help="memory cgroup limit for the run's processes and page cache, e.g. 64M "

@@ -43,6 +43,7 @@ class EmulatedPFS:
         self.memory = None
         self.params = {}      # every emulation parameter, for the report
         self.measured = {}    # probe measurements, for the report
+        self.numbers = {}     # the same, as numbers (bytes/s, reads/s)
 
     # ---- setup -------------------------------------------------------------
 
@@ -177,13 +178,19 @@ class EmulatedPFS:
     # ---- probes: does the throttle bite? -----------------------------------
 
     def probe(self, probe_path, python):
-        """Times a cold sequential read and cold random 4 KiB reads of the probe
-        file, inside and outside the throttle, and fails if the throttle does
-        not hold (numbers would be meaningless)."""
+        """Times cold reads of the probe file, inside and outside the throttle, and
+        fails if the throttle does not hold (numbers would be meaningless):
+        - sequential 1 MiB reads (the bandwidth, as `cp` sees it);
+        - sequential 256 KiB reads (an untuned client: tf.data's pread size; the
+          kernel sends 256 KiB requests) -- should be bound by the IOPS cap;
+        - sequential 8 MiB reads (granary's agent; the kernel splits them at
+          max_sectors_kb) -- should reach the bandwidth cap: the source bandwidth
+          the measured bar divides by;
+        - random 4 KiB reads (the request rate)."""
         if not self.root_mode:
             return
-        seq = ("import os,sys,time;f=open(sys.argv[1],'rb',buffering=0);t=time.time()\n"
-               "n=0\nwhile True:\n b=f.read(1<<20)\n if not b: break\n n+=len(b)\n"
+        seq = ("import os,sys,time;f=open(sys.argv[1],'rb',buffering=0);bs=int(sys.argv[2])\n"
+               "t=time.time();n=0\nwhile True:\n b=f.read(bs)\n if not b: break\n n+=len(b)\n"
                "print(n/(time.time()-t))")
         rnd = ("import os,sys,time,random;fd=os.open(sys.argv[1],os.O_RDONLY);"
                "os.posix_fadvise(fd,0,0,os.POSIX_FADV_RANDOM);sz=os.fstat(fd).st_size;"
@@ -201,18 +208,32 @@ class EmulatedPFS:
             s1 = self.stat()
             return float(out), s1[0] - s0[0], s1[1] - s0[1]
 
-        bw_raw, _, _ = timed(seq, throttled=False)
-        bw, reads, nbytes = timed(seq, throttled=True)
+        def per_read(reads, nbytes):
+            return f"{reads} device reads, {nbytes / max(reads, 1) / 1024:.0f} KiB per read"
+
+        bw_raw, _, _ = timed(seq, str(1 << 20), throttled=False)
+        bw, reads, nbytes = timed(seq, str(1 << 20), throttled=True)
+        bw256, r256, b256 = timed(seq, str(256 << 10), throttled=True)
+        bw8m, r8m, b8m = timed(seq, str(8 << 20), throttled=True)
         iops_raw, _, _ = timed(rnd, "2000", throttled=False)
         iops, _, _ = timed(rnd, str(max(200, self.k.read_iops * 2)), throttled=True)
         size_mib = os.path.getsize(probe_path) >> 20
         self.measured = {
             f"cold sequential read of {size_mib} MiB, unthrottled": f"{bw_raw / 1e6:.0f} MB/s",
-            f"cold sequential read of {size_mib} MiB, throttled": f"{bw / 1e6:.1f} MB/s "
-            f"({reads} device reads, {nbytes / max(reads, 1) / 1024:.0f} KiB per read)",
+            f"cold sequential 1 MiB reads of {size_mib} MiB, throttled": f"{bw / 1e6:.1f} MB/s "
+            f"({per_read(reads, nbytes)})",
+            "cold sequential 256 KiB reads (untuned client), throttled": f"{bw256 / 1e6:.1f} MB/s "
+            f"({per_read(r256, b256)})",
+            "cold sequential 8 MiB reads (granary's agent), throttled": f"{bw8m / 1e6:.1f} MB/s "
+            f"({per_read(r8m, b8m)})",
             "cold random 4 KiB reads, unthrottled": f"{iops_raw:.0f} reads/s",
             "cold random 4 KiB reads, throttled": f"{iops:.0f} reads/s",
         }
+        # Numbers for the measured bar: the source bandwidth is what large requests
+        # get through the throttle (the physical limit of the emulated PFS).
+        self.numbers = {"seq_1m_Bps": bw, "seq_256k_Bps": bw256, "seq_8m_Bps": bw8m,
+                        "source_bandwidth_Bps": max(bw, bw8m), "random_4k_iops": iops,
+                        "unthrottled_Bps": bw_raw, "unthrottled_iops": iops_raw}
         self.log("probe: " + "; ".join(f"{k}: {v}" for k, v in self.measured.items()))
         if self.k.read_bps and bw > 1.5 * self.k.read_bps:
             raise RuntimeError(f"throttle does not bite: {bw / 1e6:.1f} MB/s measured, "
@@ -220,6 +241,10 @@ class EmulatedPFS:
         if self.k.read_iops and iops > 1.5 * self.k.read_iops:
             raise RuntimeError(f"IOPS throttle does not bite: {iops:.0f}/s measured, "
                                f"{self.k.read_iops}/s configured")
+        if self.k.read_bps and self.k.read_iops and bw256 > 0.9 * bw8m:
+            self.log(f"WARNING: 256 KiB reads get {bw256 / 1e6:.1f} MB/s, as much as 8 MiB reads "
+                     f"({bw8m / 1e6:.1f} MB/s): the emulation does not charge per request for an "
+                     "untuned client (raise --read-bps or lower --read-iops)")
 
 
 def _fmt_bps(bps):

@@ -88,6 +88,155 @@ def _longest_stall(r):
     return longest
 
 
+def _source_bandwidth(data):
+    """Bytes/s large requests get through the throttle, from the start-up probe
+    (the physical limit of the emulated PFS); None without a probe."""
+    n = data.get("probe_numbers") or {}
+    if n.get("source_bandwidth_Bps"):
+        return n["source_bandwidth_Bps"]
+    best = None  # results.json of an older run: parse the probe's text
+    for k, v in (data.get("probe") or {}).items():
+        if "sequential" in k and "throttled" in k and "unthrottled" not in k and "256 KiB" not in k:
+            try:
+                x = float(str(v).split(" MB/s")[0]) * 1e6
+            except ValueError:
+                continue
+            best = max(best or 0, x)
+    return best
+
+
+def _halves(r):
+    """(first-half MB/s, second-half MB/s) of epoch 1, halves by bytes delivered:
+    the time at which the client had delivered half of epoch 1's bytes splits it
+    (linear between the 0.1 s ticks)."""
+    eps = r.get("epochs") or []
+    ticks = sorted((t["t"], t["bytes"]) for t in r.get("ticks", []) if t["epoch"] == 1)
+    if not eps or len(ticks) < 2:
+        return None
+    e = eps[0]
+    b0 = ticks[0][1]
+    total = e.get("bytes") or (ticks[-1][1] - b0)
+    if not total:
+        return None
+    half = total / 2
+    t_half = None
+    for (ta, ba), (tb, bb) in zip(ticks, ticks[1:]):
+        if bb - b0 >= half:
+            ta_b = ba - b0
+            t_half = ta + (tb - ta) * ((half - ta_b) / (bb - ba) if bb > ba else 1.0)
+            break
+    if t_half is None:
+        return None
+    first, second = t_half - e["t0"], e["t1"] - t_half
+    if first <= 0 or second <= 0:
+        return None
+    return half / first / 1e6, half / second / 1e6
+
+
+def _cached_bytes(r):
+    """Bytes granary holds in its tiers at the end of the job: placement.bytes_placed
+    (whole files) + placement.chunk_bytes_placed (chunks of PARTIAL files), capped at
+    the sum of the tiers' `used` (placed bytes also count copies that known-order
+    placement dropped again to make room)."""
+    st = r.get("granary_stats") or {}
+    pl = st.get("placement") or {}
+    placed = pl.get("bytes_placed", st.get("bytes_placed"))
+    if placed is not None:
+        placed += pl.get("chunk_bytes_placed", 0)
+    used = sum(t.get("used", 0) for t in st.get("tiers") or []) if st.get("tiers") else None
+    if placed is None:
+        return used, "tiers' used"
+    if used is not None and used < placed:
+        return used, "tiers' used (< bytes placed)"
+    return placed, "bytes_placed + chunk_bytes_placed"
+
+
+def measured_bar(data):
+    """The issue's bar, computed from this run: rows of
+    [criterion, workload, setup, measured, bar, verdict, how]."""
+    rows = []
+    bw = _source_bandwidth(data)
+
+    def verdict(x, limit):
+        if x is None or limit is None:
+            return "n/a"
+        return "**pass**" if x <= limit else "**FAIL**"
+
+    def ok(r):
+        return r if r and r.get("status") == "ok" else None
+
+    for wl, by in _by_workload(data["results"]).items():
+        pfs, local = ok(by.get("pfs")), ok(by.get("local"))
+        full, half = ok(by.get("granary-full")), ok(by.get("granary-half"))
+        size = data["datasets"].get((full or half or pfs or {}).get("dataset", ""), {}).get("bytes")
+        e1 = lambda r: r["epochs"][0]["seconds"] if r and r.get("epochs") else None  # noqa: E731
+        g1, p1 = e1(full), e1(pfs)
+        if wl.startswith("records"):
+            if g1 is not None and bw and size:
+                limit_s = size / bw
+                x = g1 / limit_s
+                rows.append(["epoch 1 / (dataset / source bandwidth)", wl, "granary-full",
+                             f"{x:.2f}", "≤ 1.10", verdict(x, 1.10),
+                             f"{g1:.1f} s; {size / 1e6:.0f} MB / {bw / 1e6:.1f} MB/s = "
+                             f"{limit_s:.1f} s"])
+            else:
+                rows.append(["epoch 1 / (dataset / source bandwidth)", wl, "granary-full", "–",
+                             "≤ 1.10", "n/a", "no granary-full result or no probe"])
+            x = g1 / p1 if g1 is not None and p1 else None
+            rows.append(["epoch 1 / PFS epoch 1", wl, "granary-full", _f2(x), "≤ 0.85",
+                         verdict(x, 0.85), f"{_s(g1)} s vs {_s(p1)} s"])
+        if wl.startswith("small"):
+            x = g1 / p1 if g1 is not None and p1 else None
+            rows.append(["epoch 1 / PFS epoch 1", wl, "granary-full", _f2(x), "≤ 1.00",
+                         verdict(x, 1.00), f"{_s(g1)} s vs {_s(p1)} s"])
+        gl, ll = (_later(full) if full else None), (_later(local) if local else None)
+        x = gl / ll if gl is not None and ll else None
+        rows.append(["mean of epochs ≥ 2 / Local's", wl, "granary-full", _f2(x), "≤ 1.05",
+                     verdict(x, 1.05), f"{_s3(gl)} s vs {_s3(ll)} s"])
+        for name, r in (("granary-full", full), ("granary-half", half)):
+            if not r or not size:
+                continue
+            src = r["source_total"]["bytes"]
+            x = src / size
+            if name == "granary-full":
+                limit, how = 1.01, ""
+            else:
+                cached, which = _cached_bytes(r)
+                if cached is None:
+                    rows.append(["source bytes / dataset", wl, name, f"{x:.2f}", "–", "n/a",
+                                 "no stats JSON: cached bytes unknown"])
+                    continue
+                unc = max(0.0, 1 - cached / size)
+                limit = 1.01 * (1 + 2 * unc)
+                how = f"; uncached {unc:.2f} (cached {cached / 1e6:.0f} MB = {which})"
+            ref = ""
+            if pfs and pfs.get("source"):
+                p_e1 = {str(b): v for b, v in pfs["source"].items()}.get("1", {}).get("bytes")
+                if p_e1:
+                    ref = f"; PFS-direct epoch 1 alone: {p_e1 / size:.2f}"
+            rows.append(["source bytes / dataset", wl, name, f"{x:.3f}", f"≤ {limit:.3f}",
+                         verdict(x, limit),
+                         f"{src / 1e6:.0f} MB / {size / 1e6:.0f} MB{how}{ref}"])
+        h = _halves(full) if full else None
+        if h:
+            x = h[1] / h[0]
+            rows.append(["epoch 1: 2nd-half / 1st-half throughput", wl, "granary-full",
+                         f"{x:.2f}", "≥ 0.90", "**pass**" if x >= 0.9 else "**FAIL**",
+                         f"{h[0]:.1f} → {h[1]:.1f} MB/s"])
+        else:
+            rows.append(["epoch 1: 2nd-half / 1st-half throughput", wl, "granary-full", "–",
+                         "≥ 0.90", "n/a", "no timeline"])
+    return rows
+
+
+def _f2(x):
+    return "–" if x is None else f"{x:.2f}"
+
+
+def _s3(x):
+    return "–" if x is None else f"{x:.2f}"
+
+
 def anomalies(data):
     """Heuristic flags on granary's behaviour, for the people working on it."""
     out = []
@@ -185,6 +334,28 @@ def render(data, figs):
                  (f": {data['granary']['skipped_reason'].splitlines()[0]}"
                   if data["granary"].get("skipped_reason") else "") + "._\n")
 
+    bar = measured_bar(data)
+    if bar:
+        L.append("## Measured bar\n")
+        L.append("The issue's criteria, computed from this run. *Source bandwidth* is the probe's "
+                 "throttled sequential rate with large requests (max of 1 MiB and 8 MiB reads, "
+                 "see the parameter tables); *source bytes* are the loop device's bytes over the "
+                 "whole job (start-up, the epochs, and the agent's copies until `granary stop`); "
+                 "granary-half's allowance is 1.01 × (1 + 2 × uncached fraction), the uncached "
+                 "fraction = 1 − cached bytes / dataset bytes, cached bytes = the job's stats JSON "
+                 "`placement.bytes_placed` + `placement.chunk_bytes_placed` (chunks of partially "
+                 "placed files), capped at the sum of the tiers' `used`; epoch-1 "
+                 "halves are split by bytes delivered (the moment the client had delivered half "
+                 "of epoch 1's bytes, from its 0.1 s timeline).\n")
+        if k.get("size") == "quick":
+            L.append("In a quick run epochs 2.. take 0.1–0.3 s: the *epochs ≥ 2 / Local* rows are "
+                     "within timer noise here; read them on a full run.\n")
+        L.append(_table(["criterion", "workload", "setup", "measured", "bar", "", "numbers"], bar))
+        fails = sum(1 for r in bar if "FAIL" in r[5])
+        L.append(f"{len(bar) - fails - sum(1 for r in bar if r[5] == 'n/a')} pass, {fails} fail"
+                 + (f", {sum(1 for r in bar if r[5] == 'n/a')} n/a" if any(r[5] == 'n/a' for r in bar)
+                    else "") + ".\n")
+
     notes = anomalies(data)
     if notes:
         L.append("### Things to look at (automatic checks)\n")
@@ -243,6 +414,27 @@ def render(data, figs):
             L.append(f"### {wl}\n")
             L.append(_table(["setup", "startup", *[f"epoch {i}" for i in range(1, n_ep + 1)],
                              "after", "total"], rows))
+    gst = [r for r in res if r.get("granary_stats")]
+    if gst:
+        L.append("granary's placement counters per job (from its `--stats-json`, kept as "
+                 "`logs/<workload>-<setup>.stats.json`): *page cache* = bytes of small-file "
+                 "copies taken from pages the program had just read (no source traffic), "
+                 "*duplicate* = bytes the agent read from the source that the program had read "
+                 "already (in the device bytes above), *agent source* = all the agent's source "
+                 "bytes, *no room* = files no tier had room for, *reuse rejected* = catalog "
+                 "entries of an earlier run not reused.\n")
+        rows = []
+        for r in gst:
+            st = r["granary_stats"]
+            pl, cat = st.get("placement", {}), st.get("catalog", {})
+            rows.append([r["workload"], r["setup"], _mb(pl.get("page_cache_bytes", 0)),
+                         _mb(pl.get("duplicate_bytes", 0)), _mb(pl.get("agent_source_bytes", 0)),
+                         _mb(pl.get("bytes_placed", 0)), pl.get("no_room", "–"),
+                         pl.get("evictions", "–"), cat.get("reuse_rejected", "–"),
+                         r.get("granary_stats_file", "–")])
+        L.append(_table(["workload", "setup", "page cache MB", "duplicate MB", "agent source MB",
+                         "placed MB", "no room", "evictions", "reuse rejected", "stats JSON"],
+                        rows))
     traced = [r for r in res if r.get("strace") is not None]
     if traced:
         L.append("System calls of the job (strace -f, not the agent) that name a path under the "
@@ -311,6 +503,18 @@ def render(data, figs):
     L.append("## Emulated PFS and run parameters\n")
     L.append(_table(["parameter", "value"], [[a, f"`{b}`" if "/" in str(b) else b]
                                               for a, b in data["emulation"].items()]))
+    iops, bps = k.get("read_iops"), k.get("read_bps")
+    if iops and bps:
+        L.append(
+            "Why these numbers: a real PFS charges per request (RPC, lock, OST seek) as well as "
+            "per byte, and an untuned client sends small requests — the 128 KiB readahead, or a "
+            "256 KiB `pread` that the kernel issues as 256 KiB requests — while granary's agent "
+            "reads large files in 8 MiB reads, issued as requests of up to `max_sectors_kb`. The "
+            "IOPS cap is chosen so that IOPS × 256 KiB lies well below the bandwidth cap "
+            f"({iops} × 256 KiB = {iops / 4:.1f} MiB/s against {bps / (1 << 20):.0f} MiB/s; "
+            f"128 KiB requests get {iops / 8:.1f} MiB/s): the untuned client is request-bound, "
+            "large requests reach the bandwidth. The probe below checks both in this run "
+            "(256 KiB reads vs 8 MiB reads, cold, through the throttle).\n")
     if data.get("probe"):
         L.append("Probe (measured at the start of this run; the run aborts if the throttle does "
                  "not hold):\n")

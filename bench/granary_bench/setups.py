@@ -120,6 +120,12 @@ class GranarySetup(Setup):
                 result["granary_stats"] = json.load(f)
         except (OSError, ValueError) as e:
             result["granary_stats_error"] = str(e)
+        if os.path.exists(self.stats_json):
+            # Kept with the job's stderr: the raw counters (placement.page_cache_bytes,
+            # duplicate_bytes, no_room, reuse_rejected, ...) as granary wrote them.
+            kept = os.path.join(self.b.logdir, f"{job.key}-{self.name}.stats.json")
+            shutil.copyfile(self.stats_json, kept)
+            result["granary_stats_file"] = os.path.relpath(kept, self.b.k.out)
         shutil.rmtree(self.tier_dir(job), ignore_errors=True)
 
 
