@@ -353,6 +353,50 @@ fn partial_files_read_present_chunks_from_the_chunk_file_and_ask_for_the_rest() 
 }
 
 #[test]
+fn mapping_a_partial_file_maps_its_present_chunks_over_the_source() {
+    let f = fixture();
+    let data = pattern(SIZE, 42);
+    let idx = f.idx(LARGE);
+    let base = chunk_data_offset(SIZE as u64, MIB as u64) as usize;
+    let mut file = vec![0xeeu8; base + SIZE]; // absent chunks: garbage, mapping them is caught
+    for k in (0..SIZE / MIB).step_by(2) {
+        file[base + k * MIB..base + (k + 1) * MIB].copy_from_slice(&data[k * MIB..(k + 1) * MIB]);
+        f.t().set_chunk(idx, k as u64, true);
+    }
+    fs::write(f.chunks(LARGE), &file).unwrap();
+    f.t().set_state(idx, state::word(state::PARTIAL, 0));
+    // A read-only shared mapping (LMDB's), one at an offset, and a private writable one.
+    let script = r#"
+import hashlib, mmap, os, sys
+p = os.path.join(sys.argv[1], "large/a.bin")
+fd = os.open(p, os.O_RDONLY)
+whole = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+tail = mmap.mmap(fd, 3 << 20, offset=5 << 20, prot=mmap.PROT_READ)
+priv = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+maps = open("/proc/self/maps").read()
+print(hashlib.sha256(whole[:]).hexdigest(), hashlib.sha256(tail[:]).hexdigest(),
+      hashlib.sha256(priv[:]).hexdigest())
+print("chunk-file-mapped" if ".chunks" in maps else "source-only", file=sys.stderr)
+"#;
+    let with = f.run(PY, &["-c", script, &f.p("")], true);
+    let without = f.run(PY, &["-c", script, &f.p("")], false);
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+    assert_eq!(
+        with.stdout, without.stdout,
+        "mapped bytes differ from the source's"
+    );
+    assert!(
+        String::from_utf8_lossy(&with.stderr).contains("chunk-file-mapped"),
+        "present chunks were not mapped from the chunk file: {}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+}
+
+#[test]
 fn closing_a_small_unplaced_file_asks_for_a_copy_from_the_page_cache() {
     let f = fixture();
     let small = "train/cls1/img3.jpg";

@@ -297,15 +297,24 @@ macro_rules! mmap_hook {
             fd: c_int,
             off: libc::off_t,
         ) -> *mut c_void {
-            if let Some(t) = fdtable::get(fd) {
-                if t.kind == Kind::Source && !fdtable::pinned(fd) {
+            let tracked = fdtable::get(fd).filter(|t| t.kind == Kind::Source && !fdtable::pinned(fd));
+            if let Some(t) = tracked {
+                if let Some(g) = detour::enter() {
+                    place::on_map(&g, fd, t);
+                }
+            }
+            let p = real!($slot as MmapFn, (addr, len, prot, flags, fd, off)
+                else sys!(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void);
+            // Still a source fd after on_map (not switched to a complete copy): a PARTIAL
+            // file's cached chunks are mapped over the source's pages.
+            if let Some(t) = tracked.and_then(|_| fdtable::get(fd)).filter(|t| t.kind == Kind::Source) {
+                if p != libc::MAP_FAILED {
                     if let Some(g) = detour::enter() {
-                        place::on_map(&g, fd, t);
+                        place::on_mapped(&g, fd, t, p, len, prot, flags, off);
                     }
                 }
             }
-            real!($slot as MmapFn, (addr, len, prot, flags, fd, off)
-                else sys!(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void)
+            p
         }
     };
 }
