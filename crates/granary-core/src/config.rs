@@ -16,6 +16,9 @@
 //!                          # open; smaller ones are copied from the page cache after the program
 //! chunk_size = "4M"        # chunks of files too large for any tier (a multiple of 4096)
 //! small_copy_delay = "2s"  # a small file is copied this long after its open if no close came
+//! policy = "fill-highest-first" # or "known-order": the access order is known (access_order)
+//! access_order = "/home/me/order.txt" # known-order: one path per line, in the program's order
+//! prefetch_window = "10G"  # known-order: bytes kept placed ahead (default 25 % of tier 0)
 //! [reuse]
 //! verify = "checksum"      # or "size": how copies from an earlier run are checked at the walk
 //! [agent]
@@ -42,6 +45,17 @@ pub const DEFAULT_MAX_SOURCE_STREAMS: usize = 4;
 pub const DEFAULT_PREFETCH_MIN_SIZE: u64 = 1 << 20;
 pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
 pub const DEFAULT_SMALL_COPY_DELAY: Duration = Duration::from_secs(2);
+
+/// Which placement policy a source gets (`[placement] policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    /// Fastest tier with room, spill to the next, never evict.
+    #[default]
+    FillHighestFirst,
+    /// The program's access order is known (`access_order`): place ahead, evict what was read.
+    KnownOrder,
+}
 
 /// How a copy left by an earlier run is checked before it is served again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +85,10 @@ pub struct Config {
     pub prefetch_min_size: Option<u64>,
     pub chunk_size: Option<u64>,
     pub small_copy_delay: Option<Duration>,
+    pub policy: Option<PolicyKind>,
+    /// The access-order file (relative paths are resolved against the config file's directory).
+    pub access_order: Option<PathBuf>,
+    pub prefetch_window: Option<u64>,
     pub verify: Option<Verify>,
     pub idle_timeout: Option<Duration>,
     pub log_level: Option<String>,
@@ -96,10 +114,18 @@ impl Config {
             file: file.to_path_buf(),
             cause,
         })?;
-        Config::parse(&src).map_err(|msg| ConfigError::Invalid {
+        let mut cfg = Config::parse(&src).map_err(|msg| ConfigError::Invalid {
             file: file.to_path_buf(),
             msg,
-        })
+        })?;
+        // A relative access order belongs with the file that names it, not with wherever the
+        // job happens to be started.
+        if let (Some(a), Some(dir)) = (&cfg.access_order, file.parent()) {
+            if a.is_relative() {
+                cfg.access_order = Some(dir.join(a));
+            }
+        }
+        Ok(cfg)
     }
 
     /// Parses TOML text; the error is one line naming the key (and its line when known).
@@ -221,6 +247,32 @@ impl Config {
                                 cfg.small_copy_delay =
                                     Some(duration_value(v).ok_or_else(|| {
                                         err(&key, "expected a duration like \"2s\" for key")
+                                    })?);
+                            }
+                            "policy" => {
+                                cfg.policy = Some(match v.as_str() {
+                                    Some("fill-highest-first") => PolicyKind::FillHighestFirst,
+                                    Some("known-order") => PolicyKind::KnownOrder,
+                                    _ => {
+                                        return Err(err(
+                                            &key,
+                                            "expected \"fill-highest-first\" or \"known-order\" for key",
+                                        ))
+                                    }
+                                });
+                            }
+                            "access_order" => {
+                                cfg.access_order = Some(
+                                    v.as_str()
+                                        .filter(|s| !s.is_empty())
+                                        .ok_or_else(|| err(&key, "expected a file path for key"))?
+                                        .into(),
+                                );
+                            }
+                            "prefetch_window" => {
+                                cfg.prefetch_window =
+                                    Some(size_value(v).filter(|w| *w > 0).ok_or_else(|| {
+                                        err(&key, "expected a non-zero size like \"2G\" for key")
                                     })?);
                             }
                             _ => return Err(err(&key, "unknown key")),
@@ -420,6 +472,21 @@ mod tests {
         assert_eq!(c.chunk_size, Some(8 << 20));
         assert_eq!(c.small_copy_delay, Some(Duration::from_millis(500)));
         assert_eq!(c.verify, Some(Verify::Size));
+        let c = Config::parse(
+            "[placement]\npolicy = \"known-order\"\naccess_order = \"o.txt\"\n\
+             prefetch_window = \"64M\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.policy, Some(PolicyKind::KnownOrder));
+        assert_eq!(c.access_order, Some(PathBuf::from("o.txt")));
+        assert_eq!(c.prefetch_window, Some(64 << 20));
+        let e = Config::parse("[placement]\n\npolicy = \"lru\"\n").unwrap_err();
+        assert_eq!(
+            e,
+            "expected \"fill-highest-first\" or \"known-order\" for key `placement.policy` (line 3)"
+        );
+        let e = Config::parse("[placement]\nprefetch_window = 0\n").unwrap_err();
+        assert!(e.contains("`placement.prefetch_window` (line 2)"), "{e}");
         let e = Config::parse("[placement]\nchunk_size = 5000\n").unwrap_err();
         assert!(e.contains("`placement.chunk_size` (line 2)"), "{e}");
         let e = Config::parse("[placement]\nmax_source_streams = 0\n").unwrap_err();

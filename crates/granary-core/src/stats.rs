@@ -30,6 +30,10 @@ pub struct AgentCounters {
     /// Bytes the agent read from the source that the program had read already (a small file's
     /// pages were evicted before the copy). Also counted in `source_bytes`.
     pub duplicate_bytes: AtomicU64,
+    /// Known-order placement: copies dropped to make room (only files read this epoch), and
+    /// files placed ahead of the program.
+    pub evictions: AtomicU64,
+    pub prefetched: AtomicU64,
     /// Files no tier had room for (SOURCE_ONLY or PARTIAL without a source call): not failures.
     pub no_room: AtomicU64,
     /// Chunks of PARTIAL files written to a tier, and their bytes.
@@ -59,6 +63,8 @@ impl AgentCounters {
             stale: l(&self.stale),
             page_cache_bytes: l(&self.page_cache_bytes),
             duplicate_bytes: l(&self.duplicate_bytes),
+            evictions: l(&self.evictions),
+            prefetched: l(&self.prefetched),
             no_room: l(&self.no_room),
             chunks_placed: l(&self.chunks_placed),
             chunk_bytes_placed: l(&self.chunk_bytes_placed),
@@ -85,6 +91,11 @@ pub struct PlacementStats {
     pub page_cache_bytes: u64,
     #[serde(default)]
     pub duplicate_bytes: u64,
+    /// See `AgentCounters::evictions`, `prefetched` (known-order policy only).
+    #[serde(default)]
+    pub evictions: u64,
+    #[serde(default)]
+    pub prefetched: u64,
     /// See the `AgentCounters` fields of the same names.
     #[serde(default)]
     pub no_room: u64,
@@ -124,6 +135,8 @@ impl PlacementStats {
                 .page_cache_bytes
                 .saturating_sub(before.page_cache_bytes),
             duplicate_bytes: self.duplicate_bytes.saturating_sub(before.duplicate_bytes),
+            evictions: self.evictions.saturating_sub(before.evictions),
+            prefetched: self.prefetched.saturating_sub(before.prefetched),
             no_room: self.no_room.saturating_sub(before.no_room),
             chunks_placed: self.chunks_placed.saturating_sub(before.chunks_placed),
             chunk_bytes_placed: self
@@ -296,6 +309,12 @@ impl JobReport {
             sz(self.placement.page_cache_bytes),
             sz(self.placement.duplicate_bytes)
         ));
+        if self.placement.prefetched + self.placement.evictions > 0 {
+            s.push_str(&format!(
+                "  {:<28} {:>10} {:>12}   evictions {}\n",
+                "prefetched (known order)", self.placement.prefetched, "", self.placement.evictions
+            ));
+        }
         s.push_str(&format!(
             "  {:<28} {:>10} {:>12}   no room {}, backoffs {}\n",
             "chunks placed (partial)",

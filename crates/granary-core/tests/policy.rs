@@ -113,6 +113,8 @@ fn known_order_epochs_and_window() {
     p.observe(2); // a straggler: no epoch change
     assert_eq!((p.state().epoch, p.state().pos), (1, Some(3)));
     assert_eq!(p.prefetch(&|e| e == 4), vec![5]);
+    // A placed window asks for nothing beyond it (it must never grow to fill the tier).
+    assert_eq!(p.prefetch(&|e| e == 4 || e == 5), Vec::<u32>::new());
     // Victims: opened ones, latest first, until the need is met; 1 was never opened.
     assert_eq!(p.victims(150, &|e| e != 2), vec![3, 0]);
     p.observe(9);

@@ -64,6 +64,20 @@ pub struct RunArgs {
     pub source: PathBuf,
     #[command(flatten)]
     pub tiers: TierArgs,
+    /// The order the program opens its files, when it is known ahead (a file list, or one
+    /// written from the shuffle seed): one path per line, relative to --source or absolute
+    /// under it, `#` comments; list one epoch or all of them. Implies the known-order placement
+    /// policy: the agent keeps the next --prefetch-window bytes of that order placed before the
+    /// program asks, and to make room evicts only files the program already read this epoch.
+    /// Lines naming no file of the source are reported, not fatal. Like --tier, it applies when
+    /// no other job is using the source. Config: `[placement] policy = "known-order"`,
+    /// `access_order = "FILE"`.
+    #[arg(long, value_name = "FILE")]
+    pub access_order: Option<PathBuf>,
+    /// Bytes of upcoming files (in --access-order) kept placed ahead of the program (e.g. 10G;
+    /// default 25% of the first tier). Config: `[placement] prefetch_window`.
+    #[arg(long, value_name = "SIZE")]
+    pub prefetch_window: Option<String>,
     /// Write the job's report as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,

@@ -13,6 +13,9 @@ use granary_core::stats::{JobReport, PlacementStats, SourceReport};
 use granary_core::tiers::TierSpec;
 use granary_shm::{job, layout::MAX_TIERS, Mapping};
 
+use granary_core::config::PolicyKind;
+use granary_core::placement::prefetch::OrderSpec;
+
 use crate::agent::protocol::{Reply, Request};
 use crate::cli::{RunArgs, TierArgs};
 use crate::client::{connect_or_spawn, Conn};
@@ -42,6 +45,43 @@ pub fn load_config(args: &TierArgs) -> Result<Config> {
         cfg.max_source_streams = Some(n);
     }
     Ok(cfg)
+}
+
+/// The job's placement policy: `--access-order` (implies known-order) or the configuration's
+/// `[placement] policy`; `None` is fill-highest-first. Errors name the key or flag, in one line.
+pub fn order_spec(args: &RunArgs, cfg: &Config) -> Result<Option<OrderSpec>> {
+    let window = match &args.prefetch_window {
+        Some(w) => Some(
+            granary_core::size::parse_size(w)
+                .filter(|v| *v > 0)
+                .with_context(|| {
+                    format!("bad --prefetch-window `{w}`: expected a non-zero size like 2G")
+                })?,
+        ),
+        None => cfg.prefetch_window,
+    };
+    let file = match (&args.access_order, cfg.policy.unwrap_or_default()) {
+        (Some(f), _) => f.clone(),
+        (None, PolicyKind::KnownOrder) => cfg.access_order.clone().context(
+            "config: `placement.access_order` is required with policy = \"known-order\" \
+             (or pass --access-order FILE)",
+        )?,
+        (None, PolicyKind::FillHighestFirst) => {
+            if args.prefetch_window.is_some() {
+                bail!("--prefetch-window needs --access-order FILE (the known-order policy)");
+            }
+            return Ok(None);
+        }
+    };
+    // The agent reads it (it may run in another directory): absolute, and readable now, so a
+    // typo is the user's one-line error rather than a job silently run without granary.
+    let file = std::path::absolute(&file).unwrap_or(file);
+    std::fs::File::open(&file)
+        .with_context(|| format!("access order {} (placement.access_order)", file.display()))?;
+    Ok(Some(OrderSpec {
+        access_order: file,
+        prefetch_window: window,
+    }))
 }
 
 /// Tiers named by flags (which win) or the configuration; empty when neither names any.
@@ -160,7 +200,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
 
     // A malformed --tier is the user's to fix: refuse it before anything runs.
     tier_configs(&args.tiers, &cfg)?;
-    let job = match attach(&args, &cfg, &source) {
+    let order = order_spec(&args, &cfg)?;
+    let job = match attach(&args, &cfg, &source, order) {
         Ok(job) => job,
         Err(e) => {
             // granary may make a job slower, never failed: run it as if granary were absent.
@@ -259,7 +300,7 @@ struct Job {
 
 /// Everything granary needs before the program starts: tiers, preload library, agent, table.
 /// Any failure here is granary's, so the caller runs the program without granary instead.
-fn attach(args: &RunArgs, cfg: &Config, source: &Path) -> Result<Job> {
+fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>) -> Result<Job> {
     let tiers = job_tiers(&args.tiers, cfg, args.quiet)?;
     let preload = find_preload()?;
     let rt = Runtime::open()?;
@@ -279,6 +320,7 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path) -> Result<Job> {
         workers: args.tiers.workers.or(cfg.workers),
         block_size: cfg.block_size,
         max_source_streams: cfg.max_source_streams,
+        order,
     })?;
     let walk_started = Instant::now();
     let mut shown = false;

@@ -13,6 +13,7 @@ mod fetch;
 mod partial;
 mod policy;
 mod pool;
+pub mod prefetch;
 mod requests;
 mod small;
 pub mod states;
@@ -104,6 +105,9 @@ pub struct SourceCtx {
     /// Placement work the agent holds for this table: jobs queued or running in the pool, plus
     /// a request the ring consumer has popped and not yet handed on (see `pending`).
     pub inflight: AtomicUsize,
+    /// The known-order policy of this table (`[placement] policy = "known-order"`), driven by
+    /// `prefetch`; `None`: fill the highest tier first, never evict.
+    pub order: Option<Arc<prefetch::Prefetcher>>,
     /// Entries in PARTIAL state the agent has touched: their chunk files and chunks in flight.
     pub partials: Partials,
     /// Whether the program's own source reads are moving (`program_busy`).

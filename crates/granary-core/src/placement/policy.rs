@@ -207,7 +207,9 @@ impl Policy for KnownOrder {
         let mut out = Vec::new();
         for i in 0..n {
             let (e, s) = self.order[(start + i) % n];
-            if bytes.saturating_add(s) > self.window && !out.is_empty() {
+            // The window is bytes of the order, placed or not: once they are all placed there is
+            // nothing to do. (Only the very next file is named even when it alone is larger.)
+            if bytes.saturating_add(s) > self.window && i > 0 {
                 break;
             }
             bytes = bytes.saturating_add(s);

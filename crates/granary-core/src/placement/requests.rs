@@ -14,6 +14,9 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
     let t = &ctx.table;
     let tiers = &*ctx.tiers;
     let Some(e) = t.entry(idx) else { return };
+    if let Some(order) = &ctx.order {
+        order.on_request(ctx, kind, idx);
+    }
     match kind {
         request::OPEN_UNPLACED => {
             if e.stat.is_file()
@@ -99,6 +102,8 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
                 tiers.release(tier, tiers.charge(tier, e.stat.size));
             }
         }
+        // Only moves the known-order position (above).
+        request::OPENED => {}
         _ => tracing::debug!("unknown request kind {kind} for entry {idx}"),
     }
 }

@@ -24,6 +24,10 @@ pub enum Request {
         block_size: Option<u64>,
         #[serde(default)]
         max_source_streams: Option<usize>,
+        /// Known-order placement (`--access-order`): the source's policy if no other job is
+        /// attached to it (like `tiers`); `None`: fill highest first.
+        #[serde(default)]
+        order: Option<granary_core::placement::prefetch::OrderSpec>,
     },
     /// Agent counters of one source (placement, its own source traffic) and its tiers' usage.
     Stats {

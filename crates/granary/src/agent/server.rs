@@ -86,6 +86,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     workers,
                     block_size,
                     max_source_streams,
+                    order,
                 } => {
                     if lease.is_some() {
                         send(
@@ -103,6 +104,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                         pid,
                         &tiers,
                         (workers, block_size, max_source_streams),
+                        order.as_ref(),
                     ) {
                         Ok((reply, l)) => {
                             lease = Some(l);
@@ -161,6 +163,7 @@ fn attach(
     pid: u32,
     tiers: &[granary_core::tiers::TierSpec],
     (workers, block_size, max_source_streams): (Option<usize>, Option<u64>, Option<usize>),
+    order: Option<&granary_core::placement::prefetch::OrderSpec>,
 ) -> Result<(Reply, Lease)> {
     agent.touch();
     let setup = agent.setup(workers, block_size, max_source_streams)?;
@@ -238,6 +241,7 @@ fn attach(
                     params: setup.pool.params(),
                     verify: agent.cfg.verify.unwrap_or_default(),
                     hashers: setup.workers.max(2),
+                    order,
                 },
                 progress,
             );
@@ -245,6 +249,9 @@ fn attach(
             r
         });
         res?;
+        if let Some(ctx) = src.ctx() {
+            granary_core::placement::prefetch::spawn(ctx, setup.pool.shared().clone())?;
+        }
     } else if !tiers.is_empty() {
         // Jobs already share this source's table, and with it its tiers.
         let ctx = src.ctx().context("no table published")?;
@@ -270,6 +277,18 @@ fn attach(
             ));
         }
     }
+    if inner.jobs > 0 && inner.order.as_ref() != order {
+        // The policy is the source's, decided when the first job attached (like its tiers).
+        notes.push(format!(
+            "{} is in use by another job with placement policy {}; using it",
+            src.source.display(),
+            match &inner.order {
+                Some(o) => format!("known-order ({})", o.access_order.display()),
+                None => "fill-highest-first".into(),
+            }
+        ));
+    }
+    notes.extend(inner.order_note.clone());
     let note = (!notes.is_empty()).then(|| notes.join("; "));
     let slot = src.claim_slot(pid);
     inner.jobs += 1;

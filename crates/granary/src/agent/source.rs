@@ -25,6 +25,8 @@ pub struct WalkOpts<'a> {
     pub params: &'a Params,
     pub verify: Verify,
     pub hashers: usize,
+    /// The known-order policy the new table gets (`None`: fill highest first).
+    pub order: Option<&'a granary_core::placement::prefetch::OrderSpec>,
 }
 
 pub struct SourceState {
@@ -43,6 +45,10 @@ pub struct Inner {
     pub table_path: Option<PathBuf>,
     pub spec: Option<TableSpec>,
     pub catalog: CatalogStats,
+    /// The current table's policy, for the jobs that attach to it: the access-order file
+    /// (`None`: fill highest first), and what its resolution has to tell them.
+    pub order: Option<granary_core::placement::prefetch::OrderSpec>,
+    pub order_note: Option<String>,
 }
 
 impl SourceState {
@@ -88,6 +94,7 @@ impl SourceState {
             params,
             verify,
             hashers,
+            order: order_spec,
         } = opts;
         let started = Instant::now();
         // The last table's catalog is the newest record of this source's copies even when its
@@ -158,6 +165,37 @@ impl SourceState {
             .with_context(|| format!("opening {}", table_path.display()))?;
         let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), image.len())
             .with_context(|| format!("mapping {}", table_path.display()))?;
+        let order = match order_spec {
+            Some(o) => {
+                let pf = granary_core::placement::prefetch::Prefetcher::build(
+                    o,
+                    &table,
+                    &self.source,
+                    &self.source_real,
+                    tiers.spec(0).capacity,
+                )?;
+                let mut note = format!(
+                    "known-order placement: {} files in the access order, window {}",
+                    pf.listed,
+                    granary_core::size::format_size(pf.window)
+                );
+                if !pf.unknown.is_empty() {
+                    note.push_str(&format!(
+                        "; {} line(s) name no file of the source, ignored (first: {})",
+                        pf.unknown.len(),
+                        pf.unknown[0]
+                    ));
+                }
+                tracing::info!("{}: {note}", self.source.display());
+                inner.order_note = Some(note);
+                Some(Arc::new(pf))
+            }
+            None => {
+                inner.order_note = None;
+                None
+            }
+        };
+        inner.order = order_spec.cloned();
         let ctx = Arc::new(SourceCtx {
             table,
             mapping,
@@ -167,6 +205,7 @@ impl SourceState {
             counters: self.counters.clone(),
             retired: AtomicBool::new(false),
             inflight: AtomicUsize::new(0),
+            order,
             partials: Default::default(),
             program: Default::default(),
         });
