@@ -519,6 +519,12 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
     assert_eq!(p["files_placed"], 0, "it never fits whole: {src}");
     assert_eq!(p["no_room"], 1, "{src}");
     assert_eq!(p["failures"], 0, "{src}");
+    // A requested chunk is copied from the page cache the program's read just filled; only
+    // what is not cached any more is read from the source again.
+    assert!(
+        p["duplicate_bytes"].as_u64().unwrap() <= chunk,
+        "requested chunks read twice: {src}"
+    );
     let objs = e.objects(&tier);
     assert_eq!(objs.len(), 1, "one chunk file: {objs:?}");
     let cf = objs[0].clone();
@@ -578,4 +584,121 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
             "chunk {k} present but wrong"
         );
     }
+}
+
+/// (g) On a real block device (a loop-mounted ext4 image, page cache dropped, the run inside a
+/// 64 MiB memory cgroup): the whole-file fetch costs the device the file's bytes and a few KiB
+/// of metadata, nothing more (O_DIRECT reads: no readahead past what is needed, nothing
+/// reclaimed and read again). Needs root (losetup, mount, cgroup v1 memory); skipped otherwise.
+#[test]
+fn fetch_reads_the_device_once() {
+    let e = Env::new();
+    let sh = |script: &str| {
+        Command::new("sh")
+            .args(["-ec", script])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let mem = Path::new("/sys/fs/cgroup/memory");
+    if granary_core::sys::uid() != 0 || !mem.join("cgroup.procs").exists() {
+        eprintln!("SKIPPED fetch_reads_the_device_once: needs root and cgroup v1 memory");
+        return;
+    }
+    let d = e.dir.path();
+    let (img, mnt) = (d.join("img"), d.join("mnt"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let out = Command::new("sh")
+        .arg("-ec")
+        .arg(format!(
+            "truncate -s 160M {i}; mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 {i}; \
+             l=$(losetup -f --show --direct-io=on {i}); mount -o noatime $l {m}; echo $l",
+            i = img.display(),
+            m = mnt.display()
+        ))
+        .output();
+    let Some(dev) = out
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    else {
+        eprintln!("SKIPPED fetch_reads_the_device_once: cannot set up a loop device");
+        return;
+    };
+    struct Loop(PathBuf, String, PathBuf);
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.2);
+            let _ = Command::new("umount").arg(&self.0).status();
+            let _ = Command::new("losetup").arg("-d").arg(&self.1).status();
+        }
+    }
+    let cg = mem.join(format!("granary-test-mem-{}", std::process::id()));
+    let _l = Loop(mnt.clone(), dev.clone(), cg.clone());
+    let name = Path::new(&dev)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let src = mnt.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let size = 96 * MIB + 12345;
+    let file = src.join("data.rec");
+    std::fs::write(&file, pattern(7, size as usize)).unwrap();
+    assert!(sh(&format!(
+        "echo 128 > /sys/block/{name}/queue/read_ahead_kb; sync; echo 3 > /proc/sys/vm/drop_caches"
+    )));
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("memory.limit_in_bytes"), (64 * MIB).to_string()).unwrap();
+    let sectors = || -> u64 {
+        let s = std::fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap();
+        s.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    let before = sectors();
+    let mut c = e.cmd();
+    c.arg("run")
+        .arg("-q")
+        .arg("--source")
+        .arg(&src)
+        .arg("--tier")
+        .arg(&e.tiers[0])
+        .args(["--", "python3"])
+        .arg(d.join("reader.py"))
+        .arg(d.join("manifest.json"));
+    std::fs::write(
+        d.join("manifest.json"),
+        serde_json::to_vec(&[(
+            file.display().to_string(),
+            sha256_hex(&pattern(7, size as usize)),
+        )])
+        .unwrap(),
+    )
+    .unwrap();
+    let procs = cg.join("cgroup.procs");
+    // The child joins the cgroup itself (sh writes its pid, then execs `granary run`).
+    let mut argv = vec![
+        "-c".to_string(),
+        format!("echo $$ > {}; exec \"$@\"", procs.display()),
+        "sh".to_string(),
+    ];
+    argv.push(c.get_program().to_string_lossy().to_string());
+    argv.extend(c.get_args().map(|a| a.to_string_lossy().to_string()));
+    let mut w = Command::new("sh");
+    w.args(&argv);
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => w.env(k, v),
+            None => w.env_remove(k),
+        };
+    }
+    let o = w.output().unwrap();
+    ok(&o);
+    let st = e.settle();
+    e.stop();
+    let device = (sectors() - before) * 512;
+    let p = &st["placement"];
+    assert_eq!(p["files_placed"], 1, "{st}");
+    assert!(
+        device >= size && device <= size + 256 * 1024,
+        "device read {device} bytes for a {size}-byte file: {st}"
+    );
 }

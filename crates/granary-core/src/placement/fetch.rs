@@ -15,7 +15,8 @@ use std::os::fd::OwnedFd;
 use granary_shm::{part_name, state};
 
 use super::copy::{
-    begin, claim, place_on_tiers, reserve_on, still_ours, write_all, Claimed, CopyError,
+    align_up, aligned, begin, claim, place_on_tiers, reserve_on, still_ours, write_all, Claimed,
+    CopyError, SourceReader, DIRECT_ALIGN,
 };
 use super::pool::Shared;
 use super::{PlaceOutcome, SourceCtx};
@@ -41,24 +42,30 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
         Ok(cl) => cl,
         Err(out) => return out,
     };
-    let block = (sh.params.block_size as usize).clamp(4096, buf.len());
-    sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+    // Reads of whole aligned blocks (O_DIRECT where the source takes it; see `SourceReader`).
+    let block = (sh.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
+    let mut reader = SourceReader::new(&cl.src);
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
-        copy_part(ctx, cl, tier, dir, &mut buf[..block])
+        copy_part(ctx, cl, &mut reader, tier, dir, buf, block)
     });
-    // Whatever happened, the source's pages are not needed by us any more: the copy (or the
-    // program's own reads) took what it needed.
-    sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
+    if !reader.is_direct() {
+        // Buffered reads left the source's pages behind; the copy (or the program's own reads)
+        // took what it needed. Direct reads left none.
+        sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
     out
 }
 
 fn copy_part(
     ctx: &SourceCtx,
     cl: &mut Claimed,
+    reader: &mut SourceReader,
     tier: usize,
     dir: &OwnedFd,
-    buf: &mut [u8],
+    buf: &mut Vec<u8>,
+    block: usize,
 ) -> Result<(Vec<u8>, u64), CopyError> {
+    let buf = aligned(buf, block);
     let t = &ctx.table;
     let idx = cl.idx;
     let name = part_name(cl.entry.object);
@@ -81,14 +88,25 @@ fn copy_part(
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         let mut off = 0u64;
         let mut last: Option<(u64, u64)> = None;
+        // A direct read asks for whole blocks, and the last one for at least one byte past
+        // `size`: what comes back beyond `size` means the file grew (the probe, for free).
+        let mut probed = false;
         while off < size {
-            let want = buf.len().min((size - off) as usize);
-            let n = match std::os::unix::fs::FileExt::read_at(&cl.src, &mut buf[..want], off) {
+            let left = size - off;
+            let want = if reader.is_direct() {
+                (align_up(left + 1) as usize).min(buf.len())
+            } else {
+                buf.len().min(left as usize)
+            };
+            let n = match reader.read_at(&cl.src, &mut buf[..want], off) {
                 Ok(0) => return Err(CopyError::Changed),
                 Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(CopyError::Source(e)),
             };
+            if n as u64 > left {
+                return Err(CopyError::Changed);
+            }
+            probed = want as u64 > left && n as u64 == left;
             AgentCounters::add(&c.source_reads, 1);
             AgentCounters::add(&c.source_bytes, n as u64);
             hasher.update(&buf[..n]);
@@ -110,11 +128,18 @@ fn copy_part(
                 return Err(CopyError::Lost);
             }
         }
-        // The file may have grown since the walk: a byte past `size` means it changed.
-        let mut probe = [0u8; 1];
-        if matches!(std::os::unix::fs::FileExt::read_at(&cl.src, &mut probe, size), Ok(n) if n > 0)
-        {
-            return Err(CopyError::Changed);
+        // The file may have grown since the walk: a byte past `size` means it changed. Direct:
+        // a block read at `size` (aligned here: the reads were whole blocks), which costs no
+        // device read at EOF; buffered: one byte (readahead never goes past EOF).
+        if !probed {
+            let probe = if reader.is_direct() {
+                &mut buf[..DIRECT_ALIGN]
+            } else {
+                &mut buf[..1]
+            };
+            if matches!(reader.read_at(&cl.src, probe, size), Ok(n) if n > 0) {
+                return Err(CopyError::Changed);
+            }
         }
         if !memory {
             if let Some((po, pn)) = last {

@@ -241,7 +241,8 @@ fn enqueue(sh: &Shared, job: Job) {
 }
 
 fn worker(sh: &Shared) {
-    let mut buf = vec![0u8; sh.params.block_size.max(4096) as usize];
+    // Slack for an aligned block inside (`copy::aligned`, for O_DIRECT reads).
+    let mut buf = vec![0u8; sh.params.block_size.max(4096) as usize + super::copy::DIRECT_ALIGN];
     loop {
         let job = {
             let mut q = lock(&sh.queue);
