@@ -66,6 +66,22 @@ impl Runtime {
     pub fn lock(&self) -> PathBuf {
         self.dir.join("agent.lock")
     }
+    /// Held (`flock`) by an agent for its whole life, shutdown included: a new agent must not
+    /// walk and reuse a cache while the previous one is still saving its catalogs.
+    pub fn alive(&self) -> PathBuf {
+        self.dir.join("agent.alive")
+    }
+    /// Opens (creating) the `alive` lock file.
+    pub fn open_alive(&self) -> std::io::Result<std::fs::File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.alive())
+    }
     pub fn log(&self) -> PathBuf {
         self.dir.join("agent.log")
     }
@@ -73,8 +89,12 @@ impl Runtime {
     pub fn shadow_dir(&self) -> PathBuf {
         self.dir.join("empty")
     }
+    /// The agent's pid is part of the name: generations restart at 0 in every agent, and an old
+    /// agent finishing its shutdown removes its own tables — never a newer agent's.
     pub fn table(&self, source_id: &str, generation: u64) -> PathBuf {
-        self.dir.join(format!("{source_id}.{generation}.table"))
+        let pid = std::process::id();
+        self.dir
+            .join(format!("{source_id}.{pid}.{generation}.table"))
     }
 }
 

@@ -198,6 +198,18 @@ pub fn peer_uid(sock: &impl AsRawFd) -> io::Result<u32> {
 }
 
 /// Exclusive `flock` on an open file, released when the file is closed.
+/// True if nobody holds an exclusive `flock` on `f` right now (takes and drops it at once).
+pub fn flock_free(f: &File) -> bool {
+    // SAFETY: flock on an open fd; the lock is released right away.
+    unsafe {
+        if libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 {
+            libc::flock(f.as_raw_fd(), libc::LOCK_UN);
+            return true;
+        }
+    }
+    false
+}
+
 pub fn flock_exclusive(f: &File) -> io::Result<()> {
     loop {
         // SAFETY: flock on an open fd.

@@ -3,7 +3,6 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -137,14 +136,21 @@ pub fn stop() -> Result<i32> {
     c.send(&Request::Stop)?;
     let _ = c.recv();
     drop(c);
-    wait_gone(&rt.socket(), Duration::from_secs(60))?;
+    wait_gone(&rt, Duration::from_secs(120))?;
     eprintln!("granary: agent stopped");
     Ok(0)
 }
 
-fn wait_gone(sock: &Path, limit: Duration) -> Result<()> {
+/// Until the agent is gone: its socket refuses, then its `alive` lock is free (it has saved its
+/// catalogs and exited).
+fn wait_gone(rt: &Runtime, limit: Duration) -> Result<()> {
     let deadline = Instant::now() + limit;
-    while UnixStream::connect(sock).is_ok() {
+    let alive = rt.open_alive().ok();
+    while UnixStream::connect(rt.socket()).is_ok()
+        || alive
+            .as_ref()
+            .is_some_and(|f| !granary_core::sys::flock_free(f))
+    {
         if Instant::now() > deadline {
             bail!("the agent is still running after {} s", limit.as_secs());
         }

@@ -105,13 +105,24 @@ impl Agent {
         }
         // Last: a socket that is gone means the agent's tables are gone too (tests and
         // `granary stop` wait on it).
-        let _ = std::fs::remove_file(self.rt.socket());
+        // Only our own: a newer agent may already listen on this path (it replaced a socket it
+        // found dead); removing its socket would cut every job off that agent.
+        if socket_is_ours(&self.rt) {
+            let _ = std::fs::remove_file(self.rt.socket());
+        }
         tracing::info!("agent {} exiting", std::process::id());
     }
 }
 
 pub fn main(args: AgentArgs) -> Result<i32> {
     let rt = Runtime::open()?;
+    // Wait for a previous agent to finish its shutdown (it saves catalogs this agent reuses);
+    // kept until this process exits.
+    let alive = rt
+        .open_alive()
+        .with_context(|| format!("opening {}", rt.alive().display()))?;
+    granary_core::sys::flock_exclusive(&alive)
+        .with_context(|| format!("locking {}", rt.alive().display()))?;
     let cfg = crate::run::load_config(&args.tiers)?;
     crate::logging::init(
         Some(cfg.log_level.as_deref().unwrap_or("info")),
