@@ -157,7 +157,9 @@ fn copy_part(
     }
 }
 
-/// Waits for a written range to reach the device and drops its pages.
+/// Waits for a written range to reach the device. Its pages stay: clean pages cost the kernel
+/// nothing to reclaim (only dirty ones stall, Monarch's figure 19), and they are exactly what the
+/// next epoch reads (dropping them made placed epochs 1.2× slower than Local under a memory cap).
 fn settle(out: &std::fs::File, off: u64, len: u64) {
     sys::sync_range(
         out,
@@ -167,5 +169,4 @@ fn settle(out: &std::fs::File, off: u64, len: u64) {
             | libc::SYNC_FILE_RANGE_WRITE
             | libc::SYNC_FILE_RANGE_WAIT_AFTER,
     );
-    sys::fadvise(out, off, len, libc::POSIX_FADV_DONTNEED);
 }

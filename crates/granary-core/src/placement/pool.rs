@@ -15,8 +15,9 @@ pub enum Kind {
     /// waiting on its progress, so it goes first.
     Fetch,
     /// Copy of a small file the program has read, from the page cache (`small::copy_small`):
-    /// nobody waits for it.
-    Small,
+    /// nobody waits for it. `closed`: the program closed the file (CLOSED), so once the copy
+    /// holds its bytes the source's pages can go.
+    Small { closed: bool },
     /// Chunks of a PARTIAL file (`partial::chunk_job`) from chunk `first`: `requested` = a
     /// client's read missed it (CHUNK; it goes first), else a sequential prefetch from `first`
     /// while capacity allows.
@@ -180,7 +181,8 @@ impl Pool {
         let k = (Arc::as_ptr(ctx) as usize, entry);
         let job = lock(&self.shared.delayed).remove(&k);
         match job {
-            Some((_, job)) => {
+            Some((_, mut job)) => {
+                job.kind = Kind::Small { closed: true };
                 enqueue(&self.shared, job);
                 true
             }
@@ -234,7 +236,7 @@ fn enqueue(sh: &Shared, job: Job) {
         | Kind::Chunk {
             requested: true, ..
         } => q.high.push_back(job),
-        Kind::Small | Kind::Chunk { .. } => q.low.push_back(job),
+        Kind::Small { .. } | Kind::Chunk { .. } => q.low.push_back(job),
     }
     drop(q);
     sh.ready.notify_one();
@@ -258,7 +260,9 @@ fn worker(sh: &Shared) {
         };
         let out = match job.kind {
             Kind::Fetch => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
-            Kind::Small => super::small::copy_small(&job.ctx, job.entry, sh, &mut buf),
+            Kind::Small { closed } => {
+                super::small::copy_small(&job.ctx, job.entry, sh, &mut buf, closed)
+            }
             Kind::Chunk { first, requested } => super::partial::chunk_job(
                 &job.ctx,
                 job.entry,

@@ -37,7 +37,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
                     pool.submit(job(Kind::Fetch));
                 } else {
                     // The program reads it itself; copy its pages once it is done with them.
-                    pool.submit_delayed(job(Kind::Small));
+                    pool.submit_delayed(job(Kind::Small { closed: false }));
                 }
             }
         }
@@ -56,7 +56,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
                 pool.submit(Job {
                     ctx: ctx.clone(),
                     entry: idx,
-                    kind: Kind::Small,
+                    kind: Kind::Small { closed: true },
                 });
             }
         }

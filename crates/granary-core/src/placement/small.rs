@@ -20,7 +20,14 @@ static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 /// what is missing (the next cached run is tried again after it).
 const UNCACHED_READ: usize = 128 << 10;
 
-pub fn copy_small(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) -> PlaceOutcome {
+/// `closed`: the program closed the file, so the source's pages may be dropped once copied.
+pub fn copy_small(
+    ctx: &SourceCtx,
+    idx: u32,
+    sh: &Shared,
+    buf: &mut Vec<u8>,
+    closed: bool,
+) -> PlaceOutcome {
     let b = match begin(ctx, idx) {
         Ok(b) => b,
         Err(out) => return out,
@@ -36,9 +43,15 @@ pub fn copy_small(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) -> 
         Err(out) => return out,
     };
     let mut stream = None;
-    place_on_tiers(ctx, &mut cl, &order, res, |cl, _tier, dir| {
+    let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, _tier, dir| {
         copy_tmp(ctx, cl, dir, buf, sh, &mut stream)
-    })
+    });
+    if closed && matches!(out, PlaceOutcome::Placed { .. }) {
+        // The copy holds these bytes now and the program is done with them: two copies of every
+        // file in a capped page cache would leave the next epoch half the hits.
+        sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+    out
 }
 
 fn copy_tmp<'s>(
@@ -66,7 +79,7 @@ fn copy_tmp<'s>(
         while off < size {
             let want = buf.len().min((size - off) as usize);
             let cached = if nowait {
-                match sys::pread_nowait(&cl.src, &mut buf[..want], off) {
+                match pread_cached(&cl.src, &mut buf[..want], off) {
                     Ok(n) => n,
                     Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => 0,
                     Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
@@ -122,6 +135,22 @@ fn copy_tmp<'s>(
         Err(e) => {
             let _ = sys::unlink_at(dir, &tmp);
             Err(e)
+        }
+    }
+}
+
+/// `preadv2(RWF_NOWAIT)`, retried twice over ~1 ms: EAGAIN also means "a page is still
+/// under I/O" (another reader's readahead of this file is in flight), not only "not cached",
+/// and reading the source for that would be a needless duplicate.
+fn pread_cached(src: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+    let mut tries = 0;
+    loop {
+        match sys::pread_nowait(src, buf, off) {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < 2 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            other => return other,
         }
     }
 }
