@@ -244,7 +244,8 @@ fn enqueue(sh: &Shared, job: Job) {
 
 fn worker(sh: &Shared) {
     // Slack for an aligned block inside (`copy::aligned`, for O_DIRECT reads).
-    let mut buf = vec![0u8; sh.params.block_size.max(4096) as usize + super::copy::DIRECT_ALIGN];
+    let len = sh.params.block_size.max(4096) as usize + super::copy::DIRECT_ALIGN;
+    let mut buf: Vec<u8> = Vec::new();
     loop {
         let job = {
             let mut q = lock(&sh.queue);
@@ -255,9 +256,15 @@ fn worker(sh: &Shared) {
                 if q.closed {
                     return;
                 }
+                // Idle: give the buffer back. The agent runs in the job's memory cgroup, where
+                // every resident MiB it keeps is page cache the program's next epoch lacks.
+                drop(std::mem::take(&mut buf));
                 q = sh.ready.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
+        if buf.is_empty() {
+            buf = vec![0u8; len];
+        }
         let out = match job.kind {
             Kind::Fetch => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
             Kind::Small { closed } => {
