@@ -331,3 +331,21 @@ pub fn set_direct(file: &impl AsRawFd, on: bool) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Returns the physical pages of a scratch buffer to the kernel (`MADV_DONTNEED` on the whole
+/// pages inside it): its resident size drops to nearly nothing, and the next touch of each page
+/// gets a fresh zero page. The contents are lost, which is what a scratch buffer allows.
+pub fn release_pages(buf: &mut [u8]) {
+    let page = 4096usize;
+    let start = (buf.as_mut_ptr() as usize).div_ceil(page) * page;
+    let end = (buf.as_mut_ptr() as usize + buf.len()) / page * page;
+    if end > start {
+        // SAFETY: [start, end) lies inside `buf`, which we borrow mutably (no one else reads
+        // it); the memory is private anonymous memory from the allocator, for which
+        // MADV_DONTNEED means "zero on next touch" and never touches allocator metadata outside
+        // the range.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
+    }
+}

@@ -244,8 +244,7 @@ fn enqueue(sh: &Shared, job: Job) {
 
 fn worker(sh: &Shared) {
     // Slack for an aligned block inside (`copy::aligned`, for O_DIRECT reads).
-    let len = sh.params.block_size.max(4096) as usize + super::copy::DIRECT_ALIGN;
-    let mut buf: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; sh.params.block_size.max(4096) as usize + super::copy::DIRECT_ALIGN];
     loop {
         let job = {
             let mut q = lock(&sh.queue);
@@ -256,15 +255,13 @@ fn worker(sh: &Shared) {
                 if q.closed {
                     return;
                 }
-                // Idle: give the buffer back. The agent runs in the job's memory cgroup, where
-                // every resident MiB it keeps is page cache the program's next epoch lacks.
-                drop(std::mem::take(&mut buf));
+                // Idle: give the buffer's pages back (the allocation stays, so nothing is
+                // reallocated or zeroed eagerly). The agent runs in the job's memory cgroup,
+                // where every resident MiB it keeps is page cache the program lacks.
+                crate::sys::release_pages(&mut buf);
                 q = sh.ready.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        if buf.is_empty() {
-            buf = vec![0u8; len];
-        }
         let out = match job.kind {
             Kind::Fetch => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
             Kind::Small { closed } => {
