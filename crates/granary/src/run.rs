@@ -185,17 +185,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     cmd.args(prog_args);
 
     if disabled {
-        let st = spawn_and_wait(&mut cmd, prog)?;
-        let report = JobReport {
-            version: 1,
-            source: source.display().to_string(),
-            exit_status: exit_code(st),
-            wall_time_s: started.elapsed().as_secs_f64(),
-            disabled: true,
-            ..Default::default()
-        };
-        finish(&args, &report)?;
-        return Ok(report.exit_status);
+        return run_plain(&args, &mut cmd, prog, &source, started);
     }
 
     // A malformed --tier is the user's to fix: refuse it before anything runs.
@@ -207,17 +197,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             // granary may make a job slower, never failed: run it as if granary were absent.
             eprintln!("granary: {e:#}");
             eprintln!("granary: running the program without granary");
-            let st = spawn_and_wait(&mut cmd, prog)?;
-            let report = JobReport {
-                version: 1,
-                source: source.display().to_string(),
-                exit_status: exit_code(st),
-                wall_time_s: started.elapsed().as_secs_f64(),
-                disabled: true,
-                ..Default::default()
-            };
-            finish(&args, &report)?;
-            return Ok(report.exit_status);
+            return run_plain(&args, &mut cmd, prog, &source, started);
         }
     };
     let Job {
@@ -389,6 +369,28 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         _mapping: mapping,
         table,
     })
+}
+
+/// Runs the program without interception (GRANARY_DISABLE, or granary could not set up) and
+/// reports it as such; the exit status is the program's.
+fn run_plain(
+    args: &RunArgs,
+    cmd: &mut std::process::Command,
+    prog: &std::ffi::OsStr,
+    source: &Path,
+    started: Instant,
+) -> Result<i32> {
+    let st = spawn_and_wait(cmd, prog)?;
+    let report = JobReport {
+        version: 1,
+        source: source.display().to_string(),
+        exit_status: exit_code(st),
+        wall_time_s: started.elapsed().as_secs_f64(),
+        disabled: true,
+        ..Default::default()
+    };
+    finish(args, &report)?;
+    Ok(report.exit_status)
 }
 
 fn agent_stats(
