@@ -1,33 +1,13 @@
 //! Drives the real `granary` binary. Each test gets its own runtime directory (so its own agent),
 //! source and tier, and stops its agent at the end.
 
+mod common;
+
+use common::{ensure_preload, BIN};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_granary");
-
-/// The preload library next to the binary; built on demand since `cargo test -p granary` does
-/// not build the cdylib.
-fn ensure_preload() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let lib = Path::new(BIN).with_file_name("libgranary_preload.so");
-        if !lib.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut c = Command::new(cargo);
-            c.args(["build", "-p", "granary-preload"]);
-            if Path::new(BIN)
-                .parent()
-                .is_some_and(|p| p.ends_with("release"))
-            {
-                c.arg("--release");
-            }
-            let st = c.status().expect("running cargo build -p granary-preload");
-            assert!(st.success());
-        }
-    });
-}
 
 struct Env {
     dir: tempfile::TempDir,

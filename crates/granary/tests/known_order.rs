@@ -4,11 +4,14 @@
 //! read in the current epoch, and place upcoming files before the program opens them. No timing
 //! assertions: the reader pauses at each epoch boundary (sync files) until the agent settled.
 
+mod common;
+
+use common::{pattern, BIN};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_granary");
 const MIB: u64 = 1 << 20;
 const FILES: usize = 40;
 const EPOCHS: usize = 3;
@@ -52,18 +55,6 @@ for e in range(1, epochs + 1):
 barrier(epochs + 1)
 sys.exit(1 if bad else 0)
 "##;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn sha256_files(paths: &[PathBuf]) -> Vec<String> {
     let out = Command::new("python3")

@@ -4,34 +4,15 @@
 //! directory (so its own agent). No timing assertions: waits are for states, with generous
 //! deadlines.
 
+mod common;
+
+use common::{ensure_preload, pattern, BIN};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_granary");
 const MIB: u64 = 1 << 20;
-
-fn ensure_preload() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let lib = Path::new(BIN).with_file_name("libgranary_preload.so");
-        if !lib.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut c = Command::new(cargo);
-            c.args(["build", "-p", "granary-preload"]);
-            if Path::new(BIN)
-                .parent()
-                .is_some_and(|p| p.ends_with("release"))
-            {
-                c.arg("--release");
-            }
-            assert!(c
-                .status()
-                .expect("cargo build -p granary-preload")
-                .success());
-        }
-    });
-}
 
 /// Reads every file named in the manifest (path, sha256) with 256 KiB `pread`s, checks its
 /// digest, exits 1 on any mismatch.
@@ -59,19 +40,6 @@ struct Env {
     dir: tempfile::TempDir,
     tiers: Vec<String>,
     files: Vec<(PathBuf, Vec<u8>)>,
-}
-
-/// Deterministic, incompressible-looking bytes (so a wrong offset is always noticed).
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn sha256_hex(b: &[u8]) -> String {
