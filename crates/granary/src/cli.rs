@@ -3,6 +3,21 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 /// Serve a training program's reads of a dataset from fast node-local tiers.
+/// Shown after `granary run --help`.
+const RUN_EXAMPLES: &str = "\
+Examples:
+  granary run --source /pfs/imagenet -- python train.py
+      default tier: a per-user directory on node-local storage, 90% of its free space
+  granary run --source /pfs/imagenet --tier /dev/shm/granary=8G --tier /local/ssd/granary=400G \\
+      --stats-json stats.json -- torchrun --nproc-per-node 4 train.py
+      RAM first, then SSD; every rank and DataLoader worker shares one node agent
+  GRANARY_DISABLE=1 granary run --source /pfs/imagenet -- python train.py
+      the same job without interception, for comparison
+
+The program keeps reading /pfs/imagenet as before. Later jobs on this node reuse what earlier ones
+placed (validated by size, mtime and checksum). `granary status` shows the agent, `granary stop`
+ends it; it also exits by itself after --idle-timeout without jobs.";
+
 #[derive(Parser, Debug)]
 #[command(name = "granary", version, about, long_about = None)]
 pub struct Cli {
@@ -40,6 +55,7 @@ pub struct TierArgs {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a program with its reads of --source served from local tiers.
+    #[command(after_help = RUN_EXAMPLES)]
     Run(RunArgs),
     /// Run the node agent in the foreground (normally `granary run` starts it on demand).
     Agent(AgentArgs),
