@@ -2,7 +2,6 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-/// Serve a training program's reads of a dataset from fast node-local tiers.
 /// Shown after `granary run --help`.
 const RUN_EXAMPLES: &str = "\
 Examples:
@@ -18,6 +17,7 @@ The program keeps reading /pfs/imagenet as before. Later jobs on this node reuse
 placed (validated by size, mtime and checksum). `granary status` shows the agent, `granary stop`
 ends it; it also exits by itself after --idle-timeout without jobs.";
 
+/// Serve a training program's reads of a dataset from fast node-local tiers.
 #[derive(Parser, Debug)]
 #[command(name = "granary", version, about, long_about = None)]
 pub struct Cli {
