@@ -66,6 +66,19 @@ pub struct Persisted {
 
 /// Loads a saved catalog; `None` (after a debug log) when missing or unreadable: the cache is
 /// then rebuilt from nothing, never trusted blindly.
+/// The tier a saved entry's copy lives in, if that tier is still one of this source's tiers and
+/// usable: its index in the new table and its object directory.
+fn saved_tier<'a>(
+    prev: &Persisted,
+    p: &Prev,
+    object_dirs: &[PathBuf],
+    dir_fds: &'a [Option<OwnedFd>],
+) -> Option<(usize, &'a OwnedFd)> {
+    let old_dir = prev.tier_dirs.get(state::tier_of(p.state) as usize)?;
+    let t = object_dirs.iter().position(|d| d == old_dir)?;
+    Some((t, dir_fds.get(t)?.as_ref()?))
+}
+
 pub fn load_persisted(path: &Path) -> Option<Persisted> {
     let f = match std::fs::OpenOptions::new()
         .read(true)
@@ -194,13 +207,9 @@ pub fn reuse_chunked(
             {
                 continue;
             }
-            let Some(old_dir) = prev.tier_dirs.get(state::tier_of(p.state) as usize) else {
+            let Some((t, fd)) = saved_tier(prev, p, object_dirs, dir_fds) else {
                 continue;
             };
-            let Some(t) = object_dirs.iter().position(|d| d == old_dir) else {
-                continue;
-            };
-            let Some(fd) = &dir_fds[t] else { continue };
             let name = object_name(object_id(&e.rel_path));
             match sys::stat_at(fd, &name) {
                 Ok((mode, size)) if mode & libc::S_IFMT == libc::S_IFREG && size == e.stat.size => {
@@ -285,13 +294,9 @@ fn reuse_partial(
         {
             continue;
         }
-        let Some(old_dir) = prev.tier_dirs.get(state::tier_of(p.state) as usize) else {
+        let Some((t, fd)) = saved_tier(prev, p, object_dirs, dir_fds) else {
             continue;
         };
-        let Some(t) = object_dirs.iter().position(|d| d == old_dir) else {
-            continue;
-        };
-        let Some(fd) = &dir_fds[t] else { continue };
         let name = granary_shm::chunks_name(object_id(&e.rel_path));
         let geo = ChunkGeometry {
             chunk_size,
