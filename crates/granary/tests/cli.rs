@@ -29,6 +29,17 @@ impl Env {
     fn src(&self) -> PathBuf {
         self.dir.path().join("src")
     }
+    /// The paths of the first `n` files `new` wrote, as a program's arguments.
+    fn files(&self, n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                self.src()
+                    .join(format!("c{}/f{i}", i % 3))
+                    .display()
+                    .to_string()
+            })
+            .collect()
+    }
     fn tier(&self) -> PathBuf {
         self.dir.path().join("tier")
     }
@@ -311,14 +322,7 @@ fn killed_agent_is_replaced() {
 #[test]
 fn placed_files_persist_across_agents() {
     let e = Env::new(9);
-    let files: Vec<String> = (0..9)
-        .map(|i| {
-            e.src()
-                .join(format!("c{}/f{i}", i % 3))
-                .display()
-                .to_string()
-        })
-        .collect();
+    let files = e.files(9);
     let mut prog = vec!["cat"];
     prog.extend(files.iter().map(|s| s.as_str()));
     let o = e.run(&["-q"], &prog);
@@ -490,14 +494,7 @@ fn each_source_uses_its_own_tiers() {
 #[test]
 fn pending_drains_to_zero() {
     let e = Env::new(12);
-    let files: Vec<String> = (0..12)
-        .map(|i| {
-            e.src()
-                .join(format!("c{}/f{i}", i % 3))
-                .display()
-                .to_string()
-        })
-        .collect();
+    let files = e.files(12);
     let mut prog = vec!["cat"];
     prog.extend(files.iter().map(|s| s.as_str()));
     assert!(e.run(&["-q"], &prog).status.success());
