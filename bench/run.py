@@ -77,7 +77,8 @@ def main(argv=None):
         emu.seal()
         gen_secs = time.time() - t0
         for d in datasets.values():
-            log(f"  {d.name}: {len(d.files)} files, {d.total_bytes / 1e6:.0f} MB")
+            log(f"  {d.name}: {len(d.files)} files, {d.total_bytes / 1e6:.0f} MB "
+                f"({d.stored_bytes / 1e6:.0f} MB allocated on the source)")
         emu.probe(probe, sys.executable)
 
         g, reason = granary.Granary.locate(k.granary, log)
@@ -87,21 +88,22 @@ def main(argv=None):
             log(f"granary: {g.path} ({g.version})")
             stack.callback(g.cleanup, emu.groups())
         bench = runner.Bench(k, emu, datasets, g, reason, log)
-        results = bench.run_all()
+        results, repeats = bench.run_all()
         data = {"knobs": {f: getattr(k, f) for f in k.__dataclass_fields__},
                 "machine": machine_info(), "emulation": emu.params, "probe": emu.measured,
                 "probe_numbers": emu.numbers,
-                "datasets": {n: {"files": len(d.files), "bytes": d.total_bytes}
+                "datasets": {n: {"files": len(d.files), "bytes": d.total_bytes,
+                                 "stored_bytes": d.stored_bytes}
                              for n, d in datasets.items()},
                 "generation_seconds": gen_secs, "copies": bench.copies,
                 "granary": {"path": g.path if g else None, "version": g.version if g else None,
                             "skipped_reason": reason},
-                "results": results, "wall_seconds": time.time() - t_start,
+                "results": results, "repeats": repeats, "wall_seconds": time.time() - t_start,
                 "command": " ".join(["python3", "bench/run.py", *(argv or sys.argv[1:])])}
         with open(os.path.join(k.out, "results.json"), "w") as f:
             json.dump(data, f, indent=1, default=str)
         report.write(data, k.out, log)
-        failed = any(r["status"] in ("failed", "MISMATCH") for r in results)
+        failed = any(r["status"] in ("failed", "MISMATCH") for r in results + repeats)
     log(f"done in {time.time() - t_start:.0f}s: {os.path.join(k.out, 'report.md')}")
     return 1 if failed else 0
 

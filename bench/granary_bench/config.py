@@ -55,6 +55,10 @@ class Knobs:
     granary_extra: list = field(default_factory=list)
     strace: bool = False
     keep: bool = False
+    # steady state: Local and granary-full run this many times in all (paired) when
+    # Local's epochs are shorter than repeat_below seconds
+    repeat: int = 3
+    repeat_below: float = 5.0
 
 
 PRESETS = {
@@ -162,6 +166,14 @@ def parse_args(argv=None):
                    help="also count file/descriptor syscalls on source paths with strace -f "
                         "(slows every run; timings are marked)")
     g.add_argument("--keep", action="store_true", help="keep the workdir (image, copies, tiers)")
+    g.add_argument("--repeat", type=int,
+                   help="run Local and granary-full this many times in all, alternating, for "
+                        "the 'epochs >= 2 vs Local' criterion (its median of paired ratios): "
+                        "sub-second epochs on a shared machine vary by 10%% run to run (3; "
+                        "1 = no repetition)")
+    g.add_argument("--repeat-below", type=float,
+                   help="repeat only workloads whose Local epochs 2.. take less than this many "
+                        "seconds; longer epochs average the noise out themselves (5)")
     g.add_argument("--report-only", metavar="DIR",
                    help="re-render DIR/report.md and plots from DIR/results.json; runs nothing")
     a = p.parse_args(argv)

@@ -14,6 +14,7 @@ lies under the source (metadata calls such as open/stat/readdir).
 """
 
 import bisect
+import os
 import collections
 import re
 import threading
@@ -86,6 +87,20 @@ class EpochMarks:
             out[e] = _diff(self.begin[e], self.end[e])
         out["after"] = _diff(self.end[done[-1]], last)
         return out
+
+
+def disk_stat_fn(path):
+    """A stat function like EmulatedPFS.stat for the block device holding `path` (the local
+    disk of the Local copies and granary's tiers), or None where sysfs does not say."""
+    st = os.stat(path)
+    f = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+    if not os.path.exists(f):
+        return None
+
+    def stat():
+        v = open(f).read().split()
+        return (int(v[0]), int(v[2]) * 512)
+    return stat
 
 
 def _diff(a, b):

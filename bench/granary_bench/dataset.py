@@ -26,6 +26,7 @@ class Dataset:
     name: str          # directory under the source root
     files: list        # [(relpath, size, sha256)]
     manifest: str      # path of the manifest JSON
+    stored_bytes: int = 0  # allocated on the source: files' and directories' blocks (du)
 
     @property
     def total_bytes(self):
@@ -128,5 +129,16 @@ def generate(knobs, source_root, manifest_dir, names):
         manifest = os.path.join(manifest_dir, f"{name}.json")
         with open(manifest, "w") as f:
             json.dump({"name": name, "files": files}, f)
-        made[name] = Dataset(name, files, manifest)
+        made[name] = Dataset(name, files, manifest, _allocated(base))
     return made
+
+
+def _allocated(base):
+    """What the dataset occupies on the source device (st_blocks of every file and
+    directory, like du): no reader can fetch less, since a device reads whole blocks."""
+    total = 0
+    for d, _, names in os.walk(base):
+        total += os.lstat(d).st_blocks * 512
+        for n in names:
+            total += os.lstat(os.path.join(d, n)).st_blocks * 512
+    return total

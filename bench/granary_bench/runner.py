@@ -51,6 +51,7 @@ class Bench:
         self.granary_reason = granary_reason
         self.log = log
         self.copies = {}     # dataset -> copy stats
+        self.tag = ""        # log-name suffix of a repetition ("-rep2")
         self.logdir = os.path.join(knobs.out, "logs")  # stderr of each job, small
         os.makedirs(self.logdir, exist_ok=True)
 
@@ -110,8 +111,10 @@ class Bench:
         self.pfs.drop_caches([root, self.k.workdir])
         self.pfs.reset_memory_stats()
         events = {"epoch": [], "tick": [], "done": None, "mismatch": []}
-        logpath = os.path.join(self.logdir, f"{job.key}-{setup.name}.log")
+        logpath = os.path.join(self.logdir, f"{job.key}-{setup.name}{self.tag}.log")
         marks = counters.EpochMarks(self.pfs.stat)
+        disk = counters.disk_stat_fn(self.k.workdir)
+        disk_marks = counters.EpochMarks(disk) if disk else None
         with open(logpath, "w") as logf, counters.DeviceSampler(self.pfs.stat) as dev:
             t0 = time.time()
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=logf, env=env, text=True)
@@ -123,12 +126,18 @@ class Bench:
                     ev = self._event(line, events, logf)
                     if ev:
                         marks.on_event(ev)
+                        if disk_marks:
+                            disk_marks.on_event(ev)
                 rc = proc.wait()
             finally:
                 killer.cancel()
             t1 = time.time()
             setup.finish(job, res)
             res["source"] = marks.per_epoch()
+            if disk_marks:
+                # Reads of the local disk (Local's copy, granary's tiers): the page cache
+                # misses of epochs >= 2, the usual reason a placed epoch differs from Local's.
+                res["local_disk"] = disk_marks.per_epoch()
         res["wall"] = t1 - t0
         res["t_start"] = t0
         res["rc"] = rc
@@ -181,13 +190,48 @@ class Bench:
         return ev
 
     def run_all(self):
-        results = []
+        """Returns (results, repeats): one result per job and setup, and the extra
+        paired runs of Local and granary-full (slim: epochs and status only)."""
+        results, repeats = [], []
         for spec in self.k.workloads:
             job = Job.parse(spec)
             self.log(f"workload {job.key} (dataset {job.dataset})")
-            for setup in setups.make_setups(self):
-                results.append(self.run_job(job, setup))
-        return results
+            made = setups.make_setups(self)
+            by = {}
+            for setup in made:
+                by[setup.name] = self.run_job(job, setup)
+                results.append(by[setup.name])
+            repeats += self.repeat_pairs(job, made, by)
+        return results, repeats
+
+    def repeat_pairs(self, job, made, by):
+        """Runs Local and granary-full again, alternating, so the steady-state
+        criterion can take the median of paired ratios instead of one noisy pair."""
+        pair = [s for s in made if s.name in ("local", "granary-full")]
+        local = by.get("local") or {}
+        eps = [e["seconds"] for e in local.get("epochs") or []][1:]
+        if (self.k.repeat <= 1 or len(pair) != 2 or not eps
+                or any(by.get(s.name, {}).get("status") != "ok" for s in pair)):
+            return []
+        if sum(eps) / len(eps) >= self.k.repeat_below:
+            self.log(f"  no repetitions: Local's epochs take {sum(eps) / len(eps):.1f} s "
+                     f"(>= --repeat-below {self.k.repeat_below:g})")
+            return []
+        out = []
+        for rep in range(2, self.k.repeat + 1):
+            for setup in pair:
+                self.log(f"  repetition {rep}/{self.k.repeat}:")
+                self.tag = f"-rep{rep}"
+                try:
+                    r = self.run_job(job, setup)
+                finally:
+                    self.tag = ""
+                out.append({"workload": r["workload"], "setup": r["setup"], "rep": rep,
+                            "status": r["status"], "reason": r.get("reason"),
+                            "epochs": r["epochs"], "wall": r["wall"],
+                            "source_total": r.get("source_total"),
+                            "local_disk": r.get("local_disk")})
+        return out
 
 
 def _tail(path, n=15):
