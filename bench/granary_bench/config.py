@@ -58,6 +58,7 @@ class Knobs:
     # steady state: Local and granary-full run this many times in all (paired) when
     # Local's epochs are shorter than repeat_below seconds
     repeat: int = 3
+    repeat_epochs: int = 8
     repeat_below: float = 5.0
 
 
@@ -171,6 +172,9 @@ def parse_args(argv=None):
                         "the 'epochs >= 2 vs Local' criterion (its median of paired ratios): "
                         "sub-second epochs on a shared machine vary by 10%% run to run (3; "
                         "1 = no repetition)")
+    g.add_argument("--repeat-epochs", type=int,
+                   help="epochs of each repetition: every epoch after the first is one more "
+                        "steady-state sample at almost no cost, since epoch 1 dominates (8)")
     g.add_argument("--repeat-below", type=float,
                    help="repeat only workloads whose Local epochs 2.. take less than this many "
                         "seconds; longer epochs average the noise out themselves (5)")

@@ -52,6 +52,7 @@ class Bench:
         self.log = log
         self.copies = {}     # dataset -> copy stats
         self.tag = ""        # log-name suffix of a repetition ("-rep2")
+        self.epochs = knobs.epochs  # epochs of the job being run (repetitions run more)
         self.logdir = os.path.join(knobs.out, "logs")  # stderr of each job, small
         os.makedirs(self.logdir, exist_ok=True)
 
@@ -72,11 +73,11 @@ class Bench:
         ds = self.datasets[job.dataset]
         if self.k.client_cmd:
             cmd = self.k.client_cmd.format(root=shlex.quote(root), manifest=shlex.quote(ds.manifest),
-                                           epochs=self.k.epochs, workers=self.k.workers,
+                                           epochs=self.epochs, workers=self.k.workers,
                                            cache_dir=shlex.quote(cache_dir or ""))
             return ["sh", "-c", cmd]
         argv = [sys.executable, os.path.join(CLIENTS, job.script), "--root", root,
-                "--manifest", ds.manifest, "--epochs", str(self.k.epochs),
+                "--manifest", ds.manifest, "--epochs", str(self.epochs),
                 "--workers", str(self.k.workers), "--seed", str(self.k.seed), *job.args]
         if job.compute:
             argv += ["--compute", job.compute]
@@ -97,7 +98,7 @@ class Bench:
             return res
         argv = self.client_argv(job, root, cache_dir)
         env = dict(os.environ, BENCH_ROOT=root, BENCH_MANIFEST=self.datasets[job.dataset].manifest,
-                   BENCH_EPOCHS=str(self.k.epochs), BENCH_WORKERS=str(self.k.workers),
+                   BENCH_EPOCHS=str(self.epochs), BENCH_WORKERS=str(self.k.workers),
                    BENCH_CACHE_DIR=cache_dir or "", PYTHONUNBUFFERED="1")
         strace_file = None
         if self.k.strace:
@@ -169,7 +170,7 @@ class Bench:
         """A hung job must not hang the bench: generous bound from the data size."""
         total = sum(d.total_bytes for d in self.datasets.values())
         rate = self.k.read_bps or (50 << 20)
-        return 120 + 4 * self.k.epochs * total / rate
+        return 120 + 4 * max(self.k.epochs, self.k.repeat_epochs) * total / rate
 
     @staticmethod
     def _event(line, events, logf):
@@ -221,11 +222,11 @@ class Bench:
         for rep in range(2, self.k.repeat + 1):
             for setup in pair:
                 self.log(f"  repetition {rep}/{self.k.repeat}:")
-                self.tag = f"-rep{rep}"
+                self.tag, self.epochs = f"-rep{rep}", self.k.repeat_epochs
                 try:
                     r = self.run_job(job, setup)
                 finally:
-                    self.tag = ""
+                    self.tag, self.epochs = "", self.k.epochs
                 out.append({"workload": r["workload"], "setup": r["setup"], "rep": rep,
                             "status": r["status"], "reason": r.get("reason"),
                             "epochs": r["epochs"], "wall": r["wall"],
