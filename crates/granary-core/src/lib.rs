@@ -6,6 +6,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod memlimit;
 pub mod placement;
 pub mod runtime;
 pub mod size;

@@ -185,6 +185,16 @@ pub fn status(json: bool) -> Result<i32> {
         s.idle_timeout_s,
         s.runtime_dir.display()
     );
+    if let Some(p) = &s.placement {
+        println!(
+            "placement: {} workers, source reads of {}{}",
+            p.workers,
+            format_size(p.block_size),
+            p.memory_limit
+                .map(|l| format!(" (sized for a memory cgroup limit of {})", format_size(l)))
+                .unwrap_or_default()
+        );
+    }
     for (i, t) in s.tiers.iter().enumerate() {
         println!(
             "tier {i}: {} — {} used of {} ({} reserved)",

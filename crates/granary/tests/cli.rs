@@ -319,6 +319,20 @@ fn killed_agent_is_replaced() {
     assert_ne!(new, pid);
 }
 
+/// In a memory cgroup that runs out, the kernel must kill the agent (jobs survive that), not
+/// the job; and the program keeps the oom_score_adj it was started with.
+#[test]
+fn the_agent_volunteers_as_oom_victim_and_the_program_does_not() {
+    let e = Env::new(1);
+    let mine = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap();
+    let o = e.run(&["-q"], &["cat", "/proc/self/oom_score_adj"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), mine);
+    let pid = e.agent_pid().expect("agent running");
+    let agent = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap();
+    assert_eq!(agent.trim(), "1000");
+}
+
 #[test]
 fn placed_files_persist_across_agents() {
     let e = Env::new(9);

@@ -601,16 +601,14 @@ fn fetch_reads_the_device_once() {
         eprintln!("SKIPPED fetch_reads_the_device_once: cannot set up a loop device");
         return;
     };
-    struct Loop(PathBuf, String, PathBuf);
+    struct Loop(PathBuf, String);
     impl Drop for Loop {
         fn drop(&mut self) {
-            let _ = std::fs::remove_dir(&self.2);
             let _ = Command::new("umount").arg(&self.0).status();
             let _ = Command::new("losetup").arg("-d").arg(&self.1).status();
         }
     }
-    let cg = mem.join(format!("granary-test-mem-{}", std::process::id()));
-    let _l = Loop(mnt.clone(), dev.clone(), cg.clone());
+    let _l = Loop(mnt.clone(), dev.clone());
     let name = Path::new(&dev)
         .file_name()
         .unwrap()
@@ -624,8 +622,7 @@ fn fetch_reads_the_device_once() {
     assert!(sh(&format!(
         "echo 128 > /sys/block/{name}/queue/read_ahead_kb; sync; echo 3 > /proc/sys/vm/drop_caches"
     )));
-    std::fs::create_dir_all(&cg).unwrap();
-    std::fs::write(cg.join("memory.limit_in_bytes"), (64 * MIB).to_string()).unwrap();
+    let cg = Group::new("mem", 64 * MIB);
     let sectors = || -> u64 {
         let s = std::fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap();
         s.split_whitespace().nth(2).unwrap().parse().unwrap()
@@ -650,11 +647,55 @@ fn fetch_reads_the_device_once() {
         .unwrap(),
     )
     .unwrap();
-    let procs = cg.join("cgroup.procs");
-    // The child joins the cgroup itself (sh writes its pid, then execs `granary run`).
+    let o = in_cgroup(&c, &cg.0).output().unwrap();
+    ok(&o);
+    let st = e.settle();
+    e.stop();
+    let device = (sectors() - before) * 512;
+    let p = &st["placement"];
+    assert_eq!(p["files_placed"], 1, "{st}");
+    assert!(
+        device >= size && device <= size + 256 * 1024,
+        "device read {device} bytes for a {size}-byte file: {st}"
+    );
+}
+
+/// A cgroup v1 memory group with a limit, removed on drop (once its processes are gone).
+struct Group(PathBuf);
+
+impl Group {
+    fn new(name: &str, limit: u64) -> Group {
+        let g = Group(
+            Path::new("/sys/fs/cgroup/memory")
+                .join(format!("granary-test-{name}-{}", std::process::id())),
+        );
+        std::fs::create_dir_all(&g.0).unwrap();
+        std::fs::write(g.0.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+        // No swap to escape to, where the kernel accounts it.
+        let _ = std::fs::write(g.0.join("memory.memsw.limit_in_bytes"), limit.to_string());
+        g
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // An agent that `granary stop` just ended may take a moment to leave the group.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.0).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// `c`, started inside the cgroup v1 group `cg`: the child joins it itself (sh writes its pid,
+/// then execs the command), so everything it starts, the agent included, is inside too.
+fn in_cgroup(c: &Command, cg: &Path) -> Command {
     let mut argv = vec![
         "-c".to_string(),
-        format!("echo $$ > {}; exec \"$@\"", procs.display()),
+        format!(
+            "echo $$ > {}; exec \"$@\"",
+            cg.join("cgroup.procs").display()
+        ),
         "sh".to_string(),
     ];
     argv.push(c.get_program().to_string_lossy().to_string());
@@ -667,15 +708,58 @@ fn fetch_reads_the_device_once() {
             None => w.env_remove(k),
         };
     }
-    let o = w.output().unwrap();
-    ok(&o);
+    w
+}
+
+/// (h) In a memory cgroup the agent's copy buffers are the job's memory too: in a 64 MiB group
+/// the pool keeps workers × block ≤ 4 MiB (it read the limit itself), says so in `status`, and
+/// a file fetched whole in those smaller reads is still byte-identical. The agent volunteers as
+/// the OOM victim (tested in cli.rs). Needs root and cgroup v1 memory; skipped otherwise.
+#[test]
+fn copy_buffers_fit_a_memory_cgroup() {
+    if granary_core::sys::uid() != 0 || !Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists() {
+        eprintln!("SKIPPED copy_buffers_fit_a_memory_cgroup: needs root and cgroup v1 memory");
+        return;
+    }
+    // Before the Env: dropped after it, once `granary stop` has ended the agent.
+    let cg = Group::new("buffers", 64 * MIB);
+    let mut e = Env::new();
+    e.add("shard.rec", pattern(11, (24 * MIB + 777) as usize));
+    let manifest: Vec<(String, String)> = e
+        .files
+        .iter()
+        .map(|(p, b)| (p.display().to_string(), sha256_hex(b)))
+        .collect();
+    let d = e.dir.path();
+    std::fs::write(
+        d.join("manifest.json"),
+        serde_json::to_vec(&manifest).unwrap(),
+    )
+    .unwrap();
+    let mut c = e.cmd();
+    c.arg("run")
+        .arg("-q")
+        .arg("--source")
+        .arg(e.src())
+        .arg("--tier")
+        .arg(&e.tiers[0])
+        .args(["--workers", "2", "--", "python3"])
+        .arg(d.join("reader.py"))
+        .arg(d.join("manifest.json"));
+    ok(&in_cgroup(&c, &cg.0).output().unwrap());
     let st = e.settle();
-    e.stop();
-    let device = (sectors() - before) * 512;
-    let p = &st["placement"];
-    assert_eq!(p["files_placed"], 1, "{st}");
+    assert_eq!(st["files_placed_now"], 1, "{st}");
+    let pool = &e.status()["placement"];
+    assert_eq!(pool["memory_limit"], 64 * MIB, "{pool}");
+    let (w, b) = (
+        pool["workers"].as_u64().unwrap(),
+        pool["block_size"].as_u64().unwrap(),
+    );
+    assert!(w >= 1 && w * b <= 4 * MIB, "{pool}");
+    let copy = e.objects(&d.join("tier"));
+    assert_eq!(copy.len(), 1, "{copy:?}");
     assert!(
-        device >= size && device <= size + 256 * 1024,
-        "device read {device} bytes for a {size}-byte file: {st}"
+        std::fs::read(&copy[0]).unwrap() == e.files[0].1,
+        "copy differs"
     );
 }

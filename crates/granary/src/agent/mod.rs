@@ -26,6 +26,9 @@ use source::SourceState;
 pub struct Setup {
     pub pool: Pool,
     pub workers: usize,
+    pub block_size: u64,
+    /// The memory cgroup limit the copy buffers were sized for.
+    pub memory_limit: Option<u64>,
 }
 
 pub struct Agent {
@@ -70,7 +73,22 @@ impl Agent {
         let mut cfg = self.cfg.clone();
         cfg.block_size = cfg.block_size.or(block_size);
         cfg.max_source_streams = cfg.max_source_streams.or(max_source_streams);
-        let params = Params::from_config(&cfg);
+        let mut params = Params::from_config(&cfg);
+        // Under a memory limit the copy buffers are the job's memory too: keep them small.
+        let limit = granary_core::memlimit::cgroup_limit();
+        let asked = (workers, params.block_size);
+        let (workers, block) = granary_core::memlimit::fit(workers, params.block_size, limit);
+        if (workers, block) != asked {
+            tracing::info!(
+                "memory cgroup limit of {} bytes: {} workers x {} byte blocks shrunk to {workers} \
+                 x {block}, 1/{} of the limit at most",
+                limit.unwrap_or(0),
+                asked.0,
+                asked.1,
+                granary_core::memlimit::BUDGET_SHARE
+            );
+        }
+        params.block_size = block;
         tracing::info!(
             "{workers} placement workers, {} source streams, blocks of {} bytes, whole-file \
              fetch from {} bytes",
@@ -80,7 +98,12 @@ impl Agent {
         );
         let pool = Pool::new(workers, Arc::new(FillHighestFirst), params)
             .context("starting placement workers")?;
-        let _ = self.setup.set(Setup { pool, workers });
+        let _ = self.setup.set(Setup {
+            pool,
+            workers,
+            block_size: block,
+            memory_limit: limit,
+        });
         Ok(self.setup.get().expect("set above"))
     }
 
@@ -114,6 +137,17 @@ impl Agent {
     }
 }
 
+/// The agent usually lives in the job's memory cgroup (a Slurm job's, or the one `granary run`
+/// was started in), and its copy buffers (a block per worker) are memory the job did not budget
+/// for. If that cgroup runs out, the OOM killer must take the agent, not the job: jobs survive the
+/// agent's death (they read the source), and granary may make a job slower, never failed. Raising
+/// one's own `oom_score_adj` needs no privilege; `granary run` leaves the program's value alone.
+fn volunteer_for_oom() {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "1000") {
+        tracing::warn!("could not raise the agent's oom_score_adj: {e}");
+    }
+}
+
 pub fn main(args: AgentArgs) -> Result<i32> {
     let rt = Runtime::open()?;
     // Wait for a previous agent to finish its shutdown (it saves catalogs this agent reuses);
@@ -133,6 +167,7 @@ pub fn main(args: AgentArgs) -> Result<i32> {
             .with_context(|| format!("bad --idle-timeout `{s}`"))?,
         None => cfg.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),
     };
+    volunteer_for_oom();
     let tier_cfg = crate::run::tier_configs(&args.tiers, &cfg)?;
     let default_tiers: Vec<_> = resolve_tiers(&tier_cfg)?.into_iter().map(|t| t.0).collect();
     let listener = bind(&rt)?;

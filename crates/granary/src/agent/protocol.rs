@@ -75,9 +75,20 @@ pub struct AgentStatus {
     pub jobs: usize,
     pub idle_timeout_s: f64,
     pub runtime_dir: PathBuf,
+    /// The placement pool, once the first job started it: workers, the size of their source
+    /// reads, and the memory cgroup limit they were sized for (buffers ≤ 1/16 of it).
+    #[serde(default)]
+    pub placement: Option<PoolStatus>,
     /// Every tier directory any source has used in this agent, once each, ordered by path.
     pub tiers: Vec<TierUsage>,
     pub sources: Vec<SourceStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolStatus {
+    pub workers: usize,
+    pub block_size: u64,
+    pub memory_limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use granary_core::catalog::Progress;
 
-use super::protocol::{AgentStatus, Reply, Request, SourceStatus};
+use super::protocol::{AgentStatus, PoolStatus, Reply, Request, SourceStatus};
 use super::source::SourceState;
 use super::Agent;
 
@@ -341,6 +341,11 @@ fn status(agent: &Agent) -> AgentStatus {
         jobs: agent.jobs.load(Ordering::Acquire),
         idle_timeout_s: agent.idle_timeout.as_secs_f64(),
         runtime_dir: agent.rt.dir.clone(),
+        placement: agent.setup.get().map(|s| PoolStatus {
+            workers: s.workers,
+            block_size: s.block_size,
+            memory_limit: s.memory_limit,
+        }),
         tiers: agent.registry.usage(),
         sources: sources
             .iter()
