@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """granary's evaluation harness: one command, one report.
 
-    sudo python3 bench/run.py --size quick            # ~2 minutes, results/quick/
+    sudo python3 bench/run.py --size quick            # ~4 minutes, results/quick/
     sudo python3 bench/run.py --size full             # ~20 minutes, results/full/
 
 Builds an emulated PFS, generates the seeds' datasets on it, runs every

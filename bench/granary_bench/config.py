@@ -1,7 +1,7 @@
 """Knobs: size presets and the command line.
 
 Every knob has a preset value per --size and can be overridden one by one. The
-presets are sized for a 2-core machine: quick finishes in about 2 minutes, full
+presets are sized for a 2-core machine: quick finishes in about 4 minutes, full
 in about 20 (see bench/README.md for how they were chosen).
 """
 
@@ -116,7 +116,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Knobs()
     p.add_argument("--size", choices=sorted(PRESETS), default="quick",
-                   help="preset for every knob below (quick ~2 min, full ~20 min on 2 cores)")
+                   help="preset for every knob below (quick ~4 min, full ~20 min on 2 cores)")
     p.add_argument("--out", help="report directory (default results/<size>)")
     p.add_argument("--workdir", help=f"scratch space for the image, local copies and tiers "
                                      f"(default {d.workdir}); never inside the repository")
