@@ -60,6 +60,7 @@ class Knobs:
     repeat: int = 3
     repeat_epochs: int = 8
     repeat_below: float = 5.0
+    local_hog_mb: int = 0
 
 
 PRESETS = {
@@ -175,6 +176,10 @@ def parse_args(argv=None):
     g.add_argument("--repeat-epochs", type=int,
                    help="epochs of each repetition: every epoch after the first is one more "
                         "steady-state sample at almost no cost, since epoch 1 dominates (8)")
+    g.add_argument("--local-hog-mb", type=int,
+                   help="diagnostic: run Local with a process holding this many MiB beside its "
+                        "client, inside the same memory cgroup, to see whether a placed-epoch gap "
+                        "is granary's resident memory (13 on the full small-file set); 0 = off")
     g.add_argument("--repeat-below", type=float,
                    help="repeat only workloads whose Local epochs 2.. take less than this many "
                         "seconds; longer epochs average the noise out themselves (5)")

@@ -106,6 +106,8 @@ class Bench:
             # must not follow (and wait for) the agent `granary run` spawns.
             strace_file = os.path.join(self.k.workdir, f"strace-{job.key}-{setup.name}.txt")
             argv = counters.strace_prefix(strace_file) + argv
+        if setup.name == "local" and self.k.local_hog_mb:
+            argv = _with_hog(self.k.local_hog_mb, argv)
         argv = self.pfs.wrap(setup.wrap(job, argv))
         res["argv"] = argv
 
@@ -233,6 +235,13 @@ class Bench:
                             "source_total": r.get("source_total"),
                             "local_disk": r.get("local_disk")})
         return out
+
+
+def _with_hog(mb, argv):
+    """argv with a process holding `mb` MiB of touched memory beside it, in its cgroups: a
+    Local that has granary's resident memory taken from its page cache."""
+    hog = f"import time; x = b'1' * ({int(mb)} << 20); time.sleep(86400)"
+    return ["sh", "-c", 'python3 -c "$0" & h=$!; "$@"; r=$?; kill $h; exit $r', hog, *argv]
 
 
 def _tail(path, n=15):
