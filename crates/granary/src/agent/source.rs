@@ -230,6 +230,7 @@ impl SourceState {
         inner.table_path = Some(table_path);
         inner.spec = Some(spec);
         self.persist(inner);
+        granary_core::sys::trim_heap();
         Ok(())
     }
 
