@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{ensure_preload, BIN};
+use common::{ensure_preload, granary_cmd};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -47,12 +47,7 @@ impl Env {
         self.dir.path().join("rt")
     }
     fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
-        c.env("GRANARY_RUNTIME_DIR", self.rt())
-            .env_remove("GRANARY_CONFIG")
-            .env_remove("GRANARY_DISABLE")
-            .env_remove("LD_PRELOAD");
-        c
+        granary_cmd(&self.rt())
     }
     fn run(&self, extra: &[&str], program: &[&str]) -> Output {
         let mut c = self.cmd();

@@ -6,9 +6,9 @@
 
 mod common;
 
-use common::{pattern, BIN};
+use common::{granary_cmd, pattern, sha256_hex, BIN};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -56,31 +56,8 @@ barrier(epochs + 1)
 sys.exit(1 if bad else 0)
 "##;
 
-fn sha256_files(paths: &[PathBuf]) -> Vec<String> {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg("import hashlib,sys\nfor p in sys.argv[1:]: print(hashlib.sha256(open(p,'rb').read()).hexdigest())")
-        .args(paths)
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn cmd(rt: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.env("GRANARY_RUNTIME_DIR", rt)
-        .env_remove("GRANARY_CONFIG")
-        .env_remove("GRANARY_DISABLE")
-        .env_remove("LD_PRELOAD");
-    c
-}
-
 fn status(rt: &Path) -> serde_json::Value {
-    let o = cmd(rt).args(["status", "--json"]).output().unwrap();
+    let o = granary_cmd(rt).args(["status", "--json"]).output().unwrap();
     serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
 }
 
@@ -143,7 +120,10 @@ fn known_order_prefetches_ahead_and_evicts_only_what_was_read() {
         std::fs::write(&p, pattern(i as u64 + 1, MIB as usize)).unwrap();
         rels.push(rel);
     }
-    let sums = sha256_files(&rels.iter().map(|r| src.join(r)).collect::<Vec<_>>());
+    let sums: Vec<String> = rels
+        .iter()
+        .map(|r| sha256_hex(&std::fs::read(src.join(r)).unwrap()))
+        .collect();
     let manifest: serde_json::Map<String, serde_json::Value> = rels
         .iter()
         .zip(&sums)
@@ -176,7 +156,7 @@ fn known_order_prefetches_ahead_and_evicts_only_what_was_read() {
     let trace = dir.path().join("trace.txt");
     let stats = dir.path().join("stats.json");
 
-    let mut c = cmd(&rt);
+    let mut c = granary_cmd(&rt);
     c.env("GRANARY_LOG", format!("info:{}", log.display()))
         .arg("run")
         .arg("-q")
@@ -232,7 +212,7 @@ fn known_order_prefetches_ahead_and_evicts_only_what_was_read() {
         std::fs::write(sync.join(format!("go-{e}")), b"").unwrap();
     }
     let st = child.wait().unwrap();
-    let _ = cmd(&rt).arg("stop").output();
+    let _ = granary_cmd(&rt).arg("stop").output();
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
         st.success(),

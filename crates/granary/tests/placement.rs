@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{ensure_preload, pattern, BIN};
+use common::{ensure_preload, granary_cmd, pattern, sha256_hex};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -42,25 +42,6 @@ struct Env {
     files: Vec<(PathBuf, Vec<u8>)>,
 }
 
-fn sha256_hex(b: &[u8]) -> String {
-    // The test's own digest through python's, so the reader and the test agree by construction.
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(b)?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 impl Env {
     fn new() -> Env {
         ensure_preload();
@@ -87,12 +68,7 @@ impl Env {
         self.dir.path().join("rt")
     }
     fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
-        c.env("GRANARY_RUNTIME_DIR", self.rt())
-            .env_remove("GRANARY_CONFIG")
-            .env_remove("GRANARY_DISABLE")
-            .env_remove("LD_PRELOAD");
-        c
+        granary_cmd(&self.rt())
     }
     /// Runs the reader over every file under granary; returns the output and the stats JSON.
     fn run_reader(&self, extra: &[&str]) -> (Output, serde_json::Value) {

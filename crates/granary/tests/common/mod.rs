@@ -41,3 +41,34 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// The `granary` binary with a private runtime directory (so its own agent) and none of the
+/// caller's granary environment.
+pub fn granary_cmd(rt: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("GRANARY_RUNTIME_DIR", rt)
+        .env_remove("GRANARY_CONFIG")
+        .env_remove("GRANARY_DISABLE")
+        .env_remove("LD_PRELOAD");
+    c
+}
+
+/// sha256 of `b` as hex, computed by Python's hashlib: the test and the Python readers it
+/// checks agree by construction.
+pub fn sha256_hex(b: &[u8]) -> String {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
