@@ -51,8 +51,6 @@ class Bench:
         self.granary_reason = granary_reason
         self.log = log
         self.copies = {}     # dataset -> copy stats
-        self.tag = ""        # log-name suffix of a repetition ("-rep2")
-        self.epochs = knobs.epochs  # epochs of the job being run (repetitions run more)
         self.logdir = os.path.join(knobs.out, "logs")  # stderr of each job, small
         os.makedirs(self.logdir, exist_ok=True)
 
@@ -69,15 +67,15 @@ class Bench:
 
     # ---- one job -----------------------------------------------------------
 
-    def client_argv(self, job, root, cache_dir):
+    def client_argv(self, job, root, cache_dir, epochs):
         ds = self.datasets[job.dataset]
         if self.k.client_cmd:
             cmd = self.k.client_cmd.format(root=shlex.quote(root), manifest=shlex.quote(ds.manifest),
-                                           epochs=self.epochs, workers=self.k.workers,
+                                           epochs=epochs, workers=self.k.workers,
                                            cache_dir=shlex.quote(cache_dir or ""))
             return ["sh", "-c", cmd]
         argv = [sys.executable, os.path.join(CLIENTS, job.script), "--root", root,
-                "--manifest", ds.manifest, "--epochs", str(self.epochs),
+                "--manifest", ds.manifest, "--epochs", str(epochs),
                 "--workers", str(self.k.workers), "--seed", str(self.k.seed), *job.args]
         if job.compute:
             argv += ["--compute", job.compute]
@@ -87,18 +85,21 @@ class Bench:
             argv += ["--cache-dir", cache_dir]
         return argv
 
-    def run_job(self, job, setup):
+    def run_job(self, job, setup, epochs=None, tag=""):
+        """Runs one job cold. `epochs` overrides --epochs (repetitions run more); `tag`
+        suffixes its log names ("-rep2")."""
+        epochs = epochs or self.k.epochs
         res = {"workload": job.key, "dataset": job.dataset, "setup": setup.name,
-               "label": setup.label, "status": "ok"}
+               "label": setup.label, "status": "ok", "log_tag": tag}
         try:
             root, cache_dir = setup.prepare(job)
         except setups.Skip as e:
             res.update(status="skipped", reason=str(e))
             self.log(f"  {setup.name}: skipped ({e})")
             return res
-        argv = self.client_argv(job, root, cache_dir)
+        argv = self.client_argv(job, root, cache_dir, epochs)
         env = dict(os.environ, BENCH_ROOT=root, BENCH_MANIFEST=self.datasets[job.dataset].manifest,
-                   BENCH_EPOCHS=str(self.epochs), BENCH_WORKERS=str(self.k.workers),
+                   BENCH_EPOCHS=str(epochs), BENCH_WORKERS=str(self.k.workers),
                    BENCH_CACHE_DIR=cache_dir or "", PYTHONUNBUFFERED="1")
         strace_file = None
         if self.k.strace:
@@ -114,7 +115,7 @@ class Bench:
         self.pfs.drop_caches([root, self.k.workdir])
         self.pfs.reset_memory_stats()
         events = {"epoch": [], "tick": [], "done": None, "mismatch": []}
-        logpath = os.path.join(self.logdir, f"{job.key}-{setup.name}{self.tag}.log")
+        logpath = os.path.join(self.logdir, f"{job.key}-{setup.name}{tag}.log")
         marks = counters.EpochMarks(self.pfs.stat)
         disk = counters.disk_stat_fn(self.k.workdir)
         disk_marks = counters.EpochMarks(disk) if disk else None
@@ -224,11 +225,7 @@ class Bench:
         for rep in range(2, self.k.repeat + 1):
             for setup in pair:
                 self.log(f"  repetition {rep}/{self.k.repeat}:")
-                self.tag, self.epochs = f"-rep{rep}", self.k.repeat_epochs
-                try:
-                    r = self.run_job(job, setup)
-                finally:
-                    self.tag, self.epochs = "", self.k.epochs
+                r = self.run_job(job, setup, self.k.repeat_epochs, f"-rep{rep}")
                 out.append({"workload": r["workload"], "setup": r["setup"], "rep": rep,
                             "status": r["status"], "reason": r.get("reason"),
                             "epochs": r["epochs"], "wall": r["wall"],

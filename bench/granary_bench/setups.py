@@ -123,7 +123,7 @@ class GranarySetup(Setup):
         if os.path.exists(self.stats_json):
             # Kept with the job's stderr: the raw counters (placement.page_cache_bytes,
             # duplicate_bytes, no_room, reuse_rejected, ...) as granary wrote them.
-            kept = os.path.join(self.b.logdir, f"{job.key}-{self.name}{self.b.tag}.stats.json")
+            kept = os.path.join(self.b.logdir, f"{job.key}-{self.name}{result['log_tag']}.stats.json")
             shutil.copyfile(self.stats_json, kept)
             result["granary_stats_file"] = os.path.relpath(kept, self.b.k.out)
         shutil.rmtree(self.tier_dir(job), ignore_errors=True)
