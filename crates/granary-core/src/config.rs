@@ -19,6 +19,9 @@
 //! policy = "fill-highest-first" # or "known-order": the access order is known (access_order)
 //! access_order = "/home/me/order.txt" # known-order: one path per line, in the program's order
 //! prefetch_window = "10G"  # known-order: bytes kept placed ahead (default 25 % of tier 0)
+//! page_cache = "auto"      # bytes of copies kept in the page cache: "auto" (from the memory
+//!                          # limit), "off" (the kernel decides), or a size; the rest are dropped
+//!                          # after each read so they never evict the kept ones
 //! [reuse]
 //! verify = "checksum"      # or "size": how copies from an earlier run are checked at the walk
 //! [agent]
@@ -89,6 +92,8 @@ pub struct Config {
     /// The access-order file (relative paths are resolved against the config file's directory).
     pub access_order: Option<PathBuf>,
     pub prefetch_window: Option<u64>,
+    /// Page-cache residency budget (`None`: auto).
+    pub page_cache: Option<crate::placement::residency::Budget>,
     pub verify: Option<Verify>,
     pub idle_timeout: Option<Duration>,
     pub log_level: Option<String>,
@@ -274,6 +279,18 @@ impl Config {
                                     Some(size_value(v).filter(|w| *w > 0).ok_or_else(|| {
                                         err(&key, "expected a non-zero size like \"2G\" for key")
                                     })?);
+                            }
+                            "page_cache" => {
+                                cfg.page_cache = Some(
+                                    v.as_str()
+                                        .and_then(crate::placement::residency::Budget::parse)
+                                        .ok_or_else(|| {
+                                            err(
+                                                &key,
+                                                "expected \"auto\", \"off\" or a size like \"200G\" for key",
+                                            )
+                                        })?,
+                                );
                             }
                             _ => return Err(err(&key, "unknown key")),
                         }
@@ -484,6 +501,21 @@ mod tests {
         assert_eq!(
             e,
             "expected \"fill-highest-first\" or \"known-order\" for key `placement.policy` (line 3)"
+        );
+        use crate::placement::residency::Budget;
+        for (text, want) in [
+            ("auto", Budget::Auto),
+            ("off", Budget::Off),
+            ("200G", Budget::Fixed(200 << 30)),
+            ("0", Budget::Fixed(0)),
+        ] {
+            let c = Config::parse(&format!("[placement]\npage_cache = \"{text}\"\n")).unwrap();
+            assert_eq!(c.page_cache, Some(want), "{text}");
+        }
+        let e = Config::parse("[placement]\npage_cache = \"most\"\n").unwrap_err();
+        assert_eq!(
+            e,
+            "expected \"auto\", \"off\" or a size like \"200G\" for key `placement.page_cache` (line 2)"
         );
         let e = Config::parse("[placement]\nprefetch_window = 0\n").unwrap_err();
         assert!(e.contains("`placement.prefetch_window` (line 2)"), "{e}");

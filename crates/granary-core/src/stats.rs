@@ -214,12 +214,15 @@ pub struct SourceReport {
 ///                 "agent_source_bytes": 0, "failures": 0, "stale": 0,
 ///                 "page_cache_bytes": 0, "duplicate_bytes": 0, "no_room": 0,
 ///                 "chunks_placed": 0, "chunk_bytes_placed": 0, "backoffs": 0},
-///   "files_served_from_tiers": 0, "bytes_served_from_tiers": 0, "bytes_placed": 0
+///   "files_served_from_tiers": 0, "bytes_served_from_tiers": 0, "bytes_placed": 0,
+///   "transient_drops": 0
 /// }
 /// ```
 /// `opens` counts the program's opens of catalogued regular files; `source_io` what it did on
 /// the source itself; `tiers[i].files_served/bytes_served` what the tiers served it;
-/// `placement` the agent's copies during the job (delta), with the agent's own source traffic.
+/// `placement` the agent's copies during the job (delta), with the agent's own source traffic;
+/// `transient_drops` the program's closes of transient copies whose pages were dropped
+/// (page-cache residency).
 /// Program-side counters are zero until the preload library counts them (or with
 /// `GRANARY_DISABLE=1`, when `disabled` is true).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -240,6 +243,8 @@ pub struct JobReport {
     pub files_served_from_tiers: u64,
     pub bytes_served_from_tiers: u64,
     pub bytes_placed: u64,
+    #[serde(default)]
+    pub transient_drops: u64,
 }
 
 impl JobReport {
@@ -323,6 +328,12 @@ impl JobReport {
             self.placement.no_room,
             self.placement.backoffs
         ));
+        if self.transient_drops > 0 {
+            s.push_str(&format!(
+                "  page cache: {} reads of transient copies dropped after use (--page-cache)\n",
+                self.transient_drops
+            ));
+        }
         s.push_str(&format!(
             "  catalog: {} files, {} dirs, {}; {} reused from an earlier run, {} rejected\n",
             self.catalog.files,

@@ -2,7 +2,8 @@
 //! against its contract (property-tested).
 
 use granary_core::memlimit::{
-    fit, parse_limit, parse_proc_cgroup, v1_hierarchical_limit, BUDGET_SHARE, MIN_BLOCK,
+    fit, node_room, parse_limit, parse_proc_cgroup, room_from, v1_hierarchical_limit, Probe, Room,
+    BUDGET_SHARE, MIN_BLOCK,
 };
 use proptest::prelude::*;
 
@@ -36,6 +37,54 @@ fn limits_and_no_limits() {
         v1_hierarchical_limit("hierarchical_memory_limit 9223372036854771712\n"),
         None
     );
+}
+
+#[test]
+fn page_cache_room_from_what_the_kernel_reports() {
+    // cgroup v1 (usage includes kernel memory): 256 MiB limit, 240 MiB charged, 200 MiB of it
+    // file pages on the two LRU lists.
+    let v1 = "cache 209715200\nrss 20971520\ntotal_cache 209715200\ntotal_rss 20971520\n\
+              total_inactive_file 146800640\ntotal_active_file 62914560\n";
+    assert_eq!(
+        room_from(
+            256 * MIB,
+            240 * MIB,
+            v1,
+            ["total_active_file", "total_inactive_file"]
+        ),
+        Some(Room {
+            limit: 256 * MIB,
+            non_file: 40 * MIB
+        })
+    );
+    // cgroup v2 names them without the prefix; a missing key is no answer, not a zero.
+    let v2 = "anon 1048576\nfile 4194304\nactive_file 1048576\ninactive_file 3145728\n";
+    let r = room_from(64 * MIB, 6 * MIB, v2, ["active_file", "inactive_file"]).unwrap();
+    assert_eq!((r.non_file, r.for_files()), (2 * MIB, 62 * MIB));
+    assert_eq!(
+        room_from(
+            64 * MIB,
+            6 * MIB,
+            "anon 1\n",
+            ["active_file", "inactive_file"]
+        ),
+        None
+    );
+    // The node: free memory and file pages are room, the rest is not.
+    let meminfo = "MemTotal:       24684092 kB\nMemFree:        20000000 kB\n\
+                   MemAvailable:   23000000 kB\nActive(file):     1000000 kB\n\
+                   Inactive(file):   2000000 kB\nShmem:  35000 kB\n";
+    let n = node_room(meminfo).unwrap();
+    assert_eq!(n.limit, 24684092 * 1024);
+    assert_eq!(n.for_files(), 23000000 * 1024);
+    assert_eq!(node_room("MemTotal: 1 kB\n"), None);
+}
+
+#[test]
+fn this_process_has_a_room() {
+    // Wherever the tests run, the probe finds a limit (a cgroup's or the node's) and reads it.
+    let room = Probe::find().sample().expect("room measured");
+    assert!(room.limit > 0 && room.for_files() <= room.limit, "{room:?}");
 }
 
 #[test]

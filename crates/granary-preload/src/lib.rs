@@ -17,3 +17,4 @@ mod log;
 mod path;
 mod perm;
 mod place;
+mod residency;

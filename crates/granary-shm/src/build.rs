@@ -230,7 +230,8 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
         .iter()
         .map(|&o| bitmap_words(&entries[o]) * 8)
         .sum::<usize>();
-    let total = (chunks_off + chunks_len).div_ceil(4096) * 4096;
+    let transient_off = chunks_off + align8(chunks_len);
+    let total = (transient_off + transient_words(count) * 8).div_ceil(4096) * 4096;
 
     let mut img = Image(vec![0u8; total]);
     img.put_u64(H_MAGIC, MAGIC);
@@ -262,6 +263,7 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
     img.put_u64(H_CHUNK_SIZE, spec.chunk_size);
     img.put_u64(H_CHUNKS_OFF, chunks_off as u64);
     img.put_u64(H_CHUNKS_LEN, chunks_len as u64);
+    img.put_u64(H_TRANSIENT_OFF, transient_off as u64);
     img.put_path(SLOT_SOURCE, &spec.source)?;
     img.put_path(SLOT_SOURCE_REAL, &spec.source_real)?;
     img.put_path(SLOT_SHADOW_DIR, &spec.shadow_dir)?;

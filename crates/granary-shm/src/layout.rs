@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 1.
+//! The on-memory layout of a catalog table, version 3.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -14,6 +14,8 @@
 //! ring_off     request ring                   clients → agent (see `ring`)
 //! stats_off    job_slots × JobStats            per-job counters, atomics only
 //! chunks_off   chunks_len bytes               chunk bitmaps of files larger than a chunk
+//! transient_off  ⌈entry_count / 64⌉ × u64     one bit per entry: its copy's pages are dropped
+//!                                             after use (`residency`)
 //! ```
 //! Entries of one directory are contiguous (`first_child .. first_child + child_count`), in the
 //! order the source's `readdir` returned them, so a listing is a slice walk. Entry 0 is the root.
@@ -22,7 +24,7 @@
 //! walk never descends a symlink), so lexical `..` inside the catalog is exact.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -59,6 +61,9 @@ pub const H_PREFETCH_MIN_SIZE: usize = 136;
 pub const H_CHUNK_SIZE: usize = 144;
 pub const H_CHUNKS_OFF: usize = 152;
 pub const H_CHUNKS_LEN: usize = 160;
+/// Bitmap of transient entries, one bit each (`Table::is_transient`); its length follows from
+/// the entry count.
+pub const H_TRANSIENT_OFF: usize = 168;
 
 pub const HEARTBEAT_PERIOD_MS: u64 = 100;
 pub const HEARTBEAT_STALE_MS: u64 = 2000;
@@ -261,6 +266,11 @@ pub const fn chunk_count(size: u64, chunk_size: u64) -> u64 {
     size.div_ceil(chunk_size)
 }
 
+/// Words of the transient bitmap of a table with `entries` entries.
+pub const fn transient_words(entries: usize) -> usize {
+    entries.div_ceil(64)
+}
+
 /// Where chunk data starts in a chunk file.
 pub const fn chunk_data_offset(size: u64, chunk_size: u64) -> u64 {
     (CHUNK_HEADER_FIXED as u64 + 8 * chunk_count(size, chunk_size)).div_ceil(4096) * 4096
@@ -341,6 +351,8 @@ pub mod job {
     /// Files opened from tier `t`: `TIER_FILES + t`; bytes read from them: `TIER_BYTES + t`.
     pub const TIER_FILES: usize = 8;
     pub const TIER_BYTES: usize = TIER_FILES + super::MAX_TIERS;
+    /// Closes of transient copies whose pages the client dropped (page-cache residency).
+    pub const TRANSIENT_DROPS: usize = TIER_BYTES + super::MAX_TIERS;
     pub const WORDS: usize = TIER_BYTES + super::MAX_TIERS + 8;
 }
 pub const JOB_STATS_LEN: usize = job::WORDS * 8;

@@ -47,6 +47,7 @@ pub struct Table {
     tier_count: u32,
     chunks_off: usize,
     chunks_len: usize,
+    transient_off: usize,
 }
 
 /// A request taken off the ring.
@@ -163,6 +164,13 @@ impl Table {
         if u64_at(H_CHUNK_SIZE)? % 4096 != 0 {
             return Err(TableError::BadLayout("chunk size"));
         }
+        let transient_off = section(
+            &region,
+            u64_at(H_TRANSIENT_OFF)? as usize,
+            transient_words(n),
+            8,
+            "transient bitmap",
+        )?;
         Ok(Table {
             region,
             entry_count,
@@ -179,6 +187,7 @@ impl Table {
             tier_count,
             chunks_off,
             chunks_len,
+            transient_off,
         })
     }
 
@@ -416,6 +425,36 @@ impl Table {
                 w.fetch_and(!bit, Ordering::Release);
             }
         }
+    }
+
+    fn transient_word(&self, idx: u32) -> Option<(&AtomicU64, u64)> {
+        if idx >= self.entry_count {
+            return None;
+        }
+        let w = self
+            .region
+            .atomic_u64(self.transient_off + (idx / 64) as usize * 8)?;
+        Some((w, 1u64 << (idx % 64)))
+    }
+
+    /// True if the entry's copy is transient: whoever finishes reading it drops its pages from
+    /// the page cache, so that the resident copies keep theirs (`residency` in the agent).
+    /// Relaxed: a stale answer costs a page-cache miss or a hit, never a wrong byte.
+    pub fn is_transient(&self, idx: u32) -> bool {
+        self.transient_word(idx)
+            .is_some_and(|(w, bit)| w.load(Ordering::Relaxed) & bit != 0)
+    }
+
+    /// Agent side: marks the entry transient or resident; returns what it was.
+    pub fn set_transient(&self, idx: u32, transient: bool) -> bool {
+        self.transient_word(idx).is_some_and(|(w, bit)| {
+            let old = if transient {
+                w.fetch_or(bit, Ordering::Relaxed)
+            } else {
+                w.fetch_and(!bit, Ordering::Relaxed)
+            };
+            old & bit != 0
+        })
     }
 
     /// The agent's last heartbeat (CLOCK_MONOTONIC ns); 0 before the first.

@@ -389,6 +389,45 @@ fn chunk_bitmaps_exist_for_large_files_only() {
 }
 
 #[test]
+fn transient_bits_are_per_entry() {
+    // 130 files: the bitmap spans three words, and the last entry sits in the last one.
+    let mut m = Model::new();
+    for i in 0..130 {
+        m.add(
+            0,
+            &format!("f{i}"),
+            stat(libc::S_IFREG | 0o644, 2 + i, 10),
+            "",
+        );
+    }
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let n = t.entry_count();
+    assert_eq!(n, 131);
+    assert!((0..n).all(|i| !t.is_transient(i)), "resident by default");
+    let mut model = vec![false; n as usize];
+    for (i, on) in [
+        (1, true),
+        (63, true),
+        (64, true),
+        (130, true),
+        (63, false),
+        (5, false),
+    ] {
+        assert_eq!(
+            t.set_transient(i, on),
+            model[i as usize],
+            "returns the old bit"
+        );
+        model[i as usize] = on;
+        assert_eq!((0..n).map(|k| t.is_transient(k)).collect::<Vec<_>>(), model);
+    }
+    assert!(!t.set_transient(n, true), "past the last entry: ignored");
+    assert!(!t.is_transient(n));
+    assert_eq!((0..n).map(|k| t.is_transient(k)).collect::<Vec<_>>(), model);
+}
+
+#[test]
 fn chunk_size_must_be_page_multiple() {
     let m = Model::new();
     let mut spec = Model::spec();

@@ -47,6 +47,14 @@ pub struct TierArgs {
     /// Applies to an agent started by this command.
     #[arg(long, value_name = "N")]
     pub max_source_streams: Option<usize>,
+    /// Bytes of placed copies kept in the page cache: `auto` (default: what the memory limit
+    /// of the agent's cgroup, or the node's memory, leaves for file pages, less a reserve),
+    /// `off` (the kernel's LRU decides, as without granary) or a size (e.g. 200G). Copies
+    /// beyond it are dropped from the page cache after each read, so a dataset larger than RAM
+    /// misses only those instead of thrashing the cache. Applies to an agent started by this
+    /// command. Config: `[placement] page_cache`.
+    #[arg(long, value_name = "auto|off|SIZE")]
+    pub page_cache: Option<String>,
     /// An agent exits after no job used it this long (e.g. 30s, 2m). Default 30s.
     #[arg(long, value_name = "DURATION")]
     pub idle_timeout: Option<String>,

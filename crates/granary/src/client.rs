@@ -194,6 +194,23 @@ pub fn status(json: bool) -> Result<i32> {
                 .map(|l| format!(" (sized for a memory cgroup limit of {})", format_size(l)))
                 .unwrap_or_default()
         );
+        if let Some(pc) = &p.page_cache {
+            println!(
+                "page cache ({}): {} of copies resident, {}{}; {} demoted, {} promoted",
+                pc.budget,
+                format_size(pc.resident),
+                pc.target
+                    .map(|t| format!("{} may be", format_size(t)))
+                    .unwrap_or_else(|| "no limit".into()),
+                if pc.room > 0 {
+                    format!(" ({} of room for file pages)", format_size(pc.room))
+                } else {
+                    String::new()
+                },
+                pc.demoted,
+                pc.promoted
+            );
+        }
     }
     for (i, t) in s.tiers.iter().enumerate() {
         println!(

@@ -44,6 +44,12 @@ pub fn load_config(args: &TierArgs) -> Result<Config> {
         }
         cfg.max_source_streams = Some(n);
     }
+    if let Some(p) = &args.page_cache {
+        let b = granary_core::placement::residency::Budget::parse(p).with_context(|| {
+            format!("bad --page-cache `{p}`: expected auto, off or a size like 200G")
+        })?;
+        cfg.page_cache = Some(b);
+    }
     Ok(cfg)
 }
 
@@ -259,6 +265,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         bytes_placed: delta.bytes_placed,
         tiers: tiers_rep,
         placement: delta,
+        transient_drops: c(job::TRANSIENT_DROPS),
     };
     drop(conn);
     finish(&args, &report)?;
@@ -300,6 +307,7 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         workers: args.tiers.workers.or(cfg.workers),
         block_size: cfg.block_size,
         max_source_streams: cfg.max_source_streams,
+        page_cache: cfg.page_cache,
         order,
     })?;
     let walk_started = Instant::now();

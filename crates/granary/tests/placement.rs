@@ -689,7 +689,8 @@ fn in_cgroup(c: &Command, cg: &Path) -> Command {
 
 /// (h) In a memory cgroup the agent's copy buffers are the job's memory too: in a 64 MiB group
 /// the pool keeps workers × block ≤ 4 MiB (it read the limit itself), says so in `status`, and
-/// a file fetched whole in those smaller reads is still byte-identical. The agent volunteers as
+/// a file fetched whole in those smaller reads is still byte-identical; the page-cache budget
+/// is measured against the same limit. The agent volunteers as
 /// the OOM victim (tested in cli.rs). Needs root and cgroup v1 memory; skipped otherwise.
 #[test]
 fn copy_buffers_fit_a_memory_cgroup() {
@@ -732,10 +733,86 @@ fn copy_buffers_fit_a_memory_cgroup() {
         pool["block_size"].as_u64().unwrap(),
     );
     assert!(w >= 1 && w * b <= 4 * MIB, "{pool}");
+    // The page cache's room is measured in the same group: below its limit, and the resident
+    // copies' budget below that.
+    let pc = &pool["page_cache"];
+    assert_eq!(pc["budget"], "auto", "{pc}");
+    let (room, target) = (pc["room"].as_u64().unwrap(), pc["target"].as_u64().unwrap());
+    assert!(room > 0 && room < 64 * MIB && target < room, "{pc}");
     let copy = e.objects(&d.join("tier"));
     assert_eq!(copy.len(), 1, "{copy:?}");
     assert!(
         std::fs::read(&copy[0]).unwrap() == e.files[0].1,
         "copy differs"
     );
+}
+
+/// Bytes of `files` in the page cache (`fincore` of util-linux), summed.
+fn cached_bytes(files: &[PathBuf]) -> u64 {
+    let o = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--raw", "--output", "RES"])
+        .args(files)
+        .output()
+        .expect("fincore (util-linux) runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| l.trim().parse::<u64>().expect("a byte count"))
+        .sum()
+}
+
+/// (i) Page-cache residency with a fixed budget (`--page-cache 8M`) and no memory pressure at
+/// all, so whatever is cached stays unless granary drops it: 30 MB of small files, read once
+/// (the agent copies them: only the first 8 MiB admitted keep their pages), then again from the
+/// copies in a second job (the program's close drops every transient copy it read). After each
+/// job the copies in the page cache are the resident set — at most the budget, and all of it —
+/// where without residency all 30 MB would be. Every byte is checked by the reader.
+#[test]
+fn page_cache_keeps_the_resident_copies_and_drops_the_rest() {
+    let mut e = Env::new();
+    let mut total = 0u64;
+    for i in 0..100u64 {
+        let len = 200_000 + (i as usize * 7919) % 200_000;
+        total += len as u64;
+        e.add(&format!("c{}/img{i}.jpg", i % 5), pattern(500 + i, len));
+    }
+    assert!(total > 25 * MIB);
+    let budget = 8 * MIB;
+    // Page rounding: a cached copy occupies whole pages.
+    let rounding = 100 * 4096;
+    let tier = e.dir.path().join("tier");
+    for job in 1..=2 {
+        let (o, js) = e.run_reader(&["--page-cache", "8M"]);
+        ok(&o);
+        e.settle();
+        // The keeper runs every 500 ms: let it see the settled table.
+        std::thread::sleep(Duration::from_secs(1));
+        let pc = e.status()["placement"]["page_cache"].clone();
+        assert_eq!(pc["budget"], "8.0 MiB", "{pc}");
+        assert_eq!(pc["target"], budget, "{pc}");
+        let resident = pc["resident"].as_u64().unwrap();
+        assert!(
+            resident <= budget && resident > budget - 400_000,
+            "the budget is filled: {pc}"
+        );
+        let objs = e.objects(&tier);
+        assert_eq!(objs.len(), 100, "job {job}: every file placed");
+        let cached = cached_bytes(&objs);
+        assert!(
+            cached <= budget + rounding,
+            "job {job}: {cached} bytes of copies cached, over the {budget} budget: {pc}"
+        );
+        assert!(
+            cached >= resident * 9 / 10,
+            "job {job}: only {cached} bytes cached of {resident} resident: {pc}"
+        );
+        if job == 2 {
+            assert_eq!(js["files_served_from_tiers"], 100, "{js}");
+            let drops = js["transient_drops"].as_u64().unwrap();
+            assert!(
+                drops > 50 && drops < 100,
+                "the transient copies' closes dropped their pages: {js}"
+            );
+        }
+    }
 }

@@ -173,7 +173,27 @@ pub(super) fn source_only(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
 /// the first that succeeds through `states::finish` (commit, rename, PLACED — in that order); a
 /// tier write error (ENOSPC, EIO, EDQUOT) marks that tier full. No error reaches a client: the
 /// worst outcome is SOURCE_ONLY.
+///
+/// Before the first byte is written the copy is admitted to the page cache's resident set or
+/// marked transient (`residency`), so the writer knows whether to keep its pages.
 pub(super) fn place_on_tiers(
+    ctx: &SourceCtx,
+    cl: &mut Claimed,
+    order: &[usize],
+    first: Reservation<'_>,
+    write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<(Vec<u8>, u64), CopyError>,
+) -> PlaceOutcome {
+    let size = cl.entry.stat.size;
+    let resident = ctx.residency.admit(size);
+    ctx.table.set_transient(cl.idx, !resident);
+    let out = write_and_publish(ctx, cl, order, first, write);
+    if resident && !matches!(out, PlaceOutcome::Placed { .. }) {
+        ctx.residency.forget(size);
+    }
+    out
+}
+
+fn write_and_publish(
     ctx: &SourceCtx,
     cl: &mut Claimed,
     order: &[usize],
@@ -280,6 +300,11 @@ pub(super) fn matches_catalog(f: &File, e: &EntryRec) -> bool {
             && m.mtime_nsec() == e.stat.mtime.nsec as i64
     })
 }
+
+/// `sync_file_range` flags that start write-back of a range and wait until it is on the device.
+pub(super) const SETTLE: libc::c_uint = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+    | libc::SYNC_FILE_RANGE_WRITE
+    | libc::SYNC_FILE_RANGE_WAIT_AFTER;
 
 /// `write(2)` all of `buf`, retrying on EINTR; a short write of 0 is reported as ENOSPC.
 pub(super) fn write_all(out: &mut File, buf: &[u8]) -> std::io::Result<()> {

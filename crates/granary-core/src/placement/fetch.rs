@@ -16,7 +16,7 @@ use granary_shm::{part_name, state};
 
 use super::copy::{
     align_up, aligned, begin, claim, place_on_tiers, reserve_on, still_ours, write_all, Claimed,
-    CopyError, SourceReader, DIRECT_ALIGN,
+    CopyError, SourceReader, DIRECT_ALIGN, SETTLE,
 };
 use super::pool::Shared;
 use super::{PlaceOutcome, SourceCtx};
@@ -119,7 +119,7 @@ fn copy_part(
                 // tier's copy does not double the page cache.
                 sys::sync_range(&out, off, n as u64, libc::SYNC_FILE_RANGE_WRITE);
                 if let Some((po, pn)) = last {
-                    settle(&out, po, pn);
+                    settle(ctx, idx, &out, po, pn);
                 }
             }
             last = Some((off, n as u64));
@@ -143,7 +143,7 @@ fn copy_part(
         }
         if !memory {
             if let Some((po, pn)) = last {
-                settle(&out, po, pn);
+                settle(ctx, idx, &out, po, pn);
             }
         }
         Ok(hasher.digest().max(1))
@@ -157,16 +157,13 @@ fn copy_part(
     }
 }
 
-/// Waits for a written range to reach the device. Its pages stay: clean pages cost the kernel
-/// nothing to reclaim (only dirty ones stall, Monarch's figure 19), and they are exactly what the
-/// next epoch reads (dropping them made placed epochs 1.2× slower than Local under a memory cap).
-fn settle(out: &std::fs::File, off: u64, len: u64) {
-    sys::sync_range(
-        out,
-        off,
-        len,
-        libc::SYNC_FILE_RANGE_WAIT_BEFORE
-            | libc::SYNC_FILE_RANGE_WRITE
-            | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-    );
+/// Waits for a written range to reach the device. Its pages stay if the copy is resident:
+/// clean pages cost the kernel nothing to reclaim (only dirty ones stall, Monarch's figure 19),
+/// and they are exactly what the next epoch reads (dropping them made placed epochs 1.2× slower
+/// than Local under a memory cap). A transient copy's pages go (`residency`).
+fn settle(ctx: &SourceCtx, idx: u32, out: &std::fs::File, off: u64, len: u64) {
+    sys::sync_range(out, off, len, SETTLE);
+    if ctx.table.is_transient(idx) {
+        sys::fadvise(out, off, len, libc::POSIX_FADV_DONTNEED);
+    }
 }

@@ -15,6 +15,7 @@ mod policy;
 mod pool;
 pub mod prefetch;
 mod requests;
+pub mod residency;
 mod small;
 pub mod states;
 
@@ -112,6 +113,8 @@ pub struct SourceCtx {
     pub partials: Partials,
     /// Whether the program's own source reads are moving (`program_busy`).
     pub program: ProgramReads,
+    /// Which copies keep their pages in the page cache (shared by every source of the agent).
+    pub residency: Arc<residency::Residency>,
 }
 
 /// The program's source reads (`job::SOURCE_READS` summed over the table's job slots) as last

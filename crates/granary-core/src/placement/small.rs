@@ -8,7 +8,9 @@
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::copy::{begin, claim, place_on_tiers, reserve_on, write_all, Claimed, CopyError};
+use super::copy::{
+    begin, claim, place_on_tiers, reserve_on, write_all, Claimed, CopyError, SETTLE,
+};
 use super::pool::{Held, Shared};
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
@@ -126,7 +128,13 @@ fn copy_tmp<'s>(
             return Err(CopyError::Changed);
         }
         if !sys::is_memory_fs(&out) {
-            sys::sync_range(&out, 0, size, libc::SYNC_FILE_RANGE_WRITE);
+            if ctx.table.is_transient(cl.idx) {
+                // Not to be kept in the page cache: written back now, so its pages can go.
+                sys::sync_range(&out, 0, size, SETTLE);
+                sys::fadvise(&out, 0, 0, libc::POSIX_FADV_DONTNEED);
+            } else {
+                sys::sync_range(&out, 0, size, libc::SYNC_FILE_RANGE_WRITE);
+            }
         }
         Ok(hasher.digest().max(1))
     })();

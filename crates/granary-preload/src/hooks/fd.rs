@@ -8,6 +8,7 @@ use crate::detour::{self, real, sys};
 use crate::fdtable::{self, Kind};
 use crate::path::{self, BUF};
 use crate::place;
+use crate::residency;
 
 type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
 type CloseRangeFn = unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int;
@@ -22,7 +23,8 @@ type FchdirFn = unsafe extern "C" fn(c_int) -> c_int;
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let t = fdtable::get(fd);
     // Forget first: once closed, another thread may get the same number for something else.
-    if t.is_some() {
+    if let Some(t) = t {
+        residency::before_close(fd, t);
         fdtable::clear(fd);
     }
     let r = real!(CLOSE as CloseFn, (fd) else detour::raw_close(fd));

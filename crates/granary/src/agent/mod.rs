@@ -2,6 +2,7 @@
 //! attach over a Unix socket and then find files through the shared table without round trips.
 
 pub mod protocol;
+mod residency;
 mod ring;
 mod server;
 mod source;
@@ -14,12 +15,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use granary_core::config::{resolve_tiers, Config, DEFAULT_IDLE_TIMEOUT};
+use granary_core::placement::residency::{Budget, Residency};
 use granary_core::placement::{default_workers, FillHighestFirst, Params, Pool};
 use granary_core::runtime::Runtime;
 use granary_core::tiers::{TierRegistry, TierSpec};
 
 use crate::cli::AgentArgs;
 use source::SourceState;
+
+/// What the first job asks of the pool (its flags or configuration); the agent's own
+/// configuration wins.
+pub struct PoolWishes {
+    pub workers: Option<usize>,
+    pub block_size: Option<u64>,
+    pub max_source_streams: Option<usize>,
+    pub page_cache: Option<Budget>,
+}
 
 /// The placement pool, started by the first job. It serves every source: each job carries its
 /// table's tiers, so sources with different tiers need no pool of their own.
@@ -29,6 +40,8 @@ pub struct Setup {
     pub block_size: u64,
     /// The memory cgroup limit the copy buffers were sized for.
     pub memory_limit: Option<u64>,
+    /// Which copies keep their pages in the page cache, for every source.
+    pub residency: Arc<Residency>,
 }
 
 pub struct Agent {
@@ -56,12 +69,7 @@ pub struct Agent {
 impl Agent {
     /// The placement pool; the agent's configured workers and placement parameters, else the
     /// first caller's, size it.
-    pub fn setup(
-        &self,
-        workers: Option<usize>,
-        block_size: Option<u64>,
-        max_source_streams: Option<usize>,
-    ) -> Result<&Setup> {
+    pub fn setup(&self, job: &PoolWishes) -> Result<&Setup> {
         if let Some(s) = self.setup.get() {
             return Ok(s);
         }
@@ -69,10 +77,10 @@ impl Agent {
         if let Some(s) = self.setup.get() {
             return Ok(s);
         }
-        let workers = self.workers.or(workers).unwrap_or_else(default_workers);
+        let workers = self.workers.or(job.workers).unwrap_or_else(default_workers);
         let mut cfg = self.cfg.clone();
-        cfg.block_size = cfg.block_size.or(block_size);
-        cfg.max_source_streams = cfg.max_source_streams.or(max_source_streams);
+        cfg.block_size = cfg.block_size.or(job.block_size);
+        cfg.max_source_streams = cfg.max_source_streams.or(job.max_source_streams);
         let mut params = Params::from_config(&cfg);
         // Under a memory limit the copy buffers are the job's memory too: keep them small.
         let limit = granary_core::memlimit::cgroup_limit();
@@ -98,13 +106,32 @@ impl Agent {
         );
         let pool = Pool::new(workers, Arc::new(FillHighestFirst), params)
             .context("starting placement workers")?;
+        let residency = Arc::new(Residency::new(
+            self.cfg.page_cache.or(job.page_cache).unwrap_or_default(),
+        ));
+        tracing::info!(
+            "page-cache residency {}: {} bytes of copies may stay cached",
+            residency.budget(),
+            residency.target()
+        );
         let _ = self.setup.set(Setup {
             pool,
             workers,
             block_size: block,
             memory_limit: limit,
+            residency,
         });
         Ok(self.setup.get().expect("set above"))
+    }
+
+    /// Every source's current table.
+    pub fn tables(&self) -> Vec<Arc<granary_core::placement::SourceCtx>> {
+        self.sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(|s| s.ctx())
+            .collect()
     }
 
     pub fn touch(&self) {
@@ -209,6 +236,12 @@ pub fn main(args: AgentArgs) -> Result<i32> {
     {
         let a = agent.clone();
         std::thread::Builder::new()
+            .name("residency".into())
+            .spawn(move || residency::keep(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
             .name("accept".into())
             .spawn(move || server::accept_loop(a, listener))?;
     }
@@ -247,13 +280,7 @@ pub fn main(args: AgentArgs) -> Result<i32> {
 fn heartbeat(agent: Arc<Agent>) {
     let period = Duration::from_millis(granary_shm::layout::HEARTBEAT_PERIOD_MS);
     while !agent.stopping.load(Ordering::Acquire) {
-        let ctxs: Vec<_> = agent
-            .sources
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .filter_map(|s| s.ctx())
-            .collect();
+        let ctxs = agent.tables();
         let now = granary_core::sys::monotonic_ns();
         for ctx in &ctxs {
             ctx.table.beat(now);

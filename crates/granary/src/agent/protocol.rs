@@ -24,6 +24,9 @@ pub enum Request {
         block_size: Option<u64>,
         #[serde(default)]
         max_source_streams: Option<usize>,
+        /// `[placement] page_cache` of an agent that has no pool yet; likewise.
+        #[serde(default)]
+        page_cache: Option<granary_core::placement::residency::Budget>,
         /// Known-order placement (`--access-order`): the source's policy if no other job is
         /// attached to it (like `tiers`); `None`: fill highest first.
         #[serde(default)]
@@ -89,6 +92,24 @@ pub struct PoolStatus {
     pub workers: usize,
     pub block_size: u64,
     pub memory_limit: Option<u64>,
+    #[serde(default)]
+    pub page_cache: Option<PageCacheStatus>,
+}
+
+/// Page-cache residency (`[placement] page_cache`), as last rebalanced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PageCacheStatus {
+    /// `auto`, `off` or a size.
+    pub budget: String,
+    /// Bytes of copies that may stay cached; `None`: no limit.
+    pub target: Option<u64>,
+    /// What the page cache could hold at the last measurement (`auto` only; 0 otherwise).
+    pub room: u64,
+    /// Bytes of resident copies.
+    pub resident: u64,
+    /// Copies moved out of / into the resident set since the agent started.
+    pub demoted: u64,
+    pub promoted: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -15,13 +15,7 @@ pub fn consume(agent: Arc<Agent>) {
             std::thread::sleep(Duration::from_millis(5));
             continue;
         };
-        let ctxs: Vec<_> = agent
-            .sources
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .filter_map(|s| s.ctx())
-            .collect();
+        let ctxs = agent.tables();
         let mut did = 0usize;
         for ctx in &ctxs {
             // Placement backs off while the program's own source reads move.

@@ -10,9 +10,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use granary_core::catalog::Progress;
 
-use super::protocol::{AgentStatus, PoolStatus, Reply, Request, SourceStatus};
+use super::protocol::{AgentStatus, PageCacheStatus, PoolStatus, Reply, Request, SourceStatus};
 use super::source::SourceState;
-use super::Agent;
+use super::{Agent, PoolWishes};
 
 pub fn accept_loop(agent: Arc<Agent>, listener: UnixListener) {
     for conn in listener.incoming() {
@@ -86,6 +86,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     workers,
                     block_size,
                     max_source_streams,
+                    page_cache,
                     order,
                 } => {
                     if lease.is_some() {
@@ -103,7 +104,12 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                         &source,
                         pid,
                         &tiers,
-                        (workers, block_size, max_source_streams),
+                        &PoolWishes {
+                            workers,
+                            block_size,
+                            max_source_streams,
+                            page_cache,
+                        },
                         order.as_ref(),
                     ) {
                         Ok((reply, l)) => {
@@ -162,11 +168,11 @@ fn attach(
     source: &std::path::Path,
     pid: u32,
     tiers: &[granary_core::tiers::TierSpec],
-    (workers, block_size, max_source_streams): (Option<usize>, Option<u64>, Option<usize>),
+    wishes: &PoolWishes,
     order: Option<&granary_core::placement::prefetch::OrderSpec>,
 ) -> Result<(Reply, Lease)> {
     agent.touch();
-    let setup = agent.setup(workers, block_size, max_source_streams)?;
+    let setup = agent.setup(wishes)?;
     let key = granary_core::source::normalize(source)?;
     let src = {
         let mut map = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
@@ -242,6 +248,7 @@ fn attach(
                     verify: agent.cfg.verify.unwrap_or_default(),
                     hashers: setup.workers.max(2),
                     order,
+                    residency: &setup.residency,
                 },
                 progress,
             );
@@ -249,6 +256,7 @@ fn attach(
             r
         });
         res?;
+        super::residency::rebalance(agent);
         if let Some(ctx) = src.ctx() {
             granary_core::placement::prefetch::spawn(ctx, setup.pool.shared().clone())?;
         }
@@ -345,6 +353,7 @@ fn status(agent: &Agent) -> AgentStatus {
             workers: s.workers,
             block_size: s.block_size,
             memory_limit: s.memory_limit,
+            page_cache: Some(page_cache_status(&s.residency)),
         }),
         tiers: agent.registry.usage(),
         sources: sources
@@ -371,5 +380,16 @@ fn status(agent: &Agent) -> AgentStatus {
                 }
             })
             .collect(),
+    }
+}
+
+fn page_cache_status(r: &granary_core::placement::residency::Residency) -> PageCacheStatus {
+    PageCacheStatus {
+        budget: r.budget().to_string(),
+        target: Some(r.target()).filter(|t| *t != u64::MAX),
+        room: r.room(),
+        resident: r.resident(),
+        demoted: r.demoted.load(Ordering::Relaxed),
+        promoted: r.promoted.load(Ordering::Relaxed),
     }
 }

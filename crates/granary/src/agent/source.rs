@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use granary_core::catalog::{self, Progress};
 use granary_core::config::Verify;
+use granary_core::placement::residency::Residency;
 use granary_core::placement::{object_dir, Params, SourceCtx};
 use granary_core::runtime::ensure_private_dir;
 use granary_core::stats::{AgentCounters, CatalogStats};
@@ -27,6 +28,7 @@ pub struct WalkOpts<'a> {
     pub hashers: usize,
     /// The known-order policy the new table gets (`None`: fill highest first).
     pub order: Option<&'a granary_core::placement::prefetch::OrderSpec>,
+    pub residency: &'a Arc<Residency>,
 }
 
 pub struct SourceState {
@@ -95,6 +97,7 @@ impl SourceState {
             verify,
             hashers,
             order: order_spec,
+            residency,
         } = opts;
         let started = Instant::now();
         // The last table's catalog is the newest record of this source's copies even when its
@@ -208,6 +211,7 @@ impl SourceState {
             order,
             partials: Default::default(),
             program: Default::default(),
+            residency: residency.clone(),
         });
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx);
         let mut stats = walk.stats;
