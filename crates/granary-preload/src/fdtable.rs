@@ -17,6 +17,13 @@ static FDS: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
 /// Listing position of each tracked directory fd: 0 = `.`, 1 = `..`, 2 + i = child i.
 static DIR_POS: [AtomicU32; MAX_DIR_FDS] = [const { AtomicU32::new(0) }; MAX_DIR_FDS];
 
+/// The range the positioned reads (`pread` family) of each tracked tier fd covered: the highest
+/// end in `PREAD_END`, the lowest start stored bitwise-inverted in `PREAD_START_INV`, so both
+/// grow with `fetch_max` and zero means "none" (zeroed statics cost nothing until touched).
+/// Page-cache residency drops that range of a transient copy at close.
+static PREAD_START_INV: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+static PREAD_END: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+
 /// The process this table describes. A vfork child (CPython's subprocess, posix_spawn) runs in
 /// its parent's memory until exec: its closes and dup2s must not rewrite the parent's table.
 /// fork children update it from the atfork handler (which vfork does not run).
@@ -115,8 +122,32 @@ pub fn track(fd: i32, t: Tracked) -> bool {
         };
         pos.store(0, Ordering::Relaxed);
     }
+    if matches!(t.kind, Kind::Tier(_)) {
+        if let (Some(a), Some(b)) = (PREAD_START_INV.get(fd as usize), PREAD_END.get(fd as usize)) {
+            a.store(0, Ordering::Relaxed);
+            b.store(0, Ordering::Relaxed);
+        }
+    }
     c.store(encode(t), Ordering::Release);
     true
+}
+
+/// A positioned read of `n` bytes at `off` on tier fd `fd`.
+#[inline]
+pub fn note_pread(fd: i32, off: u64, n: u64) {
+    let Ok(i) = usize::try_from(fd) else { return };
+    if let (Some(a), Some(b)) = (PREAD_START_INV.get(i), PREAD_END.get(i)) {
+        a.fetch_max(!off, Ordering::Relaxed);
+        b.fetch_max(off.saturating_add(n), Ordering::Relaxed);
+    }
+}
+
+/// `[start, end)` of the positioned reads on tier fd `fd` since it was opened, if any.
+pub fn pread_range(fd: i32) -> Option<(u64, u64)> {
+    let i = usize::try_from(fd).ok()?;
+    let end = PREAD_END.get(i)?.load(Ordering::Relaxed);
+    let start = !PREAD_START_INV.get(i)?.load(Ordering::Relaxed);
+    (end > 0 && start < end).then_some((start, end))
 }
 
 /// Forgets `fd` (closed, or now naming something granary did not open).

@@ -74,7 +74,19 @@ pub fn on_read(
         Waited::GiveUp => return Read::Real(Kind::Source),
     };
     let name = part_name(entry.object);
-    match serve_from(g, fd, tier, &name, pos, pos, end, off.is_none(), f) {
+    let transient = g.table.is_transient(idx);
+    match serve_from(
+        g,
+        fd,
+        tier,
+        &name,
+        pos,
+        pos,
+        end,
+        off.is_none(),
+        transient,
+        f,
+    ) {
         Some(n) => Read::Served(n),
         None => {
             // The copy may have completed (renamed) between our look at progress and the open.
@@ -104,7 +116,8 @@ fn range(fd: c_int, off: Option<i64>, len: u64, size: u64) -> Option<(u64, u64)>
 }
 
 /// Reads `[pos, end)` of the file from `<tier_dir>/<name>` at `file_off`, checking the read
-/// returned all of it; moves the fd's offset for `read`-style calls. `None`: not served.
+/// returned all of it; moves the fd's offset for `read`-style calls. `None`: not served. The
+/// pages of a `transient` copy are dropped once read (page-cache residency).
 #[allow(clippy::too_many_arguments)]
 fn serve_from(
     g: &Guard,
@@ -115,6 +128,7 @@ fn serve_from(
     file_off: u64,
     end: u64,
     move_offset: bool,
+    transient: bool,
     f: &impl Fill,
 ) -> Option<isize> {
     let mut buf = [0u8; BUF];
@@ -130,6 +144,16 @@ fn serve_from(
     }
     let want = end - pos;
     let n = f.fill(file, file_off, want);
+    if transient && n > 0 {
+        let _keep = KeepErrno::new();
+        sys!(
+            libc::SYS_fadvise64,
+            file,
+            file_off,
+            n,
+            libc::POSIX_FADV_DONTNEED
+        );
+    }
     detour::raw_close(file);
     if n < 0 || n as u64 != want {
         return None;
@@ -185,7 +209,18 @@ fn partial(
     let name = chunks_name(entry.object);
     let data = chunk_data_offset(size, cs);
     let tier = state::tier_of(word);
-    match serve_from(g, fd, tier, &name, pos, data + pos, end, off.is_none(), f) {
+    match serve_from(
+        g,
+        fd,
+        tier,
+        &name,
+        pos,
+        data + pos,
+        end,
+        off.is_none(),
+        false,
+        f,
+    ) {
         Some(n) => Read::Served(n),
         None => {
             g.count(job::FALLBACKS, 1);

@@ -2,17 +2,19 @@
 //! program closes a tier fd of a *transient* copy it has read, the copy's pages are dropped, so
 //! they never push the resident copies' pages out of a page cache too small for the dataset.
 //!
-//! Only when the program is done with the file as far as a close can tell: a small file (data
-//! loaders read those whole), or a large one whose offset reached its end (read through). A
-//! large file read at random and closed midway keeps its pages to the kernel's LRU, as without
-//! granary, so reopening it soon costs nothing extra.
+//! Only what the program is done with, as far as a close can tell: a small file whole (data
+//! loaders read those whole), a large one whole if its offset reached its end (read through),
+//! else the range its `pread`s covered (a TFRecord reader's whole shard; a per-sample open of
+//! an HDF5 file just that sample, so the readahead beyond it stays for the next open). A large
+//! file read neither way (`mmap`, `read` closed midway) keeps its pages to the kernel's LRU, as
+//! without granary.
 
 use core::ffi::c_int;
 
 use granary_shm::job;
 
 use crate::detour::{self, sys, KeepErrno};
-use crate::fdtable::{Kind, Tracked};
+use crate::fdtable::{self, Kind, Tracked};
 
 /// Called before the real close of a tracked fd. Advisory: errno is kept, failures ignored.
 pub fn before_close(fd: c_int, t: Tracked) {
@@ -29,13 +31,27 @@ pub fn before_close(fd: c_int, t: Tracked) {
         return;
     };
     let _keep = KeepErrno::new();
-    if size >= g.table.prefetch_min_size() {
+    let (start, len) = if size < g.table.prefetch_min_size() {
+        (0, 0)
+    } else {
         let pos = sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR);
-        if pos < 0 || (pos as u64) < size {
+        if pos >= 0 && pos as u64 >= size {
+            (0, 0)
+        } else if let Some((start, end)) = fdtable::pread_range(fd) {
+            (start, end - start)
+        } else {
             return;
         }
-    }
-    if sys!(libc::SYS_fadvise64, fd, 0, 0, libc::POSIX_FADV_DONTNEED) == 0 {
+    };
+    // `len` 0: to the end of the file.
+    if sys!(
+        libc::SYS_fadvise64,
+        fd,
+        start,
+        len,
+        libc::POSIX_FADV_DONTNEED
+    ) == 0
+    {
         g.count(job::TRANSIENT_DROPS, 1);
     }
 }

@@ -25,6 +25,9 @@
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 pub const VERSION: u32 = 3;
+/// The previous layout, without the transient bitmap: still read (catalogs saved by an earlier
+/// release keep their copies), never written.
+pub const VERSION_NO_TRANSIENT: u32 = 2;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;

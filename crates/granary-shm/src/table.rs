@@ -22,7 +22,10 @@ impl core::fmt::Display for TableError {
         match self {
             TableError::TooShort => write!(f, "table file is shorter than its header"),
             TableError::BadMagic => write!(f, "not a granary table (bad magic)"),
-            TableError::BadVersion(v) => write!(f, "table version {v}, this build reads {VERSION}"),
+            TableError::BadVersion(v) => write!(
+                f,
+                "table version {v}, this build reads {VERSION} and {VERSION_NO_TRANSIENT}"
+            ),
             TableError::BadLayout(what) => write!(f, "table layout is inconsistent: {what}"),
         }
     }
@@ -87,7 +90,7 @@ impl Table {
             return Err(TableError::BadMagic);
         }
         let version = u32_at(H_VERSION)?;
-        if version != VERSION {
+        if version != VERSION && version != VERSION_NO_TRANSIENT {
             return Err(TableError::BadVersion(version));
         }
         if u64_at(H_TOTAL_LEN)? as usize != region.len() {
@@ -164,13 +167,18 @@ impl Table {
         if u64_at(H_CHUNK_SIZE)? % 4096 != 0 {
             return Err(TableError::BadLayout("chunk size"));
         }
-        let transient_off = section(
-            &region,
-            u64_at(H_TRANSIENT_OFF)? as usize,
-            transient_words(n),
-            8,
-            "transient bitmap",
-        )?;
+        // Version 2 (a catalog saved by an earlier release) has no bitmap: every copy resident.
+        let transient_off = if version == VERSION_NO_TRANSIENT {
+            0
+        } else {
+            section(
+                &region,
+                u64_at(H_TRANSIENT_OFF)? as usize,
+                transient_words(n),
+                8,
+                "transient bitmap",
+            )?
+        };
         Ok(Table {
             region,
             entry_count,
@@ -428,7 +436,7 @@ impl Table {
     }
 
     fn transient_word(&self, idx: u32) -> Option<(&AtomicU64, u64)> {
-        if idx >= self.entry_count {
+        if idx >= self.entry_count || self.transient_off == 0 {
             return None;
         }
         let w = self

@@ -5,6 +5,7 @@ use std::os::fd::AsRawFd;
 
 use proptest::prelude::*;
 
+use crate::layout::{H_TRANSIENT_OFF, H_VERSION, VERSION_NO_TRANSIENT};
 use crate::*;
 
 fn map_image(img: &[u8]) -> (Mapping, Table, tempfile::NamedTempFile) {
@@ -425,6 +426,26 @@ fn transient_bits_are_per_entry() {
     assert!(!t.set_transient(n, true), "past the last entry: ignored");
     assert!(!t.is_transient(n));
     assert_eq!((0..n).map(|k| t.is_transient(k)).collect::<Vec<_>>(), model);
+}
+
+#[test]
+fn a_version_2_table_reads_as_all_resident() {
+    let mut m = Model::new();
+    m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 10), "");
+    let mut img = build(&Model::spec(), &m.entries).unwrap();
+    img[H_VERSION..H_VERSION + 4].copy_from_slice(&VERSION_NO_TRANSIENT.to_ne_bytes());
+    img[H_TRANSIENT_OFF..H_TRANSIENT_OFF + 8].fill(0);
+    let (_m, t, _f) = map_image(&img);
+    let f = t.lookup(b"f").unwrap();
+    assert!(!t.set_transient(f, true), "no bitmap to set");
+    assert!(!t.is_transient(f));
+    img[H_VERSION..H_VERSION + 4].copy_from_slice(&1u32.to_ne_bytes());
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut file, &img).unwrap();
+    assert!(matches!(
+        Mapping::map(file.as_file().as_raw_fd(), img.len()),
+        Err(e) if e.to_string().contains("version 1")
+    ));
 }
 
 #[test]

@@ -762,9 +762,10 @@ fn cached_bytes(files: &[PathBuf]) -> u64 {
 }
 
 /// (i) Page-cache residency with a fixed budget (`--page-cache 8M`) and no memory pressure at
-/// all, so whatever is cached stays unless granary drops it: 30 MB of small files, read once
-/// (the agent copies them: only the first 8 MiB admitted keep their pages), then again from the
-/// copies in a second job (the program's close drops every transient copy it read). After each
+/// all, so whatever is cached stays unless granary drops it: 30 MB of small files and three
+/// 3 MiB files read in `pread`s, read once (the agent copies them: only the first 8 MiB admitted
+/// keep their pages), then again from the copies in a second job (the program's close drops
+/// every transient copy it read, a large one by the range its `pread`s covered). After each
 /// job the copies in the page cache are the resident set — at most the budget, and all of it —
 /// where without residency all 30 MB would be. Every byte is checked by the reader.
 #[test]
@@ -776,10 +777,17 @@ fn page_cache_keeps_the_resident_copies_and_drops_the_rest() {
         total += len as u64;
         e.add(&format!("c{}/img{i}.jpg", i % 5), pattern(500 + i, len));
     }
-    assert!(total > 25 * MIB);
+    // Large files (fetched whole by the agent), read in `pread`s: their offset never moves, the
+    // range the reads covered is what is dropped.
+    for i in 0..3u64 {
+        let len = 3 * MIB as usize + 1000 * i as usize;
+        total += len as u64;
+        e.add(&format!("shards/s{i}.rec"), pattern(900 + i, len));
+    }
+    assert!(total > 35 * MIB);
     let budget = 8 * MIB;
     // Page rounding: a cached copy occupies whole pages.
-    let rounding = 100 * 4096;
+    let rounding = 103 * 4096;
     let tier = e.dir.path().join("tier");
     for job in 1..=2 {
         let (o, js) = e.run_reader(&["--page-cache", "8M"]);
@@ -796,7 +804,7 @@ fn page_cache_keeps_the_resident_copies_and_drops_the_rest() {
             "the budget is filled: {pc}"
         );
         let objs = e.objects(&tier);
-        assert_eq!(objs.len(), 100, "job {job}: every file placed");
+        assert_eq!(objs.len(), 103, "job {job}: every file placed");
         let cached = cached_bytes(&objs);
         assert!(
             cached <= budget + rounding,
@@ -807,10 +815,10 @@ fn page_cache_keeps_the_resident_copies_and_drops_the_rest() {
             "job {job}: only {cached} bytes cached of {resident} resident: {pc}"
         );
         if job == 2 {
-            assert_eq!(js["files_served_from_tiers"], 100, "{js}");
+            assert_eq!(js["files_served_from_tiers"], 103, "{js}");
             let drops = js["transient_drops"].as_u64().unwrap();
             assert!(
-                drops > 50 && drops < 100,
+                drops > 50 && drops < 103,
                 "the transient copies' closes dropped their pages: {js}"
             );
         }

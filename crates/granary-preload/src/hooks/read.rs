@@ -121,7 +121,13 @@ fn read_family(
         },
         (k, _) => k,
     };
-    count(kind, real())
+    let n = real();
+    if let (Kind::Tier(_), Some(o)) = (kind, off) {
+        if n > 0 {
+            fdtable::note_pread(fd, o as u64, n as u64);
+        }
+    }
+    count(kind, n)
 }
 
 fn source_read(fd: c_int, t: Tracked, off: Option<i64>, len: u64, f: &impl Fill) -> Read {
