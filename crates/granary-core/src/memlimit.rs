@@ -23,7 +23,7 @@ pub fn cgroup_limit() -> Option<u64> {
     let (v1, v2) = parse_proc_cgroup(&text);
     if let Some(p) = v1 {
         // `hierarchical_memory_limit` already takes the ancestors into account.
-        let dir = Path::new("/sys/fs/cgroup/memory").join(p.trim_start_matches('/'));
+        let dir = Path::new(V1_ROOT).join(p.trim_start_matches('/'));
         if let Some(l) = std::fs::read_to_string(dir.join("memory.stat"))
             .ok()
             .and_then(|s| v1_hierarchical_limit(&s))
@@ -31,17 +31,25 @@ pub fn cgroup_limit() -> Option<u64> {
             return Some(l);
         }
     }
-    let p = v2?;
-    let mut dir = PathBuf::from("/sys/fs/cgroup").join(p.trim_start_matches('/'));
-    let mut best: Option<u64> = None;
+    tightest(V2_ROOT, v2?, "memory.max").map(|(l, _)| l)
+}
+
+/// The smallest limit in `file` from the cgroup `rel` under `root` up to `root`, and the
+/// directory that sets it.
+fn tightest(root: &str, rel: &str, file: &str) -> Option<(u64, PathBuf)> {
+    let root = Path::new(root);
+    let mut dir = root.join(rel.trim_start_matches('/'));
+    let mut best: Option<(u64, PathBuf)> = None;
     loop {
-        if let Some(l) = std::fs::read_to_string(dir.join("memory.max"))
+        let limit = std::fs::read_to_string(dir.join(file))
             .ok()
-            .and_then(|s| parse_limit(&s))
-        {
-            best = Some(best.map_or(l, |b| b.min(l)));
+            .and_then(|s| parse_limit(&s));
+        if let Some(l) = limit {
+            if best.as_ref().is_none_or(|(b, _)| l < *b) {
+                best = Some((l, dir.clone()));
+            }
         }
-        if dir == Path::new("/sys/fs/cgroup") || !dir.pop() {
+        if dir == root || !dir.pop() {
             return best;
         }
     }
@@ -131,28 +139,10 @@ impl Probe {
             return Probe::Node;
         };
         let (v1, v2) = parse_proc_cgroup(&text);
-        let tightest = |root: &str, rel: &str, file: &str| -> Option<PathBuf> {
-            let root = Path::new(root);
-            let mut dir = root.join(rel.trim_start_matches('/'));
-            let mut best: Option<(u64, PathBuf)> = None;
-            loop {
-                let limit = std::fs::read_to_string(dir.join(file))
-                    .ok()
-                    .and_then(|s| parse_limit(&s));
-                if let Some(l) = limit {
-                    if best.as_ref().is_none_or(|(b, _)| l < *b) {
-                        best = Some((l, dir.clone()));
-                    }
-                }
-                if dir == root || !dir.pop() {
-                    return best.map(|b| b.1);
-                }
-            }
-        };
-        if let Some(d) = v1.and_then(|p| tightest(V1_ROOT, p, "memory.limit_in_bytes")) {
+        if let Some((_, d)) = v1.and_then(|p| tightest(V1_ROOT, p, "memory.limit_in_bytes")) {
             return Probe::V1(d);
         }
-        if let Some(d) = v2.and_then(|p| tightest(V2_ROOT, p, "memory.max")) {
+        if let Some((_, d)) = v2.and_then(|p| tightest(V2_ROOT, p, "memory.max")) {
             return Probe::V2(d);
         }
         Probe::Node

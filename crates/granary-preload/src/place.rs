@@ -145,14 +145,7 @@ fn serve_from(
     let want = end - pos;
     let n = f.fill(file, file_off, want);
     if transient && n > 0 {
-        let _keep = KeepErrno::new();
-        sys!(
-            libc::SYS_fadvise64,
-            file,
-            file_off,
-            n,
-            libc::POSIX_FADV_DONTNEED
-        );
+        crate::residency::drop_pages(file, file_off, n as u64);
     }
     detour::raw_close(file);
     if n < 0 || n as u64 != want {

@@ -43,15 +43,14 @@ pub fn before_close(fd: c_int, t: Tracked) {
             return;
         }
     };
-    // `len` 0: to the end of the file.
-    if sys!(
-        libc::SYS_fadvise64,
-        fd,
-        start,
-        len,
-        libc::POSIX_FADV_DONTNEED
-    ) == 0
-    {
+    if drop_pages(fd, start, len) {
         g.count(job::TRANSIENT_DROPS, 1);
     }
+}
+
+/// `posix_fadvise(DONTNEED)` of `[off, off + len)` (`len` 0: to the end of the file); true if
+/// the kernel took it. Advisory: the caller's errno is kept.
+pub fn drop_pages(fd: c_int, off: u64, len: u64) -> bool {
+    let _keep = KeepErrno::new();
+    sys!(libc::SYS_fadvise64, fd, off, len, libc::POSIX_FADV_DONTNEED) == 0
 }

@@ -64,8 +64,6 @@ pub struct Persisted {
     pub tier_dirs: Vec<PathBuf>,
 }
 
-/// Loads a saved catalog; `None` (after a debug log) when missing or unreadable: the cache is
-/// then rebuilt from nothing, never trusted blindly.
 /// The tier a saved entry's copy lives in, if that tier is still one of this source's tiers and
 /// usable: its index in the new table and its object directory.
 fn saved_tier<'a>(
@@ -79,6 +77,8 @@ fn saved_tier<'a>(
     Some((t, dir_fds.get(t)?.as_ref()?))
 }
 
+/// Loads a saved catalog; `None` (after a debug log) when missing or unreadable: the cache is
+/// then rebuilt from nothing, never trusted blindly.
 pub fn load_persisted(path: &Path) -> Option<Persisted> {
     let f = match std::fs::OpenOptions::new()
         .read(true)

@@ -3,7 +3,8 @@
 //! The node's RAM is the fastest tier, but the kernel manages it, and its LRU is at its worst on
 //! a training loop: a shuffled pass over a dataset larger than the cache evicts pages just
 //! before they are needed again, so each epoch hits only a fraction of what the cache holds
-//! (a 340 MB dataset in a 256 MiB cgroup: 100–190 MB of misses per epoch, varying run to run).
+//! (the benchmark's 346 MB of small files read from local disk in a 256 MiB cgroup: 139–233 MB
+//! of misses per epoch, varying run to run and epoch to epoch).
 //! The fill-highest-first policy applied to RAM does better: a fixed set of copies — as many
 //! bytes as the cache can hold — stays *resident*; every other copy is *transient*: whoever
 //! finishes reading it (the preload library at `close`, the agent after writing it) drops its
@@ -25,8 +26,8 @@ use crate::memlimit::{Probe, Room};
 /// How often the budget is re-measured and the resident set adjusted.
 pub const REBALANCE_PERIOD: Duration = Duration::from_millis(500);
 /// The page cache keeps this share of its room (and at least `MIN_RESERVE`) for what is not a
-/// resident copy: the program's own files, pages being read or written, readahead. The
-/// benchmark's 256 MiB cgroup: ~250 MB of room, ~234 MB of resident copies.
+/// resident copy: the program's own files, pages being read or written, readahead. In the
+/// benchmark's 256 MiB cgroup `granary status` showed 228.5 MiB of room, a 212.5 MiB target.
 pub const RESERVE_SHARE: u64 = 16;
 pub const MIN_RESERVE: u64 = 16 << 20;
 /// Promotion waits until resident bytes are this share of the target below it, so a budget
@@ -110,10 +111,6 @@ impl Residency {
 
     pub fn budget(&self) -> Budget {
         self.budget
-    }
-
-    pub fn probe(&self) -> &Probe {
-        &self.probe
     }
 
     /// Re-measures the budget (`Auto`); returns the target.
