@@ -14,6 +14,7 @@ pub mod source;
 pub mod stats;
 pub mod sync;
 pub mod sys;
+pub mod tierdir;
 pub mod tiers;
 
 pub use config::{Config, TierConfig};

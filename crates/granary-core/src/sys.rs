@@ -30,14 +30,23 @@ pub fn uid() -> u32 {
 /// `statx(path, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS | STATX_BTIME)`.
 pub fn statx_nofollow(path: &Path) -> io::Result<StatRec> {
     let c = cstr(path.as_os_str().as_bytes())?;
+    statx_at(libc::AT_FDCWD, &c, libc::AT_SYMLINK_NOFOLLOW)
+}
+
+/// The same record for an open file: what the fd holds (to compare with the catalog).
+pub fn statx_fd(f: &impl AsRawFd) -> io::Result<StatRec> {
+    statx_at(f.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+}
+
+fn statx_at(dirfd: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> io::Result<StatRec> {
     // SAFETY: zeroed statx is a valid out-buffer; the kernel writes into it.
     let mut sx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: c is NUL-terminated and sx is a valid, writable struct statx.
+    // SAFETY: path is NUL-terminated and sx is a valid, writable struct statx.
     check(unsafe {
         libc::statx(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
+            dirfd,
+            path.as_ptr(),
+            flags,
             libc::STATX_BASIC_STATS | libc::STATX_BTIME,
             &mut sx,
         )
@@ -146,6 +155,39 @@ pub fn stat_at(dir: &OwnedFd, name: &[u8]) -> io::Result<(u32, u64)> {
     Ok((st.st_mode, st.st_size as u64))
 }
 
+/// What `copy_stat_at` reports of a file in a tier.
+#[derive(Debug, Clone, Copy)]
+pub struct CopyStat {
+    pub is_regular: bool,
+    pub size: u64,
+    pub ino: u64,
+    pub ctime_ns: u64,
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` of a copy: type, size and identity.
+pub fn copy_stat_at(dir: &OwnedFd, name: &[u8]) -> io::Result<CopyStat> {
+    let c = cstr(name)?;
+    // SAFETY: zeroed stat is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid dir fd, NUL-terminated name, writable out-buffer.
+    check(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(CopyStat {
+        is_regular: st.st_mode & libc::S_IFMT == libc::S_IFREG,
+        size: st.st_size as u64,
+        ino: st.st_ino,
+        ctime_ns: (st.st_ctime as u64)
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(st.st_ctime_nsec as u64),
+    })
+}
+
 /// Free bytes available to an unprivileged user on the file system holding `path`.
 pub fn free_space(path: &Path) -> io::Result<u64> {
     let c = cstr(path.as_os_str().as_bytes())?;
@@ -156,27 +198,79 @@ pub fn free_space(path: &Path) -> io::Result<u64> {
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
-/// Starts write-back of a finished copy so dirty pages do not pile up while placement streams
-/// many GiB (the stalls Monarch's first epoch shows). Dropping the pages (`fadvise DONTNEED`) is
-/// left to the placement engine, which knows whether the tier is page-cache backed or tmpfs.
-pub fn start_writeback(file: &File, len: u64) {
-    // SAFETY: advisory call on an open fd; failure is harmless and ignored.
-    unsafe {
-        libc::sync_file_range(
-            file.as_raw_fd(),
-            0,
-            len as libc::off64_t,
-            libc::SYNC_FILE_RANGE_WRITE,
-        );
-    }
-}
-
-/// The user's login name, for default cache directory names.
+/// The user's login name, for default cache directory names (superseded by the uid-derived name
+/// in `config::default_tier`).
 pub fn user_name() -> String {
     std::env::var("USER")
         .ok()
         .filter(|u| !u.is_empty() && !u.contains('/'))
         .unwrap_or_else(|| uid().to_string())
+}
+
+/// This process's credentials as a table's `H_CREDS` records them: `(uid, gid, groups hash)`.
+/// The catalog answers permission questions with what these credentials could do.
+pub fn creds() -> (u32, u32, u64) {
+    // SAFETY: getgroups with a zero size only returns the count.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) }.max(0) as usize;
+    let mut groups = vec![0 as libc::gid_t; n];
+    // SAFETY: `groups` has room for `n` ids.
+    let got = unsafe { libc::getgroups(n as libc::c_int, groups.as_mut_ptr()) }.max(0) as usize;
+    groups.truncate(got);
+    // SAFETY: geteuid/getegid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (uid, gid, granary_shm::groups_hash(&mut groups))
+}
+
+/// `(st_dev, st_ino)` of an open file or directory.
+pub fn dev_ino(f: &impl AsRawFd) -> io::Result<(u64, u64)> {
+    // SAFETY: zeroed stat is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, writable out-buffer.
+    check(unsafe { libc::fstat(f.as_raw_fd(), &mut st) })?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// A copy's identity as clients check it: `(inode, ctime in ns)` of the open file.
+pub fn copy_identity(f: &impl AsRawFd) -> io::Result<(u64, u64)> {
+    // SAFETY: zeroed stat is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, writable out-buffer.
+    check(unsafe { libc::fstat(f.as_raw_fd(), &mut st) })?;
+    let ctime = (st.st_ctime as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(st.st_ctime_nsec as u64);
+    Ok((st.st_ino, ctime))
+}
+
+/// The data extents of a file, as `lseek(SEEK_DATA/SEEK_HOLE)` reports them: `[start, end)`
+/// pairs covering `[0, size)`'s data. A file system that cannot tell reports one extent, the
+/// whole file (dense), which is also the answer on any error.
+pub fn data_extents(f: &impl AsRawFd, size: u64) -> Vec<(u64, u64)> {
+    let fd = f.as_raw_fd();
+    let mut out = Vec::new();
+    let mut pos = 0u64;
+    while pos < size {
+        // SAFETY: lseek on an open fd; no memory involved.
+        let data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) {
+                break; // only a hole from `pos` to the end
+            }
+            return vec![(0, size)];
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return vec![(0, size)];
+        }
+        let (start, end) = (data as u64, (hole as u64).min(size));
+        if end <= start {
+            break;
+        }
+        out.push((start, end));
+        pos = end;
+    }
+    out
 }
 
 /// uid of the process at the other end of a Unix socket (`SO_PEERCRED`).
@@ -327,6 +421,22 @@ pub fn set_direct(file: &impl AsRawFd, on: bool) -> io::Result<()> {
     };
     if want != fl {
         // SAFETY: F_SETFL on an open fd with flags derived from its own; no memory involved.
+        check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, want) })?;
+    }
+    Ok(())
+}
+
+/// Sets or clears `O_NONBLOCK` on an open file.
+pub fn set_nonblock(file: &impl AsRawFd, on: bool) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on an open fd with flags derived from its own; no memory involved.
+    let fl = check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) })?;
+    let want = if on {
+        fl | libc::O_NONBLOCK
+    } else {
+        fl & !libc::O_NONBLOCK
+    };
+    if want != fl {
+        // SAFETY: as above.
         check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, want) })?;
     }
     Ok(())

@@ -16,7 +16,7 @@ fn spec(root: &Path, tier_dirs: &[PathBuf]) -> TableSpec {
     TableSpec {
         source: root.as_os_str().as_bytes().to_vec(),
         source_real: root.as_os_str().as_bytes().to_vec(),
-        shadow_dir: b"/nonexistent".to_vec(),
+        creds: sys::creds(),
         tier_dirs: tier_dirs
             .iter()
             .map(|d| d.as_os_str().as_bytes().to_vec())
@@ -27,6 +27,15 @@ fn spec(root: &Path, tier_dirs: &[PathBuf]) -> TableSpec {
         job_slots: 4,
         ..Default::default()
     }
+}
+
+/// A copy's identity as the agent records it at placement: inode, ctime ns.
+fn identity(p: &Path) -> (u64, u64) {
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (
+        m.ino(),
+        m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64,
+    )
 }
 
 fn map(img: &[u8], dir: &Path) -> (Mapping, granary_shm::Table) {
@@ -165,13 +174,11 @@ fn reuse_keeps_only_valid_copies() {
     let out = catalog::reuse(&mut w.entries, None, &dirs, &fds, &tiers, Verify::Size, 2);
     assert_eq!(out.files, 0);
     for e in w.entries.iter_mut().filter(|e| e.stat.is_file()) {
-        std::fs::copy(
-            root.join(std::ffi::OsStr::from_bytes(&e.rel_path)),
-            objects.join(std::str::from_utf8(&object_name(object_id(&e.rel_path))).unwrap()),
-        )
-        .unwrap();
+        let o = objects.join(std::str::from_utf8(&object_name(object_id(&e.rel_path))).unwrap());
+        std::fs::copy(root.join(std::ffi::OsStr::from_bytes(&e.rel_path)), &o).unwrap();
         e.state = state::word(state::PLACED, 0);
         e.checksum = 7;
+        (e.copy_ino, e.copy_ctime) = identity(&o);
     }
     let saved = t.path().join("catalog.table");
     catalog::save(&saved, &spec(&root, &dirs), &w.entries).unwrap();
@@ -253,6 +260,7 @@ fn reuse_rehashes_copies() {
         std::fs::write(obj(&e.rel_path), &bytes).unwrap();
         e.state = state::word(state::PLACED, 0);
         e.checksum = xxhash_rust::xxh3::xxh3_64(&bytes).max(1);
+        (e.copy_ino, e.copy_ctime) = identity(&obj(&e.rel_path));
     }
     let saved = t.path().join("catalog.table");
     catalog::save(&saved, &spec(&root, &dirs), &w.entries).unwrap();
@@ -291,4 +299,82 @@ fn reuse_rehashes_copies() {
         tiers.charge(0, 10_000),
         "only the good copy"
     );
+}
+
+/// A copy is reused only while the source is the same version: the same size and mtime are not
+/// enough (`cp -p`, `touch -d` restore mtime; ctime and inode tell). And a copy changed after
+/// placement (its ctime moved) is rejected without being hashed.
+#[test]
+fn reuse_needs_the_same_source_version_and_the_same_copy() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("src");
+    let objects = t.path().join("tier/objects");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&objects).unwrap();
+    for n in ["same", "rewritten", "replaced", "touched-copy"] {
+        std::fs::write(root.join(n), n.repeat(50)).unwrap();
+    }
+    let tiers = Tiers::new(vec![TierSpec {
+        path: t.path().join("tier"),
+        capacity: 1 << 20,
+        block_size: 4096,
+    }]);
+    let dirs = vec![objects.clone()];
+    let fds = vec![Some(sys::open_dir(&objects).unwrap())];
+    let obj = |n: &[u8]| objects.join(std::str::from_utf8(&object_name(object_id(n))).unwrap());
+    let mut w = catalog::walk(&root, 2, &Progress::default()).unwrap();
+    for e in w.entries.iter_mut().filter(|e| e.stat.is_file()) {
+        std::fs::copy(
+            root.join(std::ffi::OsStr::from_bytes(&e.rel_path)),
+            obj(&e.rel_path),
+        )
+        .unwrap();
+        e.state = state::word(state::PLACED, 0);
+        e.checksum = 7;
+        (e.copy_ino, e.copy_ctime) = identity(&obj(&e.rel_path));
+    }
+    let saved = t.path().join("catalog.table");
+    catalog::save(&saved, &spec(&root, &dirs), &w.entries).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    // Same size, mtime restored: only the ctime tells.
+    let keep_mtime = |p: &Path, f: &dyn Fn()| {
+        let m = std::fs::metadata(p).unwrap().modified().unwrap();
+        f();
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(m)
+            .unwrap();
+    };
+    let r = root.join("rewritten");
+    keep_mtime(&r, &|| std::fs::write(&r, "X".repeat(9 * 50)).unwrap());
+    // Another inode, same size and mtime.
+    let p = root.join("replaced");
+    keep_mtime(&p, &|| {
+        std::fs::write(root.join("tmp"), "replaced".repeat(50)).unwrap();
+        std::fs::rename(root.join("tmp"), &p).unwrap();
+    });
+    // The copy touched after placement (same bytes): its ctime moved.
+    std::fs::write(obj(b"touched-copy"), "touched-copy".repeat(50)).unwrap();
+
+    let prev = catalog::load_persisted(&saved).unwrap();
+    let mut w2 = catalog::walk(&root, 2, &Progress::default()).unwrap();
+    let out = catalog::reuse(
+        &mut w2.entries,
+        Some(&prev),
+        &dirs,
+        &fds,
+        &tiers,
+        Verify::Size,
+        2,
+    );
+    let placed: Vec<&[u8]> = w2
+        .entries
+        .iter()
+        .filter(|e| state::state_of(e.state) == state::PLACED)
+        .map(|e| e.rel_path.as_slice())
+        .collect();
+    assert_eq!(placed, vec![b"same".as_slice()], "{out:?}");
+    assert_eq!(out.rejected, 1, "the touched copy: {out:?}");
 }

@@ -18,8 +18,10 @@ fn geo(size: u64) -> ChunkGeometry {
     ChunkGeometry {
         chunk_size: CHUNK,
         size,
-        mtime_sec: 1_700_000_000,
-        mtime_nsec: 123,
+        mtime: (1_700_000_000, 123),
+        ctime: (1_700_000_001, 5),
+        dev: (8, 1),
+        ino: 4242,
     }
 }
 
@@ -97,9 +99,15 @@ fn write_validate_and_reject() {
     // Another source version, chunk size or format: not ours.
     for other in [
         ChunkGeometry {
-            mtime_nsec: 124,
+            mtime: (1_700_000_000, 124),
             ..g
         },
+        // Same size and mtime, another version (ctime) or another file (inode): not ours.
+        ChunkGeometry {
+            ctime: (1_700_000_002, 5),
+            ..g
+        },
+        ChunkGeometry { ino: 4243, ..g },
         ChunkGeometry {
             size: size + 1,
             ..g

@@ -2,19 +2,16 @@
 //! Hooks only ever read what it stored (no `env::var`, no allocation after this point).
 
 use core::ffi::{c_char, CStr};
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use granary_shm::{Mapping, Table};
+use granary_shm::{job, Mapping, Table};
 
 use crate::detour;
 use crate::log;
 
 static TABLE: OnceLock<Table> = OnceLock::new();
 static JOB_SLOT: AtomicU32 = AtomicU32::new(0);
-/// (st_dev, st_ino) of the shadow directory, to recognise its fds.
-static SHADOW_DEV: AtomicU64 = AtomicU64::new(u64::MAX);
-static SHADOW_INO: AtomicU64 = AtomicU64::new(u64::MAX);
 
 #[inline]
 pub fn table() -> Option<&'static Table> {
@@ -25,20 +22,20 @@ pub fn job_slot() -> u32 {
     JOB_SLOT.load(Ordering::Relaxed)
 }
 
-pub fn is_shadow(st: &libc::stat) -> bool {
-    st.st_dev == SHADOW_DEV.load(Ordering::Relaxed)
-        && st.st_ino == SHADOW_INO.load(Ordering::Relaxed)
+extern "C" fn forked_parent() {
+    crate::fdtable::forked(false);
 }
 
-extern "C" fn after_fork_in_child() {
+extern "C" fn forked_child() {
     crate::fdtable::set_owner();
+    crate::fdtable::forked(true);
 }
 
 extern "C" fn init() {
     detour::resolve_all();
     crate::fdtable::set_owner();
-    // SAFETY: registers a handler that only stores an atomic; called once, from the constructor.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    // SAFETY: registers handlers that only touch atomics; called once, from the constructor.
+    unsafe { libc::pthread_atfork(None, Some(forked_parent), Some(forked_child)) };
     if let Some(spec) = env(c"GRANARY_LOG") {
         log::configure(spec);
     }
@@ -52,25 +49,49 @@ extern "C" fn init() {
     let Some(path) = env_ptr(c"GRANARY_TABLE") else {
         return;
     };
-    match map_table(path) {
-        Ok(table) => {
-            remember_shadow(&table);
-            let _ = TABLE.set(table);
-            log::line(&[b"table mapped"]);
+    let table = match map_table(path) {
+        Ok(t) => t,
+        Err(why) => {
+            log::line(&[b"table not usable, passing everything through: ", why]);
+            return;
         }
-        Err(why) => log::line(&[b"table not usable, passing everything through: ", why]),
+    };
+    let slot = job_slot();
+    table.count(slot, job::PROCESSES, 1);
+    if !crate::creds::check(&table) {
+        table.count(slot, job::CREDS_MISMATCH, 1);
+        log::line(&[b"credentials differ from the agent's: passing everything through"]);
     }
+    let table = TABLE.get_or_init(|| table);
+    crate::path::note_cwd(table);
+    crate::inherit::adopt(table);
+    log::line(&[b"table mapped"]);
 }
 
+/// Maps the table named by `GRANARY_TABLE`: a regular file of ours that nobody else may write,
+/// never through a symlink — nobody else's table.
 fn map_table(path: *const c_char) -> Result<Table, &'static [u8]> {
-    let fd = detour::raw_openat(libc::AT_FDCWD, path, libc::O_RDWR | libc::O_CLOEXEC, 0);
+    let fd = detour::raw_openat(
+        libc::AT_FDCWD,
+        path,
+        libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        0,
+    );
     if fd < 0 {
         return Err(b"cannot open GRANARY_TABLE");
     }
     let mut st = detour::empty_stat();
     let r = detour::raw_fstat(fd, &mut st);
-    let len = if r == 0 { st.st_size as usize } else { 0 };
-    let mapped = Mapping::map(fd, len);
+    let euid = detour::sys!(libc::SYS_geteuid) as u32;
+    let ours = r == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && st.st_uid == euid
+        && st.st_mode & 0o022 == 0;
+    if !ours {
+        detour::raw_close(fd);
+        return Err(b"GRANARY_TABLE is not a regular file of ours, closed to others");
+    }
+    let mapped = Mapping::map(fd, st.st_size as usize);
     detour::raw_close(fd);
     let (mapping, table) = mapped.map_err(|_| &b"invalid table"[..])?;
     mapping.leak();
@@ -78,27 +99,6 @@ fn map_table(path: *const c_char) -> Result<Table, &'static [u8]> {
         return Err(b"table withdrawn by the agent");
     }
     Ok(table)
-}
-
-fn remember_shadow(table: &Table) {
-    let mut buf = [0u8; granary_shm::layout::PATH_MAX_LEN + 1];
-    let dir = table.shadow_dir();
-    let Some(dst) = buf.get_mut(..dir.len()) else {
-        return;
-    };
-    dst.copy_from_slice(dir);
-    let mut st = detour::empty_stat();
-    if !dir.is_empty()
-        && detour::raw_newfstatat(
-            libc::AT_FDCWD,
-            buf.as_ptr().cast(),
-            (&mut st as *mut libc::stat).cast(),
-            0,
-        ) == 0
-    {
-        SHADOW_DEV.store(st.st_dev, Ordering::Relaxed);
-        SHADOW_INO.store(st.st_ino, Ordering::Relaxed);
-    }
 }
 
 fn env_ptr(name: &CStr) -> Option<*const c_char> {

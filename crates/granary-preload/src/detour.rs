@@ -50,10 +50,32 @@ pub fn enter() -> Option<Guard> {
         table,
         slot: config::job_slot(),
     };
-    if !table.is_valid() {
+    if !table.is_valid() || !crate::creds::ok() {
         return None; // dropping the guard clears the flag
     }
     Some(guard)
+}
+
+/// Like `enter`, but whatever this process's credentials: for the hooks that tell the table the
+/// program changed the source (every process of the job must learn of it).
+#[inline]
+pub fn enter_to_invalidate() -> Option<Guard> {
+    let table = config::table()?;
+    let entered = IN_HOOK.with(|g| {
+        if g.get() {
+            false
+        } else {
+            g.set(true);
+            true
+        }
+    });
+    if !entered {
+        return None;
+    }
+    Some(Guard {
+        table,
+        slot: config::job_slot(),
+    })
 }
 
 impl Guard {
@@ -118,7 +140,7 @@ real_slots! {
     FXSTATAT = c"__fxstatat"; FXSTATAT64 = c"__fxstatat64"; FXSTAT = c"__fxstat";
     FXSTAT64 = c"__fxstat64";
     ACCESS = c"access"; FACCESSAT = c"faccessat";
-    OPENDIR = c"opendir"; FDOPENDIR = c"fdopendir"; READDIR = c"readdir"; READDIR64 = c"readdir64";
+    OPENDIR = c"opendir"; READDIR = c"readdir"; READDIR64 = c"readdir64";
     CLOSEDIR = c"closedir"; REWINDDIR = c"rewinddir"; TELLDIR = c"telldir"; SEEKDIR = c"seekdir";
     READLINK = c"readlink"; READLINKAT = c"readlinkat"; REALPATH = c"realpath";
     REALPATH_CHK = c"__realpath_chk";
@@ -129,6 +151,24 @@ real_slots! {
     PREADV64V2 = c"preadv64v2"; READ_CHK = c"__read_chk";
     PREAD_CHK = c"__pread_chk"; PREAD64_CHK = c"__pread64_chk";
     MMAP = c"mmap"; MMAP64 = c"mmap64"; LSEEK = c"lseek"; LSEEK64 = c"lseek64";
+    UNLINK = c"unlink"; UNLINKAT = c"unlinkat"; RMDIR = c"rmdir"; RENAME = c"rename";
+    RENAMEAT = c"renameat"; RENAMEAT2 = c"renameat2"; MKDIR = c"mkdir"; MKDIRAT = c"mkdirat";
+    LINK = c"link"; LINKAT = c"linkat"; SYMLINK = c"symlink"; SYMLINKAT = c"symlinkat";
+    TRUNCATE = c"truncate"; TRUNCATE64 = c"truncate64"; CHMOD = c"chmod";
+    FCHMODAT = c"fchmodat"; CHOWN = c"chown"; LCHOWN = c"lchown"; FCHOWNAT = c"fchownat";
+    UTIME = c"utime"; UTIMES = c"utimes"; LUTIMES = c"lutimes"; FUTIMESAT = c"futimesat";
+    UTIMENSAT = c"utimensat"; SETXATTR = c"setxattr"; LSETXATTR = c"lsetxattr";
+    REMOVEXATTR = c"removexattr"; LREMOVEXATTR = c"lremovexattr"; MKNOD = c"mknod";
+    MKNODAT = c"mknodat"; FCHMOD = c"fchmod"; FCHOWN = c"fchown"; FUTIMENS = c"futimens";
+    FUTIMES = c"futimes"; FSETXATTR = c"fsetxattr"; FREMOVEXATTR = c"fremovexattr";
+    FLOCK = c"flock"; LOCKF = c"lockf"; LOCKF64 = c"lockf64"; FSTATFS = c"fstatfs";
+    FSTATFS64 = c"fstatfs64"; IOCTL = c"ioctl"; SENDMSG = c"sendmsg";
+    COPY_FILE_RANGE = c"copy_file_range"; SENDFILE = c"sendfile"; SENDFILE64 = c"sendfile64";
+    FREAD = c"fread"; FREAD_UNLOCKED = c"fread_unlocked";
+    SETUID = c"setuid"; SETEUID = c"seteuid"; SETREUID = c"setreuid"; SETRESUID = c"setresuid";
+    SETGID = c"setgid"; SETEGID = c"setegid"; SETREGID = c"setregid"; SETRESGID = c"setresgid";
+    SETGROUPS = c"setgroups"; INITGROUPS = c"initgroups"; SETFSUID = c"setfsuid";
+    SETFSGID = c"setfsgid";
 }
 
 /// Resolves every real symbol with `dlsym(RTLD_NEXT)`. Constructor only.

@@ -1,11 +1,18 @@
 //! Which fds granary opened, and for what: a static array of atomics indexed by fd, so the
 //! fd-taking hooks (`read`, `fstat`, `close`, …) pay one load on the fast path. Fds beyond the
-//! array are simply never tracked (their calls pass through).
+//! array are never tracked (their calls pass through).
 //!
-//! Atomics in static memory survive fork unchanged, which is what a forked child's inherited
-//! fds need; nothing here needs a lock.
+//! Besides what an fd is, each word says whether its open file description (OFD) may be shared
+//! with another fd or process (`SHARED`): after `dup`, `fork`, an `SCM_RIGHTS` send, or while it is
+//! inheritable across `exec`. Only an fd whose OFD is ours alone may be switched to another file
+//! (`dup3` over it): a sharer would keep the old OFD, and reads alternating between the two would
+//! no longer share an offset. `BUSY` serialises, among the threads of this process, the reads that
+//! use or move an fd's offset, as the kernel's per-OFD position lock does for real reads.
+//!
+//! Atomics in static memory survive fork unchanged, which is what a forked child's inherited fds
+//! need; nothing here needs a lock of its own.
 
-use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::detour::sys;
 
@@ -14,6 +21,8 @@ const MAX_FDS: usize = 65536;
 pub const MAX_DIR_FDS: usize = 4096;
 
 static FDS: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+/// One past the highest fd ever tracked: the end of the scans `fork` and `close_range` make.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
 /// Listing position of each tracked directory fd: 0 = `.`, 1 = `..`, 2 + i = child i.
 static DIR_POS: [AtomicU32; MAX_DIR_FDS] = [const { AtomicU32::new(0) }; MAX_DIR_FDS];
 
@@ -33,33 +42,58 @@ pub fn set_owner() {
     OWNER.store(sys!(libc::SYS_getpid) as i32, Ordering::Relaxed);
 }
 
-/// Called only when a write is about to happen, so untracked fds never pay the syscall.
-/// Also guards anything that changes the process's fds on its behalf (the switch to a copy).
+/// Called only when the table is about to change, so untracked fds never pay the syscall.
 pub fn owned() -> bool {
     sys!(libc::SYS_getpid) as i32 == OWNER.load(Ordering::Relaxed)
 }
 
+const KIND_MASK: u64 = 0xff;
 const KIND_SOURCE: u64 = 1;
 const KIND_TIER: u64 = 2;
 const KIND_DIR: u64 = 3;
-/// A source fd whose switch to the complete copy failed once: it stays on the source for good
-/// (the switch is tried at most once per fd). Ignored by `decode`.
-const PINNED: u64 = 1 << 16;
+const KIND_OTHER: u64 = 4;
+
+/// Flags, bits 16..24 of the word.
+pub mod flag {
+    /// A source fd that stays on the source for good (a switch failed, or it holds a lock).
+    pub const PINNED: u64 = 1 << 16;
+    /// The OFD may be shared with another fd or process: never switch it.
+    pub const SHARED: u64 = 1 << 17;
+    /// Serialises offset reads and switches among this process's threads.
+    pub const BUSY: u64 = 1 << 18;
+    /// A tier fd opened with `O_NOFOLLOW` added by granary (only without `openat2`): hidden
+    /// from `fcntl(F_GETFL)`.
+    pub const NOFOLLOW_ADDED: u64 = 1 << 19;
+}
+const FLAGS_MASK: u64 = 0xff << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// A catalogued regular file opened on the source.
+    /// A catalogued regular file opened on the source (read-only).
     Source,
     /// A catalogued regular file served from tier `t`'s copy.
     Tier(u8),
-    /// The shadow directory standing in for a catalogued directory.
+    /// A catalogued directory (a real fd of the source directory; listings from the catalog).
     Dir,
+    /// Any other file under the source (opened for writing, or not catalogued): only counted.
+    Other,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tracked {
+    /// Catalog entry; `u32::MAX` for `Other` files the catalog does not know.
     pub entry: u32,
     pub kind: Kind,
+    pub flags: u64,
+}
+
+impl Tracked {
+    pub fn new(entry: u32, kind: Kind, flags: u64) -> Tracked {
+        Tracked { entry, kind, flags }
+    }
+    pub fn has(&self, f: u64) -> bool {
+        self.flags & f != 0
+    }
 }
 
 fn encode(t: Tracked) -> u64 {
@@ -67,20 +101,23 @@ fn encode(t: Tracked) -> u64 {
         Kind::Source => (KIND_SOURCE, 0),
         Kind::Tier(x) => (KIND_TIER, x as u64),
         Kind::Dir => (KIND_DIR, 0),
+        Kind::Other => (KIND_OTHER, 0),
     };
-    (t.entry as u64) << 32 | (tier & 0xff) << 8 | kind
+    (t.entry as u64) << 32 | (t.flags & FLAGS_MASK) | (tier & 0xff) << 8 | kind
 }
 
 fn decode(v: u64) -> Option<Tracked> {
-    let kind = match v & 0xff {
+    let kind = match v & KIND_MASK {
         KIND_SOURCE => Kind::Source,
         KIND_TIER => Kind::Tier((v >> 8) as u8),
         KIND_DIR => Kind::Dir,
+        KIND_OTHER => Kind::Other,
         _ => return None,
     };
     Some(Tracked {
         entry: (v >> 32) as u32,
         kind,
+        flags: v & FLAGS_MASK,
     })
 }
 
@@ -93,22 +130,9 @@ pub fn get(fd: i32) -> Option<Tracked> {
     decode(cell(fd)?.load(Ordering::Acquire))
 }
 
-/// True if `fd` is a source fd that must stay on the source (see `PINNED`).
-pub fn pinned(fd: i32) -> bool {
-    cell(fd).is_some_and(|c| c.load(Ordering::Relaxed) & PINNED != 0)
-}
-
-/// Marks a tracked source fd as staying on the source.
-pub fn pin(fd: i32) {
-    if let Some(c) = cell(fd) {
-        if c.load(Ordering::Relaxed) & 0xff == KIND_SOURCE && owned() {
-            c.fetch_or(PINNED, Ordering::Release);
-        }
-    }
-}
-
-/// Records `fd`; false if it cannot be tracked (out of range, or a directory beyond the
-/// cursor array), in which case the caller must not rely on it.
+/// Records `fd` (keeping a `BUSY` bit its holder will clear); false if it cannot be tracked
+/// (out of range, a directory beyond the cursor array, or not our table: a vfork child), in
+/// which case the caller must not rely on it.
 pub fn track(fd: i32, t: Tracked) -> bool {
     let Some(c) = cell(fd) else {
         return false;
@@ -128,8 +152,60 @@ pub fn track(fd: i32, t: Tracked) -> bool {
             b.store(0, Ordering::Relaxed);
         }
     }
-    c.store(encode(t), Ordering::Release);
-    true
+    HIGH.fetch_max(fd as usize + 1, Ordering::Relaxed);
+    let mut cur = c.load(Ordering::Relaxed);
+    loop {
+        let new = encode(t) | (cur & flag::BUSY);
+        match c.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(v) => cur = v,
+        }
+    }
+}
+
+/// Sets `f` on a tracked fd (no-op for untracked ones or in a vfork child).
+pub fn set_flag(fd: i32, f: u64) {
+    if let Some(c) = cell(fd) {
+        if c.load(Ordering::Relaxed) & KIND_MASK != 0 && owned() {
+            c.fetch_or(f, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Takes the fd's `BUSY` bit, waiting (briefly sleeping) while another thread holds it. The
+/// holder's work is bounded (a read, or a wait on the agent that gives up within seconds), so
+/// is this wait; false if the fd is not tracked any more.
+pub fn lock(fd: i32) -> bool {
+    let Some(c) = cell(fd) else { return false };
+    let mut spins = 0u32;
+    loop {
+        let cur = c.load(Ordering::Relaxed);
+        if cur & KIND_MASK == 0 {
+            return false;
+        }
+        if cur & flag::BUSY == 0
+            && c.compare_exchange_weak(cur, cur | flag::BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return true;
+        }
+        spins += 1;
+        if spins < 64 {
+            core::hint::spin_loop();
+        } else {
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 50_000,
+            };
+            sys!(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize);
+        }
+    }
+}
+
+pub fn unlock(fd: i32) {
+    if let Some(c) = cell(fd) {
+        c.fetch_and(!flag::BUSY, Ordering::Release);
+    }
 }
 
 /// A positioned read of `n` bytes at `off` on tier fd `fd`.
@@ -150,28 +226,33 @@ pub fn pread_range(fd: i32) -> Option<(u64, u64)> {
     (end > 0 && start < end).then_some((start, end))
 }
 
-/// Forgets `fd` (closed, or now naming something granary did not open).
+/// Forgets `fd` and returns what it was (closed, or now naming something granary did not open).
+/// `None` in a vfork child, whose closes are not the parent's.
 #[inline]
-pub fn clear(fd: i32) {
-    if let Some(c) = cell(fd) {
-        if c.load(Ordering::Relaxed) != 0 && owned() {
-            c.store(0, Ordering::Release);
-        }
+pub fn take(fd: i32) -> Option<Tracked> {
+    let c = cell(fd)?;
+    if c.load(Ordering::Relaxed) == 0 || !owned() {
+        return None;
     }
+    decode(c.swap(0, Ordering::AcqRel))
 }
 
-/// `new` now names what `old` names (dup family).
+/// `new` now names `old`'s OFD (the dup family): both are marked shared.
 pub fn copy(old: i32, new: i32) {
     if old == new {
         return;
     }
     match get(old) {
-        Some(t) => {
+        Some(mut t) => {
+            set_flag(old, flag::SHARED);
+            t.flags = (t.flags | flag::SHARED) & !flag::BUSY;
             if !track(new, t) {
-                clear(new);
+                take(new);
             }
         }
-        None => clear(new),
+        None => {
+            take(new);
+        }
     }
 }
 
@@ -184,22 +265,38 @@ pub fn dir_pos(fd: i32) -> Option<&'static AtomicU32> {
 }
 
 /// Forgets the fds `first..=last`, telling `closed` what each tracked one was.
-pub fn clear_range(first: u32, last: u32, mut closed: impl FnMut(Tracked)) {
+pub fn take_range(first: u32, last: u32, mut closed: impl FnMut(i32, Tracked)) {
     if !owned() {
         return;
     }
-    let end = (last as usize).min(MAX_FDS - 1);
+    let end = (last as usize).min(HIGH.load(Ordering::Relaxed).saturating_sub(1));
     let mut fd = first as usize;
     while fd <= end {
         if let Some(c) = FDS.get(fd) {
-            let v = c.load(Ordering::Relaxed);
-            if v != 0 {
-                c.store(0, Ordering::Release);
-                if let Some(t) = decode(v) {
-                    closed(t);
+            if c.load(Ordering::Relaxed) != 0 {
+                if let Some(t) = decode(c.swap(0, Ordering::AcqRel)) {
+                    closed(fd as i32, t);
                 }
             }
         }
         fd += 1;
+    }
+}
+
+/// After `fork`, in parent and child: every tracked OFD is now shared by two processes, and no
+/// thread of the child holds a `BUSY` bit (only the forking thread exists there).
+pub fn forked(in_child: bool) {
+    let end = HIGH.load(Ordering::Relaxed).min(MAX_FDS);
+    for c in FDS.iter().take(end) {
+        let v = c.load(Ordering::Relaxed);
+        if v == 0 {
+            continue;
+        }
+        if in_child {
+            // The child has one thread: plain stores race with nobody.
+            c.store((v | flag::SHARED) & !flag::BUSY, Ordering::Release);
+        } else {
+            c.fetch_or(flag::SHARED, Ordering::AcqRel);
+        }
     }
 }

@@ -3,18 +3,23 @@
 //! Path calls under the source are answered from the agent's catalog table (shared memory,
 //! lock-free); opens of placed files get a real fd of the cached copy; everything else passes
 //! through to libc unchanged. See docs/architecture.md for the contract with the agent and
-//! /work/shared/notes/design.md ("Rules for the preload library") for the rules every hook obeys.
+//! docs/preload-rules.md for the rules every hook obeys.
 //!
 //! Known blind spots: static binaries, Go programs, raw `syscall()`, io_uring, and libc-internal
-//! calls (e.g. `scandirat` or `nftw` given one of our shadow directory fds).
+//! calls (`fopen`'s internal `open`, stdio's internal `read`: hence the stdio hooks).
 
 mod config;
+mod copies;
+mod creds;
 mod detour;
 mod fdtable;
 mod fill;
 mod hooks;
+mod inherit;
 mod log;
 mod path;
-mod perm;
 mod place;
+mod release;
 mod residency;
+mod switch;
+mod usermem;

@@ -1,11 +1,17 @@
-//! Where a path argument points, decided lexically in stack buffers (no allocation, no syscall
-//! except `getcwd` for relative paths).
+//! Where a path argument points, decided lexically in a stack buffer (no allocation; no syscall
+//! except `getcwd` for relative paths that may lead into the source).
 //!
 //! The lexical rules are the ones that are exact without asking the kernel: `.` and empty
 //! components vanish; `..` is exact only before any named component (the cwd from `getcwd` and a
 //! catalogued directory have no symlinks in them), so a later `..` makes the path "not ours".
+//!
+//! Cost: the buffer is not zeroed, an absolute path whose first component is neither root's is
+//! rejected before anything is built, and a relative path is rejected without `getcwd` when the
+//! working directory we last saw is outside the source and the path does not climb (`..`).
 
 use core::ffi::{c_char, c_int, CStr};
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicU8, Ordering};
 
 use granary_shm::{strip_root, Table};
 
@@ -14,19 +20,13 @@ use crate::fdtable::{self, Kind};
 
 pub const BUF: usize = libc::PATH_MAX as usize + 1;
 
-/// Scratch space for one path: the normalised absolute path, and (for `*at` calls relative to
-/// one of our shadow directory fds) the real path the call must go to instead.
-pub struct Bufs {
-    norm: [u8; BUF],
-    redirect: [u8; BUF],
-}
+/// Scratch space for one normalised absolute path. Never zeroed: only written bytes are read.
+pub struct Buf(MaybeUninit<[u8; BUF]>);
 
-impl Bufs {
-    pub fn new() -> Bufs {
-        Bufs {
-            norm: [0; BUF],
-            redirect: [0; BUF],
-        }
+impl Buf {
+    #[inline]
+    pub fn new() -> Buf {
+        Buf(MaybeUninit::uninit())
     }
 }
 
@@ -35,10 +35,6 @@ pub struct Loc<'a> {
     pub rel: Option<&'a [u8]>,
     /// The path named a directory syntactically (trailing `/`, `.` or `..`).
     pub must_dir: bool,
-    /// Set when the caller's dirfd is a shadow directory: pass-through calls must use
-    /// `(AT_FDCWD, redirect)` instead of the caller's arguments, which would name the (empty)
-    /// shadow directory.
-    pub redirect: Option<*const c_char>,
     /// The path named the source root itself through the user's spelling of it, which is a
     /// symlink to the real root: not following it means the link, not the catalog's root.
     pub root_link: bool,
@@ -49,44 +45,47 @@ impl Loc<'_> {
         Loc {
             rel: None,
             must_dir: false,
-            redirect: None,
             root_link: false,
-        }
-    }
-
-    /// The arguments a pass-through call must use.
-    pub fn pass_args(&self, dirfd: c_int, path: *const c_char) -> (c_int, *const c_char) {
-        match self.redirect {
-            Some(p) => (libc::AT_FDCWD, p),
-            None => (dirfd, path),
         }
     }
 }
 
 struct Cursor<'a> {
-    buf: &'a mut [u8; BUF],
+    buf: &'a mut [MaybeUninit<u8>; BUF],
     len: usize,
 }
 
-impl Cursor<'_> {
+impl<'a> Cursor<'a> {
+    fn new(buf: &'a mut Buf) -> Cursor<'a> {
+        // SAFETY: `[MaybeUninit<u8>; N]` has the layout of `MaybeUninit<[u8; N]>`, and every
+        // bit pattern (initialised or not) is valid for it.
+        let buf = unsafe { &mut *buf.0.as_mut_ptr().cast::<[MaybeUninit<u8>; BUF]>() };
+        Cursor { buf, len: 0 }
+    }
+
     fn put(&mut self, s: &[u8]) -> Option<()> {
         let end = self.len.checked_add(s.len())?;
         // Keep one byte for the NUL.
         if end >= BUF {
             return None;
         }
-        self.buf.get_mut(self.len..end)?.copy_from_slice(s);
+        let dst = self.buf.get_mut(self.len..end)?;
+        // SAFETY: `MaybeUninit<u8>` has `u8`'s layout; `dst` has exactly `s.len()` elements.
+        unsafe {
+            core::ptr::copy_nonoverlapping(s.as_ptr(), dst.as_mut_ptr().cast::<u8>(), s.len())
+        };
         self.len = end;
         Some(())
     }
 
+    fn bytes(&self) -> &[u8] {
+        let init = &self.buf[..self.len];
+        // SAFETY: bytes `..len` were all written by `put` (or by getcwd, which wrote `len` + 1).
+        unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) }
+    }
+
     fn pop(&mut self) {
-        let cut = self
-            .buf
-            .get(..self.len)
-            .and_then(|b| b.iter().rposition(|&c| c == b'/'))
-            .unwrap_or(0);
-        self.len = cut;
+        self.len = self.bytes().iter().rposition(|&c| c == b'/').unwrap_or(0);
     }
 
     /// Appends the components of a relative path; `None` for a `..` after a named component.
@@ -121,51 +120,91 @@ fn ends_as_dir(p: &[u8]) -> bool {
     p.ends_with(b"/") || p == b"." || p == b".." || p.ends_with(b"/.") || p.ends_with(b"/..")
 }
 
+/// The first component of an absolute path, with its leading `/` (all of "/" for the root).
+fn first_component(s: &[u8]) -> &[u8] {
+    let n = s
+        .iter()
+        .skip(1)
+        .position(|&b| b == b'/')
+        .map_or(s.len(), |i| i + 1);
+    s.get(..n).unwrap_or(s)
+}
+
+/// True if absolute path `p` cannot lie under `root`: their first components differ.
+fn outside_root(p: &[u8], root: &[u8]) -> bool {
+    let r = first_component(root);
+    if r.len() <= 1 {
+        return root.is_empty();
+    }
+    let q = first_component(p);
+    q != r
+}
+
+/// Cheap early exit for absolute paths that cannot be under the source.
+pub fn surely_outside_abs(table: &Table, p: &[u8]) -> bool {
+    outside_root(p, table.source_root()) && outside_root(p, table.source_real_root())
+}
+
+/// Whether the working directory we last saw (`getcwd` in the constructor and after every
+/// `chdir`/`fchdir` we see) was outside the source: 0 unknown, 1 outside, 2 maybe inside. Only
+/// ever used to skip `getcwd` for a relative path that does not climb; a working directory
+/// changed behind our back then makes us pass a call through, never answer it wrongly.
+static CWD_OUTSIDE: AtomicU8 = AtomicU8::new(0);
+
+/// Re-reads the working directory (constructor, `chdir`, `fchdir`).
+pub fn note_cwd(table: &Table) {
+    let mut b = Buf::new();
+    let mut c = Cursor::new(&mut b);
+    let v = match getcwd(&mut c) {
+        Some(()) if surely_outside_abs(table, c.bytes()) => 1,
+        _ => 2,
+    };
+    CWD_OUTSIDE.store(v, Ordering::Relaxed);
+}
+
+fn getcwd(c: &mut Cursor<'_>) -> Option<()> {
+    let r = sys!(libc::SYS_getcwd, c.buf.as_mut_ptr(), BUF);
+    // The kernel returns the length including the NUL, and "(unreachable)…" for a cwd outside
+    // our root: only an absolute answer is usable.
+    if r <= 1 {
+        return None;
+    }
+    c.len = r as usize - 1;
+    if c.bytes().first() != Some(&b'/') {
+        return None;
+    }
+    if c.len == 1 {
+        c.len = 0; // "/" : components add their own separators
+    }
+    Some(())
+}
+
 /// Classifies `path` (relative to `dirfd`, `AT_FDCWD` for plain calls).
-pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, bufs: &'a mut Bufs) -> Loc<'a> {
+pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut Buf) -> Loc<'a> {
     let Some(p) = bytes(path) else {
         return Loc::outside();
     };
-    if p.is_empty() {
+    let Some(&first) = p.first() else {
         return Loc::outside();
-    }
-    let Bufs { norm, redirect } = bufs;
-    let mut n = Cursor { buf: norm, len: 0 };
-    let mut redirect_ptr = None;
-    if p.first() == Some(&b'/') {
-        // Absolute: taken as is.
-    } else if dirfd == libc::AT_FDCWD {
-        let r = sys!(libc::SYS_getcwd, n.buf.as_mut_ptr(), BUF);
-        // The kernel returns the length including the NUL, and "(unreachable)…" for a cwd
-        // outside our root: only an absolute answer is usable.
-        if r <= 1 || n.buf.first() != Some(&b'/') {
+    };
+    let mut n = Cursor::new(buf);
+    if first == b'/' {
+        if surely_outside_abs(table, p) {
             return Loc::outside();
         }
-        n.len = r as usize - 1;
-        if n.len == 1 {
-            n.len = 0; // "/" : components add their own separators
+    } else if dirfd == libc::AT_FDCWD {
+        if CWD_OUTSIDE.load(Ordering::Relaxed) == 1 && !p.starts_with(b"..") {
+            return Loc::outside();
+        }
+        if getcwd(&mut n).is_none() {
+            return Loc::outside();
         }
     } else {
         match fdtable::get(dirfd) {
             Some(t) if t.kind == Kind::Dir => {
-                let Some(base) = dir_base(table, t.entry, &mut n) else {
-                    return Loc::outside();
-                };
-                let mut r = Cursor {
-                    buf: redirect,
-                    len: 0,
-                };
-                if r.put(base)
-                    .and_then(|_| r.put(b"/"))
-                    .and_then(|_| r.put(p))
-                    .is_none()
-                {
+                if dir_base(table, t.entry, &mut n).is_none() {
                     return Loc::outside();
                 }
-                if let Some(z) = r.buf.get_mut(r.len) {
-                    *z = 0;
-                }
-                redirect_ptr = Some(r.buf.as_ptr().cast::<c_char>());
             }
             _ => return Loc::outside(),
         }
@@ -175,14 +214,17 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, bufs: &'a mu
         return Loc {
             rel: None,
             must_dir,
-            redirect: redirect_ptr,
             root_link: false,
         };
     }
     let len = n.len;
-    let abs: &'a [u8] = match n.buf.get(..len) {
-        Some(b) if !b.is_empty() => b,
-        _ => b"/",
+    let Cursor { buf, .. } = n;
+    let abs: &'a [u8] = if len == 0 {
+        b"/"
+    } else {
+        let init = &buf[..len];
+        // SAFETY: bytes `..len` were written (see `Cursor::bytes`).
+        unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) }
     };
     let named = strip_root(abs, table.source_root());
     let root_link =
@@ -191,14 +233,13 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, bufs: &'a mu
     Loc {
         rel,
         must_dir,
-        redirect: redirect_ptr,
         root_link,
     }
 }
 
-/// Writes `<real source root>/<entry's path>` into `n` and returns it. The real root, because
-/// `..` from the catalog's root must go where the kernel would take it.
-fn dir_base<'b>(table: &Table, entry: u32, n: &'b mut Cursor<'_>) -> Option<&'b [u8]> {
+/// Writes `<real source root>/<entry's path>`. The real root, because `..` from the catalog's
+/// root must go where the kernel would take it.
+fn dir_base(table: &Table, entry: u32, n: &mut Cursor<'_>) -> Option<()> {
     let e = table.entry(entry)?;
     let rel = table.rel_path(&e)?;
     let root = table.source_real_root();
@@ -210,12 +251,13 @@ fn dir_base<'b>(table: &Table, entry: u32, n: &'b mut Cursor<'_>) -> Option<&'b 
         n.put(b"/")?;
         n.put(rel)?;
     }
-    n.buf.get(..n.len)
+    Some(())
 }
 
-/// `<real source root>/<rel>` as a NUL-terminated string in `out` (for `fchdir` and `realpath`).
-pub fn real_path_of<'b>(table: &Table, rel: &[u8], out: &'b mut [u8; BUF]) -> Option<&'b [u8]> {
-    let mut c = Cursor { buf: out, len: 0 };
+/// `<real source root>/<rel>` as a NUL-terminated string in `buf` (to open or change a catalogued
+/// path on the source ourselves); returns its bytes without the NUL.
+pub fn real_path_of<'b>(table: &Table, rel: &[u8], buf: &'b mut Buf) -> Option<&'b [u8]> {
+    let mut c = Cursor::new(buf);
     let root = table.source_real_root();
     if root != b"/" {
         c.put(root)?;
@@ -225,6 +267,18 @@ pub fn real_path_of<'b>(table: &Table, rel: &[u8], out: &'b mut [u8; BUF]) -> Op
         c.put(rel)?;
     }
     let len = c.len;
-    *c.buf.get_mut(len)? = 0;
-    c.buf.get(..len)
+    let Cursor { buf, .. } = c;
+    buf.get_mut(len)?.write(0);
+    let init = &buf[..len];
+    // SAFETY: bytes `..=len` were written just above.
+    Some(unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) })
+}
+
+/// The relative path of catalog entry `idx` on the source, NUL-terminated in `buf`, as a pointer
+/// for a system call.
+pub fn entry_path(table: &Table, idx: u32, buf: &mut Buf) -> Option<*const c_char> {
+    let e = table.entry(idx)?;
+    let rel = table.rel_path(&e)?;
+    let p = real_path_of(table, rel, buf)?;
+    Some(p.as_ptr().cast())
 }

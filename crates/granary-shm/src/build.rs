@@ -18,6 +18,9 @@ pub struct CatalogEntry {
     /// Initial chunk bitmap words (a partial copy reused from an earlier run); may be shorter
     /// than the file's bitmap, missing words are zero.
     pub chunks: Vec<u64>,
+    /// Initial copy identity (`Table::copy_identity`) of a reused copy: inode, ctime ns.
+    pub copy_ino: u64,
+    pub copy_ctime: u64,
 }
 
 /// Where things are, for the header.
@@ -25,8 +28,12 @@ pub struct CatalogEntry {
 pub struct TableSpec {
     pub source: Vec<u8>,
     pub source_real: Vec<u8>,
-    pub shadow_dir: Vec<u8>,
     pub tier_dirs: Vec<Vec<u8>>,
+    /// `(st_dev, st_ino)` of each tier's object directory (`layout::H_TIER_DIR_IDS`); missing
+    /// ones are zero (clients then never open copies there).
+    pub tier_dir_ids: Vec<(u64, u64)>,
+    /// The agent's `(uid, gid, groups hash)` (`layout::H_CREDS`).
+    pub creds: (u32, u32, u64),
     pub root_parent_ino: u64,
     pub agent_pid: u32,
     /// Rounded up to a power of two.
@@ -266,10 +273,15 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
     img.put_u64(H_TRANSIENT_OFF, transient_off as u64);
     img.put_path(SLOT_SOURCE, &spec.source)?;
     img.put_path(SLOT_SOURCE_REAL, &spec.source_real)?;
-    img.put_path(SLOT_SHADOW_DIR, &spec.shadow_dir)?;
     for (t, dir) in spec.tier_dirs.iter().enumerate() {
         img.put_path(SLOT_TIER0 + t, dir)?;
+        let (dev, ino) = spec.tier_dir_ids.get(t).copied().unwrap_or((0, 0));
+        img.put_u64(H_TIER_DIR_IDS + 16 * t, dev);
+        img.put_u64(H_TIER_DIR_IDS + 16 * t + 8, ino);
     }
+    img.put_u32(H_CREDS, spec.creds.0);
+    img.put_u32(H_CREDS + 4, spec.creds.1);
+    img.put_u64(H_CREDS + 8, spec.creds.2);
 
     let mut str_pos = 0usize;
     let mut chunk_pos = 8usize;
@@ -303,6 +315,8 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
         let state_block = states_off + new * STATE_LEN;
         img.put_u64(state_block + STATE_WORD, src.state);
         img.put_u64(state_block + STATE_CHECKSUM, src.checksum);
+        img.put_u64(state_block + STATE_COPY_INO, src.copy_ino);
+        img.put_u64(state_block + STATE_COPY_CTIME, src.copy_ctime);
         let words = bitmap_words(src);
         if words > 0 {
             img.put_u64(state_block + STATE_CHUNKS, chunk_pos as u64);

@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 3.
+//! The on-memory layout of a catalog table, version 4.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -7,8 +7,9 @@
 //! ```text
 //! 0            header (HEADER_LEN bytes: fixed fields, then PATH_SLOTS slots of PATH_SLOT_LEN)
 //! entries_off  entry_count × EntryRec         immutable after build: relative path, struct stat
-//! states_off   entry_count × 32 bytes         mutable, atomics only: [state word, checksum,
-//!                                             progress, chunk bitmap offset]
+//! states_off   entry_count × 48 bytes         mutable, atomics only: [state word, checksum,
+//!                                             progress, chunk bitmap offset, copy inode,
+//!                                             copy ctime]
 //! hash_off     hash_slots × u32               open addressing, entry index + 1, 0 = empty
 //! strings_off  strings_len bytes              relative paths and symlink targets
 //! ring_off     request ring                   clients → agent (see `ring`)
@@ -24,10 +25,10 @@
 //! walk never descends a symlink), so lexical `..` inside the catalog is exact.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
-pub const VERSION: u32 = 3;
-/// The previous layout, without the transient bitmap: still read (catalogs saved by an earlier
-/// release keep their copies), never written.
-pub const VERSION_NO_TRANSIENT: u32 = 2;
+/// Version 4 records each copy's identity and the tiers' object directories, and names objects
+/// by their path hash; tables of earlier versions are rejected (their copies are not reused:
+/// nothing in them proves which source version a copy holds).
+pub const VERSION: u32 = 4;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -67,6 +68,13 @@ pub const H_CHUNKS_LEN: usize = 160;
 /// Bitmap of transient entries, one bit each (`Table::is_transient`); its length follows from
 /// the entry count.
 pub const H_TRANSIENT_OFF: usize = 168;
+/// Who the agent is, as the kernel sees it when it walks and copies: `uid: u32`, `gid: u32`,
+/// then a hash of the sorted supplementary groups (`u64`). The catalog answers permission
+/// questions with what the agent could do, so a process with other credentials must not use it.
+pub const H_CREDS: usize = 176;
+/// Tier `t`'s object directory identity (`st_dev: u64`, `st_ino: u64`) at
+/// `H_TIER_DIR_IDS + 16 t`: a client opens copies only through a directory fd that is this one.
+pub const H_TIER_DIR_IDS: usize = 256;
 
 pub const HEARTBEAT_PERIOD_MS: u64 = 100;
 pub const HEARTBEAT_STALE_MS: u64 = 2000;
@@ -85,11 +93,8 @@ pub const PATH_MAX_LEN: usize = PATH_SLOT_LEN - 8;
 pub const SLOT_SOURCE: usize = 0;
 /// The source root with symlinks resolved (`realpath`); may equal `SLOT_SOURCE`.
 pub const SLOT_SOURCE_REAL: usize = 1;
-/// An empty directory owned by the agent; its fd stands in for a catalogued directory so that
-/// `opendir`/`fdopendir`/`*at` get a real kernel fd while listings come from the catalog.
-pub const SLOT_SHADOW_DIR: usize = 2;
 /// Tier `t`'s object directory lives in slot `SLOT_TIER0 + t`.
-pub const SLOT_TIER0: usize = 3;
+pub const SLOT_TIER0: usize = 2;
 pub const MAX_TIERS: usize = 8;
 pub const PATH_SLOTS: usize = SLOT_TIER0 + MAX_TIERS;
 pub const HEADER_LEN: usize = PATHS_OFF + PATH_SLOTS * PATH_SLOT_LEN;
@@ -157,10 +162,23 @@ impl StatRec {
             _ => libc::DT_UNKNOWN,
         }
     }
-    /// Modification time in nanoseconds, the key (with size) that decides whether a cached copy
-    /// still matches the source.
     pub fn mtime_ns(&self) -> i128 {
         self.mtime.sec as i128 * 1_000_000_000 + self.mtime.nsec as i128
+    }
+    pub fn ctime_ns(&self) -> i128 {
+        self.ctime.sec as i128 * 1_000_000_000 + self.ctime.nsec as i128
+    }
+    /// True if `other` describes the same version of the same file: device, inode, type, size,
+    /// mtime and ctime. A copy is valid only while this holds: `cp -p`, `rsync -t`, `tar x` and
+    /// `touch -d` restore mtime, but nothing restores ctime, and a replaced file has another inode.
+    pub fn same_version(&self, other: &StatRec) -> bool {
+        self.dev_major == other.dev_major
+            && self.dev_minor == other.dev_minor
+            && self.ino == other.ino
+            && self.file_type() == other.file_type()
+            && self.size == other.size
+            && self.mtime == other.mtime
+            && self.ctime == other.ctime
     }
 }
 
@@ -189,12 +207,18 @@ pub struct EntryRec {
 pub const ENTRY_LEN: usize = core::mem::size_of::<EntryRec>();
 /// Per entry, all `AtomicU64`: state word; xxh3 of the placed copy; `progress` — bytes of the
 /// partial copy (`<object>.part`) written and readable while the state is PLACING, only ever
-/// increasing; offset of the entry's chunk bitmap in the chunk section (0 = none).
-pub const STATE_LEN: usize = 32;
+/// increasing; offset of the entry's chunk bitmap in the chunk section (0 = none); the copy's
+/// identity as the agent wrote it — its inode (set before the state names a tier, valid for the
+/// `.part` file and, after the rename, the complete copy) and its ctime in nanoseconds (set
+/// before PLACED; 0 while PLACING). A client checks both with `fstat` on what it opened: anything
+/// else (damaged, replaced, truncated) is not the agent's copy.
+pub const STATE_LEN: usize = 48;
 pub const STATE_WORD: usize = 0;
 pub const STATE_CHECKSUM: usize = 8;
 pub const STATE_PROGRESS: usize = 16;
 pub const STATE_CHUNKS: usize = 24;
+pub const STATE_COPY_INO: usize = 32;
+pub const STATE_COPY_CTIME: usize = 40;
 
 /// Placement state, low byte of an entry's state word; the tier is the next byte.
 pub mod state {
@@ -215,6 +239,15 @@ pub mod state {
     /// Too large for any tier's free space: some chunks live in `<object>.chunks` in the tier
     /// named by the state word; the chunk bitmap says which.
     pub const PARTIAL: u8 = 6;
+    /// The path no longer names what the catalog describes, nor does any path below it (the
+    /// program renamed or removed it through granary): every call on it or under it passes
+    /// through. Terminal, like STALE.
+    pub const GONE: u8 = 7;
+
+    /// True for the terminal states in which the catalog answers nothing about the entry.
+    pub const fn is_void(state: u8) -> bool {
+        state == STALE || state == GONE
+    }
 
     pub const fn word(state: u8, tier: u8) -> u64 {
         state as u64 | (tier as u64) << 8
@@ -237,6 +270,23 @@ pub fn object_name(object: u64) -> [u8; 16] {
     out
 }
 
+/// The object id a name made by `object_name` stands for (`None` for any other name).
+pub fn parse_object_name(name: &[u8]) -> Option<u64> {
+    if name.len() != 16 {
+        return None;
+    }
+    let mut v = 0u64;
+    for &c in name {
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => return None,
+        };
+        v = v << 4 | d as u64;
+    }
+    Some(v)
+}
+
 /// Name of the partial copy being written (PLACING): renamed to `object_name` when complete,
 /// so an fd opened on it stays valid and becomes the complete copy.
 pub fn part_name(object: u64) -> [u8; 21] {
@@ -255,12 +305,13 @@ fn suffixed<const N: usize>(object: u64, suffix: &[u8]) -> [u8; N] {
     out
 }
 
-/// Chunk files: a header (`CHUNK_MAGIC`, version, chunk size, source size, source mtime, chunk
-/// count, then one xxh3 per chunk, 0 = absent) padded to 4096 bytes, then chunk `k` at
-/// `chunk_data_offset + k × chunk_size` (a sparse file: absent chunks take no space).
+/// Chunk files: a header (`CHUNK_MAGIC`, version, chunk size, the source version they were cut
+/// from — size, mtime, ctime, device, inode — chunk count, then one xxh3 per chunk, 0 = absent)
+/// padded to 4096 bytes, then chunk `k` at `chunk_data_offset + k × chunk_size` (a sparse file:
+/// absent chunks take no space).
 pub const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"GRNCHK01");
-pub const CHUNK_VERSION: u32 = 1;
-pub const CHUNK_HEADER_FIXED: usize = 64;
+pub const CHUNK_VERSION: u32 = 2;
+pub const CHUNK_HEADER_FIXED: usize = 96;
 
 pub const fn chunk_count(size: u64, chunk_size: u64) -> u64 {
     if chunk_size == 0 {
@@ -279,10 +330,26 @@ pub const fn chunk_data_offset(size: u64, chunk_size: u64) -> u64 {
     (CHUNK_HEADER_FIXED as u64 + 8 * chunk_count(size, chunk_size)).div_ceil(4096) * 4096
 }
 
-/// Object id of a relative path. Stable across catalog rebuilds, so a cache survives them.
+/// Object id of a relative path: its hash-table key, so a copy's name leads back to its entry
+/// (`Table::lookup_object`, for fds a process inherited across `exec`). Stable across catalog
+/// rebuilds, so a cache survives them.
 pub fn object_id(rel_path: &[u8]) -> u64 {
-    // Seeded so that an object id is never equal to the catalog's hash-table key for the path.
-    xxhash_rust::xxh3::xxh3_64_with_seed(rel_path, 0x6772_616e_6172_7921)
+    path_hash(rel_path)
+}
+
+/// The groups part of `H_CREDS`: xxh3 of the supplementary group ids, sorted (in place) and
+/// deduplicated, as native-endian `u32`s. Agent and clients compute it the same way.
+pub fn groups_hash(groups: &mut [u32]) -> u64 {
+    groups.sort_unstable();
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut last = None;
+    for &g in groups.iter() {
+        if last != Some(g) {
+            h.update(&g.to_ne_bytes());
+            last = Some(g);
+        }
+    }
+    h.digest()
 }
 
 /// Hash-table key of a relative path.
@@ -292,14 +359,15 @@ pub fn path_hash(rel_path: &[u8]) -> u64 {
 
 /// Requests clients push onto the ring: kind in the top byte, entry index below.
 pub mod request {
-    /// A client opened an unplaced file on the source: place it.
+    /// A client opened an unplaced file on the source: place it. `arg`: the client's job slot,
+    /// which the placement is credited to.
     pub const OPEN_UNPLACED: u8 = 1;
     /// A client opened the file for writing: drop the copy, re-stat the source.
     pub const INVALIDATE: u8 = 2;
     /// A client found the cached copy damaged (wrong size or type): drop it, place it again.
     pub const DAMAGED: u8 = 3;
     /// A client closed a source fd of a small file it read: its pages are in the page cache now,
-    /// copy it from there.
+    /// copy it from there. `arg`: the client's job slot.
     pub const CLOSED: u8 = 4;
     /// A read of a PARTIAL file missed a chunk: fetch it (chunk index in `arg`).
     pub const CHUNK: u8 = 5;
@@ -356,9 +424,18 @@ pub mod job {
     pub const TIER_BYTES: usize = TIER_FILES + super::MAX_TIERS;
     /// Closes of transient copies whose pages the client dropped (page-cache residency).
     pub const TRANSIENT_DROPS: usize = TIER_BYTES + super::MAX_TIERS;
+    /// Processes that mapped the table with this job slot (each counts once, at start).
+    pub const PROCESSES: usize = TRANSIENT_DROPS + 1;
+    /// Processes that passed everything through because their credentials are not the agent's.
+    pub const CREDS_MISMATCH: usize = TRANSIENT_DROPS + 2;
+    /// Copies the agent completed at this job's request (written by the agent).
+    pub const FILES_PLACED: usize = TRANSIENT_DROPS + 3;
+    pub const BYTES_PLACED: usize = TRANSIENT_DROPS + 4;
     pub const WORDS: usize = TIER_BYTES + super::MAX_TIERS + 8;
 }
 pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 
 const _: () = assert!(ENTRY_LEN % 8 == 0);
+const _: () = assert!(job::BYTES_PLACED < job::WORDS);
+const _: () = assert!(H_TIER_DIR_IDS + 16 * MAX_TIERS <= PATHS_OFF);
 const _: () = assert!(HEADER_LEN % 4096 == 0);

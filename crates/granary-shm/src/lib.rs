@@ -13,8 +13,8 @@ pub mod table;
 
 pub use build::{build, BuildError, CatalogEntry, TableSpec};
 pub use layout::{
-    chunk_count, chunk_data_offset, chunks_name, job, object_id, object_name, part_name, request,
-    state, EntryRec, StatRec, Ts,
+    chunk_count, chunk_data_offset, chunks_name, groups_hash, job, object_id, object_name,
+    parse_object_name, part_name, request, state, EntryRec, StatRec, Ts,
 };
 pub use mapping::{MapError, Mapping};
 pub use resolve::{resolve, strip_root, Resolved};

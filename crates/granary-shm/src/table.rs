@@ -22,10 +22,9 @@ impl core::fmt::Display for TableError {
         match self {
             TableError::TooShort => write!(f, "table file is shorter than its header"),
             TableError::BadMagic => write!(f, "not a granary table (bad magic)"),
-            TableError::BadVersion(v) => write!(
-                f,
-                "table version {v}, this build reads {VERSION} and {VERSION_NO_TRANSIENT}"
-            ),
+            TableError::BadVersion(v) => {
+                write!(f, "table version {v}, this build reads version {VERSION}")
+            }
             TableError::BadLayout(what) => write!(f, "table layout is inconsistent: {what}"),
         }
     }
@@ -90,7 +89,7 @@ impl Table {
             return Err(TableError::BadMagic);
         }
         let version = u32_at(H_VERSION)?;
-        if version != VERSION && version != VERSION_NO_TRANSIENT {
+        if version != VERSION {
             return Err(TableError::BadVersion(version));
         }
         if u64_at(H_TOTAL_LEN)? as usize != region.len() {
@@ -167,18 +166,13 @@ impl Table {
         if u64_at(H_CHUNK_SIZE)? % 4096 != 0 {
             return Err(TableError::BadLayout("chunk size"));
         }
-        // Version 2 (a catalog saved by an earlier release) has no bitmap: every copy resident.
-        let transient_off = if version == VERSION_NO_TRANSIENT {
-            0
-        } else {
-            section(
-                &region,
-                u64_at(H_TRANSIENT_OFF)? as usize,
-                transient_words(n),
-                8,
-                "transient bitmap",
-            )?
-        };
+        let transient_off = section(
+            &region,
+            u64_at(H_TRANSIENT_OFF)? as usize,
+            transient_words(n),
+            8,
+            "transient bitmap",
+        )?;
         Ok(Table {
             region,
             entry_count,
@@ -280,8 +274,22 @@ impl Table {
         self.path_slot(SLOT_SOURCE_REAL).unwrap_or(b"")
     }
 
-    pub fn shadow_dir(&self) -> &[u8] {
-        self.path_slot(SLOT_SHADOW_DIR).unwrap_or(b"")
+    /// Tier `t`'s object directory as the agent created it: `(st_dev, st_ino)`.
+    pub fn tier_dir_id(&self, tier: u32) -> Option<(u64, u64)> {
+        if tier >= self.tier_count {
+            return None;
+        }
+        let off = H_TIER_DIR_IDS + 16 * tier as usize;
+        Some((self.region.u64_at(off)?, self.region.u64_at(off + 8)?))
+    }
+
+    /// The agent's credentials: `(uid, gid, hash of the sorted supplementary groups)`.
+    pub fn agent_creds(&self) -> (u32, u32, u64) {
+        (
+            self.region.u32_at(H_CREDS).unwrap_or(u32::MAX),
+            self.region.u32_at(H_CREDS + 4).unwrap_or(u32::MAX),
+            self.region.u64_at(H_CREDS + 8).unwrap_or(0),
+        )
     }
 
     /// Object directory of tier `t`.
@@ -347,6 +355,25 @@ impl Table {
         None
     }
 
+    /// Entry index of the catalogued path whose object id (`object_id`) is `object`: the path
+    /// hash is the hash-table key, so this is one probe sequence.
+    pub fn lookup_object(&self, object: u64) -> Option<u32> {
+        let mask = self.hash_slots - 1;
+        let mut slot = object as u32 & mask;
+        for _ in 0..self.hash_slots {
+            let v = self.region.u32_at(self.hash_off + slot as usize * 4)?;
+            if v == 0 {
+                return None;
+            }
+            let idx = v - 1;
+            if self.entry(idx)?.object == object {
+                return Some(idx);
+            }
+            slot = (slot + 1) & mask;
+        }
+        None
+    }
+
     fn state_block(&self, idx: u32, word: usize) -> Option<&AtomicU64> {
         if idx >= self.entry_count {
             return None;
@@ -381,6 +408,28 @@ impl Table {
     pub fn reset_progress(&self, idx: u32) {
         if let Some(c) = self.state_block(idx, STATE_PROGRESS) {
             c.store(0, Ordering::Release);
+        }
+    }
+
+    /// The identity the agent recorded for the entry's copy: `(inode, ctime ns)`; the ctime is
+    /// 0 while the copy is still being written (PLACING). Acquire, like `state`.
+    pub fn copy_identity(&self, idx: u32) -> (u64, u64) {
+        let load = |w| {
+            self.state_block(idx, w)
+                .map_or(0, |c| c.load(Ordering::Acquire))
+        };
+        (load(STATE_COPY_INO), load(STATE_COPY_CTIME))
+    }
+
+    /// Agent side: records the copy's inode (before the state word names its tier) and ctime
+    /// (before PLACED).
+    pub fn set_copy_identity(&self, idx: u32, ino: u64, ctime_ns: u64) {
+        if let (Some(i), Some(c)) = (
+            self.state_block(idx, STATE_COPY_INO),
+            self.state_block(idx, STATE_COPY_CTIME),
+        ) {
+            i.store(ino, Ordering::Release);
+            c.store(ctime_ns, Ordering::Release);
         }
     }
 

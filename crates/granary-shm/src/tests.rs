@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 
 use proptest::prelude::*;
 
-use crate::layout::{H_TRANSIENT_OFF, H_VERSION, VERSION_NO_TRANSIENT};
+use crate::layout::H_VERSION;
 use crate::*;
 
 fn map_image(img: &[u8]) -> (Mapping, Table, tempfile::NamedTempFile) {
@@ -62,8 +62,9 @@ impl Model {
         TableSpec {
             source: b"/pfs/data".to_vec(),
             source_real: b"/lustre/data".to_vec(),
-            shadow_dir: b"/dev/shm/granary-0/empty".to_vec(),
             tier_dirs: vec![b"/dev/shm/g/objects".to_vec(), b"/tmp/g/objects".to_vec()],
+            tier_dir_ids: vec![(7, 70), (8, 80)],
+            creds: (1000, 100, 0xfeed),
             ring_cap: 8,
             job_slots: 4,
             ..Default::default()
@@ -429,23 +430,58 @@ fn transient_bits_are_per_entry() {
 }
 
 #[test]
-fn a_version_2_table_reads_as_all_resident() {
+fn earlier_versions_are_rejected_cleanly() {
     let mut m = Model::new();
     m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 10), "");
     let mut img = build(&Model::spec(), &m.entries).unwrap();
-    img[H_VERSION..H_VERSION + 4].copy_from_slice(&VERSION_NO_TRANSIENT.to_ne_bytes());
-    img[H_TRANSIENT_OFF..H_TRANSIENT_OFF + 8].fill(0);
+    for old in [1u32, 2, 3] {
+        img[H_VERSION..H_VERSION + 4].copy_from_slice(&old.to_ne_bytes());
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut file, &img).unwrap();
+        let err = Mapping::map(file.as_file().as_raw_fd(), img.len()).err();
+        assert!(
+            matches!(&err, Some(e) if e.to_string().contains(&format!("version {old}"))),
+            "{err:?}"
+        );
+    }
+}
+
+#[test]
+fn identities_and_objects() {
+    let mut m = Model::new();
+    let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    for i in 0..200 {
+        m.add(
+            d,
+            &format!("f{i}"),
+            stat(libc::S_IFREG | 0o644, 10 + i, 5),
+            "",
+        );
+    }
+    m.entries[5].copy_ino = 4242;
+    m.entries[5].copy_ctime = 99;
+    let img = build(&Model::spec(), &m.entries).unwrap();
     let (_m, t, _f) = map_image(&img);
-    let f = t.lookup(b"f").unwrap();
-    assert!(!t.set_transient(f, true), "no bitmap to set");
-    assert!(!t.is_transient(f));
-    img[H_VERSION..H_VERSION + 4].copy_from_slice(&1u32.to_ne_bytes());
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    std::io::Write::write_all(&mut file, &img).unwrap();
-    assert!(matches!(
-        Mapping::map(file.as_file().as_raw_fd(), img.len()),
-        Err(e) if e.to_string().contains("version 1")
-    ));
+    assert_eq!(t.tier_dir_id(0), Some((7, 70)));
+    assert_eq!(t.tier_dir_id(1), Some((8, 80)));
+    assert_eq!(t.tier_dir_id(2), None);
+    assert_eq!(t.agent_creds(), (1000, 100, 0xfeed));
+    // Every copy's name leads back to its entry.
+    for i in 0..t.entry_count() {
+        let e = t.entry(i).unwrap();
+        let name = object_name(e.object);
+        assert_eq!(parse_object_name(&name), Some(e.object));
+        assert_eq!(t.lookup_object(e.object), Some(i));
+    }
+    assert_eq!(t.lookup_object(object_id(b"train/nope")), None);
+    assert_eq!(parse_object_name(b"0123456789abcdeg"), None);
+    assert_eq!(parse_object_name(b"0123"), None);
+    // Model entry 5 is `train/f3` (root, train, f0, f1, f2, f3).
+    let f3 = t.lookup(b"train/f3").unwrap();
+    assert_eq!(t.copy_identity(f3), (4242, 99));
+    t.set_copy_identity(f3, 7, 8);
+    assert_eq!(t.copy_identity(f3), (7, 8));
+    assert_eq!(t.copy_identity(t.lookup(b"train/f4").unwrap()), (0, 0));
 }
 
 #[test]

@@ -1,8 +1,16 @@
 //! The catalog beside the cache: saved as a table image (the `granary_shm::build` format, via a
 //! temporary file and rename) at `<first tier>/<source id>/catalog.table` after each walk and when
-//! the agent exits. The next walk reuses a copy only when the file's path, size and mtime (ns)
-//! match the saved entry, the copy was complete (PLACED, checksum recorded) and its object file
-//! exists with the right size; everything else in the object directories is deleted.
+//! the agent exits. The next walk reuses a copy only when
+//! - the source file is the same version: device, inode, type, size, mtime and ctime all match
+//!   the saved entry (`StatRec::same_version`; `cp -p` restores mtime, nothing restores ctime);
+//! - the copy was complete (PLACED, checksum recorded) and is the very file the agent wrote:
+//!   its inode, ctime and size are the ones recorded at placement (a copy written to, truncated
+//!   or replaced since has another ctime or inode);
+//! - the saved catalog was made with this agent's credentials (what it could read is what the
+//!   catalog lets a job read);
+//! - and, with `verify = "checksum"`, its contents hash to the recorded checksum.
+//!
+//! Everything else in the object directories is deleted.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -52,16 +60,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// A saved entry's identity and placement.
 #[derive(Clone, Copy, Debug)]
 pub struct Prev {
-    pub size: u64,
-    pub mtime_ns: i128,
+    pub stat: granary_shm::StatRec,
     pub state: u64,
     pub checksum: u64,
+    /// The copy's identity as recorded at placement: inode, ctime ns.
+    pub copy_ino: u64,
+    pub copy_ctime: u64,
 }
 
 pub struct Persisted {
     pub entries: HashMap<Vec<u8>, Prev>,
     /// Object directory of each tier index, as the saved table names them.
     pub tier_dirs: Vec<PathBuf>,
+    /// The credentials of the agent that saved it (`Table::agent_creds`).
+    pub creds: (u32, u32, u64),
 }
 
 /// The tier a saved entry's copy lives in, if that tier is still one of this source's tiers and
@@ -113,17 +125,23 @@ pub fn load_persisted(path: &Path) -> Option<Persisted> {
         let Some(rel) = table.rel_path(&e) else {
             continue;
         };
+        let (copy_ino, copy_ctime) = table.copy_identity(i);
         entries.insert(
             rel.to_vec(),
             Prev {
-                size: e.stat.size,
-                mtime_ns: e.stat.mtime_ns(),
+                stat: e.stat,
                 state: table.state(i),
                 checksum: table.checksum(i),
+                copy_ino,
+                copy_ctime,
             },
         );
     }
-    Some(Persisted { entries, tier_dirs })
+    Some(Persisted {
+        entries,
+        tier_dirs,
+        creds: table.agent_creds(),
+    })
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -181,6 +199,17 @@ pub fn reuse_chunked(
 ) -> ReuseOutcome {
     let mut out = ReuseOutcome::default();
     let mut keep: Vec<HashSet<Vec<u8>>> = vec![HashSet::new(); object_dirs.len()];
+    let creds = crate::sys::creds();
+    let prev = prev.filter(|p| {
+        let same = p.creds == creds;
+        if !same {
+            tracing::warn!(
+                "saved catalog made with other credentials (uid, gid, groups) than this agent's: \
+                 its copies are not reused"
+            );
+        }
+        same
+    });
     if let Some(prev) = prev {
         reuse_partial(
             entries,
@@ -193,15 +222,13 @@ pub fn reuse_chunked(
             &mut out,
         );
     }
-    // (entry index, tier, object name, recorded checksum)
-    let mut candidates: Vec<(usize, usize, [u8; 16], u64)> = Vec::new();
+    let mut candidates: Vec<Candidate> = Vec::new();
     if let Some(prev) = prev {
         for (i, e) in entries.iter().enumerate().filter(|(_, e)| e.stat.is_file()) {
             let Some(p) = prev.entries.get(&e.rel_path) else {
                 continue;
             };
-            if p.size != e.stat.size
-                || p.mtime_ns != e.stat.mtime_ns()
+            if !p.stat.same_version(&e.stat)
                 || state::state_of(p.state) != state::PLACED
                 || p.checksum == 0
             {
@@ -211,24 +238,27 @@ pub fn reuse_chunked(
                 continue;
             };
             let name = object_name(object_id(&e.rel_path));
-            match sys::stat_at(fd, &name) {
-                Ok((mode, size)) if mode & libc::S_IFMT == libc::S_IFREG && size == e.stat.size => {
-                }
+            match sys::copy_stat_at(fd, &name) {
+                Ok(c)
+                    if c.is_regular
+                        && c.size == e.stat.size
+                        && (c.ino, c.ctime_ns) == (p.copy_ino, p.copy_ctime) => {}
                 Ok(_) => {
-                    // Truncated, grown or not a file: it would be served wrong.
+                    // Written to, truncated, replaced or not a file since it was placed: it
+                    // would be served wrong.
                     out.rejected += 1;
                     continue;
                 }
                 Err(_) => continue,
             }
-            candidates.push((i, t, name, p.checksum));
+            candidates.push((i, t, name, p.checksum, (p.copy_ino, p.copy_ctime)));
         }
     }
     let verified: Vec<bool> = match verify {
         Verify::Size => vec![true; candidates.len()],
         Verify::Checksum => verify_all(&candidates, dir_fds, threads),
     };
-    for ((i, t, name, sum), ok) in candidates.into_iter().zip(verified) {
+    for ((i, t, name, sum, (copy_ino, copy_ctime)), ok) in candidates.into_iter().zip(verified) {
         let e = &mut entries[i];
         if !ok {
             tracing::warn!(
@@ -243,6 +273,8 @@ pub fn reuse_chunked(
         }
         e.state = state::word(state::PLACED, t as u8);
         e.checksum = sum;
+        e.copy_ino = copy_ino;
+        e.copy_ctime = copy_ctime;
         keep[t].insert(name.to_vec());
         out.files += 1;
         out.bytes += e.stat.size;
@@ -266,6 +298,10 @@ pub fn reuse_chunked(
     out
 }
 
+/// A copy that may be reused: (entry index, tier, object name, recorded checksum, recorded copy
+/// identity).
+type Candidate = (usize, usize, [u8; 16], u64, (u64, u64));
+
 /// The PARTIAL half of `reuse_chunked`.
 #[allow(clippy::too_many_arguments)]
 fn reuse_partial(
@@ -287,8 +323,7 @@ fn reuse_partial(
             continue;
         };
         // Only files that get a chunk bitmap in the new table (larger than one chunk).
-        if p.size != e.stat.size
-            || p.mtime_ns != e.stat.mtime_ns()
+        if !p.stat.same_version(&e.stat)
             || state::state_of(p.state) != state::PARTIAL
             || e.stat.size <= chunk_size
         {
@@ -298,12 +333,7 @@ fn reuse_partial(
             continue;
         };
         let name = granary_shm::chunks_name(object_id(&e.rel_path));
-        let geo = ChunkGeometry {
-            chunk_size,
-            size: e.stat.size,
-            mtime_sec: e.stat.mtime.sec,
-            mtime_nsec: e.stat.mtime.nsec,
-        };
+        let geo = ChunkGeometry::of(&e.stat, chunk_size);
         let Ok(Some(cf)) = ChunkFile::open_matching(fd, &name, geo) else {
             continue;
         };
@@ -334,6 +364,7 @@ fn reuse_partial(
         }
         e.state = state::word(state::PARTIAL, t as u8);
         e.chunks = words;
+        e.copy_ino = cf.ino();
         keep[t].insert(name.to_vec());
         out.files += 1;
         out.bytes += present_bytes(&geo, &e.chunks);
@@ -342,7 +373,7 @@ fn reuse_partial(
 
 /// Re-hashes each candidate's object with `threads` threads; true where it matches.
 fn verify_all(
-    candidates: &[(usize, usize, [u8; 16], u64)],
+    candidates: &[Candidate],
     dir_fds: &[Option<OwnedFd>],
     threads: usize,
 ) -> Vec<bool> {
@@ -354,7 +385,7 @@ fn verify_all(
                 let mut buf = vec![0u8; 1 << 20];
                 loop {
                     let k = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((_, t, name, sum)) = candidates.get(k) else {
+                    let Some((_, t, name, sum, _)) = candidates.get(k) else {
                         break;
                     };
                     let ok = dir_fds[*t]
@@ -409,6 +440,10 @@ pub fn snapshot(table: &granary_shm::Table) -> Vec<CatalogEntry> {
         } else {
             Vec::new()
         };
+        let (copy_ino, copy_ctime) = match st {
+            state::PLACED | state::PARTIAL => table.copy_identity(i),
+            _ => (0, 0),
+        };
         out.push(CatalogEntry {
             rel_path: table.rel_path(&e).unwrap_or_default().to_vec(),
             stat: e.stat,
@@ -421,6 +456,8 @@ pub fn snapshot(table: &granary_shm::Table) -> Vec<CatalogEntry> {
                 0
             },
             chunks: chunk_bitmap(table, i),
+            copy_ino,
+            copy_ctime,
         });
     }
     out

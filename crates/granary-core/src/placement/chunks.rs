@@ -2,7 +2,7 @@
 //! (`state::PARTIAL`), as fixed-size chunks of a sparse `<object>.chunks` file.
 //!
 //! Format (`granary_shm::layout`): a header — `CHUNK_MAGIC`, `CHUNK_VERSION`, chunk size, source
-//! size, source mtime (sec, nsec), chunk count, then one xxh3 per chunk (0 = absent) — padded to
+//! size, mtime, chunk count, ctime, device, inode, then one xxh3 per chunk (0 = absent) — padded to
 //! 4096 bytes; chunk `k` at `chunk_data_offset(size, chunk) + k × chunk`. Like mountpoint-s3's
 //! disk cache blocks, the header is versioned and names the source version it was cut from, and
 //! every chunk carries a checksum, so a chunk file left by an earlier run is reused only where
@@ -29,11 +29,25 @@ pub struct ChunkGeometry {
     pub chunk_size: u64,
     /// Source size in bytes.
     pub size: u64,
-    pub mtime_sec: i64,
-    pub mtime_nsec: u32,
+    /// The source version the chunks were cut from: mtime, ctime (sec, nsec), device, inode.
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+    pub dev: (u32, u32),
+    pub ino: u64,
 }
 
 impl ChunkGeometry {
+    /// The geometry of `stat`'s file cut in `chunk_size` chunks.
+    pub fn of(stat: &granary_shm::StatRec, chunk_size: u64) -> ChunkGeometry {
+        ChunkGeometry {
+            chunk_size,
+            size: stat.size,
+            mtime: (stat.mtime.sec, stat.mtime.nsec),
+            ctime: (stat.ctime.sec, stat.ctime.nsec),
+            dev: (stat.dev_major, stat.dev_minor),
+            ino: stat.ino,
+        }
+    }
     pub fn count(&self) -> u64 {
         chunk_count(self.size, self.chunk_size)
     }
@@ -51,9 +65,14 @@ impl ChunkGeometry {
         h[8..12].copy_from_slice(&CHUNK_VERSION.to_le_bytes());
         h[16..24].copy_from_slice(&self.chunk_size.to_le_bytes());
         h[24..32].copy_from_slice(&self.size.to_le_bytes());
-        h[32..40].copy_from_slice(&self.mtime_sec.to_le_bytes());
-        h[40..44].copy_from_slice(&self.mtime_nsec.to_le_bytes());
+        h[32..40].copy_from_slice(&self.mtime.0.to_le_bytes());
+        h[40..44].copy_from_slice(&self.mtime.1.to_le_bytes());
         h[48..56].copy_from_slice(&self.count().to_le_bytes());
+        h[56..64].copy_from_slice(&self.ctime.0.to_le_bytes());
+        h[64..68].copy_from_slice(&self.ctime.1.to_le_bytes());
+        h[68..72].copy_from_slice(&self.dev.0.to_le_bytes());
+        h[72..76].copy_from_slice(&self.dev.1.to_le_bytes());
+        h[80..88].copy_from_slice(&self.ino.to_le_bytes());
         h
     }
 }
@@ -129,6 +148,11 @@ impl ChunkFile {
 
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// The chunk file's inode: clients open it only if it is still this file.
+    pub fn ino(&self) -> u64 {
+        crate::sys::dev_ino(&self.file).map_or(0, |(_, ino)| ino)
     }
 
     /// The checksum recorded for chunk `k` (0: absent).

@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
@@ -56,6 +56,22 @@ pub(super) struct Claimed {
     pub entry: EntryRec,
     pub path: PathBuf,
     pub src: File,
+    /// The source's data extents (`sys::data_extents`): copies keep its holes.
+    pub extents: Vec<(u64, u64)>,
+}
+
+impl Claimed {
+    /// True if the source has holes the copy must keep.
+    pub fn sparse(&self) -> bool {
+        self.extents.as_slice() != [(0, self.entry.stat.size)]
+    }
+}
+
+/// A finished copy under its temporary name, as `place_on_tiers`' writer returns it.
+pub(super) struct Written {
+    pub name: Vec<u8>,
+    pub sum: u64,
+    pub file: File,
 }
 
 /// Moves `idx` QUEUED → PLACING. Touches nothing on the source: the caller reserves room
@@ -86,13 +102,15 @@ pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Begun, PlaceOutcome> {
     Ok(Begun { idx, entry, path })
 }
 
-/// Opens the source of an entry the caller owns, read-only, never through a symlink.
+/// Opens the source of an entry the caller owns, read-only, never through a symlink and never
+/// blocking (a FIFO put in its place opens at once and then fails `matches_catalog`).
 pub(super) fn open_source(ctx: &SourceCtx, path: &std::path::Path) -> std::io::Result<File> {
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)?;
     AgentCounters::add(&ctx.counters.source_opens, 1);
+    sys::set_nonblock(&f, false)?;
     Ok(f)
 }
 
@@ -109,11 +127,13 @@ pub(super) fn claim(ctx: &SourceCtx, b: Begun) -> Result<Claimed, PlaceOutcome> 
         tracing::debug!("placement: {} changed since the walk", b.path.display());
         return Err(stale(ctx, b.idx));
     }
+    let extents = sys::data_extents(&src, b.entry.stat.size);
     Ok(Claimed {
         idx: b.idx,
         entry: b.entry,
         path: b.path,
         src,
+        extents,
     })
 }
 
@@ -124,7 +144,7 @@ pub(super) fn reserve_on<'a>(
     size: u64,
 ) -> Option<Reservation<'a>> {
     tiers_order.iter().find_map(|&t| {
-        matches!(ctx.object_dirs.get(t), Some(Some(_)))
+        (matches!(ctx.object_dirs.get(t), Some(Some(_))) && !super::tier_lost(ctx, t))
             .then(|| ctx.tiers.reserve(t, size))
             .flatten()
     })
@@ -181,7 +201,7 @@ pub(super) fn place_on_tiers(
     cl: &mut Claimed,
     order: &[usize],
     first: Reservation<'_>,
-    write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<(Vec<u8>, u64), CopyError>,
+    write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<Written, CopyError>,
 ) -> PlaceOutcome {
     let size = cl.entry.stat.size;
     let resident = ctx.residency.admit(size);
@@ -198,7 +218,7 @@ fn write_and_publish(
     cl: &mut Claimed,
     order: &[usize],
     first: Reservation<'_>,
-    mut write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<(Vec<u8>, u64), CopyError>,
+    mut write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<Written, CopyError>,
 ) -> PlaceOutcome {
     let t = &ctx.table;
     let tiers = &*ctx.tiers;
@@ -212,7 +232,11 @@ fn write_and_publish(
         let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
             break;
         };
-        let (tmp, sum) = match write(cl, tier, dir) {
+        let Written {
+            name: tmp,
+            sum,
+            file,
+        } = match write(cl, tier, dir) {
             Ok(x) => x,
             Err(CopyError::Changed) => return stale(ctx, idx),
             Err(CopyError::Lost) => return PlaceOutcome::Skipped,
@@ -235,11 +259,18 @@ fn write_and_publish(
         // Read by clients only once the word says PLACED, which `finish` stores last.
         t.set_checksum(idx, sum);
         let cell = EntryState { table: t, idx };
+        // Clients check what they open against the identity recorded here, after the rename
+        // (which changes the ctime) and before PLACED.
         let out = states::finish(
             &cell,
             tiers,
             res,
-            || sys::rename_at(dir, &tmp, &name),
+            || {
+                sys::rename_at(dir, &tmp, &name)?;
+                let (ino, ctime) = sys::copy_identity(&file)?;
+                t.set_copy_identity(idx, ino, ctime);
+                Ok(())
+            },
             || sys::unlink_at(dir, &name).is_ok(),
         );
         match out {
@@ -292,34 +323,41 @@ pub(super) fn tier_failed(ctx: &SourceCtx, tier: usize, err: &std::io::Error) {
     }
 }
 
+/// True if the open source file is still the version the catalog describes: device, inode,
+/// type, size, mtime and ctime (`StatRec::same_version`).
 pub(super) fn matches_catalog(f: &File, e: &EntryRec) -> bool {
-    f.metadata().is_ok_and(|m| {
-        m.is_file()
-            && m.len() == e.stat.size
-            && m.mtime() == e.stat.mtime.sec
-            && m.mtime_nsec() == e.stat.mtime.nsec as i64
-    })
+    sys::statx_fd(f).is_ok_and(|now| now.same_version(&e.stat))
 }
 
-/// `sync_file_range` flags that start write-back of a range and wait until it is on the device.
-pub(super) const SETTLE: libc::c_uint = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-    | libc::SYNC_FILE_RANGE_WRITE
-    | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-
-/// `write(2)` all of `buf`, retrying on EINTR; a short write of 0 is reported as ENOSPC.
-pub(super) fn write_all(out: &mut File, buf: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut rest = buf;
-    while !rest.is_empty() {
-        match out.write(rest) {
+/// `pwrite(2)` all of `buf` at `off`, retrying on EINTR; a short write of 0 is ENOSPC.
+pub(super) fn write_all_at(out: &File, buf: &[u8], off: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match out.write_at(&buf[done..], off + done as u64) {
             Ok(0) => return Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
-            Ok(n) => rest = &rest[n..],
+            Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
     Ok(())
 }
+
+/// Feeds `len` zero bytes (a hole of the source) to the copy's checksum.
+pub(super) fn hash_zeros(h: &mut xxhash_rust::xxh3::Xxh3, mut len: u64) {
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    while len > 0 {
+        let n = len.min(ZEROS.len() as u64) as usize;
+        h.update(&ZEROS[..n]);
+        len -= n as u64;
+    }
+}
+
+/// `sync_file_range` flags that start write-back of a range and wait until it is on the device.
+pub(super) const SETTLE: libc::c_uint = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+    | libc::SYNC_FILE_RANGE_WRITE
+    | libc::SYNC_FILE_RANGE_WAIT_AFTER;
 
 /// Where tier `t`'s objects of a source live: `<tier path>/<source id>/objects`.
 pub fn object_dir(tier_path: &std::path::Path, source_id: &str) -> PathBuf {

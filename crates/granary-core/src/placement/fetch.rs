@@ -15,8 +15,8 @@ use std::os::fd::OwnedFd;
 use granary_shm::{part_name, state};
 
 use super::copy::{
-    align_up, aligned, begin, claim, place_on_tiers, reserve_on, still_ours, write_all, Claimed,
-    CopyError, SourceReader, DIRECT_ALIGN, SETTLE,
+    align_up, aligned, begin, claim, hash_zeros, place_on_tiers, reserve_on, still_ours,
+    write_all_at, Claimed, CopyError, SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
 use super::pool::Shared;
 use super::{PlaceOutcome, SourceCtx};
@@ -64,7 +64,7 @@ fn copy_part(
     dir: &OwnedFd,
     buf: &mut Vec<u8>,
     block: usize,
-) -> Result<(Vec<u8>, u64), CopyError> {
+) -> Result<Written, CopyError> {
     let buf = aligned(buf, block);
     let t = &ctx.table;
     let idx = cl.idx;
@@ -72,9 +72,18 @@ fn copy_part(
     // A part left by a killed agent (or an earlier attempt) is never continued: its bytes were
     // never published as complete and may be torn.
     let _ = sys::unlink_at(dir, &name);
-    let mut out = sys::create_excl_at(dir, &name, 0o600).map_err(CopyError::Tier)?;
+    let out = sys::create_excl_at(dir, &name, 0o600).map_err(CopyError::Tier)?;
     // From here on, a failure unlinks the part before the next tier is announced.
     let res = (|| {
+        let size = cl.entry.stat.size;
+        if cl.sparse() {
+            // Holes stay holes: the part has the file's length, and only data is written.
+            out.set_len(size).map_err(CopyError::Tier)?;
+        }
+        // Clients check the part they open against this inode; recorded before the state
+        // names the tier, with no ctime yet (the part changes until it is complete).
+        let (ino, _) = sys::copy_identity(&out).map_err(CopyError::Tier)?;
+        t.set_copy_identity(idx, ino, 0);
         t.reset_progress(idx);
         let prev = t.state(idx);
         if state::state_of(prev) != state::PLACING
@@ -83,55 +92,71 @@ fn copy_part(
             return Err(CopyError::Lost);
         }
         let memory = sys::is_memory_fs(&out);
-        let size = cl.entry.stat.size;
         let c = &ctx.counters;
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         let mut off = 0u64;
         let mut last: Option<(u64, u64)> = None;
-        // A direct read asks for whole blocks, and the last one for at least one byte past
-        // `size`: what comes back beyond `size` means the file grew (the probe, for free).
+        // A direct read asks for whole blocks, and the one ending the file for at least one
+        // byte past `size`: what comes back beyond `size` means the file grew (the probe, for
+        // free).
         let mut probed = false;
-        while off < size {
-            let left = size - off;
-            let want = if reader.is_direct() {
-                (align_up(left + 1) as usize).min(buf.len())
-            } else {
-                buf.len().min(left as usize)
-            };
-            let n = match reader.read_at(&cl.src, &mut buf[..want], off) {
-                Ok(0) => return Err(CopyError::Changed),
-                Ok(n) => n,
-                Err(e) => return Err(CopyError::Source(e)),
-            };
-            if n as u64 > left {
-                return Err(CopyError::Changed);
+        for &(start, end) in &cl.extents.clone() {
+            if off < start {
+                // A hole: zeros in the part already (its length is the file's).
+                hash_zeros(&mut hasher, start - off);
+                off = start;
+                t.set_progress(idx, off);
             }
-            probed = want as u64 > left && n as u64 == left;
-            AgentCounters::add(&c.source_reads, 1);
-            AgentCounters::add(&c.source_bytes, n as u64);
-            hasher.update(&buf[..n]);
-            write_all(&mut out, &buf[..n]).map_err(CopyError::Tier)?;
-            // Written bytes are visible to every process that opens the part: publish them.
-            t.set_progress(idx, off + n as u64);
-            if !memory {
-                // Start write-back of this block now, and wait for the previous one and drop
-                // its pages: dirty pages never pile up (Monarch's figure-19 stall), and the
-                // tier's copy does not double the page cache.
-                sys::sync_range(&out, off, n as u64, libc::SYNC_FILE_RANGE_WRITE);
-                if let Some((po, pn)) = last {
-                    settle(ctx, idx, &out, po, pn);
+            while off < end {
+                let left = end - off;
+                let want = if reader.is_direct() && end == size {
+                    (align_up(left + 1) as usize).min(buf.len())
+                } else if reader.is_direct() {
+                    (align_up(left) as usize).min(buf.len())
+                } else {
+                    buf.len().min(left as usize)
+                };
+                let n = match reader.read_at(&cl.src, &mut buf[..want], off) {
+                    Ok(0) => return Err(CopyError::Changed),
+                    Ok(n) => n,
+                    Err(e) => return Err(CopyError::Source(e)),
+                };
+                if end == size && n as u64 > left {
+                    return Err(CopyError::Changed);
+                }
+                let n = n.min(left as usize);
+                probed = end == size && want as u64 > left && n as u64 == left;
+                AgentCounters::add(&c.source_reads, 1);
+                AgentCounters::add(&c.source_bytes, n as u64);
+                hasher.update(&buf[..n]);
+                write_all_at(&out, &buf[..n], off).map_err(CopyError::Tier)?;
+                // Written bytes are visible to every process that opens the part: publish them.
+                t.set_progress(idx, off + n as u64);
+                if !memory {
+                    // Start write-back of this block now, and wait for the previous one and drop
+                    // its pages: dirty pages never pile up (Monarch's figure-19 stall), and the
+                    // tier's copy does not double the page cache.
+                    sys::sync_range(&out, off, n as u64, libc::SYNC_FILE_RANGE_WRITE);
+                    if let Some((po, pn)) = last {
+                        settle(ctx, idx, &out, po, pn);
+                    }
+                }
+                last = Some((off, n as u64));
+                off += n as u64;
+                if !still_ours(ctx, idx) {
+                    return Err(CopyError::Lost);
                 }
             }
-            last = Some((off, n as u64));
-            off += n as u64;
-            if !still_ours(ctx, idx) {
-                return Err(CopyError::Lost);
-            }
+        }
+        if off < size {
+            hash_zeros(&mut hasher, size - off);
+            t.set_progress(idx, size);
         }
         // The file may have grown since the walk: a byte past `size` means it changed. Direct:
         // a block read at `size` (aligned here: the reads were whole blocks), which costs no
         // device read at EOF; buffered: one byte (readahead never goes past EOF).
         if !probed {
+            // (A direct reader falls back to buffered reads for an unaligned `size`.)
             let probe = if reader.is_direct() {
                 &mut buf[..DIRECT_ALIGN]
             } else {
@@ -149,7 +174,11 @@ fn copy_part(
         Ok(hasher.digest().max(1))
     })();
     match res {
-        Ok(sum) => Ok((name.to_vec(), sum)),
+        Ok(sum) => Ok(Written {
+            name: name.to_vec(),
+            sum,
+            file: out,
+        }),
         Err(e) => {
             let _ = sys::unlink_at(dir, &name);
             Err(e)

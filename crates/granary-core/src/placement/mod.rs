@@ -78,6 +78,8 @@ impl Params {
 }
 
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -115,6 +117,38 @@ pub struct SourceCtx {
     pub program: ProgramReads,
     /// Which copies keep their pages in the page cache (shared by every source of the agent).
     pub residency: Arc<residency::Residency>,
+    /// Tiers whose object directory is no longer where the table says (removed or renamed
+    /// while the agent ran), one bit each: nothing is placed there any more.
+    pub lost: std::sync::atomic::AtomicU8,
+}
+
+/// True if tier `tier`'s object directory is gone from its path (removed, renamed, replaced):
+/// clients open copies by that path, so a copy placed in the orphan could never be served.
+/// Noticed once (a warning), then remembered in `ctx.lost`.
+pub fn tier_lost(ctx: &SourceCtx, tier: usize) -> bool {
+    let bit = 1u8 << (tier as u32 & 7);
+    if ctx.lost.load(Ordering::Acquire) & bit != 0 {
+        return true;
+    }
+    let recorded = ctx.table.tier_dir_id(tier as u32);
+    let path = ctx
+        .table
+        .tier_dir(tier as u32)
+        .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)));
+    let here = path
+        .as_ref()
+        .and_then(|p| std::fs::symlink_metadata(p).ok())
+        .map(|m| (m.dev(), m.ino()));
+    let lost = here.is_none() || here != recorded;
+    if lost && ctx.lost.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+        tracing::warn!(
+            "tier {tier} ({}) was removed or renamed while in use: no more copies there",
+            path.as_deref()
+                .unwrap_or(std::path::Path::new("?"))
+                .display()
+        );
+    }
+    lost
 }
 
 /// The program's source reads (`job::SOURCE_READS` summed over the table's job slots) as last

@@ -49,12 +49,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The chunk geometry of an entry in this table.
 fn geometry(ctx: &SourceCtx, e: &EntryRec) -> ChunkGeometry {
-    ChunkGeometry {
-        chunk_size: ctx.table.chunk_size(),
-        size: e.stat.size,
-        mtime_sec: e.stat.mtime.sec,
-        mtime_nsec: e.stat.mtime.nsec,
-    }
+    ChunkGeometry::of(&e.stat, ctx.table.chunk_size())
 }
 
 /// Bytes charged on `tier` for the chunks whose bits are set.
@@ -138,6 +133,8 @@ pub(super) fn no_room_for_whole(
             return source_only(ctx, idx);
         }
     };
+    // Clients open the chunk file only if it is this inode.
+    t.set_copy_identity(idx, cf.ino(), 0);
     // The slot exists before the word says PARTIAL, so the first CHUNK request finds it.
     lock(&ctx.partials.map).insert(
         idx,
@@ -195,6 +192,7 @@ pub fn request_chunk(ctx: &Arc<SourceCtx>, idx: u32, k: u64, pool: &Pool) {
             first: k as u32,
             requested: true,
         },
+        slot: 0,
     });
 }
 

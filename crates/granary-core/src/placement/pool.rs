@@ -28,6 +28,8 @@ pub struct Job {
     pub ctx: Arc<SourceCtx>,
     pub entry: u32,
     pub kind: Kind,
+    /// The job slot of the client whose request this is (0: nobody's), credited with the copy.
+    pub slot: u32,
 }
 
 /// A counting semaphore: at most `max` source streams at once, node-wide. A placement holds one
@@ -277,6 +279,13 @@ fn worker(sh: &Shared) {
             ),
         };
         tracing::trace!("placement of entry {} ({:?}): {out:?}", job.entry, job.kind);
+        if let super::PlaceOutcome::Placed { bytes, .. } = out {
+            if job.slot != 0 {
+                let t = &job.ctx.table;
+                t.count(job.slot, granary_shm::job::FILES_PLACED, 1);
+                t.count(job.slot, granary_shm::job::BYTES_PLACED, bytes);
+            }
+        }
         job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
     }
 }

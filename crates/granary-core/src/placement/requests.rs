@@ -30,6 +30,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
                     ctx: ctx.clone(),
                     entry: idx,
                     kind,
+                    slot: arg,
                 };
                 if pool.params().is_large(e.stat.size) {
                     // The agent is the one reader of a large file: start now, the program's
@@ -57,6 +58,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
                     ctx: ctx.clone(),
                     entry: idx,
                     kind: Kind::Small { closed: true },
+                    slot: arg,
                 });
             }
         }
@@ -89,9 +91,13 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
             let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
                 return;
             };
-            let ok = matches!(sys::stat_at(dir, &name),
-                Ok((mode, size)) if mode & libc::S_IFMT == libc::S_IFREG && size == e.stat.size);
-            if ok {
+            let recorded = t.copy_identity(idx);
+            let intact = matches!(sys::copy_stat_at(dir, &name),
+                Ok(c) if c.is_regular && c.size == e.stat.size
+                    && (c.ino, c.ctime_ns) == recorded);
+            if intact && !super::tier_lost(ctx, tier) {
+                // The copy is the one we wrote, where we wrote it: the client's trouble was its
+                // own (a closed directory fd, a signal). Nothing to do.
                 return;
             }
             // Withdraw it first so no new client opens it, then delete and give the space back.

@@ -9,7 +9,8 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::copy::{
-    begin, claim, place_on_tiers, reserve_on, write_all, Claimed, CopyError, SETTLE,
+    begin, claim, hash_zeros, place_on_tiers, reserve_on, write_all_at, Claimed, CopyError,
+    Written, SETTLE,
 };
 use super::pool::{Held, Shared};
 use super::{PlaceOutcome, SourceCtx};
@@ -63,7 +64,7 @@ fn copy_tmp<'s>(
     buf: &mut [u8],
     sh: &'s Shared,
     stream: &mut Option<Held<'s>>,
-) -> Result<(Vec<u8>, u64), CopyError> {
+) -> Result<Written, CopyError> {
     let tmp = format!(
         ".tmp-{:016x}-{}-{}",
         cl.entry.object,
@@ -71,57 +72,69 @@ fn copy_tmp<'s>(
         TMP_SEQ.fetch_add(1, Ordering::Relaxed)
     )
     .into_bytes();
-    let mut out = sys::create_excl_at(dir, &tmp, 0o600).map_err(CopyError::Tier)?;
+    let out = sys::create_excl_at(dir, &tmp, 0o600).map_err(CopyError::Tier)?;
     let res = (|| {
         let size = cl.entry.stat.size;
+        if cl.sparse() {
+            // Holes stay holes: the copy has the file's length, and only data is written.
+            out.set_len(size).map_err(CopyError::Tier)?;
+        }
         let c = &ctx.counters;
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         let mut off = 0u64;
         let mut nowait = true;
-        while off < size {
-            let want = buf.len().min((size - off) as usize);
-            let cached = if nowait {
-                match pread_cached(&cl.src, &mut buf[..want], off) {
-                    Ok(n) => n,
-                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => 0,
-                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                        // The file system cannot tell what is cached: read normally (and count
-                        // it as a duplicate, the conservative answer).
-                        nowait = false;
-                        0
+        for &(start, end) in &cl.extents.clone() {
+            if off < start {
+                hash_zeros(&mut hasher, start - off);
+                off = start;
+            }
+            while off < end {
+                let want = buf.len().min((end - off) as usize);
+                let cached = if nowait {
+                    match pread_cached(&cl.src, &mut buf[..want], off) {
+                        Ok(n) => n,
+                        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => 0,
+                        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                            // The file system cannot tell what is cached: read normally (and count
+                            // it as a duplicate, the conservative answer).
+                            nowait = false;
+                            0
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(CopyError::Source(e)),
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(CopyError::Source(e)),
-                }
-            } else {
-                0
-            };
-            let n = if cached > 0 {
-                AgentCounters::add(&c.page_cache_bytes, cached as u64);
-                cached
-            } else {
-                // Not cached: the program's pages were evicted (or never cached). One stream,
-                // taken once per file, as for any source read; nobody waits for this copy, so
-                // it backs off while the program reads the source itself.
-                if stream.is_none() {
-                    *stream = Some(sh.stream_for(ctx, false));
-                }
-                let want = want.min(if nowait { UNCACHED_READ } else { want });
-                let n = match std::os::unix::fs::FileExt::read_at(&cl.src, &mut buf[..want], off) {
-                    Ok(0) => return Err(CopyError::Changed),
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(CopyError::Source(e)),
+                } else {
+                    0
                 };
-                AgentCounters::add(&c.source_reads, 1);
-                AgentCounters::add(&c.source_bytes, n as u64);
-                AgentCounters::add(&c.duplicate_bytes, n as u64);
-                n
-            };
-            hasher.update(&buf[..n]);
-            write_all(&mut out, &buf[..n]).map_err(CopyError::Tier)?;
-            off += n as u64;
+                let n = if cached > 0 {
+                    AgentCounters::add(&c.page_cache_bytes, cached as u64);
+                    cached
+                } else {
+                    // Not cached: the program's pages were evicted (or never cached). One stream,
+                    // taken once per file, as for any source read; nobody waits for this copy, so
+                    // it backs off while the program reads the source itself.
+                    if stream.is_none() {
+                        *stream = Some(sh.stream_for(ctx, false));
+                    }
+                    let want = want.min(if nowait { UNCACHED_READ } else { want });
+                    let n =
+                        match std::os::unix::fs::FileExt::read_at(&cl.src, &mut buf[..want], off) {
+                            Ok(0) => return Err(CopyError::Changed),
+                            Ok(n) => n,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            Err(e) => return Err(CopyError::Source(e)),
+                        };
+                    AgentCounters::add(&c.source_reads, 1);
+                    AgentCounters::add(&c.source_bytes, n as u64);
+                    AgentCounters::add(&c.duplicate_bytes, n as u64);
+                    n
+                };
+                hasher.update(&buf[..n]);
+                write_all_at(&out, &buf[..n], off).map_err(CopyError::Tier)?;
+                off += n as u64;
+            }
         }
+        hash_zeros(&mut hasher, size - off);
         let mut probe = [0u8; 1];
         if matches!(std::os::unix::fs::FileExt::read_at(&cl.src, &mut probe, size), Ok(n) if n > 0)
         {
@@ -139,7 +152,11 @@ fn copy_tmp<'s>(
         Ok(hasher.digest().max(1))
     })();
     match res {
-        Ok(sum) => Ok((tmp, sum)),
+        Ok(sum) => Ok(Written {
+            name: tmp,
+            sum,
+            file: out,
+        }),
         Err(e) => {
             let _ = sys::unlink_at(dir, &tmp);
             Err(e)

@@ -1,21 +1,21 @@
-//! Listings of catalogued directories from the catalog: `opendir` hands back a real `DIR*` on
-//! the shadow directory, and `readdir` on a stream whose fd we track walks the entry's children.
-//! Streams on any other fd are libc's.
+//! Listings of catalogued directories from the catalog: `opendir` opens the real directory (so
+//! the fd is the directory for every other call: `*at`, `fchdir`, `fstat`, `fsync`, `flock`),
+//! tracks its fd, and `readdir` on a stream whose fd we track walks the entry's children
+//! instead of reading the source. Streams on any other fd are libc's.
 
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_long};
 use core::sync::atomic::Ordering;
 
-use granary_shm::job;
+use granary_shm::{job, state};
 
 use super::{find, locate};
+use crate::config;
 use crate::detour::{self, real, KeepErrno};
 use crate::fdtable::{self, Kind, MAX_DIR_FDS};
-use crate::path::Bufs;
-use crate::{config, perm};
+use crate::path::Buf;
 
 type OpendirFn = unsafe extern "C" fn(*const c_char) -> *mut libc::DIR;
-type FdopendirFn = unsafe extern "C" fn(c_int) -> *mut libc::DIR;
 type ReaddirFn = unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64;
 type ClosedirFn = unsafe extern "C" fn(*mut libc::DIR) -> c_int;
 type RewinddirFn = unsafe extern "C" fn(*mut libc::DIR);
@@ -53,31 +53,27 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
     let Some(g) = detour::enter() else {
         return pass();
     };
-    let mut bufs = Bufs::new();
-    let loc = locate(&g, libc::AT_FDCWD, path, &mut bufs);
-    if loc.rel.is_none() {
-        let d = pass();
-        fdtable::clear(stream_fd(d));
-        return d;
-    }
-    if let Some(f) = find(&g, &loc, true) {
-        if f.entry.stat.is_dir() && perm::certain(&f.entry.stat, perm::R) {
-            if let Some(fd) = super::open::shadow_fd(&g, f.idx, libc::O_CLOEXEC) {
-                let d =
-                    real!(FDOPENDIR as FdopendirFn, c"fdopendir", (fd) or core::ptr::null_mut());
-                if !d.is_null() {
-                    g.count(job::CATALOG_META, 1);
-                    return d;
-                }
-                let _keep = KeepErrno::new();
-                fdtable::clear(fd);
-                detour::raw_close(fd);
+    let mut buf = Buf::new();
+    let loc = locate(&g, libc::AT_FDCWD, path, &mut buf);
+    let found = loc.rel.and_then(|_| find(&g, &loc, true));
+    let d = pass();
+    let fd = stream_fd(d);
+    match found {
+        Some(f) if f.entry.stat.is_dir() && fd >= 0 => {
+            let _keep = KeepErrno::new();
+            if super::open::track_dir(fd, f.idx, libc::O_CLOEXEC) {
+                g.count(job::CATALOG_META, 1);
+            } else {
+                fdtable::take(fd);
             }
         }
+        _ => {
+            if loc.rel.is_some() {
+                super::source_meta(&g, b"opendir", &loc);
+            }
+            fdtable::take(fd);
+        }
     }
-    super::source_meta(&g, b"opendir", &loc);
-    let d = pass();
-    fdtable::clear(stream_fd(d));
     d
 }
 
@@ -134,16 +130,19 @@ fn readdir_impl(
     if t.kind != Kind::Dir {
         return pass();
     }
-    let Some(_g) = detour::enter() else {
+    let Some(g) = detour::enter() else {
         return pass();
     };
-    // At the start of a listing, make sure the fd is still our shadow directory.
+    // At the start of a listing, the catalog answers only for a directory the program has not
+    // changed (once a listing started, it goes on from the catalog: POSIX leaves names added
+    // or removed since opendir unspecified).
     if fdtable::dir_pos(fd).is_some_and(|p| p.load(Ordering::Relaxed) == 0) {
-        let _keep = KeepErrno::new();
-        let mut st = detour::empty_stat();
-        if detour::raw_fstat(fd, &mut st) != 0 || !config::is_shadow(&st) {
-            fdtable::clear(fd);
-            drop(_keep);
+        let live = g.table.entry(t.entry).is_some_and(|e| {
+            !state::is_void(state::state_of(g.table.state(t.entry)))
+                && super::ancestors_live(g.table, &e)
+        });
+        if !live {
+            fdtable::take(fd);
             return pass();
         }
     }
@@ -174,8 +173,11 @@ const _: () =
 
 #[no_mangle]
 pub unsafe extern "C" fn closedir(dirp: *mut libc::DIR) -> c_int {
-    fdtable::clear(stream_fd(dirp));
-    real!(CLOSEDIR as ClosedirFn, c"closedir", (dirp) or -1)
+    // closedir closes its fd inside libc, where we cannot see it.
+    let t = crate::release::before(stream_fd(dirp));
+    let r = real!(CLOSEDIR as ClosedirFn, c"closedir", (dirp) or -1);
+    crate::release::after(t);
+    r
 }
 
 fn tracked_dir(dirp: *mut libc::DIR) -> Option<c_int> {

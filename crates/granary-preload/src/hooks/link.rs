@@ -7,8 +7,8 @@ use granary_shm::{job, resolve, state, Resolved};
 
 use super::{find, locate};
 use crate::detour::{self, real, sys};
-use crate::path::{self, Bufs, BUF};
-use crate::perm;
+use crate::path::{self, Buf};
+use crate::usermem;
 
 type ReadlinkFn = unsafe extern "C" fn(*const c_char, *mut c_char, usize) -> isize;
 type ReadlinkatFn = unsafe extern "C" fn(c_int, *const c_char, *mut c_char, usize) -> isize;
@@ -25,27 +25,25 @@ fn readlink_impl(
     let Some(g) = detour::enter() else {
         return pass(dirfd, path);
     };
-    let mut bufs = Bufs::new();
-    let loc = locate(&g, dirfd, path, &mut bufs);
-    let (d, p) = loc.pass_args(dirfd, path);
+    let mut pbuf = Buf::new();
+    let loc = locate(&g, dirfd, path, &mut pbuf);
     if loc.rel.is_none() {
-        return pass(d, p);
+        return pass(dirfd, path);
     }
     if size > 0 && !buf.is_null() {
         if let Some(f) = find(&g, &loc, false) {
             if let Some(target) = g.table.link_target(&f.entry) {
                 // Truncated like the kernel's: no NUL, at most `size` bytes.
                 let n = target.len().min(size);
-                // SAFETY: the caller provides `size` writable bytes at `buf`; n <= size.
-                let dst = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), n) };
-                dst.copy_from_slice(target.get(..n).unwrap_or(b""));
-                g.count(job::CATALOG_META, 1);
-                return n as isize;
+                if usermem::write(buf.cast(), target.get(..n).unwrap_or(b"")) {
+                    g.count(job::CATALOG_META, 1);
+                    return n as isize;
+                }
             }
         }
     }
     super::source_meta(&g, b"readlink", &loc);
-    pass(d, p)
+    pass(dirfd, path)
 }
 
 #[no_mangle]
@@ -79,8 +77,8 @@ pub unsafe extern "C" fn readlinkat(
 /// real root, since realpath resolves symlinks above the source too.
 fn realpath_answer(path: *const c_char, resolved: *mut c_char) -> Option<*mut c_char> {
     let g = detour::enter()?;
-    let mut bufs = Bufs::new();
-    let loc = locate(&g, libc::AT_FDCWD, path, &mut bufs);
+    let mut pbuf = Buf::new();
+    let loc = locate(&g, libc::AT_FDCWD, path, &mut pbuf);
     let rel = loc.rel?;
     if loc.root_link {
         return None;
@@ -92,21 +90,23 @@ fn realpath_answer(path: *const c_char, resolved: *mut c_char) -> Option<*mut c_
     let e = g.table.entry(idx)?;
     let fine = !e.stat.is_symlink()
         && (!loc.must_dir || e.stat.is_dir())
-        && state::state_of(g.table.state(idx)) != state::STALE
-        && perm::ancestors_searchable(g.table, idx);
+        && !state::is_void(state::state_of(g.table.state(idx)))
+        && super::ancestors_live(g.table, &e);
     if !fine {
         super::source_meta(&g, b"realpath", &loc);
         return None;
     }
-    let mut out = [0u8; BUF];
-    let len = path::real_path_of(g.table, rel, &mut out)?.len();
-    // SAFETY: realpath's contract: `resolved` has room for PATH_MAX bytes; len + 1 <= BUF = PATH_MAX + 1
-    // only when len < PATH_MAX, checked here.
-    if len >= libc::PATH_MAX as usize {
+    let mut out = Buf::new();
+    let p = path::real_path_of(g.table, rel, &mut out)?;
+    // realpath's contract: `resolved` has room for PATH_MAX bytes, NUL included.
+    if p.len() >= libc::PATH_MAX as usize {
         return None;
     }
-    let dst = unsafe { core::slice::from_raw_parts_mut(resolved.cast::<u8>(), len + 1) };
-    dst.copy_from_slice(out.get(..len + 1)?);
+    // SAFETY: `real_path_of` wrote a NUL right after the `p.len()` bytes it returned.
+    let with_nul = unsafe { core::slice::from_raw_parts(p.as_ptr(), p.len() + 1) };
+    if !usermem::write(resolved.cast(), with_nul) {
+        return None;
+    }
     g.count(job::CATALOG_META, 1);
     Some(resolved)
 }

@@ -10,6 +10,8 @@
 pub mod dir;
 pub mod fd;
 pub mod link;
+pub mod lock;
+pub mod mutate;
 pub mod open;
 pub mod read;
 pub mod stat;
@@ -19,8 +21,7 @@ use core::ffi::{c_char, c_int};
 use granary_shm::{resolve, state, EntryRec, Resolved, Table};
 
 use crate::detour::Guard;
-use crate::path::{self, Bufs, Loc};
-use crate::perm;
+use crate::path::{self, Buf, Loc};
 
 /// A catalogued entry a call may be answered from.
 pub struct Found {
@@ -29,8 +30,8 @@ pub struct Found {
 }
 
 /// The live entry `loc` names (following a final symlink with `follow`); `None` when the
-/// catalog cannot answer for it (not catalogued, not provable, stale, or an ancestor the caller
-/// may not be able to search).
+/// catalog cannot answer for it (not catalogued, not provable, void, or below a path the program
+/// renamed or removed).
 pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Option<Found> {
     let rel = loc.rel?;
     // "dir/" follows a final symlink even for lstat, and must name a directory.
@@ -42,49 +43,47 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Option<Found> {
         return None;
     };
     let entry = g.table.entry(idx)?;
-    if state::state_of(g.table.state(idx)) == state::STALE {
+    if state::is_void(state::state_of(g.table.state(idx))) {
         return None;
     }
     if loc.must_dir && !entry.stat.is_dir() {
         return None;
     }
-    if !perm::ancestors_searchable(g.table, idx) {
+    if !ancestors_live(g.table, &entry) {
         return None;
     }
     Some(Found { idx, entry })
 }
 
-/// Cheap early exit for absolute paths that cannot be under the source: their first component
-/// differs from both roots'. A miss here only costs us a pass-through, never a wrong answer.
-pub fn surely_outside(table: &Table, path: *const c_char) -> bool {
-    let Some(p) = path::bytes(path) else {
-        return true;
-    };
-    if p.first() != Some(&b'/') {
-        return false;
-    }
-    let first = |s: &[u8]| -> usize {
-        s.iter()
-            .skip(1)
-            .position(|&b| b == b'/')
-            .map_or(s.len(), |i| i + 1)
-    };
-    let root_prefix = |root: &[u8]| -> bool {
-        let n = first(root);
-        match (root.get(..n), p.get(..n)) {
-            (Some(r), Some(q)) => r == q && (p.len() == n || p.get(n) == Some(&b'/') || n == 1),
-            _ => false,
+/// No ancestor of `e` was renamed or removed by the program (`state::GONE`). The walk could list
+/// every catalogued directory with the agent's credentials, which are this process's
+/// (`creds`), so search permission needs no check of its own.
+pub fn ancestors_live(table: &Table, e: &EntryRec) -> bool {
+    let mut cur = *e;
+    // Bounded by the depth limit of a path.
+    for _ in 0..4096 {
+        if cur.parent == 0 && cur.path_len == 0 {
+            return true;
         }
-    };
-    !root_prefix(table.source_root()) && !root_prefix(table.source_real_root())
+        let parent = cur.parent;
+        if state::state_of(table.state(parent)) == state::GONE {
+            return false;
+        }
+        if parent == 0 {
+            return true;
+        }
+        let Some(p) = table.entry(parent) else {
+            return false;
+        };
+        cur = p;
+    }
+    false
 }
 
-/// Locates `path` unless it is surely outside; `Loc::outside()` otherwise.
-pub fn locate<'a>(g: &Guard, dirfd: c_int, path: *const c_char, bufs: &'a mut Bufs) -> Loc<'a> {
-    if dirfd == libc::AT_FDCWD && surely_outside(g.table, path) {
-        return Loc::outside();
-    }
-    path::locate(g.table, dirfd, path, bufs)
+/// Locates `path` (relative to `dirfd`).
+#[inline]
+pub fn locate<'a>(g: &Guard, dirfd: c_int, path: *const c_char, buf: &'a mut Buf) -> Loc<'a> {
+    path::locate(g.table, dirfd, path, buf)
 }
 
 /// A metadata call on a dataset path that the catalog could not answer.

@@ -1,15 +1,17 @@
 //! `open` and friends, `creat`, `fopen`, `freopen`, `fclose`: the calls that create fds for
-//! paths. Read-only opens of placed files get the cached copy; writes invalidate the entry.
+//! paths. Read-only opens of placed files get the verified copy; directories get their real fd,
+//! tracked so listings come from the catalog; opens that may write pass through and void what
+//! they open (`mutate`).
 
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{job, object_name, request, state};
+use granary_shm::{job, request, state};
 
-use super::{find, locate, Found};
+use super::{find, locate, mutate, Found};
 use crate::detour::{self, real, set_errno, Guard, KeepErrno};
-use crate::fdtable::{self, Kind, Tracked};
-use crate::path::{Bufs, Loc, BUF};
-use crate::{log, perm};
+use crate::fdtable::{self, flag, Kind, Tracked};
+use crate::path::{Buf, Loc};
+use crate::{log, release, switch};
 
 /// Flags under which an open only reads (anything else, e.g. O_DIRECT, O_PATH, O_TMPFILE,
 /// passes through). 0o100000 is the kernel's O_LARGEFILE, which glibc's headers call 0.
@@ -24,229 +26,92 @@ const READ_FLAGS: c_int = libc::O_CLOEXEC
 const WRITE_FLAGS: c_int =
     libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND;
 
+fn writes(flags: c_int) -> bool {
+    flags & WRITE_FLAGS != 0 && flags & libc::O_PATH == 0
+}
+
+/// An fd the kernel will hand to an exec'd child may end up sharing its OFD.
+fn initial_flags(flags: c_int) -> u64 {
+    if flags & libc::O_CLOEXEC == 0 {
+        flag::SHARED
+    } else {
+        0
+    }
+}
+
 enum Plan {
-    /// The real call with the caller's arguments, nothing else.
-    Pass,
-    /// The real call; on success the fd is a catalogued file opened on the source.
-    Source { idx: u32, unplaced: bool },
-    /// We already have the fd (a tier copy or a shadow directory).
+    /// The real call with the caller's arguments; a new fd is tracked as this, if anything.
+    Real(Option<Tracked>),
+    /// We already have the fd (a verified tier copy), tracked.
     Done(c_int),
 }
 
 fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
+    let other = Tracked::new(u32::MAX, Kind::Other, initial_flags(flags));
     if flags & libc::O_TMPFILE == libc::O_TMPFILE || flags & libc::O_PATH != 0 {
-        return Plan::Pass;
-    }
-    if flags & WRITE_FLAGS != 0 {
-        invalidate(g, loc, flags);
-        return Plan::Pass;
+        return Plan::Real(None);
     }
     if flags & !READ_FLAGS != 0 {
-        return Plan::Pass;
+        return Plan::Real(Some(other));
     }
     let Some(Found { idx, entry }) = find(g, loc, flags & libc::O_NOFOLLOW == 0) else {
-        return Plan::Pass;
+        return Plan::Real(Some(other));
     };
+    let fl = initial_flags(flags);
     if entry.stat.is_dir() {
-        return open_dir(g, idx, &entry.stat, flags);
+        return Plan::Real(Some(Tracked::new(idx, Kind::Dir, fl)));
     }
     if !entry.stat.is_file() || flags & libc::O_DIRECTORY != 0 {
-        return Plan::Pass;
+        return Plan::Real(None);
     }
-    let word = g.table.state(idx);
-    let st = state::state_of(word);
-    if st == state::PLACED && perm::certain(&entry.stat, perm::R) {
-        let tier = state::tier_of(word);
-        if let Some(fd) = open_copy(g, idx, &entry, tier, flags) {
-            if fdtable::track(
-                fd,
-                Tracked {
-                    entry: idx,
-                    kind: Kind::Tier(tier),
-                },
-            ) {
-                g.count(job::OPENS, 1);
-                g.count(job::TIER_FILES + tier as usize, 1);
-                report_open(g, idx);
-                if log::enabled() {
-                    log::line(&[
-                        b"open from tier: ",
-                        g.table.rel_path(&entry).unwrap_or(b"?"),
-                    ]);
-                }
-                return Plan::Done(fd);
-            }
-            // Untrackable fd number: fstat could not be answered consistently, use the source.
-            let _keep = KeepErrno::new();
-            detour::raw_close(fd);
+    if state::state_of(g.table.state(idx)) == state::PLACED {
+        if let Some(fd) = copy_fd(g, idx, &entry, flags) {
+            return Plan::Done(fd);
         }
     }
-    Plan::Source {
-        idx,
-        unplaced: st == state::UNPLACED,
-    }
+    Plan::Real(Some(Tracked::new(idx, Kind::Source, fl)))
 }
 
-/// Opens tier `tier`'s copy of entry `idx`, checking it is the complete regular file the
-/// catalog describes; reports it damaged otherwise. Never changes errno.
-pub(crate) fn open_copy(
-    g: &Guard,
-    idx: u32,
-    entry: &granary_shm::EntryRec,
-    tier: u8,
-    flags: c_int,
-) -> Option<c_int> {
-    let _keep = KeepErrno::new();
-    let fd = copy_fd(g, entry, tier, flags);
-    if fd.is_none() {
-        g.table.push_request(request::DAMAGED, idx);
-        g.count(job::FALLBACKS, 1);
-        if log::enabled() {
-            log::line(&[
-                b"cached copy unusable, using the source: ",
-                g.table.rel_path(entry).unwrap_or(b"?"),
-            ]);
-        }
-    }
-    fd
-}
-
-fn copy_fd(g: &Guard, entry: &granary_shm::EntryRec, tier: u8, flags: c_int) -> Option<c_int> {
-    let dir = g.table.tier_dir(tier as u32)?;
-    let name = object_name(entry.object);
-    let mut buf = [0u8; BUF];
-    let end = dir.len() + 1 + name.len();
-    buf.get_mut(..dir.len())?.copy_from_slice(dir);
-    *buf.get_mut(dir.len())? = b'/';
-    buf.get_mut(dir.len() + 1..end)?.copy_from_slice(&name);
-    *buf.get_mut(end)? = 0;
-    // Nothing in a cache directory is followed through a symlink.
-    let fd = detour::raw_openat(
-        libc::AT_FDCWD,
-        buf.as_ptr().cast(),
-        flags | libc::O_NOFOLLOW,
-        0,
-    );
-    if fd < 0 {
-        return None;
-    }
-    let mut st = detour::empty_stat();
-    let ok = detour::raw_fstat(fd, &mut st) == 0
-        && st.st_mode & libc::S_IFMT == libc::S_IFREG
-        && st.st_size as u64 == entry.stat.size;
-    if !ok {
-        detour::raw_close(fd);
-        return None;
-    }
-    Some(fd)
-}
-
-/// A catalogued directory opened for reading: a real fd of the shadow directory, tracked as it.
-fn open_dir(g: &Guard, idx: u32, st: &granary_shm::StatRec, flags: c_int) -> Plan {
-    if !perm::certain(st, perm::R) {
-        return Plan::Pass;
-    }
-    match shadow_fd(g, idx, flags & libc::O_CLOEXEC) {
-        Some(fd) => {
-            g.count(job::CATALOG_META, 1);
-            Plan::Done(fd)
-        }
-        None => Plan::Pass,
-    }
-}
-
-/// Opens and tracks the shadow directory for entry `idx`. Never changes errno.
-pub fn shadow_fd(g: &Guard, idx: u32, cloexec: c_int) -> Option<c_int> {
-    let _keep = KeepErrno::new();
-    let dir = g.table.shadow_dir();
-    let mut buf = [0u8; BUF];
-    buf.get_mut(..dir.len())?.copy_from_slice(dir);
-    *buf.get_mut(dir.len())? = 0;
-    if dir.is_empty() {
-        return None;
-    }
-    let fd = detour::raw_openat(
-        libc::AT_FDCWD,
-        buf.as_ptr().cast(),
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | cloexec,
-        0,
-    );
-    if fd < 0 {
-        return None;
-    }
-    let tracked = fdtable::can_track_dir(fd)
-        && fdtable::track(
-            fd,
-            Tracked {
-                entry: idx,
-                kind: Kind::Dir,
-            },
-        );
-    if !tracked {
-        detour::raw_close(fd);
-        return None;
-    }
-    Some(fd)
-}
-
-/// The caller is about to write a catalogued path (or create a name in a catalogued
-/// directory): from now on every call on it passes through, and the agent re-checks it.
-fn invalidate(g: &Guard, loc: &Loc, flags: c_int) {
-    let target = find_any(g, loc, flags & libc::O_NOFOLLOW == 0).or_else(|| {
-        // A new name changes its directory's listing.
-        if flags & libc::O_CREAT == 0 {
-            return None;
-        }
-        let rel = loc.rel?;
-        let parent = rel
-            .iter()
-            .rposition(|&b| b == b'/')
-            .map_or(&b""[..], |i| rel.get(..i).unwrap_or(b""));
-        g.table
-            .lookup(parent)
-            .filter(|&i| g.table.entry(i).is_some_and(|e| e.stat.is_dir()))
-    });
-    if let Some(idx) = target {
-        g.table.set_state(idx, state::word(state::STALE, 0));
-        g.table.push_request(request::INVALIDATE, idx);
-        if log::enabled() {
-            log::line(&[
-                b"opened for writing, entry invalidated: ",
-                loc.rel.unwrap_or(b"?"),
-            ]);
-        }
-    }
-}
-
-/// Like `find`, but regardless of state and permissions (a write makes any entry stale).
-fn find_any(g: &Guard, loc: &Loc, follow: bool) -> Option<u32> {
-    if loc.root_link && !follow {
-        return None;
-    }
-    match granary_shm::resolve(g.table, loc.rel?, follow || loc.must_dir) {
-        granary_shm::Resolved::Entry(i) => Some(i),
-        granary_shm::Resolved::PassThrough => None,
-    }
-}
-
-fn source_opened(g: &Guard, fd: c_int, idx: u32, unplaced: bool) {
-    if !fdtable::track(
-        fd,
-        Tracked {
-            entry: idx,
-            kind: Kind::Source,
-        },
-    ) {
-        fdtable::clear(fd);
-    }
-    g.count(job::OPENS, 1);
-    g.count(job::SOURCE_OPENS, 1);
-    if unplaced {
+/// A catalogued file opened on the source: counted, and the agent asked to place it.
+fn source_opened(g: &Guard, idx: u32) {
+    if state::state_of(g.table.state(idx)) == state::UNPLACED {
         // OPEN_UNPLACED tells a known-order agent where the program is as well.
-        g.table.push_request(request::OPEN_UNPLACED, idx);
+        g.table
+            .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
     } else {
         report_open(g, idx);
     }
+    g.count(job::SOURCE_OPENS, 1);
+    g.count(job::OPENS, 1);
+}
+
+/// The placed copy opened and tracked, or `None` (the source is opened instead).
+fn copy_fd(g: &Guard, idx: u32, entry: &granary_shm::EntryRec, flags: c_int) -> Option<c_int> {
+    let (fd, tier, nofollow) = switch::open_copy(g, idx, entry, flags)?;
+    let mut fl = initial_flags(flags);
+    if nofollow {
+        fl |= flag::NOFOLLOW_ADDED;
+    }
+    if !fdtable::track(fd, Tracked::new(idx, Kind::Tier(tier), fl)) {
+        // Untrackable fd number: fstat could not be answered consistently, use the source.
+        let _keep = KeepErrno::new();
+        detour::raw_close(fd);
+        return None;
+    }
+    g.count(job::OPENS, 1);
+    g.count(job::TIER_FILES + tier as usize, 1);
+    report_open(g, idx);
+    if log::enabled() {
+        log::line(&[b"open from tier: ", g.table.rel_path(entry).unwrap_or(b"?")]);
+    }
+    Some(fd)
+}
+
+/// Tracks `fd`, a real fd of catalogued directory `idx`; false if it cannot be (the listing
+/// then comes from the source).
+pub fn track_dir(fd: c_int, idx: u32, flags: c_int) -> bool {
+    fdtable::can_track_dir(fd)
+        && fdtable::track(fd, Tracked::new(idx, Kind::Dir, initial_flags(flags)))
 }
 
 /// A known-order agent follows the program's position through every open, placed files
@@ -258,36 +123,76 @@ fn report_open(g: &Guard, idx: u32) {
     }
 }
 
-/// The whole open family. `pass` makes the real call for the given (dirfd, path).
+/// A new fd from the real call: any earlier tracking of its number is stale; track it as `t`.
+fn opened(g: Option<&Guard>, fd: c_int, t: Option<Tracked>) {
+    if fd < 0 {
+        return;
+    }
+    let _keep = KeepErrno::new();
+    fdtable::take(fd);
+    crate::copies::forget(fd);
+    if let (Some(g), Some(t)) = (g, t) {
+        if t.kind == Kind::Source {
+            source_opened(g, t.entry);
+        }
+    }
+    if let Some(t) = t {
+        let ok = match t.kind {
+            Kind::Dir => fdtable::can_track_dir(fd) && fdtable::track(fd, t),
+            _ => fdtable::track(fd, t),
+        };
+        if !ok {
+            fdtable::take(fd);
+        }
+    }
+}
+
+/// An open that may write: the real call, then what it opened is voided (and its fd counted as
+/// an `Other` file of the source). Runs whatever this process's credentials: every process of
+/// the job must learn of the change.
+fn write_open(fd: c_int) {
+    if fd < 0 {
+        return;
+    }
+    let _keep = KeepErrno::new();
+    fdtable::take(fd);
+    crate::copies::forget(fd);
+    let Some(g) = detour::enter_to_invalidate() else {
+        return;
+    };
+    if let Some(entry) = mutate::opened_for_writing(&g, fd) {
+        fdtable::track(fd, Tracked::new(entry, Kind::Other, flag::SHARED));
+    }
+}
+
+/// The whole open family. `pass` makes the real call.
 fn open_impl(
     dirfd: c_int,
     path: *const c_char,
     flags: c_int,
-    pass: impl FnOnce(c_int, *const c_char) -> c_int,
+    pass: impl FnOnce() -> c_int,
 ) -> c_int {
+    if writes(flags) {
+        let fd = pass();
+        write_open(fd);
+        return fd;
+    }
     let Some(g) = detour::enter() else {
-        return pass(dirfd, path);
+        let fd = pass();
+        opened(None, fd, None);
+        return fd;
     };
-    let mut bufs = Bufs::new();
-    let loc = locate(&g, dirfd, path, &mut bufs);
-    let (d, p) = loc.pass_args(dirfd, path);
+    let mut buf = Buf::new();
+    let loc = locate(&g, dirfd, path, &mut buf);
     let plan = if loc.rel.is_some() {
         plan(&g, &loc, flags)
     } else {
-        Plan::Pass
+        Plan::Real(None)
     };
     match plan {
-        Plan::Pass => {
-            let fd = pass(d, p);
-            fdtable::clear(fd);
-            fd
-        }
-        Plan::Source { idx, unplaced } => {
-            let fd = pass(d, p);
-            if fd >= 0 {
-                let _keep = KeepErrno::new();
-                source_opened(&g, fd, idx, unplaced);
-            }
+        Plan::Real(t) => {
+            let fd = pass();
+            opened(Some(&g), fd, t);
             fd
         }
         Plan::Done(fd) => fd,
@@ -311,12 +216,9 @@ macro_rules! open_hook {
         #[no_mangle]
         pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int, mode: libc::mode_t) -> c_int {
             let mode = if wants_mode(flags) { mode } else { 0 };
-            open_impl(libc::AT_FDCWD, path, flags, |d, p| {
-                if d == libc::AT_FDCWD && p == path {
-                    real!($slot as OpenFn, (p, flags, mode) else detour::raw_openat(d, p, flags, mode))
-                } else {
-                    real!(OPENAT as OpenatFn, (d, p, flags, mode) else detour::raw_openat(d, p, flags, mode))
-                }
+            open_impl(libc::AT_FDCWD, path, flags, || {
+                real!($slot as OpenFn, (path, flags, mode)
+                    else detour::raw_openat(libc::AT_FDCWD, path, flags, mode))
             })
         }
     };
@@ -328,8 +230,9 @@ macro_rules! open2_hook {
     ($name:ident, $slot:ident) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int) -> c_int {
-            open_impl(libc::AT_FDCWD, path, flags, |d, p| {
-                real!($slot as Open2Fn, (p, flags) else detour::raw_openat(d, p, flags, 0))
+            open_impl(libc::AT_FDCWD, path, flags, || {
+                real!($slot as Open2Fn, (path, flags)
+                    else detour::raw_openat(libc::AT_FDCWD, path, flags, 0))
             })
         }
     };
@@ -347,8 +250,9 @@ macro_rules! openat_hook {
             mode: libc::mode_t,
         ) -> c_int {
             let mode = if wants_mode(flags) { mode } else { 0 };
-            open_impl(dirfd, path, flags, |d, p| {
-                real!($slot as OpenatFn, (d, p, flags, mode) else detour::raw_openat(d, p, flags, mode))
+            open_impl(dirfd, path, flags, || {
+                real!($slot as OpenatFn, (dirfd, path, flags, mode)
+                    else detour::raw_openat(dirfd, path, flags, mode))
             })
         }
     };
@@ -360,8 +264,9 @@ macro_rules! openat2_hook {
     ($name:ident, $slot:ident) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-            open_impl(dirfd, path, flags, |d, p| {
-                real!($slot as Openat2Fn, (d, p, flags) else detour::raw_openat(d, p, flags, 0))
+            open_impl(dirfd, path, flags, || {
+                real!($slot as Openat2Fn, (dirfd, path, flags)
+                    else detour::raw_openat(dirfd, path, flags, 0))
             })
         }
     };
@@ -374,8 +279,9 @@ macro_rules! creat_hook {
         #[no_mangle]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: libc::mode_t) -> c_int {
             let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
-            open_impl(libc::AT_FDCWD, path, flags, |d, p| {
-                real!($slot as CreatFn, (p, mode) else detour::raw_openat(d, p, flags, mode))
+            open_impl(libc::AT_FDCWD, path, flags, || {
+                real!($slot as CreatFn, (path, mode)
+                    else detour::raw_openat(libc::AT_FDCWD, path, flags, mode))
             })
         }
     };
@@ -427,38 +333,38 @@ fn fopen_impl(
     mode: *const c_char,
     pass: impl FnOnce() -> *mut libc::FILE,
 ) -> *mut libc::FILE {
+    let flags = match fopen_flags(mode) {
+        Some((_, true)) => {
+            let fp = pass();
+            write_open(stream_fd(fp));
+            return fp;
+        }
+        Some((flags, false)) => flags,
+        None => return pass(),
+    };
     let Some(g) = detour::enter() else {
-        return pass();
+        let fp = pass();
+        opened(None, stream_fd(fp), None);
+        return fp;
     };
-    let Some((flags, _)) = fopen_flags(mode) else {
-        return pass();
-    };
-    let mut bufs = Bufs::new();
-    let loc = locate(&g, libc::AT_FDCWD, path, &mut bufs);
+    let mut buf = Buf::new();
+    let loc = locate(&g, libc::AT_FDCWD, path, &mut buf);
     let plan = if loc.rel.is_some() {
         plan(&g, &loc, flags)
     } else {
-        Plan::Pass
+        Plan::Real(None)
     };
     match plan {
-        Plan::Pass => {
+        Plan::Real(t) => {
             let fp = pass();
-            fdtable::clear(stream_fd(fp));
-            fp
-        }
-        Plan::Source { idx, unplaced } => {
-            let fp = pass();
-            if !fp.is_null() {
-                let _keep = KeepErrno::new();
-                source_opened(&g, stream_fd(fp), idx, unplaced);
-            }
+            opened(Some(&g), stream_fd(fp), t);
             fp
         }
         Plan::Done(fd) => {
             let fp = real!(FDOPEN as FdopenFn, c"fdopen", (fd, mode) or core::ptr::null_mut());
             if fp.is_null() {
                 let e = detour::errno();
-                fdtable::clear(fd);
+                fdtable::take(fd);
                 detour::raw_close(fd);
                 set_errno(e);
             }
@@ -486,24 +392,19 @@ pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *m
 }
 
 fn freopen_impl(
-    path: *const c_char,
     mode: *const c_char,
     stream: *mut libc::FILE,
     pass: impl FnOnce() -> *mut libc::FILE,
 ) -> *mut libc::FILE {
     // freopen closes the stream's fd inside libc, where we cannot see it.
-    fdtable::clear(stream_fd(stream));
-    if let Some(g) = detour::enter() {
-        if let Some((flags, true)) = fopen_flags(mode) {
-            let mut bufs = Bufs::new();
-            let loc = locate(&g, libc::AT_FDCWD, path, &mut bufs);
-            if loc.rel.is_some() {
-                invalidate(&g, &loc, flags);
-            }
-        }
-    }
+    let t = release::before(stream_fd(stream));
     let fp = pass();
-    fdtable::clear(stream_fd(fp));
+    release::after(t);
+    let fd = stream_fd(fp);
+    match fopen_flags(mode) {
+        Some((_, true)) => write_open(fd),
+        _ => opened(None, fd, None),
+    }
     fp
 }
 
@@ -514,7 +415,6 @@ pub unsafe extern "C" fn freopen(
     stream: *mut libc::FILE,
 ) -> *mut libc::FILE {
     freopen_impl(
-        path,
         mode,
         stream,
         || real!(FREOPEN as FreopenFn, c"freopen", (path, mode, stream) or core::ptr::null_mut()),
@@ -528,24 +428,17 @@ pub unsafe extern "C" fn freopen64(
     stream: *mut libc::FILE,
 ) -> *mut libc::FILE {
     freopen_impl(
-        path,
         mode,
         stream,
         || real!(FREOPEN64 as FreopenFn, c"freopen64", (path, mode, stream) or core::ptr::null_mut()),
     )
 }
 
-/// fclose closes its fd inside libc: forget it first, or a later fd with the same number
-/// would be taken for a catalogued file.
+/// fclose closes its fd inside libc: the release path around it.
 #[no_mangle]
 pub unsafe extern "C" fn fclose(fp: *mut libc::FILE) -> c_int {
-    let fd = stream_fd(fp);
-    let t = fdtable::get(fd);
-    fdtable::clear(fd);
+    let t = release::before(stream_fd(fp));
     let r = real!(FCLOSE as FcloseFn, c"fclose", (fp) or libc::EOF);
-    if let Some(t) = t {
-        let _keep = KeepErrno::new();
-        crate::place::on_close(t);
-    }
+    release::after(t);
     r
 }

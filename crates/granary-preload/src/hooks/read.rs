@@ -1,14 +1,22 @@
-//! The read family, `mmap` and `lseek`: untracked fds pay one atomic load and pass through;
+//! The read family, `mmap`, `lseek`, and the calls that read an fd inside the kernel or libc
+//! (`copy_file_range`, `sendfile`, `fread`): untracked fds pay one atomic load and pass through;
 //! tier fds are counted; tracked source fds go through `place` (served from a partial copy or
-//! chunk file, switched to a complete copy) and are counted by where the bytes came from.
+//! chunk file, switched to a complete copy); a tier fd whose file the program changed in place
+//! reads the source. Everything is counted by where the bytes came from.
+//!
+//! Reads at the fd's offset hold the fd's `BUSY` lock (`fdtable::lock`), so a switch or a served
+//! read never interleaves with another thread's read of the same fd, as the kernel's position
+//! lock keeps real reads apart; positioned reads need no lock.
 
 use core::ffi::{c_int, c_void};
 
-use granary_shm::job;
+use granary_shm::{job, state};
 
-use crate::detour::{self, real, sys};
+use crate::detour::{self, real, sys, Guard};
 use crate::fdtable::{self, Kind, Tracked};
-use crate::place::{self, Fill, Read};
+use crate::place::{self, Read};
+use crate::switch::{self, Fill, Serve};
+use crate::usermem;
 
 type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, usize) -> isize;
 type ReadChkFn = unsafe extern "C" fn(c_int, *mut c_void, usize, usize) -> isize;
@@ -16,6 +24,8 @@ type PreadFn = unsafe extern "C" fn(c_int, *mut c_void, usize, libc::off_t) -> i
 type PreadChkFn = unsafe extern "C" fn(c_int, *mut c_void, usize, libc::off_t, usize) -> isize;
 type ReadvFn = unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> isize;
 type PreadvFn = unsafe extern "C" fn(c_int, *const libc::iovec, c_int, libc::off_t) -> isize;
+type Preadv2Fn =
+    unsafe extern "C" fn(c_int, *const libc::iovec, c_int, libc::off_t, c_int) -> isize;
 type MmapFn =
     unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void;
 type LseekFn = unsafe extern "C" fn(c_int, libc::off_t, c_int) -> libc::off_t;
@@ -89,7 +99,7 @@ fn count(kind: Kind, n: isize) -> isize {
         if let Some(table) = crate::config::table() {
             let slot = crate::config::job_slot();
             match kind {
-                Kind::Source => {
+                Kind::Source | Kind::Other => {
                     table.count(slot, job::SOURCE_READS, 1);
                     table.count(slot, job::SOURCE_BYTES, n as u64);
                 }
@@ -99,6 +109,19 @@ fn count(kind: Kind, n: isize) -> isize {
         }
     }
     n
+}
+
+/// True if the entry of tier fd `t` was changed in place by the program: its reads go to the
+/// source.
+fn stale(t: &Tracked) -> bool {
+    matches!(t.kind, Kind::Tier(_))
+        && crate::config::table()
+            .is_some_and(|tb| state::state_of(tb.state(t.entry)) == state::STALE)
+}
+
+/// True if a read on `t` may be served by granary (and so needs the caller's buffers).
+fn may_serve(t: &Tracked) -> bool {
+    t.kind == Kind::Source || stale(t)
 }
 
 /// Shared body of the read family. `len` is the request's total length (`None`: unknown, pass
@@ -114,13 +137,35 @@ fn read_family(
     let Some(t) = fdtable::get(fd) else {
         return real();
     };
-    let kind = match (t.kind, len) {
-        (Kind::Source, Some(len)) => match source_read(fd, t, off, len, f) {
-            Read::Served(n) => return n,
-            Read::Real(k) => k,
-        },
-        (k, _) => k,
+    if t.kind == Kind::Dir {
+        return real();
+    }
+    if off.is_some() && !may_serve(&t) {
+        // The common case, a positioned read of a copy: count it, note its range.
+        return real_read(fd, t.kind, off, real);
+    }
+    let Some(g) = detour::enter() else {
+        return count(t.kind, real());
     };
+    let locked = off.is_none() && fdtable::lock(fd);
+    // Another thread may have switched the fd while we waited.
+    let t = fdtable::get(fd).unwrap_or(t);
+    let out = match (t.kind, len) {
+        (Kind::Source, Some(len)) => place::on_read(&g, fd, t, off, len, f),
+        (Kind::Tier(_), Some(len)) if stale(&t) => stale_read(&g, fd, t, off, len, f),
+        (k, _) => Read::Real(k),
+    };
+    let n = match out {
+        Read::Served(n) => n,
+        Read::Real(kind) => real_read(fd, kind, off, real),
+    };
+    if locked {
+        fdtable::unlock(fd);
+    }
+    n
+}
+
+fn real_read(fd: c_int, kind: Kind, off: Option<i64>, real: impl FnOnce() -> isize) -> isize {
     let n = real();
     if let (Kind::Tier(_), Some(o)) = (kind, off) {
         if n > 0 {
@@ -130,29 +175,45 @@ fn read_family(
     count(kind, n)
 }
 
-fn source_read(fd: c_int, t: Tracked, off: Option<i64>, len: u64, f: &impl Fill) -> Read {
-    if fdtable::pinned(fd) {
+/// A read of a copy whose file the program changed in place: from the source, as a direct
+/// reader (same inode) would see it. The fd moves to the source when nobody shares its OFD;
+/// otherwise this one read is served from the source.
+fn stale_read(g: &Guard, fd: c_int, t: Tracked, off: Option<i64>, len: u64, f: &impl Fill) -> Read {
+    let _keep = detour::KeepErrno::new();
+    let Some(e) = g.table.entry(t.entry) else {
+        return Read::Real(t.kind);
+    };
+    if switch::to_source(g, fd, t, &e) {
         return Read::Real(Kind::Source);
     }
-    match detour::enter() {
-        Some(g) => place::on_read(&g, fd, t, off, len, f),
-        None => Read::Real(Kind::Source),
+    let Some(file) = switch::open_source(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC) else {
+        return Read::Real(t.kind);
+    };
+    let pos = match off {
+        Some(o) => o,
+        None => sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR) as i64,
+    };
+    let Ok(pos) = u64::try_from(pos) else {
+        detour::raw_close(file);
+        return Read::Real(t.kind);
+    };
+    let how = Serve {
+        file_off: pos,
+        move_offset: off.is_none(),
+        short_ok: true,
+        transient: false,
+    };
+    match switch::serve(
+        fd,
+        file,
+        pos,
+        pos.saturating_add(len.min(0x7fff_f000)),
+        &how,
+        f,
+    ) {
+        Some(n) => Read::Served(count(Kind::Source, n)),
+        None => Read::Real(t.kind),
     }
-}
-
-/// The caller's iovec as a slice; `None` when the kernel would refuse it (the real call then
-/// reports the error).
-fn iov_slice<'a>(iov: *const libc::iovec, cnt: c_int) -> Option<(&'a [libc::iovec], u64)> {
-    if iov.is_null() || !(0..=libc::UIO_MAXIOV).contains(&cnt) {
-        return None;
-    }
-    // SAFETY: the caller passed `cnt` iovecs at `iov` (readv's contract); non-null, bounded.
-    let v = unsafe { core::slice::from_raw_parts(iov, cnt as usize) };
-    let mut total = 0u64;
-    for s in v {
-        total = total.checked_add(s.iov_len as u64)?;
-    }
-    Some((v, total))
 }
 
 #[no_mangle]
@@ -220,16 +281,41 @@ macro_rules! pread_chk_hook {
 pread_chk_hook!(__pread_chk, PREAD_CHK, c"__pread_chk");
 pread_chk_hook!(__pread64_chk, PREAD64_CHK, c"__pread64_chk");
 
+/// The vector read family: the caller's iovec array is copied (`usermem`) only when granary
+/// may serve the read; a vector it cannot copy (not readable: the kernel's EFAULT; too long)
+/// goes to the real call.
+fn vector_read(
+    fd: c_int,
+    off: Option<i64>,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    real: impl FnOnce() -> isize,
+) -> isize {
+    let Some(t) = fdtable::get(fd) else {
+        return real();
+    };
+    if !may_serve(&t) {
+        return read_family(fd, off, None, &Iov(&[]), real);
+    }
+    let mut copy = [libc::iovec {
+        iov_base: core::ptr::null_mut(),
+        iov_len: 0,
+    }; usermem::MAX_IOV];
+    match usermem::iovecs(iov, cnt, &mut copy) {
+        Some((n, total)) => read_family(fd, off, Some(total), &Iov(&copy[..n]), real),
+        None => read_family(fd, off, None, &Iov(&[]), real),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
-    let real = || real!(READV as ReadvFn, (fd, iov, cnt) else sys!(libc::SYS_readv, fd, iov, cnt) as isize);
-    if fdtable::get(fd).is_none() {
-        return real();
-    }
-    match iov_slice(iov, cnt) {
-        Some((v, total)) => read_family(fd, None, Some(total), &Iov(v), real),
-        None => read_family(fd, None, None, &Iov(&[]), real),
-    }
+    vector_read(
+        fd,
+        None,
+        iov,
+        cnt,
+        || real!(READV as ReadvFn, (fd, iov, cnt) else sys!(libc::SYS_readv, fd, iov, cnt) as isize),
+    )
 }
 
 macro_rules! preadv_hook {
@@ -242,25 +328,15 @@ macro_rules! preadv_hook {
             off: libc::off_t,
         ) -> isize {
             // 64-bit kernels take the offset in the first of the two position arguments.
-            let real = || {
+            vector_read(fd, Some(off), iov, cnt, || {
                 real!($slot as PreadvFn, (fd, iov, cnt, off)
                     else sys!(libc::SYS_preadv, fd, iov, cnt, off, 0) as isize)
-            };
-            if fdtable::get(fd).is_none() {
-                return real();
-            }
-            match iov_slice(iov, cnt) {
-                Some((v, total)) => read_family(fd, Some(off), Some(total), &Iov(v), real),
-                None => read_family(fd, Some(off), None, &Iov(&[]), real),
-            }
+            })
         }
     };
 }
 preadv_hook!(preadv, PREADV);
 preadv_hook!(preadv64, PREADV64);
-
-type Preadv2Fn =
-    unsafe extern "C" fn(c_int, *const libc::iovec, c_int, libc::off_t, c_int) -> isize;
 
 macro_rules! preadv2_hook {
     ($name:ident, $slot:ident, $cname:literal) => {
@@ -274,22 +350,121 @@ macro_rules! preadv2_hook {
             off: libc::off_t,
             flags: c_int,
         ) -> isize {
-            let real = || {
-                real!($slot as Preadv2Fn, $cname, (fd, iov, cnt, off, flags) or -1)
-            };
-            if fdtable::get(fd).is_none() {
-                return real();
-            }
+            let real = || real!($slot as Preadv2Fn, $cname, (fd, iov, cnt, off, flags) or -1);
             let at = if off == -1 { None } else { Some(off) };
-            match iov_slice(iov, cnt) {
-                Some((v, total)) if flags == 0 => read_family(fd, at, Some(total), &Iov(v), real),
-                _ => read_family(fd, at, None, &Iov(&[]), real),
+            if flags != 0 {
+                return read_family(fd, at, None, &Iov(&[]), real);
             }
+            vector_read(fd, at, iov, cnt, real)
         }
     };
 }
 preadv2_hook!(preadv2, PREADV2, c"preadv2");
 preadv2_hook!(preadv64v2, PREADV64V2, c"preadv64v2");
+
+/// `mmap` of a tracked fd: a source fd of a placed file is switched to the copy first (a large
+/// file being fetched is waited for); a copy the program changed since maps the source.
+fn map(
+    fd: c_int,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    off: libc::off_t,
+    real: impl Fn(c_int) -> *mut c_void,
+) -> *mut c_void {
+    let Some(t) = fdtable::get(fd) else {
+        return real(fd);
+    };
+    let Some(g) = detour::enter() else {
+        return real(fd);
+    };
+    match t.kind {
+        Kind::Source => {
+            if fdtable::lock(fd) {
+                if let Some(now) = fdtable::get(fd).filter(|n| n.kind == Kind::Source) {
+                    place::on_map(&g, fd, now);
+                }
+                fdtable::unlock(fd);
+            }
+            // Still a source fd (its OFD shared, so not switched): a complete copy backs the
+            // mapping through an fd of its own (CPython's `mmap` dups the fd it maps).
+            if let Some(p) = map_copy(&g, fd, prot, flags, &real) {
+                return p;
+            }
+            let p = real(fd);
+            // A PARTIAL file's cached chunks are mapped over the source's pages.
+            if let Some(now) = fdtable::get(fd).filter(|n| n.kind == Kind::Source) {
+                if p != libc::MAP_FAILED {
+                    place::on_mapped(&g, fd, now, p, len, prot, flags, off);
+                }
+            }
+            p
+        }
+        Kind::Tier(_) if stale(&t) => stale_map(&g, fd, t, prot, flags, real),
+        _ => real(fd),
+    }
+}
+
+/// A mapping of source fd `fd` backed by the complete copy through a temporary fd, when the file
+/// is placed and the mapping cannot write through to the source (a shared writable mapping must
+/// reach the source).
+fn map_copy(
+    g: &Guard,
+    fd: c_int,
+    prot: c_int,
+    flags: c_int,
+    real: &impl Fn(c_int) -> *mut c_void,
+) -> Option<*mut c_void> {
+    let t = fdtable::get(fd).filter(|n| n.kind == Kind::Source)?;
+    if prot & libc::PROT_WRITE != 0 && flags & libc::MAP_SHARED != 0 {
+        return None;
+    }
+    if state::state_of(g.table.state(t.entry)) != state::PLACED {
+        return None;
+    }
+    let e = g.table.entry(t.entry)?;
+    let (copy, tier, _) = switch::open_copy(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)?;
+    let p = real(copy);
+    let _keep = detour::KeepErrno::new();
+    detour::raw_close(copy);
+    if p != libc::MAP_FAILED {
+        g.count(job::TIER_FILES + tier as usize, 1);
+    }
+    Some(p)
+}
+
+/// A mapping of a copy whose file the program changed: of the source (the fd moves there when
+/// nobody shares its OFD; otherwise a source fd opened for the call backs the mapping).
+fn stale_map(
+    g: &Guard,
+    fd: c_int,
+    t: Tracked,
+    prot: c_int,
+    flags: c_int,
+    real: impl Fn(c_int) -> *mut c_void,
+) -> *mut c_void {
+    let Some(e) = g.table.entry(t.entry) else {
+        return real(fd);
+    };
+    if fdtable::lock(fd) {
+        let moved = switch::to_source(g, fd, t, &e);
+        fdtable::unlock(fd);
+        if moved {
+            return real(fd);
+        }
+    }
+    let writes = prot & libc::PROT_WRITE != 0 && flags & libc::MAP_SHARED != 0;
+    let acc = if writes { libc::O_RDWR } else { libc::O_RDONLY };
+    match switch::open_source(g, t.entry, &e, acc | libc::O_CLOEXEC) {
+        Some(src) => {
+            let p = real(src);
+            let _keep = detour::KeepErrno::new();
+            detour::raw_close(src);
+            p
+        }
+        None => real(fd),
+    }
+}
 
 macro_rules! mmap_hook {
     ($name:ident, $slot:ident) => {
@@ -303,41 +478,38 @@ macro_rules! mmap_hook {
             fd: c_int,
             off: libc::off_t,
         ) -> *mut c_void {
-            let tracked = fdtable::get(fd).filter(|t| t.kind == Kind::Source && !fdtable::pinned(fd));
-            if let Some(t) = tracked {
-                if let Some(g) = detour::enter() {
-                    place::on_map(&g, fd, t);
-                }
-            }
-            let p = real!($slot as MmapFn, (addr, len, prot, flags, fd, off)
-                else sys!(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void);
-            // Still a source fd after on_map (not switched to a complete copy): a PARTIAL
-            // file's cached chunks are mapped over the source's pages.
-            if let Some(t) = tracked.and_then(|_| fdtable::get(fd)).filter(|t| t.kind == Kind::Source) {
-                if p != libc::MAP_FAILED {
-                    if let Some(g) = detour::enter() {
-                        place::on_mapped(&g, fd, t, p, len, prot, flags, off);
-                    }
-                }
-            }
-            p
+            map(fd, len, prot, flags, off, |fd| {
+                real!($slot as MmapFn, (addr, len, prot, flags, fd, off)
+                    else sys!(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void)
+            })
         }
     };
 }
 mmap_hook!(mmap, MMAP);
 mmap_hook!(mmap64, MMAP64);
 
+/// `lseek` of a source fd whose file is placed: the fd moves to the copy first (once nobody
+/// shares it), so later reads need no hook work.
+fn seek(fd: c_int) {
+    let Some(t) = fdtable::get(fd).filter(|t| t.kind == Kind::Source) else {
+        return;
+    };
+    let Some(g) = detour::enter() else {
+        return;
+    };
+    if switch::exclusive(&t) && fdtable::lock(fd) {
+        if let Some(now) = fdtable::get(fd).filter(|n| n.kind == Kind::Source) {
+            place::on_seek(&g, fd, now);
+        }
+        fdtable::unlock(fd);
+    }
+}
+
 macro_rules! lseek_hook {
     ($name:ident, $slot:ident) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(fd: c_int, off: libc::off_t, whence: c_int) -> libc::off_t {
-            if let Some(t) = fdtable::get(fd) {
-                if t.kind == Kind::Source && !fdtable::pinned(fd) {
-                    if let Some(g) = detour::enter() {
-                        place::on_seek(&g, fd, t);
-                    }
-                }
-            }
+            seek(fd);
             real!($slot as LseekFn, (fd, off, whence)
                 else sys!(libc::SYS_lseek, fd, off, whence) as libc::off_t)
         }
@@ -345,3 +517,79 @@ macro_rules! lseek_hook {
 }
 lseek_hook!(lseek, LSEEK);
 lseek_hook!(lseek64, LSEEK64);
+
+type CopyFileRangeFn =
+    unsafe extern "C" fn(c_int, *mut i64, c_int, *mut i64, usize, libc::c_uint) -> isize;
+type SendfileFn = unsafe extern "C" fn(c_int, c_int, *mut libc::off_t, usize) -> isize;
+type FreadFn = unsafe extern "C" fn(*mut c_void, usize, usize, *mut libc::FILE) -> usize;
+
+/// The kernel reads `fd_in` itself: counted like a read of it.
+#[no_mangle]
+pub unsafe extern "C" fn copy_file_range(
+    fd_in: c_int,
+    off_in: *mut i64,
+    fd_out: c_int,
+    off_out: *mut i64,
+    len: usize,
+    flags: libc::c_uint,
+) -> isize {
+    let n = real!(COPY_FILE_RANGE as CopyFileRangeFn, c"copy_file_range",
+        (fd_in, off_in, fd_out, off_out, len, flags) or -1);
+    if let Some(t) = fdtable::get(fd_in) {
+        count(t.kind, n);
+    }
+    n
+}
+
+macro_rules! sendfile_hook {
+    ($name:ident, $slot:ident, $cname:literal) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            out: c_int,
+            fd_in: c_int,
+            off: *mut libc::off_t,
+            len: usize,
+        ) -> isize {
+            let n = real!($slot as SendfileFn, $cname, (out, fd_in, off, len) or -1);
+            if let Some(t) = fdtable::get(fd_in) {
+                count(t.kind, n);
+            }
+            n
+        }
+    };
+}
+sendfile_hook!(sendfile, SENDFILE, c"sendfile");
+sendfile_hook!(sendfile64, SENDFILE64, c"sendfile64");
+
+fn stream_fd(fp: *mut libc::FILE) -> c_int {
+    if fp.is_null() {
+        return -1;
+    }
+    // SAFETY: a non-null FILE* the caller passed to a stdio call; fileno only reads it.
+    unsafe { libc::fileno(fp) }
+}
+
+macro_rules! fread_hook {
+    ($name:ident, $slot:ident, $cname:literal) => {
+        /// stdio reads the fd inside libc, where the `read` hook never sees it: the bytes it
+        /// hands out are counted here.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            buf: *mut c_void,
+            size: usize,
+            n: usize,
+            fp: *mut libc::FILE,
+        ) -> usize {
+            let got = real!($slot as FreadFn, $cname, (buf, size, n, fp) or 0);
+            if got > 0 {
+                if let Some(t) = fdtable::get(stream_fd(fp)) {
+                    let _keep = detour::KeepErrno::new();
+                    count(t.kind, got.saturating_mul(size) as isize);
+                }
+            }
+            got
+        }
+    };
+}
+fread_hook!(fread, FREAD, c"fread");
+fread_hook!(fread_unlocked, FREAD_UNLOCKED, c"fread_unlocked");

@@ -6,13 +6,13 @@
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 
-use granary_shm::{job, StatRec};
+use granary_shm::{job, state, EntryRec, StatRec};
 
 use super::{find, locate};
-use crate::detour::{self, real, Guard, KeepErrno};
-use crate::fdtable::{self, Kind};
-use crate::path::Bufs;
-use crate::{config, fill, perm};
+use crate::detour::{self, real, Guard};
+use crate::fdtable::{self, Kind, Tracked};
+use crate::path::Buf;
+use crate::{fill, usermem};
 
 /// Where an answer goes.
 #[derive(Clone, Copy)]
@@ -22,52 +22,106 @@ enum Out {
 }
 
 impl Out {
+    /// Writes the catalog's answer into the program's buffer, as the kernel would: a buffer that
+    /// is not writable is not a crash but a pass-through (the kernel then says EFAULT).
     fn fill(self, s: &StatRec) -> bool {
         match self {
-            Out::Stat(p) if !p.is_null() => {
-                // SAFETY: libc's contract: the caller passes a writable struct stat (stat64 has
-                // the same layout on our targets).
-                fill::stat(s, unsafe { &mut *p });
-                true
+            Out::Stat(p) => {
+                let mut st = detour::empty_stat();
+                fill::stat(s, &mut st);
+                usermem::write_value(p, &st)
             }
-            Out::Statx(mask, p) if !p.is_null() => {
-                // SAFETY: as above, a writable struct statx.
-                fill::statx(s, mask, unsafe { &mut *p });
-                true
+            Out::Statx(mask, p) => {
+                // SAFETY: `struct statx` is plain integers; all-zero is a valid value.
+                let mut sx: libc::statx = unsafe { core::mem::zeroed() };
+                fill::statx(s, mask, &mut sx);
+                usermem::write_value(p, &sx)
             }
-            _ => false,
+        }
+    }
+
+    /// The kernel's answer for fd `fd` written into the program's buffer (so a bad buffer gets
+    /// the kernel's EFAULT), then the copy's inode as the kernel saw it.
+    fn kernel_answer(self, fd: c_int) -> Result<u64, c_int> {
+        let r = match self {
+            Out::Stat(p) => detour::raw_fstat(fd, p),
+            Out::Statx(mask, p) => detour::sys!(
+                libc::SYS_statx,
+                fd,
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                mask,
+                p
+            ) as c_int,
+        };
+        if r != 0 {
+            return Err(r);
+        }
+        // SAFETY: the kernel just wrote the whole struct there, so it is mapped and writable.
+        Ok(unsafe {
+            match self {
+                Out::Stat(p) => (*p).st_ino,
+                Out::Statx(_, p) => (*p).stx_ino,
+            }
+        })
+    }
+
+    /// Overwrites a buffer the kernel just filled with the catalog's answer.
+    fn overwrite(self, s: &StatRec) {
+        // SAFETY: `kernel_answer` succeeded on this very buffer: it is mapped and writable.
+        unsafe {
+            match self {
+                Out::Stat(p) => fill::stat(s, &mut *p),
+                Out::Statx(mask, p) => fill::statx(s, mask, &mut *p),
+            }
         }
     }
 }
 
-/// Answers a stat of fd `fd` from the catalog when granary opened it for a tier copy or a
-/// catalogued directory; `None` means: ask the kernel. A file opened on the source is the
-/// kernel's to describe.
+/// Answers a stat of fd `fd` when granary opened it on a tier copy: the source's fields from the
+/// catalog. `None` means: ask the kernel (every other fd is the kernel's to describe, real
+/// directory fds included). A copy of a file the program has since changed in place is
+/// described by the source: the fd moves there, or the source path is asked.
 fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
     let t = fdtable::get(fd)?;
-    if t.kind == Kind::Source {
+    if !matches!(t.kind, Kind::Tier(_)) {
         return None;
     }
     let entry = g.table.entry(t.entry)?;
-    // Make sure the fd still is what we opened: one fstat, as the caller would have paid anyway.
-    let _keep = KeepErrno::new();
-    let mut st = detour::empty_stat();
-    if detour::raw_fstat(fd, &mut st) != 0 {
-        return None;
+    if state::state_of(g.table.state(t.entry)) == state::STALE {
+        return stale_answer(g, fd, t, &entry, out);
     }
-    let same = match t.kind {
-        Kind::Dir => config::is_shadow(&st),
-        _ => st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size as u64 == entry.stat.size,
+    let ino = match out.kernel_answer(fd) {
+        Ok(ino) => ino,
+        Err(r) => return Some(r),
     };
-    if !same {
-        fdtable::clear(fd);
-        return None;
+    let (copy_ino, _) = g.table.copy_identity(t.entry);
+    if ino != copy_ino {
+        // Not our copy any more (the number was closed and reused behind our back).
+        fdtable::take(fd);
+        return Some(0);
     }
-    if !out.fill(&entry.stat) {
-        return None;
-    }
+    out.overwrite(&entry.stat);
     g.count(job::CATALOG_META, 1);
     Some(0)
+}
+
+fn stale_answer(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec, out: Out) -> Option<c_int> {
+    if fdtable::lock(fd) {
+        let moved = crate::switch::to_source(g, fd, t, e);
+        fdtable::unlock(fd);
+        if moved {
+            return None;
+        }
+    }
+    let mut buf = Buf::new();
+    let p = crate::path::entry_path(g.table, t.entry, &mut buf)?;
+    Some(match out {
+        Out::Stat(st) => raw_stat(libc::AT_FDCWD, p, st, 0),
+        Out::Statx(mask, sx) => {
+            detour::sys!(libc::SYS_statx, libc::AT_FDCWD, p, 0, mask, sx) as c_int
+        }
+    })
 }
 
 fn stat_impl(
@@ -86,11 +140,10 @@ fn stat_impl(
             None => pass(dirfd, path),
         };
     }
-    let mut bufs = Bufs::new();
-    let loc = locate(&g, dirfd, path, &mut bufs);
-    let (d, p) = loc.pass_args(dirfd, path);
+    let mut buf = Buf::new();
+    let loc = locate(&g, dirfd, path, &mut buf);
     if loc.rel.is_none() {
-        return pass(d, p);
+        return pass(dirfd, path);
     }
     if let Some(f) = find(&g, &loc, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
         if out.fill(&f.entry.stat) {
@@ -99,7 +152,7 @@ fn stat_impl(
         }
     }
     super::source_meta(&g, b"stat", &loc);
-    pass(d, p)
+    pass(dirfd, path)
 }
 
 type StatFn = unsafe extern "C" fn(*const c_char, *mut libc::stat) -> c_int;
@@ -301,6 +354,10 @@ macro_rules! fxstat_hook {
 fxstat_hook!(__fxstat, FXSTAT, libc::stat);
 fxstat_hook!(__fxstat64, FXSTAT64, libc::stat64);
 
+/// `access`/`faccessat` from the catalog where it is exact for this process (whose credentials
+/// are the agent's, `creds`): existence; read and search of a directory the walk listed; read of
+/// a file the agent placed (it opened it with these credentials, and its identity — mode, ACLs:
+/// ctime — has not changed since). Everything else, W_OK included, is the kernel's.
 fn access_impl(
     dirfd: c_int,
     path: *const c_char,
@@ -311,26 +368,29 @@ fn access_impl(
     let Some(g) = detour::enter() else {
         return pass(dirfd, path);
     };
-    let mut bufs = Bufs::new();
-    let loc = locate(&g, dirfd, path, &mut bufs);
-    let (d, p) = loc.pass_args(dirfd, path);
+    let mut buf = Buf::new();
+    let loc = locate(&g, dirfd, path, &mut buf);
     if loc.rel.is_none() {
-        return pass(d, p);
+        return pass(dirfd, path);
     }
-    // Write permission depends on more than mode bits (read-only mounts, immutable files).
-    let certain = mode & !(libc::R_OK | libc::X_OK) == 0
-        && flags & !(libc::AT_EACCESS | libc::AT_SYMLINK_NOFOLLOW) == 0;
-    if certain {
+    let known_flags = flags & !(libc::AT_EACCESS | libc::AT_SYMLINK_NOFOLLOW) == 0;
+    if known_flags && mode & !(libc::R_OK | libc::X_OK) == 0 {
         if let Some(f) = find(&g, &loc, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
-            let want = (mode as u32) & (perm::R | perm::X);
-            if want == 0 || perm::certain(&f.entry.stat, want) {
+            let placed = state::state_of(g.table.state(f.idx)) == state::PLACED;
+            let granted = match mode {
+                0 => true,
+                _ if f.entry.stat.is_dir() => true,
+                libc::R_OK => placed,
+                _ => false,
+            };
+            if granted {
                 g.count(job::CATALOG_META, 1);
                 return 0;
             }
         }
     }
     super::source_meta(&g, b"access", &loc);
-    pass(d, p)
+    pass(dirfd, path)
 }
 
 #[no_mangle]

@@ -7,7 +7,7 @@ use std::ffi::CString;
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -57,6 +57,24 @@ fn walk_files(d: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// `(st_dev, st_ino)` of a path.
+pub fn dev_ino(p: &Path) -> (u64, u64) {
+    let m = fs::metadata(p).unwrap();
+    (m.dev(), m.ino())
+}
+
+/// This process's credentials as the agent records its own in a table.
+pub fn creds() -> (u32, u32, u64) {
+    // SAFETY: getgroups with a zero size returns the count; then fills `n` ids.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) }.max(0) as usize;
+    let mut g = vec![0u32; n];
+    let got = unsafe { libc::getgroups(n as i32, g.as_mut_ptr()) }.max(0) as usize;
+    g.truncate(got);
+    // SAFETY: plain id getters.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (uid, gid, granary_shm::groups_hash(&mut g))
 }
 
 pub struct Fixture {
@@ -167,8 +185,7 @@ impl Fixture {
         };
         let tier = dir.path().join("tier0");
         fs::create_dir(&tier).unwrap();
-        let shadow = dir.path().join("empty");
-        fs::create_dir(&shadow).unwrap();
+        fs::set_permissions(&tier, fs::Permissions::from_mode(0o700)).unwrap();
         let table = dir.path().join("table");
         let entries = walk(&real);
         let parent = stat_rec(dir.path());
@@ -179,8 +196,9 @@ impl Fixture {
                 .as_os_str()
                 .as_bytes()
                 .to_vec(),
-            shadow_dir: shadow.as_os_str().as_bytes().to_vec(),
             tier_dirs: vec![tier.as_os_str().as_bytes().to_vec()],
+            tier_dir_ids: vec![dev_ino(&tier)],
+            creds: creds(),
             root_parent_ino: parent.ino,
             agent_pid: std::process::id(),
             ring_cap: 64,
@@ -227,11 +245,45 @@ impl Fixture {
         self.tier.join(std::str::from_utf8(&name).unwrap())
     }
 
-    /// Copies `rel` into tier 0 and marks it placed, as the agent would.
+    /// Copies `rel` into tier 0 and marks it placed, as the agent would: mode 0600, its
+    /// identity recorded after the last change.
     pub fn place(&self, rel: &str) {
-        fs::copy(self.real_src().join(rel), self.object(rel)).unwrap();
+        let obj = self.object(rel);
+        fs::copy(self.real_src().join(rel), &obj).unwrap();
+        fs::set_permissions(&obj, fs::Permissions::from_mode(0o600)).unwrap();
         let idx = self.t().lookup(rel.as_bytes()).unwrap();
+        self.record_identity(rel);
         self.t().set_state(idx, state::word(state::PLACED, 0));
+    }
+
+    /// Records the identity of `rel`'s object file (after the test changed it on purpose, or as
+    /// the agent does after writing it).
+    pub fn record_identity(&self, rel: &str) {
+        let m = fs::symlink_metadata(self.object(rel)).unwrap();
+        let ctime = m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64;
+        self.t().set_copy_identity(self.idx(rel), m.ino(), ctime);
+    }
+
+    /// Writes a file of the agent's (a `.part` or `.chunks` of `rel`) as the agent does: mode
+    /// 0600, its inode recorded before the state names the tier.
+    pub fn agent_write(&self, rel: &str, file: &Path, data: &[u8]) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut w = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(file)
+            .unwrap();
+        w.write_all(data).unwrap();
+        self.record_ino(rel, file);
+    }
+
+    /// Records only the inode of a file the agent is still writing (`.part`, `.chunks`).
+    pub fn record_ino(&self, rel: &str, file: &Path) {
+        let m = fs::symlink_metadata(file).unwrap();
+        self.t().set_copy_identity(self.idx(rel), m.ino(), 0);
     }
 
     pub fn idx(&self, rel: &str) -> u32 {

@@ -297,6 +297,7 @@ fn attach(
         ));
     }
     notes.extend(inner.order_note.clone());
+    notes.extend(inner.tier_notes.iter().cloned());
     let note = (!notes.is_empty()).then(|| notes.join("; "));
     let slot = src.claim_slot(pid);
     inner.jobs += 1;

@@ -11,9 +11,8 @@ use granary_core::catalog::{self, Progress};
 use granary_core::config::Verify;
 use granary_core::placement::residency::Residency;
 use granary_core::placement::{object_dir, Params, SourceCtx};
-use granary_core::runtime::ensure_private_dir;
 use granary_core::stats::{AgentCounters, CatalogStats};
-use granary_core::{sys, Tiers};
+use granary_core::{sys, tierdir, Tiers};
 use granary_shm::{job, state, Mapping, TableSpec};
 
 pub const JOB_SLOTS: u32 = 64;
@@ -51,6 +50,8 @@ pub struct Inner {
     /// (`None`: fill highest first), and what its resolution has to tell them.
     pub order: Option<granary_core::placement::prefetch::OrderSpec>,
     pub order_note: Option<String>,
+    /// Tiers refused at the last walk (not ours, open to other users, …), for the jobs.
+    pub tier_notes: Vec<String>,
 }
 
 impl SourceState {
@@ -114,21 +115,23 @@ impl SourceState {
         let mut entries = walk.entries;
         let mut object_dirs = Vec::new();
         let mut dir_fds = Vec::new();
+        let mut dir_ids = Vec::new();
+        inner.tier_notes.clear();
         for t in 0..tiers.len() {
             let root = &tiers.spec(t).path;
-            let dir = object_dir(root, &self.id);
-            let fd = ensure_private_dir(&root.join(&self.id))
-                .and_then(|()| ensure_private_dir(&dir))
-                .map_err(anyhow::Error::from)
-                .and_then(|()| sys::open_dir(&dir).map_err(anyhow::Error::from));
-            match fd {
-                Ok(fd) => dir_fds.push(Some(fd)),
+            object_dirs.push(object_dir(root, &self.id));
+            match tierdir::open_source_dirs(root, &self.id) {
+                Ok(d) => {
+                    dir_ids.push(d.objects_id);
+                    dir_fds.push(Some(d.objects));
+                }
                 Err(e) => {
-                    tracing::warn!("tier {t} unusable for {}: {e:#}", self.source.display());
+                    tracing::warn!("tier {t} unusable for {}: {e}", self.source.display());
+                    inner.tier_notes.push(format!("{e}; not using this tier"));
+                    dir_ids.push((0, 0));
                     dir_fds.push(None);
                 }
             }
-            object_dirs.push(dir);
         }
         let reused = catalog::reuse_chunked(
             &mut entries,
@@ -143,11 +146,12 @@ impl SourceState {
         let spec = TableSpec {
             source: self.source.as_os_str().as_bytes().to_vec(),
             source_real: self.source_real.as_os_str().as_bytes().to_vec(),
-            shadow_dir: rt_dir.shadow_dir().as_os_str().as_bytes().to_vec(),
             tier_dirs: object_dirs
                 .iter()
                 .map(|d| d.as_os_str().as_bytes().to_vec())
                 .collect(),
+            tier_dir_ids: dir_ids,
+            creds: sys::creds(),
             root_parent_ino: walk.root_parent_ino,
             agent_pid: std::process::id(),
             ring_cap: RING_CAP,
@@ -212,6 +216,7 @@ impl SourceState {
             partials: Default::default(),
             program: Default::default(),
             residency: residency.clone(),
+            lost: Default::default(),
         });
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx);
         let mut stats = walk.stats;

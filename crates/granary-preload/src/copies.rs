@@ -1,0 +1,246 @@
+//! Opening the agent's files in a tier (complete copies, `.part` files, chunk files) so that
+//! nobody else's bytes are ever served:
+//!
+//! - only through a directory fd of the tier's object directory that this process verified once
+//!   (a directory owned by us, closed to group and other, whose device and inode are the ones the
+//!   agent recorded in the table), so no path component can be swapped under us;
+//! - with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` (or `O_NOFOLLOW` on kernels without
+//!   it) and `O_NONBLOCK`, so a symlink is never followed and a FIFO never blocks;
+//! - and the opened fd is checked with `fstat`: a regular file, owned by us, mode 0600, on the
+//!   tier's device, with the inode (and for a complete copy the ctime and size) the agent
+//!   recorded when it wrote it. A copy damaged, truncated or replaced after placement fails this.
+//!
+//! The directory fds are the library's only long-lived fds (close-on-exec). A program that closes
+//! one (its `close`/`dup2`/`close_range` reach `forget`) gets it reopened on the next use; one
+//! closed behind our back (a raw syscall) and reused for another file is caught by the checks
+//! above, never trusted.
+
+use core::ffi::c_int;
+use core::sync::atomic::{AtomicI32, Ordering};
+
+use granary_shm::layout::MAX_TIERS;
+use granary_shm::Table;
+
+use crate::detour::{self, sys, KeepErrno};
+use crate::path::BUF;
+
+static DIRS: [AtomicI32; MAX_TIERS] = [const { AtomicI32::new(-1) }; MAX_TIERS];
+
+/// What the agent promised about a file it wrote.
+pub struct Expect {
+    pub ino: u64,
+    /// ctime in ns; 0 = not checked (a `.part` file, still being written).
+    pub ctime_ns: u64,
+    /// Size; `None` = not checked (a `.part` or chunk file).
+    pub size: Option<u64>,
+}
+
+fn our_euid() -> u32 {
+    sys!(libc::SYS_geteuid) as u32
+}
+
+fn verified(st: &libc::stat, dev: u64, ino: u64, euid: u32) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+        && st.st_mode & 0o077 == 0
+        && st.st_uid == euid
+        && st.st_dev == dev
+        && st.st_ino == ino
+}
+
+/// The verified object directory fd of `tier`, opening it on first use.
+fn dir_fd(table: &Table, tier: u8) -> Option<c_int> {
+    let slot = DIRS.get(tier as usize)?;
+    let fd = slot.load(Ordering::Acquire);
+    if fd >= 0 {
+        return Some(fd);
+    }
+    let (dev, ino) = table.tier_dir_id(tier as u32)?;
+    if ino == 0 {
+        return None;
+    }
+    let path = table.tier_dir(tier as u32)?;
+    let mut buf = [0u8; BUF];
+    buf.get_mut(..path.len())?.copy_from_slice(path);
+    *buf.get_mut(path.len())? = 0;
+    let fd = detour::raw_openat(
+        libc::AT_FDCWD,
+        buf.as_ptr().cast(),
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        0,
+    );
+    if fd < 0 {
+        return None;
+    }
+    let mut st = detour::empty_stat();
+    if detour::raw_fstat(fd, &mut st) != 0 || !verified(&st, dev, ino, our_euid()) {
+        detour::raw_close(fd);
+        return None;
+    }
+    let fd = out_of_the_way(fd);
+    match slot.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(fd),
+        Err(other) => {
+            // Another thread got there first: keep one.
+            detour::raw_close(fd);
+            Some(other)
+        }
+    }
+}
+
+/// Moves one of our fds to a high number, so the numbers the program's own opens get are the
+/// ones they get without granary (programs and tests do print, pass and assume fd numbers).
+fn out_of_the_way(fd: c_int) -> c_int {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    let r = sys!(
+        libc::SYS_prlimit64,
+        0,
+        libc::RLIMIT_NOFILE,
+        0usize,
+        &mut lim as *mut libc::rlimit
+    );
+    if r != 0 || lim.rlim_cur < 128 {
+        return fd;
+    }
+    let floor = (lim.rlim_cur / 2).min(1000) as c_int;
+    let high = sys!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, floor) as c_int;
+    if high < 0 {
+        return fd;
+    }
+    detour::raw_close(fd);
+    high
+}
+
+/// The program closed (or replaced) fd `fd`: if it was one of our directory fds, forget it (the
+/// kernel already closed it). Cheap: a few loads.
+#[inline]
+pub fn forget(fd: c_int) {
+    for d in &DIRS {
+        if d.load(Ordering::Relaxed) == fd && fd >= 0 {
+            d.store(-1, Ordering::Release);
+        }
+    }
+}
+
+/// The program closed the fds `first..=last`: forget ours among them.
+pub fn forget_range(first: u32, last: u32) {
+    for d in &DIRS {
+        let fd = d.load(Ordering::Relaxed);
+        if fd >= 0 && (first..=last).contains(&(fd as u32)) {
+            d.store(-1, Ordering::Release);
+        }
+    }
+}
+
+/// Opens `name` in tier `tier`'s object directory with the caller's `flags` (read-only), and
+/// returns the fd only if it is the file the agent wrote (see the module comment). Never
+/// blocks, never follows a link, never changes errno. The second value says whether
+/// `O_NOFOLLOW` had to be added (it then shows in `fcntl(F_GETFL)`).
+pub fn open(
+    table: &Table,
+    tier: u8,
+    name: &[u8],
+    flags: c_int,
+    expect: &Expect,
+) -> Option<(c_int, bool)> {
+    let _keep = KeepErrno::new();
+    if expect.ino == 0 {
+        return None;
+    }
+    let dir = dir_fd(table, tier)?;
+    let mut cname = [0u8; 32];
+    cname.get_mut(..name.len())?.copy_from_slice(name);
+    let wanted_nonblock = flags & libc::O_NONBLOCK != 0;
+    let (fd, nofollow_added) = open_beneath(dir, cname.as_ptr().cast(), flags | libc::O_NONBLOCK);
+    if fd < 0 {
+        recheck_dir(table, tier, dir);
+        return None;
+    }
+    let (dev, _) = table.tier_dir_id(tier as u32)?;
+    let mut st = detour::empty_stat();
+    let ok = detour::raw_fstat(fd, &mut st) == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && st.st_mode & 0o077 == 0
+        && st.st_uid == our_euid()
+        && st.st_dev == dev
+        && st.st_ino == expect.ino
+        && (expect.ctime_ns == 0 || ctime_ns(&st) == expect.ctime_ns)
+        && expect.size.is_none_or(|s| st.st_size as u64 == s);
+    if !ok {
+        detour::raw_close(fd);
+        recheck_dir(table, tier, dir);
+        return None;
+    }
+    if !wanted_nonblock {
+        let fl = sys!(libc::SYS_fcntl, fd, libc::F_GETFL);
+        if fl < 0
+            || sys!(
+                libc::SYS_fcntl,
+                fd,
+                libc::F_SETFL,
+                fl & !(libc::O_NONBLOCK as i64)
+            ) < 0
+        {
+            detour::raw_close(fd);
+            return None;
+        }
+    }
+    Some((fd, nofollow_added))
+}
+
+pub fn ctime_ns(st: &libc::stat) -> u64 {
+    (st.st_ctime as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(st.st_ctime_nsec as u64)
+}
+
+/// `openat2(dir, name, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`; `O_NOFOLLOW` on kernels without
+/// `openat2` (the name is a single component, so that forbids every symlink too).
+fn open_beneath(dir: c_int, name: *const libc::c_char, flags: c_int) -> (c_int, bool) {
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+    const RESOLVE_BENEATH: u64 = 0x08;
+    let how = OpenHow {
+        flags: flags as u32 as u64,
+        mode: 0,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    let fd = sys!(
+        libc::SYS_openat2,
+        dir,
+        name,
+        &how as *const OpenHow,
+        core::mem::size_of::<OpenHow>()
+    );
+    if fd >= 0 {
+        return (fd as c_int, false);
+    }
+    if detour::errno() != libc::ENOSYS {
+        return (-1, false);
+    }
+    let fd = detour::raw_openat(dir, name, flags | libc::O_NOFOLLOW, 0);
+    (fd, flags & libc::O_NOFOLLOW == 0)
+}
+
+/// After a failed open or check: is our directory fd still the verified directory? If not (the
+/// program closed it behind our back and the number now names something else), forget it —
+/// without closing it, since it is not ours any more.
+fn recheck_dir(table: &Table, tier: u8, dir: c_int) {
+    let Some((dev, ino)) = table.tier_dir_id(tier as u32) else {
+        return;
+    };
+    let mut st = detour::empty_stat();
+    if detour::raw_fstat(dir, &mut st) != 0 || !verified(&st, dev, ino, our_euid()) {
+        if let Some(slot) = DIRS.get(tier as usize) {
+            let _ = slot.compare_exchange(dir, -1, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+}

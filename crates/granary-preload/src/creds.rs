@@ -1,0 +1,121 @@
+//! Whose permissions the catalog speaks for. The agent walks and copies the source with the
+//! user's credentials, so what the catalog says is readable (a listing it made, a copy it placed)
+//! is what the kernel lets *those* credentials read — POSIX ACLs, other security attributes and
+//! all. A process with other credentials (a setuid program, another group list after `newgrp`,
+//! `setgroups`, `setuid`) must not be answered from the catalog: it passes everything through.
+//!
+//! Checked once in the constructor and again after every credential change we see (the
+//! `set*id`/`setgroups` hooks below). A change made by a raw system call is a blind spot, like
+//! every raw system call.
+
+use core::ffi::c_int;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use granary_shm::{groups_hash, Table};
+
+use crate::detour::{real, sys};
+
+static MATCH: AtomicBool = AtomicBool::new(false);
+
+/// True while this process's credentials are the agent's (the catalog may answer for it).
+#[inline]
+pub fn ok() -> bool {
+    MATCH.load(Ordering::Relaxed)
+}
+
+/// This process's credentials as the table records the agent's: `None` when real, effective,
+/// saved and file-system ids are not all one uid and one gid (access(2) would then judge with
+/// other ids than open(2)), or the group list is too long to read here.
+fn current() -> Option<(u32, u32, u64)> {
+    let (mut r, mut e, mut s) = (0u32, 0u32, 0u32);
+    sys!(
+        libc::SYS_getresuid,
+        &mut r as *mut u32,
+        &mut e as *mut u32,
+        &mut s as *mut u32
+    );
+    // setfsuid with an invalid id only reports the current one.
+    let fsu = sys!(libc::SYS_setfsuid, -1i64) as u32;
+    if r != e || e != s || fsu != e {
+        return None;
+    }
+    let uid = e;
+    sys!(
+        libc::SYS_getresgid,
+        &mut r as *mut u32,
+        &mut e as *mut u32,
+        &mut s as *mut u32
+    );
+    let fsg = sys!(libc::SYS_setfsgid, -1i64) as u32;
+    if r != e || e != s || fsg != e {
+        return None;
+    }
+    let mut groups = [0u32; 1024];
+    let n = sys!(libc::SYS_getgroups, groups.len(), groups.as_mut_ptr());
+    let n = usize::try_from(n).ok()?;
+    Some((uid, e, groups_hash(groups.get_mut(..n)?)))
+}
+
+/// Compares this process's credentials with the agent's; the answer holds until the next change.
+pub fn check(table: &Table) -> bool {
+    let same = current() == Some(table.agent_creds());
+    MATCH.store(same, Ordering::Relaxed);
+    same
+}
+
+fn changed(r: c_int) -> c_int {
+    if r == 0 {
+        let _keep = crate::detour::KeepErrno::new();
+        if let Some(t) = crate::config::table() {
+            check(t);
+        }
+    }
+    r
+}
+
+macro_rules! id_hook {
+    ($name:ident, $slot:ident, ($($arg:ident: $ty:ty),*)) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            type F = unsafe extern "C" fn($($ty),*) -> c_int;
+            changed(real!($slot as F, stringify_c!($name), ($($arg),*) or -1))
+        }
+    };
+}
+
+macro_rules! stringify_c {
+    ($n:ident) => {
+        // SAFETY: concat! yields a NUL-terminated literal without interior NULs.
+        unsafe {
+            core::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($n), "\0").as_bytes())
+        }
+    };
+}
+
+id_hook!(setuid, SETUID, (uid: libc::uid_t));
+id_hook!(seteuid, SETEUID, (uid: libc::uid_t));
+id_hook!(setreuid, SETREUID, (r: libc::uid_t, e: libc::uid_t));
+id_hook!(setresuid, SETRESUID, (r: libc::uid_t, e: libc::uid_t, s: libc::uid_t));
+id_hook!(setgid, SETGID, (gid: libc::gid_t));
+id_hook!(setegid, SETEGID, (gid: libc::gid_t));
+id_hook!(setregid, SETREGID, (r: libc::gid_t, e: libc::gid_t));
+id_hook!(setresgid, SETRESGID, (r: libc::gid_t, e: libc::gid_t, s: libc::gid_t));
+id_hook!(setgroups, SETGROUPS, (n: usize, list: *const libc::gid_t));
+id_hook!(initgroups, INITGROUPS, (user: *const libc::c_char, group: libc::gid_t));
+
+/// `setfsuid`/`setfsgid` return the previous id, not a status: re-check after any call.
+#[no_mangle]
+pub unsafe extern "C" fn setfsuid(uid: libc::uid_t) -> c_int {
+    type F = unsafe extern "C" fn(libc::uid_t) -> c_int;
+    let r = real!(SETFSUID as F, c"setfsuid", (uid) or -1);
+    changed(0);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setfsgid(gid: libc::gid_t) -> c_int {
+    type F = unsafe extern "C" fn(libc::gid_t) -> c_int;
+    let r = real!(SETFSGID as F, c"setfsgid", (gid) or -1);
+    changed(0);
+    r
+}

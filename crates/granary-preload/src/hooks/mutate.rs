@@ -1,0 +1,674 @@
+//! Path calls that change the source (`unlink`, `rename`, `mkdir`, `link`, `symlink`, `truncate`,
+//! `chmod`, `chown`, `utime*`, `*xattr`, `mknod`, and opens for writing): the real call runs,
+//! and whatever it changed stops being answered from the catalog, for every process of the job,
+//! so the program reads back exactly what it wrote.
+//!
+//! What changed is decided by the kernel, not lexically: the path is opened `O_PATH` (following
+//! the last component only where the call does) and `/proc/self/fd/N` tells its canonical place.
+//! So `a/../b`, a symlink inside the source, or another path leading into the source (a symlink
+//! from elsewhere) all invalidate the right entry. Only a path that reaches the source through
+//! another mount of it (a bind mount) is not recognised — a documented limit.
+//!
+//! - the entry itself: `STALE` when its contents or attributes changed (it then passes through),
+//!   `GONE` when the name no longer leads to it (unlink, rename away, rmdir; also a directory
+//!   whose permissions changed): everything under it passes through too;
+//! - its parent directory: `STALE` when the call added or removed a name (its listing and times
+//!   changed); the other children stay served.
+
+use core::ffi::{c_char, c_int, c_uint, c_void};
+
+use granary_shm::{request, state, strip_root, Table};
+
+use crate::detour::{self, real, sys, Guard, KeepErrno};
+use crate::fdtable;
+use crate::path::BUF;
+
+/// How a change leaves an entry.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Void {
+    Stale,
+    Gone,
+}
+
+/// Marks entry `idx` void (never making a `GONE` entry merely `STALE` again: its subtree stays
+/// void) and tells the agent, which drops a copy of it.
+pub fn void(table: &Table, idx: u32, how: Void) {
+    let to = match how {
+        Void::Stale => state::STALE,
+        Void::Gone => state::GONE,
+    };
+    loop {
+        let cur = table.state(idx);
+        let s = state::state_of(cur);
+        if s == state::GONE || s == to {
+            break;
+        }
+        if table.swap_state(idx, cur, state::word(to, 0)) {
+            if table.entry(idx).is_some_and(|e| e.stat.is_file()) {
+                table.push_request(request::INVALIDATE, idx);
+            }
+            if crate::log::enabled() {
+                let rel = table.entry(idx).and_then(|e| table.rel_path(&e));
+                crate::log::line(&[b"changed by the program, not served: ", rel.unwrap_or(b"?")]);
+            }
+            break;
+        }
+    }
+}
+
+/// The canonical path of what `fd` is open on, relative to the source; written into `out`.
+fn rel_of_fd<'a>(table: &Table, fd: c_int, out: &'a mut [u8; BUF]) -> Option<&'a [u8]> {
+    let mut link = [0u8; 40];
+    link[..14].copy_from_slice(b"/proc/self/fd/");
+    let mut d = [0u8; 20];
+    let digits = crate::log::num(fd as u64, &mut d);
+    link.get_mut(14..14 + digits.len())?.copy_from_slice(digits);
+    let n = sys!(
+        libc::SYS_readlinkat,
+        libc::AT_FDCWD,
+        link.as_ptr(),
+        out.as_mut_ptr(),
+        out.len() - 1
+    );
+    let n = usize::try_from(n).ok().filter(|&n| n > 0)?;
+    strip_root(out.get(..n)?, table.source_real_root())
+}
+
+/// The catalog entry `(dirfd, path)` names as the kernel resolves it now (`follow`: through a
+/// final symlink), if it lies in the source.
+pub fn entry_at(table: &Table, dirfd: c_int, path: *const c_char, follow: bool) -> Option<u32> {
+    let flags = libc::O_PATH | libc::O_CLOEXEC | if follow { 0 } else { libc::O_NOFOLLOW };
+    let fd = detour::raw_openat(dirfd, path, flags, 0);
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; BUF];
+    let idx = rel_of_fd(table, fd, &mut buf).and_then(|rel| table.lookup(rel));
+    detour::raw_close(fd);
+    idx
+}
+
+/// The catalogued directory the last component of `(dirfd, path)` lives in, as the kernel
+/// resolves the components before it.
+pub fn parent_at(table: &Table, dirfd: c_int, path: *const c_char) -> Option<u32> {
+    let p = crate::path::bytes(path)?;
+    let mut end = p.len();
+    while end > 1 && p.get(end - 1) == Some(&b'/') {
+        end -= 1;
+    }
+    let trimmed = p.get(..end)?;
+    // Mutations are rare: a zeroed scratch buffer costs nothing that matters here.
+    let mut dir = [0u8; BUF];
+    let dir_path: *const c_char = match trimmed.iter().rposition(|&b| b == b'/') {
+        None => c".".as_ptr(),
+        Some(0) => c"/".as_ptr(),
+        Some(i) => {
+            dir.get_mut(..i)?.copy_from_slice(trimmed.get(..i)?);
+            dir.as_ptr().cast()
+        }
+    };
+    let fd = detour::raw_openat(
+        dirfd,
+        dir_path,
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        0,
+    );
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; BUF];
+    let idx = rel_of_fd(table, fd, &mut buf).and_then(|rel| table.lookup(rel));
+    detour::raw_close(fd);
+    idx
+}
+
+/// What a path call does, for `mutating`.
+pub struct Effect {
+    /// The entry the path names: before the call (it may vanish), following a final symlink
+    /// or not, and how it is left.
+    pub target: Option<(bool, Void)>,
+    /// The call adds or removes the path's name: its directory's listing changes.
+    pub names: bool,
+    /// The call changes permissions (mode, owner, ACLs): on a directory, what lies below it.
+    pub perms: bool,
+}
+
+/// Runs a path call that changes the source: resolves what it touches before (`Effect`), runs
+/// it, and on success voids what it changed. Every process must learn of a change, so this
+/// runs whatever the credentials (`enter_to_invalidate`).
+pub fn mutating(
+    dirfd: c_int,
+    path: *const c_char,
+    effect: Effect,
+    call: impl FnOnce() -> c_int,
+) -> c_int {
+    let Some(g) = detour::enter_to_invalidate() else {
+        return call();
+    };
+    let before = effect
+        .target
+        .and_then(|(follow, _)| entry_at(g.table, dirfd, path, follow));
+    let r = call();
+    if r < 0 {
+        return r;
+    }
+    let _keep = KeepErrno::new();
+    after(&g, dirfd, path, &effect, before);
+    r
+}
+
+fn after(g: &Guard, dirfd: c_int, path: *const c_char, effect: &Effect, before: Option<u32>) {
+    if let (Some(idx), Some((_, how))) = (before, effect.target) {
+        let how = match how {
+            // A directory's permissions decide what lies below it.
+            Void::Stale if effect.perms && is_dir(g.table, idx) => Void::Gone,
+            h => h,
+        };
+        void(g.table, idx, how);
+    }
+    if effect.names {
+        // The name now exists (created, renamed to) or not (removed): its directory changed,
+        // and a catalogued entry of that name was replaced.
+        if let Some(now) = entry_at(g.table, dirfd, path, false) {
+            if Some(now) != before {
+                void(g.table, now, Void::Gone);
+            }
+        }
+        if let Some(parent) = parent_at(g.table, dirfd, path) {
+            void(g.table, parent, Void::Stale);
+        }
+    }
+}
+
+fn is_dir(table: &Table, idx: u32) -> bool {
+    table.entry(idx).is_some_and(|e| e.stat.is_dir())
+}
+
+/// An fd-based change (`fchmod`, `fchown`, `futimens`, `fsetxattr`, …) of what `fd` is open on;
+/// `perms`: a permission change (a directory's subtree then passes through too).
+pub fn fd_changed(fd: c_int, perms: bool) {
+    let Some(g) = detour::enter_to_invalidate() else {
+        return;
+    };
+    let _keep = KeepErrno::new();
+    let idx = match fdtable::get(fd) {
+        Some(t) if t.entry != u32::MAX => Some(t.entry),
+        Some(_) => None,
+        None => {
+            let mut buf = [0u8; BUF];
+            rel_of_fd(g.table, fd, &mut buf).and_then(|rel| g.table.lookup(rel))
+        }
+    };
+    if let Some(idx) = idx {
+        let how = if perms && is_dir(g.table, idx) {
+            Void::Gone
+        } else {
+            Void::Stale
+        };
+        void(g.table, idx, how);
+    }
+}
+
+/// An open that may write (or create): what it opened, seen through the new fd. Returns the
+/// entry it opened (`u32::MAX`: a file under the source the catalog does not know), or `None`
+/// when it is not under the source.
+pub fn opened_for_writing(g: &Guard, fd: c_int) -> Option<u32> {
+    let _keep = KeepErrno::new();
+    let mut buf = [0u8; BUF];
+    let rel = rel_of_fd(g.table, fd, &mut buf)?;
+    match g.table.lookup(rel) {
+        Some(idx) => {
+            void(g.table, idx, Void::Stale);
+            Some(idx)
+        }
+        None => {
+            // A new file: its directory's listing changed.
+            let parent = rel
+                .iter()
+                .rposition(|&b| b == b'/')
+                .map_or(&b""[..], |i| &rel[..i]);
+            if let Some(p) = g.table.lookup(parent) {
+                void(g.table, p, Void::Stale);
+            }
+            Some(u32::MAX)
+        }
+    }
+}
+
+// ---- the hooks ----
+
+const CONTENT: Option<(bool, Void)> = Some((true, Void::Stale));
+const CONTENT_NOFOLLOW: Option<(bool, Void)> = Some((false, Void::Stale));
+const REMOVED: Option<(bool, Void)> = Some((false, Void::Gone));
+
+fn names(target: Option<(bool, Void)>) -> Effect {
+    Effect {
+        target,
+        names: true,
+        perms: false,
+    }
+}
+
+fn attrs(target: Option<(bool, Void)>) -> Effect {
+    Effect {
+        target,
+        names: false,
+        perms: false,
+    }
+}
+
+fn perms(target: Option<(bool, Void)>) -> Effect {
+    Effect {
+        target,
+        names: false,
+        perms: true,
+    }
+}
+
+fn at_follow(flags: c_int) -> Option<(bool, Void)> {
+    if flags & libc::AT_SYMLINK_NOFOLLOW != 0 {
+        CONTENT_NOFOLLOW
+    } else {
+        CONTENT
+    }
+}
+
+type P1 = unsafe extern "C" fn(*const c_char) -> c_int;
+type P2 = unsafe extern "C" fn(*const c_char, *const c_char) -> c_int;
+type AtP = unsafe extern "C" fn(c_int, *const c_char, c_int) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
+    mutating(
+        libc::AT_FDCWD,
+        path,
+        names(REMOVED),
+        || real!(UNLINK as P1, (path) else sys!(libc::SYS_unlinkat, libc::AT_FDCWD, path, 0) as c_int),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    mutating(dirfd, path, names(REMOVED), || {
+        real!(UNLINKAT as AtP, (dirfd, path, flags)
+            else sys!(libc::SYS_unlinkat, dirfd, path, flags) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
+    mutating(libc::AT_FDCWD, path, names(REMOVED), || {
+        real!(RMDIR as P1, (path)
+            else sys!(libc::SYS_unlinkat, libc::AT_FDCWD, path, libc::AT_REMOVEDIR) as c_int)
+    })
+}
+
+/// `rename` family: the old name is removed (its entry and everything below it gone), the new
+/// one replaced.
+fn rename_impl(
+    olddir: c_int,
+    old: *const c_char,
+    newdir: c_int,
+    new: *const c_char,
+    call: impl FnOnce() -> c_int,
+) -> c_int {
+    // The new name first: its effects are judged after the call, the old name's before.
+    mutating(olddir, old, names(REMOVED), || {
+        mutating(newdir, new, names(REMOVED), call)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rename(old: *const c_char, new: *const c_char) -> c_int {
+    rename_impl(libc::AT_FDCWD, old, libc::AT_FDCWD, new, || {
+        real!(RENAME as P2, (old, new)
+            else sys!(libc::SYS_renameat2, libc::AT_FDCWD, old, libc::AT_FDCWD, new, 0) as c_int)
+    })
+}
+
+type RenameatFn = unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char) -> c_int;
+type Renameat2Fn =
+    unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char, c_uint) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn renameat(
+    olddir: c_int,
+    old: *const c_char,
+    newdir: c_int,
+    new: *const c_char,
+) -> c_int {
+    rename_impl(olddir, old, newdir, new, || {
+        real!(RENAMEAT as RenameatFn, (olddir, old, newdir, new)
+            else sys!(libc::SYS_renameat2, olddir, old, newdir, new, 0) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn renameat2(
+    olddir: c_int,
+    old: *const c_char,
+    newdir: c_int,
+    new: *const c_char,
+    flags: c_uint,
+) -> c_int {
+    rename_impl(olddir, old, newdir, new, || {
+        real!(RENAMEAT2 as Renameat2Fn, (olddir, old, newdir, new, flags)
+            else sys!(libc::SYS_renameat2, olddir, old, newdir, new, flags) as c_int)
+    })
+}
+
+type MkdirFn = unsafe extern "C" fn(*const c_char, libc::mode_t) -> c_int;
+type MkdiratFn = unsafe extern "C" fn(c_int, *const c_char, libc::mode_t) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn mkdir(path: *const c_char, mode: libc::mode_t) -> c_int {
+    mutating(libc::AT_FDCWD, path, names(None), || {
+        real!(MKDIR as MkdirFn, (path, mode)
+            else sys!(libc::SYS_mkdirat, libc::AT_FDCWD, path, mode) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: libc::mode_t) -> c_int {
+    mutating(dirfd, path, names(None), || {
+        real!(MKDIRAT as MkdiratFn, (dirfd, path, mode)
+            else sys!(libc::SYS_mkdirat, dirfd, path, mode) as c_int)
+    })
+}
+
+type MknodFn = unsafe extern "C" fn(*const c_char, libc::mode_t, libc::dev_t) -> c_int;
+type MknodatFn = unsafe extern "C" fn(c_int, *const c_char, libc::mode_t, libc::dev_t) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn mknod(path: *const c_char, mode: libc::mode_t, dev: libc::dev_t) -> c_int {
+    mutating(libc::AT_FDCWD, path, names(None), || {
+        real!(MKNOD as MknodFn, (path, mode, dev)
+            else sys!(libc::SYS_mknodat, libc::AT_FDCWD, path, mode, dev) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mknodat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: libc::mode_t,
+    dev: libc::dev_t,
+) -> c_int {
+    mutating(dirfd, path, names(None), || {
+        real!(MKNODAT as MknodatFn, (dirfd, path, mode, dev)
+            else sys!(libc::SYS_mknodat, dirfd, path, mode, dev) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> c_int {
+    mutating(libc::AT_FDCWD, path, names(None), || {
+        real!(SYMLINK as P2, (target, path)
+            else sys!(libc::SYS_symlinkat, target, libc::AT_FDCWD, path) as c_int)
+    })
+}
+
+type SymlinkatFn = unsafe extern "C" fn(*const c_char, c_int, *const c_char) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn symlinkat(
+    target: *const c_char,
+    dirfd: c_int,
+    path: *const c_char,
+) -> c_int {
+    mutating(dirfd, path, names(None), || {
+        real!(SYMLINKAT as SymlinkatFn, (target, dirfd, path)
+            else sys!(libc::SYS_symlinkat, target, dirfd, path) as c_int)
+    })
+}
+
+/// `link` also changes the linked file (its link count and ctime).
+fn link_impl(
+    olddir: c_int,
+    old: *const c_char,
+    follow_old: bool,
+    newdir: c_int,
+    new: *const c_char,
+    call: impl FnOnce() -> c_int,
+) -> c_int {
+    let old_effect = attrs(Some((follow_old, Void::Stale)));
+    mutating(olddir, old, old_effect, || {
+        mutating(newdir, new, names(None), call)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn link(old: *const c_char, new: *const c_char) -> c_int {
+    link_impl(libc::AT_FDCWD, old, false, libc::AT_FDCWD, new, || {
+        real!(LINK as P2, (old, new)
+            else sys!(libc::SYS_linkat, libc::AT_FDCWD, old, libc::AT_FDCWD, new, 0) as c_int)
+    })
+}
+
+type LinkatFn = unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char, c_int) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn linkat(
+    olddir: c_int,
+    old: *const c_char,
+    newdir: c_int,
+    new: *const c_char,
+    flags: c_int,
+) -> c_int {
+    let follow = flags & libc::AT_SYMLINK_FOLLOW != 0;
+    link_impl(olddir, old, follow, newdir, new, || {
+        real!(LINKAT as LinkatFn, (olddir, old, newdir, new, flags)
+            else sys!(libc::SYS_linkat, olddir, old, newdir, new, flags) as c_int)
+    })
+}
+
+type TruncateFn = unsafe extern "C" fn(*const c_char, libc::off_t) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn truncate(path: *const c_char, len: libc::off_t) -> c_int {
+    mutating(libc::AT_FDCWD, path, attrs(CONTENT), || {
+        real!(TRUNCATE as TruncateFn, (path, len)
+            else sys!(libc::SYS_truncate, path, len) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn truncate64(path: *const c_char, len: libc::off_t) -> c_int {
+    mutating(libc::AT_FDCWD, path, attrs(CONTENT), || {
+        real!(TRUNCATE64 as TruncateFn, (path, len)
+            else sys!(libc::SYS_truncate, path, len) as c_int)
+    })
+}
+
+type ChmodFn = unsafe extern "C" fn(*const c_char, libc::mode_t) -> c_int;
+type FchmodatFn = unsafe extern "C" fn(c_int, *const c_char, libc::mode_t, c_int) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn chmod(path: *const c_char, mode: libc::mode_t) -> c_int {
+    mutating(libc::AT_FDCWD, path, perms(CONTENT), || {
+        real!(CHMOD as ChmodFn, (path, mode)
+            else sys!(libc::SYS_fchmodat, libc::AT_FDCWD, path, mode) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fchmodat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: libc::mode_t,
+    flags: c_int,
+) -> c_int {
+    mutating(dirfd, path, perms(at_follow(flags)), || {
+        real!(FCHMODAT as FchmodatFn, (dirfd, path, mode, flags)
+            else sys!(libc::SYS_fchmodat, dirfd, path, mode) as c_int)
+    })
+}
+
+type ChownFn = unsafe extern "C" fn(*const c_char, libc::uid_t, libc::gid_t) -> c_int;
+type FchownatFn =
+    unsafe extern "C" fn(c_int, *const c_char, libc::uid_t, libc::gid_t, c_int) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn chown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    mutating(libc::AT_FDCWD, path, perms(CONTENT), || {
+        real!(CHOWN as ChownFn, (path, uid, gid)
+            else sys!(libc::SYS_fchownat, libc::AT_FDCWD, path, uid, gid, 0) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lchown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    mutating(libc::AT_FDCWD, path, perms(CONTENT_NOFOLLOW), || {
+        real!(LCHOWN as ChownFn, (path, uid, gid)
+            else sys!(libc::SYS_fchownat, libc::AT_FDCWD, path, uid, gid,
+                      libc::AT_SYMLINK_NOFOLLOW) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fchownat(
+    dirfd: c_int,
+    path: *const c_char,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    flags: c_int,
+) -> c_int {
+    mutating(dirfd, path, perms(at_follow(flags)), || {
+        real!(FCHOWNAT as FchownatFn, (dirfd, path, uid, gid, flags)
+            else sys!(libc::SYS_fchownat, dirfd, path, uid, gid, flags) as c_int)
+    })
+}
+
+type UtimeFn = unsafe extern "C" fn(*const c_char, *const c_void) -> c_int;
+type FutimesatFn = unsafe extern "C" fn(c_int, *const c_char, *const c_void) -> c_int;
+type UtimensatFn = unsafe extern "C" fn(c_int, *const c_char, *const c_void, c_int) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn utime(path: *const c_char, times: *const c_void) -> c_int {
+    mutating(
+        libc::AT_FDCWD,
+        path,
+        attrs(CONTENT),
+        || real!(UTIME as UtimeFn, c"utime", (path, times) or -1),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn utimes(path: *const c_char, times: *const c_void) -> c_int {
+    mutating(
+        libc::AT_FDCWD,
+        path,
+        attrs(CONTENT),
+        || real!(UTIMES as UtimeFn, c"utimes", (path, times) or -1),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lutimes(path: *const c_char, times: *const c_void) -> c_int {
+    mutating(
+        libc::AT_FDCWD,
+        path,
+        attrs(CONTENT_NOFOLLOW),
+        || real!(LUTIMES as UtimeFn, c"lutimes", (path, times) or -1),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn futimesat(
+    dirfd: c_int,
+    path: *const c_char,
+    times: *const c_void,
+) -> c_int {
+    if path.is_null() {
+        // futimesat(fd, NULL, …) changes the fd's file.
+        let r = real!(FUTIMESAT as FutimesatFn, c"futimesat", (dirfd, path, times) or -1);
+        if r == 0 {
+            fd_changed(dirfd, false);
+        }
+        return r;
+    }
+    mutating(
+        dirfd,
+        path,
+        attrs(CONTENT),
+        || real!(FUTIMESAT as FutimesatFn, c"futimesat", (dirfd, path, times) or -1),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn utimensat(
+    dirfd: c_int,
+    path: *const c_char,
+    times: *const c_void,
+    flags: c_int,
+) -> c_int {
+    let call = || {
+        real!(UTIMENSAT as UtimensatFn, (dirfd, path, times, flags)
+            else sys!(libc::SYS_utimensat, dirfd, path, times, flags) as c_int)
+    };
+    if path.is_null() || crate::path::bytes(path).is_some_and(|p| p.is_empty()) {
+        // utimensat(fd, NULL or "" with AT_EMPTY_PATH, …) is futimens.
+        let r = call();
+        if r == 0 {
+            fd_changed(dirfd, false);
+        }
+        return r;
+    }
+    mutating(dirfd, path, attrs(at_follow(flags)), call)
+}
+
+type SetxattrFn =
+    unsafe extern "C" fn(*const c_char, *const c_char, *const c_void, usize, c_int) -> c_int;
+type RemovexattrFn = unsafe extern "C" fn(*const c_char, *const c_char) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn setxattr(
+    path: *const c_char,
+    name: *const c_char,
+    value: *const c_void,
+    size: usize,
+    flags: c_int,
+) -> c_int {
+    mutating(
+        libc::AT_FDCWD,
+        path,
+        perms(CONTENT),
+        || real!(SETXATTR as SetxattrFn, c"setxattr", (path, name, value, size, flags) or -1),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lsetxattr(
+    path: *const c_char,
+    name: *const c_char,
+    value: *const c_void,
+    size: usize,
+    flags: c_int,
+) -> c_int {
+    mutating(
+        libc::AT_FDCWD,
+        path,
+        perms(CONTENT_NOFOLLOW),
+        || real!(LSETXATTR as SetxattrFn, c"lsetxattr", (path, name, value, size, flags) or -1),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn removexattr(path: *const c_char, name: *const c_char) -> c_int {
+    mutating(
+        libc::AT_FDCWD,
+        path,
+        perms(CONTENT),
+        || real!(REMOVEXATTR as RemovexattrFn, c"removexattr", (path, name) or -1),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lremovexattr(path: *const c_char, name: *const c_char) -> c_int {
+    mutating(
+        libc::AT_FDCWD,
+        path,
+        perms(CONTENT_NOFOLLOW),
+        || real!(LREMOVEXATTR as RemovexattrFn, c"lremovexattr", (path, name) or -1),
+    )
+}

@@ -1,0 +1,269 @@
+//! Moving an fd's reads to another file: the complete copy of a file it has open on the source,
+//! or the source of a copy the program has since changed.
+//!
+//! Two ways, and the rule that picks one (docs/preload-rules.md, "Shared offsets"):
+//! - **switch**: open the other file and `dup3` it over the fd's number, at the same offset. The
+//!   fd then has a new open file description (OFD): only done when the OFD is this fd's alone
+//!   (`exclusive`), or a `dup`, a forked child or an `exec`'d child sharing it would keep reading
+//!   the old file at an offset no longer shared.
+//! - **serve**: keep the fd, and answer each read from the other file opened for the call (a
+//!   `pread` at the fd's offset, then `lseek` of the fd past what was read, under the fd's `BUSY`
+//!   lock). Sharers keep sharing the offset; nothing about the fd changes.
+
+use core::ffi::c_int;
+
+use granary_shm::{job, object_name, state, EntryRec};
+
+use crate::copies::{self, Expect};
+use crate::detour::{self, sys, Guard, KeepErrno};
+use crate::fdtable::{self, flag, Kind, Tracked};
+use crate::log;
+use crate::path::{self, Buf};
+
+/// Reads `want` bytes (fewer only at a short read) from `file` at `off` into the caller's
+/// buffers; -1 on error. The hook supplies it: `pread` into one buffer, or over an iovec.
+pub trait Fill {
+    fn fill(&self, file: c_int, off: u64, want: u64) -> isize;
+}
+
+/// True if `t`'s open file description is this fd's alone, so switching it changes nothing for
+/// anybody else.
+pub fn exclusive(t: &Tracked) -> bool {
+    !t.has(flag::SHARED) && !t.has(flag::PINNED) && fdtable::owned()
+}
+
+/// The entry's complete copy, opened read-only with `flags`, if it is exactly what the agent
+/// placed. Reports a damaged copy. Never changes errno.
+pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_int, u8, bool)> {
+    let word = g.table.state(idx);
+    if state::state_of(word) != state::PLACED {
+        return None;
+    }
+    let tier = state::tier_of(word);
+    let (ino, ctime_ns) = g.table.copy_identity(idx);
+    let expect = Expect {
+        ino,
+        ctime_ns,
+        size: Some(e.stat.size),
+    };
+    let opened = copies::open(g.table, tier, &object_name(e.object), flags, &expect);
+    if opened.is_none() {
+        // Gone, damaged, replaced: the agent drops it and places it again.
+        g.table.push_request(granary_shm::request::DAMAGED, idx);
+        g.count(job::FALLBACKS, 1);
+        if log::enabled() {
+            log::line(&[
+                b"cached copy unusable, using the source: ",
+                g.table.rel_path(e).unwrap_or(b"?"),
+            ]);
+        }
+    }
+    opened.map(|(fd, nofollow)| (fd, tier, nofollow))
+}
+
+/// Opens the entry's file on the source, read-only with `flags`, if it is still the inode the
+/// catalog describes (a program that changed the file in place keeps its inode). Never changes
+/// errno.
+pub fn open_source(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<c_int> {
+    let _keep = KeepErrno::new();
+    let mut buf = Buf::new();
+    let p = path::entry_path(g.table, idx, &mut buf)?;
+    let fd = detour::raw_openat(
+        libc::AT_FDCWD,
+        p,
+        flags | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        0,
+    );
+    if fd < 0 {
+        return None;
+    }
+    let mut st = detour::empty_stat();
+    let same = detour::raw_fstat(fd, &mut st) == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && st.st_ino == e.stat.ino
+        && st.st_dev == libc::makedev(e.stat.dev_major, e.stat.dev_minor);
+    let restored = flags & libc::O_NONBLOCK != 0 || {
+        let fl = sys!(libc::SYS_fcntl, fd, libc::F_GETFL);
+        fl >= 0
+            && sys!(
+                libc::SYS_fcntl,
+                fd,
+                libc::F_SETFL,
+                fl & !(libc::O_NONBLOCK as i64)
+            ) == 0
+    };
+    if !same || !restored {
+        detour::raw_close(fd);
+        return None;
+    }
+    Some(fd)
+}
+
+/// The status flags to open a replacement with: the fd's own, without creation flags; the
+/// replacement is close-on-exec until `dup3` gives it the fd's own FD_CLOEXEC.
+fn replacement_flags(fd: c_int) -> Option<c_int> {
+    let fl = sys!(libc::SYS_fcntl, fd, libc::F_GETFL);
+    if fl < 0 || fl as c_int & libc::O_ACCMODE != libc::O_RDONLY {
+        return None;
+    }
+    let creation = libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC;
+    Some((fl as c_int & !creation) | libc::O_CLOEXEC)
+}
+
+/// Puts `new` (a freshly opened fd) under `fd`'s number at `fd`'s offset, keeping its
+/// FD_CLOEXEC, and tracks it as `to`. The caller holds `fd`'s `BUSY` lock and checked
+/// `exclusive`. `new` is always closed.
+fn put_under(fd: c_int, new: c_int, to: Tracked) -> bool {
+    let fdfl = sys!(libc::SYS_fcntl, fd, libc::F_GETFD);
+    let pos = sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR);
+    let cloexec = if fdfl >= 0 && fdfl as c_int & libc::FD_CLOEXEC != 0 {
+        libc::O_CLOEXEC
+    } else {
+        0
+    };
+    // Position first: dup3 shares the OFD, offset included, so nothing can fail after the fd
+    // has been replaced.
+    let ok = fdfl >= 0
+        && pos >= 0
+        && sys!(libc::SYS_lseek, new, pos, libc::SEEK_SET) == pos
+        && sys!(libc::SYS_dup3, new, fd, cloexec) == fd as libc::c_long;
+    detour::raw_close(new);
+    if ok {
+        fdtable::track(fd, to);
+    }
+    ok
+}
+
+/// A source fd whose file is now placed: switched to the complete copy when the fd is
+/// `exclusive`. Tried once: a failure (or a shared fd) pins it to the source, whose reads are
+/// then served from the copy call by call (`serve`).
+pub fn to_copy(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> Option<u8> {
+    let _keep = KeepErrno::new();
+    if !exclusive(&t) {
+        if log::enabled() {
+            let why: &[u8] = if t.has(flag::SHARED) {
+                b"shared"
+            } else if t.has(flag::PINNED) {
+                b"pinned"
+            } else {
+                b"not ours"
+            };
+            let mut d = [0u8; 20];
+            let n = log::num(fd as u64, &mut d);
+            log::line(&[
+                why,
+                b" fd ",
+                n,
+                b", served from the copy call by call: ",
+                rel(g, e),
+            ]);
+        }
+        return None;
+    }
+    let switched = replacement_flags(fd)
+        .and_then(|fl| open_copy(g, t.entry, e, fl))
+        .and_then(|(new, tier, nofollow)| {
+            let mut flags = 0;
+            if nofollow {
+                flags |= flag::NOFOLLOW_ADDED;
+            }
+            put_under(fd, new, Tracked::new(t.entry, Kind::Tier(tier), flags)).then_some(tier)
+        });
+    match switched {
+        Some(tier) => {
+            g.count(job::TIER_FILES + tier as usize, 1);
+            if log::enabled() {
+                let mut d = [0u8; 20];
+                let n = log::num(fd as u64, &mut d);
+                log::line(&[b"switched fd ", n, b" to the complete copy: ", rel(g, e)]);
+            }
+        }
+        None => {
+            fdtable::set_flag(fd, flag::PINNED);
+            if log::enabled() {
+                log::line(&[
+                    b"could not switch to the copy, staying on the source: ",
+                    rel(g, e),
+                ]);
+            }
+        }
+    }
+    switched
+}
+
+/// A tier fd whose entry the program changed in place (or that takes a lock, or changes the
+/// file's attributes): switched to the source when the fd is `exclusive`. Returns false when it
+/// stays on the copy (its reads are then served from the source call by call).
+pub fn to_source(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> bool {
+    let _keep = KeepErrno::new();
+    if !exclusive(&t) {
+        return false;
+    }
+    let ok = replacement_flags(fd)
+        .and_then(|fl| open_source(g, t.entry, e, fl))
+        .is_some_and(|new| put_under(fd, new, Tracked::new(t.entry, Kind::Source, flag::PINNED)));
+    if ok && log::enabled() {
+        log::line(&[b"moved to the source: ", rel(g, e)]);
+    }
+    ok
+}
+
+fn rel<'a>(g: &'a Guard, e: &EntryRec) -> &'a [u8] {
+    g.table.rel_path(e).unwrap_or(b"?")
+}
+
+/// `[pos, end)`: the part of a read of `len` bytes at `off` (`None`: the fd's offset) that
+/// lies inside a file of `size` bytes; `None` when nothing does (EOF, bad offset: the real call
+/// answers that).
+pub fn range(fd: c_int, off: Option<i64>, len: u64, size: u64) -> Option<(u64, u64)> {
+    /// The kernel never moves more than this in one read (`MAX_RW_COUNT`).
+    const MAX_RW: u64 = 0x7fff_f000;
+    let pos = match off {
+        Some(o) => o,
+        None => sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR) as i64,
+    };
+    let pos = u64::try_from(pos).ok()?;
+    let want = len.min(MAX_RW);
+    if pos >= size || want == 0 {
+        return None;
+    }
+    Some((pos, pos.saturating_add(want).min(size)))
+}
+
+/// How `serve` reads.
+pub struct Serve {
+    /// Where `[pos, end)` of the file lies in the file read from.
+    pub file_off: u64,
+    /// `read`-style call: move the fd's offset past what was read.
+    pub move_offset: bool,
+    /// Fewer bytes than asked are an answer (end of file), not a failure.
+    pub short_ok: bool,
+    /// Drop the pages read (page-cache residency).
+    pub transient: bool,
+}
+
+/// Serves `[pos, end)` of the file from `file` and closes `file`. `None`: not served (the
+/// caller runs the real call).
+pub fn serve(
+    fd: c_int,
+    file: c_int,
+    pos: u64,
+    end: u64,
+    how: &Serve,
+    f: &impl Fill,
+) -> Option<isize> {
+    let want = end - pos;
+    let n = f.fill(file, how.file_off, want);
+    if how.transient && n > 0 {
+        crate::residency::drop_pages(file, how.file_off, n as u64);
+    }
+    detour::raw_close(file);
+    if n < 0 || (n as u64 != want && !how.short_ok) {
+        return None;
+    }
+    if how.move_offset && sys!(libc::SYS_lseek, fd, pos + n as u64, libc::SEEK_SET) < 0 {
+        // The bytes are in the buffer but the offset did not move: let the real call answer.
+        return None;
+    }
+    Some(n)
+}
