@@ -424,12 +424,12 @@ fn enospc_spills_to_the_next_tier() {
 }
 
 /// Present chunks of a chunk file, from its header (`granary_shm::layout`): one xxh3 per chunk
-/// from byte 64, 0 = absent.
+/// after the fixed header, 0 = absent.
 fn present_chunks(path: &Path, count: u64) -> Vec<u64> {
     let b = std::fs::read(path).unwrap();
     (0..count)
         .filter(|&k| {
-            let at = 64 + 8 * k as usize;
+            let at = granary_shm::layout::CHUNK_HEADER_FIXED + 8 * k as usize;
             u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) != 0
         })
         .collect()
