@@ -17,19 +17,26 @@ use crate::sync::{Arc, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 /// A tier as configured: where its cache lives and how much it may hold.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TierSpec {
     pub path: PathBuf,
     pub capacity: u64,
     pub block_size: u64,
+    /// The capacity was not asked for (90 % of the free space when the job started): it never
+    /// disagrees with the capacity the agent already has for the directory.
+    #[serde(default)]
+    pub default_capacity: bool,
 }
 
 pub const DEFAULT_BLOCK_SIZE: u64 = 4096;
 
 #[derive(Debug)]
 pub struct Tier {
+    /// As first declared; the capacity in force is `capacity`.
     pub spec: TierSpec,
-    /// Reserved plus committed bytes; never exceeds `spec.capacity`.
+    /// Bytes it may hold: `spec.capacity`, or what a job declared later while no job used it.
+    capacity: AtomicU64,
+    /// Reserved plus committed bytes; never exceeds `capacity` (unless it was lowered).
     used: AtomicU64,
     committed: AtomicU64,
     /// A write to the tier failed with ENOSPC or EIO although the accounting had room (the file
@@ -100,6 +107,7 @@ impl Tier {
             spec.block_size = DEFAULT_BLOCK_SIZE;
         }
         Tier {
+            capacity: AtomicU64::new(spec.capacity),
             spec,
             used: AtomicU64::new(0),
             committed: AtomicU64::new(0),
@@ -157,7 +165,7 @@ impl Tiers {
         let mut cur = t.used.load(Ordering::Acquire);
         loop {
             let next = cur.checked_add(charge)?;
-            if next > t.spec.capacity {
+            if next > t.capacity.load(Ordering::Acquire) {
                 return None;
             }
             match t
@@ -214,7 +222,7 @@ impl Tiers {
                 let used = t.used.load(Ordering::Acquire);
                 TierUsage {
                     path: t.spec.path.clone(),
-                    capacity: t.spec.capacity,
+                    capacity: t.capacity.load(Ordering::Acquire),
                     block_size: t.spec.block_size,
                     used: committed,
                     reserved: used.saturating_sub(committed),
@@ -232,6 +240,8 @@ impl Tiers {
 #[derive(Debug, Default)]
 pub struct TierRegistry {
     tiers: Mutex<HashMap<PathBuf, Arc<Tier>>>,
+    /// Conflict notes already given (each is said once).
+    noted: Mutex<std::collections::HashSet<String>>,
 }
 
 impl TierRegistry {
@@ -246,10 +256,17 @@ impl TierRegistry {
         self.lock().get(&Self::key(path)).cloned()
     }
 
-    /// `specs` as `Tiers`, registering directories not seen before. The second value lists, for
-    /// each spec that disagrees with its directory's registered capacity or block size, a
-    /// human-readable line saying what is used instead.
-    pub fn resolve(&self, specs: &[TierSpec]) -> (Tiers, Vec<String>) {
+    /// `specs` as `Tiers`, registering directories not seen before. A directory already known
+    /// with another capacity takes the asked one when `in_use` says no attached job uses it
+    /// (its copies stay; a smaller capacity only stops new ones); otherwise it keeps its
+    /// capacity, and the second value says so — once per directory and asked capacity. Block
+    /// sizes never change (every copy is charged in them). A default capacity (not asked for)
+    /// never disagrees.
+    pub fn resolve(
+        &self,
+        specs: &[TierSpec],
+        in_use: impl Fn(&Arc<Tier>) -> bool,
+    ) -> (Tiers, Vec<String>) {
         let mut map = self.lock();
         let mut notes = Vec::new();
         let mut out = Vec::with_capacity(specs.len());
@@ -258,7 +275,25 @@ impl TierRegistry {
                 .entry(Self::key(&spec.path))
                 .or_insert_with(|| Arc::new(Tier::new(spec.clone())))
                 .clone();
-            notes.extend(conflict(&t, spec));
+            let asked = spec.capacity;
+            let now = t.capacity.load(Ordering::Acquire);
+            if !spec.default_capacity && asked != now && !in_use(&t) {
+                tracing::info!(
+                    "tier {}: capacity {asked} bytes from now on (was {now})",
+                    spec.path.display()
+                );
+                t.capacity.store(asked, Ordering::Release);
+            }
+            if let Some(n) = conflict(&t, spec) {
+                if self
+                    .noted
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(n.clone())
+                {
+                    notes.push(n);
+                }
+            }
             out.push(t);
         }
         (Tiers::from_shared(out), notes)
@@ -292,12 +327,14 @@ fn conflict(t: &Tier, asked: &TierSpec) -> Option<String> {
     } else {
         asked.block_size
     };
-    (t.spec.capacity != asked.capacity || t.spec.block_size != block).then(|| {
+    let capacity = t.capacity.load(Ordering::Acquire);
+    let cap_differs = !asked.default_capacity && capacity != asked.capacity;
+    (cap_differs || t.spec.block_size != block).then(|| {
         format!(
-            "tier {} already has capacity {} bytes (block {}) in this agent, not {} (block {}); \
-             keeping it (`granary stop` to change)",
+            "tier {} is in use by another job with capacity {} bytes (block {}), not {} (block \
+             {}); keeping it until no job uses it",
             asked.path.display(),
-            t.spec.capacity,
+            capacity,
             t.spec.block_size,
             asked.capacity,
             block
@@ -318,6 +355,7 @@ mod tests {
                     path: PathBuf::from(format!("/t{i}")),
                     capacity: c,
                     block_size: block,
+                    ..Default::default()
                 })
                 .collect(),
         )
@@ -427,18 +465,23 @@ mod tests {
             path: p,
             capacity,
             block_size: 4096,
+            ..Default::default()
         };
         let reg = TierRegistry::default();
-        let (one, notes) = reg.resolve(&[spec(a.clone(), 8192), spec(b.clone(), 1 << 20)]);
+        let in_use = |_: &Arc<Tier>| true;
+        let (one, notes) = reg.resolve(&[spec(a.clone(), 8192), spec(b.clone(), 1 << 20)], in_use);
         assert!(notes.is_empty(), "{notes:?}");
-        // Another source names `a` through a symlink, with another capacity, and `b` first.
-        let (two, notes) = reg.resolve(&[
+        // Another source names `a` through a symlink, with another capacity, and `b` first,
+        // while a job uses `a`: the capacity in force stays, and that is said once.
+        let other = [
             spec(b.clone(), 1 << 20),
             spec(d.path().join("link"), 1 << 30),
-        ]);
+        ];
+        let (two, notes) = reg.resolve(&other, in_use);
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(notes[0].contains("8192"), "{notes:?}");
-        assert_eq!(two.spec(1).capacity, 8192, "first declaration wins");
+        assert!(reg.resolve(&other, in_use).1.is_empty(), "said once");
+        assert_eq!(two.usage()[1].capacity, 8192, "kept while in use");
         assert!(two.shares(1, &reg.get(&a).unwrap()));
         assert!(one.shares(0, &reg.get(&a).unwrap()));
         let r = one.reserve(0, 4096).unwrap();
@@ -456,7 +499,23 @@ mod tests {
             reg.conflicts(&[spec(b.clone(), 1 << 20)]),
             Vec::<String>::new()
         );
-        assert_eq!(reg.conflicts(&[spec(b, 1)]).len(), 1);
+        assert_eq!(reg.conflicts(&[spec(b.clone(), 1)]).len(), 1);
+        // A default capacity never disagrees.
+        let defaulted = TierSpec {
+            default_capacity: true,
+            ..spec(b.clone(), 7)
+        };
+        assert!(reg.conflicts(std::slice::from_ref(&defaulted)).is_empty());
+        assert!(reg.resolve(&[defaulted], |_| false).1.is_empty());
+        assert_eq!(reg.usage()[1].capacity, 1 << 20);
+        // Nobody uses `a` any more: the asked capacity is applied.
+        let (three, notes) = reg.resolve(&[spec(a.clone(), 1 << 16)], |_| false);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(three.usage()[0].capacity, 1 << 16);
+        assert!(
+            one.reserve(0, 60_000).is_some(),
+            "one shares the new capacity"
+        );
     }
 
     #[test]

@@ -167,6 +167,7 @@ fn reuse_keeps_only_valid_copies() {
         path: t.path().join("tier"),
         capacity: 1 << 20,
         block_size: 4096,
+        ..Default::default()
     }]);
     let dirs = vec![objects.clone()];
     let fds = vec![Some(sys::open_dir(&objects).unwrap())];
@@ -250,6 +251,7 @@ fn reuse_rehashes_copies() {
         path: t.path().join("tier"),
         capacity: 1 << 20,
         block_size: 4096,
+        ..Default::default()
     }]);
     let dirs = vec![objects.clone()];
     let fds = vec![Some(sys::open_dir(&objects).unwrap())];
@@ -318,6 +320,7 @@ fn reuse_needs_the_same_source_version_and_the_same_copy() {
         path: t.path().join("tier"),
         capacity: 1 << 20,
         block_size: 4096,
+        ..Default::default()
     }]);
     let dirs = vec![objects.clone()];
     let fds = vec![Some(sys::open_dir(&objects).unwrap())];

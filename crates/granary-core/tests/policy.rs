@@ -16,6 +16,7 @@ fn tiers(caps: &[u64]) -> Tiers {
                 path: PathBuf::from(format!("/t{i}")),
                 capacity: c,
                 block_size: 1,
+                ..Default::default()
             })
             .collect(),
     )

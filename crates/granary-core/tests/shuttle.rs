@@ -25,6 +25,7 @@ fn tiers(caps: &[u64], block: u64) -> Tiers {
                 path: PathBuf::from(format!("/t{i}")),
                 capacity: c,
                 block_size: block,
+                ..Default::default()
             })
             .collect(),
     )

@@ -28,10 +28,41 @@ use crate::sys;
 use crate::tiers::Tiers;
 
 /// Writes `entries` as a table image to `path` atomically.
+///
+/// The space it needs is held in between by `.catalog-room` beside it (allocated, never
+/// written): a tier whose copies filled its file system (one declared larger than it, or shared
+/// with other users' files) still has room for the catalog that says which copies are valid —
+/// without it, every copy would be thrown away at the next job.
 pub fn save(path: &Path, spec: &TableSpec, entries: &[CatalogEntry]) -> std::io::Result<()> {
     let img = granary_shm::build(spec, entries)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
-    write_atomic(path, &img)
+    let room = path.with_file_name(".catalog-room");
+    let _ = std::fs::remove_file(&room);
+    let res = write_atomic(path, &img);
+    // Room for the next save: this image's size and an eighth more (the catalog may grow).
+    hold_room(&room, img.len() as u64 + img.len() as u64 / 8);
+    res
+}
+
+/// Allocates `len` bytes to a file of nothing (`fallocate`), so they stay free for the catalog.
+fn hold_room(path: &Path, len: u64) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    let ok = f.is_ok_and(|f| {
+        // SAFETY: fallocate on an open file; no memory involved.
+        unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, len as i64) == 0 }
+    });
+    if !ok {
+        tracing::debug!(
+            "cannot hold {len} bytes for the catalog at {}",
+            path.display()
+        );
+    }
 }
 
 /// Temporary file in the same directory, then rename: readers see the old or the new file.
@@ -372,11 +403,7 @@ fn reuse_partial(
 }
 
 /// Re-hashes each candidate's object with `threads` threads; true where it matches.
-fn verify_all(
-    candidates: &[Candidate],
-    dir_fds: &[Option<OwnedFd>],
-    threads: usize,
-) -> Vec<bool> {
+fn verify_all(candidates: &[Candidate], dir_fds: &[Option<OwnedFd>], threads: usize) -> Vec<bool> {
     let next = AtomicUsize::new(0);
     let results: Vec<AtomicBool> = candidates.iter().map(|_| AtomicBool::new(false)).collect();
     std::thread::scope(|s| {

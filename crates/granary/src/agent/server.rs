@@ -198,7 +198,17 @@ fn attach(
         if specs.is_empty() {
             bail!("no tiers configured");
         }
-        let (src_tiers, conflicts) = agent.registry.resolve(specs);
+        refuse_tiers_inside(&src, specs)?;
+        let in_use = |t: &Arc<granary_core::tiers::Tier>| {
+            let sources = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
+            sources.values().any(|s| {
+                !Arc::ptr_eq(s, &src)
+                    && s.jobs_now.load(Ordering::Acquire) > 0
+                    && s.ctx()
+                        .is_some_and(|c| (0..c.tiers.len()).any(|i| c.tiers.shares(i, t)))
+            })
+        };
+        let (src_tiers, conflicts) = agent.registry.resolve(specs, in_use);
         notes.extend(conflicts);
         for i in 0..src_tiers.len() {
             let s = src_tiers.spec(i);
@@ -301,6 +311,7 @@ fn attach(
     let note = (!notes.is_empty()).then(|| notes.join("; "));
     let slot = src.claim_slot(pid);
     inner.jobs += 1;
+    src.jobs_now.store(inner.jobs, Ordering::Release);
     agent.jobs.fetch_add(1, Ordering::AcqRel);
     tracing::info!(
         "job {pid} attached to {} (slot {slot}, {} job(s))",
@@ -320,10 +331,27 @@ fn attach(
     Ok((reply, Lease { source: src, slot }))
 }
 
+/// A tier inside the source would put the cache into the dataset's own listings (and copies
+/// of copies): refused, with the fix.
+fn refuse_tiers_inside(src: &SourceState, specs: &[granary_core::tiers::TierSpec]) -> Result<()> {
+    for t in specs {
+        let real = std::fs::canonicalize(&t.path).unwrap_or_else(|_| t.path.clone());
+        if real.starts_with(&src.source_real) || t.path.starts_with(&src.source) {
+            bail!(
+                "tier {} is inside the source {}: choose a tier outside the dataset",
+                t.path.display(),
+                src.source.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn detach(agent: &Agent, l: Lease) {
     l.source.free_slot(l.slot);
     let mut inner = l.source.inner.lock().unwrap_or_else(|e| e.into_inner());
     inner.jobs = inner.jobs.saturating_sub(1);
+    l.source.jobs_now.store(inner.jobs, Ordering::Release);
     agent.jobs.fetch_sub(1, Ordering::AcqRel);
     agent.touch();
     tracing::info!(

@@ -38,6 +38,9 @@ pub struct SourceState {
     pub inner: Mutex<Inner>,
     /// The table requests are consumed from; swapped only under `inner`.
     pub current: RwLock<Option<Arc<SourceCtx>>>,
+    /// `inner.jobs`, readable without the lock (another source's attach asks whether a tier
+    /// is in use while this one may hold its lock for a long walk).
+    pub jobs_now: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -66,6 +69,7 @@ impl SourceState {
             counters: Arc::default(),
             inner: Mutex::default(),
             current: RwLock::default(),
+            jobs_now: AtomicUsize::new(0),
         })
     }
 
@@ -105,6 +109,10 @@ impl SourceState {
         // first tier (where it is saved) is not the new first tier; copies on tiers no longer
         // listed are simply not matched, and their files are left alone.
         let last_file = self.ctx().map(|c| self.catalog_file(&c.tiers));
+        let last_tiers: Vec<PathBuf> = self
+            .ctx()
+            .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
+            .unwrap_or_default();
         self.retire(inner);
         let catalog_file = self.catalog_file(&tiers);
         let prev = last_file
@@ -133,6 +141,7 @@ impl SourceState {
                 }
             }
         }
+        self.forget_tiers(&last_tiers, &tiers, inner);
         let reused = catalog::reuse_chunked(
             &mut entries,
             prev.as_ref(),
@@ -241,6 +250,37 @@ impl SourceState {
         self.persist(inner);
         granary_core::sys::trim_heap();
         Ok(())
+    }
+
+    /// Tiers this source used before and does not any more (a job asked for others): their
+    /// copies could never be reused (the next walk only looks in the source's tiers), so they
+    /// are removed rather than left on disk, uncounted. Only this source's own directory, and
+    /// only in a tier root that is still ours.
+    fn forget_tiers(&self, old: &[PathBuf], now: &Tiers, inner: &mut Inner) {
+        let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
+        let current: Vec<PathBuf> = (0..now.len()).map(|t| canon(&now.spec(t).path)).collect();
+        for root in old {
+            if current.contains(&canon(root)) || tierdir::open_root(root).is_err() {
+                continue;
+            }
+            let dir = root.join(&self.id);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    tracing::info!(
+                        "{}: copies in {} removed",
+                        self.source.display(),
+                        dir.display()
+                    );
+                    inner.tier_notes.push(format!(
+                        "{} no longer uses tier {}: its copies there were removed",
+                        self.source.display(),
+                        root.display()
+                    ));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!("cannot remove {}: {e}", dir.display()),
+            }
+        }
     }
 
     /// Saves the current table's state beside the cache, in its first tier.
