@@ -133,27 +133,40 @@ pub struct Effect {
     pub perms: bool,
 }
 
+/// A path a call changes, and how.
+pub struct Target {
+    pub dirfd: c_int,
+    pub path: *const c_char,
+    pub effect: Effect,
+}
+
 /// Runs a path call that changes the source: resolves what it touches before (`Effect`), runs
 /// it, and on success voids what it changed. Every process must learn of a change, so this
 /// runs whatever the credentials (`enter_to_invalidate`).
-pub fn mutating(
-    dirfd: c_int,
-    path: *const c_char,
-    effect: Effect,
-    call: impl FnOnce() -> c_int,
-) -> c_int {
+pub fn mutating(dirfd: c_int, path: *const c_char, effect: Effect, call: impl FnOnce() -> c_int) -> c_int {
+    mutating_all(&[Target { dirfd, path, effect }], call)
+}
+
+/// `mutating` for a call that changes several paths (`rename`, `link`).
+pub fn mutating_all(targets: &[Target], call: impl FnOnce() -> c_int) -> c_int {
     let Some(g) = detour::enter_to_invalidate() else {
         return call();
     };
-    let before = effect
-        .target
-        .and_then(|(follow, _)| entry_at(g.table, dirfd, path, follow));
+    let mut before = [None; 2];
+    for (b, t) in before.iter_mut().zip(targets) {
+        *b = t
+            .effect
+            .target
+            .and_then(|(follow, _)| entry_at(g.table, t.dirfd, t.path, follow));
+    }
     let r = call();
     if r < 0 {
         return r;
     }
     let _keep = KeepErrno::new();
-    after(&g, dirfd, path, &effect, before);
+    for (b, t) in before.iter().zip(targets) {
+        after(&g, t.dirfd, t.path, &t.effect, *b);
+    }
     r
 }
 
@@ -312,10 +325,19 @@ fn rename_impl(
     new: *const c_char,
     call: impl FnOnce() -> c_int,
 ) -> c_int {
-    // The new name first: its effects are judged after the call, the old name's before.
-    mutating(olddir, old, names(REMOVED), || {
-        mutating(newdir, new, names(REMOVED), call)
-    })
+    let targets = [
+        Target {
+            dirfd: olddir,
+            path: old,
+            effect: names(REMOVED),
+        },
+        Target {
+            dirfd: newdir,
+            path: new,
+            effect: names(REMOVED),
+        },
+    ];
+    mutating_all(&targets, call)
 }
 
 #[no_mangle]
@@ -431,10 +453,19 @@ fn link_impl(
     new: *const c_char,
     call: impl FnOnce() -> c_int,
 ) -> c_int {
-    let old_effect = attrs(Some((follow_old, Void::Stale)));
-    mutating(olddir, old, old_effect, || {
-        mutating(newdir, new, names(None), call)
-    })
+    let targets = [
+        Target {
+            dirfd: olddir,
+            path: old,
+            effect: attrs(Some((follow_old, Void::Stale))),
+        },
+        Target {
+            dirfd: newdir,
+            path: new,
+            effect: names(None),
+        },
+    ];
+    mutating_all(&targets, call)
 }
 
 #[no_mangle]
