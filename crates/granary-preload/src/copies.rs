@@ -173,19 +173,11 @@ pub fn open(
         recheck_dir(table, tier, dir);
         return None;
     }
-    if !wanted_nonblock {
-        let fl = sys!(libc::SYS_fcntl, fd, libc::F_GETFL);
-        if fl < 0
-            || sys!(
-                libc::SYS_fcntl,
-                fd,
-                libc::F_SETFL,
-                fl & !(libc::O_NONBLOCK as i64)
-            ) < 0
-        {
-            detour::raw_close(fd);
-            return None;
-        }
+    // F_SETFL changes only the status flags it can (O_NONBLOCK among them): the caller's flags
+    // are exactly the ones the fd should have.
+    if !wanted_nonblock && sys!(libc::SYS_fcntl, fd, libc::F_SETFL, flags) < 0 {
+        detour::raw_close(fd);
+        return None;
     }
     Some((fd, nofollow_added))
 }

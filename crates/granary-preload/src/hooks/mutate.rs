@@ -143,8 +143,20 @@ pub struct Target {
 /// Runs a path call that changes the source: resolves what it touches before (`Effect`), runs
 /// it, and on success voids what it changed. Every process must learn of a change, so this
 /// runs whatever the credentials (`enter_to_invalidate`).
-pub fn mutating(dirfd: c_int, path: *const c_char, effect: Effect, call: impl FnOnce() -> c_int) -> c_int {
-    mutating_all(&[Target { dirfd, path, effect }], call)
+pub fn mutating(
+    dirfd: c_int,
+    path: *const c_char,
+    effect: Effect,
+    call: impl FnOnce() -> c_int,
+) -> c_int {
+    mutating_all(
+        &[Target {
+            dirfd,
+            path,
+            effect,
+        }],
+        call,
+    )
 }
 
 /// `mutating` for a call that changes several paths (`rename`, `link`).
