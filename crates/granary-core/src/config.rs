@@ -95,6 +95,9 @@ pub struct Config {
     /// Page-cache residency budget (`None`: auto).
     pub page_cache: Option<crate::placement::residency::Budget>,
     pub verify: Option<Verify>,
+    /// `[catalog] immutable`: the datasets of jobs using this configuration never change in
+    /// place; a re-attach validates one `statx` per directory.
+    pub immutable: Option<bool>,
     pub idle_timeout: Option<Duration>,
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,

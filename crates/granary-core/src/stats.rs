@@ -166,6 +166,10 @@ pub struct CatalogStats {
     pub walk_s: f64,
     /// Directories or files the walk could not read; calls on them pass through.
     pub unreadable: u64,
+    /// Entries taken over from the earlier catalog without a call on the source (checked by the
+    /// background validation instead).
+    #[serde(default)]
+    pub carried: u64,
 }
 
 /// One tier's line in the job report.

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use granary_shm::{StatRec, Ts};
+use granary_shm::StatRec;
 
 fn cstr(bytes: &[u8]) -> io::Result<CString> {
     CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL"))
@@ -51,32 +51,7 @@ fn statx_at(dirfd: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> io
             &mut sx,
         )
     })?;
-    let ts = |t: libc::statx_timestamp| Ts {
-        sec: t.tv_sec,
-        nsec: t.tv_nsec,
-        _pad: 0,
-    };
-    Ok(StatRec {
-        mask: sx.stx_mask,
-        blksize: sx.stx_blksize,
-        attributes: sx.stx_attributes,
-        nlink: sx.stx_nlink,
-        uid: sx.stx_uid,
-        gid: sx.stx_gid,
-        mode: sx.stx_mode as u32,
-        ino: sx.stx_ino,
-        size: sx.stx_size,
-        blocks: sx.stx_blocks,
-        attributes_mask: sx.stx_attributes_mask,
-        atime: ts(sx.stx_atime),
-        btime: ts(sx.stx_btime),
-        ctime: ts(sx.stx_ctime),
-        mtime: ts(sx.stx_mtime),
-        rdev_major: sx.stx_rdev_major,
-        rdev_minor: sx.stx_rdev_minor,
-        dev_major: sx.stx_dev_major,
-        dev_minor: sx.stx_dev_minor,
-    })
+    Ok(StatRec::from_statx(&sx))
 }
 
 /// Opens a directory without following a symlink in its last component.
@@ -468,4 +443,23 @@ pub fn release_pages(buf: &mut [u8]) {
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
         }
     }
+}
+
+/// Moves the calling thread to `SCHED_IDLE`: it runs only when a core would otherwise be idle
+/// (background validation and hashing must never slow the program down).
+pub fn sched_idle() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if r != 0 {
+        tracing::debug!("SCHED_IDLE refused: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// Maps a file this process just created under a private name, read-write, to fill it in place
+/// (a table image of a million entries never needs a second copy on the heap).
+pub fn map_new_file(f: &File) -> io::Result<memmap2::MmapMut> {
+    // SAFETY: the caller created `f` under a temporary name nobody else opens; nobody truncates
+    // or remaps it while the mapping lives.
+    unsafe { memmap2::MmapMut::map_mut(f) }
 }

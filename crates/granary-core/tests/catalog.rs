@@ -1,15 +1,16 @@
-//! The catalog against what std reports, and reuse of copies across walks.
+//! The catalog against what std reports; a walk that takes over an earlier table; saved
+//! catalogs; the validation of a reused catalog against every identity field.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::atomic::AtomicBool;
+
 use granary_core::catalog::{self, Progress};
-use granary_core::config::Verify;
 use granary_core::sys;
-use granary_core::tiers::{TierSpec, Tiers};
-use granary_shm::{object_id, object_name, state, Mapping, TableSpec};
+use granary_shm::{lifecycle, state, Mapping, Table, TableSpec};
 use proptest::prelude::*;
 
 fn spec(root: &Path, tier_dirs: &[PathBuf]) -> TableSpec {
@@ -27,15 +28,6 @@ fn spec(root: &Path, tier_dirs: &[PathBuf]) -> TableSpec {
         job_slots: 4,
         ..Default::default()
     }
-}
-
-/// A copy's identity as the agent records it at placement: inode, ctime ns.
-fn identity(p: &Path) -> (u64, u64) {
-    let m = std::fs::symlink_metadata(p).unwrap();
-    (
-        m.ino(),
-        m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64,
-    )
 }
 
 fn map(img: &[u8], dir: &Path) -> (Mapping, granary_shm::Table) {
@@ -77,8 +69,8 @@ proptest! {
         let root = t.path().join("src");
         std::fs::create_dir(&root).unwrap();
         make_tree(&root, &items);
-        let w = catalog::walk(&root, 4, &Progress::default()).unwrap();
-        let img = granary_shm::build(&spec(&root, &[]), &w.entries).unwrap();
+        let w = catalog::walk(&root, None, 4, &Progress::default()).unwrap();
+        let img = granary_shm::build_catalog(&spec(&root, &[]), &w.catalog).unwrap();
         let (_m, table) = map(&img, t.path());
         let mut seen = 0;
         for entry in walkdir(&root) {
@@ -141,243 +133,293 @@ fn unreadable_directory_is_stale_not_empty() {
     std::fs::write(root.join("closed/f"), b"x").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root.join("closed"), std::fs::Permissions::from_mode(0o000)).unwrap();
-    let w = catalog::walk(&root, 2, &Progress::default()).unwrap();
+    let w = catalog::walk(&root, None, 2, &Progress::default()).unwrap();
     std::fs::set_permissions(root.join("closed"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let e = w.entries.iter().find(|e| e.rel_path == b"closed").unwrap();
-    assert_eq!(state::state_of(e.state), state::STALE);
-    assert!(e.children.is_empty());
+    let cat = &w.catalog;
+    let i = (0..cat.len()).find(|&i| cat.name(i) == b"closed").unwrap();
+    assert_eq!(state::state_of(cat.nodes[i].state), state::STALE);
+    assert_eq!(cat.nodes[i].disk.aux2, 0);
 }
 
-/// Walk, "place" some files by hand, save; change, delete and damage some; walk again: only
-/// files whose size, mtime and object still match keep their placement.
-#[test]
-fn reuse_keeps_only_valid_copies() {
-    let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("src");
-    let objects = t.path().join("tier/objects");
-    std::fs::create_dir_all(root.join("d")).unwrap();
-    std::fs::create_dir_all(&objects).unwrap();
-    let names = [
-        "keep", "changed", "deleted", "noobject", "badsize", "d/keep2",
-    ];
-    for n in names {
-        std::fs::write(root.join(n), n.repeat(100)).unwrap();
+/// A tree of 3 directories of files.
+fn tree(root: &Path) {
+    for d in ["a", "b", "c"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+        for i in 0..5 {
+            std::fs::write(
+                root.join(d).join(format!("f{i}")),
+                vec![b'0' + i; 100 + i as usize],
+            )
+            .unwrap();
+        }
     }
-    let tiers = Tiers::new(vec![TierSpec {
-        path: t.path().join("tier"),
-        capacity: 1 << 20,
-        block_size: 4096,
-        ..Default::default()
-    }]);
-    let dirs = vec![objects.clone()];
-    let fds = vec![Some(sys::open_dir(&objects).unwrap())];
-    let mut w = catalog::walk(&root, 2, &Progress::default()).unwrap();
-    let out = catalog::reuse(&mut w.entries, None, &dirs, &fds, &tiers, Verify::Size, 2);
-    assert_eq!(out.files, 0);
-    for e in w.entries.iter_mut().filter(|e| e.stat.is_file()) {
-        let o = objects.join(std::str::from_utf8(&object_name(object_id(&e.rel_path))).unwrap());
-        std::fs::copy(root.join(std::ffi::OsStr::from_bytes(&e.rel_path)), &o).unwrap();
-        e.state = state::word(state::PLACED, 0);
-        e.checksum = 7;
-        (e.copy_ino, e.copy_ctime) = identity(&o);
-    }
-    let saved = t.path().join("catalog.table");
-    catalog::save(&saved, &spec(&root, &dirs), &w.entries).unwrap();
-    std::fs::write(objects.join(".tmp-leftover-1-1"), b"partial").unwrap();
-
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    std::fs::write(root.join("changed"), b"new content").unwrap();
-    std::fs::remove_file(root.join("deleted")).unwrap();
-    let obj =
-        |n: &str| objects.join(std::str::from_utf8(&object_name(object_id(n.as_bytes()))).unwrap());
-    std::fs::remove_file(obj("noobject")).unwrap();
-    std::fs::write(obj("badsize"), b"short").unwrap();
-
-    let prev = catalog::load_persisted(&saved).unwrap();
-    let tiers = Tiers::new(tiers.specs());
-    let mut w2 = catalog::walk(&root, 2, &Progress::default()).unwrap();
-    let out = catalog::reuse(
-        &mut w2.entries,
-        Some(&prev),
-        &dirs,
-        &fds,
-        &tiers,
-        Verify::Size,
-        2,
-    );
-    let placed: Vec<&[u8]> = w2
-        .entries
-        .iter()
-        .filter(|e| state::state_of(e.state) == state::PLACED)
-        .map(|e| e.rel_path.as_slice())
-        .collect();
-    let mut placed = placed;
-    placed.sort();
-    assert_eq!(placed, vec![b"d/keep2".as_slice(), b"keep".as_slice()]);
-    assert_eq!(out.files, 2);
-    assert_eq!(tiers.usage()[0].used, 2 * 4096);
-    let mut left: Vec<String> = std::fs::read_dir(&objects)
-        .unwrap()
-        .map(|d| d.unwrap().file_name().into_string().unwrap())
-        .collect();
-    left.sort();
-    let mut want = vec![
-        std::str::from_utf8(&object_name(object_id(b"keep")))
-            .unwrap()
-            .to_string(),
-        std::str::from_utf8(&object_name(object_id(b"d/keep2")))
-            .unwrap()
-            .to_string(),
-    ];
-    want.sort();
-    assert_eq!(left, want, "stale objects and temporaries are removed");
-    let e = w2.entries.iter().find(|e| e.rel_path == b"keep").unwrap();
-    assert_eq!(e.checksum, 7);
 }
 
-/// With `Verify::Checksum`, a reused copy whose contents changed (same size, one byte flipped)
-/// is rejected and deleted; intact copies are kept; a `.part` left by a killed agent is deleted.
-#[test]
-fn reuse_rehashes_copies() {
-    let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("src");
-    let objects = t.path().join("tier/objects");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&objects).unwrap();
-    for (i, n) in ["good", "flipped", "truncated"].iter().enumerate() {
-        std::fs::write(root.join(n), vec![i as u8 + 1; 10_000]).unwrap();
-    }
-    let tiers = Tiers::new(vec![TierSpec {
-        path: t.path().join("tier"),
-        capacity: 1 << 20,
-        block_size: 4096,
-        ..Default::default()
-    }]);
-    let dirs = vec![objects.clone()];
-    let fds = vec![Some(sys::open_dir(&objects).unwrap())];
-    let mut w = catalog::walk(&root, 2, &Progress::default()).unwrap();
-    let obj = |n: &[u8]| objects.join(std::str::from_utf8(&object_name(object_id(n))).unwrap());
-    for e in w.entries.iter_mut().filter(|e| e.stat.is_file()) {
-        let bytes = std::fs::read(root.join(std::ffi::OsStr::from_bytes(&e.rel_path))).unwrap();
-        std::fs::write(obj(&e.rel_path), &bytes).unwrap();
-        e.state = state::word(state::PLACED, 0);
-        e.checksum = xxhash_rust::xxh3::xxh3_64(&bytes).max(1);
-        (e.copy_ino, e.copy_ctime) = identity(&obj(&e.rel_path));
-    }
-    let saved = t.path().join("catalog.table");
-    catalog::save(&saved, &spec(&root, &dirs), &w.entries).unwrap();
-    let mut f = std::fs::read(obj(b"flipped")).unwrap();
-    f[5000] ^= 0x40;
-    std::fs::write(obj(b"flipped"), f).unwrap();
-    std::fs::write(obj(b"truncated"), [3u8; 100]).unwrap();
-    let part = objects.join("0123456789abcdef.part");
-    std::fs::write(&part, b"torn").unwrap();
-
-    let prev = catalog::load_persisted(&saved).unwrap();
-    let mut w2 = catalog::walk(&root, 2, &Progress::default()).unwrap();
-    let out = catalog::reuse(
-        &mut w2.entries,
-        Some(&prev),
-        &dirs,
-        &fds,
-        &tiers,
-        Verify::Checksum,
-        4,
-    );
-    assert_eq!((out.files, out.rejected), (1, 2), "{out:?}");
-    let st = |n: &[u8]| {
-        let e = w2.entries.iter().find(|e| e.rel_path == n).unwrap();
-        state::state_of(e.state)
-    };
-    assert_eq!(st(b"good"), state::PLACED);
-    assert_eq!(st(b"flipped"), state::UNPLACED);
-    assert_eq!(st(b"truncated"), state::UNPLACED);
-    assert!(obj(b"good").exists());
-    assert!(!obj(b"flipped").exists(), "a corrupt copy is deleted");
-    assert!(!obj(b"truncated").exists());
-    assert!(!part.exists(), "a part left by a killed agent is deleted");
-    assert_eq!(
-        tiers.usage()[0].used,
-        tiers.charge(0, 10_000),
-        "only the good copy"
-    );
-}
-
-/// A copy is reused only while the source is the same version: the same size and mtime are not
-/// enough (`cp -p`, `touch -d` restore mtime; ctime and inode tell). And a copy changed after
-/// placement (its ctime moved) is rejected without being hashed.
-#[test]
-fn reuse_needs_the_same_source_version_and_the_same_copy() {
-    let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("src");
-    let objects = t.path().join("tier/objects");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&objects).unwrap();
-    for n in ["same", "rewritten", "replaced", "touched-copy"] {
-        std::fs::write(root.join(n), n.repeat(50)).unwrap();
-    }
-    let tiers = Tiers::new(vec![TierSpec {
-        path: t.path().join("tier"),
-        capacity: 1 << 20,
-        block_size: 4096,
-        ..Default::default()
-    }]);
-    let dirs = vec![objects.clone()];
-    let fds = vec![Some(sys::open_dir(&objects).unwrap())];
-    let obj = |n: &[u8]| objects.join(std::str::from_utf8(&object_name(object_id(n))).unwrap());
-    let mut w = catalog::walk(&root, 2, &Progress::default()).unwrap();
-    for e in w.entries.iter_mut().filter(|e| e.stat.is_file()) {
-        std::fs::copy(
-            root.join(std::ffi::OsStr::from_bytes(&e.rel_path)),
-            obj(&e.rel_path),
-        )
+fn table_of(
+    root: &Path,
+    dir: &Path,
+    prev: Option<&catalog::Prev<'_>>,
+) -> (Mapping, Table, catalog::Walk) {
+    let w = catalog::walk(root, prev, 2, &Progress::default()).unwrap();
+    let img = granary_shm::build_catalog(&spec(root, &[PathBuf::from("/t/objects")]), &w.catalog)
         .unwrap();
-        e.state = state::word(state::PLACED, 0);
-        e.checksum = 7;
-        (e.copy_ino, e.copy_ctime) = identity(&obj(&e.rel_path));
-    }
-    let saved = t.path().join("catalog.table");
-    catalog::save(&saved, &spec(&root, &dirs), &w.entries).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    // Same size, mtime restored: only the ctime tells.
-    let keep_mtime = |p: &Path, f: &dyn Fn()| {
-        let m = std::fs::metadata(p).unwrap().modified().unwrap();
-        f();
+    let (m, t) = map(&img, dir);
+    lifecycle::validated_by_walk(&t, &w.fresh);
+    // `map` writes `t.table`: a second table of the same test needs its own file.
+    let _ = std::fs::rename(
+        dir.join("t.table"),
+        dir.join(format!("t{}.table", t.entry_count())),
+    );
+    (m, t, w)
+}
+
+/// A walk with an earlier table lists only the directories that table voided and re-reads
+/// only the files it voided; everything else (placements on kept tiers included) is taken over.
+#[test]
+fn a_walk_takes_over_what_the_earlier_table_vouches_for() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("src");
+    tree(&root);
+    let (_m1, t1, w1) = table_of(&root, t.path(), None);
+    assert_eq!(w1.stats.files, 15);
+    let idx = |t: &Table, p: &str| t.lookup(p.as_bytes()).unwrap();
+    // A placed copy on tier 0, a directory whose names changed, a file that changed.
+    let placed = idx(&t1, "a/f1");
+    t1.set_state(placed, state::word(state::PLACED, 0));
+    t1.set_checksum(placed, 77);
+    t1.set_copy_identity(placed, 5, 6);
+    lifecycle::void_entry(&t1, idx(&t1, "b"), lifecycle::Void::Stale);
+    lifecycle::void_entry(&t1, idx(&t1, "c/f2"), lifecycle::Void::Stale);
+    std::fs::write(root.join("b/new"), b"new").unwrap();
+    std::fs::write(root.join("c/f2"), b"other contents").unwrap();
+    // Changed behind the earlier table's back, in a directory it vouches for: taken over as it
+    // was (the attach's validation finds it).
+    std::fs::write(root.join("a/f3"), b"unseen").unwrap();
+    let prev = catalog::Prev {
+        table: &t1,
+        tier_map: vec![Some(0)],
+        chunk_size: 0,
+    };
+    let (_m2, t2, w2) = table_of(&root, t.path(), Some(&prev));
+    assert_eq!(w2.stats.files, 16);
+    assert!(
+        t2.lookup(b"b/new").is_some(),
+        "the voided directory was listed again"
+    );
+    let c2 = t2.entry(idx(&t2, "c/f2")).unwrap();
+    assert_eq!(c2.stat.size, 14, "the voided file was stat'ed again");
+    assert!(t2.is_validated(idx(&t2, "c/f2")) && t2.is_validated(idx(&t2, "b/new")));
+    let a3 = idx(&t2, "a/f3");
+    assert_eq!(
+        t2.entry(a3).unwrap().stat.size,
+        103,
+        "taken over without a call"
+    );
+    assert!(!t2.is_validated(a3), "and left to the validation");
+    let p2 = idx(&t2, "a/f1");
+    assert_eq!(t2.state(p2), state::word(state::PLACED, 0));
+    assert_eq!((t2.checksum(p2), t2.copy_identity(p2)), (77, (5, 6)));
+    assert!(w2.stats.carried >= 10, "{:?}", w2.stats);
+    // A tier the new table does not have: the copy is not carried.
+    let prev = catalog::Prev {
+        table: &t1,
+        tier_map: vec![None],
+        chunk_size: 0,
+    };
+    let (_m3, t3, _) = table_of(&root, t.path(), Some(&prev));
+    assert_eq!(t3.state(idx(&t3, "a/f1")), state::word(state::UNPLACED, 0));
+}
+
+fn validate(t: &Table, root: &Path, immutable: bool) -> catalog::Validation {
+    let epoch = lifecycle::new_attach(t, immutable);
+    let v = catalog::Validation::new(t, epoch, immutable);
+    catalog::validate::run(t, root, &AtomicBool::new(false), &v);
+    v
+}
+
+/// Every identity field: a file is validated only while device, inode, type, size, mtime and
+/// ctime all hold — `cp -p`/`touch -d` restoring mtime is caught by ctime.
+#[test]
+fn validation_catches_every_identity_change() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("src");
+    tree(&root);
+    let (_m, table, _) = table_of(&root, t.path(), None);
+    let set_mtime = |p: &Path, from: &Path| {
+        let m = std::fs::metadata(from).unwrap();
+        let ft = std::fs::FileTimes::new().set_modified(m.modified().unwrap());
         std::fs::File::options()
             .write(true)
             .open(p)
             .unwrap()
-            .set_modified(m)
+            .set_times(ft)
             .unwrap();
     };
-    let r = root.join("rewritten");
-    keep_mtime(&r, &|| std::fs::write(&r, "X".repeat(9 * 50)).unwrap());
-    // Another inode, same size and mtime.
-    let p = root.join("replaced");
-    keep_mtime(&p, &|| {
-        std::fs::write(root.join("tmp"), "replaced".repeat(50)).unwrap();
-        std::fs::rename(root.join("tmp"), &p).unwrap();
-    });
-    // The copy touched after placement (same bytes): its ctime moved.
-    std::fs::write(obj(b"touched-copy"), "touched-copy".repeat(50)).unwrap();
-
-    let prev = catalog::load_persisted(&saved).unwrap();
-    let mut w2 = catalog::walk(&root, 2, &Progress::default()).unwrap();
-    let out = catalog::reuse(
-        &mut w2.entries,
-        Some(&prev),
-        &dirs,
-        &fds,
-        &tiers,
-        Verify::Size,
-        2,
+    let keep = t.path().join("keep");
+    std::fs::copy(root.join("a/f0"), &keep).unwrap();
+    set_mtime(&keep, &root.join("a/f0"));
+    // Same size, mtime restored (only ctime tells).
+    std::fs::write(root.join("a/f0"), vec![b'X'; 100]).unwrap();
+    set_mtime(&root.join("a/f0"), &keep);
+    // Replaced by rename (inode).
+    std::fs::write(t.path().join("tmp"), vec![b'1'; 101]).unwrap();
+    std::fs::rename(t.path().join("tmp"), root.join("a/f1")).unwrap();
+    set_mtime(&root.join("a/f1"), &keep);
+    // chmod and back (ctime only).
+    use std::os::unix::fs::PermissionsExt;
+    let f2 = root.join("a/f2");
+    let mode = std::fs::metadata(&f2).unwrap().permissions().mode();
+    std::fs::set_permissions(&f2, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&f2, std::fs::Permissions::from_mode(mode)).unwrap();
+    // Removed; and a directory that gained a name.
+    std::fs::remove_file(root.join("a/f3")).unwrap();
+    std::fs::write(root.join("b/extra"), b"x").unwrap();
+    let v = validate(&table, &root, false);
+    let st = |p: &str| state::state_of(table.state(table.lookup(p.as_bytes()).unwrap()));
+    let ok = |p: &str| table.is_validated(table.lookup(p.as_bytes()).unwrap());
+    assert_eq!(st("a/f0"), state::STALE);
+    assert_eq!(st("a/f1"), state::STALE);
+    assert_eq!(st("a/f2"), state::STALE);
+    assert_eq!(st("a/f3"), state::GONE);
+    assert_eq!(
+        st("b"),
+        state::STALE,
+        "a directory whose names changed lists from the source"
     );
-    let placed: Vec<&[u8]> = w2
-        .entries
-        .iter()
-        .filter(|e| state::state_of(e.state) == state::PLACED)
-        .map(|e| e.rel_path.as_slice())
-        .collect();
-    assert_eq!(placed, vec![b"same".as_slice()], "{out:?}");
-    assert_eq!(out.rejected, 1, "the touched copy: {out:?}");
+    assert_eq!(
+        st("a"),
+        state::STALE,
+        "renamed over and removed in: its names changed"
+    );
+    for p in ["a/f4", "b/f0", "b/f4", "c", "c/f1", ""] {
+        assert!(ok(p), "{p} unchanged: validated");
+    }
+    assert_eq!(v.changed.load(std::sync::atomic::Ordering::Relaxed), 6);
+}
+
+/// An immutable source: one call per directory; an unchanged directory vouches for its files
+/// (even one rewritten in place — that is what "immutable" promises), a changed one does not.
+#[test]
+fn immutable_validation_checks_directories() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("src");
+    tree(&root);
+    let (_m, table, _) = table_of(&root, t.path(), None);
+    std::fs::write(root.join("c/f1"), vec![b'Z'; 101]).unwrap(); // in place: not seen
+    std::fs::write(root.join("b/extra"), b"x").unwrap();
+    std::fs::write(root.join("b/f0"), b"changed").unwrap();
+    let v = validate(&table, &root, true);
+    let idx = |p: &str| table.lookup(p.as_bytes()).unwrap();
+    assert!(
+        table.is_validated(idx("c/f1")),
+        "vouched for by its directory"
+    );
+    assert_eq!(state::state_of(table.state(idx("b"))), state::STALE);
+    assert_eq!(
+        state::state_of(table.state(idx("b/f0"))),
+        state::STALE,
+        "checked one by one"
+    );
+    assert!(table.is_validated(idx("b/f1")));
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(v.dirs_checked.load(Relaxed), 4);
+    assert_eq!(
+        v.files_checked.load(Relaxed),
+        5,
+        "only the changed directory's files"
+    );
+}
+
+/// A saved catalog comes back as it was saved, minus what belongs to one run; it is refused for
+/// another source, other credentials or other tiers.
+#[test]
+fn saved_catalogs_round_trip_and_are_refused_elsewhere() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("src");
+    tree(&root);
+    let (_m, table, _) = table_of(&root, t.path(), None);
+    let placed = table.lookup(b"a/f1").unwrap();
+    table.set_state(placed, state::word(state::PLACED, 0));
+    table.set_checksum(placed, 9);
+    table.set_copy_identity(placed, 3, 4);
+    let busy = table.lookup(b"a/f2").unwrap();
+    table.set_state(busy, state::word(state::PLACING, 0));
+    table.push_request(granary_shm::request::OPEN_UNPLACED, 1);
+    table.count(1, granary_shm::job::OPENS, 5);
+    let saved = t.path().join("catalog.table");
+    catalog::save(&saved, &table).unwrap();
+    let dirs = vec![b"/t/objects".to_vec()];
+    let ids = vec![(0, 0)];
+    let root_b = root.as_os_str().as_bytes();
+    let expect = catalog::Expect {
+        source_real: root_b,
+        creds: sys::creds(),
+        tier_dirs: &dirs,
+        tier_dir_ids: &ids,
+    };
+    let (_m2, back) = catalog::load(&saved, &t.path().join("live.table"), &expect).unwrap();
+    assert_eq!(back.entry_count(), table.entry_count());
+    for i in 0..table.entry_count() {
+        assert_eq!(back.entry(i), table.entry(i));
+        assert!(
+            !back.is_validated(i),
+            "nothing is trusted before this attach's validation"
+        );
+    }
+    assert_eq!(back.state(placed), state::word(state::PLACED, 0));
+    assert_eq!(
+        (back.checksum(placed), back.copy_identity(placed)),
+        (9, (3, 4))
+    );
+    assert_eq!(
+        back.state(busy),
+        state::word(state::UNPLACED, 0),
+        "a copy in progress is not one"
+    );
+    assert!(back.pop_request().is_none());
+    assert_eq!(
+        back.counter(1, granary_shm::job::OPENS)
+            .unwrap()
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_eq!(back.agent_pid(), std::process::id());
+    let other = t.path().join("other");
+    let mut e2 = catalog::Expect {
+        source_real: other.as_os_str().as_bytes(),
+        ..expect
+    };
+    assert!(matches!(
+        catalog::load(&saved, &t.path().join("x.table"), &e2),
+        Err(catalog::LoadError::Source(_))
+    ));
+    e2.source_real = root_b;
+    e2.creds = (12345, 1, 2);
+    assert!(matches!(
+        catalog::load(&saved, &t.path().join("x.table"), &e2),
+        Err(catalog::LoadError::Creds)
+    ));
+    e2.creds = sys::creds();
+    let dirs2 = vec![b"/elsewhere".to_vec()];
+    e2.tier_dirs = &dirs2;
+    assert!(matches!(
+        catalog::load(&saved, &t.path().join("x.table"), &e2),
+        Err(catalog::LoadError::Tiers)
+    ));
+    assert!(
+        !t.path().join("x.table").exists(),
+        "a refused catalog leaves no table behind"
+    );
+    // A damaged file is refused, never trusted.
+    let mut bytes = std::fs::read(&saved).unwrap();
+    bytes.truncate(bytes.len() / 2);
+    std::fs::write(&saved, &bytes).unwrap();
+    assert!(matches!(
+        catalog::load(&saved, &t.path().join("x.table"), &expect),
+        Err(catalog::LoadError::Table(_))
+    ));
+    assert!(matches!(
+        catalog::load(&t.path().join("none"), &t.path().join("x.table"), &expect),
+        Err(catalog::LoadError::Missing)
+    ));
 }

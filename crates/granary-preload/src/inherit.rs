@@ -149,6 +149,10 @@ fn copy_entry(table: &Table, p: &[u8], st: &libc::stat) -> Option<Tracked> {
 fn source_entry(table: &Table, p: &[u8], st: &libc::stat) -> Option<Tracked> {
     let rel = strip_root(p, table.source_real_root())?;
     let idx = table.lookup(rel)?;
+    // Its listing or state would come from the catalog: only once checked in this attach.
+    if !table.is_validated(idx) {
+        return None;
+    }
     let e = table.entry(idx)?;
     let same = e.stat.ino == st.st_ino
         && libc::makedev(e.stat.dev_major, e.stat.dev_minor) == st.st_dev

@@ -23,3 +23,4 @@ mod release;
 mod residency;
 mod switch;
 mod usermem;
+mod validate;

@@ -84,6 +84,31 @@ impl<'a> Cursor<'a> {
         unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) }
     }
 
+    /// Appends entry `idx`'s path relative to the source root.
+    fn put_rel(&mut self, table: &Table, idx: u32) -> Option<()> {
+        let len = table.rel_path_len(idx)?;
+        let base = self.len;
+        let end = base.checked_add(len)?;
+        if end >= BUF {
+            return None;
+        }
+        let buf = &mut *self.buf;
+        table.rel_path_pieces(idx, len, |at, piece| {
+            if let Some(dst) = buf.get_mut(base + at..base + at + piece.len()) {
+                // SAFETY: `MaybeUninit<u8>` has `u8`'s layout; `dst` has `piece.len()` elements.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(
+                        piece.as_ptr(),
+                        dst.as_mut_ptr().cast::<u8>(),
+                        piece.len(),
+                    )
+                };
+            }
+        })?;
+        self.len = end;
+        Some(())
+    }
+
     fn pop(&mut self) {
         self.len = self.bytes().iter().rposition(|&c| c == b'/').unwrap_or(0);
     }
@@ -240,16 +265,14 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut
 /// Writes `<real source root>/<entry's path>`. The real root, because `..` from the catalog's
 /// root must go where the kernel would take it.
 fn dir_base(table: &Table, entry: u32, n: &mut Cursor<'_>) -> Option<()> {
-    let e = table.entry(entry)?;
-    let rel = table.rel_path(&e)?;
     let root = table.source_real_root();
     n.len = 0;
     if root != b"/" {
         n.put(root)?;
     }
-    if !rel.is_empty() {
+    if entry != 0 {
         n.put(b"/")?;
-        n.put(rel)?;
+        n.put_rel(table, entry)?;
     }
     Some(())
 }
@@ -274,11 +297,16 @@ pub fn real_path_of<'b>(table: &Table, rel: &[u8], buf: &'b mut Buf) -> Option<&
     Some(unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) })
 }
 
-/// The relative path of catalog entry `idx` on the source, NUL-terminated in `buf`, as a pointer
-/// for a system call.
+/// The path of catalog entry `idx` on the source, NUL-terminated in `buf`, as a pointer for a
+/// system call.
 pub fn entry_path(table: &Table, idx: u32, buf: &mut Buf) -> Option<*const c_char> {
-    let e = table.entry(idx)?;
-    let rel = table.rel_path(&e)?;
-    let p = real_path_of(table, rel, buf)?;
-    Some(p.as_ptr().cast())
+    let mut c = Cursor::new(buf);
+    dir_base(table, idx, &mut c)?;
+    if c.len == 0 {
+        c.put(b"/")?;
+    }
+    let len = c.len;
+    let Cursor { buf, .. } = c;
+    buf.get_mut(len)?.write(0);
+    Some(buf.as_ptr().cast())
 }

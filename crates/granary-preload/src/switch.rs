@@ -54,7 +54,7 @@ pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_i
         if log::enabled() {
             log::line(&[
                 b"cached copy unusable, using the source: ",
-                g.table.rel_path(e).unwrap_or(b"?"),
+                g.table.name(e).unwrap_or(b"?"),
             ]);
         }
     }
@@ -209,7 +209,7 @@ pub fn to_source(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> bool {
 }
 
 fn rel<'a>(g: &'a Guard, e: &EntryRec) -> &'a [u8] {
-    g.table.rel_path(e).unwrap_or(b"?")
+    g.table.name(e).unwrap_or(b"?")
 }
 
 /// `[pos, end)`: the part of a read of `len` bytes at `off` (`None`: the fd's offset) that

@@ -1,11 +1,18 @@
-//! Serialises a catalog into a table image. The agent writes the image to a temporary file,
+//! Serialises a catalog into a table image. The agent writes the image into a temporary file,
 //! renames it into place and only then hands its path to clients, so readers never see a
 //! half-built table.
+//!
+//! The builder's input is a `Catalog`: compact nodes (the `DiskEntry` each becomes, plus its
+//! initial placement state) with a string pool and interned stat classes, so a walk of a million
+//! files holds about 120 bytes per file until the image is written. `CatalogEntry` is the
+//! plain-data form (one `Vec` per path) that tests and small tools find easier to write.
+
+use std::collections::HashMap;
 
 use crate::layout::*;
 
-/// One path of the source, as the walk found it. `entries[0]` is the root; `children` index into
-/// the same slice, in the order the source listed them.
+/// One path of the source, as plain data. `entries[0]` is the root; `children` index into the
+/// same slice, in the order the source listed them.
 #[derive(Clone, Debug, Default)]
 pub struct CatalogEntry {
     pub rel_path: Vec<u8>,
@@ -21,6 +28,237 @@ pub struct CatalogEntry {
     /// Initial copy identity (`Table::copy_identity`) of a reused copy: inode, ctime ns.
     pub copy_ino: u64,
     pub copy_ctime: u64,
+}
+
+/// One node of a `Catalog`: the entry as it will be stored and its initial mutable words.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Node {
+    /// `class` indexes the catalog's classes; for a directory `aux`/`aux2` are its children's
+    /// range in the catalog, for a symlink its target in the catalog's strings. A file's `aux`
+    /// (large record) is assigned by the builder.
+    pub disk: DiskEntry,
+    pub state: u64,
+    pub checksum: u64,
+    pub copy_ino: u64,
+    pub copy_ctime: u64,
+}
+
+impl Node {
+    pub fn is_dir(&self, cat: &Catalog) -> bool {
+        cat.class(self.disk.class)
+            .is_some_and(|c| c.mode & libc::S_IFMT == libc::S_IFDIR)
+    }
+}
+
+/// A catalog being built: node 0 is the root, each directory's children are pushed at once
+/// (contiguous, in listing order), so a parent always precedes its children.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub nodes: Vec<Node>,
+    /// Names and symlink targets.
+    pub strings: Vec<u8>,
+    classes: Vec<StatClass>,
+    class_ix: HashMap<StatClass, u16>,
+    /// Initial chunk bitmaps of reused partial copies, by node index.
+    pub chunks: HashMap<u32, Vec<u64>>,
+}
+
+impl Catalog {
+    /// A catalog of just the root.
+    pub fn new(root: &StatRec) -> Catalog {
+        let mut c = Catalog::default();
+        let node = c.node(
+            0,
+            object_id(b""),
+            b"",
+            root,
+            b"",
+            state::word(state::SOURCE_ONLY, 0),
+        );
+        c.nodes.push(node);
+        c
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn class(&self, ix: u16) -> Option<&StatClass> {
+        self.classes.get(ix as usize)
+    }
+
+    pub fn classes(&self) -> &[StatClass] {
+        &self.classes
+    }
+
+    /// The full record of node `i`.
+    pub fn stat(&self, i: usize) -> Option<StatRec> {
+        let n = self.nodes.get(i)?;
+        Some(n.disk.stat(self.class(n.disk.class)?))
+    }
+
+    pub fn name(&self, i: usize) -> &[u8] {
+        let d = &self.nodes[i].disk;
+        let start = d.name_off as usize;
+        self.strings
+            .get(start..start + d.name_len as usize)
+            .unwrap_or(b"")
+    }
+
+    /// The class of `s`, and whether it is exact. When the classes are exhausted, a class of the
+    /// same file type stands in (the node is then built void, so its fields are never served).
+    fn intern(&mut self, s: &StatRec) -> (u16, bool) {
+        let c = StatClass::of(s);
+        if let Some(&ix) = self.class_ix.get(&c) {
+            return (ix, true);
+        }
+        let ix = self.classes.len();
+        if ix < CLASS_NONE as usize {
+            self.classes.push(c);
+            self.class_ix.insert(c, ix as u16);
+            return (ix as u16, true);
+        }
+        let same_type = self
+            .classes
+            .iter()
+            .position(|k| k.mode & libc::S_IFMT == s.file_type())
+            .map_or(CLASS_NONE, |k| k as u16);
+        (same_type, false)
+    }
+
+    fn push_str(&mut self, s: &[u8]) -> u32 {
+        let off = self.strings.len() as u32;
+        self.strings.extend_from_slice(s);
+        off
+    }
+
+    /// A node for `rel` (its path relative to the root: its object id is the path's hash), with
+    /// its name being the last component. A record that does not fit the compact form (a time
+    /// outside 1678–2262, too many distinct stat classes) makes a void node: every call on it
+    /// passes through.
+    pub fn node(
+        &mut self,
+        parent: u32,
+        object: u64,
+        rel: &[u8],
+        stat: &StatRec,
+        link: &[u8],
+        initial: u64,
+    ) -> Node {
+        let name = rel
+            .iter()
+            .rposition(|&b| b == b'/')
+            .map_or(rel, |p| &rel[p + 1..]);
+        let name_off = self.push_str(name);
+        let times = [stat.atime, stat.btime, stat.ctime, stat.mtime].map(Ts::to_ns);
+        let (class, exact) = self.intern(stat);
+        let void = !exact || times.iter().any(Option::is_none) || name.len() > u16::MAX as usize;
+        let [atime_ns, btime_ns, ctime_ns, mtime_ns] = times.map(|t| t.unwrap_or(0));
+        let (aux, aux2) = if stat.is_symlink() {
+            (self.push_str(link), link.len() as u32)
+        } else {
+            (0, 0)
+        };
+        let state = if void {
+            state::word(state::STALE, 0)
+        } else {
+            initial
+        };
+        Node {
+            disk: DiskEntry {
+                object,
+                parent,
+                name_off,
+                name_len: name.len().min(u16::MAX as usize) as u16,
+                class,
+                nlink: stat.nlink,
+                aux,
+                aux2,
+                ino: stat.ino,
+                size: stat.size,
+                blocks: stat.blocks,
+                atime_ns,
+                btime_ns,
+                ctime_ns,
+                mtime_ns,
+            },
+            state,
+            ..Node::default()
+        }
+    }
+
+    /// Appends directory `dir`'s children (all of them, in listing order) and returns the index
+    /// of the first. Each directory's children are pushed once.
+    pub fn push_children(&mut self, dir: u32, children: impl IntoIterator<Item = Node>) -> u32 {
+        let first = self.nodes.len() as u32;
+        self.nodes.extend(children);
+        let count = self.nodes.len() as u32 - first;
+        if let Some(d) = self.nodes.get_mut(dir as usize) {
+            d.disk.aux = if count == 0 { 0 } else { first };
+            d.disk.aux2 = count;
+        }
+        first
+    }
+
+    /// The plain-data form in breadth-first order from the root; unreachable entries are dropped.
+    pub fn from_entries(entries: &[CatalogEntry]) -> Result<Catalog, BuildError> {
+        let root = entries.first().ok_or(BuildError::Empty)?;
+        if entries.len() > (u32::MAX / 2) as usize {
+            return Err(BuildError::TooManyEntries(entries.len()));
+        }
+        let mut cat = Catalog::new(&root.stat);
+        cat.nodes[0].state = root.state;
+        let mut seen = vec![false; entries.len()];
+        seen[0] = true;
+        // (catalog index, entries index) of directories whose children are still to push.
+        let mut queue = std::collections::VecDeque::from([(0u32, 0usize)]);
+        while let Some((at, old)) = queue.pop_front() {
+            let mut kids = Vec::with_capacity(entries[old].children.len());
+            for &c in &entries[old].children {
+                if c >= entries.len() || seen[c] {
+                    return Err(BuildError::BadChild {
+                        parent: old,
+                        child: c,
+                    });
+                }
+                seen[c] = true;
+                let e = &entries[c];
+                if e.rel_path.len() > PATH_MAX_LEN {
+                    return Err(BuildError::PathTooLong(e.rel_path.clone()));
+                }
+                let mut n = cat.node(
+                    at,
+                    object_id(&e.rel_path),
+                    &e.rel_path,
+                    &e.stat,
+                    &e.link_target,
+                    e.state,
+                );
+                n.checksum = e.checksum;
+                n.copy_ino = e.copy_ino;
+                n.copy_ctime = e.copy_ctime;
+                kids.push((n, c));
+            }
+            let first = cat.push_children(at, kids.iter().map(|(n, _)| *n));
+            for (k, (_, c)) in kids.into_iter().enumerate() {
+                let at = first + k as u32;
+                if !entries[c].chunks.is_empty() {
+                    cat.chunks.insert(at, entries[c].chunks.clone());
+                }
+                if entries[c].stat.is_dir() {
+                    queue.push_back((at, c));
+                }
+            }
+        }
+        if cat.strings.len() > u32::MAX as usize {
+            return Err(BuildError::StringsTooLarge);
+        }
+        Ok(cat)
+    }
 }
 
 /// Where things are, for the header.
@@ -45,6 +283,22 @@ pub struct TableSpec {
     pub chunk_size: u64,
 }
 
+impl TableSpec {
+    /// True if a file of `size` gets a large record: fetched whole (progress) or cut in chunks.
+    pub fn is_large(&self, size: u64) -> bool {
+        (self.prefetch_min_size != 0 && size >= self.prefetch_min_size)
+            || (self.chunk_size != 0 && size > self.chunk_size)
+    }
+
+    fn bitmap_words(&self, size: u64) -> usize {
+        if self.chunk_size == 0 || size <= self.chunk_size {
+            0
+        } else {
+            chunk_count(size, self.chunk_size).div_ceil(64) as usize
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BuildError {
     Empty,
@@ -52,8 +306,15 @@ pub enum BuildError {
     TooManyTiers(usize),
     PathTooLong(Vec<u8>),
     StringsTooLarge,
-    BadChild { parent: usize, child: usize },
+    BadChild {
+        parent: usize,
+        child: usize,
+    },
     BadChunkSize(u64),
+    /// A directory's children range is out of bounds or claims nodes of another parent.
+    BadChildren(u32),
+    /// `build_into` was given a buffer of another length than `image_len`.
+    BadLength,
 }
 
 impl std::fmt::Display for BuildError {
@@ -73,7 +334,7 @@ impl std::fmt::Display for BuildError {
                     String::from_utf8_lossy(p)
                 )
             }
-            BuildError::StringsTooLarge => write!(f, "paths of the catalog exceed 4 GiB"),
+            BuildError::StringsTooLarge => write!(f, "names of the catalog exceed 4 GiB"),
             BuildError::BadChunkSize(c) => write!(f, "chunk size {c} is not a multiple of 4096"),
             BuildError::BadChild { parent, child } => {
                 write!(
@@ -81,6 +342,13 @@ impl std::fmt::Display for BuildError {
                     "catalog entry {parent} names child {child}, which is missing or listed twice"
                 )
             }
+            BuildError::BadChildren(d) => {
+                write!(
+                    f,
+                    "catalog directory {d} has an inconsistent children range"
+                )
+            }
+            BuildError::BadLength => write!(f, "table buffer has the wrong length"),
         }
     }
 }
@@ -91,9 +359,150 @@ fn align8(n: usize) -> usize {
     n.div_ceil(8) * 8
 }
 
-struct Image(Vec<u8>);
+/// Section offsets of an image.
+struct Plan {
+    n: usize,
+    hash_slots: u32,
+    ring_cap: u32,
+    large_count: usize,
+    entries_off: usize,
+    states_off: usize,
+    checksums_off: usize,
+    hash_off: usize,
+    strings_off: usize,
+    ring_off: usize,
+    stats_off: usize,
+    large_off: usize,
+    chunks_off: usize,
+    chunks_len: usize,
+    transient_off: usize,
+    valid_off: usize,
+    classes_off: usize,
+    total: usize,
+}
 
-impl Image {
+fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
+    let n = cat.nodes.len();
+    if n == 0 {
+        return Err(BuildError::Empty);
+    }
+    if n > (u32::MAX / 2) as usize {
+        return Err(BuildError::TooManyEntries(n));
+    }
+    if spec.tier_dirs.len() > MAX_TIERS {
+        return Err(BuildError::TooManyTiers(spec.tier_dirs.len()));
+    }
+    if spec.chunk_size % 4096 != 0 {
+        return Err(BuildError::BadChunkSize(spec.chunk_size));
+    }
+    if cat.strings.len() > u32::MAX as usize {
+        return Err(BuildError::StringsTooLarge);
+    }
+    // Load factor at most 3/4: a miss probes a few slots at most.
+    let hash_slots = (n + n / 3 + 1).next_power_of_two().max(2) as u32;
+    let ring_cap = spec.ring_cap.max(2).next_power_of_two();
+    let (mut large_count, mut bitmap_words) = (0usize, 0usize);
+    for node in &cat.nodes {
+        if is_file(cat, node) && spec.is_large(node.disk.size) {
+            large_count += 1;
+            bitmap_words += spec.bitmap_words(node.disk.size);
+        }
+    }
+    let words = bitmap_words_of(n);
+    let entries_off = HEADER_LEN;
+    let states_off = entries_off + n * ENTRY_LEN;
+    let checksums_off = states_off + n * STATE_LEN;
+    let hash_off = checksums_off + n * 8;
+    let strings_off = align8(hash_off + hash_slots as usize * 4);
+    let ring_off = align8(strings_off + cat.strings.len());
+    let stats_off = ring_off + RING_SLOTS + ring_cap as usize * RING_SLOT_LEN;
+    let large_off = stats_off + spec.job_slots as usize * JOB_STATS_LEN;
+    let chunks_off = large_off + large_count * LARGE_LEN;
+    // Offset 0 means "no bitmap", so the section starts with one unused word.
+    let chunks_len = 8 + bitmap_words * 8;
+    let transient_off = chunks_off + align8(chunks_len);
+    let valid_off = transient_off + words * 8;
+    let classes_off = valid_off + words * 8;
+    let total = (classes_off + cat.classes.len() * CLASS_LEN).div_ceil(4096) * 4096;
+    Ok(Plan {
+        n,
+        hash_slots,
+        ring_cap,
+        large_count,
+        entries_off,
+        states_off,
+        checksums_off,
+        hash_off,
+        strings_off,
+        ring_off,
+        stats_off,
+        large_off,
+        chunks_off,
+        chunks_len,
+        transient_off,
+        valid_off,
+        classes_off,
+        total,
+    })
+}
+
+fn bitmap_words_of(n: usize) -> usize {
+    crate::layout::bitmap_words(n)
+}
+
+fn is_file(cat: &Catalog, node: &Node) -> bool {
+    cat.class(node.disk.class)
+        .is_some_and(|c| c.mode & libc::S_IFMT == libc::S_IFREG)
+}
+
+/// Checks that every directory's children range is in bounds and names nodes whose parent it is,
+/// and that every node but the root belongs to exactly its parent's range.
+fn check_tree(cat: &Catalog) -> Result<(), BuildError> {
+    let n = cat.nodes.len();
+    let mut covered = 0usize;
+    for (i, node) in cat.nodes.iter().enumerate() {
+        if !node.is_dir(cat) || node.disk.aux2 == 0 {
+            continue;
+        }
+        let (first, count) = (node.disk.aux as usize, node.disk.aux2 as usize);
+        let end = first.checked_add(count).filter(|&e| e <= n);
+        let ok = first > i
+            && end.is_some_and(|end| {
+                cat.nodes[first..end]
+                    .iter()
+                    .all(|c| c.disk.parent as usize == i)
+            });
+        if !ok {
+            return Err(BuildError::BadChildren(i as u32));
+        }
+        covered += count;
+    }
+    if covered != n - 1 {
+        return Err(BuildError::BadChildren(0));
+    }
+    Ok(())
+}
+
+/// The length of the image of `cat` (a multiple of 4096).
+pub fn image_len(spec: &TableSpec, cat: &Catalog) -> Result<usize, BuildError> {
+    Ok(plan(spec, cat)?.total)
+}
+
+/// Builds a table image from plain-data entries (breadth-first renumbering from the root).
+pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, BuildError> {
+    build_catalog(spec, &Catalog::from_entries(entries)?)
+}
+
+/// Builds a table image of `cat` in memory.
+pub fn build_catalog(spec: &TableSpec, cat: &Catalog) -> Result<Vec<u8>, BuildError> {
+    let mut img = vec![0u8; image_len(spec, cat)?];
+    build_into(spec, cat, &mut img)?;
+    Ok(img)
+}
+
+struct Image<'a>(&'a mut [u8]);
+
+impl Image<'_> {
     fn put(&mut self, off: usize, bytes: &[u8]) {
         self.0[off..off + bytes.len()].copy_from_slice(bytes);
     }
@@ -112,150 +521,81 @@ impl Image {
         self.put(off + 8, path);
         Ok(())
     }
-    fn put_entry(&mut self, off: usize, e: &EntryRec) {
-        let s = &e.stat;
+    fn put_entry(&mut self, off: usize, d: &DiskEntry) {
         let mut w = off;
-        let mut u32s = |img: &mut Image, vals: &[u32]| {
-            for v in vals {
-                img.put_u32(w, *v);
-                w += 4;
-            }
-        };
-        u32s(
-            self,
-            &[
-                e.path_off,
-                e.path_len,
-                e.name_off,
-                e.parent,
-                e.first_child,
-                e.child_count,
-                e.link_off,
-                e.link_len,
-            ],
-        );
-        let mut w = off + 32;
         let mut put = |img: &mut Image, bytes: &[u8]| {
             img.put(w, bytes);
             w += bytes.len();
         };
-        put(self, &e.object.to_ne_bytes());
-        put(self, &s.mask.to_ne_bytes());
-        put(self, &s.blksize.to_ne_bytes());
-        put(self, &s.attributes.to_ne_bytes());
-        put(self, &s.nlink.to_ne_bytes());
-        put(self, &s.uid.to_ne_bytes());
-        put(self, &s.gid.to_ne_bytes());
-        put(self, &s.mode.to_ne_bytes());
-        put(self, &s.ino.to_ne_bytes());
-        put(self, &s.size.to_ne_bytes());
-        put(self, &s.blocks.to_ne_bytes());
-        put(self, &s.attributes_mask.to_ne_bytes());
-        for t in [s.atime, s.btime, s.ctime, s.mtime] {
-            put(self, &t.sec.to_ne_bytes());
-            put(self, &t.nsec.to_ne_bytes());
-            put(self, &0u32.to_ne_bytes());
-        }
-        for v in [s.rdev_major, s.rdev_minor, s.dev_major, s.dev_minor] {
-            put(self, &v.to_ne_bytes());
+        put(self, &d.object.to_ne_bytes());
+        put(self, &d.parent.to_ne_bytes());
+        put(self, &d.name_off.to_ne_bytes());
+        put(self, &d.name_len.to_ne_bytes());
+        put(self, &d.class.to_ne_bytes());
+        put(self, &d.nlink.to_ne_bytes());
+        put(self, &d.aux.to_ne_bytes());
+        put(self, &d.aux2.to_ne_bytes());
+        put(self, &d.ino.to_ne_bytes());
+        put(self, &d.size.to_ne_bytes());
+        put(self, &d.blocks.to_ne_bytes());
+        for t in [d.atime_ns, d.btime_ns, d.ctime_ns, d.mtime_ns] {
+            put(self, &t.to_ne_bytes());
         }
         debug_assert_eq!(w, off + ENTRY_LEN);
     }
+    fn put_class(&mut self, off: usize, c: &StatClass) {
+        let mut w = off;
+        let mut put = |img: &mut Image, bytes: &[u8]| {
+            img.put(w, bytes);
+            w += bytes.len();
+        };
+        put(self, &c.mask.to_ne_bytes());
+        put(self, &c.blksize.to_ne_bytes());
+        put(self, &c.attributes.to_ne_bytes());
+        put(self, &c.attributes_mask.to_ne_bytes());
+        for v in [
+            c.uid,
+            c.gid,
+            c.mode,
+            c.rdev_major,
+            c.rdev_minor,
+            c.dev_major,
+            c.dev_minor,
+            0,
+        ] {
+            put(self, &v.to_ne_bytes());
+        }
+        debug_assert_eq!(w, off + CLASS_LEN);
+    }
 }
 
-/// Builds a table image. Entries are renumbered so that each directory's children are
-/// contiguous (breadth-first from the root); `lookup` finds them by path afterwards.
-pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, BuildError> {
-    if entries.is_empty() {
-        return Err(BuildError::Empty);
+/// Builds the image of `cat` into `out`, which must be `image_len` bytes of zeros (a new file
+/// mapped in memory, so a large catalog never needs a second copy on the heap).
+pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(), BuildError> {
+    let p = plan(spec, cat)?;
+    if out.len() != p.total {
+        return Err(BuildError::BadLength);
     }
-    if entries.len() > (u32::MAX / 2) as usize {
-        return Err(BuildError::TooManyEntries(entries.len()));
-    }
-    if spec.tier_dirs.len() > MAX_TIERS {
-        return Err(BuildError::TooManyTiers(spec.tier_dirs.len()));
-    }
-    if spec.chunk_size % 4096 != 0 {
-        return Err(BuildError::BadChunkSize(spec.chunk_size));
-    }
-
-    // Breadth-first order: order[new] = old, new_of[old] = new.
-    let n = entries.len();
-    let mut order = Vec::with_capacity(n);
-    let mut new_of = vec![u32::MAX; n];
-    let mut parent_of = vec![0u32; n];
-    let mut first_child = vec![0u32; n];
-    order.push(0usize);
-    new_of[0] = 0;
-    let mut next = 0;
-    while next < order.len() {
-        let old = order[next];
-        first_child[next] = order.len() as u32;
-        for &c in &entries[old].children {
-            if c >= n || new_of[c] != u32::MAX {
-                return Err(BuildError::BadChild {
-                    parent: old,
-                    child: c,
-                });
-            }
-            new_of[c] = order.len() as u32;
-            parent_of[order.len()] = next as u32;
-            order.push(c);
-        }
-        next += 1;
-    }
-    // Entries unreachable from the root are dropped: they cannot be named anyway.
-    let count = order.len();
-
-    let hash_slots = (count * 2).next_power_of_two().max(2) as u32;
-    let ring_cap = spec.ring_cap.max(2).next_power_of_two();
-    let strings_len: usize = order
-        .iter()
-        .map(|&o| entries[o].rel_path.len() + entries[o].link_target.len())
-        .sum();
-    if strings_len > u32::MAX as usize {
-        return Err(BuildError::StringsTooLarge);
-    }
-
-    let entries_off = HEADER_LEN;
-    let states_off = entries_off + count * ENTRY_LEN;
-    let hash_off = states_off + count * STATE_LEN;
-    let strings_off = align8(hash_off + hash_slots as usize * 4);
-    let ring_off = align8(strings_off + strings_len);
-    let stats_off = ring_off + RING_SLOTS + ring_cap as usize * RING_SLOT_LEN;
-    // Chunk bitmaps: regular files larger than one chunk. Offset 0 means "none", so the
-    // section starts with one unused word.
-    let bitmap_words = |e: &CatalogEntry| -> usize {
-        if spec.chunk_size == 0 || !e.stat.is_file() || e.stat.size <= spec.chunk_size {
-            0
-        } else {
-            chunk_count(e.stat.size, spec.chunk_size).div_ceil(64) as usize
-        }
-    };
-    let chunks_off = stats_off + spec.job_slots as usize * JOB_STATS_LEN;
-    let chunks_len = 8 + order
-        .iter()
-        .map(|&o| bitmap_words(&entries[o]) * 8)
-        .sum::<usize>();
-    let transient_off = chunks_off + align8(chunks_len);
-    let total = (transient_off + transient_words(count) * 8).div_ceil(4096) * 4096;
-
-    let mut img = Image(vec![0u8; total]);
+    check_tree(cat)?;
+    let mut img = Image(out);
     img.put_u64(H_MAGIC, MAGIC);
     img.put_u32(H_VERSION, VERSION);
     img.put_u32(H_FLAGS, FLAG_VALID);
-    img.put_u64(H_TOTAL_LEN, total as u64);
-    img.put_u32(H_ENTRY_COUNT, count as u32);
-    img.put_u32(H_HASH_SLOTS, hash_slots);
-    img.put_u64(H_ENTRIES_OFF, entries_off as u64);
-    img.put_u64(H_STATES_OFF, states_off as u64);
-    img.put_u64(H_HASH_OFF, hash_off as u64);
-    img.put_u64(H_STRINGS_OFF, strings_off as u64);
-    img.put_u64(H_STRINGS_LEN, strings_len as u64);
-    img.put_u64(H_RING_OFF, ring_off as u64);
-    img.put_u32(H_RING_CAP, ring_cap);
+    img.put_u64(H_TOTAL_LEN, p.total as u64);
+    img.put_u32(H_ENTRY_COUNT, p.n as u32);
+    img.put_u32(H_HASH_SLOTS, p.hash_slots);
+    img.put_u64(H_ENTRIES_OFF, p.entries_off as u64);
+    img.put_u64(H_STATES_OFF, p.states_off as u64);
+    img.put_u64(H_CHECKSUMS_OFF, p.checksums_off as u64);
+    img.put_u64(H_HASH_OFF, p.hash_off as u64);
+    img.put_u64(H_STRINGS_OFF, p.strings_off as u64);
+    img.put_u64(H_STRINGS_LEN, cat.strings.len() as u64);
+    img.put_u64(H_RING_OFF, p.ring_off as u64);
+    img.put_u32(H_RING_CAP, p.ring_cap);
     img.put_u32(H_JOB_SLOTS, spec.job_slots);
-    img.put_u64(H_STATS_OFF, stats_off as u64);
+    img.put_u64(H_STATS_OFF, p.stats_off as u64);
+    img.put_u64(H_LARGE_OFF, p.large_off as u64);
+    img.put_u32(H_LARGE_COUNT, p.large_count as u32);
     img.put_u32(H_TIER_COUNT, spec.tier_dirs.len() as u32);
     img.put_u32(H_AGENT_PID, spec.agent_pid);
     img.put_u64(H_ROOT_PARENT_INO, spec.root_parent_ino);
@@ -268,9 +608,12 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
         },
     );
     img.put_u64(H_CHUNK_SIZE, spec.chunk_size);
-    img.put_u64(H_CHUNKS_OFF, chunks_off as u64);
-    img.put_u64(H_CHUNKS_LEN, chunks_len as u64);
-    img.put_u64(H_TRANSIENT_OFF, transient_off as u64);
+    img.put_u64(H_CHUNKS_OFF, p.chunks_off as u64);
+    img.put_u64(H_CHUNKS_LEN, p.chunks_len as u64);
+    img.put_u64(H_TRANSIENT_OFF, p.transient_off as u64);
+    img.put_u64(H_VALID_OFF, p.valid_off as u64);
+    img.put_u64(H_CLASSES_OFF, p.classes_off as u64);
+    img.put_u32(H_CLASS_COUNT, cat.classes.len() as u32);
     img.put_path(SLOT_SOURCE, &spec.source)?;
     img.put_path(SLOT_SOURCE_REAL, &spec.source_real)?;
     for (t, dir) in spec.tier_dirs.iter().enumerate() {
@@ -282,62 +625,53 @@ pub fn build(spec: &TableSpec, entries: &[CatalogEntry]) -> Result<Vec<u8>, Buil
     img.put_u32(H_CREDS, spec.creds.0);
     img.put_u32(H_CREDS + 4, spec.creds.1);
     img.put_u64(H_CREDS + 8, spec.creds.2);
+    for (i, c) in cat.classes.iter().enumerate() {
+        img.put_class(p.classes_off + i * CLASS_LEN, c);
+    }
+    img.put(p.strings_off, &cat.strings);
 
-    let mut str_pos = 0usize;
-    let mut chunk_pos = 8usize;
-    let mask = hash_slots - 1;
-    for (new, &old) in order.iter().enumerate() {
-        let src = &entries[old];
-        let path_off = str_pos as u32;
-        img.put(strings_off + str_pos, &src.rel_path);
-        str_pos += src.rel_path.len();
-        let link_off = str_pos as u32;
-        img.put(strings_off + str_pos, &src.link_target);
-        str_pos += src.link_target.len();
-        let name_off = src
-            .rel_path
-            .iter()
-            .rposition(|&b| b == b'/')
-            .map_or(0, |p| p + 1) as u32;
-        let rec = EntryRec {
-            path_off,
-            path_len: src.rel_path.len() as u32,
-            name_off,
-            parent: parent_of[new],
-            first_child: first_child[new],
-            child_count: src.children.len() as u32,
-            link_off,
-            link_len: src.link_target.len() as u32,
-            object: object_id(&src.rel_path),
-            stat: src.stat,
-        };
-        img.put_entry(entries_off + new * ENTRY_LEN, &rec);
-        let state_block = states_off + new * STATE_LEN;
-        img.put_u64(state_block + STATE_WORD, src.state);
-        img.put_u64(state_block + STATE_CHECKSUM, src.checksum);
-        img.put_u64(state_block + STATE_COPY_INO, src.copy_ino);
-        img.put_u64(state_block + STATE_COPY_CTIME, src.copy_ctime);
-        let words = bitmap_words(src);
-        if words > 0 {
-            img.put_u64(state_block + STATE_CHUNKS, chunk_pos as u64);
-            for (i, w) in src.chunks.iter().take(words).enumerate() {
-                img.put_u64(chunks_off + chunk_pos + i * 8, *w);
+    let mask = p.hash_slots - 1;
+    let (mut large, mut chunk_pos) = (0usize, 8usize);
+    for (i, node) in cat.nodes.iter().enumerate() {
+        let mut d = node.disk;
+        if is_file(cat, node) {
+            d.aux = 0;
+            d.aux2 = 0;
+            if spec.is_large(d.size) {
+                let rec = p.large_off + large * LARGE_LEN;
+                large += 1;
+                d.aux = large as u32;
+                let words = spec.bitmap_words(d.size);
+                if words > 0 {
+                    img.put_u64(rec + LARGE_CHUNKS, chunk_pos as u64);
+                    if let Some(bits) = cat.chunks.get(&(i as u32)) {
+                        for (k, w) in bits.iter().take(words).enumerate() {
+                            img.put_u64(p.chunks_off + chunk_pos + k * 8, *w);
+                        }
+                    }
+                    chunk_pos += words * 8;
+                }
             }
-            chunk_pos += words * 8;
         }
+        img.put_entry(p.entries_off + i * ENTRY_LEN, &d);
+        let st = p.states_off + i * STATE_LEN;
+        img.put_u64(st + STATE_WORD, node.state);
+        img.put_u64(st + STATE_COPY_INO, node.copy_ino);
+        img.put_u64(st + STATE_COPY_CTIME, node.copy_ctime);
+        img.put_u64(p.checksums_off + i * 8, node.checksum);
 
-        let mut slot = path_hash(&src.rel_path) as u32 & mask;
+        let mut slot = d.object as u32 & mask;
         loop {
-            let off = hash_off + slot as usize * 4;
+            let off = p.hash_off + slot as usize * 4;
             if img.0[off..off + 4] == [0; 4] {
-                img.put_u32(off, new as u32 + 1);
+                img.put_u32(off, i as u32 + 1);
                 break;
             }
             slot = (slot + 1) & mask;
         }
     }
-    for pos in 0..ring_cap as u64 {
-        img.put_u64(ring_off + RING_SLOTS + pos as usize * RING_SLOT_LEN, pos);
+    for pos in 0..p.ring_cap as u64 {
+        img.put_u64(p.ring_off + RING_SLOTS + pos as usize * RING_SLOT_LEN, pos);
     }
-    Ok(img.0)
+    Ok(())
 }

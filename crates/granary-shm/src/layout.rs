@@ -1,40 +1,50 @@
-//! The on-memory layout of a catalog table, version 4.
+//! The on-memory layout of a catalog table, version 5.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
 //! header by offsets, so a lookup is a few loads and one hash — no syscall, no lock, no allocation.
 //!
 //! ```text
-//! 0            header (HEADER_LEN bytes: fixed fields, then PATH_SLOTS slots of PATH_SLOT_LEN)
-//! entries_off  entry_count × EntryRec         immutable after build: relative path, struct stat
-//! states_off   entry_count × 48 bytes         mutable, atomics only: [state word, checksum,
-//!                                             progress, chunk bitmap offset, copy inode,
-//!                                             copy ctime]
-//! hash_off     hash_slots × u32               open addressing, entry index + 1, 0 = empty
-//! strings_off  strings_len bytes              relative paths and symlink targets
-//! ring_off     request ring                   clients → agent (see `ring`)
-//! stats_off    job_slots × JobStats            per-job counters, atomics only
-//! chunks_off   chunks_len bytes               chunk bitmaps of files larger than a chunk
-//! transient_off  ⌈entry_count / 64⌉ × u64     one bit per entry: its copy's pages are dropped
-//!                                             after use (`residency`)
+//! 0              header (HEADER_LEN bytes: fixed fields, then PATH_SLOTS slots of PATH_SLOT_LEN)
+//! entries_off    entry_count × DiskEntry (88 B)   immutable: name, parent, compact stat record
+//! states_off     entry_count × 24 bytes           mutable, atomics only: [state word, copy
+//!                                                  inode, copy ctime]
+//! checksums_off  entry_count × u64                xxh3 of each placed copy (agent only)
+//! hash_off       hash_slots × u32                 open addressing, entry index + 1, 0 = empty
+//! strings_off    strings_len bytes                names (last components) and symlink targets
+//! ring_off       request ring                     clients → agent (see `ring`)
+//! stats_off      job_slots × JobStats             per-job counters, atomics only
+//! large_off      large_count × 16 bytes           per large file: [progress, chunk bitmap offset]
+//! chunks_off     chunks_len bytes                 chunk bitmaps of files larger than a chunk
+//! transient_off  ⌈entry_count / 64⌉ × u64         one bit per entry: its copy's pages are dropped
+//!                                                  after use (`residency`)
+//! valid_off      ⌈entry_count / 64⌉ × u64         one bit per entry: checked against the source
+//!                                                  in this attach (`lifecycle::validated`)
+//! classes_off    class_count × StatClass (56 B)   the stat fields entries share (mode, owner,
+//!                                                  device, block size, …), interned
 //! ```
 //! Entries of one directory are contiguous (`first_child .. first_child + child_count`), in the
-//! order the source's `readdir` returned them, so a listing is a slice walk. Entry 0 is the root.
+//! order the source's `readdir` returned them, so a listing is a slice walk. Entry 0 is the root;
+//! a parent always precedes its children. Only names are stored: a path is its ancestors' names.
 //!
 //! Invariant the resolver relies on: every ancestor of a catalogued path is a real directory (the
 //! walk never descends a symlink), so lexical `..` inside the catalog is exact.
+//!
+//! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 88 (entry) +
+//! 24 (state) + 8 (checksum) + ~8 (hash slots) + 20 (name) + 2 bits ≈ 149 bytes per file.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
-/// Version 4 records each copy's identity and the tiers' object directories, and names objects
-/// by their path hash; tables of earlier versions are rejected (their copies are not reused:
-/// nothing in them proves which source version a copy holds).
-pub const VERSION: u32 = 4;
+/// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
+/// validation bits, progress and chunk bitmaps only for large files. Tables of earlier versions
+/// are rejected (`TableError::BadVersion`): the agent then walks the source again.
+pub const VERSION: u32 = 5;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
 pub const H_VERSION: usize = 8;
 /// `AtomicU32`; bit `FLAG_VALID` cleared by the agent when the table must no longer be trusted;
-/// bit `FLAG_REPORT_OPENS` set by the agent when it wants `request::OPENED`.
+/// bit `FLAG_REPORT_OPENS` set by the agent when it wants `request::OPENED`; bit
+/// `FLAG_IMMUTABLE` while the current attach validates directories only.
 pub const H_FLAGS: usize = 12;
 pub const H_TOTAL_LEN: usize = 16;
 pub const H_ENTRY_COUNT: usize = 24;
@@ -72,6 +82,16 @@ pub const H_TRANSIENT_OFF: usize = 168;
 /// then a hash of the sorted supplementary groups (`u64`). The catalog answers permission
 /// questions with what the agent could do, so a process with other credentials must not use it.
 pub const H_CREDS: usize = 176;
+pub const H_CLASSES_OFF: usize = 192;
+pub const H_CLASS_COUNT: usize = 200;
+pub const H_CHECKSUMS_OFF: usize = 208;
+pub const H_LARGE_OFF: usize = 216;
+pub const H_LARGE_COUNT: usize = 224;
+/// Bitmap of entries validated in the current attach (`lifecycle::validated`).
+pub const H_VALID_OFF: usize = 232;
+/// `AtomicU64`: the attach epoch, bumped each time a job attaches to an idle source and the
+/// validation bits start over (diagnostics and tests).
+pub const H_EPOCH: usize = 240;
 /// Tier `t`'s object directory identity (`st_dev: u64`, `st_ino: u64`) at
 /// `H_TIER_DIR_IDS + 16 t`: a client opens copies only through a directory fd that is this one.
 pub const H_TIER_DIR_IDS: usize = 256;
@@ -84,6 +104,10 @@ pub const FLAG_VALID: u32 = 1;
 /// `request::OPENED` after opening a catalogued file, placed or not. Clear (the default), the
 /// hooks cost one relaxed load and push nothing, so unplaced-only traffic stays as it was.
 pub const FLAG_REPORT_OPENS: u32 = 2;
+/// The source is declared immutable for this attach: a directory whose own identity (device,
+/// inode, mtime, ctime) is unchanged vouches for every file in it, so validation costs one
+/// metadata call per directory (`lifecycle`).
+pub const FLAG_IMMUTABLE: u32 = 4;
 
 /// Path slots hold absolute paths the hooks need: `len: u32` at +0, bytes from +8.
 pub const PATHS_OFF: usize = 4096;
@@ -137,6 +161,36 @@ pub struct StatRec {
 }
 
 impl StatRec {
+    /// The record of what `statx(2)` answered.
+    pub fn from_statx(sx: &libc::statx) -> StatRec {
+        let ts = |t: libc::statx_timestamp| Ts {
+            sec: t.tv_sec,
+            nsec: t.tv_nsec,
+            _pad: 0,
+        };
+        StatRec {
+            mask: sx.stx_mask,
+            blksize: sx.stx_blksize,
+            attributes: sx.stx_attributes,
+            nlink: sx.stx_nlink,
+            uid: sx.stx_uid,
+            gid: sx.stx_gid,
+            mode: sx.stx_mode as u32,
+            ino: sx.stx_ino,
+            size: sx.stx_size,
+            blocks: sx.stx_blocks,
+            attributes_mask: sx.stx_attributes_mask,
+            atime: ts(sx.stx_atime),
+            btime: ts(sx.stx_btime),
+            ctime: ts(sx.stx_ctime),
+            mtime: ts(sx.stx_mtime),
+            rdev_major: sx.stx_rdev_major,
+            rdev_minor: sx.stx_rdev_minor,
+            dev_major: sx.stx_dev_major,
+            dev_minor: sx.stx_dev_minor,
+        }
+    }
+
     pub fn file_type(&self) -> u32 {
         self.mode & libc::S_IFMT
     }
@@ -182,43 +236,159 @@ impl StatRec {
     }
 }
 
-/// One catalogued path. Immutable once the table is built.
-#[repr(C)]
+impl Ts {
+    /// Nanoseconds since the epoch; `None` outside what an `i64` of nanoseconds holds (the years
+    /// 1678–2262): such an entry's metadata is not catalogued.
+    pub fn to_ns(self) -> Option<i64> {
+        self.sec
+            .checked_mul(1_000_000_000)?
+            .checked_add(self.nsec as i64)
+    }
+    pub fn from_ns(ns: i64) -> Ts {
+        Ts {
+            sec: ns.div_euclid(1_000_000_000),
+            nsec: ns.rem_euclid(1_000_000_000) as u32,
+            _pad: 0,
+        }
+    }
+}
+
+/// One catalogued path as the hooks see it, decoded from its `DiskEntry` and `StatClass`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EntryRec {
-    /// Path relative to the source root, in the string pool, without leading `/`; empty for the root.
-    pub path_off: u32,
-    pub path_len: u32,
-    /// Offset of the last component inside the path (the name a listing shows).
-    pub name_off: u32,
+    /// Name of the cached copy in a tier's object directory (`object_name`): the hash of the
+    /// path relative to the source root, which is also its hash-table key.
+    pub object: u64,
     /// Index of the parent directory (the root is its own parent).
     pub parent: u32,
+    /// The last component (the name a listing shows), in the string pool; empty for the root.
+    pub name_off: u32,
+    pub name_len: u32,
     /// Directories: children are entries `first_child .. first_child + child_count`.
     pub first_child: u32,
     pub child_count: u32,
     /// Symlinks: the target as `readlink` returns it, in the string pool.
     pub link_off: u32,
     pub link_len: u32,
-    /// Name of the cached copy in a tier's object directory (`object_name`).
-    pub object: u64,
+    /// Files with a large record (progress of a whole-file fetch, chunk bitmap): its index + 1.
+    pub large: u32,
     pub stat: StatRec,
 }
 
-pub const ENTRY_LEN: usize = core::mem::size_of::<EntryRec>();
-/// Per entry, all `AtomicU64`: state word; xxh3 of the placed copy; `progress` — bytes of the
-/// partial copy (`<object>.part`) written and readable while the state is PLACING, only ever
-/// increasing; offset of the entry's chunk bitmap in the chunk section (0 = none); the copy's
-/// identity as the agent wrote it — its inode (set before the state names a tier, valid for the
-/// `.part` file and, after the rename, the complete copy) and its ctime in nanoseconds (set
-/// before PLACED; 0 while PLACING). A client checks both with `fstat` on what it opened: anything
-/// else (damaged, replaced, truncated) is not the agent's copy.
-pub const STATE_LEN: usize = 48;
+impl EntryRec {
+    pub fn is_root(&self) -> bool {
+        self.name_len == 0
+    }
+}
+
+/// An entry as stored: 88 bytes, immutable once the table is built. The fields most entries
+/// share (type and permissions, owner, device, block size, attributes) are one `StatClass`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskEntry {
+    pub object: u64,
+    pub parent: u32,
+    pub name_off: u32,
+    pub name_len: u16,
+    /// Index into the class section (see `Catalog::node` for records that do not fit).
+    pub class: u16,
+    pub nlink: u32,
+    /// Directories: first child; symlinks: target offset; files: large record index + 1 (0: none).
+    pub aux: u32,
+    /// Directories: child count; symlinks: target length.
+    pub aux2: u32,
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime_ns: i64,
+    pub btime_ns: i64,
+    pub ctime_ns: i64,
+    pub mtime_ns: i64,
+}
+
+pub const CLASS_NONE: u16 = u16::MAX;
+
+/// The `statx` fields entries share, interned once per table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StatClass {
+    pub mask: u32,
+    pub blksize: u32,
+    pub attributes: u64,
+    pub attributes_mask: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    pub rdev_major: u32,
+    pub rdev_minor: u32,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub _pad: u32,
+}
+
+impl StatClass {
+    pub fn of(s: &StatRec) -> StatClass {
+        StatClass {
+            mask: s.mask,
+            blksize: s.blksize,
+            attributes: s.attributes,
+            attributes_mask: s.attributes_mask,
+            uid: s.uid,
+            gid: s.gid,
+            mode: s.mode,
+            rdev_major: s.rdev_major,
+            rdev_minor: s.rdev_minor,
+            dev_major: s.dev_major,
+            dev_minor: s.dev_minor,
+            _pad: 0,
+        }
+    }
+}
+
+impl DiskEntry {
+    /// The full record from the entry and its class.
+    pub fn stat(&self, c: &StatClass) -> StatRec {
+        StatRec {
+            mask: c.mask,
+            blksize: c.blksize,
+            attributes: c.attributes,
+            nlink: self.nlink,
+            uid: c.uid,
+            gid: c.gid,
+            mode: c.mode,
+            ino: self.ino,
+            size: self.size,
+            blocks: self.blocks,
+            attributes_mask: c.attributes_mask,
+            atime: Ts::from_ns(self.atime_ns),
+            btime: Ts::from_ns(self.btime_ns),
+            ctime: Ts::from_ns(self.ctime_ns),
+            mtime: Ts::from_ns(self.mtime_ns),
+            rdev_major: c.rdev_major,
+            rdev_minor: c.rdev_minor,
+            dev_major: c.dev_major,
+            dev_minor: c.dev_minor,
+        }
+    }
+}
+
+pub const ENTRY_LEN: usize = core::mem::size_of::<DiskEntry>();
+pub const CLASS_LEN: usize = core::mem::size_of::<StatClass>();
+/// Per entry, all `AtomicU64`: the state word; the copy's identity as the agent wrote it — its
+/// inode (set before the state names a tier, valid for the `.part` file and, after the rename,
+/// the complete copy) and its ctime in nanoseconds (set before PLACED; 0 while PLACING). A client
+/// checks both with `fstat` on what it opened: anything else (damaged, replaced, truncated) is
+/// not the agent's copy.
+pub const STATE_LEN: usize = 24;
 pub const STATE_WORD: usize = 0;
-pub const STATE_CHECKSUM: usize = 8;
-pub const STATE_PROGRESS: usize = 16;
-pub const STATE_CHUNKS: usize = 24;
-pub const STATE_COPY_INO: usize = 32;
-pub const STATE_COPY_CTIME: usize = 40;
+pub const STATE_COPY_INO: usize = 8;
+pub const STATE_COPY_CTIME: usize = 16;
+/// Per large file (`EntryRec::large`), both `AtomicU64`: `progress` — bytes of the partial copy
+/// (`<object>.part`) written and readable while the state is PLACING, only ever increasing; and
+/// the offset of its chunk bitmap in the chunk section (0 = none).
+pub const LARGE_LEN: usize = 16;
+pub const LARGE_PROGRESS: usize = 0;
+pub const LARGE_CHUNKS: usize = 8;
 
 /// Placement state, low byte of an entry's state word; the tier is the next byte.
 pub mod state {
@@ -320,8 +490,8 @@ pub const fn chunk_count(size: u64, chunk_size: u64) -> u64 {
     size.div_ceil(chunk_size)
 }
 
-/// Words of the transient bitmap of a table with `entries` entries.
-pub const fn transient_words(entries: usize) -> usize {
+/// Words of a per-entry bitmap (transient, validated) of a table with `entries` entries.
+pub const fn bitmap_words(entries: usize) -> usize {
     entries.div_ceil(64)
 }
 
@@ -375,6 +545,9 @@ pub mod request {
     /// while the header has `FLAG_REPORT_OPENS`: the agent's known-order policy uses it to
     /// see where the program is, including opens of placed files it otherwise never sees.
     pub const OPENED: u8 = 6;
+    /// A client checked an entry of this directory against the source itself (the background
+    /// validation had not reached it): validate this directory next.
+    pub const VALIDATE: u8 = 7;
 
     /// Largest `arg` a request carries (24 bits).
     pub const ARG_MAX: u32 = (1 << 24) - 1;
@@ -435,7 +608,9 @@ pub mod job {
 }
 pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 
-const _: () = assert!(ENTRY_LEN % 8 == 0);
+const _: () = assert!(ENTRY_LEN == 88);
+const _: () = assert!(CLASS_LEN == 56);
 const _: () = assert!(job::BYTES_PLACED < job::WORDS);
 const _: () = assert!(H_TIER_DIR_IDS + 16 * MAX_TIERS <= PATHS_OFF);
+const _: () = assert!(H_EPOCH + 8 <= H_TIER_DIR_IDS);
 const _: () = assert!(HEADER_LEN % 4096 == 0);

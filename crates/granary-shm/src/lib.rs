@@ -5,16 +5,20 @@
 
 pub mod build;
 pub mod layout;
+pub mod lifecycle;
 pub mod mapping;
 pub mod region;
 pub mod resolve;
 mod ring;
 pub mod table;
 
-pub use build::{build, BuildError, CatalogEntry, TableSpec};
+pub use build::{
+    build, build_catalog, build_into, image_len, BuildError, Catalog, CatalogEntry, Node, TableSpec,
+};
 pub use layout::{
     chunk_count, chunk_data_offset, chunks_name, groups_hash, job, object_id, object_name,
-    parse_object_name, part_name, request, state, EntryRec, StatRec, Ts,
+    parse_object_name, part_name, path_hash, request, state, DiskEntry, EntryRec, StatClass,
+    StatRec, Ts,
 };
 pub use mapping::{MapError, Mapping};
 pub use resolve::{resolve, strip_root, Resolved};

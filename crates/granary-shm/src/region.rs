@@ -13,9 +13,9 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 pub unsafe trait Pod: Copy {}
 
 // SAFETY: repr(C) structs of integer fields only.
-unsafe impl Pod for crate::layout::EntryRec {}
+unsafe impl Pod for crate::layout::DiskEntry {}
 // SAFETY: repr(C) structs of integer fields only.
-unsafe impl Pod for crate::layout::StatRec {}
+unsafe impl Pod for crate::layout::StatClass {}
 
 /// A mapped table: a base pointer and a length.
 #[derive(Clone, Copy)]

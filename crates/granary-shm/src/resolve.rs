@@ -35,10 +35,10 @@ pub fn resolve(table: &Table, rel: &[u8], follow: bool) -> Resolved {
         let Some(target) = table.link_target(&e) else {
             return Resolved::Entry(idx);
         };
-        let Some(parent) = table.entry(e.parent).and_then(|p| table.rel_path(&p)) else {
+        let Some(dir_len) = table.write_rel_path(e.parent, &mut buf) else {
             return Resolved::PassThrough;
         };
-        let Some(len) = join_target(table, parent, target, &mut buf) else {
+        let Some(len) = join_target(table, dir_len, target, &mut buf) else {
             return Resolved::PassThrough;
         };
         match table.lookup(&buf[..len]) {
@@ -49,17 +49,15 @@ pub fn resolve(table: &Table, rel: &[u8], follow: bool) -> Resolved {
     Resolved::PassThrough
 }
 
-/// Writes the catalog path a link target names into `out`; `None` if it leaves the source or
-/// needs knowledge the catalog lacks.
-fn join_target(table: &Table, link_dir: &[u8], target: &[u8], out: &mut [u8]) -> Option<usize> {
-    let mut len = 0;
+/// Writes the catalog path a link target names into `out`, which holds the link's directory in
+/// its first `dir_len` bytes; `None` if it leaves the source or needs knowledge the catalog lacks.
+fn join_target(table: &Table, dir_len: usize, target: &[u8], out: &mut [u8]) -> Option<usize> {
+    let mut len = dir_len;
     let mut rest = target;
     if target.first() == Some(&b'/') {
         rest = strip_root(target, table.source_root())
             .or_else(|| strip_root(target, table.source_real_root()))?;
-    } else {
-        out.get_mut(..link_dir.len())?.copy_from_slice(link_dir);
-        len = link_dir.len();
+        len = 0;
     }
     // Leading `..` are exact: the link's directory and its ancestors are real directories.
     // A `..` after any other component might follow a symlink, which only the kernel knows.

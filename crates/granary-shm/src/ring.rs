@@ -75,6 +75,21 @@ impl<'a> Ring<'a> {
         false
     }
 
+    /// Empties the ring: only for a table nobody else uses (a saved one being loaded).
+    pub(crate) fn reset(&self) {
+        let (Some(head), Some(tail)) = (self.head(), self.tail()) else {
+            return;
+        };
+        head.store(0, Ordering::Relaxed);
+        tail.store(0, Ordering::Relaxed);
+        for pos in 0..self.cap {
+            if let Some((seq, val)) = self.slot(pos) {
+                seq.store(pos, Ordering::Relaxed);
+                val.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
     pub(crate) fn pop(&self) -> Option<u64> {
         let head = self.head()?;
         let pos = head.load(Ordering::Relaxed);

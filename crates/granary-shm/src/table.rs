@@ -6,6 +6,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layout::*;
+
 use crate::region::Region;
 
 /// Why a mapping is not usable as a table.
@@ -50,6 +51,12 @@ pub struct Table {
     chunks_off: usize,
     chunks_len: usize,
     transient_off: usize,
+    checksums_off: usize,
+    large_off: usize,
+    large_count: u32,
+    valid_off: usize,
+    classes_off: usize,
+    class_count: u32,
 }
 
 /// A request taken off the ring.
@@ -166,12 +173,43 @@ impl Table {
         if u64_at(H_CHUNK_SIZE)? % 4096 != 0 {
             return Err(TableError::BadLayout("chunk size"));
         }
+        let words = bitmap_words(n);
         let transient_off = section(
             &region,
             u64_at(H_TRANSIENT_OFF)? as usize,
-            transient_words(n),
+            words,
             8,
             "transient bitmap",
+        )?;
+        let valid_off = section(
+            &region,
+            u64_at(H_VALID_OFF)? as usize,
+            words,
+            8,
+            "validation bitmap",
+        )?;
+        let checksums_off = section(
+            &region,
+            u64_at(H_CHECKSUMS_OFF)? as usize,
+            n,
+            8,
+            "checksums",
+        )?;
+        let large_count = u32_at(H_LARGE_COUNT)?;
+        let large_off = section(
+            &region,
+            u64_at(H_LARGE_OFF)? as usize,
+            large_count as usize,
+            LARGE_LEN,
+            "large records",
+        )?;
+        let class_count = u32_at(H_CLASS_COUNT)?;
+        let classes_off = section(
+            &region,
+            u64_at(H_CLASSES_OFF)? as usize,
+            class_count as usize,
+            CLASS_LEN,
+            "stat classes",
         )?;
         Ok(Table {
             region,
@@ -190,6 +228,12 @@ impl Table {
             chunks_off,
             chunks_len,
             transient_off,
+            checksums_off,
+            large_off,
+            large_count,
+            valid_off,
+            classes_off,
+            class_count,
         })
     }
 
@@ -300,12 +344,51 @@ impl Table {
         self.path_slot(SLOT_TIER0 + tier as usize)
     }
 
-    pub fn entry(&self, idx: u32) -> Option<EntryRec> {
+    /// The stored record of entry `idx`.
+    pub fn disk_entry(&self, idx: u32) -> Option<DiskEntry> {
         if idx >= self.entry_count {
             return None;
         }
         self.region
             .read(self.entries_off + idx as usize * ENTRY_LEN)
+    }
+
+    fn class(&self, ix: u16) -> Option<StatClass> {
+        if ix as u32 >= self.class_count {
+            return None;
+        }
+        self.region.read(self.classes_off + ix as usize * CLASS_LEN)
+    }
+
+    /// Entry `idx`, decoded. `None` for an index out of range or a damaged record.
+    pub fn entry(&self, idx: u32) -> Option<EntryRec> {
+        let d = self.disk_entry(idx)?;
+        let c = self.class(d.class)?;
+        let stat = d.stat(&c);
+        let (mut e, kind) = (
+            EntryRec {
+                object: d.object,
+                parent: d.parent,
+                name_off: d.name_off,
+                name_len: d.name_len as u32,
+                stat,
+                ..EntryRec::default()
+            },
+            stat.file_type(),
+        );
+        match kind {
+            libc::S_IFDIR => {
+                e.first_child = d.aux;
+                e.child_count = d.aux2;
+            }
+            libc::S_IFLNK => {
+                e.link_off = d.aux;
+                e.link_len = d.aux2;
+            }
+            libc::S_IFREG => e.large = d.aux,
+            _ => {}
+        }
+        Some(e)
     }
 
     fn string(&self, off: u32, len: u32) -> Option<&[u8]> {
@@ -317,15 +400,13 @@ impl Table {
             .bytes(self.strings_off + off as usize, len as usize)
     }
 
-    /// Path of an entry relative to the source root ("" for the root).
-    pub fn rel_path(&self, e: &EntryRec) -> Option<&[u8]> {
-        self.string(e.path_off, e.path_len)
+    /// Last component of an entry's path: the name a listing shows ("" for the root).
+    pub fn name(&self, e: &EntryRec) -> Option<&[u8]> {
+        self.string(e.name_off, e.name_len)
     }
 
-    /// Last component of an entry's path: the name a listing shows.
-    pub fn name(&self, e: &EntryRec) -> Option<&[u8]> {
-        let path = self.rel_path(e)?;
-        path.get(e.name_off as usize..)
+    fn disk_name(&self, d: &DiskEntry) -> Option<&[u8]> {
+        self.string(d.name_off, d.name_len as u32)
     }
 
     /// Target of a symlink entry, as `readlink` returns it.
@@ -336,18 +417,120 @@ impl Table {
         self.string(e.link_off, e.link_len)
     }
 
+    /// Length of entry `idx`'s path relative to the source root ("" for the root); `None` for a
+    /// damaged chain of parents or a path longer than `PATH_MAX_LEN`.
+    pub fn rel_path_len(&self, idx: u32) -> Option<usize> {
+        let mut len = 0usize;
+        let mut cur = idx;
+        for _ in 0..PATH_MAX_LEN {
+            if cur == 0 {
+                return (len <= PATH_MAX_LEN).then_some(len.saturating_sub(1));
+            }
+            let d = self.disk_entry(cur)?;
+            len += d.name_len as usize + 1;
+            if d.parent >= cur || len > PATH_MAX_LEN + 1 {
+                return None;
+            }
+            cur = d.parent;
+        }
+        None
+    }
+
+    /// Writes entry `idx`'s path relative to the source root into `out` and returns its length:
+    /// allocation-free, from the last component backwards (a parent precedes its children, so
+    /// the chain ends at the root).
+    pub fn write_rel_path(&self, idx: u32, out: &mut [u8]) -> Option<usize> {
+        let len = self.rel_path_len(idx)?;
+        let out = out.get_mut(..len)?;
+        self.rel_path_pieces(idx, len, |at, piece| {
+            if let Some(dst) = out.get_mut(at..at + piece.len()) {
+                dst.copy_from_slice(piece);
+            }
+        })?;
+        Some(len)
+    }
+
+    /// Calls `put(offset, bytes)` for each piece (names and the `/` between them) of entry
+    /// `idx`'s relative path of length `len` (`rel_path_len`), last first: for writers into
+    /// buffers that are not plain slices.
+    pub fn rel_path_pieces(
+        &self,
+        idx: u32,
+        len: usize,
+        mut put: impl FnMut(usize, &[u8]),
+    ) -> Option<()> {
+        let mut end = len;
+        let mut cur = idx;
+        while cur != 0 {
+            let d = self.disk_entry(cur)?;
+            let name = self.disk_name(&d)?;
+            let start = end.checked_sub(name.len())?;
+            put(start, name);
+            if start == 0 {
+                break;
+            }
+            put(start - 1, b"/");
+            end = start - 1;
+            cur = d.parent;
+        }
+        // A consistent chain of names fills exactly `len` bytes (the loop breaks at offset 0).
+        Some(())
+    }
+
+    /// Entry `idx`'s path relative to the source root, allocated (agent side only).
+    pub fn rel_path_vec(&self, idx: u32) -> Option<Vec<u8>> {
+        let mut v = vec![0u8; self.rel_path_len(idx)?];
+        self.write_rel_path(idx, &mut v)?;
+        Some(v)
+    }
+
+    /// True if entry `idx`'s path is `rel`: compared name by name from the end.
+    fn path_is(&self, idx: u32, rel: &[u8]) -> bool {
+        let mut rest = rel;
+        let mut cur = idx;
+        for _ in 0..PATH_MAX_LEN {
+            if cur == 0 {
+                return rest.is_empty();
+            }
+            let Some(d) = self.disk_entry(cur) else {
+                return false;
+            };
+            let Some(name) = self.disk_name(&d) else {
+                return false;
+            };
+            let Some(before) = rest.strip_suffix(name) else {
+                return false;
+            };
+            if before.is_empty() {
+                return d.parent == 0;
+            }
+            let Some(before) = before.strip_suffix(b"/") else {
+                return false;
+            };
+            if d.parent >= cur {
+                return false;
+            }
+            rest = before;
+            cur = d.parent;
+        }
+        false
+    }
+
     /// Entry index of a path relative to the source root, without following symlinks.
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
+        let h = path_hash(rel);
         let mask = self.hash_slots - 1;
-        let mut slot = path_hash(rel) as u32 & mask;
+        let mut slot = h as u32 & mask;
         for _ in 0..self.hash_slots {
             let v = self.region.u32_at(self.hash_off + slot as usize * 4)?;
             if v == 0 {
                 return None;
             }
             let idx = v - 1;
-            let e = self.entry(idx)?;
-            if self.rel_path(&e)? == rel {
+            let object = self
+                .region
+                .u64_at(self.entries_off + idx as usize * ENTRY_LEN)?;
+            if object == h && self.path_is(idx, rel) {
                 return Some(idx);
             }
             slot = (slot + 1) & mask;
@@ -366,7 +549,7 @@ impl Table {
                 return None;
             }
             let idx = v - 1;
-            if self.entry(idx)?.object == object {
+            if self.disk_entry(idx)?.object == object {
                 return Some(idx);
             }
             slot = (slot + 1) & mask;
@@ -387,26 +570,56 @@ impl Table {
     }
 
     fn checksum_cell(&self, idx: u32) -> Option<&AtomicU64> {
-        self.state_block(idx, STATE_CHECKSUM)
+        if idx >= self.entry_count {
+            return None;
+        }
+        self.region
+            .atomic_u64(self.checksums_off + idx as usize * 8)
+    }
+
+    /// File type bits (`S_IFMT`) of a stored entry.
+    fn file_type_of(&self, d: &DiskEntry) -> u32 {
+        if d.class as u32 >= self.class_count {
+            return 0;
+        }
+        self.region
+            .u32_at(self.classes_off + d.class as usize * CLASS_LEN + 32)
+            .map_or(0, |m| m & libc::S_IFMT)
+    }
+
+    /// A word of entry `idx`'s large record (`LARGE_*`), if it has one.
+    fn large_cell(&self, idx: u32, word: usize) -> Option<&AtomicU64> {
+        let d = self.disk_entry(idx)?;
+        if d.aux == 0 || d.aux > self.large_count || self.file_type_of(&d) != libc::S_IFREG {
+            return None;
+        }
+        self.region
+            .atomic_u64(self.large_off + (d.aux - 1) as usize * LARGE_LEN + word)
+    }
+
+    /// True if entry `idx` has a large record: the agent can publish a whole-file fetch's
+    /// progress and its chunks.
+    pub fn has_large_record(&self, idx: u32) -> bool {
+        self.large_cell(idx, LARGE_PROGRESS).is_some()
     }
 
     /// Bytes of the partial copy that are written and readable (meaningful while PLACING).
     /// Acquire: a client that sees `n` may read the first `n` bytes of `<object>.part`.
     pub fn progress(&self, idx: u32) -> u64 {
-        self.state_block(idx, STATE_PROGRESS)
+        self.large_cell(idx, LARGE_PROGRESS)
             .map_or(0, |c| c.load(Ordering::Acquire))
     }
 
     /// Agent side: publishes progress (never moves backwards).
     pub fn set_progress(&self, idx: u32, bytes: u64) {
-        if let Some(c) = self.state_block(idx, STATE_PROGRESS) {
+        if let Some(c) = self.large_cell(idx, LARGE_PROGRESS) {
             c.fetch_max(bytes, Ordering::Release);
         }
     }
 
     /// Agent side: a new partial copy starts from zero.
     pub fn reset_progress(&self, idx: u32) {
-        if let Some(c) = self.state_block(idx, STATE_PROGRESS) {
+        if let Some(c) = self.large_cell(idx, LARGE_PROGRESS) {
             c.store(0, Ordering::Release);
         }
     }
@@ -444,10 +657,10 @@ impl Table {
     /// Number of chunks of an entry that has a chunk bitmap (files larger than one chunk), else 0.
     pub fn chunk_count(&self, idx: u32) -> u64 {
         let has_bitmap = self
-            .state_block(idx, STATE_CHUNKS)
+            .large_cell(idx, LARGE_CHUNKS)
             .is_some_and(|c| c.load(Ordering::Relaxed) != 0);
-        match (has_bitmap, self.entry(idx)) {
-            (true, Some(e)) => chunk_count(e.stat.size, self.chunk_size()),
+        match (has_bitmap, self.disk_entry(idx)) {
+            (true, Some(d)) => chunk_count(d.size, self.chunk_size()),
             _ => 0,
         }
     }
@@ -456,7 +669,7 @@ impl Table {
         if chunk >= self.chunk_count(idx) {
             return None;
         }
-        let base = self.state_block(idx, STATE_CHUNKS)?.load(Ordering::Relaxed) as usize;
+        let base = self.large_cell(idx, LARGE_CHUNKS)?.load(Ordering::Relaxed) as usize;
         let off = base.checked_add((chunk / 64) as usize * 8)?;
         if off.checked_add(8)? > self.chunks_len {
             return None;
@@ -484,14 +697,96 @@ impl Table {
         }
     }
 
-    fn transient_word(&self, idx: u32) -> Option<(&AtomicU64, u64)> {
-        if idx >= self.entry_count || self.transient_off == 0 {
+    fn bit(&self, section: usize, idx: u32) -> Option<(&AtomicU64, u64)> {
+        if idx >= self.entry_count {
             return None;
         }
-        let w = self
-            .region
-            .atomic_u64(self.transient_off + (idx / 64) as usize * 8)?;
+        let w = self.region.atomic_u64(section + (idx / 64) as usize * 8)?;
         Some((w, 1u64 << (idx % 64)))
+    }
+
+    fn transient_word(&self, idx: u32) -> Option<(&AtomicU64, u64)> {
+        self.bit(self.transient_off, idx)
+    }
+
+    /// True if entry `idx` was checked against the source in the current attach (or vouched
+    /// for by its directory when the source is immutable): only then may the catalog answer for
+    /// it. Acquire: pairs with the Release of whoever validated it.
+    #[inline]
+    pub fn is_validated(&self, idx: u32) -> bool {
+        self.bit(self.valid_off, idx)
+            .is_some_and(|(w, bit)| w.load(Ordering::Acquire) & bit != 0)
+    }
+
+    /// Marks entry `idx` validated (`lifecycle` decides when).
+    pub fn set_validated(&self, idx: u32) {
+        if let Some((w, bit)) = self.bit(self.valid_off, idx) {
+            w.fetch_or(bit, Ordering::Release);
+        }
+    }
+
+    /// Marks entries `first .. first + count` validated (a directory's children).
+    pub fn set_validated_range(&self, first: u32, count: u32) {
+        let end = first.saturating_add(count).min(self.entry_count);
+        let mut i = first;
+        while i < end {
+            let word_end = ((i / 64) + 1) * 64;
+            let stop = end.min(word_end);
+            let lo = i % 64;
+            let n = stop - i;
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << lo
+            };
+            if let Some(w) = self
+                .region
+                .atomic_u64(self.valid_off + (i / 64) as usize * 8)
+            {
+                w.fetch_or(mask, Ordering::Release);
+            }
+            i = stop;
+        }
+    }
+
+    /// Agent side: a new attach starts — nothing is validated (`lifecycle::new_attach`).
+    pub fn clear_validated(&self) {
+        for k in 0..bitmap_words(self.entry_count as usize) {
+            if let Some(w) = self.region.atomic_u64(self.valid_off + k * 8) {
+                w.store(0, Ordering::Release);
+            }
+        }
+    }
+
+    /// The attach epoch (`H_EPOCH`).
+    pub fn epoch(&self) -> u64 {
+        self.region
+            .atomic_u64(H_EPOCH)
+            .map_or(0, |e| e.load(Ordering::Acquire))
+    }
+
+    /// Agent side: bumps the attach epoch; returns the new one.
+    pub fn bump_epoch(&self) -> u64 {
+        self.region
+            .atomic_u64(H_EPOCH)
+            .map_or(0, |e| e.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+
+    /// True while the current attach validates per directory (`FLAG_IMMUTABLE`).
+    pub fn immutable(&self) -> bool {
+        self.region
+            .atomic_u32(H_FLAGS)
+            .is_some_and(|f| f.load(Ordering::Relaxed) & FLAG_IMMUTABLE != 0)
+    }
+
+    pub fn set_immutable(&self, on: bool) {
+        if let Some(f) = self.region.atomic_u32(H_FLAGS) {
+            if on {
+                f.fetch_or(FLAG_IMMUTABLE, Ordering::Release);
+            } else {
+                f.fetch_and(!FLAG_IMMUTABLE, Ordering::Release);
+            }
+        }
     }
 
     /// True if the entry's copy is transient: whoever finishes reading it drops its pages from
@@ -577,6 +872,18 @@ impl Table {
     /// A request with an argument (24 bits; see `request::encode_arg`).
     pub fn push_request_arg(&self, kind: u8, entry: u32, arg: u32) -> bool {
         self.ring().push(request::encode_arg(kind, entry, arg))
+    }
+
+    /// Agent side: empties the ring (a saved table's, before another agent uses it).
+    pub fn reset_ring(&self) {
+        self.ring().reset();
+    }
+
+    /// Agent side: names the agent that owns the table (a loaded table's new owner).
+    pub fn set_agent_pid(&self, pid: u32) {
+        if let Some(p) = self.region.atomic_u32(H_AGENT_PID) {
+            p.store(pid, Ordering::Release);
+        }
     }
 
     /// Agent side: the next request, if any.

@@ -298,7 +298,7 @@ proptest! {
             let e = t.entry(idx).unwrap();
             prop_assert_eq!(e.stat.is_dir(), *is_dir);
             prop_assert_eq!(e.stat.size, *size);
-            prop_assert_eq!(t.rel_path(&e).unwrap(), path.as_slice());
+            prop_assert_eq!(t.rel_path_vec(idx).unwrap(), path.clone());
             // Parent's listing contains this entry.
             let parent = t.entry(e.parent).unwrap();
             prop_assert!((parent.first_child..parent.first_child + parent.child_count).contains(&idx));
@@ -324,9 +324,20 @@ proptest! {
 fn progress_only_moves_forward() {
     let mut m = Model::new();
     m.add(0, "big", stat(libc::S_IFREG | 0o644, 2, 100 << 20), "");
-    let img = build(&Model::spec(), &m.entries).unwrap();
+    m.add(0, "small", stat(libc::S_IFREG | 0o644, 3, 100 << 10), "");
+    let mut spec = Model::spec();
+    spec.prefetch_min_size = 1 << 20;
+    let img = build(&spec, &m.entries).unwrap();
     let (_m, t, _f) = map_image(&img);
+    let small = t.lookup(b"small").unwrap();
+    assert!(
+        !t.has_large_record(small),
+        "only files fetched whole carry progress"
+    );
+    t.set_progress(small, 5);
+    assert_eq!(t.progress(small), 0);
     let idx = t.lookup(b"big").unwrap();
+    assert!(t.has_large_record(idx));
     assert_eq!(t.progress(idx), 0);
     t.set_progress(idx, 8 << 20);
     t.set_progress(idx, 4 << 20); // a late, smaller publication must not move it back
@@ -434,7 +445,7 @@ fn earlier_versions_are_rejected_cleanly() {
     let mut m = Model::new();
     m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 10), "");
     let mut img = build(&Model::spec(), &m.entries).unwrap();
-    for old in [1u32, 2, 3] {
+    for old in [1u32, 2, 3, 4] {
         img[H_VERSION..H_VERSION + 4].copy_from_slice(&old.to_ne_bytes());
         let mut file = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut file, &img).unwrap();
@@ -541,4 +552,153 @@ fn derived_object_names() {
         8192,
         "64 + 8 × 600 bytes of header"
     );
+}
+
+#[test]
+fn validation_bits_start_over_each_attach() {
+    let mut m = Model::new();
+    for i in 0..200 {
+        m.add(
+            0,
+            &format!("f{i}"),
+            stat(libc::S_IFREG | 0o644, 2 + i, 10),
+            "",
+        );
+    }
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let n = t.entry_count();
+    assert!((0..n).all(|i| !t.is_validated(i)));
+    let mut model = vec![false; n as usize];
+    for (first, count) in [(3u32, 1u32), (60, 10), (64, 64), (130, 71), (0, 0)] {
+        t.set_validated_range(first, count);
+        for k in first..(first + count).min(n) {
+            model[k as usize] = true;
+        }
+        assert_eq!((0..n).map(|k| t.is_validated(k)).collect::<Vec<_>>(), model);
+    }
+    t.set_validated(1);
+    assert!(t.is_validated(1));
+    t.set_validated_range(n - 1, 100); // clipped at the last entry
+    assert!(!t.is_validated(n));
+    assert_eq!(t.bump_epoch(), 1);
+    t.clear_validated();
+    assert!((0..n).all(|i| !t.is_validated(i)));
+    assert_eq!(t.epoch(), 1);
+    assert!(!t.immutable());
+    t.set_immutable(true);
+    assert!(t.immutable() && t.is_valid());
+}
+
+#[test]
+fn deep_paths_are_rebuilt_from_names() {
+    let mut m = Model::new();
+    let mut parent = 0;
+    let mut want = Vec::new();
+    for depth in 0..300 {
+        let name = format!("d{depth}");
+        parent = m.add(
+            parent,
+            &name,
+            stat(libc::S_IFDIR | 0o755, 10 + depth, 4096),
+            "",
+        );
+        if !want.is_empty() {
+            want.push(b'/');
+        }
+        want.extend_from_slice(name.as_bytes());
+    }
+    let f = m.add(parent, "leaf", stat(libc::S_IFREG | 0o644, 9999, 1), "");
+    let rel = m.entries[f].rel_path.clone();
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let idx = t.lookup(&rel).unwrap();
+    assert_eq!(t.rel_path_vec(idx).unwrap(), rel);
+    let dir = t.lookup(&want).unwrap();
+    assert_eq!(t.rel_path_vec(dir).unwrap(), want);
+    let mut small = [0u8; 8];
+    assert_eq!(
+        t.write_rel_path(idx, &mut small),
+        None,
+        "a short buffer is refused"
+    );
+    assert_eq!(t.rel_path_vec(0).unwrap(), b"");
+    // A suffix of a real path, or the same names under another parent, is not that path.
+    assert_eq!(t.lookup(b"d1/d2"), None);
+    assert_eq!(t.lookup(&rel[3..]), None);
+}
+
+#[test]
+fn times_and_classes_round_trip() {
+    let mut m = Model::new();
+    let mut a = stat(libc::S_IFREG | 0o640, 2, 7);
+    a.uid = 1234;
+    a.gid = 55;
+    a.mtime = Ts {
+        sec: 1_700_000_000,
+        nsec: 123_456_789,
+        _pad: 0,
+    };
+    a.ctime = Ts {
+        sec: -5,
+        nsec: 7,
+        _pad: 0,
+    };
+    a.btime = Ts {
+        sec: 0,
+        nsec: 999_999_999,
+        _pad: 0,
+    };
+    a.blocks = 8;
+    a.dev_major = 259;
+    a.dev_minor = 3;
+    m.add(0, "a", a, "");
+    let mut far = a;
+    far.mtime = Ts {
+        sec: 1 << 40,
+        nsec: 0,
+        _pad: 0,
+    }; // beyond 2262
+    m.add(0, "far", far, "");
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let e = t.entry(t.lookup(b"a").unwrap()).unwrap();
+    assert_eq!(e.stat, a);
+    let far_idx = t.lookup(b"far").unwrap();
+    assert_eq!(
+        state::state_of(t.state(far_idx)),
+        state::STALE,
+        "metadata that does not fit is never served"
+    );
+}
+
+#[test]
+fn a_million_files_fit_the_budget() {
+    // ImageNet-like: 1,000 directories of 1,000 files named like n01440764_10026.JPEG.
+    let mut m = Model::new();
+    for d in 0..1000u64 {
+        let dir = m.add(
+            0,
+            &format!("n{d:08}"),
+            stat(libc::S_IFDIR | 0o755, 1 + d, 4096),
+            "",
+        );
+        for f in 0..1000u64 {
+            m.add(
+                dir,
+                &format!("n{d:08}_{f:05}.JPEG"),
+                stat(libc::S_IFREG | 0o644, 10_000 + d * 1000 + f, 1024),
+                "",
+            );
+        }
+    }
+    let mut spec = Model::spec();
+    spec.ring_cap = 16384;
+    spec.job_slots = 64;
+    spec.prefetch_min_size = 1 << 20;
+    spec.chunk_size = 4 << 20;
+    let cat = Catalog::from_entries(&m.entries).unwrap();
+    let len = image_len(&spec, &cat).unwrap();
+    let per_file = len as f64 / 1_001_001.0;
+    assert!(per_file <= 160.0, "{per_file:.1} bytes per entry");
 }

@@ -102,6 +102,13 @@ pub struct RunArgs {
     /// default 25% of the first tier). Config: `[placement] prefetch_window`.
     #[arg(long, value_name = "SIZE")]
     pub prefetch_window: Option<String>,
+    /// Declare the dataset immutable: files are never changed in place, only added or removed.
+    /// A job that finds the source's catalog from an earlier job then checks it with one
+    /// metadata call per directory instead of one per file (a directory whose identity is
+    /// unchanged vouches for its files). Like --tier, it applies when no other job is using the
+    /// source. Config: `[catalog] immutable = true`.
+    #[arg(long)]
+    pub immutable: bool,
     /// Write the job's report as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,

@@ -309,6 +309,7 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         max_source_streams: cfg.max_source_streams,
         page_cache: cfg.page_cache,
         order,
+        immutable: args.immutable || cfg.immutable.unwrap_or(false),
     })?;
     let walk_started = Instant::now();
     let mut shown = false;

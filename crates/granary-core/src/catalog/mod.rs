@@ -1,12 +1,15 @@
-//! The catalog: every path of a source with its `struct stat`, placement state and tier.
+//! The catalog: every path of a source with its `statx` record, placement state and tier.
 //!
-//! `walk` builds it from the source; `persist` saves and loads it beside the cache (as a table
-//! image) and decides which copies from an earlier run are still valid (`reuse`).
+//! `walk` builds it from the source (taking over what an earlier table still vouches for),
+//! `persist` saves it beside the cache and loads it back, `validate` checks a reused catalog
+//! against the source in the background of each attach, and `sweep` keeps the tiers' object
+//! directories to what the catalog names.
 
 pub mod persist;
+pub mod sweep;
+pub mod validate;
 pub mod walk;
 
-pub use persist::{
-    load_persisted, reuse, reuse_chunked, save, snapshot, write_atomic, Persisted, ReuseOutcome,
-};
-pub use walk::{walk, Progress, Walk, WalkError};
+pub use persist::{load, open_saved, save, write_atomic, Expect, LoadError};
+pub use validate::Validation;
+pub use walk::{walk, Prev, Progress, Walk, WalkError};

@@ -1,47 +1,127 @@
-//! The catalog beside the cache: saved as a table image (the `granary_shm::build` format, via a
-//! temporary file and rename) at `<first tier>/<source id>/catalog.table` after each walk and when
-//! the agent exits. The next walk reuses a copy only when
-//! - the source file is the same version: device, inode, type, size, mtime and ctime all match
-//!   the saved entry (`StatRec::same_version`; `cp -p` restores mtime, nothing restores ctime);
-//! - the copy was complete (PLACED, checksum recorded) and is the very file the agent wrote:
-//!   its inode, ctime and size are the ones recorded at placement (a copy written to, truncated
-//!   or replaced since has another ctime or inode);
-//! - the saved catalog was made with this agent's credentials (what it could read is what the
-//!   catalog lets a job read);
-//! - and, with `verify = "checksum"`, its contents hash to the recorded checksum.
+//! The catalog beside the cache: the live table image, saved at `<first tier>/<source id>/
+//! catalog.table` (temporary file, then rename) when the last job detaches and when the agent
+//! exits, and loaded back by the next agent without a walk.
 //!
-//! Everything else in the object directories is deleted.
+//! A saved image is the table itself with its per-run words cleared (`sanitize`): requests,
+//! counters, heartbeat, validation and transient bits, copies in progress. Loading it trusts
+//! nothing it cannot check cheaply: the header (version, layout), the agent's credentials, the
+//! source path and the tiers' object directories (paths and identities) must be the ones of the
+//! new table. Whether each source file is unchanged is then checked per file in the background
+//! (`validate`), and each copy's identity on every open (the preload library).
 
-use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 
-use granary_shm::{object_id, object_name, state, CatalogEntry, Mapping, TableSpec};
+use granary_shm::{job, layout, state, Mapping, Table};
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, then rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
 
-use crate::config::Verify;
-use crate::sys;
-use crate::tiers::Tiers;
+fn tmp_name(path: &Path) -> std::path::PathBuf {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    dir.join(format!(".tmp-{name}-{}", std::process::id()))
+}
 
-/// Writes `entries` as a table image to `path` atomically.
+/// `write_atomic` with the contents written by `fill` (which may also map and edit the file).
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let tmp = tmp_name(path);
+    let res = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        fill(&mut f)?;
+        f.sync_data()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// Saves the live `table` at `path`.
 ///
 /// The space it needs is held in between by `.catalog-room` beside it (allocated, never
 /// written): a tier whose copies filled its file system (one declared larger than it, or shared
 /// with other users' files) still has room for the catalog that says which copies are valid —
 /// without it, every copy would be thrown away at the next job.
-pub fn save(path: &Path, spec: &TableSpec, entries: &[CatalogEntry]) -> std::io::Result<()> {
-    let img = granary_shm::build(spec, entries)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+pub fn save(path: &Path, table: &Table) -> std::io::Result<()> {
     let room = path.with_file_name(".catalog-room");
     let _ = std::fs::remove_file(&room);
-    let res = write_atomic(path, &img);
+    let len = table.region().len();
+    let res = write_atomic_with(path, |f| {
+        copy_region(table, f)?;
+        let (_m, copy) = Mapping::map(f.as_raw_fd(), len)
+            .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+        sanitize(&copy);
+        Ok(())
+    });
     // Room for the next save: this image's size and an eighth more (the catalog may grow).
-    hold_room(&room, img.len() as u64 + img.len() as u64 / 8);
+    hold_room(&room, len as u64 + len as u64 / 8);
     res
+}
+
+/// Copies the live table's bytes into `f` a word at a time: other processes update its
+/// atomics meanwhile, and a torn word is fixed by `sanitize` or is an immutable byte anyway.
+fn copy_region(table: &Table, f: &mut std::fs::File) -> std::io::Result<()> {
+    let region = table.region();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < region.len() {
+        let n = buf.len().min(region.len() - off);
+        for (k, chunk) in buf[..n].chunks_exact_mut(8).enumerate() {
+            let w = region.u64_at(off + k * 8).unwrap_or(0);
+            chunk.copy_from_slice(&w.to_ne_bytes());
+        }
+        f.write_all(&buf[..n])?;
+        off += n;
+    }
+    Ok(())
+}
+
+/// Clears a table's per-run words: what the next agent starts from. Copies in progress become
+/// unplaced (their temporary files are swept), and complete ones keep their tier, checksum and
+/// identity.
+pub fn sanitize(t: &Table) {
+    let r = t.region();
+    if let Some(h) = r.atomic_u64(layout::H_HEARTBEAT) {
+        h.store(0, Ordering::Relaxed);
+    }
+    t.set_reports_opens(false);
+    t.set_immutable(false);
+    t.set_valid(true);
+    t.reset_ring();
+    for slot in 0..t.job_slots() {
+        for w in 0..job::WORDS {
+            if let Some(c) = t.counter(slot, w) {
+                c.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+    t.clear_validated();
+    for i in 0..t.entry_count() {
+        t.set_transient(i, false);
+        t.reset_progress(i);
+        let w = t.state(i);
+        if matches!(state::state_of(w), state::QUEUED | state::PLACING) {
+            t.set_state(i, state::word(state::UNPLACED, 0));
+            t.set_copy_identity(i, 0, 0);
+        }
+    }
 }
 
 /// Allocates `len` bytes to a file of nothing (`fallocate`), so they stay free for the catalog.
@@ -55,7 +135,7 @@ fn hold_room(path: &Path, len: u64) {
         .open(path);
     let ok = f.is_ok_and(|f| {
         // SAFETY: fallocate on an open file; no memory involved.
-        unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, len as i64) == 0 }
+        unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as i64) == 0 }
     });
     if !ok {
         tracing::debug!(
@@ -65,442 +145,96 @@ fn hold_room(path: &Path, len: u64) {
     }
 }
 
-/// Temporary file in the same directory, then rename: readers see the old or the new file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".tmp-{name}-{}", std::process::id()));
+/// Why a saved catalog is not loaded (the agent then walks the source).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("no saved catalog")]
+    Missing,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a usable table: {0:?}")]
+    Table(granary_shm::MapError),
+    #[error("saved by another user or with other groups")]
+    Creds,
+    #[error("saved for another source ({0})")]
+    Source(String),
+    #[error("saved with other tiers")]
+    Tiers,
+}
+
+/// What a saved catalog must match to be loaded.
+pub struct Expect<'a> {
+    pub source_real: &'a [u8],
+    pub creds: (u32, u32, u64),
+    pub tier_dirs: &'a [Vec<u8>],
+    pub tier_dir_ids: &'a [(u64, u64)],
+}
+
+/// Copies the saved catalog at `saved` to `dest` (the runtime table file) and maps it, if it
+/// matches `expect`; its per-run words are cleared and its header names this agent.
+pub fn load(saved: &Path, dest: &Path, expect: &Expect<'_>) -> Result<(Mapping, Table), LoadError> {
+    let mut src = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(saved)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(LoadError::Missing),
+        Err(e) => return Err(e.into()),
+    };
+    let len = src.metadata()?.len() as usize;
+    write_atomic_with(dest, |f| {
+        std::io::copy(&mut src, f)?;
+        Ok(())
+    })?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dest)?;
     let res = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_data()?;
-        std::fs::rename(&tmp, path)
+        let (m, t) = Mapping::map(f.as_raw_fd(), len).map_err(LoadError::Table)?;
+        if t.agent_creds() != expect.creds {
+            return Err(LoadError::Creds);
+        }
+        if t.source_real_root() != expect.source_real {
+            return Err(LoadError::Source(
+                String::from_utf8_lossy(t.source_real_root()).into_owned(),
+            ));
+        }
+        let same_tiers = t.tier_count() as usize == expect.tier_dirs.len()
+            && (0..t.tier_count()).all(|k| {
+                t.tier_dir(k) == expect.tier_dirs.get(k as usize).map(|v| v.as_slice())
+                    && t.tier_dir_id(k) == expect.tier_dir_ids.get(k as usize).copied()
+            });
+        if !same_tiers {
+            return Err(LoadError::Tiers);
+        }
+        sanitize(&t);
+        t.set_agent_pid(std::process::id());
+        Ok((m, t))
     })();
     if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(dest);
     }
     res
 }
 
-/// A saved entry's identity and placement.
-#[derive(Clone, Copy, Debug)]
-pub struct Prev {
-    pub stat: granary_shm::StatRec,
-    pub state: u64,
-    pub checksum: u64,
-    /// The copy's identity as recorded at placement: inode, ctime ns.
-    pub copy_ino: u64,
-    pub copy_ctime: u64,
-}
-
-pub struct Persisted {
-    pub entries: HashMap<Vec<u8>, Prev>,
-    /// Object directory of each tier index, as the saved table names them.
-    pub tier_dirs: Vec<PathBuf>,
-    /// The credentials of the agent that saved it (`Table::agent_creds`).
-    pub creds: (u32, u32, u64),
-}
-
-/// The tier a saved entry's copy lives in, if that tier is still one of this source's tiers and
-/// usable: its index in the new table and its object directory.
-fn saved_tier<'a>(
-    prev: &Persisted,
-    p: &Prev,
-    object_dirs: &[PathBuf],
-    dir_fds: &'a [Option<OwnedFd>],
-) -> Option<(usize, &'a OwnedFd)> {
-    let old_dir = prev.tier_dirs.get(state::tier_of(p.state) as usize)?;
-    let t = object_dirs.iter().position(|d| d == old_dir)?;
-    Some((t, dir_fds.get(t)?.as_ref()?))
-}
-
-/// Loads a saved catalog; `None` (after a debug log) when missing or unreadable: the cache is
-/// then rebuilt from nothing, never trusted blindly.
-pub fn load_persisted(path: &Path) -> Option<Persisted> {
-    let f = match std::fs::OpenOptions::new()
+/// Maps a saved catalog read-only in spirit (a private copy-free view for taking over what it
+/// knows at a walk): `None` when missing or unusable.
+pub fn open_saved(saved: &Path) -> Option<(Mapping, Table)> {
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::debug!("no saved catalog at {}: {e}", path.display());
-            return None;
-        }
-    };
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(saved)
+        .ok()?;
     let len = f.metadata().ok()?.len() as usize;
-    let (_map, table) = match Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len) {
-        Ok(m) => m,
+    match Mapping::map(f.as_raw_fd(), len) {
+        Ok(m) => Some(m),
         Err(e) => {
-            tracing::warn!("ignoring saved catalog {}: {e}", path.display());
-            return None;
-        }
-    };
-    let tier_dirs = (0..table.tier_count())
-        .filter_map(|t| table.tier_dir(t))
-        .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
-        .collect();
-    let mut entries = HashMap::with_capacity(table.entry_count() as usize);
-    for i in 0..table.entry_count() {
-        let Some(e) = table.entry(i) else { continue };
-        if !e.stat.is_file() {
-            continue;
-        }
-        let Some(rel) = table.rel_path(&e) else {
-            continue;
-        };
-        let (copy_ino, copy_ctime) = table.copy_identity(i);
-        entries.insert(
-            rel.to_vec(),
-            Prev {
-                stat: e.stat,
-                state: table.state(i),
-                checksum: table.checksum(i),
-                copy_ino,
-                copy_ctime,
-            },
-        );
-    }
-    Some(Persisted {
-        entries,
-        tier_dirs,
-        creds: table.agent_creds(),
-    })
-}
-
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ReuseOutcome {
-    pub files: u64,
-    pub bytes: u64,
-    /// Files removed from the object directories (stale, unreferenced, temporaries, parts).
-    pub removed: u64,
-    /// Copies the saved catalog called complete whose object had the wrong size or (with
-    /// `Verify::Checksum`) the wrong contents: deleted, never served.
-    pub rejected: u64,
-}
-
-/// Marks entries whose copy from an earlier run is still valid as PLACED (accounting their space
-/// in `tiers`), and deletes every other file in this source's object directories (including
-/// `.part` and `.tmp-*` files a killed agent left). `object_dirs[t]` is tier `t`'s object
-/// directory for this source and `dir_fds[t]` its fd. With `Verify::Checksum` every candidate
-/// is re-hashed (xxh3, `threads` at once) against the checksum recorded when it was placed.
-pub fn reuse(
-    entries: &mut [CatalogEntry],
-    prev: Option<&Persisted>,
-    object_dirs: &[PathBuf],
-    dir_fds: &[Option<OwnedFd>],
-    tiers: &Tiers,
-    verify: Verify,
-    threads: usize,
-) -> ReuseOutcome {
-    reuse_chunked(
-        entries,
-        prev,
-        object_dirs,
-        dir_fds,
-        tiers,
-        verify,
-        threads,
-        0,
-    )
-}
-
-/// `reuse`, and PARTIAL entries keep their chunk file when its header matches the file and
-/// `chunk_size` (the new table's) and at least one chunk survives `ChunkFile::validate` (every
-/// recorded chunk re-hashed, whatever `verify` says: a chunk file has no other check). The
-/// entry's bits are the validated chunks; the tier is charged for them. A chunk file with a
-/// chunk that failed its checksum counts once in `rejected`.
-#[allow(clippy::too_many_arguments)]
-pub fn reuse_chunked(
-    entries: &mut [CatalogEntry],
-    prev: Option<&Persisted>,
-    object_dirs: &[PathBuf],
-    dir_fds: &[Option<OwnedFd>],
-    tiers: &Tiers,
-    verify: Verify,
-    threads: usize,
-    chunk_size: u64,
-) -> ReuseOutcome {
-    let mut out = ReuseOutcome::default();
-    let mut keep: Vec<HashSet<Vec<u8>>> = vec![HashSet::new(); object_dirs.len()];
-    let creds = crate::sys::creds();
-    let prev = prev.filter(|p| {
-        let same = p.creds == creds;
-        if !same {
-            tracing::warn!(
-                "saved catalog made with other credentials (uid, gid, groups) than this agent's: \
-                 its copies are not reused"
-            );
-        }
-        same
-    });
-    if let Some(prev) = prev {
-        reuse_partial(
-            entries,
-            prev,
-            object_dirs,
-            dir_fds,
-            tiers,
-            chunk_size,
-            &mut keep,
-            &mut out,
-        );
-    }
-    let mut candidates: Vec<Candidate> = Vec::new();
-    if let Some(prev) = prev {
-        for (i, e) in entries.iter().enumerate().filter(|(_, e)| e.stat.is_file()) {
-            let Some(p) = prev.entries.get(&e.rel_path) else {
-                continue;
-            };
-            if !p.stat.same_version(&e.stat)
-                || state::state_of(p.state) != state::PLACED
-                || p.checksum == 0
-            {
-                continue;
-            }
-            let Some((t, fd)) = saved_tier(prev, p, object_dirs, dir_fds) else {
-                continue;
-            };
-            let name = object_name(object_id(&e.rel_path));
-            match sys::copy_stat_at(fd, &name) {
-                Ok(c)
-                    if c.is_regular
-                        && c.size == e.stat.size
-                        && (c.ino, c.ctime_ns) == (p.copy_ino, p.copy_ctime) => {}
-                Ok(_) => {
-                    // Written to, truncated, replaced or not a file since it was placed: it
-                    // would be served wrong.
-                    out.rejected += 1;
-                    continue;
-                }
-                Err(_) => continue,
-            }
-            candidates.push((i, t, name, p.checksum, (p.copy_ino, p.copy_ctime)));
+            tracing::warn!("ignoring saved catalog {}: {e:?}", saved.display());
+            None
         }
     }
-    let verified: Vec<bool> = match verify {
-        Verify::Size => vec![true; candidates.len()],
-        Verify::Checksum => verify_all(&candidates, dir_fds, threads),
-    };
-    for ((i, t, name, sum, (copy_ino, copy_ctime)), ok) in candidates.into_iter().zip(verified) {
-        let e = &mut entries[i];
-        if !ok {
-            tracing::warn!(
-                "cached copy of {} failed its checksum: dropped, placed again on demand",
-                super::walk::rel_display(&e.rel_path).display()
-            );
-            out.rejected += 1;
-            continue;
-        }
-        if !tiers.adopt(t, e.stat.size) {
-            continue;
-        }
-        e.state = state::word(state::PLACED, t as u8);
-        e.checksum = sum;
-        e.copy_ino = copy_ino;
-        e.copy_ctime = copy_ctime;
-        keep[t].insert(name.to_vec());
-        out.files += 1;
-        out.bytes += e.stat.size;
-    }
-    for (t, dir) in object_dirs.iter().enumerate() {
-        let (Ok(rd), Some(fd)) = (std::fs::read_dir(dir), &dir_fds[t]) else {
-            continue;
-        };
-        for de in rd.flatten() {
-            let name = de.file_name();
-            let b = name.as_bytes();
-            let kept = keep[t].contains(b);
-            if !kept {
-                match sys::unlink_at(fd, b) {
-                    Ok(()) => out.removed += 1,
-                    Err(e) => tracing::debug!("cannot remove {}: {e}", de.path().display()),
-                }
-            }
-        }
-    }
-    out
-}
-
-/// A copy that may be reused: (entry index, tier, object name, recorded checksum, recorded copy
-/// identity).
-type Candidate = (usize, usize, [u8; 16], u64, (u64, u64));
-
-/// The PARTIAL half of `reuse_chunked`.
-#[allow(clippy::too_many_arguments)]
-fn reuse_partial(
-    entries: &mut [CatalogEntry],
-    prev: &Persisted,
-    object_dirs: &[PathBuf],
-    dir_fds: &[Option<OwnedFd>],
-    tiers: &Tiers,
-    chunk_size: u64,
-    keep: &mut [HashSet<Vec<u8>>],
-    out: &mut ReuseOutcome,
-) {
-    use crate::placement::chunks::{present_bytes, ChunkFile, ChunkGeometry};
-    if chunk_size == 0 {
-        return;
-    }
-    for e in entries.iter_mut().filter(|e| e.stat.is_file()) {
-        let Some(p) = prev.entries.get(&e.rel_path) else {
-            continue;
-        };
-        // Only files that get a chunk bitmap in the new table (larger than one chunk).
-        if !p.stat.same_version(&e.stat)
-            || state::state_of(p.state) != state::PARTIAL
-            || e.stat.size <= chunk_size
-        {
-            continue;
-        }
-        let Some((t, fd)) = saved_tier(prev, p, object_dirs, dir_fds) else {
-            continue;
-        };
-        let name = granary_shm::chunks_name(object_id(&e.rel_path));
-        let geo = ChunkGeometry::of(&e.stat, chunk_size);
-        let Ok(Some(cf)) = ChunkFile::open_matching(fd, &name, geo) else {
-            continue;
-        };
-        let recorded = (0..geo.count())
-            .filter(|&k| cf.recorded(k).is_ok_and(|s| s != 0))
-            .count() as u64;
-        let Ok(words) = cf.validate() else { continue };
-        let valid: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
-        if valid < recorded {
-            tracing::warn!(
-                "{} of {} cached chunks of {} failed their checksum: dropped, fetched again on demand",
-                recorded - valid,
-                recorded,
-                super::walk::rel_display(&e.rel_path).display()
-            );
-            out.rejected += 1;
-        }
-        if valid == 0 {
-            continue;
-        }
-        // Charged as placement charges them: each chunk rounded to the tier's blocks.
-        let charge: u64 = (0..geo.count())
-            .filter(|&k| words[(k / 64) as usize] & (1 << (k % 64)) != 0)
-            .map(|k| tiers.charge(t, geo.range(k).1))
-            .sum();
-        if !tiers.adopt(t, charge) {
-            continue;
-        }
-        e.state = state::word(state::PARTIAL, t as u8);
-        e.chunks = words;
-        e.copy_ino = cf.ino();
-        keep[t].insert(name.to_vec());
-        out.files += 1;
-        out.bytes += present_bytes(&geo, &e.chunks);
-    }
-}
-
-/// Re-hashes each candidate's object with `threads` threads; true where it matches.
-fn verify_all(candidates: &[Candidate], dir_fds: &[Option<OwnedFd>], threads: usize) -> Vec<bool> {
-    let next = AtomicUsize::new(0);
-    let results: Vec<AtomicBool> = candidates.iter().map(|_| AtomicBool::new(false)).collect();
-    std::thread::scope(|s| {
-        for _ in 0..threads.clamp(1, 64).min(candidates.len().max(1)) {
-            s.spawn(|| {
-                let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((_, t, name, sum, _)) = candidates.get(k) else {
-                        break;
-                    };
-                    let ok = dir_fds[*t]
-                        .as_ref()
-                        .and_then(|fd| hash_object(fd, name, &mut buf).ok())
-                        .is_some_and(|h| h == *sum);
-                    results[k].store(ok, Ordering::Relaxed);
-                }
-            });
-        }
-    });
-    results.into_iter().map(AtomicBool::into_inner).collect()
-}
-
-/// xxh3 of an object as placement computes it (never 0).
-fn hash_object(dir: &OwnedFd, name: &[u8], buf: &mut [u8]) -> std::io::Result<u64> {
-    let f = sys::open_read_at(dir, name)?;
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    let mut off = 0u64;
-    loop {
-        match std::os::unix::fs::FileExt::read_at(&f, buf, off) {
-            Ok(0) => break,
-            Ok(n) => {
-                h.update(&buf[..n]);
-                off += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    // Reading the copy should not evict the program's working set.
-    sys::fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
-    Ok(h.digest().max(1))
-}
-
-/// The live state of a table as catalog entries (table order, children by index), for saving:
-/// copies in progress are saved as UNPLACED, complete ones with their tier and checksum.
-pub fn snapshot(table: &granary_shm::Table) -> Vec<CatalogEntry> {
-    let n = table.entry_count();
-    let mut out = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let Some(e) = table.entry(i) else { break };
-        let w = table.state(i);
-        let st = state::state_of(w);
-        let word = if e.stat.is_file() && matches!(st, state::QUEUED | state::PLACING) {
-            state::word(state::UNPLACED, 0)
-        } else {
-            w
-        };
-        let children = if e.stat.is_dir() && e.child_count > 0 {
-            (e.first_child as usize..(e.first_child + e.child_count) as usize).collect()
-        } else {
-            Vec::new()
-        };
-        let (copy_ino, copy_ctime) = match st {
-            state::PLACED | state::PARTIAL => table.copy_identity(i),
-            _ => (0, 0),
-        };
-        out.push(CatalogEntry {
-            rel_path: table.rel_path(&e).unwrap_or_default().to_vec(),
-            stat: e.stat,
-            link_target: table.link_target(&e).unwrap_or_default().to_vec(),
-            children,
-            state: word,
-            checksum: if st == state::PLACED {
-                table.checksum(i)
-            } else {
-                0
-            },
-            chunks: chunk_bitmap(table, i),
-            copy_ino,
-            copy_ctime,
-        });
-    }
-    out
-}
-
-/// The entry's chunk bitmap as words (empty when it has none or no chunk is present).
-fn chunk_bitmap(table: &granary_shm::Table, idx: u32) -> Vec<u64> {
-    let n = table.chunk_count(idx);
-    let mut words = vec![0u64; n.div_ceil(64) as usize];
-    for k in 0..n {
-        if table.chunk_present(idx, k) {
-            words[(k / 64) as usize] |= 1 << (k % 64);
-        }
-    }
-    if words.iter().all(|w| *w == 0) {
-        words.clear();
-    }
-    words
 }

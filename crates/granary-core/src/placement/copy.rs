@@ -93,7 +93,7 @@ pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Begun, PlaceOutcome> {
     }
     let Some((entry, rel)) = t
         .entry(idx)
-        .and_then(|e| t.rel_path(&e).map(|r| (e, r.to_vec())))
+        .and_then(|e| t.rel_path_vec(idx).map(|r| (e, r)))
     else {
         t.swap_state(idx, placing, state::word(state::SOURCE_ONLY, 0));
         return Err(PlaceOutcome::SourceOnly);

@@ -21,7 +21,7 @@ pub mod states;
 
 pub use copy::{object_dir, PlaceOutcome};
 pub use fetch::fetch_large;
-pub use partial::{release_partial_charges, Partials};
+pub use partial::{adopt_charges, release_partial_charges, Partials};
 pub use policy::{
     free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy,
 };
@@ -120,6 +120,9 @@ pub struct SourceCtx {
     /// Tiers whose object directory is no longer where the table says (removed or renamed
     /// while the agent ran), one bit each: nothing is placed there any more.
     pub lost: std::sync::atomic::AtomicU8,
+    /// The current attach's background validation (`catalog::validate`), which clients point
+    /// at the directories they are in (`request::VALIDATE`).
+    pub validation: std::sync::RwLock<Option<Arc<crate::catalog::Validation>>>,
 }
 
 /// True if tier `tier`'s object directory is gone from its path (removed, renamed, replaced):

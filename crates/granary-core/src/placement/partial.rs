@@ -293,9 +293,9 @@ fn fetch_runs(
         // Sequential prefetch is waited on by nobody and backs off.
         let _stream = sh.stream_for(ctx, requested);
         if src.is_none() {
-            let path = t.rel_path(&e).map(|r| {
+            let path = t.rel_path_vec(idx).map(|r| {
                 use std::os::unix::ffi::OsStrExt;
-                ctx.source_real.join(std::ffi::OsStr::from_bytes(r))
+                ctx.source_real.join(std::ffi::OsStr::from_bytes(&r))
             });
             match path.map(|p| open_source(ctx, &p)) {
                 Some(Ok(f)) if matches_catalog(&f, &e) => {
@@ -485,6 +485,60 @@ pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: u64) -> bool {
 }
 
 /// At retirement (no job running): gives back what the table's PARTIAL entries charge.
+/// Charges the tiers for the copies a new table starts with (reused from an earlier table or a
+/// saved catalog): complete copies by size, chunk files by present chunk. A copy its tier has no
+/// room for any more (its capacity shrank) is unplaced; the sweep deletes its file. Returns the
+/// files and bytes adopted.
+pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
+    let t = &ctx.table;
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for idx in 0..t.entry_count() {
+        let w = t.state(idx);
+        let s = state::state_of(w);
+        if s != state::PLACED && s != state::PARTIAL {
+            continue;
+        }
+        let tier = state::tier_of(w) as usize;
+        let Some(e) = t.entry(idx) else { continue };
+        let cell = granary_shm::lifecycle::EntryCell { table: t, idx };
+        let (charge, present) = if s == state::PLACED {
+            (e.stat.size, e.stat.size)
+        } else {
+            let geo = geometry(ctx, &e);
+            let c = present_charge(ctx, idx, &geo, tier);
+            (c, super::chunks::present_bytes(&geo, &bitmap_of(ctx, idx)))
+        };
+        let ok = tier < ctx.tiers.len()
+            && ctx.object_dirs.get(tier).is_some_and(|d| d.is_some())
+            && ctx.tiers.adopt(tier, charge);
+        if ok {
+            files += 1;
+            bytes += present;
+            continue;
+        }
+        let undone = if s == state::PLACED {
+            granary_shm::lifecycle::withdraw(&cell, w)
+        } else {
+            granary_shm::lifecycle::drop_partial(&cell, w)
+        };
+        if !undone {
+            tracing::debug!("entry {idx} moved while its copy was being adopted");
+        }
+    }
+    (files, bytes)
+}
+
+fn bitmap_of(ctx: &SourceCtx, idx: u32) -> Vec<u64> {
+    let n = ctx.table.chunk_count(idx);
+    let mut words = vec![0u64; n.div_ceil(64) as usize];
+    for k in 0..n {
+        if ctx.table.chunk_present(idx, k) {
+            words[(k / 64) as usize] |= 1 << (k % 64);
+        }
+    }
+    words
+}
+
 pub fn release_partial_charges(ctx: &SourceCtx) {
     let t = &ctx.table;
     for idx in 0..t.entry_count() {

@@ -181,7 +181,7 @@ impl Prefetcher {
         // it was evicted in (the clock is the same the program can read: CLOCK_MONOTONIC).
         tracing::info!(
             "evicted {} from tier {tier} (epoch {}, position {:?}, t_mono_ns {})",
-            String::from_utf8_lossy(t.rel_path(&e).unwrap_or(b"?")),
+            String::from_utf8_lossy(&t.rel_path_vec(idx).unwrap_or_else(|| b"?".to_vec())),
             st.epoch,
             st.pos,
             sys::monotonic_ns()

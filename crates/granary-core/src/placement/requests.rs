@@ -110,6 +110,12 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         }
         // Only moves the known-order position (above).
         request::OPENED => {}
+        request::VALIDATE => {
+            let v = ctx.validation.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(v) = v.as_ref() {
+                v.hint(idx);
+            }
+        }
         _ => tracing::debug!("unknown request kind {kind} for entry {idx}"),
     }
 }

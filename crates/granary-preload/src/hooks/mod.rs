@@ -18,7 +18,7 @@ pub mod stat;
 
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{resolve, state, EntryRec, Resolved, Table};
+use granary_shm::{lifecycle, resolve, state, EntryRec, Resolved, Table};
 
 use crate::detour::Guard;
 use crate::path::{self, Buf, Loc};
@@ -52,6 +52,9 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Option<Found> {
     if !ancestors_live(g.table, &entry) {
         return None;
     }
+    if !lifecycle::is_validated(g.table, idx) && !crate::validate::check(g.table, idx, &entry) {
+        return None;
+    }
     Some(Found { idx, entry })
 }
 
@@ -62,7 +65,7 @@ pub fn ancestors_live(table: &Table, e: &EntryRec) -> bool {
     let mut cur = *e;
     // Bounded by the depth limit of a path.
     for _ in 0..4096 {
-        if cur.parent == 0 && cur.path_len == 0 {
+        if cur.is_root() {
             return true;
         }
         let parent = cur.parent;

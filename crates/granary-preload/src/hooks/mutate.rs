@@ -17,42 +17,23 @@
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 
-use granary_shm::{request, state, strip_root, Table};
+use granary_shm::{strip_root, Table};
 
 use crate::detour::{self, real, sys, Guard, KeepErrno};
 use crate::fdtable;
 use crate::path::BUF;
 
-/// How a change leaves an entry.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Void {
-    Stale,
-    Gone,
-}
+pub use granary_shm::lifecycle::Void;
 
-/// Marks entry `idx` void (never making a `GONE` entry merely `STALE` again: its subtree stays
-/// void) and tells the agent, which drops a copy of it.
+/// Marks entry `idx` void (`lifecycle::void_entry`: never making a `GONE` entry merely `STALE`
+/// again) and tells the agent, which drops a copy of it.
 pub fn void(table: &Table, idx: u32, how: Void) {
-    let to = match how {
-        Void::Stale => state::STALE,
-        Void::Gone => state::GONE,
-    };
-    loop {
-        let cur = table.state(idx);
-        let s = state::state_of(cur);
-        if s == state::GONE || s == to {
-            break;
-        }
-        if table.swap_state(idx, cur, state::word(to, 0)) {
-            if table.entry(idx).is_some_and(|e| e.stat.is_file()) {
-                table.push_request(request::INVALIDATE, idx);
-            }
-            if crate::log::enabled() {
-                let rel = table.entry(idx).and_then(|e| table.rel_path(&e));
-                crate::log::line(&[b"changed by the program, not served: ", rel.unwrap_or(b"?")]);
-            }
-            break;
-        }
+    if granary_shm::lifecycle::void_entry(table, idx, how) && crate::log::enabled() {
+        let name = table.entry(idx).and_then(|e| table.name(&e));
+        crate::log::line(&[
+            b"changed by the program, not served: ",
+            name.unwrap_or(b"?"),
+        ]);
     }
 }
 

@@ -102,7 +102,7 @@ fn copy_fd(g: &Guard, idx: u32, entry: &granary_shm::EntryRec, flags: c_int) -> 
     g.count(job::TIER_FILES + tier as usize, 1);
     report_open(g, idx);
     if log::enabled() {
-        log::line(&[b"open from tier: ", g.table.rel_path(entry).unwrap_or(b"?")]);
+        log::line(&[b"open from tier: ", g.table.name(entry).unwrap_or(b"?")]);
     }
     Some(fd)
 }

@@ -216,6 +216,8 @@ impl Fixture {
             mapping: None,
         };
         f.map();
+        // As the agent's walk leaves it: every entry was read from the source just now.
+        f.t().set_validated_range(0, f.t().entry_count());
         f.place("a.txt");
         f.place(BIG);
         f.place("train/cls0/img1.jpg");
@@ -318,10 +320,9 @@ impl Fixture {
     pub fn requests_arg(&self) -> Vec<(u8, String, u32)> {
         let mut out = vec![];
         while let Some(granary_shm::Request { kind, entry, arg }) = self.t().pop_request() {
-            let e = self.t().entry(entry).unwrap();
             out.push((
                 kind,
-                String::from_utf8_lossy(self.t().rel_path(&e).unwrap()).into_owned(),
+                String::from_utf8_lossy(&self.t().rel_path_vec(entry).unwrap()).into_owned(),
                 arg,
             ));
         }
@@ -345,10 +346,9 @@ impl Fixture {
             kind, entry: idx, ..
         }) = self.t().pop_request()
         {
-            let e = self.t().entry(idx).unwrap();
             out.push((
                 kind,
-                String::from_utf8_lossy(self.t().rel_path(&e).unwrap()).into_owned(),
+                String::from_utf8_lossy(&self.t().rel_path_vec(idx).unwrap()).into_owned(),
             ));
         }
         out

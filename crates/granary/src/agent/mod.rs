@@ -151,7 +151,7 @@ impl Agent {
             .collect();
         for s in sources {
             let mut inner = s.inner.lock().unwrap_or_else(|e| e.into_inner());
-            s.retire(&mut inner);
+            s.retire(&mut inner, true);
         }
         // Last: a socket that is gone means the agent's tables are gone too (tests and
         // `granary stop` wait on it).

@@ -31,6 +31,10 @@ pub enum Request {
         /// attached to it (like `tiers`); `None`: fill highest first.
         #[serde(default)]
         order: Option<granary_core::placement::prefetch::OrderSpec>,
+        /// The dataset is declared immutable (`--immutable`, `[catalog] immutable`): a job
+        /// attaching to an idle source validates the catalog by directory only.
+        #[serde(default)]
+        immutable: bool,
     },
     /// Agent counters of one source (placement, its own source traffic) and its tiers' usage.
     Stats {

@@ -14,6 +14,10 @@ use super::protocol::{AgentStatus, PageCacheStatus, PoolStatus, Reply, Request, 
 use super::source::SourceState;
 use super::{Agent, PoolWishes};
 
+/// Threads of an attach's background validation: enough to keep a network file system's
+/// metadata server busy with a few requests in flight, at idle CPU priority.
+const VALIDATE_THREADS: usize = 4;
+
 pub fn accept_loop(agent: Arc<Agent>, listener: UnixListener) {
     for conn in listener.incoming() {
         if agent.stopping.load(Ordering::Acquire) {
@@ -54,6 +58,13 @@ fn send(w: &mut UnixStream, reply: &Reply) -> Result<()> {
     w.write_all(&line).context("writing a reply")
 }
 
+/// What the first job attaching to an idle source decides for it (later jobs share it).
+struct SourceWishes<'a> {
+    tiers: &'a [granary_core::tiers::TierSpec],
+    order: Option<&'a granary_core::placement::prefetch::OrderSpec>,
+    immutable: bool,
+}
+
 struct Lease {
     source: Arc<SourceState>,
     slot: u32,
@@ -88,6 +99,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     max_source_streams,
                     page_cache,
                     order,
+                    immutable,
                 } => {
                     if lease.is_some() {
                         send(
@@ -103,14 +115,17 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                         &mut w,
                         &source,
                         pid,
-                        &tiers,
+                        &SourceWishes {
+                            tiers: &tiers,
+                            order: order.as_ref(),
+                            immutable,
+                        },
                         &PoolWishes {
                             workers,
                             block_size,
                             max_source_streams,
                             page_cache,
                         },
-                        order.as_ref(),
                     ) {
                         Ok((reply, l)) => {
                             lease = Some(l);
@@ -167,10 +182,14 @@ fn attach(
     w: &mut UnixStream,
     source: &std::path::Path,
     pid: u32,
-    tiers: &[granary_core::tiers::TierSpec],
+    source_wishes: &SourceWishes<'_>,
     wishes: &PoolWishes,
-    order: Option<&granary_core::placement::prefetch::OrderSpec>,
 ) -> Result<(Reply, Lease)> {
+    let &SourceWishes {
+        tiers,
+        order,
+        immutable,
+    } = source_wishes;
     agent.touch();
     let setup = agent.setup(wishes)?;
     let key = granary_core::source::normalize(source)?;
@@ -247,7 +266,7 @@ fn attach(
                     }
                 }
             });
-            let r = src.rewalk(
+            let r = src.prepare(
                 &mut inner,
                 src_tiers,
                 &agent.rt,
@@ -256,9 +275,10 @@ fn attach(
                     threads: walk_threads,
                     params: setup.pool.params(),
                     verify: agent.cfg.verify.unwrap_or_default(),
-                    hashers: setup.workers.max(2),
                     order,
                     residency: &setup.residency,
+                    immutable: immutable || agent.cfg.immutable.unwrap_or(false),
+                    validate_threads: VALIDATE_THREADS,
                 },
                 progress,
             );

@@ -11,23 +11,38 @@ use granary_core::catalog::{self, Progress};
 use granary_core::config::Verify;
 use granary_core::placement::residency::Residency;
 use granary_core::placement::{object_dir, Params, SourceCtx};
-use granary_core::stats::{AgentCounters, CatalogStats};
+use granary_core::stats::AgentCounters;
+use granary_core::stats::CatalogStats;
 use granary_core::{sys, tierdir, Tiers};
-use granary_shm::{job, state, Mapping, TableSpec};
+use granary_shm::{job, lifecycle, state, Mapping, Table, TableSpec};
 
 pub const JOB_SLOTS: u32 = 64;
 const RING_CAP: u32 = 16384;
 
-/// How a (re)walk runs: its threads, the placement parameters the new table advertises, and how
-/// reused copies are verified (with `hashers` threads).
+/// How an attach to an idle source prepares its table: walk threads, the placement parameters
+/// the table advertises, how reused copies are verified, and the attach's validation.
 pub struct WalkOpts<'a> {
     pub threads: usize,
     pub params: &'a Params,
     pub verify: Verify,
-    pub hashers: usize,
     /// The known-order policy the new table gets (`None`: fill highest first).
     pub order: Option<&'a granary_core::placement::prefetch::OrderSpec>,
     pub residency: &'a Arc<Residency>,
+    /// Validate by directory only (the dataset is declared immutable).
+    pub immutable: bool,
+    /// Threads of the background validation.
+    pub validate_threads: usize,
+}
+
+/// How the table of an attach came to be (for the log and the job's report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The agent's table, kept since the last job.
+    Kept,
+    /// The catalog saved beside the cache, loaded.
+    Loaded,
+    /// A walk of the source (what an earlier table vouched for taken over).
+    Walked,
 }
 
 pub struct SourceState {
@@ -84,10 +99,12 @@ impl SourceState {
         tiers.spec(0).path.join(&self.id).join("catalog.table")
     }
 
-    /// Walks the source and publishes a new table on `tiers` (which become this source's tiers),
-    /// reusing valid copies from the last table (or from the catalog saved by an earlier agent).
-    /// Called with no job attached.
-    pub fn rewalk(
+    /// Prepares the table for a job attaching to this idle source, on `tiers` (which become its
+    /// tiers), and starts the attach's background validation. The cheapest way that is safe:
+    /// the table the agent kept, the catalog saved beside the cache, or a walk that lists only
+    /// what neither can vouch for. Nothing in a kept or loaded table is served before it is
+    /// checked against the source in this attach (`lifecycle::is_validated`).
+    pub fn prepare(
         &self,
         inner: &mut Inner,
         tiers: Arc<Tiers>,
@@ -95,73 +112,172 @@ impl SourceState {
         generation: u64,
         opts: &WalkOpts<'_>,
         progress: &Progress,
-    ) -> Result<()> {
-        let &WalkOpts {
-            threads: workers,
-            params,
-            verify,
-            hashers,
-            order: order_spec,
-            residency,
-        } = opts;
+    ) -> Result<Origin> {
         let started = Instant::now();
-        // The last table's catalog is the newest record of this source's copies even when its
-        // first tier (where it is saved) is not the new first tier; copies on tiers no longer
-        // listed are simply not matched, and their files are left alone.
-        let last_file = self.ctx().map(|c| self.catalog_file(&c.tiers));
-        let last_tiers: Vec<PathBuf> = self
-            .ctx()
-            .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
-            .unwrap_or_default();
-        self.retire(inner);
-        let catalog_file = self.catalog_file(&tiers);
-        let prev = last_file
-            .as_deref()
-            .and_then(catalog::load_persisted)
-            .or_else(|| catalog::load_persisted(&catalog_file));
-        let walk = catalog::walk(&self.source_real, workers, progress)?;
-        let mut entries = walk.entries;
-        let mut object_dirs = Vec::new();
-        let mut dir_fds = Vec::new();
-        let mut dir_ids = Vec::new();
+        let dirs = self.open_tier_dirs(&tiers, inner);
+        let spec = self.spec(&tiers, &dirs, opts.params, 0);
+        let origin = if let Some(ctx) = self.ctx().filter(|c| self.reusable(&c.table, &spec)) {
+            tracing::info!("{}: re-attach with the kept catalog", self.source.display());
+            self.set_policy(inner, &ctx, opts)?;
+            inner.catalog.walk_s = 0.0;
+            inner.catalog.carried = 0;
+            Origin::Kept
+        } else {
+            let saved = self.catalog_file(&tiers);
+            let last_saved = self.ctx().map(|c| self.catalog_file(&c.tiers));
+            let last_tiers: Vec<PathBuf> = self
+                .ctx()
+                .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
+                .unwrap_or_default();
+            let table_path = rt_dir.table(&self.id, generation);
+            let mut origin = Origin::Walked;
+            let mut published = None;
+            if self.ctx().is_none() {
+                let expect = catalog::Expect {
+                    source_real: self.source_real.as_os_str().as_bytes(),
+                    creds: spec.creds,
+                    tier_dirs: &spec.tier_dirs,
+                    tier_dir_ids: &spec.tier_dir_ids,
+                };
+                match catalog::load(&saved, &table_path, &expect) {
+                    Ok((m, t)) if self.reusable(&t, &spec) => {
+                        published = Some((m, t));
+                        origin = Origin::Loaded;
+                    }
+                    Ok(_) => {
+                        tracing::info!(
+                            "{}: the saved catalog needs listing again",
+                            self.source.display()
+                        );
+                        let _ = std::fs::remove_file(&table_path);
+                    }
+                    Err(catalog::LoadError::Missing) => {}
+                    Err(e) => tracing::info!(
+                        "{}: saved catalog {} not used: {e}",
+                        self.source.display(),
+                        saved.display()
+                    ),
+                }
+            }
+            let (mapping, table, stats) = match published {
+                Some((m, t)) => {
+                    let stats = catalog_stats(&t);
+                    (m, t, stats)
+                }
+                None => self.walk_into(&tiers, &spec, &table_path, last_saved, progress, opts)?,
+            };
+            self.forget_tiers(&last_tiers, &tiers, inner);
+            self.retire(inner, false);
+            let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
+            let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
+            let mut stats = stats;
+            stats.reused_files = files;
+            stats.reused_bytes = bytes;
+            stats.walk_s = started.elapsed().as_secs_f64();
+            inner.catalog = stats;
+            inner.table_path = Some(table_path);
+            // Files nobody names any more, copies the tiers lost, and (verify = "checksum")
+            // copies whose bytes changed: found in the background.
+            let (c, verify) = (ctx.clone(), opts.verify);
+            let _ = std::thread::Builder::new()
+                .name("sweep".into())
+                .spawn(move || {
+                    granary_core::sys::sched_idle();
+                    let s = catalog::sweep::sweep(&c);
+                    let v = if verify == Verify::Checksum {
+                        catalog::sweep::verify_copies(&c)
+                    } else {
+                        Default::default()
+                    };
+                    tracing::info!(
+                        "{}: sweep removed {} files, {} copies missing, {} failed their checksum",
+                        c.source_real.display(),
+                        s.removed,
+                        s.missing,
+                        v.rejected
+                    );
+                });
+            origin
+        };
+        let ctx = self.ctx().context("no table published")?;
+        self.start_validation(&ctx, opts, origin);
+        inner.spec = Some(spec);
+        tracing::info!(
+            "catalog of {} ({origin:?}): {} files, {} dirs, {} bytes; {} copies reused ({:.2} s)",
+            self.source.display(),
+            inner.catalog.files,
+            inner.catalog.dirs,
+            inner.catalog.bytes,
+            inner.catalog.reused_files,
+            started.elapsed().as_secs_f64()
+        );
+        granary_core::sys::trim_heap();
+        Ok(origin)
+    }
+
+    /// True if `t` can serve the next attach as it is: the same tiers and placement parameters
+    /// (its layout depends on them), and nothing it voided (a voided directory or file is
+    /// listed or stat'ed again by a walk first).
+    fn reusable(&self, t: &Table, spec: &TableSpec) -> bool {
+        let same_tiers = t.tier_count() as usize == spec.tier_dirs.len()
+            && (0..t.tier_count()).all(|k| {
+                t.tier_dir(k) == spec.tier_dirs.get(k as usize).map(|v| v.as_slice())
+                    && t.tier_dir_id(k) == spec.tier_dir_ids.get(k as usize).copied()
+            });
+        let prefetch = if spec.prefetch_min_size == 0 {
+            u64::MAX
+        } else {
+            spec.prefetch_min_size
+        };
+        same_tiers
+            && t.chunk_size() == spec.chunk_size
+            && t.prefetch_min_size() == prefetch
+            && t.agent_creds() == spec.creds
+            && t.job_slots() == spec.job_slots
+            && !(0..t.entry_count()).any(|i| state::is_void(state::state_of(t.state(i))))
+    }
+
+    /// Each tier's object directory for this source, opened and verified (`None`: unusable).
+    fn open_tier_dirs(&self, tiers: &Tiers, inner: &mut Inner) -> TierDirs {
+        let mut d = TierDirs::default();
         inner.tier_notes.clear();
         for t in 0..tiers.len() {
             let root = &tiers.spec(t).path;
-            object_dirs.push(object_dir(root, &self.id));
+            d.paths.push(object_dir(root, &self.id));
             match tierdir::open_source_dirs(root, &self.id) {
-                Ok(d) => {
-                    dir_ids.push(d.objects_id);
-                    dir_fds.push(Some(d.objects));
+                Ok(o) => {
+                    d.ids.push(o.objects_id);
+                    d.fds.push(Some(o.objects));
                 }
                 Err(e) => {
                     tracing::warn!("tier {t} unusable for {}: {e}", self.source.display());
                     inner.tier_notes.push(format!("{e}; not using this tier"));
-                    dir_ids.push((0, 0));
-                    dir_fds.push(None);
+                    d.ids.push((0, 0));
+                    d.fds.push(None);
                 }
             }
         }
-        self.forget_tiers(&last_tiers, &tiers, inner);
-        let reused = catalog::reuse_chunked(
-            &mut entries,
-            prev.as_ref(),
-            &object_dirs,
-            &dir_fds,
-            &tiers,
-            verify,
-            hashers,
-            params.chunk_size,
-        );
-        let spec = TableSpec {
+        d
+    }
+
+    fn spec(
+        &self,
+        _tiers: &Tiers,
+        dirs: &TierDirs,
+        params: &Params,
+        root_parent: u64,
+    ) -> TableSpec {
+        TableSpec {
             source: self.source.as_os_str().as_bytes().to_vec(),
             source_real: self.source_real.as_os_str().as_bytes().to_vec(),
-            tier_dirs: object_dirs
+            tier_dirs: dirs
+                .paths
                 .iter()
                 .map(|d| d.as_os_str().as_bytes().to_vec())
                 .collect(),
-            tier_dir_ids: dir_ids,
+            tier_dir_ids: dirs.ids.clone(),
             creds: sys::creds(),
-            root_parent_ino: walk.root_parent_ino,
+            root_parent_ino: root_parent,
             agent_pid: std::process::id(),
             ring_cap: RING_CAP,
             job_slots: JOB_SLOTS,
@@ -169,19 +285,97 @@ impl SourceState {
             // fetching; 0 disables it there too.
             prefetch_min_size: params.prefetch_min_size,
             chunk_size: params.chunk_size,
+        }
+    }
+
+    /// Walks the source (taking over what the current table or the saved catalog still vouches
+    /// for) and writes the new table to `table_path`.
+    fn walk_into(
+        &self,
+        tiers: &Tiers,
+        spec: &TableSpec,
+        table_path: &std::path::Path,
+        last_saved: Option<PathBuf>,
+        progress: &Progress,
+        opts: &WalkOpts<'_>,
+    ) -> Result<(Mapping, Table, CatalogStats)> {
+        // The earlier knowledge: the agent's own table, else the catalog saved beside the cache
+        // (of this source's last first tier, or of the new one).
+        let current = self.ctx();
+        let saved = if current.is_none() {
+            last_saved
+                .as_deref()
+                .and_then(catalog::open_saved)
+                .or_else(|| catalog::open_saved(&self.catalog_file(tiers)))
+                .filter(|(_, t)| {
+                    t.agent_creds() == spec.creds
+                        && t.source_real_root() == spec.source_real.as_slice()
+                })
+        } else {
+            None
         };
-        let image = granary_shm::build(&spec, &entries).context("building the catalog table")?;
-        let table_path = rt_dir.table(&self.id, generation);
-        catalog::write_atomic(&table_path, &image)
-            .with_context(|| format!("writing {}", table_path.display()))?;
+        let prev_table = current
+            .as_ref()
+            .map(|c| c.table)
+            .or(saved.as_ref().map(|s| s.1));
+        let prev = prev_table.as_ref().map(|t| catalog::Prev {
+            table: t,
+            tier_map: (0..t.tier_count())
+                .map(|k| {
+                    let dir = t.tier_dir(k)?;
+                    let id = t.tier_dir_id(k)?;
+                    let n = spec.tier_dirs.iter().position(|d| d.as_slice() == dir)?;
+                    (spec.tier_dir_ids.get(n) == Some(&id) && id.1 != 0).then_some(n as u8)
+                })
+                .collect(),
+            chunk_size: spec.chunk_size,
+        });
+        let walk = catalog::walk(&self.source_real, prev.as_ref(), opts.threads, progress)?;
+        drop(saved);
+        let mut spec = spec.clone();
+        spec.root_parent_ino = walk.root_parent_ino;
+        let len = granary_shm::image_len(&spec, &walk.catalog).context("sizing the table")?;
+        catalog::persist::write_atomic_with(table_path, |f| {
+            f.set_len(len as u64)?;
+            let mut map = granary_core::sys::map_new_file(f)?;
+            granary_shm::build_into(&spec, &walk.catalog, &mut map)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+        })
+        .with_context(|| format!("writing {}", table_path.display()))?;
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .open(&table_path)
+            .open(table_path)
             .with_context(|| format!("opening {}", table_path.display()))?;
-        let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), image.len())
+        let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
             .with_context(|| format!("mapping {}", table_path.display()))?;
-        let order = match order_spec {
+        lifecycle::validated_by_walk(&table, &walk.fresh);
+        Ok((mapping, table, walk.stats))
+    }
+
+    /// The known-order policy of the attach (re-read: the access-order file may have changed).
+    fn set_policy(&self, inner: &mut Inner, ctx: &SourceCtx, opts: &WalkOpts<'_>) -> Result<()> {
+        if opts.order != inner.order.as_ref() {
+            tracing::info!(
+                "{}: the placement policy changed; it applies from the next walk",
+                self.source.display()
+            );
+        }
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// Makes `table` the source's current table.
+    fn publish(
+        &self,
+        inner: &mut Inner,
+        table: Table,
+        mapping: Mapping,
+        tiers: Arc<Tiers>,
+        dirs: TierDirs,
+        opts: &WalkOpts<'_>,
+    ) -> Result<Arc<SourceCtx>> {
+        let order = match opts.order {
             Some(o) => {
                 let pf = granary_core::placement::prefetch::Prefetcher::build(
                     o,
@@ -211,45 +405,49 @@ impl SourceState {
                 None
             }
         };
-        inner.order = order_spec.cloned();
+        inner.order = opts.order.cloned();
         let ctx = Arc::new(SourceCtx {
             table,
             mapping,
             source_real: self.source_real.clone(),
             tiers,
-            object_dirs: dir_fds,
+            object_dirs: dirs.fds,
             counters: self.counters.clone(),
             retired: AtomicBool::new(false),
             inflight: AtomicUsize::new(0),
             order,
             partials: Default::default(),
             program: Default::default(),
-            residency: residency.clone(),
+            residency: opts.residency.clone(),
             lost: Default::default(),
+            validation: Default::default(),
         });
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx);
-        let mut stats = walk.stats;
-        stats.reused_files = reused.files;
-        stats.reused_bytes = reused.bytes;
-        stats.reuse_rejected = reused.rejected;
-        stats.walk_s = started.elapsed().as_secs_f64();
-        tracing::info!(
-            "catalog of {}: {} files, {} dirs, {} bytes; {} copies reused, {} rejected, {} stale objects removed ({:.2} s)",
-            self.source.display(),
-            stats.files,
-            stats.dirs,
-            stats.bytes,
-            reused.files,
-            reused.rejected,
-            reused.removed,
-            stats.walk_s
-        );
-        inner.catalog = stats;
-        inner.table_path = Some(table_path);
-        inner.spec = Some(spec);
-        self.persist(inner);
-        granary_core::sys::trim_heap();
-        Ok(())
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
+        Ok(ctx)
+    }
+
+    /// A new attach epoch on `ctx`'s table and its validation in the background: everything but
+    /// what a walk just read is checked against the source again.
+    fn start_validation(&self, ctx: &Arc<SourceCtx>, opts: &WalkOpts<'_>, origin: Origin) {
+        let t = &ctx.table;
+        if let Some(old) = ctx
+            .validation
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            old.stop();
+        }
+        // A fresh walk's bits stay: those entries were read from the source in this attach.
+        let epoch = if origin == Origin::Walked {
+            t.set_immutable(opts.immutable);
+            t.bump_epoch()
+        } else {
+            lifecycle::new_attach(t, opts.immutable)
+        };
+        let v = Arc::new(catalog::Validation::new(t, epoch, opts.immutable));
+        *ctx.validation.write().unwrap_or_else(|e| e.into_inner()) = Some(v.clone());
+        catalog::validate::spawn(ctx.clone(), v, opts.validate_threads);
     }
 
     /// Tiers this source used before and does not any more (a job asked for others): their
@@ -283,14 +481,13 @@ impl SourceState {
         }
     }
 
-    /// Saves the current table's state beside the cache, in its first tier.
-    pub fn persist(&self, inner: &Inner) {
-        let (Some(ctx), Some(spec)) = (self.ctx(), &inner.spec) else {
+    /// Saves the current table beside the cache, in its first tier.
+    pub fn persist(&self, _inner: &Inner) {
+        let Some(ctx) = self.ctx() else {
             return;
         };
-        let entries = catalog::snapshot(&ctx.table);
         let file = self.catalog_file(&ctx.tiers);
-        match catalog::save(&file, spec, &entries) {
+        match catalog::save(&file, &ctx.table) {
             Ok(()) => tracing::debug!("saved catalog {}", file.display()),
             Err(e) => tracing::warn!("cannot save catalog {}: {e}", file.display()),
         }
@@ -299,15 +496,25 @@ impl SourceState {
     /// Withdraws the current table: queued copies are dropped, running ones finish, its state is
     /// saved, its space is given back (the next walk re-adopts what is still valid), and the table
     /// file is removed.
-    pub fn retire(&self, inner: &mut Inner) {
+    pub fn retire(&self, inner: &mut Inner, persist: bool) {
         let Some(ctx) = self.ctx() else { return };
+        if let Some(v) = ctx
+            .validation
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            v.stop();
+        }
         let tiers = &*ctx.tiers;
         ctx.retired.store(true, Ordering::Release);
         let deadline = Instant::now() + Duration::from_secs(120);
         while ctx.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        self.persist(inner);
+        if persist {
+            self.persist(inner);
+        }
         let t = &ctx.table;
         for i in 0..t.entry_count() {
             let w = t.state(i);
@@ -387,6 +594,33 @@ impl SourceState {
         s.pending = ctx.pending(busy);
         s
     }
+}
+
+/// The object directories of a table's tiers: paths, identities, verified fds.
+#[derive(Default)]
+struct TierDirs {
+    paths: Vec<PathBuf>,
+    ids: Vec<(u64, u64)>,
+    fds: Vec<Option<std::os::fd::OwnedFd>>,
+}
+
+/// Counts of a loaded table, for the report (one pass over its entries).
+fn catalog_stats(t: &Table) -> CatalogStats {
+    let mut s = CatalogStats::default();
+    for i in 0..t.entry_count() {
+        let Some(e) = t.entry(i) else { continue };
+        match e.stat.file_type() {
+            libc::S_IFREG => {
+                s.files += 1;
+                s.bytes += e.stat.size;
+            }
+            libc::S_IFDIR => s.dirs += 1,
+            libc::S_IFLNK => s.symlinks += 1,
+            _ => {}
+        }
+    }
+    s.carried = t.entry_count() as u64;
+    s
 }
 
 /// See `SourceState::snapshot`.

@@ -1,0 +1,64 @@
+//! A client ahead of the agent's background validation checks an entry against the source
+//! itself before the catalog answers for it (`lifecycle`): one `statx` of the entry — or, where
+//! the source is declared immutable, of its directory, which then vouches for its files — the
+//! same call the validator would have made, so the source sees no more than one per entry and
+//! attach. The agent is told which directory the program is in, to validate it next.
+
+use granary_shm::lifecycle::{self, Verdict};
+use granary_shm::{request, EntryRec, StatRec, Table};
+
+use crate::detour::{self, sys, KeepErrno};
+use crate::path::{self, Buf};
+
+/// `statx(AT_SYMLINK_NOFOLLOW)` of entry `idx`'s path on the source, compared with the catalog.
+fn verdict(table: &Table, idx: u32, e: &EntryRec) -> Verdict {
+    let mut buf = Buf::new();
+    let Some(p) = path::entry_path(table, idx, &mut buf) else {
+        return Verdict::Unknown;
+    };
+    // SAFETY: `struct statx` is plain integers; all-zero is a valid value.
+    let mut sx: libc::statx = unsafe { core::mem::zeroed() };
+    let r = sys!(
+        libc::SYS_statx,
+        libc::AT_FDCWD,
+        p,
+        libc::AT_SYMLINK_NOFOLLOW,
+        libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+        &mut sx as *mut libc::statx
+    );
+    let now = if r == 0 {
+        Ok(StatRec::from_statx(&sx))
+    } else {
+        Err(detour::errno())
+    };
+    lifecycle::verdict(&e.stat, now.as_ref().map_err(|e| *e))
+}
+
+/// True if the catalog may now answer for entry `idx` (checked just now, or vouched for by its
+/// directory); false if it changed (it is voided and passes through from now on) or the source
+/// could not say. Never changes errno.
+pub fn check(table: &Table, idx: u32, e: &EntryRec) -> bool {
+    let _keep = KeepErrno::new();
+    if table.immutable() && !e.stat.is_dir() && e.parent != idx {
+        if !lifecycle::is_validated(table, e.parent) {
+            if let Some(d) = table.entry(e.parent) {
+                if d.stat.is_dir() && !granary_shm::state::is_void(state_of(table, e.parent)) {
+                    let v = verdict(table, e.parent, &d);
+                    lifecycle::apply(table, e.parent, v);
+                }
+            }
+        }
+        if lifecycle::is_validated(table, idx) {
+            return true;
+        }
+    }
+    let ok = lifecycle::apply(table, idx, verdict(table, idx, e));
+    // The validator has not reached this directory: point it there.
+    let dir = if e.stat.is_dir() { idx } else { e.parent };
+    table.push_request(request::VALIDATE, dir);
+    ok
+}
+
+fn state_of(table: &Table, idx: u32) -> u8 {
+    granary_shm::state::state_of(table.state(idx))
+}

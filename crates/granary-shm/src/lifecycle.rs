@@ -1,0 +1,247 @@
+//! The life of a catalog entry: the one module that writes an entry's state word, and the rules
+//! that decide when the catalog may answer for it.
+//!
+//! Several parties move an entry at once — the preload library in every process of a job, the
+//! agent's ring consumer, its placement workers, its validator — so each transition is one
+//! compare-and-swap from an exact expected word (exactly one party wins each step), except the
+//! two a client makes when the source changed, which are stores that nothing may undo:
+//!
+//! ```text
+//!              claim              begin                  complete
+//!   UNPLACED ─────────▶ QUEUED ─────────▶ PLACING|t ──────────────▶ PLACED|t
+//!      ▲  ▲    unclaim    │                 │  │ cut_partial           │
+//!      │  └───────────────┘                 │  └──────▶ PARTIAL|t ─────┤ withdraw / evict
+//!      │             give_up (SOURCE_ONLY,  │             │ drop       │ (damaged copy,
+//!      │             STALE, UNPLACED) ◀─────┘             ▼            │  known-order)
+//!      └──────────────────────────────────────────────────────────────┘
+//!
+//!   any ──source_changed──▶ STALE     any ──removed──▶ GONE        (terminal for this table)
+//! ```
+//!
+//! Validation (per attach): an entry is served from the catalog — metadata or a copy — only once
+//! it was checked against the source in this attach (`is_validated`), by the agent's background
+//! validator or inline by the client that needs it first (`check`). Where the source is declared
+//! immutable, a directory whose identity is unchanged vouches for every non-directory in it.
+//!
+//! The logic is written against `Cell` so the concurrency tests run it over Shuttle's atomics;
+//! production runs it over the shared table (`EntryCell`).
+
+use crate::layout::{request, state, StatRec};
+use crate::table::Table;
+
+/// One entry's state word.
+pub trait Cell {
+    fn load(&self) -> u64;
+    /// Compare-and-swap; false if the word was not `from`.
+    fn cas(&self, from: u64, to: u64) -> bool;
+    fn store(&self, word: u64);
+}
+
+/// An entry of a mapped table.
+#[derive(Clone, Copy)]
+pub struct EntryCell<'a> {
+    pub table: &'a Table,
+    pub idx: u32,
+}
+
+impl Cell for EntryCell<'_> {
+    fn load(&self) -> u64 {
+        self.table.state(self.idx)
+    }
+    fn cas(&self, from: u64, to: u64) -> bool {
+        self.table.swap_state(self.idx, from, to)
+    }
+    fn store(&self, word: u64) {
+        self.table.set_state(self.idx, word)
+    }
+}
+
+const fn w(s: u8) -> u64 {
+    state::word(s, 0)
+}
+
+/// A client opened an unplaced file: true if the caller is the one to enqueue its copy.
+pub fn claim(c: &impl Cell) -> bool {
+    c.cas(w(state::UNPLACED), w(state::QUEUED))
+}
+
+/// A queued copy is dropped (its table retired, or the policy declined): it may be asked again.
+pub fn unclaim(c: &impl Cell) -> bool {
+    c.cas(w(state::QUEUED), w(state::UNPLACED))
+}
+
+/// A worker starts copying into `tier` (a large file's partial copy is readable from then on):
+/// from QUEUED, or from PARTIAL when a chunked file turns out to fit whole. False if the entry
+/// moved meanwhile.
+pub fn begin(c: &impl Cell, from: u64, tier: u8) -> bool {
+    matches!(state::state_of(from), state::QUEUED | state::PARTIAL)
+        && c.cas(from, state::word(state::PLACING, tier))
+}
+
+/// The worker gives up (`to` = SOURCE_ONLY, STALE or UNPLACED). False if a client invalidated
+/// meanwhile.
+pub fn give_up(c: &impl Cell, to: u8) -> bool {
+    let cur = c.load();
+    state::state_of(cur) == state::PLACING && c.cas(cur, w(to))
+}
+
+/// A complete copy is in place (renamed, identity recorded): PLACED on `tier`. False if a
+/// client took the entry away meanwhile — the copy is then void.
+pub fn complete(c: &impl Cell, tier: u8) -> bool {
+    let cur = c.load();
+    state::state_of(cur) == state::PLACING && c.cas(cur, state::word(state::PLACED, tier))
+}
+
+/// A file too large for any tier's free space is cached in chunks on `tier`.
+pub fn cut_partial(c: &impl Cell, placing: u64, tier: u8) -> bool {
+    state::state_of(placing) == state::PLACING && c.cas(placing, state::word(state::PARTIAL, tier))
+}
+
+/// A chunk file is dropped (damaged, or its tier lost): the file is unplaced again.
+pub fn drop_partial(c: &impl Cell, partial: u64) -> bool {
+    state::state_of(partial) == state::PARTIAL && c.cas(partial, w(state::UNPLACED))
+}
+
+/// A placed copy is taken back (damaged, evicted by the known-order policy): only the party that
+/// moves `placed` (the word it inspected) deletes the copy and releases its space.
+pub fn withdraw(c: &impl Cell, placed: u64) -> bool {
+    state::state_of(placed) == state::PLACED && c.cas(placed, w(state::UNPLACED))
+}
+
+/// The agent's INVALIDATE handler, for a copy a client did not void itself: PLACED → STALE.
+pub fn invalidate_placed(c: &impl Cell) -> bool {
+    let cur = c.load();
+    state::state_of(cur) == state::PLACED && c.cas(cur, w(state::STALE))
+}
+
+/// How a change through the program (or one found by validation) leaves an entry.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Void {
+    /// Its contents or attributes changed: everything about it passes through.
+    Stale,
+    /// The name no longer leads to it: it and everything under it pass through.
+    Gone,
+}
+
+/// Marks an entry void — never making a `GONE` entry merely `STALE` again — and returns true if
+/// this call changed it (the caller then tells the agent, which drops a copy).
+pub fn void(c: &impl Cell, how: Void) -> bool {
+    let to = match how {
+        Void::Stale => state::STALE,
+        Void::Gone => state::GONE,
+    };
+    for _ in 0..64 {
+        let cur = c.load();
+        let s = state::state_of(cur);
+        if s == state::GONE || s == to {
+            return false;
+        }
+        if c.cas(cur, w(to)) {
+            return true;
+        }
+    }
+    // Contended beyond reason: a plain store is still correct (void states are terminal).
+    c.store(w(to));
+    true
+}
+
+/// `void` on a table entry, with the agent told to drop a file's copy.
+pub fn void_entry(table: &Table, idx: u32, how: Void) -> bool {
+    let changed = void(&EntryCell { table, idx }, how);
+    if changed && table.entry(idx).is_some_and(|e| e.stat.is_file()) {
+        table.push_request(request::INVALIDATE, idx);
+    }
+    changed
+}
+
+/// What the source says now about an entry, compared with the catalog.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Verdict {
+    /// The same version: the catalog may answer for it.
+    Same,
+    /// Another version (any identity field differs: device, inode, type, size, mtime, ctime).
+    Changed,
+    /// The path names nothing now.
+    Gone,
+    /// The source could not say (permission, I/O error): the entry is left to pass through for
+    /// this call, without a verdict.
+    Unknown,
+}
+
+/// The verdict of a `statx` (`AT_SYMLINK_NOFOLLOW`) of the entry's path: `Ok(now)` or the errno.
+pub fn verdict(catalogued: &StatRec, now: Result<&StatRec, i32>) -> Verdict {
+    match now {
+        Ok(now) if catalogued.same_version(now) => Verdict::Same,
+        Ok(_) => Verdict::Changed,
+        Err(e) if e == libc::ENOENT || e == libc::ENOTDIR => Verdict::Gone,
+        Err(_) => Verdict::Unknown,
+    }
+}
+
+/// Applies a verdict on entry `idx` (a file, symlink or directory): `Same` validates it — and
+/// for a directory of an immutable source, every non-directory child with it; `Changed` voids it
+/// (a directory's listing then passes through, its children are checked one by one); `Gone`
+/// voids it and everything below. Returns true if the catalog may now answer for it.
+pub fn apply(table: &Table, idx: u32, v: Verdict) -> bool {
+    match v {
+        Verdict::Same => {
+            mark_validated(table, idx);
+            true
+        }
+        Verdict::Changed => {
+            void_entry(table, idx, Void::Stale);
+            false
+        }
+        Verdict::Gone => {
+            void_entry(table, idx, Void::Gone);
+            false
+        }
+        Verdict::Unknown => false,
+    }
+}
+
+/// Marks entry `idx` validated in this attach; a directory of an immutable source vouches for
+/// its non-directory children too.
+pub fn mark_validated(table: &Table, idx: u32) {
+    table.set_validated(idx);
+    if !table.immutable() {
+        return;
+    }
+    let Some(e) = table.entry(idx) else { return };
+    if !e.stat.is_dir() {
+        return;
+    }
+    for c in e.first_child..e.first_child.saturating_add(e.child_count) {
+        if table.entry(c).is_some_and(|k| !k.stat.is_dir()) {
+            table.set_validated(c);
+        }
+    }
+}
+
+/// True if the catalog may answer for entry `idx` without asking the source first.
+#[inline]
+pub fn is_validated(table: &Table, idx: u32) -> bool {
+    table.is_validated(idx)
+}
+
+/// Agent side: a job attaches to an idle source — every entry is to be checked again
+/// (`immutable`: by directory). Returns the new attach epoch.
+pub fn new_attach(table: &Table, immutable: bool) -> u64 {
+    table.clear_validated();
+    table.set_immutable(immutable);
+    table.bump_epoch()
+}
+
+/// Agent side: a fresh walk read these entries from the source just now.
+pub fn validated_by_walk(table: &Table, fresh: &[u64]) {
+    for (k, &word) in fresh.iter().enumerate() {
+        if word == 0 {
+            continue;
+        }
+        for b in 0..64 {
+            if word & (1 << b) != 0 {
+                table.set_validated((k * 64 + b) as u32);
+            }
+        }
+    }
+}
