@@ -98,6 +98,9 @@ pub struct Config {
     /// `[catalog] immutable`: the datasets of jobs using this configuration never change in
     /// place; a re-attach validates one `statx` per directory.
     pub immutable: Option<bool>,
+    /// `[catalog] validate_threads`: threads of the background validation of an attach (0: none,
+    /// each entry is checked by the first program that uses it).
+    pub validate_threads: Option<usize>,
     pub idle_timeout: Option<Duration>,
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
@@ -317,6 +320,32 @@ impl Config {
                                         ))
                                     }
                                 });
+                            }
+                            _ => return Err(err(&key, "unknown key")),
+                        }
+                    }
+                }
+                "catalog" => {
+                    let t = v
+                        .as_table()
+                        .ok_or_else(|| err("catalog", "expected a table for key"))?;
+                    for (k, v) in t {
+                        let key = format!("catalog.{k}");
+                        match k.as_str() {
+                            "immutable" => {
+                                cfg.immutable =
+                                    Some(v.as_bool().ok_or_else(|| {
+                                        err(&key, "expected true or false for key")
+                                    })?);
+                            }
+                            "validate_threads" => {
+                                let n = v
+                                    .as_integer()
+                                    .filter(|n| (0..=256).contains(n))
+                                    .ok_or_else(|| {
+                                        err(&key, "expected an integer 0..256 for key")
+                                    })?;
+                                cfg.validate_threads = Some(n as usize);
                             }
                             _ => return Err(err(&key, "unknown key")),
                         }

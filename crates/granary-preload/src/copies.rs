@@ -35,8 +35,14 @@ pub struct Expect {
     pub size: Option<u64>,
 }
 
-fn our_euid() -> u32 {
-    sys!(libc::SYS_geteuid) as u32
+/// Our effective uid without a system call: a process that consults the table has the agent's
+/// credentials (`creds::ok`), which the table records.
+fn our_euid(table: &Table) -> u32 {
+    if crate::creds::ok() {
+        table.agent_creds().0
+    } else {
+        sys!(libc::SYS_geteuid) as u32
+    }
 }
 
 fn verified(st: &libc::stat, dev: u64, ino: u64, euid: u32) -> bool {
@@ -72,7 +78,7 @@ fn dir_fd(table: &Table, tier: u8) -> Option<c_int> {
         return None;
     }
     let mut st = detour::empty_stat();
-    if detour::raw_fstat(fd, &mut st) != 0 || !verified(&st, dev, ino, our_euid()) {
+    if detour::raw_fstat(fd, &mut st) != 0 || !verified(&st, dev, ino, our_euid(table)) {
         detour::raw_close(fd);
         return None;
     }
@@ -136,15 +142,17 @@ pub fn forget_range(first: u32, last: u32) {
 
 /// Opens `name` in tier `tier`'s object directory with the caller's `flags` (read-only), and
 /// returns the fd only if it is the file the agent wrote (see the module comment). Never
-/// blocks, never follows a link, never changes errno. The second value says whether
-/// `O_NOFOLLOW` had to be added (it then shows in `fcntl(F_GETFL)`).
+/// blocks, never follows a link, never changes errno. The second value is the status flags
+/// granary added to the caller's (`O_NONBLOCK`, and `O_NOFOLLOW` without `openat2`): they stay
+/// on the fd — neither changes how a regular file on a local tier reads — and
+/// `fcntl(F_GETFL)` hides them.
 pub fn open(
     table: &Table,
     tier: u8,
     name: &[u8],
     flags: c_int,
     expect: &Expect,
-) -> Option<(c_int, bool)> {
+) -> Option<(c_int, c_int)> {
     let _keep = KeepErrno::new();
     if expect.ino == 0 {
         return None;
@@ -152,7 +160,11 @@ pub fn open(
     let dir = dir_fd(table, tier)?;
     let mut cname = [0u8; 32];
     cname.get_mut(..name.len())?.copy_from_slice(name);
-    let wanted_nonblock = flags & libc::O_NONBLOCK != 0;
+    let nonblock_added = if flags & libc::O_NONBLOCK == 0 {
+        libc::O_NONBLOCK
+    } else {
+        0
+    };
     let (fd, nofollow_added) = open_beneath(dir, cname.as_ptr().cast(), flags | libc::O_NONBLOCK);
     if fd < 0 {
         recheck_dir(table, tier, dir);
@@ -163,7 +175,7 @@ pub fn open(
     let ok = detour::raw_fstat(fd, &mut st) == 0
         && st.st_mode & libc::S_IFMT == libc::S_IFREG
         && st.st_mode & 0o077 == 0
-        && st.st_uid == our_euid()
+        && st.st_uid == our_euid(table)
         && st.st_dev == dev
         && st.st_ino == expect.ino
         && (expect.ctime_ns == 0 || ctime_ns(&st) == expect.ctime_ns)
@@ -173,13 +185,8 @@ pub fn open(
         recheck_dir(table, tier, dir);
         return None;
     }
-    // F_SETFL changes only the status flags it can (O_NONBLOCK among them): the caller's flags
-    // are exactly the ones the fd should have.
-    if !wanted_nonblock && sys!(libc::SYS_fcntl, fd, libc::F_SETFL, flags) < 0 {
-        detour::raw_close(fd);
-        return None;
-    }
-    Some((fd, nofollow_added))
+    let nofollow = if nofollow_added { libc::O_NOFOLLOW } else { 0 };
+    Some((fd, nonblock_added | nofollow))
 }
 
 pub fn ctime_ns(st: &libc::stat) -> u64 {
@@ -230,7 +237,7 @@ fn recheck_dir(table: &Table, tier: u8, dir: c_int) {
         return;
     };
     let mut st = detour::empty_stat();
-    if detour::raw_fstat(dir, &mut st) != 0 || !verified(&st, dev, ino, our_euid()) {
+    if detour::raw_fstat(dir, &mut st) != 0 || !verified(&st, dev, ino, our_euid(table)) {
         if let Some(slot) = DIRS.get(tier as usize) {
             let _ = slot.compare_exchange(dir, -1, Ordering::AcqRel, Ordering::Relaxed);
         }

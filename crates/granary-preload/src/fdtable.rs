@@ -64,6 +64,34 @@ pub mod flag {
     /// A tier fd opened with `O_NOFOLLOW` added by granary (only without `openat2`): hidden
     /// from `fcntl(F_GETFL)`.
     pub const NOFOLLOW_ADDED: u64 = 1 << 19;
+    /// A tier fd opened with `O_NONBLOCK` added by granary (so a FIFO planted in place of a
+    /// copy never blocks the open): hidden from `fcntl(F_GETFL)` until the program sets the
+    /// status flags itself.
+    pub const NONBLOCK_ADDED: u64 = 1 << 20;
+
+    /// The fd flags that record the open flags `copies::open` added.
+    pub fn added(open_flags: core::ffi::c_int) -> u64 {
+        let mut f = 0;
+        if open_flags & libc::O_NOFOLLOW != 0 {
+            f |= NOFOLLOW_ADDED;
+        }
+        if open_flags & libc::O_NONBLOCK != 0 {
+            f |= NONBLOCK_ADDED;
+        }
+        f
+    }
+
+    /// The open flags to hide from `F_GETFL` for fd flags `f`.
+    pub fn hidden(f: u64) -> core::ffi::c_int {
+        let mut o = 0;
+        if f & NOFOLLOW_ADDED != 0 {
+            o |= libc::O_NOFOLLOW;
+        }
+        if f & NONBLOCK_ADDED != 0 {
+            o |= libc::O_NONBLOCK;
+        }
+        o
+    }
 }
 const FLAGS_MASK: u64 = 0xff << 16;
 
@@ -168,6 +196,15 @@ pub fn set_flag(fd: i32, f: u64) {
     if let Some(c) = cell(fd) {
         if c.load(Ordering::Relaxed) & KIND_MASK != 0 && owned() {
             c.fetch_or(f, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Clears `f` on a tracked fd (no-op for untracked ones or in a vfork child).
+pub fn clear_flag(fd: i32, f: u64) {
+    if let Some(c) = cell(fd) {
+        if c.load(Ordering::Relaxed) & KIND_MASK != 0 && owned() {
+            c.fetch_and(!f, Ordering::AcqRel);
         }
     }
 }

@@ -34,7 +34,7 @@ pub fn exclusive(t: &Tracked) -> bool {
 
 /// The entry's complete copy, opened read-only with `flags`, if it is exactly what the agent
 /// placed. Reports a damaged copy. Never changes errno.
-pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_int, u8, bool)> {
+pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_int, u8, u64)> {
     let word = g.table.state(idx);
     if state::state_of(word) != state::PLACED {
         return None;
@@ -58,7 +58,7 @@ pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_i
             ]);
         }
     }
-    opened.map(|(fd, nofollow)| (fd, tier, nofollow))
+    opened.map(|(fd, added)| (fd, tier, flag::added(added)))
 }
 
 /// Opens the entry's file on the source, read-only with `flags`, if it is still the inode the
@@ -162,12 +162,8 @@ pub fn to_copy(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> Option<u8> {
     }
     let switched = replacement_flags(fd)
         .and_then(|fl| open_copy(g, t.entry, e, fl))
-        .and_then(|(new, tier, nofollow)| {
-            let mut flags = 0;
-            if nofollow {
-                flags |= flag::NOFOLLOW_ADDED;
-            }
-            put_under(fd, new, Tracked::new(t.entry, Kind::Tier(tier), flags)).then_some(tier)
+        .and_then(|(new, tier, added)| {
+            put_under(fd, new, Tracked::new(t.entry, Kind::Tier(tier), added)).then_some(tier)
         });
     match switched {
         Some(tier) => {

@@ -359,11 +359,13 @@ fn placed_files_persist_across_agents() {
     assert!(o.status.success());
     assert!(o.stdout.starts_with(b"changed"), "never served stale");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    assert_eq!(v["catalog"]["reused_files"], 8);
+    // Adopted when the catalog is loaded; the changed one is voided when it is checked against
+    // the source (before it is ever served).
+    assert_eq!(v["catalog"]["reused_files"], 9);
     if v["opens"].as_u64().unwrap_or(0) > 0 {
         // The preload library is counting: the reused copies were served from the tier.
         assert_eq!(v["tiers"][0]["files_served"], 8, "{v}");
-        assert_eq!(v["source_io"]["opens"], 1, "{v}");
+        assert_eq!(v["source_io"]["bytes"], 7, "{v}");
     }
 }
 

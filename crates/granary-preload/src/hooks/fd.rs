@@ -136,8 +136,16 @@ fn fcntl_impl(fd: c_int, cmd: c_int, arg: c_long, call: impl FnOnce() -> c_int) 
         }
         libc::F_GETFL => {
             let r = call();
-            if r >= 0 && t.has(flag::NOFOLLOW_ADDED) {
-                return r & !libc::O_NOFOLLOW;
+            if r >= 0 {
+                return r & !flag::hidden(t.flags);
+            }
+            r
+        }
+        libc::F_SETFL => {
+            let r = call();
+            if r == 0 && t.has(flag::NONBLOCK_ADDED) {
+                // The program chose its status flags: O_NONBLOCK is now its own (or gone).
+                fdtable::clear_flag(fd, flag::NONBLOCK_ADDED);
             }
             r
         }

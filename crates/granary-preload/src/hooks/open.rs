@@ -87,11 +87,8 @@ fn source_opened(g: &Guard, idx: u32) {
 
 /// The placed copy opened and tracked, or `None` (the source is opened instead).
 fn copy_fd(g: &Guard, idx: u32, entry: &granary_shm::EntryRec, flags: c_int) -> Option<c_int> {
-    let (fd, tier, nofollow) = switch::open_copy(g, idx, entry, flags)?;
-    let mut fl = initial_flags(flags);
-    if nofollow {
-        fl |= flag::NOFOLLOW_ADDED;
-    }
+    let (fd, tier, added) = switch::open_copy(g, idx, entry, flags)?;
+    let fl = initial_flags(flags) | added;
     if !fdtable::track(fd, Tracked::new(idx, Kind::Tier(tier), fl)) {
         // Untrackable fd number: fstat could not be answered consistently, use the source.
         let _keep = KeepErrno::new();

@@ -139,4 +139,20 @@ pub struct SourceStatus {
     /// not counted.
     pub pending: u64,
     pub placement: PlacementStats,
+    /// The current attach's background validation of the catalog against the source.
+    #[serde(default)]
+    pub validation: Option<ValidationStatus>,
+}
+
+/// Progress of an attach's validation (`catalog::validate`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ValidationStatus {
+    pub epoch: u64,
+    pub immutable: bool,
+    pub dirs_checked: u64,
+    pub files_checked: u64,
+    /// Entries found changed or gone (voided).
+    pub changed: u64,
+    /// Every directory was checked (or the attach ended).
+    pub done: bool,
 }

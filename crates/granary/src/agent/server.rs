@@ -278,19 +278,25 @@ fn attach(
                     order,
                     residency: &setup.residency,
                     immutable: immutable || agent.cfg.immutable.unwrap_or(false),
-                    validate_threads: VALIDATE_THREADS,
+                    validate_threads: agent.cfg.validate_threads.unwrap_or(VALIDATE_THREADS),
                 },
                 progress,
             );
             done.store(true, Ordering::Release);
             r
         });
-        res?;
+        let origin = res?;
         super::residency::rebalance(agent);
-        if let Some(ctx) = src.ctx() {
-            granary_core::placement::prefetch::spawn(ctx, setup.pool.shared().clone())?;
+        // A kept table keeps its known-order thread; a new one gets its own.
+        if origin != super::source::Origin::Kept {
+            if let Some(ctx) = src.ctx() {
+                granary_core::placement::prefetch::spawn(ctx, setup.pool.shared().clone())?;
+            }
         }
-    } else if !tiers.is_empty() {
+    } else {
+        src.revalidate_for_new_job(agent.cfg.validate_threads.unwrap_or(VALIDATE_THREADS));
+    }
+    if inner.jobs > 0 && !tiers.is_empty() {
         // Jobs already share this source's table, and with it its tiers.
         let ctx = src.ctx().context("no table published")?;
         let same = tiers.len() == ctx.tiers.len()
@@ -426,6 +432,20 @@ fn status(agent: &Agent) -> AgentStatus {
                     bytes_placed_now: snap.bytes_placed,
                     pending: snap.pending,
                     placement: s.counters.snapshot(),
+                    validation: s.ctx().and_then(|c| {
+                        let v = c.validation.read().unwrap_or_else(|e| e.into_inner());
+                        v.as_ref().map(|v| {
+                            use std::sync::atomic::Ordering::Relaxed;
+                            super::protocol::ValidationStatus {
+                                epoch: v.epoch,
+                                immutable: v.immutable,
+                                dirs_checked: v.dirs_checked.load(Relaxed),
+                                files_checked: v.files_checked.load(Relaxed),
+                                changed: v.changed.load(Relaxed),
+                                done: v.finished(),
+                            }
+                        })
+                    }),
                 }
             })
             .collect(),

@@ -429,25 +429,23 @@ impl SourceState {
     /// A new attach epoch on `ctx`'s table and its validation in the background: everything but
     /// what a walk just read is checked against the source again.
     fn start_validation(&self, ctx: &Arc<SourceCtx>, opts: &WalkOpts<'_>, origin: Origin) {
-        let t = &ctx.table;
-        if let Some(old) = ctx
-            .validation
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            old.stop();
+        start_validation(
+            ctx,
+            opts.immutable,
+            opts.validate_threads,
+            origin == Origin::Walked,
+        );
+    }
+
+    /// A job attaches to the table other jobs hold: the source may have changed since their
+    /// attach (`cp -p`, a file replaced, a `chmod`), so everything is checked again — in the
+    /// background, ahead of the programs, as for a first job; the source's immutability stays
+    /// what the first job decided.
+    pub fn revalidate_for_new_job(&self, validate_threads: usize) {
+        if let Some(ctx) = self.ctx() {
+            let immutable = ctx.table.immutable();
+            start_validation(&ctx, immutable, validate_threads, false);
         }
-        // A fresh walk's bits stay: those entries were read from the source in this attach.
-        let epoch = if origin == Origin::Walked {
-            t.set_immutable(opts.immutable);
-            t.bump_epoch()
-        } else {
-            lifecycle::new_attach(t, opts.immutable)
-        };
-        let v = Arc::new(catalog::Validation::new(t, epoch, opts.immutable));
-        *ctx.validation.write().unwrap_or_else(|e| e.into_inner()) = Some(v.clone());
-        catalog::validate::spawn(ctx.clone(), v, opts.validate_threads);
     }
 
     /// Tiers this source used before and does not any more (a job asked for others): their
@@ -594,6 +592,29 @@ impl SourceState {
         s.pending = ctx.pending(busy);
         s
     }
+}
+
+/// A new attach epoch on `ctx`'s table and its validation in the background: everything is
+/// checked against the source again, except what a walk just read (`fresh_walk`: its bits stay).
+fn start_validation(ctx: &Arc<SourceCtx>, immutable: bool, threads: usize, fresh_walk: bool) {
+    let t = &ctx.table;
+    if let Some(old) = ctx
+        .validation
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+    {
+        old.stop();
+    }
+    let epoch = if fresh_walk {
+        t.set_immutable(immutable);
+        t.bump_epoch()
+    } else {
+        lifecycle::new_attach(t, immutable)
+    };
+    let v = Arc::new(catalog::Validation::new(t, epoch, immutable));
+    *ctx.validation.write().unwrap_or_else(|e| e.into_inner()) = Some(v.clone());
+    catalog::validate::spawn(ctx.clone(), v, threads);
 }
 
 /// The object directories of a table's tiers: paths, identities, verified fds.

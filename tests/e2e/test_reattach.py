@@ -1,0 +1,181 @@
+"""Re-attach without a walk (issue "ImageNet scale"): a job that finds the catalog of an earlier
+job — kept by the agent, or saved beside the cache and loaded by a new agent — starts at once and
+never serves what changed in between, in any identity field, even when it reads a file before
+the background validation reaches it; a damaged copy is never served either."""
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import direct, source_meta, tier_files
+
+READ_ALL = [sys.executable, "-c", """
+import hashlib, os, sys
+root = sys.argv[1]
+for d, dirs, files in sorted(os.walk(root)):
+    dirs.sort()
+    for f in sorted(files):
+        p = os.path.join(d, f)
+        try:
+            with open(p, 'rb') as fh:
+                data = fh.read()
+            st = os.stat(p)
+            print(os.path.relpath(p, root), st.st_size, st.st_ino, st.st_mtime_ns,
+                  hashlib.sha256(data).hexdigest())
+        except OSError as e:
+            print(os.path.relpath(p, root), 'error', e.errno)
+"""]
+
+
+def tree(root: pathlib.Path):
+    for d in range(3):
+        (root / f"d{d}").mkdir(parents=True, exist_ok=True)
+        for i in range(6):
+            (root / f"d{d}" / f"f{i}").write_bytes(bytes([65 + i]) * (3000 + 100 * i + d))
+    return root
+
+
+def config(tmp_path, **catalog):
+    cfg = tmp_path / "granary.toml"
+    lines = ["[catalog]"] + [f"{k} = {str(v).lower()}" for k, v in catalog.items()]
+    cfg.write_text("\n".join(lines) + "\n")
+    return cfg
+
+
+def restore_mtime(path, ns):
+    os.utime(path, ns=(ns, ns))
+
+
+def change_every_identity_field(src: pathlib.Path):
+    """One file per identity field; each keeps size and mtime where the change allows."""
+    # Same size, mtime restored (cp -p / rsync -t / touch -d): only ctime tells.
+    p = src / "d0" / "f0"
+    st = p.stat()
+    p.write_bytes(b"Z" * st.st_size)
+    restore_mtime(p, st.st_mtime_ns)
+    # Replaced by rename, same size and mtime: another inode.
+    p = src / "d0" / "f1"
+    st = p.stat()
+    tmp = src.parent / "replacement"
+    tmp.write_bytes(b"Y" * st.st_size)
+    restore_mtime(tmp, st.st_mtime_ns)
+    os.rename(tmp, p)
+    # chmod and back: only ctime.
+    p = src / "d1" / "f2"
+    mode = p.stat().st_mode
+    p.chmod(0o600)
+    p.chmod(mode & 0o7777)
+    # Truncated (size), and mtime moved (touch).
+    (src / "d1" / "f3").write_bytes(b"short")
+    p = src / "d2" / "f4"
+    os.utime(p, ns=(1, 10**18))
+    # Removed, and a new name.
+    (src / "d2" / "f5").unlink()
+    (src / "d2" / "new").write_bytes(b"new file")
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["agent-kept", "agent-restarted"])
+@pytest.mark.parametrize("threads", [0, 4], ids=["no-background", "background"])
+def test_changes_between_jobs_are_never_served(granary, tmp_path, restart, threads):
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    cfg = config(tmp_path, validate_threads=threads)
+    extra = ["--config", str(cfg)]
+    proc, stats = granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
+    assert proc.stdout == direct([*READ_ALL, src]).stdout
+    granary.settle(src)
+    proc, stats = granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
+    assert tier_files(stats) == 18, stats
+    change_every_identity_field(src)
+    if restart:
+        granary.stop()
+    proc, stats = granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
+    assert proc.stdout == direct([*READ_ALL, src]).stdout
+    assert stats["catalog"]["walk_s"] < 30
+    # The unchanged files still come from the tier: the catalog was reused, not thrown away.
+    assert tier_files(stats) >= 12, stats
+
+
+def test_a_damaged_copy_is_never_served(granary, tmp_path):
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    cfg = config(tmp_path, validate_threads=0)
+    extra = ["--config", str(cfg)]
+    granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
+    granary.settle(src)
+    granary.stop()
+    objects = [p for p in tier.rglob("*") if p.is_file() and p.parent.name == "objects"]
+    assert len(objects) == 18
+    # Same size, a flipped byte; another truncated; another replaced by a FIFO.
+    data = bytearray(objects[0].read_bytes())
+    data[10] ^= 0xFF
+    objects[0].write_bytes(bytes(data))
+    with open(objects[1], "r+b") as f:
+        f.truncate(5)
+    objects[2].unlink()
+    os.mkfifo(objects[2], 0o600)
+    proc, stats = granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
+    assert proc.stdout == direct([*READ_ALL, src]).stdout
+    assert tier_files(stats) == 15, stats
+
+
+def test_immutable_validates_directories_only(granary, tmp_path):
+    """Declared immutable: a directory whose identity holds vouches for its files, so a job
+    re-attaching makes one metadata call per directory; names added, removed or replaced (the
+    directory changes) are still seen."""
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    cfg = config(tmp_path, validate_threads=0, immutable=True)
+    extra = ["--config", str(cfg)]
+    granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
+    granary.settle(src)
+    (src / "d2" / "new").write_bytes(b"new file")
+    (src / "d1" / "f1").unlink()
+    tmp = src.parent / "replacement"
+    tmp.write_bytes(b"R" * 3000)
+    os.rename(tmp, src / "d0" / "f0")
+    proc, stats = granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
+    assert proc.stdout == direct([*READ_ALL, src]).stdout
+    assert tier_files(stats) >= 14, stats
+
+
+def test_strace_counts_source_metadata_calls_per_reattach(granary, tmp_path):
+    """Counted outside granary: a job re-attaching to a kept catalog makes at most one metadata
+    call per file and per directory on the source (agent and program together), one per
+    directory (+ a few) when immutable."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    files, dirs = 18, 4
+    for immutable, bound in ((False, files + dirs), (True, dirs + 10)):
+        cfg = config(tmp_path, validate_threads=4, immutable=immutable)
+        extra = ["--config", str(cfg)]
+        granary.stop()
+        granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
+        granary.settle(src)
+        agent = granary.agent_pids()[0]
+        log = tmp_path / f"strace-{immutable}.log"
+        tracer = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=%file,%desc", "-o", str(log),
+                                   "-p", str(agent)], stderr=subprocess.DEVNULL)
+        try:
+            import time
+            time.sleep(0.5)
+            prog = ["strace", "-f", "-qq", "-e", "trace=%file,%desc", "-o", str(log) + ".prog",
+                    *READ_ALL, src]
+            granary.run(src, prog, tier=tier, extra=extra)
+            granary.settle(src)
+            time.sleep(0.5)
+        finally:
+            tracer.terminate()
+            tracer.wait(timeout=30)
+        calls = 0
+        for f in (log, pathlib.Path(str(log) + ".prog")):
+            for line in f.read_text(errors="replace").splitlines():
+                if str(src) in line and any(c in line for c in ("statx(", "stat(", "lstat(",
+                                                                "newfstatat(", "access(")):
+                    calls += 1
+        assert calls <= bound, (immutable, calls)
