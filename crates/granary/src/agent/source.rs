@@ -56,6 +56,8 @@ pub struct SourceState {
     /// `inner.jobs`, readable without the lock (another source's attach asks whether a tier
     /// is in use while this one may hold its lock for a long walk).
     pub jobs_now: AtomicUsize,
+    /// The source root's record read when this source became known, for the first attach.
+    fresh_root: Mutex<Option<granary_shm::StatRec>>,
 }
 
 #[derive(Default)]
@@ -74,8 +76,18 @@ pub struct Inner {
 
 impl SourceState {
     pub fn new(source: PathBuf) -> Result<SourceState> {
-        let source_real = std::fs::canonicalize(&source)
+        // The source's own identity, read once: it resolves the path (a directory is its
+        // parent's real path and its name; only a symlink needs the full resolution) and
+        // validates the catalog's root in the first attach, so that costs no second call.
+        let root = granary_core::sys::statx_nofollow(&source)
             .with_context(|| format!("source {}", source.display()))?;
+        let source_real = match (source.parent(), source.file_name()) {
+            (Some(parent), Some(name)) if root.is_dir() => std::fs::canonicalize(parent)
+                .map(|p| p.join(name))
+                .with_context(|| format!("source {}", source.display()))?,
+            _ => std::fs::canonicalize(&source)
+                .with_context(|| format!("source {}", source.display()))?,
+        };
         let id = granary_core::source::source_id(&source_real);
         Ok(SourceState {
             source,
@@ -85,6 +97,7 @@ impl SourceState {
             inner: Mutex::default(),
             current: RwLock::default(),
             jobs_now: AtomicUsize::new(0),
+            fresh_root: Mutex::new(root.is_dir().then_some(root)),
         })
     }
 
@@ -200,7 +213,18 @@ impl SourceState {
             origin
         };
         let ctx = self.ctx().context("no table published")?;
-        self.start_validation(&ctx, opts, origin);
+        let root = self
+            .fresh_root
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        start_validation(
+            &ctx,
+            opts.immutable,
+            opts.validate_threads,
+            origin == Origin::Walked,
+            root,
+        );
         inner.spec = Some(spec);
         tracing::info!(
             "catalog of {} ({origin:?}): {} files, {} dirs, {} bytes; {} copies reused ({:.2} s)",
@@ -426,17 +450,6 @@ impl SourceState {
         Ok(ctx)
     }
 
-    /// A new attach epoch on `ctx`'s table and its validation in the background: everything but
-    /// what a walk just read is checked against the source again.
-    fn start_validation(&self, ctx: &Arc<SourceCtx>, opts: &WalkOpts<'_>, origin: Origin) {
-        start_validation(
-            ctx,
-            opts.immutable,
-            opts.validate_threads,
-            origin == Origin::Walked,
-        );
-    }
-
     /// A job attaches to the table other jobs hold: the source may have changed since their
     /// attach (`cp -p`, a file replaced, a `chmod`), so everything is checked again — in the
     /// background, ahead of the programs, as for a first job; the source's immutability stays
@@ -444,7 +457,7 @@ impl SourceState {
     pub fn revalidate_for_new_job(&self, validate_threads: usize) {
         if let Some(ctx) = self.ctx() {
             let immutable = ctx.table.immutable();
-            start_validation(&ctx, immutable, validate_threads, false);
+            start_validation(&ctx, immutable, validate_threads, false, None);
         }
     }
 
@@ -595,8 +608,15 @@ impl SourceState {
 }
 
 /// A new attach epoch on `ctx`'s table and its validation in the background: everything is
-/// checked against the source again, except what a walk just read (`fresh_walk`: its bits stay).
-fn start_validation(ctx: &Arc<SourceCtx>, immutable: bool, threads: usize, fresh_walk: bool) {
+/// checked against the source again, except what a walk just read (`fresh_walk`: its bits stay)
+/// and the root when its record was just read (`root`).
+fn start_validation(
+    ctx: &Arc<SourceCtx>,
+    immutable: bool,
+    threads: usize,
+    fresh_walk: bool,
+    root: Option<granary_shm::StatRec>,
+) {
     let t = &ctx.table;
     if let Some(old) = ctx
         .validation
@@ -612,6 +632,9 @@ fn start_validation(ctx: &Arc<SourceCtx>, immutable: bool, threads: usize, fresh
     } else {
         lifecycle::new_attach(t, immutable)
     };
+    if let (Some(now), Some(e)) = (root, t.entry(0)) {
+        lifecycle::apply(t, 0, lifecycle::verdict(&e.stat, Ok(&now)));
+    }
     let v = Arc::new(catalog::Validation::new(t, epoch, immutable));
     *ctx.validation.write().unwrap_or_else(|e| e.into_inner()) = Some(v.clone());
     catalog::validate::spawn(ctx.clone(), v, threads);
