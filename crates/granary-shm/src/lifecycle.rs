@@ -102,6 +102,19 @@ pub fn drop_partial(c: &impl Cell, partial: u64) -> bool {
     state::state_of(partial) == state::PARTIAL && c.cas(partial, w(state::UNPLACED))
 }
 
+/// `drop_partial` on a table entry, its chunk bits cleared with it (a later chunk file starts
+/// with none present) and its copy identity forgotten.
+pub fn unplace_partial(table: &Table, idx: u32, partial: u64) -> bool {
+    if !drop_partial(&EntryCell { table, idx }, partial) {
+        return false;
+    }
+    for k in 0..table.chunk_count(idx) {
+        table.set_chunk(idx, k, false);
+    }
+    table.set_copy_identity(idx, 0, 0);
+    true
+}
+
 /// A placed copy is taken back (damaged, evicted by the known-order policy): only the party that
 /// moves `placed` (the word it inspected) deletes the copy and releases its space.
 pub fn withdraw(c: &impl Cell, placed: u64) -> bool {

@@ -15,7 +15,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use granary_shm::{job, layout, state, Mapping, Table};
+use granary_shm::{job, layout, lifecycle, state, Mapping, Table};
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, then rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -68,6 +68,7 @@ pub fn save(path: &Path, table: &Table) -> std::io::Result<()> {
         let (_m, copy) = Mapping::map(f.as_raw_fd(), len)
             .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
         sanitize(&copy);
+        seal_partials(&copy);
         Ok(())
     });
     // Room for the next save: this image's size and an eighth more (the catalog may grow).
@@ -120,6 +121,56 @@ pub fn sanitize(t: &Table) {
         if matches!(state::state_of(w), state::QUEUED | state::PLACING) {
             t.set_state(i, state::word(state::UNPLACED, 0));
             t.set_copy_identity(i, 0, 0);
+        }
+    }
+}
+
+/// The identity of a PARTIAL entry's chunk file (inode, ctime ns), looked up by path.
+fn chunk_file_identity(t: &Table, idx: u32) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let w = t.state(idx);
+    let dir = t.tier_dir(state::tier_of(w) as u32)?;
+    let e = t.entry(idx)?;
+    let path = Path::new(std::ffi::OsStr::from_bytes(dir))
+        .join(std::ffi::OsStr::from_bytes(&granary_shm::chunks_name(e.object)));
+    let m = std::fs::symlink_metadata(path).ok()?;
+    m.file_type()
+        .is_file()
+        .then(|| (m.ino(), m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64))
+}
+
+/// A saved catalog records each chunk file's ctime as it is when saved (no fetch writes to it
+/// any more): the next agent trusts the chunk bits only if the file was not written since.
+fn seal_partials(t: &Table) {
+    for i in 0..t.entry_count() {
+        if state::state_of(t.state(i)) != state::PARTIAL {
+            continue;
+        }
+        let w = t.state(i);
+        let (ino, _) = t.copy_identity(i);
+        match chunk_file_identity(t, i) {
+            Some((now_ino, ctime)) if now_ino == ino => t.set_copy_identity(i, ino, ctime),
+            _ => {
+                lifecycle::unplace_partial(t, i, w);
+            }
+        }
+    }
+}
+
+/// A loaded catalog keeps a chunk file's bits only if the file is the one sealed at save:
+/// written since (damaged, replaced), its chunks are fetched again. While the file is in use
+/// its ctime moves with every chunk written, so clients check only its inode.
+fn unseal_partials(t: &Table) {
+    for i in 0..t.entry_count() {
+        if state::state_of(t.state(i)) != state::PARTIAL {
+            continue;
+        }
+        let sealed = t.copy_identity(i);
+        if chunk_file_identity(t, i) == Some(sealed) && sealed.1 != 0 {
+            t.set_copy_identity(i, sealed.0, 0);
+        } else {
+            lifecycle::unplace_partial(t, i, t.state(i));
         }
     }
 }
@@ -211,6 +262,7 @@ pub fn load(saved: &Path, dest: &Path, expect: &Expect<'_>) -> Result<(Mapping, 
             return Err(LoadError::Tiers);
         }
         sanitize(&t);
+        unseal_partials(&t);
         t.set_agent_pid(std::process::id());
         Ok((m, t))
     })();

@@ -484,7 +484,6 @@ pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: u64) -> bool {
     false
 }
 
-/// At retirement (no job running): gives back what the table's PARTIAL entries charge.
 /// Charges the tiers for the copies a new table starts with (reused from an earlier table or a
 /// saved catalog): complete copies by size, chunk files by present chunk. A copy its tier has no
 /// room for any more (its capacity shrank) is unplaced; the sweep deletes its file. Returns the
@@ -519,7 +518,7 @@ pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
         let undone = if s == state::PLACED {
             granary_shm::lifecycle::withdraw(&cell, w)
         } else {
-            granary_shm::lifecycle::drop_partial(&cell, w)
+            granary_shm::lifecycle::unplace_partial(t, idx, w)
         };
         if !undone {
             tracing::debug!("entry {idx} moved while its copy was being adopted");
@@ -539,6 +538,7 @@ fn bitmap_of(ctx: &SourceCtx, idx: u32) -> Vec<u64> {
     words
 }
 
+/// At retirement (no job running): gives back what the table's PARTIAL entries charge.
 pub fn release_partial_charges(ctx: &SourceCtx) {
     let t = &ctx.table;
     for idx in 0..t.entry_count() {
