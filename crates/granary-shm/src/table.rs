@@ -553,6 +553,21 @@ impl Table {
         })
     }
 
+    /// Makes the entry void: `to` is `STALE` or `GONE`, and a `GONE` entry never becomes merely
+    /// `STALE` again (everything below it stays void). True if this call changed the state.
+    pub fn void(&self, idx: u32, to: u8) -> bool {
+        loop {
+            let cur = self.state(idx);
+            let s = state::state_of(cur);
+            if s == state::GONE || s == to || self.state_cell(idx).is_none() {
+                return false;
+            }
+            if self.swap_state(idx, cur, state::word(to, 0)) {
+                return true;
+            }
+        }
+    }
+
     pub fn checksum(&self, idx: u32) -> u64 {
         self.checksum_cell(idx)
             .map_or(0, |c| c.load(Ordering::Acquire))

@@ -341,6 +341,25 @@ fn progress_only_moves_forward() {
 }
 
 #[test]
+fn a_gone_entry_never_comes_back_as_merely_stale() {
+    let mut m = Model::new();
+    m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 10), "");
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let idx = t.lookup(b"f").unwrap();
+    t.set_state(idx, state::word(state::PLACED, 1));
+    assert!(t.void(idx, state::STALE));
+    assert!(!t.void(idx, state::STALE), "already stale: nothing changed");
+    assert!(t.void(idx, state::GONE));
+    assert!(!t.void(idx, state::STALE));
+    assert_eq!(t.state(idx), state::word(state::GONE, 0));
+    assert!(
+        !t.void(9999, state::GONE),
+        "out of range: nothing to change"
+    );
+}
+
+#[test]
 fn chunk_bitmaps_exist_for_large_files_only() {
     let mut m = Model::new();
     let chunk = 4u64 << 20;

@@ -16,6 +16,7 @@ mod pool;
 pub mod prefetch;
 mod requests;
 pub mod residency;
+mod revalidate;
 mod small;
 pub mod states;
 
@@ -27,6 +28,7 @@ pub use policy::{
 };
 pub use pool::{default_workers, Held, Job, Kind, Pool, Shared, Stream, Streams};
 pub use requests::handle_request;
+pub use revalidate::{revalidate, Revalidated};
 pub use small::copy_small;
 
 /// The placement engine's parameters (`[placement]` in the configuration), resolved.

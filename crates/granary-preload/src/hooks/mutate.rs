@@ -37,21 +37,13 @@ pub fn void(table: &Table, idx: u32, how: Void) {
         Void::Stale => state::STALE,
         Void::Gone => state::GONE,
     };
-    loop {
-        let cur = table.state(idx);
-        let s = state::state_of(cur);
-        if s == state::GONE || s == to {
-            break;
+    if table.void(idx, to) {
+        if table.entry(idx).is_some_and(|e| e.stat.is_file()) {
+            table.push_request(request::INVALIDATE, idx);
         }
-        if table.swap_state(idx, cur, state::word(to, 0)) {
-            if table.entry(idx).is_some_and(|e| e.stat.is_file()) {
-                table.push_request(request::INVALIDATE, idx);
-            }
-            if crate::log::enabled() {
-                let rel = table.entry(idx).and_then(|e| table.rel_path(&e));
-                crate::log::line(&[b"changed by the program, not served: ", rel.unwrap_or(b"?")]);
-            }
-            break;
+        if crate::log::enabled() {
+            let rel = table.entry(idx).and_then(|e| table.rel_path(&e));
+            crate::log::line(&[b"changed by the program, not served: ", rel.unwrap_or(b"?")]);
         }
     }
 }

@@ -295,6 +295,9 @@ fn attach(
             ));
         }
     }
+    if let Some(ctx) = src.ctx().filter(|_| inner.jobs > 0) {
+        granary_core::placement::revalidate(&ctx, (setup.workers * 2).clamp(4, 32));
+    }
     if inner.jobs > 0 && inner.order.as_ref() != order {
         // The policy is the source's, decided when the first job attached (like its tiers).
         notes.push(format!(
