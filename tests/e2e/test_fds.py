@@ -20,19 +20,19 @@ def rand(n: int, seed: int) -> bytes:
 
 # ---- 3. shared offsets: readers of one open file description across the copy completing ----
 
-@pytest.mark.parametrize("how", ["dup", "fork", "threads"])
+@pytest.mark.parametrize("how", ["dup", "fork", "threads", "threads on dups", "processes"])
 def test_shared_offset_neither_duplicates_nor_skips(granary, tmp_path, tier, how):
     """The file is opened on the source (not placed yet: the agent fetches it whole from the
     first open), read by every sharer while the copy completes. The pieces the readers got must
     tile the file exactly once."""
-    size = 8 << 20 if how != "threads" else 24 << 20
+    size = 8 << 20 if how in ("dup", "fork") else 24 << 20
     src = make_tree(tmp_path / "src", {"big.bin": position_encoded(size)})
     cmd = fsprobe("offsets", src, "big.bin", tier, how)
     got, stats = run_job(granary, src, cmd, tier)
     out = json.loads(output(got))
     assert out["tiling"] == {"total": size, "size": size, "duplicated": [], "gaps": [],
                              "end": size}, out
-    if how != "threads":
+    if how in ("dup", "fork"):
         assert out["copied midway"], "the copy must complete while the file is being read"
 
 

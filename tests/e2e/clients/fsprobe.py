@@ -336,17 +336,38 @@ def offsets(root, rel, tier, how):
         n = struct.unpack(">Q", read_exact(to_parent, 8))[0]
         chunks += [tuple(c) for c in json.loads(read_exact(to_parent, n))]
         os.waitpid(pid, 0)
-    elif how == "threads":
+    elif how == "processes":
+        # Parent and child read at once, each until EOF, while the copy completes.
+        r, w = os.pipe()
+        pid = os.fork()
+        mine = []
+        while True:
+            b = os.read(fd, 4096)
+            if not b:
+                break
+            mine.append(decode(b))
+        if pid == 0:
+            data = json.dumps(mine).encode()
+            os.write(w, struct.pack(">Q", len(data)))
+            while data:
+                data = data[os.write(w, data):]
+            os._exit(0)
+        n = struct.unpack(">Q", read_exact(r, 8))[0]
+        chunks += mine + [tuple(c) for c in json.loads(read_exact(r, n))]
+        os.waitpid(pid, 0)
+        out["copied by the end"] = wait_copied(tier, size, 20)
+    elif how in ("threads", "threads on dups"):
         lock = threading.Lock()
 
-        def reader():
+        def reader(f):
             while True:
-                b = os.read(fd, 4096)
+                b = os.read(f, 4096)
                 if not b:
                     return
                 with lock:
                     chunks.append(decode(b))
-        threads = [threading.Thread(target=reader) for _ in range(2)]
+        fds = [fd, fd if how == "threads" else os.dup(fd)]
+        threads = [threading.Thread(target=reader, args=(f,)) for f in fds]
         for t in threads:
             t.start()
         for t in threads:

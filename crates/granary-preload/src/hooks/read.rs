@@ -15,7 +15,7 @@ use granary_shm::{job, state};
 use crate::detour::{self, real, sys, Guard};
 use crate::fdtable::{self, Kind, Tracked};
 use crate::place::{self, Read};
-use crate::switch::{self, Fill, Serve};
+use crate::switch::{self, Fill, Serve, Served};
 use crate::usermem;
 
 type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, usize) -> isize;
@@ -56,7 +56,8 @@ impl Fill for Iov<'_> {
             }
             let r = pread_all(file, v.iov_base.cast(), n, off + done);
             if r < 0 {
-                return -1;
+                // As the kernel: bytes already delivered are the answer, the error is lost.
+                return if done > 0 { done as isize } else { -1 };
             }
             done += r as u64;
             if (r as u64) < n {
@@ -67,7 +68,9 @@ impl Fill for Iov<'_> {
     }
 }
 
-/// pread until `want` bytes or EOF (a regular file returns short only at EOF or on a signal).
+/// pread until `want` bytes or EOF (a regular file returns short only at EOF, on a signal, or at
+/// a buffer that stops being writable). An error after some bytes returns those bytes, as the
+/// kernel's read does.
 fn pread_all(file: c_int, buf: *mut u8, want: u64, off: u64) -> isize {
     let mut done = 0u64;
     while done < want {
@@ -82,7 +85,7 @@ fn pread_all(file: c_int, buf: *mut u8, want: u64, off: u64) -> isize {
             if detour::errno() == libc::EINTR {
                 continue;
             }
-            return -1;
+            return if done > 0 { done as isize } else { -1 };
         }
         if r == 0 {
             break;
@@ -157,6 +160,10 @@ fn read_family(
     };
     let n = match out {
         Read::Served(n) => n,
+        Read::Failed(e) => {
+            detour::set_errno(e);
+            -1
+        }
         Read::Real(kind) => real_read(fd, kind, off, real),
     };
     if locked {
@@ -189,30 +196,19 @@ fn stale_read(g: &Guard, fd: c_int, t: Tracked, off: Option<i64>, len: u64, f: &
     let Some(file) = switch::open_source(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC) else {
         return Read::Real(t.kind);
     };
-    let pos = match off {
-        Some(o) => o,
-        None => sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR) as i64,
-    };
-    let Ok(pos) = u64::try_from(pos) else {
-        detour::raw_close(file);
-        return Read::Real(t.kind);
-    };
     let how = Serve {
-        file_off: pos,
-        move_offset: off.is_none(),
-        short_ok: true,
+        base: 0,
+        // The source as it is now decides where the file ends.
+        size: u64::MAX,
         transient: false,
+        covered: &|_, _| true,
+        // The fd is on the copy: after its offset moved, only the source may answer.
+        fallback: None,
     };
-    match switch::serve(
-        fd,
-        file,
-        pos,
-        pos.saturating_add(len.min(0x7fff_f000)),
-        &how,
-        f,
-    ) {
-        Some(n) => Read::Served(count(Kind::Source, n)),
-        None => Read::Real(t.kind),
+    match switch::serve(fd, file, off, len, &how, f) {
+        Served::Bytes(n, _) => Read::Served(count(Kind::Source, n)),
+        Served::Failed(e) => Read::Failed(e),
+        Served::No => Read::Real(t.kind),
     }
 }
 
