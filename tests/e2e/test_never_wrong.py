@@ -171,6 +171,19 @@ def test_program_reads_back_its_own_changes(granary, tmp_path, tier):
     assert got == want
 
 
+def test_fds_on_a_copy_read_the_programs_change(granary, tmp_path, tier):
+    src = make_tree(tmp_path / "a" / "src", {"alone.bin": rand(5000, 1),
+                                             "shared.bin": rand(5000, 2)})
+    prime(granary, src, tier)
+    other = twin(src, tmp_path / "b")
+    got, want, stats = same_run(
+        granary, src, tier,
+        fsprobe("open_fds_see_changes", src, tmp_path, "alone.bin", "shared.bin"),
+        fsprobe("open_fds_see_changes", other, tmp_path, "alone.bin", "shared.bin"))
+    assert tier_files(stats) == 2, "both fds must start on the copies"
+    assert json.loads(got) == json.loads(want)
+
+
 # ---- 4. a copy damaged while another job on the same source is attached ----
 
 def test_damaged_copy_never_served_while_attached(granary, tmp_path, tier):

@@ -164,6 +164,7 @@ real_slots! {
     FLOCK = c"flock"; LOCKF = c"lockf"; LOCKF64 = c"lockf64"; FSTATFS = c"fstatfs";
     FSTATFS64 = c"fstatfs64"; IOCTL = c"ioctl"; SENDMSG = c"sendmsg";
     COPY_FILE_RANGE = c"copy_file_range"; SENDFILE = c"sendfile"; SENDFILE64 = c"sendfile64";
+    SPLICE = c"splice";
     FREAD = c"fread"; FREAD_UNLOCKED = c"fread_unlocked";
     SETUID = c"setuid"; SETEUID = c"seteuid"; SETREUID = c"setreuid"; SETRESUID = c"setresuid";
     SETGID = c"setgid"; SETEGID = c"setegid"; SETREGID = c"setregid"; SETRESGID = c"setresgid";

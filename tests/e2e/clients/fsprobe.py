@@ -220,6 +220,47 @@ def own_changes(root):
     pr.dump()
 
 
+def open_fds_see_changes(root, tmp, *rels):
+    """fds opened on a copy before the program changed the file (in place, through another fd)
+    read the changed file by every call that reads: read, pread, readv, mmap, and the calls in
+    which the kernel reads the fd (sendfile, copy_file_range, splice). One file per fd that
+    stays unshared, one whose fd is dup'd."""
+    import mmap
+    pr = Probe(root)
+    for rel, share in zip(rels, (False, True)):
+        path = pr.p(rel)
+        fd = os.open(path, os.O_RDONLY)
+        os.read(fd, 10)
+        other = os.dup(fd) if share else None
+        with open(path, "r+b") as f:
+            f.write(b"NEW CONTENT, LONGER THAN THE READS BELOW")
+        res = {}
+        r, w = os.pipe()
+        n = os.sendfile(w, fd, None, 8)
+        res["sendfile at the offset"] = [n, os.read(r, n).hex()]
+        n = os.sendfile(w, fd, 2, 6)
+        res["sendfile at 2"] = [n, os.read(r, n).hex()]
+        n = os.splice(fd, w, 8)
+        res["splice at the offset"] = [n, os.read(r, n).hex()]
+        outp = os.path.join(tmp, "cfr.out")
+        out = os.open(outp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        n = os.copy_file_range(fd, out, 8)
+        os.close(out)
+        res["copy_file_range at the offset"] = [n, read_file(outp).hex()]
+        res["pread"] = os.pread(fd, 8, 1).hex()
+        buf = bytearray(5)
+        res["readv"] = [os.readv(fd, [buf]), bytes(buf).hex()]
+        res["offset"] = os.lseek(fd, 0, os.SEEK_CUR)
+        if other is not None:
+            res["dup's offset"] = os.lseek(other, 0, os.SEEK_CUR)
+        res["read"] = content(os.read(fd, 1 << 20))
+        res["fstat"] = pr.st(os.fstat(fd))
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as m:
+            res["mmap"] = content(m[:])
+        pr.out[rel] = res
+    pr.dump()
+
+
 def observe(root, *rels):
     pr = Probe(root)
     pr.start = int(os.environ.get("FSPROBE_START", pr.start))

@@ -517,9 +517,74 @@ lseek_hook!(lseek64, LSEEK64);
 type CopyFileRangeFn =
     unsafe extern "C" fn(c_int, *mut i64, c_int, *mut i64, usize, libc::c_uint) -> isize;
 type SendfileFn = unsafe extern "C" fn(c_int, c_int, *mut libc::off_t, usize) -> isize;
+type SpliceFn =
+    unsafe extern "C" fn(c_int, *mut i64, c_int, *mut i64, usize, libc::c_uint) -> isize;
 type FreadFn = unsafe extern "C" fn(*mut c_void, usize, usize, *mut libc::FILE) -> usize;
 
-/// The kernel reads `fd_in` itself: counted like a read of it.
+/// The calls in which the kernel reads `fd_in` itself (`copy_file_range`, `sendfile`, `splice`):
+/// counted like a read of it. A copy whose file the program changed since must not be read: the
+/// fd moves to the source when nobody shares it; otherwise the call reads the source, opened
+/// for it, at `*off` or — with no `off` — at the fd's offset, claimed first as `switch::serve`
+/// claims it, and what was not read given back. `call(fd, off)` makes the real call.
+fn kernel_reads(
+    fd_in: c_int,
+    off: *mut i64,
+    len: usize,
+    call: impl Fn(c_int, *mut i64) -> isize,
+) -> isize {
+    let Some(t) = fdtable::get(fd_in) else {
+        return call(fd_in, off);
+    };
+    if !stale(&t) {
+        return count(t.kind, call(fd_in, off));
+    }
+    let Some(g) = detour::enter() else {
+        return count(t.kind, call(fd_in, off));
+    };
+    let Some(e) = g.table.entry(t.entry) else {
+        return count(t.kind, call(fd_in, off));
+    };
+    let src = {
+        let _keep = detour::KeepErrno::new();
+        let moved = fdtable::lock(fd_in) && {
+            let now = fdtable::get(fd_in).unwrap_or(t);
+            let m = now.kind == Kind::Source || switch::to_source(&g, fd_in, now, &e);
+            fdtable::unlock(fd_in);
+            m
+        };
+        if moved {
+            None
+        } else {
+            switch::open_source(&g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)
+        }
+    };
+    let Some(src) = src else {
+        // On the source now (or the source cannot be opened: the real call, as it would be).
+        return count(Kind::Source, call(fd_in, off));
+    };
+    let n = if off.is_null() {
+        let want = len.min(0x7fff_f000) as i64;
+        let moved = sys!(libc::SYS_lseek, fd_in, want, libc::SEEK_CUR);
+        if moved < 0 {
+            -1
+        } else {
+            let mut pos = moved - want;
+            let n = call(src, &mut pos);
+            let _keep = detour::KeepErrno::new();
+            let back = want - n.max(0) as i64;
+            if back > 0 {
+                sys!(libc::SYS_lseek, fd_in, -back, libc::SEEK_CUR);
+            }
+            n
+        }
+    } else {
+        call(src, off)
+    };
+    let _keep = detour::KeepErrno::new();
+    detour::raw_close(src);
+    count(Kind::Source, n)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn copy_file_range(
     fd_in: c_int,
@@ -529,12 +594,10 @@ pub unsafe extern "C" fn copy_file_range(
     len: usize,
     flags: libc::c_uint,
 ) -> isize {
-    let n = real!(COPY_FILE_RANGE as CopyFileRangeFn, c"copy_file_range",
-        (fd_in, off_in, fd_out, off_out, len, flags) or -1);
-    if let Some(t) = fdtable::get(fd_in) {
-        count(t.kind, n);
-    }
-    n
+    kernel_reads(fd_in, off_in, len, |fd, off| {
+        real!(COPY_FILE_RANGE as CopyFileRangeFn, c"copy_file_range",
+            (fd, off, fd_out, off_out, len, flags) or -1)
+    })
 }
 
 macro_rules! sendfile_hook {
@@ -546,16 +609,31 @@ macro_rules! sendfile_hook {
             off: *mut libc::off_t,
             len: usize,
         ) -> isize {
-            let n = real!($slot as SendfileFn, $cname, (out, fd_in, off, len) or -1);
-            if let Some(t) = fdtable::get(fd_in) {
-                count(t.kind, n);
-            }
-            n
+            kernel_reads(fd_in, off, len, |fd, off| {
+                real!($slot as SendfileFn, $cname, (out, fd, off, len) or -1)
+            })
         }
     };
 }
 sendfile_hook!(sendfile, SENDFILE, c"sendfile");
 sendfile_hook!(sendfile64, SENDFILE64, c"sendfile64");
+
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut i64,
+    fd_out: c_int,
+    off_out: *mut i64,
+    len: usize,
+    flags: libc::c_uint,
+) -> isize {
+    kernel_reads(
+        fd_in,
+        off_in,
+        len,
+        |fd, off| real!(SPLICE as SpliceFn, c"splice", (fd, off, fd_out, off_out, len, flags) or -1),
+    )
+}
 
 fn stream_fd(fp: *mut libc::FILE) -> c_int {
     if fp.is_null() {
