@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -24,11 +25,11 @@ pytestmark = pytest.mark.skipif(
     os.getuid() != 0 or not shutil.which("setpriv") or not shutil.which("setfacl"),
     reason="needs root (to switch to an unprivileged user), setpriv and setfacl (package acl)")
 
-PROBE = ("import errno,json,os,sys\nout={}\nfor p in sys.argv[1:]:\n"
+PROBE = ("import errno,json,os,sys\nout={}\nfor p in sys.argv[2:]:\n"
          "    r={'access':os.access(p,os.R_OK)}\n"
          "    try:\n        r['read']=open(p,'rb').read().hex()\n"
          "    except OSError as e:\n        r['read']=errno.errorcode[e.errno]\n"
-         "    out[os.path.basename(p)]=r\nprint(json.dumps(out,sort_keys=True))")
+         "    out[os.path.relpath(p,sys.argv[1])]=r\nprint(json.dumps(out,sort_keys=True))")
 
 
 def python_for_nobody():
@@ -64,6 +65,12 @@ class Nobody:
             time.sleep(0.1)
         raise AssertionError("placement did not settle")
 
+    def jobs(self) -> int:
+        st = subprocess.run([*AS_NOBODY, self.bin, "status", "--json"], capture_output=True,
+                            env=self.env, timeout=60)
+        srcs = json.loads(st.stdout or b"{}").get("sources", []) if st.returncode == 0 else []
+        return sum(s.get("jobs") or 0 for s in srcs)
+
     def stop(self):
         subprocess.run([*AS_NOBODY, self.bin, "stop"], capture_output=True, env=self.env,
                        timeout=120)
@@ -91,13 +98,17 @@ def setfacl_none(path):
 
 def test_revoked_access_is_honoured(nobody):
     src = nobody.base / "src"
-    names = ("open.bin", "acl-before.bin", "acl-between.bin", "chmod-between.bin")
+    names = ("open.bin", "acl-before.bin", "acl-between.bin", "chmod-between.bin",
+             "acl-dir/inner.bin", "acl-held.bin", "acl-held-dir/inner.bin")
     for i, name in enumerate(names):
+        (src / name).parent.mkdir(exist_ok=True)
+        (src / name).parent.chmod(0o755)
         (src / name).write_bytes(bytes([i]) * (1000 + i))
         (src / name).chmod(0o644)
     setfacl_none(src / "acl-before.bin")
     paths = [src / n for n in names]
-    probe = [python_for_nobody(), "-c", PROBE, *paths]
+    probe = [python_for_nobody(), "-c", PROBE, src, *paths]
+    denied = {"access": False, "read": "EACCES"}
 
     def compare():
         got, stats = nobody.job(src, probe)
@@ -106,15 +117,34 @@ def test_revoked_access_is_honoured(nobody):
         return json.loads(got), stats
 
     seen, _ = compare()
-    assert seen["acl-before.bin"] == {"access": False, "read": "EACCES"}
+    assert seen["acl-before.bin"] == denied
     nobody.settle()
     seen, stats = compare()  # every readable file now served from its copy
-    assert tier_files(stats) == 3, stats
+    assert tier_files(stats) == len(names) - 1, stats
+    # Between two jobs (the agent walks again for the second).
     setfacl_none(src / "acl-between.bin")
     (src / "chmod-between.bin").chmod(0o600)
+    setfacl_none(src / "acl-dir")
     seen, stats = compare()
-    assert seen["acl-between.bin"] == seen["chmod-between.bin"] == {"access": False,
-                                                                   "read": "EACCES"}
+    assert seen["acl-between.bin"] == seen["chmod-between.bin"] == seen["acl-dir/inner.bin"] == denied
     assert tier_files(stats) >= 1, stats
+    # While another job of the user holds the source (no walk for the next job).
+    holder = subprocess.Popen(list(map(str, [
+        *AS_NOBODY, nobody.bin, "run", "--source", src, "--tier", f"{nobody.base / 'tier'}=64M",
+        "-q", "--", "sleep", "600"])), env=nobody.env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while nobody.jobs() < 1:
+            assert holder.poll() is None and time.monotonic() < deadline, "holder not attached"
+            time.sleep(0.05)
+        setfacl_none(src / "acl-held.bin")
+        setfacl_none(src / "acl-held-dir")
+        seen, stats = compare()
+        assert seen["acl-held.bin"] == seen["acl-held-dir/inner.bin"] == denied, seen
+        assert tier_files(stats) >= 1, stats
+    finally:
+        os.killpg(holder.pid, signal.SIGTERM)
+        holder.wait(timeout=60)
     nobody.stop()
     compare()

@@ -152,6 +152,8 @@ def test_changed_while_another_job_holds_the_source(granary, tmp_path, tier):
 def own_changes_tree(root: pathlib.Path) -> pathlib.Path:
     files = {f"f/{n}.bin": rand(16, i) for i, n in enumerate(
         ("trunc", "target", "gone", "linked", "timed", "utimes", "moded", "rewritten"))}
+    files.update({f"g/{n}.bin": rand(3000 + i, 100 + i) for i, n in enumerate(
+        ("trunc", "from", "to", "rm", "chmod", "touch", "ln", "over", "dotdot", "via-link"))})
     files["f/replacement.bin"] = b"the replacement!!!!!"
     files["d/full/x.bin"] = rand(3000, 40)
     files["d/full/y.bin"] = rand(3000, 41)

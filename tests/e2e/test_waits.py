@@ -62,7 +62,8 @@ def in_nanosleep(pid: int) -> bool:
         return False
 
 
-def test_ctrl_c_reaches_a_read_waiting_for_the_agent(tmp_path, loop_source, throttle):
+@pytest.mark.parametrize("how", ["pread", "mmap"])
+def test_ctrl_c_reaches_a_read_waiting_for_the_agent(tmp_path, loop_source, throttle, how):
     dev, mnt = loop_source
     src = mnt / "data"
     src.mkdir()
@@ -82,7 +83,7 @@ def test_ctrl_c_reaches_a_read_waiting_for_the_agent(tmp_path, loop_source, thro
         throttle(agent, dev, 3 << 19)
         marker = tmp_path / "reading"
         args = [g.bin, "run", "--source", src, "--tier", f"{tier}=1G", "-q", "--",
-                *fsprobe("interrupted", src, "big.bin", marker)]
+                *fsprobe("interrupted", src, "big.bin", marker, how)]
         proc = subprocess.Popen(list(map(str, args)), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=g.env, start_new_session=True)
         try:

@@ -210,6 +210,40 @@ def own_changes(root):
     pr.observe("rename dir: parent", "d")
     pr.observe("after f", "f")
 
+    # The same through coreutils (their own calls: ftruncate, renameat2, unlinkat, fchmodat,
+    # linkat, utimensat; cp over an existing file), and through other paths into the source.
+    def run(*cmd):
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        return [p.returncode, p.stderr.replace(root, "ROOT")]
+    for rel in ("g/trunc.bin", "g/from.bin", "g/rm.bin", "g/chmod.bin", "g/touch.bin",
+                "g/ln.bin", "g/over.bin", "g/dotdot.bin", "g/via-link.bin"):
+        pr.observe("before " + rel, rel)
+    pr.out["truncate(1)"] = run("truncate", "-s", "3", pr.p("g/trunc.bin"))
+    pr.observe("truncate(1): file", "g/trunc.bin")
+    pr.forget("g/to.bin")
+    pr.out["mv(1)"] = run("mv", pr.p("g/from.bin"), pr.p("g/to.bin"))
+    pr.observe("mv(1): old", "g/from.bin")
+    pr.observe("mv(1): new", "g/to.bin")
+    pr.forget("g/rm.bin")
+    pr.out["rm(1)"] = run("rm", pr.p("g/rm.bin"))
+    pr.observe("rm(1)", "g/rm.bin")
+    pr.out["chmod(1)"] = run("chmod", "600", pr.p("g/chmod.bin"))
+    pr.observe("chmod(1)", "g/chmod.bin")
+    pr.out["touch(1)"] = run("touch", "-d", "@1200000000.5", pr.p("g/touch.bin"))
+    pr.observe("touch(1)", "g/touch.bin")
+    pr.out["ln(1)"] = run("ln", pr.p("g/ln.bin"), pr.p("g/ln2.bin"))
+    pr.observe("ln(1)", "g/ln2.bin")
+    pr.out["cp(1) over"] = run("cp", pr.p("g/to.bin"), pr.p("g/over.bin"))
+    pr.observe("cp(1) over", "g/over.bin")
+    os.truncate(pr.p("g/../g/./dotdot.bin"), 2)
+    pr.observe("truncate through ..", "g/dotdot.bin")
+    link = os.path.join(os.path.dirname(root), "outside-link")
+    os.symlink(os.path.join(root, "g"), link)
+    os.truncate(os.path.join(link, "via-link.bin"), 1)
+    os.unlink(link)
+    pr.observe("truncate through a link from outside", "g/via-link.bin")
+    pr.observe("g after", "g")
+
     # Another process of the job sees the same.
     child = subprocess.run([sys.executable, __file__, "observe", root, "f/trunc.bin",
                             "f/target.bin", "f/gone.bin", "d/made", "f/hard.bin", "f/timed.bin",
@@ -516,6 +550,7 @@ def holes(root, rel):
                 out["seeks"].append([name, off, err(e)])
     os.lseek(fd, 0, os.SEEK_SET)
     out["tail"] = content(os.pread(fd, 8, size - 8))
+    out["blocks"] = [os.fstat(fd).st_blocks, os.stat(path).st_blocks]
     os.close(fd)
     print(json.dumps(out, sort_keys=True))
 
@@ -609,8 +644,9 @@ def read_at(dfd, name):
 
 # -- interruptible waits (issue case 11) --
 
-def interrupted(root, rel, marker):
-    """Reads REL from its end, one block at a time, until interrupted; says where it was."""
+def interrupted(root, rel, marker, how):
+    """Reads REL from its end (`pread`), or maps it (`mmap`), until interrupted."""
+    import mmap
     path = os.path.join(root, rel)
     fd = os.open(path, os.O_RDONLY)
     size = os.fstat(fd).st_size
@@ -620,6 +656,10 @@ def interrupted(root, rel, marker):
         with open(marker + ".tmp", "w") as f:
             f.write(str(os.getpid()))
         os.rename(marker + ".tmp", marker)
+        if how == "mmap":
+            # A mapping waits for the whole copy.
+            with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as m:
+                got = len(m[size - 4096:])
         # Far ahead of the agent's copy: the read waits for it.
         off = size - 4096
         while off >= 0:
