@@ -56,10 +56,12 @@ pub fn enter() -> Option<Guard> {
     Some(guard)
 }
 
-/// Like `enter`, but whatever this process's credentials: for the hooks that tell the table the
-/// program changed the source (every process of the job must learn of it).
+/// Like `enter`, but whatever this process's credentials, for what does not depend on them: the
+/// hooks that tell the table the program changed the source (every process of the job must
+/// learn of it), and calls on fds granary already tracks (what an open fd reads or describes is
+/// the same whoever asks: the kernel checked access when it was opened).
 #[inline]
-pub fn enter_to_invalidate() -> Option<Guard> {
+pub fn enter_any_creds() -> Option<Guard> {
     let table = config::table()?;
     let entered = IN_HOOK.with(|g| {
         if g.get() {
@@ -72,10 +74,11 @@ pub fn enter_to_invalidate() -> Option<Guard> {
     if !entered {
         return None;
     }
-    Some(Guard {
+    let guard = Guard {
         table,
         slot: config::job_slot(),
-    })
+    };
+    table.is_valid().then_some(guard)
 }
 
 impl Guard {
