@@ -238,15 +238,16 @@ def make_db(path: pathlib.Path, mode: str):
     db.close()
 
 
+@pytest.mark.parametrize("writer", ["process", "child"])
 @pytest.mark.parametrize("mode", ["wal", "delete"])
-def test_sqlite_reader_sees_commits_of_the_same_job(granary, tmp_path, tier, mode):
+def test_sqlite_reader_sees_commits_of_the_same_job(granary, tmp_path, tier, mode, writer):
     src = tmp_path / "a" / "src"
     src.mkdir(parents=True)
     make_db(src / "db.sqlite", mode)
     prime(granary, src, tier)
     other = twin(src, tmp_path / "b")
-    got, want, stats = same_run(granary, src, tier, fsprobe("sqlite_rw", src, "db.sqlite", mode),
-                                fsprobe("sqlite_rw", other, "db.sqlite", mode))
+    got, want, stats = same_run(granary, src, tier, fsprobe("sqlite_rw", src, "db.sqlite", mode, writer),
+                                fsprobe("sqlite_rw", other, "db.sqlite", mode, writer))
     assert tier_files(stats) >= 1, "the read-only connection must start on the copy"
     assert json.loads(got) == json.loads(want)
 

@@ -504,8 +504,29 @@ def bad_iovec(root, placed_rel, fetched_rel):
 
 # -- readers and writers in one job (issue case 6) --
 
-def sqlite_rw(root, rel, mode):
-    """A read-only connection counts rows while another connection of the process commits."""
+def sqlite_commit(path, base, mode):
+    """One writer's transaction: 5000 rows from id BASE, or (BASE < 0) a delete."""
+    rw = sqlite3.connect(path)
+    if int(base) < 0:
+        rw.execute("delete from t where id % 3 = 0")
+    else:
+        rw.executemany("insert into t values (?, ?)", ((int(base) + k, k) for k in range(5_000)))
+    rw.commit()
+    done = ""
+    if mode == "wal":
+        # What auto-checkpointing does every 1000 pages: the database file itself changes.
+        done = json.dumps(rw.execute("pragma wal_checkpoint(truncate)").fetchone())
+    rw.close()
+    return done
+
+
+def sqlite_write(path, base, mode):
+    print(sqlite_commit(path, base, mode))
+
+
+def sqlite_rw(root, rel, mode, writer):
+    """A read-only connection counts rows while another connection commits: of the same process
+    (`writer` = "process") or of a child process ("child")."""
     path = os.path.join(root, rel)
     out = []
     ro = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -515,21 +536,19 @@ def sqlite_rw(root, rel, mode):
             out.append([tag, ro.execute("select count(*), sum(v) from t").fetchone()])
         except sqlite3.Error as e:
             out.append([tag, "error", str(e)])
+
+    def write(base):
+        if writer == "child":
+            return subprocess.run([sys.executable, __file__, "sqlite_write", path, str(base), mode],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        return sqlite_commit(path, base, mode)
     count("start")
-    rw = sqlite3.connect(path)
     for i in range(2):
-        base = 25_000 + i * 5_000
-        rw.executemany("insert into t values (?, ?)", ((base + k, k) for k in range(5_000)))
-        rw.commit()
-        if mode == "wal":
-            # What auto-checkpointing does every 1000 pages: the database file itself changes.
-            out.append(["checkpoint", rw.execute("pragma wal_checkpoint(truncate)").fetchone()])
+        out.append(["checkpoint", write(25_000 + i * 5_000)])
         count(f"after commit {i}")
-    rw.execute("delete from t where id % 3 = 0")
-    rw.commit()
+    write(-1)
     count("after delete")
     ro.close()
-    rw.close()
     with open(path, "rb") as f:
         out.append(["file", content(f.read())])
     print(json.dumps({"mode": mode, "counts": out}))
