@@ -6,9 +6,9 @@
 //!   fd then has a new open file description (OFD): only done when the OFD is this fd's alone
 //!   (`exclusive`), or a `dup`, a forked child or an `exec`'d child sharing it would keep reading
 //!   the old file at an offset no longer shared.
-//! - **serve**: keep the fd, and answer each read from the other file opened for the call (a
-//!   `pread` at the fd's offset, then `lseek` of the fd past what was read, under the fd's `BUSY`
-//!   lock). Sharers keep sharing the offset; nothing about the fd changes.
+//! - **serve**: keep the fd, and answer each read from the other file opened for the call: the
+//!   range is claimed on the fd's own offset first (`lseek(SEEK_CUR)`, atomic in the kernel), then
+//!   delivered (`serve`). Sharers keep sharing the offset; nothing about the fd changes.
 
 use core::ffi::c_int;
 

@@ -1,12 +1,13 @@
 //! The read family, `mmap`, `lseek`, and the calls that read an fd inside the kernel or libc
-//! (`copy_file_range`, `sendfile`, `fread`): untracked fds pay one atomic load and pass through;
-//! tier fds are counted; tracked source fds go through `place` (served from a partial copy or
-//! chunk file, switched to a complete copy); a tier fd whose file the program changed in place
-//! reads the source. Everything is counted by where the bytes came from.
+//! (`copy_file_range`, `sendfile`, `splice`, `fread`): untracked fds pay one atomic load and pass
+//! through; tier fds are counted; tracked source fds go through `place` (served from a partial
+//! copy or chunk file, switched to a complete copy); a tier fd whose file the program changed in
+//! place reads the source. Everything is counted by where the bytes came from.
 //!
-//! Reads at the fd's offset hold the fd's `BUSY` lock (`fdtable::lock`), so a switch or a served
-//! read never interleaves with another thread's read of the same fd, as the kernel's position
-//! lock keeps real reads apart; positioned reads need no lock.
+//! Reads at the fd's offset hold the fd's `BUSY` lock (`fdtable::lock`), so a switch never
+//! interleaves with another thread's read of the same fd; served reads claim their range on the
+//! fd's offset atomically (`switch::serve`), so every other sharer of it stays in step;
+//! positioned reads need no lock.
 
 use core::ffi::{c_int, c_void};
 
