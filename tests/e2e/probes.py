@@ -5,7 +5,6 @@ a tier, and a job runner whose wait is bounded (a hung program is killed with it
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys

@@ -4,7 +4,6 @@
 import json
 import random
 
-from conftest import tier_files
 from probes import fsprobe, make_tree, prime, run_job, same_run, twin
 
 

@@ -4,7 +4,6 @@ EFAULT, locks and attribute changes reaching the source, every way an fd goes aw
 (docs/reliability.md).
 """
 import json
-import os
 import random
 
 import pytest

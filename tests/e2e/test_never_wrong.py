@@ -252,6 +252,7 @@ def test_sqlite_reader_sees_commits_of_the_same_job(granary, tmp_path, tier, mod
     assert json.loads(got) == json.loads(want)
 
 
+@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="needs the sqlite3 CLI")
 def test_sqlite_cli_read_mostly_sessions(granary, tmp_path, tier):
     """docs/reliability.md: `sqlite3 -readonly` is served from the copy; a plain `sqlite3`
     session peeks at the header read-only, then opens the database O_RDWR, which granary treats

@@ -15,7 +15,6 @@ import fcntl
 import hashlib
 import json
 import os
-import signal
 import sqlite3
 import stat
 import struct
