@@ -64,11 +64,13 @@ pub enum PolicyKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verify {
-    /// Re-hash every reused copy (xxh3) against the checksum recorded when it was placed.
+    /// Every open checks the copy's identity (inode, ctime, size, type, owner) against what the
+    /// agent recorded when it wrote it: anything done to it through the file system is caught.
     #[default]
+    Identity,
+    /// Also re-hash each reused copy (xxh3) in the background, at idle priority with direct I/O,
+    /// against the checksum recorded when it was placed: catches damage below the file system.
     Checksum,
-    /// Size and source mtime only (fast; trusts the cache's contents).
-    Size,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -312,11 +314,12 @@ impl Config {
                             "verify" => {
                                 cfg.verify = Some(match v.as_str() {
                                     Some("checksum") => Verify::Checksum,
-                                    Some("size") => Verify::Size,
+                                    // "size" was the old name of the cheap check.
+                                    Some("identity" | "size") => Verify::Identity,
                                     _ => {
                                         return Err(err(
                                             &key,
-                                            "expected \"checksum\" or \"size\" for key",
+                                            "expected \"identity\" or \"checksum\" for key",
                                         ))
                                     }
                                 });
@@ -520,7 +523,7 @@ mod tests {
         assert_eq!(c.prefetch_min_size, Some(512 << 10));
         assert_eq!(c.chunk_size, Some(8 << 20));
         assert_eq!(c.small_copy_delay, Some(Duration::from_millis(500)));
-        assert_eq!(c.verify, Some(Verify::Size));
+        assert_eq!(c.verify, Some(Verify::Identity));
         let c = Config::parse(
             "[placement]\npolicy = \"known-order\"\naccess_order = \"o.txt\"\n\
              prefetch_window = \"64M\"\n",
@@ -558,7 +561,7 @@ mod tests {
         let e = Config::parse("[reuse]\nverify = \"md5\"\n").unwrap_err();
         assert_eq!(
             e,
-            "expected \"checksum\" or \"size\" for key `reuse.verify` (line 2)"
+            "expected \"identity\" or \"checksum\" for key `reuse.verify` (line 2)"
         );
         let e = Config::parse("[reuse]\nverfy = 1\n").unwrap_err();
         assert_eq!(e, "unknown key `reuse.verfy` (line 2)");

@@ -33,6 +33,16 @@ pub fn statx_nofollow(path: &Path) -> io::Result<StatRec> {
     statx_at(libc::AT_FDCWD, &c, libc::AT_SYMLINK_NOFOLLOW)
 }
 
+/// These credentials may list and search directory `path` (POSIX ACLs and all: the kernel
+/// decides).
+pub fn may_list(path: &Path) -> bool {
+    let Ok(c) = cstr(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated path; faccessat only reads it.
+    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::R_OK | libc::X_OK, 0) == 0 }
+}
+
 /// The same record for an open file: what the fd holds (to compare with the catalog).
 pub fn statx_fd(f: &impl AsRawFd) -> io::Result<StatRec> {
     statx_at(f.as_raw_fd(), c"", libc::AT_EMPTY_PATH)

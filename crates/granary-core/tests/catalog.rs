@@ -357,7 +357,8 @@ fn saved_catalogs_round_trip_and_are_refused_elsewhere() {
         tier_dirs: &dirs,
         tier_dir_ids: &ids,
     };
-    let (_m2, back) = catalog::load(&saved, &t.path().join("live.table"), &expect).unwrap();
+    let loaded = catalog::load(&saved, &t.path().join("live.table"), &expect).unwrap();
+    let back = loaded.table;
     assert_eq!(back.entry_count(), table.entry_count());
     for i in 0..table.entry_count() {
         assert_eq!(back.entry(i), table.entry(i));

@@ -56,10 +56,12 @@ pub fn enter() -> Option<Guard> {
     Some(guard)
 }
 
-/// Like `enter`, but whatever this process's credentials: for the hooks that tell the table the
-/// program changed the source (every process of the job must learn of it).
+/// Like `enter`, but whatever this process's credentials, for what does not depend on them: the
+/// hooks that tell the table the program changed the source (every process of the job must
+/// learn of it), and calls on fds granary already tracks (what an open fd reads or describes is
+/// the same whoever asks: the kernel checked access when it was opened).
 #[inline]
-pub fn enter_to_invalidate() -> Option<Guard> {
+pub fn enter_any_creds() -> Option<Guard> {
     let table = config::table()?;
     let entered = IN_HOOK.with(|g| {
         if g.get() {
@@ -72,10 +74,11 @@ pub fn enter_to_invalidate() -> Option<Guard> {
     if !entered {
         return None;
     }
-    Some(Guard {
+    let guard = Guard {
         table,
         slot: config::job_slot(),
-    })
+    };
+    table.is_valid().then_some(guard)
 }
 
 impl Guard {
@@ -164,6 +167,7 @@ real_slots! {
     FLOCK = c"flock"; LOCKF = c"lockf"; LOCKF64 = c"lockf64"; FSTATFS = c"fstatfs";
     FSTATFS64 = c"fstatfs64"; IOCTL = c"ioctl"; SENDMSG = c"sendmsg";
     COPY_FILE_RANGE = c"copy_file_range"; SENDFILE = c"sendfile"; SENDFILE64 = c"sendfile64";
+    SPLICE = c"splice";
     FREAD = c"fread"; FREAD_UNLOCKED = c"fread_unlocked";
     SETUID = c"setuid"; SETEUID = c"seteuid"; SETREUID = c"setreuid"; SETRESUID = c"setresuid";
     SETGID = c"setgid"; SETEGID = c"setegid"; SETREGID = c"setregid"; SETRESGID = c"setresgid";

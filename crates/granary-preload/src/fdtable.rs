@@ -6,8 +6,10 @@
 //! with another fd or process (`SHARED`): after `dup`, `fork`, an `SCM_RIGHTS` send, or while it is
 //! inheritable across `exec`. Only an fd whose OFD is ours alone may be switched to another file
 //! (`dup3` over it): a sharer would keep the old OFD, and reads alternating between the two would
-//! no longer share an offset. `BUSY` serialises, among the threads of this process, the reads that
-//! use or move an fd's offset, as the kernel's per-OFD position lock does for real reads.
+//! no longer share an offset. `BUSY` keeps, among the threads of this process, a switch apart
+//! from the reads of the same fd (a read in flight on the old OFD would move an offset the switch
+//! already copied). Served reads need no lock of ours against other sharers: they claim their
+//! range on the OFD's offset atomically (`switch::serve`).
 //!
 //! Atomics in static memory survive fork unchanged, which is what a forked child's inherited fds
 //! need; nothing here needs a lock of its own.
@@ -59,7 +61,7 @@ pub mod flag {
     pub const PINNED: u64 = 1 << 16;
     /// The OFD may be shared with another fd or process: never switch it.
     pub const SHARED: u64 = 1 << 17;
-    /// Serialises offset reads and switches among this process's threads.
+    /// Keeps a switch apart from this process's other reads of the fd.
     pub const BUSY: u64 = 1 << 18;
     /// A tier fd opened with `O_NOFOLLOW` added by granary (only without `openat2`): hidden
     /// from `fcntl(F_GETFL)`.

@@ -19,7 +19,7 @@ use crate::copies::{self, Expect};
 use crate::detour::{self, sys, Guard, KeepErrno};
 use crate::fdtable::{flag, Kind, Tracked};
 use crate::log;
-use crate::switch::{self, range, Fill, Serve};
+use crate::switch::{self, range, Fill, Serve, Served};
 
 /// A waiting read gives up when progress stood still this long…
 const STALL_NS: u64 = 2_000_000_000;
@@ -28,10 +28,30 @@ const WAIT_MAX_NS: u64 = 60_000_000_000;
 const SLEEP_MIN_NS: i64 = 200_000;
 const SLEEP_MAX_NS: i64 = 1_000_000;
 
-/// Outcome of `on_read`: served (bytes), or run the real call and count it as this kind.
+/// Outcome of `on_read`: served (bytes), failed after the fd's offset moved (errno), or run the
+/// real call and count it as this kind.
 pub enum Read {
     Served(isize),
+    Failed(c_int),
     Real(Kind),
+}
+
+/// What `switch::serve` did, counted: tier bytes, or source bytes when it had to read the source.
+fn served(g: &Guard, tier: u8, s: Served) -> Option<Read> {
+    match s {
+        Served::Bytes(n, false) => {
+            g.count(job::TIER_BYTES + tier as usize, n as u64);
+            Some(Read::Served(n))
+        }
+        Served::Bytes(n, true) => {
+            g.count(job::SOURCE_READS, 1);
+            g.count(job::SOURCE_BYTES, n as u64);
+            g.count(job::FALLBACKS, 1);
+            Some(Read::Served(n))
+        }
+        Served::Failed(e) => Some(Read::Failed(e)),
+        Served::No => None,
+    }
 }
 
 /// A read of `len` bytes at `off` (`None`: the fd's offset, which a served read then moves) on
@@ -58,7 +78,7 @@ pub fn on_read(
             if entry.stat.size >= g.table.prefetch_min_size() => {}
         _ => return Read::Real(Kind::Source),
     }
-    let Some((pos, end)) = range(fd, off, len, entry.stat.size) else {
+    let Some((_, end)) = range(fd, off, len, entry.stat.size) else {
         return Read::Real(Kind::Source);
     };
     let tier = match wait(g, idx, Some(end)) {
@@ -72,20 +92,27 @@ pub fn on_read(
         ctime_ns: 0,
         size: None,
     };
+    // The part file opened holds `[p, end)` while it is still the tier's current copy and the
+    // agent's progress covers it (or the copy completed: the part renamed into place).
+    let covered = |_: u64, end: u64| {
+        let w = g.table.state(idx);
+        let s = state::state_of(w);
+        (s == state::PLACED || s == state::PLACING && g.table.progress(idx) >= end)
+            && state::tier_of(w) == tier
+            && g.table.copy_identity(idx).0 == ino
+    };
     let how = Serve {
-        file_off: pos,
-        move_offset: off.is_none(),
-        short_ok: false,
+        base: 0,
+        size: entry.stat.size,
         transient: g.table.is_transient(idx),
+        covered: &covered,
+        fallback: Some(fd),
     };
     let flags = libc::O_RDONLY | libc::O_CLOEXEC;
-    let served = copies::open(g.table, tier, &part_name(entry.object), flags, &expect)
-        .and_then(|(file, _)| switch::serve(fd, file, pos, end, &how, f));
-    match served {
-        Some(n) => {
-            g.count(job::TIER_BYTES + tier as usize, n as u64);
-            Read::Served(n)
-        }
+    let result = copies::open(g.table, tier, &part_name(entry.object), flags, &expect)
+        .map(|(file, _)| switch::serve(fd, file, off, len, &how, f));
+    match result.and_then(|s| served(g, tier, s)) {
+        Some(r) => r,
         None => {
             // The copy may have completed (renamed) between our look at progress and the open.
             if state::state_of(g.table.state(idx)) == state::PLACED {
@@ -112,26 +139,22 @@ fn placed(
             return Read::Real(Kind::Tier(tier));
         }
     }
-    let Some((pos, end)) = range(fd, off, len, e.stat.size) else {
+    if range(fd, off, len, e.stat.size).is_none() {
         return Read::Real(Kind::Source);
-    };
+    }
     let Some((file, tier, _)) = switch::open_copy(g, t.entry, e, libc::O_RDONLY | libc::O_CLOEXEC)
     else {
         return Read::Real(Kind::Source);
     };
+    let covered = |_: u64, _: u64| state::state_of(g.table.state(t.entry)) == state::PLACED;
     let how = Serve {
-        file_off: pos,
-        move_offset: off.is_none(),
-        short_ok: false,
+        base: 0,
+        size: e.stat.size,
         transient: g.table.is_transient(t.entry),
+        covered: &covered,
+        fallback: Some(fd),
     };
-    match switch::serve(fd, file, pos, end, &how, f) {
-        Some(n) => {
-            g.count(job::TIER_BYTES + tier as usize, n as u64);
-            Read::Served(n)
-        }
-        None => Read::Real(Kind::Source),
-    }
+    served(g, tier, switch::serve(fd, file, off, len, &how, f)).unwrap_or(Read::Real(Kind::Source))
 }
 
 /// PARTIAL: the chunk file when every chunk of the range is present; else the source, and the
@@ -164,19 +187,21 @@ fn partial(
         }
     }
     let tier = state::tier_of(word);
-    let how = Serve {
-        file_off: chunk_data_offset(size, cs) + pos,
-        move_offset: off.is_none(),
-        short_ok: false,
-        transient: false,
+    let covered = |p: u64, end: u64| {
+        state::state_of(g.table.state(idx)) == state::PARTIAL
+            && (p / cs..=(end - 1) / cs).all(|k| g.table.chunk_present(idx, k))
     };
-    let served = open_chunks(g, idx, entry, tier)
-        .and_then(|file| switch::serve(fd, file, pos, end, &how, f));
-    match served {
-        Some(n) => {
-            g.count(job::TIER_BYTES + tier as usize, n as u64);
-            Read::Served(n)
-        }
+    let how = Serve {
+        base: chunk_data_offset(size, cs),
+        size,
+        transient: false,
+        covered: &covered,
+        fallback: Some(fd),
+    };
+    let result =
+        open_chunks(g, idx, entry, tier).map(|file| switch::serve(fd, file, off, len, &how, f));
+    match result.and_then(|s| served(g, tier, s)) {
+        Some(r) => r,
         None => {
             g.count(job::FALLBACKS, 1);
             Read::Real(Kind::Source)

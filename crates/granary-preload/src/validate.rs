@@ -31,7 +31,15 @@ fn verdict(table: &Table, idx: u32, e: &EntryRec) -> Verdict {
     } else {
         Err(detour::errno())
     };
-    lifecycle::verdict(&e.stat, now.as_ref().map_err(|e| *e))
+    lifecycle::verdict_with(&e.stat, now.as_ref().map_err(|e| *e), || {
+        // A directory that changed: may these credentials still list and search it?
+        sys!(
+            libc::SYS_faccessat,
+            libc::AT_FDCWD,
+            p,
+            libc::R_OK | libc::X_OK
+        ) == 0
+    })
 }
 
 /// True if the catalog may now answer for entry `idx` (checked just now, or vouched for by its

@@ -191,6 +191,34 @@ pub fn verdict(catalogued: &StatRec, now: Result<&StatRec, i32>) -> Verdict {
     }
 }
 
+/// `verdict` for an entry that may be a directory: a directory that is another directory now,
+/// has another owner or mode, or that these credentials can no longer list and search (an ACL
+/// changed: only its ctime shows it, so the kernel is asked, `may_list`) is `Gone` — nothing
+/// below it may be answered from the catalog any more; one whose names merely changed is
+/// `Changed` (its listing passes through, its children are checked one by one).
+pub fn verdict_with(
+    catalogued: &StatRec,
+    now: Result<&StatRec, i32>,
+    may_list: impl FnOnce() -> bool,
+) -> Verdict {
+    let v = verdict(catalogued, now);
+    let (Verdict::Changed, Ok(now)) = (v, now) else {
+        return v;
+    };
+    if !catalogued.is_dir() {
+        return v;
+    }
+    let same_dir = now.is_dir()
+        && now.ino == catalogued.ino
+        && (now.dev_major, now.dev_minor) == (catalogued.dev_major, catalogued.dev_minor)
+        && now.mode == catalogued.mode
+        && (now.uid, now.gid) == (catalogued.uid, catalogued.gid);
+    if !same_dir || !may_list() {
+        return Verdict::Gone;
+    }
+    v
+}
+
 /// Applies a verdict on entry `idx` (a file, symlink or directory): `Same` validates it — and
 /// for a directory of an immutable source, every non-directory child with it; `Changed` voids it
 /// (a directory's listing then passes through, its children are checked one by one); `Gone`

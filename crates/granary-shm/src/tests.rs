@@ -352,6 +352,25 @@ fn progress_only_moves_forward() {
 }
 
 #[test]
+fn a_gone_entry_never_comes_back_as_merely_stale() {
+    let mut m = Model::new();
+    m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 10), "");
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let idx = t.lookup(b"f").unwrap();
+    t.set_state(idx, state::word(state::PLACED, 1));
+    let cell = |idx| lifecycle::EntryCell { table: &t, idx };
+    assert!(lifecycle::void(&cell(idx), lifecycle::Void::Stale));
+    assert!(
+        !lifecycle::void(&cell(idx), lifecycle::Void::Stale),
+        "already stale: nothing changed"
+    );
+    assert!(lifecycle::void(&cell(idx), lifecycle::Void::Gone));
+    assert!(!lifecycle::void(&cell(idx), lifecycle::Void::Stale));
+    assert_eq!(t.state(idx), state::word(state::GONE, 0));
+}
+
+#[test]
 fn chunk_bitmaps_exist_for_large_files_only() {
     let mut m = Model::new();
     let chunk = 4u64 << 20;

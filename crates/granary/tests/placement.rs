@@ -209,8 +209,9 @@ fn small_files_come_from_the_page_cache() {
     assert_eq!(p["agent_source_bytes"], 0, "{src}");
 }
 
-/// (c) A placed copy corrupted between jobs (one byte flipped, same size) is re-hashed at the
-/// next walk, rejected, never served, and placed again.
+/// (c) A placed copy corrupted between jobs (one byte flipped, same size: written, so its ctime
+/// moved) is adopted with the saved catalog, caught by its identity when first opened, never
+/// served, withdrawn and placed again.
 #[test]
 fn corrupt_copy_is_rejected_at_reuse() {
     let mut e = Env::new();
@@ -235,8 +236,8 @@ fn corrupt_copy_is_rejected_at_reuse() {
 
     let (o, js) = e.run_reader(&[]);
     ok(&o);
-    assert_eq!(js["catalog"]["reuse_rejected"], 1, "{js}");
-    assert_eq!(js["catalog"]["reused_files"], 20, "{js}");
+    assert_eq!(js["catalog"]["reused_files"], 21, "{js}");
+    assert!(js["fallbacks"].as_u64().unwrap() >= 1, "{js}");
     e.settle();
     assert_eq!(
         std::fs::read(&victim).unwrap(),
@@ -515,7 +516,8 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
     e.settle();
     e.stop();
 
-    // Flip a byte inside a present chunk: rejected at reuse, never served.
+    // Flip a byte inside a present chunk while no agent runs: the chunk file was written since
+    // the catalog sealed it, so it is dropped at the next load, never served.
     let k = present[0];
     let mut b = std::fs::read(&cf).unwrap();
     b[data_off + (k * chunk) as usize + 777] ^= 0x40;
@@ -523,11 +525,8 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
     let (o, js) = e.run_reader(&[&cfg_arg]);
     ok(&o);
     assert_eq!(js["catalog"]["reuse_rejected"], 1, "{js}");
-    assert_eq!(
-        js["catalog"]["reused_bytes"].as_u64(),
-        Some(cached - chunk),
-        "{js}"
-    );
+    assert_eq!(js["catalog"]["reused_bytes"].as_u64(), Some(0), "{js}");
+    assert_eq!(js["tiers"][0]["bytes_served"].as_u64(), Some(0), "{js}");
     e.settle();
     let after = std::fs::read(&cf).unwrap();
     for k in present_chunks(&cf, size / chunk) {

@@ -10,6 +10,6 @@ pub mod sweep;
 pub mod validate;
 pub mod walk;
 
-pub use persist::{load, open_saved, save, write_atomic, Expect, LoadError};
+pub use persist::{load, open_saved, save, write_atomic, Expect, LoadError, Loaded};
 pub use validate::Validation;
 pub use walk::{walk, Prev, Progress, Walk, WalkError};

@@ -132,12 +132,16 @@ fn chunk_file_identity(t: &Table, idx: u32) -> Option<(u64, u64)> {
     let w = t.state(idx);
     let dir = t.tier_dir(state::tier_of(w) as u32)?;
     let e = t.entry(idx)?;
-    let path = Path::new(std::ffi::OsStr::from_bytes(dir))
-        .join(std::ffi::OsStr::from_bytes(&granary_shm::chunks_name(e.object)));
+    let path = Path::new(std::ffi::OsStr::from_bytes(dir)).join(std::ffi::OsStr::from_bytes(
+        &granary_shm::chunks_name(e.object),
+    ));
     let m = std::fs::symlink_metadata(path).ok()?;
-    m.file_type()
-        .is_file()
-        .then(|| (m.ino(), m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64))
+    m.file_type().is_file().then(|| {
+        (
+            m.ino(),
+            m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64,
+        )
+    })
 }
 
 /// A saved catalog records each chunk file's ctime as it is when saved (no fetch writes to it
@@ -161,7 +165,8 @@ fn seal_partials(t: &Table) {
 /// A loaded catalog keeps a chunk file's bits only if the file is the one sealed at save:
 /// written since (damaged, replaced), its chunks are fetched again. While the file is in use
 /// its ctime moves with every chunk written, so clients check only its inode.
-fn unseal_partials(t: &Table) {
+fn unseal_partials(t: &Table) -> u64 {
+    let mut rejected = 0;
     for i in 0..t.entry_count() {
         if state::state_of(t.state(i)) != state::PARTIAL {
             continue;
@@ -169,10 +174,15 @@ fn unseal_partials(t: &Table) {
         let sealed = t.copy_identity(i);
         if chunk_file_identity(t, i) == Some(sealed) && sealed.1 != 0 {
             t.set_copy_identity(i, sealed.0, 0);
-        } else {
-            lifecycle::unplace_partial(t, i, t.state(i));
+        } else if lifecycle::unplace_partial(t, i, t.state(i)) {
+            tracing::warn!(
+                "chunk file of {} was written while no agent ran: dropped, fetched again on demand",
+                crate::catalog::walk::rel_display(&t.rel_path_vec(i).unwrap_or_default()).display()
+            );
+            rejected += 1;
         }
     }
+    rejected
 }
 
 /// Allocates `len` bytes to a file of nothing (`fallocate`), so they stay free for the catalog.
@@ -221,9 +231,17 @@ pub struct Expect<'a> {
     pub tier_dir_ids: &'a [(u64, u64)],
 }
 
+/// A loaded catalog.
+pub struct Loaded {
+    pub mapping: Mapping,
+    pub table: Table,
+    /// Chunk files dropped because they were written while no agent ran.
+    pub rejected: u64,
+}
+
 /// Copies the saved catalog at `saved` to `dest` (the runtime table file) and maps it, if it
 /// matches `expect`; its per-run words are cleared and its header names this agent.
-pub fn load(saved: &Path, dest: &Path, expect: &Expect<'_>) -> Result<(Mapping, Table), LoadError> {
+pub fn load(saved: &Path, dest: &Path, expect: &Expect<'_>) -> Result<Loaded, LoadError> {
     let mut src = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
@@ -262,9 +280,13 @@ pub fn load(saved: &Path, dest: &Path, expect: &Expect<'_>) -> Result<(Mapping, 
             return Err(LoadError::Tiers);
         }
         sanitize(&t);
-        unseal_partials(&t);
+        let rejected = unseal_partials(&t);
         t.set_agent_pid(std::process::id());
-        Ok((m, t))
+        Ok(Loaded {
+            mapping: m,
+            table: t,
+            rejected,
+        })
     })();
     if res.is_err() {
         let _ = std::fs::remove_file(dest);

@@ -174,10 +174,11 @@ fn check(ctx: &Target<'_>, idx: u32) -> Verdict {
         return Verdict::Unknown;
     };
     let now = statx_nofollow(&path);
-    lifecycle::verdict(
+    lifecycle::verdict_with(
         &e.stat,
         now.as_ref()
             .map_err(|err| err.raw_os_error().unwrap_or(libc::EIO)),
+        || crate::sys::may_list(&path),
     )
 }
 

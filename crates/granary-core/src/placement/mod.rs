@@ -21,7 +21,7 @@ pub mod states;
 
 pub use copy::{object_dir, PlaceOutcome};
 pub use fetch::fetch_large;
-pub use partial::{adopt_charges, release_partial_charges, Partials};
+pub use partial::{adopt_charges, copies_now, release_partial_charges, Partials};
 pub use policy::{
     free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy,
 };

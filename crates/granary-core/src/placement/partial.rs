@@ -527,6 +527,28 @@ pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
     (files, bytes)
 }
 
+/// The copies a table holds now: complete ones and chunk files, with the bytes they hold.
+pub fn copies_now(ctx: &SourceCtx) -> (u64, u64) {
+    let t = &ctx.table;
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for idx in 0..t.entry_count() {
+        let s = state::state_of(t.state(idx));
+        let Some(e) = t
+            .entry(idx)
+            .filter(|_| s == state::PLACED || s == state::PARTIAL)
+        else {
+            continue;
+        };
+        files += 1;
+        bytes += if s == state::PLACED {
+            e.stat.size
+        } else {
+            super::chunks::present_bytes(&geometry(ctx, &e), &bitmap_of(ctx, idx))
+        };
+    }
+    (files, bytes)
+}
+
 fn bitmap_of(ctx: &SourceCtx, idx: u32) -> Vec<u64> {
     let n = ctx.table.chunk_count(idx);
     let mut words = vec![0u64; n.div_ceil(64) as usize];

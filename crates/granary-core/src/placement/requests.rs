@@ -73,8 +73,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
             // state set in between is never overwritten) and drop any copy or chunk file so its
             // space comes back.
             states::invalidate_by_agent(&EntryState { table: t, idx });
-            drop_copies(ctx, &e);
-            super::partial::drop_partial(ctx, idx);
+            drop_all_copies(ctx, idx, &e);
         }
         request::DAMAGED => {
             let w = t.state(idx);
@@ -118,6 +117,13 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         }
         _ => tracing::debug!("unknown request kind {kind} for entry {idx}"),
     }
+}
+
+/// Deletes every copy of a void entry (whole copies on any tier, a chunk file) and gives their
+/// space back.
+pub(super) fn drop_all_copies(ctx: &SourceCtx, idx: u32, e: &granary_shm::EntryRec) {
+    drop_copies(ctx, e);
+    super::partial::drop_partial(ctx, idx);
 }
 
 fn drop_copies(ctx: &SourceCtx, e: &granary_shm::EntryRec) {

@@ -36,7 +36,7 @@ fn onto_source(fd: c_int, t: Tracked) -> bool {
     if !matches!(t.kind, Kind::Tier(_)) {
         return true;
     }
-    let Some(g) = detour::enter_to_invalidate() else {
+    let Some(g) = detour::enter_any_creds() else {
         return false;
     };
     let Some(e) = g.table.entry(t.entry) else {

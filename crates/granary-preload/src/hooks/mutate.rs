@@ -123,7 +123,7 @@ pub struct Target {
 
 /// Runs a path call that changes the source: resolves what it touches before (`Effect`), runs
 /// it, and on success voids what it changed. Every process must learn of a change, so this
-/// runs whatever the credentials (`enter_to_invalidate`).
+/// runs whatever the credentials (`enter_any_creds`).
 pub fn mutating(
     dirfd: c_int,
     path: *const c_char,
@@ -142,7 +142,7 @@ pub fn mutating(
 
 /// `mutating` for a call that changes several paths (`rename`, `link`).
 pub fn mutating_all(targets: &[Target], call: impl FnOnce() -> c_int) -> c_int {
-    let Some(g) = detour::enter_to_invalidate() else {
+    let Some(g) = detour::enter_any_creds() else {
         return call();
     };
     let mut before = [None; 2];
@@ -193,7 +193,7 @@ fn is_dir(table: &Table, idx: u32) -> bool {
 /// An fd-based change (`fchmod`, `fchown`, `futimens`, `fsetxattr`, …) of what `fd` is open on;
 /// `perms`: a permission change (a directory's subtree then passes through too).
 pub fn fd_changed(fd: c_int, perms: bool) {
-    let Some(g) = detour::enter_to_invalidate() else {
+    let Some(g) = detour::enter_any_creds() else {
         return;
     };
     let _keep = KeepErrno::new();

@@ -74,7 +74,12 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
 
 /// A catalogued file opened on the source: counted, and the agent asked to place it.
 fn source_opened(g: &Guard, idx: u32) {
-    if state::state_of(g.table.state(idx)) == state::UNPLACED {
+    // PLACED here means its copy was just found unusable (DAMAGED is on the ring before this):
+    // the agent withdraws it first, then places the file again.
+    if matches!(
+        state::state_of(g.table.state(idx)),
+        state::UNPLACED | state::PLACED
+    ) {
         // OPEN_UNPLACED tells a known-order agent where the program is as well.
         g.table
             .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
@@ -154,7 +159,7 @@ fn write_open(fd: c_int) {
     let _keep = KeepErrno::new();
     fdtable::take(fd);
     crate::copies::forget(fd);
-    let Some(g) = detour::enter_to_invalidate() else {
+    let Some(g) = detour::enter_any_creds() else {
         return;
     };
     if let Some(entry) = mutate::opened_for_writing(&g, fd) {

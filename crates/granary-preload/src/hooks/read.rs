@@ -1,12 +1,13 @@
 //! The read family, `mmap`, `lseek`, and the calls that read an fd inside the kernel or libc
-//! (`copy_file_range`, `sendfile`, `fread`): untracked fds pay one atomic load and pass through;
-//! tier fds are counted; tracked source fds go through `place` (served from a partial copy or
-//! chunk file, switched to a complete copy); a tier fd whose file the program changed in place
-//! reads the source. Everything is counted by where the bytes came from.
+//! (`copy_file_range`, `sendfile`, `splice`, `fread`): untracked fds pay one atomic load and pass
+//! through; tier fds are counted; tracked source fds go through `place` (served from a partial
+//! copy or chunk file, switched to a complete copy); a tier fd whose file the program changed in
+//! place reads the source. Everything is counted by where the bytes came from.
 //!
-//! Reads at the fd's offset hold the fd's `BUSY` lock (`fdtable::lock`), so a switch or a served
-//! read never interleaves with another thread's read of the same fd, as the kernel's position
-//! lock keeps real reads apart; positioned reads need no lock.
+//! Reads at the fd's offset hold the fd's `BUSY` lock (`fdtable::lock`), so a switch never
+//! interleaves with another thread's read of the same fd; served reads claim their range on the
+//! fd's offset atomically (`switch::serve`), so every other sharer of it stays in step;
+//! positioned reads need no lock.
 
 use core::ffi::{c_int, c_void};
 
@@ -15,7 +16,7 @@ use granary_shm::{job, state};
 use crate::detour::{self, real, sys, Guard};
 use crate::fdtable::{self, Kind, Tracked};
 use crate::place::{self, Read};
-use crate::switch::{self, Fill, Serve};
+use crate::switch::{self, Fill, Serve, Served};
 use crate::usermem;
 
 type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, usize) -> isize;
@@ -56,7 +57,8 @@ impl Fill for Iov<'_> {
             }
             let r = pread_all(file, v.iov_base.cast(), n, off + done);
             if r < 0 {
-                return -1;
+                // As the kernel: bytes already delivered are the answer, the error is lost.
+                return if done > 0 { done as isize } else { -1 };
             }
             done += r as u64;
             if (r as u64) < n {
@@ -67,7 +69,9 @@ impl Fill for Iov<'_> {
     }
 }
 
-/// pread until `want` bytes or EOF (a regular file returns short only at EOF or on a signal).
+/// pread until `want` bytes or EOF (a regular file returns short only at EOF, on a signal, or at
+/// a buffer that stops being writable). An error after some bytes returns those bytes, as the
+/// kernel's read does.
 fn pread_all(file: c_int, buf: *mut u8, want: u64, off: u64) -> isize {
     let mut done = 0u64;
     while done < want {
@@ -82,7 +86,7 @@ fn pread_all(file: c_int, buf: *mut u8, want: u64, off: u64) -> isize {
             if detour::errno() == libc::EINTR {
                 continue;
             }
-            return -1;
+            return if done > 0 { done as isize } else { -1 };
         }
         if r == 0 {
             break;
@@ -144,7 +148,7 @@ fn read_family(
         // The common case, a positioned read of a copy: count it, note its range.
         return real_read(fd, t.kind, off, real);
     }
-    let Some(g) = detour::enter() else {
+    let Some(g) = detour::enter_any_creds() else {
         return count(t.kind, real());
     };
     let locked = off.is_none() && fdtable::lock(fd);
@@ -157,6 +161,10 @@ fn read_family(
     };
     let n = match out {
         Read::Served(n) => n,
+        Read::Failed(e) => {
+            detour::set_errno(e);
+            -1
+        }
         Read::Real(kind) => real_read(fd, kind, off, real),
     };
     if locked {
@@ -189,30 +197,19 @@ fn stale_read(g: &Guard, fd: c_int, t: Tracked, off: Option<i64>, len: u64, f: &
     let Some(file) = switch::open_source(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC) else {
         return Read::Real(t.kind);
     };
-    let pos = match off {
-        Some(o) => o,
-        None => sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR) as i64,
-    };
-    let Ok(pos) = u64::try_from(pos) else {
-        detour::raw_close(file);
-        return Read::Real(t.kind);
-    };
     let how = Serve {
-        file_off: pos,
-        move_offset: off.is_none(),
-        short_ok: true,
+        base: 0,
+        // The source as it is now decides where the file ends.
+        size: u64::MAX,
         transient: false,
+        covered: &|_, _| true,
+        // The fd is on the copy: after its offset moved, only the source may answer.
+        fallback: None,
     };
-    match switch::serve(
-        fd,
-        file,
-        pos,
-        pos.saturating_add(len.min(0x7fff_f000)),
-        &how,
-        f,
-    ) {
-        Some(n) => Read::Served(count(Kind::Source, n)),
-        None => Read::Real(t.kind),
+    match switch::serve(fd, file, off, len, &how, f) {
+        Served::Bytes(n, _) => Read::Served(count(Kind::Source, n)),
+        Served::Failed(e) => Read::Failed(e),
+        Served::No => Read::Real(t.kind),
     }
 }
 
@@ -375,7 +372,7 @@ fn map(
     let Some(t) = fdtable::get(fd) else {
         return real(fd);
     };
-    let Some(g) = detour::enter() else {
+    let Some(g) = detour::enter_any_creds() else {
         return real(fd);
     };
     match t.kind {
@@ -494,7 +491,7 @@ fn seek(fd: c_int) {
     let Some(t) = fdtable::get(fd).filter(|t| t.kind == Kind::Source) else {
         return;
     };
-    let Some(g) = detour::enter() else {
+    let Some(g) = detour::enter_any_creds() else {
         return;
     };
     if switch::exclusive(&t) && fdtable::lock(fd) {
@@ -521,9 +518,74 @@ lseek_hook!(lseek64, LSEEK64);
 type CopyFileRangeFn =
     unsafe extern "C" fn(c_int, *mut i64, c_int, *mut i64, usize, libc::c_uint) -> isize;
 type SendfileFn = unsafe extern "C" fn(c_int, c_int, *mut libc::off_t, usize) -> isize;
+type SpliceFn =
+    unsafe extern "C" fn(c_int, *mut i64, c_int, *mut i64, usize, libc::c_uint) -> isize;
 type FreadFn = unsafe extern "C" fn(*mut c_void, usize, usize, *mut libc::FILE) -> usize;
 
-/// The kernel reads `fd_in` itself: counted like a read of it.
+/// The calls in which the kernel reads `fd_in` itself (`copy_file_range`, `sendfile`, `splice`):
+/// counted like a read of it. A copy whose file the program changed since must not be read: the
+/// fd moves to the source when nobody shares it; otherwise the call reads the source, opened
+/// for it, at `*off` or — with no `off` — at the fd's offset, claimed first as `switch::serve`
+/// claims it, and what was not read given back. `call(fd, off)` makes the real call.
+fn kernel_reads(
+    fd_in: c_int,
+    off: *mut i64,
+    len: usize,
+    call: impl Fn(c_int, *mut i64) -> isize,
+) -> isize {
+    let Some(t) = fdtable::get(fd_in) else {
+        return call(fd_in, off);
+    };
+    if !stale(&t) {
+        return count(t.kind, call(fd_in, off));
+    }
+    let Some(g) = detour::enter_any_creds() else {
+        return count(t.kind, call(fd_in, off));
+    };
+    let Some(e) = g.table.entry(t.entry) else {
+        return count(t.kind, call(fd_in, off));
+    };
+    let src = {
+        let _keep = detour::KeepErrno::new();
+        let moved = fdtable::lock(fd_in) && {
+            let now = fdtable::get(fd_in).unwrap_or(t);
+            let m = now.kind == Kind::Source || switch::to_source(&g, fd_in, now, &e);
+            fdtable::unlock(fd_in);
+            m
+        };
+        if moved {
+            None
+        } else {
+            switch::open_source(&g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)
+        }
+    };
+    let Some(src) = src else {
+        // On the source now (or the source cannot be opened: the real call, as it would be).
+        return count(Kind::Source, call(fd_in, off));
+    };
+    let n = if off.is_null() {
+        let want = len.min(0x7fff_f000) as i64;
+        let moved = sys!(libc::SYS_lseek, fd_in, want, libc::SEEK_CUR);
+        if moved < 0 {
+            -1
+        } else {
+            let mut pos = moved - want;
+            let n = call(src, &mut pos);
+            let _keep = detour::KeepErrno::new();
+            let back = want - n.max(0) as i64;
+            if back > 0 {
+                sys!(libc::SYS_lseek, fd_in, -back, libc::SEEK_CUR);
+            }
+            n
+        }
+    } else {
+        call(src, off)
+    };
+    let _keep = detour::KeepErrno::new();
+    detour::raw_close(src);
+    count(Kind::Source, n)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn copy_file_range(
     fd_in: c_int,
@@ -533,12 +595,10 @@ pub unsafe extern "C" fn copy_file_range(
     len: usize,
     flags: libc::c_uint,
 ) -> isize {
-    let n = real!(COPY_FILE_RANGE as CopyFileRangeFn, c"copy_file_range",
-        (fd_in, off_in, fd_out, off_out, len, flags) or -1);
-    if let Some(t) = fdtable::get(fd_in) {
-        count(t.kind, n);
-    }
-    n
+    kernel_reads(fd_in, off_in, len, |fd, off| {
+        real!(COPY_FILE_RANGE as CopyFileRangeFn, c"copy_file_range",
+            (fd, off, fd_out, off_out, len, flags) or -1)
+    })
 }
 
 macro_rules! sendfile_hook {
@@ -550,16 +610,31 @@ macro_rules! sendfile_hook {
             off: *mut libc::off_t,
             len: usize,
         ) -> isize {
-            let n = real!($slot as SendfileFn, $cname, (out, fd_in, off, len) or -1);
-            if let Some(t) = fdtable::get(fd_in) {
-                count(t.kind, n);
-            }
-            n
+            kernel_reads(fd_in, off, len, |fd, off| {
+                real!($slot as SendfileFn, $cname, (out, fd, off, len) or -1)
+            })
         }
     };
 }
 sendfile_hook!(sendfile, SENDFILE, c"sendfile");
 sendfile_hook!(sendfile64, SENDFILE64, c"sendfile64");
+
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut i64,
+    fd_out: c_int,
+    off_out: *mut i64,
+    len: usize,
+    flags: libc::c_uint,
+) -> isize {
+    kernel_reads(
+        fd_in,
+        off_in,
+        len,
+        |fd, off| real!(SPLICE as SpliceFn, c"splice", (fd, off, fd_out, off_out, len, flags) or -1),
+    )
+}
 
 fn stream_fd(fp: *mut libc::FILE) -> c_int {
     if fp.is_null() {

@@ -132,8 +132,12 @@ impl SourceState {
         let origin = if let Some(ctx) = self.ctx().filter(|c| self.reusable(&c.table, &spec)) {
             tracing::info!("{}: re-attach with the kept catalog", self.source.display());
             self.set_policy(inner, &ctx, opts)?;
+            let (files, bytes) = granary_core::placement::copies_now(&ctx);
             inner.catalog.walk_s = 0.0;
-            inner.catalog.carried = 0;
+            inner.catalog.carried = ctx.table.entry_count() as u64;
+            inner.catalog.reused_files = files;
+            inner.catalog.reused_bytes = bytes;
+            inner.catalog.reuse_rejected = 0;
             Origin::Kept
         } else {
             let saved = self.catalog_file(&tiers);
@@ -153,8 +157,8 @@ impl SourceState {
                     tier_dir_ids: &spec.tier_dir_ids,
                 };
                 match catalog::load(&saved, &table_path, &expect) {
-                    Ok((m, t)) if self.reusable(&t, &spec) => {
-                        published = Some((m, t));
+                    Ok(l) if self.reusable(&l.table, &spec) => {
+                        published = Some(l);
                         origin = Origin::Loaded;
                     }
                     Ok(_) => {
@@ -173,9 +177,10 @@ impl SourceState {
                 }
             }
             let (mapping, table, stats) = match published {
-                Some((m, t)) => {
-                    let stats = catalog_stats(&t);
-                    (m, t, stats)
+                Some(l) => {
+                    let mut stats = catalog_stats(&l.table);
+                    stats.reuse_rejected = l.rejected;
+                    (l.mapping, l.table, stats)
                 }
                 None => self.walk_into(&tiers, &spec, &table_path, last_saved, progress, opts)?,
             };

@@ -1,0 +1,128 @@
+"""The program's fds stay what the kernel says they are: offsets shared by every sharer of an open
+file description, fds inherited across exec describing the source, bad pointers answered with
+EFAULT, locks and attribute changes reaching the source, every way an fd goes away forgetting it
+(docs/reliability.md).
+"""
+import json
+import random
+
+import pytest
+
+from conftest import Granary, tier_files
+from probes import (direct, fsprobe, make_tree, output, position_encoded, prime, run_job,
+                    same_run, twin)
+
+
+def rand(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+# ---- 3. shared offsets: readers of one open file description across the copy completing ----
+
+@pytest.mark.parametrize("how", ["dup", "fork", "threads", "threads on dups", "processes"])
+def test_shared_offset_neither_duplicates_nor_skips(granary, tmp_path, tier, how):
+    """The file is opened on the source (not placed yet: the agent fetches it whole from the
+    first open), read by every sharer while the copy completes. The pieces the readers got must
+    tile the file exactly once."""
+    size = 8 << 20 if how in ("dup", "fork") else 24 << 20
+    src = make_tree(tmp_path / "src", {"big.bin": position_encoded(size)})
+    cmd = fsprobe("offsets", src, "big.bin", tier, how)
+    got, stats = run_job(granary, src, cmd, tier)
+    out = json.loads(output(got))
+    assert out["tiling"] == {"total": size, "size": size, "duplicated": [], "gaps": [],
+                             "end": size}, out
+    if how in ("dup", "fork"):
+        assert out["copied midway"], "the copy must complete while the file is being read"
+
+
+def test_threads_on_one_fd_of_a_placed_file(granary, tmp_path, tier):
+    """Two threads reading one fd of a file whose copy is complete but that was opened on the
+    source just before (the switch happens under their reads)."""
+    size = 4 << 20
+    files = {f"f{i}.bin": position_encoded(size) for i in range(4)}
+    src = make_tree(tmp_path / "src", files)
+    for name in files:
+        cmd = fsprobe("offsets", src, name, tier, "threads")
+        got, _ = run_job(granary, src, cmd, tier)
+        out = json.loads(output(got))
+        assert out["tiling"]["duplicated"] == [] and out["tiling"]["gaps"] == [], out
+        assert out["tiling"]["total"] == size, out
+
+
+# ---- 5. readv/preadv with bad pointers ----
+
+def test_bad_iovec_gets_efault_not_sigsegv(granary, tmp_path, tier):
+    src = make_tree(tmp_path / "src", {"placed.bin": rand(100_000, 1),
+                                       "fetched.bin": rand(6 << 20, 2)})
+    run_job(granary, src, ["cat", src / "placed.bin"], tier)
+    granary.settle(src)
+    # fetched.bin is opened on the source, and read while the agent fetches it.
+    cmd = fsprobe("bad_iovec", src, "placed.bin", "fetched.bin")
+    got, stats = run_job(granary, src, cmd, tier)
+    want = direct(cmd)
+    assert (got.returncode, got.stdout) == (want.returncode, want.stdout), got.stderr[-2000:]
+    assert tier_files(stats) >= 1, stats
+
+
+# ---- 8. exec with inherited fds ----
+
+def test_inherited_fds_describe_the_source(granary, tmp_path, tier):
+    src = make_tree(tmp_path / "src", {"d/a.bin": rand(30_000, 1), "d/b.bin": rand(10, 2),
+                                       "d/sub/c.bin": rand(5, 3)})
+    prime(granary, src, tier)
+    cmd = fsprobe("inherit", src, "d/a.bin", "d")
+    got, want, stats = same_run(granary, src, tier, cmd, cmd)
+    assert tier_files(stats) >= 1, stats
+    assert json.loads(got) == json.loads(want)
+
+
+# ---- small items: fd calls on a copy act on the source; F_GETFL; the close family ----
+
+def test_locks_and_attributes_reach_the_source(granary, tmp_path, tier):
+    data = rand(20_000, 5)
+    src = make_tree(tmp_path / "a" / "src", {"locked.bin": data})
+    other = twin(src, tmp_path / "b")
+    prime(granary, src, tier)
+    got, want, stats = same_run(granary, src, tier, fsprobe("fd_calls", src, "locked.bin"),
+                                fsprobe("fd_calls", other, "locked.bin"))
+    assert tier_files(stats) >= 1, stats
+    got, want = json.loads(got), json.loads(want)
+    assert got == want
+    assert oct((src / "locked.bin").stat().st_mode & 0o777) == "0o640"
+
+
+WAYS = ["close", "fclose", "close_range", "dup2 over it", "dup3 over it", "freopen"]
+
+
+def test_every_way_an_fd_goes_away(tmp_path):
+    """With every copy transient (`--page-cache 0`: whoever finishes reading a copy drops its
+    pages), each way an fd goes away drops what the program read and forgets the fd; a vfork
+    child closing an inherited fd leaves its parent's pages and fd alone."""
+    (tmp_path / "own-agent").mkdir()
+    g = Granary(tmp_path / "own-agent")  # started with its own page-cache budget
+    tier = tmp_path / "tier"
+    names = [f"f{i}.bin" for i in range(len(WAYS) + 1)]
+    src = make_tree(tmp_path / "src", {n: rand(100_000 + 4096 * i, i) for i, n in
+                                       enumerate(names)})
+    try:
+        started, _ = run_job(g, src, ["true"], tier, extra=("--page-cache", "0"))
+        assert started.returncode == 0, started.stderr
+        prime(g, src, tier)
+        got, stats = run_job(g, src, fsprobe("releases", src, tier, *names), tier)
+        out = json.loads(output(got))
+    finally:
+        g.stop()
+    assert out.pop("every file has one copy")
+    assert out.pop("vfork children closed it") == {"parent's pages kept": True,
+                                                   "fstat is the source's": True}
+    assert out.pop("close after vfork") == {"pages left": 0}
+    assert out == {
+        "close": {"pages left": 0},
+        "fclose": {"pages left": 0, "number reused": "fifo"},
+        "close_range": {"pages left": 0, "number reused": "fifo"},
+        "dup2 over it": {"pages left": 0, "now": "fifo"},
+        "dup3 over it": {"pages left": 0, "now": "fifo"},
+        "freopen": {"pages left": 0, "same number": True, "now": True},
+    }
+    assert tier_files(stats) == len(names), stats
+    assert stats["transient_drops"] == len(names), stats
