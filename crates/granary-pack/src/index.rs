@@ -182,7 +182,7 @@ impl<B: AsRef<[u8]>> Index<B> {
         if !root.stat.is_dir() || root.parent != 0 || root.name_len != 0 {
             return Err(self.bad("entry 0 is not the root directory"));
         }
-        let mut listed: u64 = 0;
+        // Each entry on its own first, so an error names what is wrong with it…
         for i in 0..n {
             let e = self
                 .entry(i)
@@ -199,19 +199,7 @@ impl<B: AsRef<[u8]>> Index<B> {
                     return Err(at(p));
                 }
             }
-            if e.stat.is_dir() {
-                if e.child_count > 0 {
-                    let end = e.first_child.checked_add(e.child_count);
-                    if e.first_child <= i || end.is_none_or(|end| end > n) {
-                        return Err(at("children out of range or before their directory"));
-                    }
-                    listed += e.child_count as u64;
-                    if listed > n as u64 - 1 {
-                        return Err(at("entries listed by more than one directory"));
-                    }
-                    self.check_listing(i, &e)?;
-                }
-            } else if e.child_count != 0 {
+            if !e.stat.is_dir() && e.child_count != 0 {
                 return Err(at("children on a non-directory"));
             }
             if e.stat.is_file() {
@@ -226,6 +214,28 @@ impl<B: AsRef<[u8]>> Index<B> {
                 if t.is_empty() || t.contains(&0) {
                     return Err(at("empty symlink target or NUL in it"));
                 }
+            }
+        }
+        // …then the tree: every entry but the root listed exactly once, after its directory.
+        let mut listed: u64 = 0;
+        for i in 0..n {
+            let e = self
+                .entry(i)
+                .ok_or_else(|| self.bad("entry out of range"))?;
+            if e.stat.is_dir() && e.child_count > 0 {
+                let end = e.first_child.checked_add(e.child_count);
+                if e.first_child <= i || end.is_none_or(|end| end > n) {
+                    return Err(self.bad(format!(
+                        "entry {i}: children out of range or before their directory"
+                    )));
+                }
+                listed += e.child_count as u64;
+                if listed > n as u64 - 1 {
+                    return Err(self.bad(format!(
+                        "entry {i}: entries listed by more than one directory"
+                    )));
+                }
+                self.check_listing(i, &e)?;
             }
         }
         if listed != n as u64 - 1 {
