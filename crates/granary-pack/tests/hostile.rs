@@ -9,6 +9,9 @@ use granary_pack::format::header::{reseal_index, IndexHeader};
 use granary_pack::{Compression, Index, Pack, PackError};
 use std::path::Path;
 
+type EntryEdit = Box<dyn FnOnce(&mut EntryRec)>;
+type HeaderEdit = Box<dyn Fn(&mut IndexHeader)>;
+
 fn index_bytes(p: &common::Packed) -> Vec<u8> {
     std::fs::read(p.pack().join("index")).unwrap()
 }
@@ -65,7 +68,7 @@ fn forged_structures_are_refused() {
 
     // The forged index parses only if the structure holds: reseal alone changes nothing.
     assert!(forge(&b, 0, |_| {}).is_ok());
-    let cases: Vec<(&str, &str, u32, Box<dyn FnOnce(&mut EntryRec)>)> = vec![
+    let cases: Vec<(&str, &str, u32, EntryEdit)> = vec![
         (
             "children past the end",
             "children out of range",
@@ -237,7 +240,7 @@ fn forged_structures_are_refused() {
 fn forged_headers_are_refused() {
     let p = packed(Compression::None, 1);
     let b = index_bytes(&p);
-    let edits: Vec<(&str, Box<dyn Fn(&mut IndexHeader)>)> = vec![
+    let edits: Vec<(&str, HeaderEdit)> = vec![
         (
             "huge entry count",
             Box::new(|h| h.entry_count = u64::MAX / 2),
