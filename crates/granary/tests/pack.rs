@@ -36,6 +36,12 @@ fn ok(args: &[&OsStr]) -> Output {
     out
 }
 
+/// `out` (a command's stdout or stderr) contains `needle`; shows it when not.
+fn assert_has(out: &[u8], needle: &str) {
+    let text = String::from_utf8_lossy(out);
+    assert!(text.contains(needle), "{needle:?} not in: {text}");
+}
+
 fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
@@ -166,11 +172,7 @@ fn odd_trees_round_trip_through_every_codec() {
         for link in ["pointing out", "plain/escapes"] {
             let r = granary(&[os("pack"), os("cat"), out.as_os_str(), os(link)]);
             assert!(!r.status.success() && r.stdout.is_empty());
-            assert!(
-                String::from_utf8_lossy(&r.stderr).contains("outside the pack"),
-                "{}",
-                String::from_utf8_lossy(&r.stderr)
-            );
+            assert_has(&r.stderr, "outside the pack");
         }
         let v = ok(&[
             os("pack"),
@@ -361,18 +363,10 @@ fn damage_gives_clear_errors_never_wrong_bytes() {
     std::fs::write(&part, &m).unwrap();
     let r = granary(&[os("pack"), os("cat"), out.as_os_str(), os("plain/text.txt")]);
     assert!(!r.status.success() && r.stdout.is_empty());
-    assert!(
-        String::from_utf8_lossy(&r.stderr).contains("checksum mismatch"),
-        "{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
+    assert_has(&r.stderr, "checksum mismatch");
     let v = granary(&[os("pack"), os("verify"), out.as_os_str()]);
     assert_eq!(v.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&v.stdout).contains("plain/text.txt"),
-        "{}",
-        String::from_utf8_lossy(&v.stdout)
-    );
+    assert_has(&v.stdout, "plain/text.txt");
     // Other files still read exactly.
     let a = ok(&[
         os("pack"),
@@ -387,11 +381,7 @@ fn damage_gives_clear_errors_never_wrong_bytes() {
     std::fs::write(&part, &orig[..orig.len() / 2]).unwrap();
     let v = granary(&[os("pack"), os("verify"), out.as_os_str()]);
     assert_eq!(v.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&v.stdout).contains("truncated"),
-        "{}",
-        String::from_utf8_lossy(&v.stdout)
-    );
+    assert_has(&v.stdout, "truncated");
     let r = granary(&[os("pack"), os("cat"), out.as_os_str(), os("plain/text.txt")]);
     assert!(!r.status.success() && r.stdout.is_empty());
     std::fs::write(&part, &orig).unwrap();
@@ -408,11 +398,7 @@ fn damage_gives_clear_errors_never_wrong_bytes() {
                 !r.status.success(),
                 "{tool} accepted an index damaged at {at}"
             );
-            assert!(
-                String::from_utf8_lossy(&r.stderr).contains("corrupt pack"),
-                "{}",
-                String::from_utf8_lossy(&r.stderr)
-            );
+            assert_has(&r.stderr, "corrupt pack");
         }
     }
     std::fs::write(out.join("index"), &index).unwrap();

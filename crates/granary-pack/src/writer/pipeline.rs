@@ -29,7 +29,7 @@ use crate::writer::{Options, Progress};
 /// Frames per job of a large file.
 const FRAMES_PER_JOB: u64 = 16;
 /// Bytes read but not yet written, at most (a single larger job may exceed it alone).
-const BUDGET: u64 = 256 << 20;
+const BUDGET: u64 = 128 << 20;
 const WRITE_BUFFER: usize = 8 << 20;
 
 /// Where an item's stored bytes ended up.
