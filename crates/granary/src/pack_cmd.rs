@@ -264,6 +264,13 @@ fn create(c: CreateArgs) -> anyhow::Result<i32> {
         done.store(true, Ordering::Relaxed);
         r
     })?;
+    for l in &summary.leftovers {
+        eprintln!(
+            "granary pack: note: {} was left by an interrupted pack; remove it once no other pack to {} is running",
+            l.display(),
+            summary.out.display()
+        );
+    }
     if !c.quiet {
         let secs = summary.elapsed.as_secs_f64().max(1e-6);
         eprintln!(

@@ -320,8 +320,8 @@ fn sigkill_mid_pack_leaves_no_valid_looking_output() {
         let r = granary(&[os("pack"), os("ls"), target.as_os_str()]);
         assert!(!r.status.success());
     }
-    // The next pack is not disturbed by the leftover.
-    ok(&[
+    // The next pack is not disturbed by the leftover, and names it.
+    let next = ok(&[
         os("pack"),
         src.as_os_str(),
         out.as_os_str(),
@@ -329,6 +329,10 @@ fn sigkill_mid_pack_leaves_no_valid_looking_output() {
         os("lz4"),
         os("-q"),
     ]);
+    assert_has(
+        &next.stderr,
+        &format!("{} was left by an interrupted pack", tmp.display()),
+    );
     ok(&[
         os("pack"),
         os("verify"),

@@ -89,6 +89,9 @@ pub struct Summary {
     pub stored_bytes: u64,
     pub index_bytes: u64,
     pub elapsed: Duration,
+    /// Temporary directories left beside OUT by interrupted packs (safe to remove once no pack
+    /// to OUT runs).
+    pub leftovers: Vec<PathBuf>,
 }
 
 fn globs(patterns: &[String]) -> Result<GlobSet> {
@@ -189,6 +192,7 @@ pub fn pack(src: &Path, out: &Path, opts: &Options, progress: &Progress) -> Resu
         }
     }
     tmp.write_file(INDEX_FILE, &built.bytes, opts.sync)?;
+    let leftovers = tmp.leftovers.clone();
     let out = tmp.commit(opts.sync)?;
     Ok(Summary {
         out,
@@ -200,5 +204,6 @@ pub fn pack(src: &Path, out: &Path, opts: &Options, progress: &Progress) -> Resu
         stored_bytes: built.header.stored_bytes,
         index_bytes: built.bytes.len() as u64,
         elapsed: started.elapsed(),
+        leftovers,
     })
 }

@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use crate::error::{PackError, Result};
 
 pub struct Staging {
+    /// Temporary directories of earlier packs to the same OUT that never finished (killed):
+    /// reported, never removed (the pack may be running on another node of a shared FS).
+    pub leftovers: Vec<PathBuf>,
     tmp: PathBuf,
     out: PathBuf,
     force: bool,
@@ -43,9 +46,29 @@ impl Staging {
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(name);
         tmp_name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = parent.join(tmp_name);
+        let tmp = parent.join(&tmp_name);
+        let prefix = {
+            let mut p = std::ffi::OsString::from(".");
+            p.push(name);
+            p.push(".tmp-");
+            p
+        };
+        let mut leftovers: Vec<PathBuf> = std::fs::read_dir(&parent)
+            .map(|rd| {
+                rd.filter_map(|de| de.ok())
+                    .filter(|de| {
+                        de.file_name()
+                            .as_encoded_bytes()
+                            .starts_with(prefix.as_encoded_bytes())
+                    })
+                    .map(|de| de.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        leftovers.sort();
         std::fs::create_dir(&tmp).map_err(|e| PackError::io(&tmp, e))?;
         Ok(Staging {
+            leftovers,
             tmp,
             out: parent.join(name),
             force,
