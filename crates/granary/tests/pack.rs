@@ -230,6 +230,39 @@ fn odd_trees_round_trip_through_every_codec() {
     }
 }
 
+/// The index holds every statx field the catalog serves: each entry converts to exactly the
+/// record the catalog's own walk makes (atime aside: a pack records mtime there, since reading
+/// the tree to pack it moves atime).
+#[test]
+fn entries_carry_what_the_catalog_serves() {
+    let t = T::new();
+    let out = t.p("pack");
+    ok(&[os("pack"), t.src().as_os_str(), out.as_os_str(), os("-q")]);
+    let pack = Pack::open(&out).unwrap();
+    let ix = pack.index();
+    for i in 0..ix.len() {
+        let e = ix.entry(i).unwrap();
+        let rel = ix.path_of(i);
+        let path = if rel.is_empty() {
+            t.src()
+        } else {
+            t.src().join(rel_os(&rel))
+        };
+        if path.as_os_str().len() >= 4000 {
+            continue; // beyond PATH_MAX for the catalog's path-based statx
+        }
+        let mut want = granary_core::sys::statx_nofollow(&path).unwrap();
+        want.atime = want.mtime;
+        want.mask &= !libc::STATX_ATIME;
+        assert_eq!(
+            e.stat.to_stat_rec(),
+            want,
+            "{}",
+            String::from_utf8_lossy(&rel)
+        );
+    }
+}
+
 #[test]
 fn packing_twice_gives_identical_bytes() {
     let t = T::new();
