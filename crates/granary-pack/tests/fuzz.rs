@@ -187,3 +187,25 @@ proptest! {
         }
     }
 }
+
+/// A server maps the index instead of reading it: the mapped view answers exactly as the read one.
+#[test]
+fn mapped_index_answers_like_a_read_one() {
+    let p = fixture();
+    let mapped = granary_pack::map_index(&p.pack().join("index")).unwrap();
+    let read = Index::parse(index_bytes().clone(), Path::new("index")).unwrap();
+    assert_eq!(mapped.header(), read.header());
+    for i in 0..read.len() {
+        let path = read.path_of(i);
+        assert_eq!(mapped.path_of(i), path);
+        assert_eq!(mapped.lookup(&path).unwrap(), i);
+        assert_eq!(mapped.entry(i), read.entry(i));
+    }
+    // The conversion the catalog will use keeps every field.
+    let e = read.entry(read.lookup(b"a/noise").unwrap()).unwrap();
+    let rec = e.stat.to_stat_rec();
+    assert_eq!(
+        (rec.size, rec.ino, rec.mode),
+        (e.stat.size, e.stat.ino, e.stat.mode)
+    );
+}
