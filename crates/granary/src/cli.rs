@@ -77,6 +77,8 @@ pub enum Command {
     },
     /// Generate a small dataset and compare a shuffled multi-epoch reader with and without granary.
     Demo(DemoArgs),
+    /// Pack a dataset into a few large partitions and an index; verify, ls, cat, diff a pack.
+    Pack(crate::pack_cmd::PackArgs),
     #[command(name = "__demo-reader", hide = true)]
     DemoReader(DemoReaderArgs),
 }
@@ -166,5 +168,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Status { json } => crate::client::status(json),
         Command::Demo(a) => crate::demo::demo(a),
         Command::DemoReader(a) => crate::demo::reader(a),
+        Command::Pack(a) => crate::pack_cmd::main(a),
     }
 }

@@ -5,6 +5,7 @@ mod cli;
 mod client;
 mod demo;
 mod logging;
+mod pack_cmd;
 mod run;
 mod signals;
 
