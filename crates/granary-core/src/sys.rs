@@ -123,23 +123,6 @@ pub fn unlink_at(dir: &OwnedFd, name: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: (file type and mode, size).
-pub fn stat_at(dir: &OwnedFd, name: &[u8]) -> io::Result<(u32, u64)> {
-    let c = cstr(name)?;
-    // SAFETY: zeroed stat is a valid out-buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid dir fd, NUL-terminated name, writable out-buffer.
-    check(unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })?;
-    Ok((st.st_mode, st.st_size as u64))
-}
-
 /// What `copy_stat_at` reports of a file in a tier.
 #[derive(Debug, Clone, Copy)]
 pub struct CopyStat {

@@ -185,9 +185,7 @@ fn a_walk_takes_over_what_the_earlier_table_vouches_for() {
     let idx = |t: &Table, p: &str| t.lookup(p.as_bytes()).unwrap();
     // A placed copy on tier 0, a directory whose names changed, a file that changed.
     let placed = idx(&t1, "a/f1");
-    t1.set_state(placed, state::word(state::PLACED, 0));
-    t1.set_checksum(placed, 77);
-    t1.set_copy_identity(placed, 5, 6);
+    assert!(lifecycle::adopt_placed(&t1, placed, 0, 77, 5, 6));
     lifecycle::void_entry(&t1, idx(&t1, "b"), lifecycle::Void::Stale);
     lifecycle::void_entry(&t1, idx(&t1, "c/f2"), lifecycle::Void::Stale);
     std::fs::write(root.join("b/new"), b"new").unwrap();
@@ -339,11 +337,13 @@ fn saved_catalogs_round_trip_and_are_refused_elsewhere() {
     tree(&root);
     let (_m, table, _) = table_of(&root, t.path(), None);
     let placed = table.lookup(b"a/f1").unwrap();
-    table.set_state(placed, state::word(state::PLACED, 0));
-    table.set_checksum(placed, 9);
-    table.set_copy_identity(placed, 3, 4);
+    assert!(lifecycle::adopt_placed(&table, placed, 0, 9, 3, 4));
     let busy = table.lookup(b"a/f2").unwrap();
-    table.set_state(busy, state::word(state::PLACING, 0));
+    let cell = lifecycle::EntryCell {
+        table: &table,
+        idx: busy,
+    };
+    assert!(lifecycle::claim(&cell) && lifecycle::start(&table, busy));
     table.push_request(granary_shm::request::OPEN_UNPLACED, 1);
     table.count(1, granary_shm::job::OPENS, 5);
     let saved = t.path().join("catalog.table");

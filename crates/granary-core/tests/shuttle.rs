@@ -12,6 +12,7 @@ use granary_core::placement::states::{self, Finish};
 use granary_core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use granary_core::sync::{Arc, Mutex};
 use granary_core::tiers::{TierSpec, Tiers};
+use granary_shm::lifecycle::{self, Cell};
 use granary_shm::state;
 use shuttle::thread;
 
@@ -131,6 +132,23 @@ impl Dir {
 
 const SIZE: u64 = 1000;
 
+/// One entry's state word over Shuttle's atomics: the lifecycle's own transitions run on it.
+struct Word(AtomicU64);
+
+impl Cell for Word {
+    fn load(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+    fn cas(&self, from: u64, to: u64) -> bool {
+        self.0
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+    fn store(&self, word: u64) {
+        self.0.store(word, Ordering::Release)
+    }
+}
+
 /// One entry, several clients opening it (each OPEN_UNPLACED that wins the claim starts a worker,
 /// as the ring consumer hands it to the pool), one client seeing the source change (stores
 /// STALE, then the agent's INVALIDATE handler drops the copy), and an observer. Invariants: at
@@ -140,7 +158,7 @@ const SIZE: u64 = 1000;
 fn opens_and_invalidation_race() {
     shuttle::check_random(
         || {
-            let cell = Arc::new(AtomicU64::new(state::word(state::UNPLACED, 0)));
+            let cell = Arc::new(Word(AtomicU64::new(state::word(state::UNPLACED, 0))));
             let t = Arc::new(tiers(&[4096], 512));
             let dir = Arc::new(Dir::default());
             let copies = Arc::new(AtomicUsize::new(0));
@@ -150,12 +168,12 @@ fn opens_and_invalidation_race() {
             let worker = {
                 let (cell, t, dir, copies) = (cell.clone(), t.clone(), dir.clone(), copies.clone());
                 move || {
-                    if !states::begin(&*cell) {
+                    if !lifecycle::begin(&*cell, state::word(state::QUEUED, 0), 0) {
                         return;
                     }
                     assert_eq!(copies.fetch_add(1, Ordering::AcqRel), 0, "a second copy");
                     let Some(res) = t.reserve(0, SIZE) else {
-                        states::abandon(&*cell, state::SOURCE_ONLY);
+                        lifecycle::give_up(&*cell, state::SOURCE_ONLY);
                         return;
                     };
                     dir.create("tmp");
@@ -176,7 +194,7 @@ fn opens_and_invalidation_race() {
             for _ in 0..3 {
                 let (cell, worker) = (cell.clone(), worker.clone());
                 handles.push(thread::spawn(move || {
-                    if states::claim(&*cell) {
+                    if lifecycle::claim(&*cell) {
                         // The pool runs the job on another thread.
                         thread::spawn(worker).join().unwrap();
                     }
@@ -186,10 +204,10 @@ fn opens_and_invalidation_race() {
                 let (cell, t, dir) = (cell.clone(), t.clone(), dir.clone());
                 handles.push(thread::spawn(move || {
                     thread::yield_now();
-                    states::invalidate_by_client(&*cell);
+                    lifecycle::void(&*cell, lifecycle::Void::Stale);
                     // The agent's INVALIDATE handler, later, on the ring consumer.
                     thread::yield_now();
-                    states::invalidate_by_agent(&*cell);
+                    lifecycle::invalidate_placed(&*cell);
                     states::drop_object(&t, 0, SIZE, || dir.unlink("obj"));
                     check_usage(&t);
                 }));
@@ -199,7 +217,7 @@ fn opens_and_invalidation_race() {
                 let n = handles.len();
                 handles.push(thread::spawn(move || {
                     while done.load(Ordering::Acquire) < n {
-                        let s = state::state_of(states::StateCell::load(&*cell));
+                        let s = state::state_of(cell.load());
                         if s == state::STALE {
                             stale_seen.store(1, Ordering::Release);
                         }
@@ -219,10 +237,7 @@ fn opens_and_invalidation_race() {
 
             // The client's invalidation always happens, so the entry ends STALE, with no
             // object, no temporary file, and no bytes charged.
-            assert_eq!(
-                state::state_of(states::StateCell::load(&*cell)),
-                state::STALE
-            );
+            assert_eq!(state::state_of(cell.load()), state::STALE);
             assert!(!dir.exists("obj") && !dir.exists("tmp"));
             let u = &t.usage()[0];
             assert_eq!(

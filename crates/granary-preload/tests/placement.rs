@@ -124,11 +124,10 @@ fn reads_wait_on_the_partial_copy_and_fds_switch_to_the_complete_one() {
     let f = fixture();
     let data = pattern(SIZE, 42);
     let idx = f.idx(LARGE);
-    f.t().set_state(idx, state::word(state::PLACING, 0));
-    f.t().reset_progress(idx);
+    f.drive(idx, state::word(state::PLACING, 0));
     let half = SIZE / 2;
     f.agent_write(LARGE, &f.part(LARGE), &data[..half]);
-    f.t().set_progress(idx, half as u64);
+    granary_shm::lifecycle::progress(f.t(), idx, half as u64);
     let _heart = Heart::start(&f.table);
     let out = tempfile::tempdir().unwrap();
     let tier = f.tier.display().to_string();
@@ -160,7 +159,7 @@ fn reads_wait_on_the_partial_copy_and_fds_switch_to_the_complete_one() {
             std::thread::sleep(Duration::from_millis(15));
             let end = (off + MIB / 2).min(SIZE);
             part.write_all(&data[off..end]).unwrap();
-            f.t().set_progress(idx, end as u64);
+            granary_shm::lifecycle::progress(f.t(), idx, end as u64);
             off = end;
         }
     }
@@ -175,7 +174,7 @@ fn reads_wait_on_the_partial_copy_and_fds_switch_to_the_complete_one() {
     // Complete: renamed into place, then PLACED.
     fs::rename(f.part(LARGE), f.object(LARGE)).unwrap();
     f.record_identity(LARGE);
-    f.t().set_state(idx, state::word(state::PLACED, 0));
+    f.drive(idx, state::word(state::PLACED, 0));
     child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
@@ -290,9 +289,9 @@ fn a_silent_agent_sends_reads_beyond_progress_to_the_source() {
     let f = fixture();
     let data = pattern(SIZE, 42);
     let idx = f.idx(LARGE);
-    f.t().set_state(idx, state::word(state::PLACING, 0));
+    f.drive(idx, state::word(state::PLACING, 0));
     f.agent_write(LARGE, &f.part(LARGE), &data[..SIZE / 2]);
-    f.t().set_progress(idx, (SIZE / 2) as u64);
+    granary_shm::lifecycle::progress(f.t(), idx, (SIZE / 2) as u64);
     // Never beaten: the agent is gone.
     read_all(&f);
     let source = f.counter(job::SOURCE_BYTES);
@@ -308,9 +307,9 @@ fn a_silent_agent_sends_reads_beyond_progress_to_the_source() {
 fn a_placing_file_that_is_complete_is_read_from_the_partial_copy() {
     let f = fixture();
     let idx = f.idx(LARGE);
-    f.t().set_state(idx, state::word(state::PLACING, 0));
+    f.drive(idx, state::word(state::PLACING, 0));
     f.agent_write(LARGE, &f.part(LARGE), &pattern(SIZE, 42));
-    f.t().set_progress(idx, SIZE as u64);
+    granary_shm::lifecycle::progress(f.t(), idx, SIZE as u64);
     read_all(&f);
     assert_eq!(f.counter(job::SOURCE_BYTES), 0);
     // Every byte read, by every call of the family (pread, read, preadv, readv), came from it.
@@ -331,14 +330,14 @@ fn partial_files_read_present_chunks_from_the_chunk_file_and_ask_for_the_rest() 
     let mut file = vec![0u8; base + SIZE];
     for k in (0..SIZE / MIB).step_by(2) {
         file[base + k * MIB..base + (k + 1) * MIB].copy_from_slice(&data[k * MIB..(k + 1) * MIB]);
-        f.t().set_chunk(idx, k as u64, true);
+        granary_shm::lifecycle::chunk(f.t(), idx, k as u64, true);
     }
     // Absent chunks hold garbage: reading them from the chunk file would be caught.
     for k in (1..SIZE / MIB).step_by(2) {
         file[base + k * MIB..base + (k + 1) * MIB].fill(0xee);
     }
     f.agent_write(LARGE, &f.chunks(LARGE), &file);
-    f.t().set_state(idx, state::word(state::PARTIAL, 0));
+    f.drive(idx, state::word(state::PARTIAL, 0));
     read_all(&f);
     let source = f.counter(job::SOURCE_BYTES);
     let tier = f.counter(job::TIER_BYTES);
@@ -363,10 +362,10 @@ fn mapping_a_partial_file_maps_its_present_chunks_over_the_source() {
     let mut file = vec![0xeeu8; base + SIZE]; // absent chunks: garbage, mapping them is caught
     for k in (0..SIZE / MIB).step_by(2) {
         file[base + k * MIB..base + (k + 1) * MIB].copy_from_slice(&data[k * MIB..(k + 1) * MIB]);
-        f.t().set_chunk(idx, k as u64, true);
+        granary_shm::lifecycle::chunk(f.t(), idx, k as u64, true);
     }
     f.agent_write(LARGE, &f.chunks(LARGE), &file);
-    f.t().set_state(idx, state::word(state::PARTIAL, 0));
+    f.drive(idx, state::word(state::PARTIAL, 0));
     // A read-only shared mapping (LMDB's), one at an offset, and a private writable one.
     let script = r#"
 import hashlib, mmap, os, sys
@@ -402,8 +401,7 @@ print("chunk-file-mapped" if ".chunks" in maps else "source-only", file=sys.stde
 fn closing_a_small_unplaced_file_asks_for_a_copy_from_the_page_cache() {
     let f = fixture();
     let small = "train/cls1/img3.jpg";
-    f.t()
-        .set_state(f.idx("train/cls1/img4.jpg"), state::word(state::QUEUED, 0));
+    f.drive(f.idx("train/cls1/img4.jpg"), state::word(state::QUEUED, 0));
     let script = r#"
 import sys, os
 root = sys.argv[1]
@@ -432,7 +430,7 @@ for rel in ["train/cls1/img3.jpg", "a.txt", "large/a.bin", "train/cls1/img4.jpg"
 fn opens_with_report_flag(on: bool) -> Vec<(u8, String)> {
     let f = fixture();
     f.t().set_reports_opens(on);
-    f.t().set_state(
+    f.drive(
         f.idx("train/cls1/img4.jpg"),
         state::word(state::SOURCE_ONLY, 0),
     );

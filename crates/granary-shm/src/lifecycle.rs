@@ -65,6 +65,13 @@ pub fn claim(c: &impl Cell) -> bool {
     c.cas(w(state::UNPLACED), w(state::QUEUED))
 }
 
+/// The known-order policy queues a file ahead of the program: from UNPLACED, or from
+/// SOURCE_ONLY (once per epoch: there may be room now). `from` is the word it inspected.
+pub fn claim_ahead(c: &impl Cell, from: u64) -> bool {
+    matches!(state::state_of(from), state::UNPLACED | state::SOURCE_ONLY)
+        && c.cas(from, w(state::QUEUED))
+}
+
 /// A queued copy is dropped (its table retired, or the policy declined): it may be asked again.
 pub fn unclaim(c: &impl Cell) -> bool {
     c.cas(w(state::QUEUED), w(state::UNPLACED))
@@ -125,6 +132,98 @@ pub fn withdraw(c: &impl Cell, placed: u64) -> bool {
 pub fn invalidate_placed(c: &impl Cell) -> bool {
     let cur = c.load();
     state::state_of(cur) == state::PLACED && c.cas(cur, w(state::STALE))
+}
+
+/// A worker takes its queued copy: QUEUED → PLACING (no tier yet). Any progress left from an
+/// earlier attempt is cleared first, so it is never read against a new partial copy.
+pub fn start(table: &Table, idx: u32) -> bool {
+    table.reset_progress(idx);
+    begin(&EntryCell { table, idx }, w(state::QUEUED), 0)
+}
+
+/// The worker's partial copy (`<object>.part`, inode `part_ino`) is on `tier` and readable up to
+/// its progress: recorded before the state names the tier (clients check the part they open
+/// against it), then PLACING|tier. False if the entry moved meanwhile.
+pub fn announce_part(table: &Table, idx: u32, tier: u8, part_ino: u64) -> bool {
+    table.set_copy_identity(idx, part_ino, 0);
+    table.reset_progress(idx);
+    let cur = table.state(idx);
+    state::state_of(cur) == state::PLACING
+        && table.swap_state(idx, cur, state::word(state::PLACING, tier))
+}
+
+/// The inode of a file the agent is still writing (`.part`, `.chunks`): clients check what they
+/// open against it (no ctime: it changes with every write).
+pub fn record_part(table: &Table, idx: u32, ino: u64) {
+    table.set_copy_identity(idx, ino, 0);
+}
+
+/// Bytes of the partial copy written and readable (only ever grows).
+pub fn progress(table: &Table, idx: u32, bytes: u64) {
+    table.set_progress(idx, bytes);
+}
+
+/// A complete copy's identity and checksum, recorded before `complete` publishes it: clients
+/// check what they open against the identity from then on.
+pub fn record_copy(table: &Table, idx: u32, ino: u64, ctime_ns: u64, checksum: u64) {
+    table.set_checksum(idx, checksum);
+    table.set_copy_identity(idx, ino, ctime_ns);
+}
+
+/// A file too large for any tier's free space becomes a chunk file (inode `ino`) on `tier`:
+/// PLACING → PARTIAL|tier, the identity recorded first. False if the entry moved meanwhile.
+pub fn to_partial(table: &Table, idx: u32, placing: u64, tier: u8, ino: u64) -> bool {
+    table.set_copy_identity(idx, ino, 0);
+    cut_partial(&EntryCell { table, idx }, placing, tier)
+}
+
+/// Chunk `k` of a PARTIAL entry is complete in its chunk file (after its bytes are written), or
+/// not any more.
+pub fn chunk(table: &Table, idx: u32, k: u64, present: bool) {
+    table.set_chunk(idx, k, present);
+}
+
+/// Page-cache residency: whether the entry's copy is dropped from the page cache after use.
+/// Returns what it was.
+pub fn set_transient(table: &Table, idx: u32, transient: bool) -> bool {
+    table.set_transient(idx, transient)
+}
+
+/// A copy found complete by other means than this agent's placement (a test fixture, a tool):
+/// identity and checksum recorded, then UNPLACED → PLACED|tier. False if the entry was not
+/// unplaced.
+pub fn adopt_placed(
+    table: &Table,
+    idx: u32,
+    tier: u8,
+    checksum: u64,
+    ino: u64,
+    ctime_ns: u64,
+) -> bool {
+    record_copy(table, idx, ino, ctime_ns, checksum);
+    table.swap_state(idx, w(state::UNPLACED), state::word(state::PLACED, tier))
+}
+
+/// A table saved for the next agent (or loaded from one): what belonged to this run goes —
+/// validation and transient bits, progress, and copies in progress, which become unplaced
+/// (their temporary files are swept). Complete copies keep tier, checksum and identity.
+pub fn forget_run(t: &Table) {
+    t.clear_validated();
+    for i in 0..t.entry_count() {
+        t.set_transient(i, false);
+        t.reset_progress(i);
+        if matches!(state::state_of(t.state(i)), state::QUEUED | state::PLACING) {
+            t.set_state(i, w(state::UNPLACED));
+            t.set_copy_identity(i, 0, 0);
+        }
+    }
+}
+
+/// A PARTIAL entry's chunk file ctime, recorded when the table is saved (`ctime_ns`) and cleared
+/// when it is loaded (0: while in use its ctime moves with every chunk written).
+pub fn seal_partial(t: &Table, idx: u32, ctime_ns: u64) {
+    let (ino, _) = t.copy_identity(idx);
+    t.set_copy_identity(idx, ino, ctime_ns);
 }
 
 /// How a change through the program (or one found by validation) leaves an entry.

@@ -611,14 +611,14 @@ impl Table {
     }
 
     /// Agent side: publishes progress (never moves backwards).
-    pub fn set_progress(&self, idx: u32, bytes: u64) {
+    pub(crate) fn set_progress(&self, idx: u32, bytes: u64) {
         if let Some(c) = self.large_cell(idx, LARGE_PROGRESS) {
             c.fetch_max(bytes, Ordering::Release);
         }
     }
 
     /// Agent side: a new partial copy starts from zero.
-    pub fn reset_progress(&self, idx: u32) {
+    pub(crate) fn reset_progress(&self, idx: u32) {
         if let Some(c) = self.large_cell(idx, LARGE_PROGRESS) {
             c.store(0, Ordering::Release);
         }
@@ -636,7 +636,7 @@ impl Table {
 
     /// Agent side: records the copy's inode (before the state word names its tier) and ctime
     /// (before PLACED).
-    pub fn set_copy_identity(&self, idx: u32, ino: u64, ctime_ns: u64) {
+    pub(crate) fn set_copy_identity(&self, idx: u32, ino: u64, ctime_ns: u64) {
         if let (Some(i), Some(c)) = (
             self.state_block(idx, STATE_COPY_INO),
             self.state_block(idx, STATE_COPY_CTIME),
@@ -687,7 +687,7 @@ impl Table {
     }
 
     /// Agent side: marks a chunk complete (Release: after its bytes are written) or absent.
-    pub fn set_chunk(&self, idx: u32, chunk: u64, present: bool) {
+    pub(crate) fn set_chunk(&self, idx: u32, chunk: u64, present: bool) {
         if let Some((w, bit)) = self.chunk_word(idx, chunk) {
             if present {
                 w.fetch_or(bit, Ordering::Release);
@@ -719,14 +719,14 @@ impl Table {
     }
 
     /// Marks entry `idx` validated (`lifecycle` decides when).
-    pub fn set_validated(&self, idx: u32) {
+    pub(crate) fn set_validated(&self, idx: u32) {
         if let Some((w, bit)) = self.bit(self.valid_off, idx) {
             w.fetch_or(bit, Ordering::Release);
         }
     }
 
     /// Marks entries `first .. first + count` validated (a directory's children).
-    pub fn set_validated_range(&self, first: u32, count: u32) {
+    pub(crate) fn set_validated_range(&self, first: u32, count: u32) {
         let end = first.saturating_add(count).min(self.entry_count);
         let mut i = first;
         while i < end {
@@ -750,7 +750,7 @@ impl Table {
     }
 
     /// Agent side: a new attach starts — nothing is validated (`lifecycle::new_attach`).
-    pub fn clear_validated(&self) {
+    pub(crate) fn clear_validated(&self) {
         for k in 0..bitmap_words(self.entry_count as usize) {
             if let Some(w) = self.region.atomic_u64(self.valid_off + k * 8) {
                 w.store(0, Ordering::Release);
@@ -798,7 +798,7 @@ impl Table {
     }
 
     /// Agent side: marks the entry transient or resident; returns what it was.
-    pub fn set_transient(&self, idx: u32, transient: bool) -> bool {
+    pub(crate) fn set_transient(&self, idx: u32, transient: bool) -> bool {
         self.transient_word(idx).is_some_and(|(w, bit)| {
             let old = if transient {
                 w.fetch_or(bit, Ordering::Relaxed)
@@ -834,14 +834,14 @@ impl Table {
             .map_or(state::word(state::STALE, 0), |c| c.load(Ordering::Acquire))
     }
 
-    pub fn set_state(&self, idx: u32, word: u64) {
+    pub(crate) fn set_state(&self, idx: u32, word: u64) {
         if let Some(c) = self.state_cell(idx) {
             c.store(word, Ordering::Release);
         }
     }
 
     /// Compare-and-swap of a state word; false if it was not `from`.
-    pub fn swap_state(&self, idx: u32, from: u64, to: u64) -> bool {
+    pub(crate) fn swap_state(&self, idx: u32, from: u64, to: u64) -> bool {
         self.state_cell(idx).is_some_and(|c| {
             c.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
@@ -853,7 +853,7 @@ impl Table {
             .map_or(0, |c| c.load(Ordering::Acquire))
     }
 
-    pub fn set_checksum(&self, idx: u32, sum: u64) {
+    pub(crate) fn set_checksum(&self, idx: u32, sum: u64) {
         if let Some(c) = self.checksum_cell(idx) {
             c.store(sum, Ordering::Release);
         }

@@ -94,12 +94,10 @@ fn copy_region(table: &Table, f: &mut std::fs::File) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Clears a table's per-run words: what the next agent starts from. Copies in progress become
-/// unplaced (their temporary files are swept), and complete ones keep their tier, checksum and
-/// identity.
+/// Clears a table's per-run words: what the next agent starts from
+/// (`lifecycle::forget_run`).
 pub fn sanitize(t: &Table) {
-    let r = t.region();
-    if let Some(h) = r.atomic_u64(layout::H_HEARTBEAT) {
+    if let Some(h) = t.region().atomic_u64(layout::H_HEARTBEAT) {
         h.store(0, Ordering::Relaxed);
     }
     t.set_reports_opens(false);
@@ -113,16 +111,7 @@ pub fn sanitize(t: &Table) {
             }
         }
     }
-    t.clear_validated();
-    for i in 0..t.entry_count() {
-        t.set_transient(i, false);
-        t.reset_progress(i);
-        let w = t.state(i);
-        if matches!(state::state_of(w), state::QUEUED | state::PLACING) {
-            t.set_state(i, state::word(state::UNPLACED, 0));
-            t.set_copy_identity(i, 0, 0);
-        }
-    }
+    lifecycle::forget_run(t);
 }
 
 /// The identity of a PARTIAL entry's chunk file (inode, ctime ns), looked up by path.
@@ -154,7 +143,7 @@ fn seal_partials(t: &Table) {
         let w = t.state(i);
         let (ino, _) = t.copy_identity(i);
         match chunk_file_identity(t, i) {
-            Some((now_ino, ctime)) if now_ino == ino => t.set_copy_identity(i, ino, ctime),
+            Some((now_ino, ctime)) if now_ino == ino => lifecycle::seal_partial(t, i, ctime),
             _ => {
                 lifecycle::unplace_partial(t, i, w);
             }
@@ -173,7 +162,7 @@ fn unseal_partials(t: &Table) -> u64 {
         }
         let sealed = t.copy_identity(i);
         if chunk_file_identity(t, i) == Some(sealed) && sealed.1 != 0 {
-            t.set_copy_identity(i, sealed.0, 0);
+            lifecycle::seal_partial(t, i, 0);
         } else if lifecycle::unplace_partial(t, i, t.state(i)) {
             tracing::warn!(
                 "chunk file of {} was written while no agent ran: dropped, fetched again on demand",

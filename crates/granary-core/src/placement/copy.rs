@@ -11,7 +11,9 @@ use std::sync::atomic::Ordering;
 
 use granary_shm::{object_name, state, EntryRec};
 
-use super::states::{self, EntryState, Finish};
+use granary_shm::lifecycle::{self, EntryCell};
+
+use super::states::{self, Finish};
 use super::SourceCtx;
 use crate::stats::AgentCounters;
 use crate::sys;
@@ -79,23 +81,19 @@ pub(super) struct Written {
 /// a PFS). `Err` when there is nothing to do (the outcome says why; the state is final).
 pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Begun, PlaceOutcome> {
     let t = &ctx.table;
-    let queued = state::word(state::QUEUED, 0);
+    let cell = EntryCell { table: t, idx };
     if ctx.retired.load(Ordering::Acquire) {
-        t.swap_state(idx, queued, state::word(state::UNPLACED, 0));
+        lifecycle::unclaim(&cell);
         return Err(PlaceOutcome::Skipped);
     }
-    // A progress left from an earlier attempt must never be read against a new partial copy:
-    // reset before the entry says PLACING.
-    t.reset_progress(idx);
-    let placing = state::word(state::PLACING, 0);
-    if !states::begin(&EntryState { table: t, idx }) {
+    if !lifecycle::start(t, idx) {
         return Err(PlaceOutcome::Skipped);
     }
     let Some((entry, rel)) = t
         .entry(idx)
         .and_then(|e| t.rel_path_vec(idx).map(|r| (e, r)))
     else {
-        t.swap_state(idx, placing, state::word(state::SOURCE_ONLY, 0));
+        lifecycle::give_up(&cell, state::SOURCE_ONLY);
         return Err(PlaceOutcome::SourceOnly);
     };
     let path = ctx.source_real.join(std::ffi::OsStr::from_bytes(&rel));
@@ -154,11 +152,13 @@ pub(super) fn reserve_on<'a>(
 /// without a single call on the source.
 pub(super) fn no_room(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
     AgentCounters::add(&ctx.counters.no_room, 1);
-    let w = ctx.table.state(idx);
-    if state::state_of(w) == state::PLACING {
-        ctx.table
-            .swap_state(idx, w, state::word(state::SOURCE_ONLY, 0));
-    }
+    lifecycle::give_up(
+        &EntryCell {
+            table: &ctx.table,
+            idx,
+        },
+        state::SOURCE_ONLY,
+    );
     PlaceOutcome::SourceOnly
 }
 
@@ -170,20 +170,25 @@ pub(super) fn still_ours(ctx: &SourceCtx, idx: u32) -> bool {
 
 pub(super) fn stale(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
     AgentCounters::add(&ctx.counters.stale, 1);
-    let w = ctx.table.state(idx);
-    if state::state_of(w) == state::PLACING {
-        ctx.table.swap_state(idx, w, state::word(state::STALE, 0));
-    }
+    lifecycle::give_up(
+        &EntryCell {
+            table: &ctx.table,
+            idx,
+        },
+        state::STALE,
+    );
     PlaceOutcome::Stale
 }
 
 pub(super) fn source_only(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
     AgentCounters::add(&ctx.counters.failures, 1);
-    let w = ctx.table.state(idx);
-    if state::state_of(w) == state::PLACING {
-        ctx.table
-            .swap_state(idx, w, state::word(state::SOURCE_ONLY, 0));
-    }
+    lifecycle::give_up(
+        &EntryCell {
+            table: &ctx.table,
+            idx,
+        },
+        state::SOURCE_ONLY,
+    );
     PlaceOutcome::SourceOnly
 }
 
@@ -205,7 +210,7 @@ pub(super) fn place_on_tiers(
 ) -> PlaceOutcome {
     let size = cl.entry.stat.size;
     let resident = ctx.residency.admit(size);
-    ctx.table.set_transient(cl.idx, !resident);
+    lifecycle::set_transient(&ctx.table, cl.idx, !resident);
     let out = write_and_publish(ctx, cl, order, first, write);
     if resident && !matches!(out, PlaceOutcome::Placed { .. }) {
         ctx.residency.forget(size);
@@ -256,11 +261,9 @@ fn write_and_publish(
             let _ = sys::unlink_at(dir, &tmp);
             return stale(ctx, idx);
         }
-        // Read by clients only once the word says PLACED, which `finish` stores last.
-        t.set_checksum(idx, sum);
-        let cell = EntryState { table: t, idx };
+        let cell = EntryCell { table: t, idx };
         // Clients check what they open against the identity recorded here, after the rename
-        // (which changes the ctime) and before PLACED.
+        // (which changes the ctime) and before PLACED; the checksum is read once PLACED.
         let out = states::finish(
             &cell,
             tiers,
@@ -268,7 +271,7 @@ fn write_and_publish(
             || {
                 sys::rename_at(dir, &tmp, &name)?;
                 let (ino, ctime) = sys::copy_identity(&file)?;
-                t.set_copy_identity(idx, ino, ctime);
+                lifecycle::record_copy(t, idx, ino, ctime, sum);
                 Ok(())
             },
             || sys::unlink_at(dir, &name).is_ok(),

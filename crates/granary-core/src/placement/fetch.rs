@@ -12,7 +12,8 @@
 
 use std::os::fd::OwnedFd;
 
-use granary_shm::{part_name, state};
+use granary_shm::lifecycle;
+use granary_shm::part_name;
 
 use super::copy::{
     align_up, aligned, begin, claim, hash_zeros, place_on_tiers, reserve_on, still_ours,
@@ -83,12 +84,7 @@ fn copy_part(
         // Clients check the part they open against this inode; recorded before the state
         // names the tier, with no ctime yet (the part changes until it is complete).
         let (ino, _) = sys::copy_identity(&out).map_err(CopyError::Tier)?;
-        t.set_copy_identity(idx, ino, 0);
-        t.reset_progress(idx);
-        let prev = t.state(idx);
-        if state::state_of(prev) != state::PLACING
-            || !t.swap_state(idx, prev, state::word(state::PLACING, tier as u8))
-        {
+        if !lifecycle::announce_part(t, idx, tier as u8, ino) {
             return Err(CopyError::Lost);
         }
         let memory = sys::is_memory_fs(&out);
@@ -105,7 +101,7 @@ fn copy_part(
                 // A hole: zeros in the part already (its length is the file's).
                 hash_zeros(&mut hasher, start - off);
                 off = start;
-                t.set_progress(idx, off);
+                lifecycle::progress(t, idx, off);
             }
             while off < end {
                 let left = end - off;
@@ -131,7 +127,7 @@ fn copy_part(
                 hasher.update(&buf[..n]);
                 write_all_at(&out, &buf[..n], off).map_err(CopyError::Tier)?;
                 // Written bytes are visible to every process that opens the part: publish them.
-                t.set_progress(idx, off + n as u64);
+                lifecycle::progress(t, idx, off + n as u64);
                 if !memory {
                     // Start write-back of this block now, and wait for the previous one and drop
                     // its pages: dirty pages never pile up (Monarch's figure-19 stall), and the
@@ -150,7 +146,7 @@ fn copy_part(
         }
         if off < size {
             hash_zeros(&mut hasher, size - off);
-            t.set_progress(idx, size);
+            lifecycle::progress(t, idx, size);
         }
         // The file may have grown since the walk: a byte past `size` means it changed. Direct:
         // a block read at `size` (aligned here: the reads were whole blocks), which costs no

@@ -133,8 +133,7 @@ pub(super) fn no_room_for_whole(
             return source_only(ctx, idx);
         }
     };
-    // Clients open the chunk file only if it is this inode.
-    t.set_copy_identity(idx, cf.ino(), 0);
+    let ino = cf.ino();
     // The slot exists before the word says PARTIAL, so the first CHUNK request finds it.
     lock(&ctx.partials.map).insert(
         idx,
@@ -144,10 +143,9 @@ pub(super) fn no_room_for_whole(
             busy: vec![false; geo.count() as usize],
         })),
     );
+    // Clients open the chunk file only if it is this inode (recorded before PARTIAL).
     let placing = t.state(idx);
-    if state::state_of(placing) != state::PLACING
-        || !t.swap_state(idx, placing, state::word(state::PARTIAL, tier as u8))
-    {
+    if !granary_shm::lifecycle::to_partial(t, idx, placing, tier as u8, ino) {
         // A client invalidated it meanwhile; nothing was charged yet.
         lock(&ctx.partials.map).remove(&idx);
         let _ = sys::unlink_at(dir, &name);
@@ -330,7 +328,7 @@ fn fetch_runs(
                 // Commit and bit together, under the lock `drop_partial` takes.
                 let len = geo.range(k).1;
                 r.commit();
-                t.set_chunk(idx, k, true);
+                granary_shm::lifecycle::chunk(t, idx, k, true);
                 AgentCounters::add(&c.chunks_placed, 1);
                 AgentCounters::add(&c.chunk_bytes_placed, len);
                 AgentCounters::add(&c.tier_bytes[tier], len);
@@ -465,7 +463,7 @@ pub fn drop_partial(ctx: &SourceCtx, idx: u32) {
         }
     }
     for k in 0..ctx.table.chunk_count(idx) {
-        ctx.table.set_chunk(idx, k, false);
+        granary_shm::lifecycle::chunk(&ctx.table, idx, k, false);
     }
     drop(g);
     drop(map);
@@ -473,11 +471,13 @@ pub fn drop_partial(ctx: &SourceCtx, idx: u32) {
 
 /// DAMAGED or an unusable chunk file: moves `word` (PARTIAL) back to UNPLACED, then drops it.
 pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: u64) -> bool {
-    if state::state_of(word) == state::PARTIAL
-        && ctx
-            .table
-            .swap_state(idx, word, state::word(state::UNPLACED, 0))
-    {
+    if granary_shm::lifecycle::drop_partial(
+        &granary_shm::lifecycle::EntryCell {
+            table: &ctx.table,
+            idx,
+        },
+        word,
+    ) {
         drop_partial(ctx, idx);
         return true;
     }

@@ -163,9 +163,10 @@ impl Prefetcher {
         let t = &ctx.table;
         let w = t.state(idx);
         let Some(e) = t.entry(idx) else { return false };
-        if state::state_of(w) != state::PLACED
-            || !t.swap_state(idx, w, state::word(state::UNPLACED, 0))
-        {
+        if !granary_shm::lifecycle::withdraw(
+            &granary_shm::lifecycle::EntryCell { table: t, idx },
+            w,
+        ) {
             return false;
         }
         let tier = state::tier_of(w) as usize;
@@ -211,9 +212,10 @@ impl Prefetcher {
             if from == state::SOURCE_ONLY {
                 lock(&self.retried).insert(idx, epoch);
             }
-            if (from == state::UNPLACED || from == state::SOURCE_ONLY)
-                && t.swap_state(idx, w, state::word(state::QUEUED, 0))
-            {
+            if granary_shm::lifecycle::claim_ahead(
+                &granary_shm::lifecycle::EntryCell { table: t, idx },
+                w,
+            ) {
                 return Some(idx);
             }
         }

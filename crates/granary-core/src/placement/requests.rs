@@ -2,7 +2,9 @@ use std::sync::Arc;
 
 use granary_shm::{object_name, request, state};
 
-use super::states::{self, EntryState};
+use granary_shm::lifecycle::{self, EntryCell};
+
+use super::states;
 use super::{Job, Kind, Pool, SourceCtx};
 use crate::sys;
 
@@ -19,13 +21,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
     }
     match kind {
         request::OPEN_UNPLACED => {
-            if e.stat.is_file()
-                && t.swap_state(
-                    idx,
-                    state::word(state::UNPLACED, 0),
-                    state::word(state::QUEUED, 0),
-                )
-            {
+            if e.stat.is_file() && lifecycle::claim(&EntryCell { table: t, idx }) {
                 let job = |kind| Job {
                     ctx: ctx.clone(),
                     entry: idx,
@@ -47,11 +43,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
             if !pool.promote(ctx, idx)
                 && e.stat.is_file()
                 && !pool.params().is_large(e.stat.size)
-                && t.swap_state(
-                    idx,
-                    state::word(state::UNPLACED, 0),
-                    state::word(state::QUEUED, 0),
-                )
+                && lifecycle::claim(&EntryCell { table: t, idx })
             {
                 // Its OPEN_UNPLACED was lost (full ring): the close is enough to act on.
                 pool.submit(Job {
@@ -72,7 +64,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
             // The client already marked the entry STALE; withdraw a placed copy (one CAS, so a
             // state set in between is never overwritten) and drop any copy or chunk file so its
             // space comes back.
-            states::invalidate_by_agent(&EntryState { table: t, idx });
+            lifecycle::invalidate_placed(&EntryCell { table: t, idx });
             drop_all_copies(ctx, idx, &e);
         }
         request::DAMAGED => {
@@ -100,7 +92,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
                 return;
             }
             // Withdraw it first so no new client opens it, then delete and give the space back.
-            if states::withdraw(&EntryState { table: t, idx }, w) {
+            if lifecycle::withdraw(&EntryCell { table: t, idx }, w) {
                 tracing::debug!("damaged copy of entry {idx} on tier {tier}: removing");
                 // Wrong or gone (deleted behind our back): either way its space is still charged.
                 let _ = sys::unlink_at(dir, &name);

@@ -217,7 +217,8 @@ impl Fixture {
         };
         f.map();
         // As the agent's walk leaves it: every entry was read from the source just now.
-        f.t().set_validated_range(0, f.t().entry_count());
+        let everything: Vec<u64> = vec![u64::MAX; f.t().entry_count().div_ceil(64) as usize];
+        granary_shm::lifecycle::validated_by_walk(f.t(), &everything);
         f.place("a.txt");
         f.place(BIG);
         f.place("train/cls0/img1.jpg");
@@ -255,7 +256,46 @@ impl Fixture {
         fs::set_permissions(&obj, fs::Permissions::from_mode(0o600)).unwrap();
         let idx = self.t().lookup(rel.as_bytes()).unwrap();
         self.record_identity(rel);
-        self.t().set_state(idx, state::word(state::PLACED, 0));
+        self.drive(idx, state::word(state::PLACED, 0));
+    }
+
+    /// Moves entry `idx` to `target` the way the agent does, through the lifecycle's own
+    /// transitions (back to UNPLACED first when needed), keeping the copy identity recorded.
+    pub fn drive(&self, idx: u32, target: u64) {
+        use granary_shm::lifecycle as lc;
+        let t = self.t();
+        let cell = lc::EntryCell { table: t, idx };
+        let (ino, ctime) = t.copy_identity(idx);
+        let cur = t.state(idx);
+        let back = match state::state_of(cur) {
+            state::UNPLACED => true,
+            state::QUEUED => lc::unclaim(&cell),
+            state::PLACING => lc::give_up(&cell, state::UNPLACED),
+            state::PLACED => lc::withdraw(&cell, cur),
+            state::PARTIAL => lc::drop_partial(&cell, cur),
+            state::SOURCE_ONLY => lc::claim_ahead(&cell, cur) && lc::unclaim(&cell),
+            s => panic!("state {s} is terminal"),
+        };
+        assert!(back, "entry {idx} moved under the test");
+        let tier = state::tier_of(target);
+        let ok = match state::state_of(target) {
+            state::UNPLACED => true,
+            state::QUEUED => lc::claim(&cell),
+            state::PLACING => {
+                lc::claim(&cell) && lc::start(t, idx) && lc::announce_part(t, idx, tier, ino)
+            }
+            state::PLACED => lc::adopt_placed(t, idx, tier, 1, ino, ctime),
+            state::PARTIAL => {
+                lc::claim(&cell)
+                    && lc::start(t, idx)
+                    && lc::to_partial(t, idx, t.state(idx), tier, ino)
+            }
+            state::SOURCE_ONLY => {
+                lc::claim(&cell) && lc::start(t, idx) && lc::give_up(&cell, state::SOURCE_ONLY)
+            }
+            s => panic!("cannot drive to state {s}"),
+        };
+        assert!(ok, "entry {idx}: no transition to {target:#x}");
     }
 
     /// Records the identity of `rel`'s object file (after the test changed it on purpose, or as
@@ -263,7 +303,7 @@ impl Fixture {
     pub fn record_identity(&self, rel: &str) {
         let m = fs::symlink_metadata(self.object(rel)).unwrap();
         let ctime = m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64;
-        self.t().set_copy_identity(self.idx(rel), m.ino(), ctime);
+        granary_shm::lifecycle::record_copy(self.t(), self.idx(rel), m.ino(), ctime, 1);
     }
 
     /// Writes a file of the agent's (a `.part` or `.chunks` of `rel`) as the agent does: mode
@@ -285,7 +325,7 @@ impl Fixture {
     /// Records only the inode of a file the agent is still writing (`.part`, `.chunks`).
     pub fn record_ino(&self, rel: &str, file: &Path) {
         let m = fs::symlink_metadata(file).unwrap();
-        self.t().set_copy_identity(self.idx(rel), m.ino(), 0);
+        granary_shm::lifecycle::record_part(self.t(), self.idx(rel), m.ino());
     }
 
     pub fn idx(&self, rel: &str) -> u32 {

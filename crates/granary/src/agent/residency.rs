@@ -99,6 +99,6 @@ impl Copies for TableCopies<'_> {
     }
 
     fn set_transient(&self, i: u32, transient: bool) {
-        self.ctx.table.set_transient(i, transient);
+        granary_shm::lifecycle::set_transient(&self.ctx.table, i, transient);
     }
 }
