@@ -378,6 +378,10 @@ pub fn validated_by_walk(table: &Table, fresh: &[u64]) {
         if word == 0 {
             continue;
         }
+        if word == u64::MAX {
+            table.set_validated_range(k as u32 * 64, 64);
+            continue;
+        }
         for b in 0..64 {
             if word & (1 << b) != 0 {
                 table.set_validated((k * 64 + b) as u32);
