@@ -152,6 +152,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     if !matches!(cli.cmd, Command::Agent(_)) {
         crate::logging::init(None, None);
     }
+    if matches!(
+        cli.cmd,
+        Command::Status { .. } | Command::Stop | Command::Demo(_)
+    ) {
+        crate::output::die_on_closed_pipe();
+    }
     match cli.cmd {
         Command::Run(a) => crate::run::run(a),
         Command::Agent(a) => crate::agent::main(a),

@@ -16,6 +16,7 @@ use granary_core::{sys, tierdir, Tiers};
 use granary_shm::{job, state, Mapping, TableSpec};
 
 pub const JOB_SLOTS: u32 = 64;
+const _: () = assert!(JOB_SLOTS as usize <= granary_core::stats::MAX_JOB_SLOTS);
 const RING_CAP: u32 = 16384;
 
 /// How a (re)walk runs: its threads, the placement parameters the new table advertises, and how
@@ -41,6 +42,9 @@ pub struct SourceState {
     /// `inner.jobs`, readable without the lock (another source's attach asks whether a tier
     /// is in use while this one may hold its lock for a long walk).
     pub jobs_now: AtomicUsize,
+    /// What every job on the current table is told even with `-q`: tiers refused at the walk
+    /// (not the user's, open to other users, …) or lost since (removed, renamed).
+    warnings: Mutex<Vec<String>>,
 }
 
 #[derive(Default)]
@@ -53,8 +57,6 @@ pub struct Inner {
     /// (`None`: fill highest first), and what its resolution has to tell them.
     pub order: Option<granary_core::placement::prefetch::OrderSpec>,
     pub order_note: Option<String>,
-    /// Tiers refused at the last walk (not ours, open to other users, …), for the jobs.
-    pub tier_notes: Vec<String>,
 }
 
 impl SourceState {
@@ -70,7 +72,23 @@ impl SourceState {
             inner: Mutex::default(),
             current: RwLock::default(),
             jobs_now: AtomicUsize::new(0),
+            warnings: Mutex::default(),
         })
+    }
+
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Adds a warning for the jobs of the current table (once).
+    pub fn warn(&self, w: String) {
+        let mut ws = self.warnings.lock().unwrap_or_else(|e| e.into_inner());
+        if !ws.contains(&w) {
+            ws.push(w);
+        }
     }
 
     pub fn ctx(&self) -> Option<Arc<SourceCtx>> {
@@ -86,7 +104,8 @@ impl SourceState {
 
     /// Walks the source and publishes a new table on `tiers` (which become this source's tiers),
     /// reusing valid copies from the last table (or from the catalog saved by an earlier agent).
-    /// Called with no job attached.
+    /// Called with no job attached. What the attaching job should be told is added to `notes`.
+    #[allow(clippy::too_many_arguments)]
     pub fn rewalk(
         &self,
         inner: &mut Inner,
@@ -95,6 +114,7 @@ impl SourceState {
         generation: u64,
         opts: &WalkOpts<'_>,
         progress: &Progress,
+        notes: &mut Vec<String>,
     ) -> Result<()> {
         let &WalkOpts {
             threads: workers,
@@ -124,7 +144,10 @@ impl SourceState {
         let mut object_dirs = Vec::new();
         let mut dir_fds = Vec::new();
         let mut dir_ids = Vec::new();
-        inner.tier_notes.clear();
+        self.warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         for t in 0..tiers.len() {
             let root = &tiers.spec(t).path;
             object_dirs.push(object_dir(root, &self.id));
@@ -135,13 +158,13 @@ impl SourceState {
                 }
                 Err(e) => {
                     tracing::warn!("tier {t} unusable for {}: {e}", self.source.display());
-                    inner.tier_notes.push(format!("{e}; not using this tier"));
+                    self.warn(format!("{e}; not using this tier"));
                     dir_ids.push((0, 0));
                     dir_fds.push(None);
                 }
             }
         }
-        self.forget_tiers(&last_tiers, &tiers, inner);
+        self.forget_tiers(&last_tiers, &tiers, notes);
         let reused = catalog::reuse_chunked(
             &mut entries,
             prev.as_ref(),
@@ -256,7 +279,7 @@ impl SourceState {
     /// copies could never be reused (the next walk only looks in the source's tiers), so they
     /// are removed rather than left on disk, uncounted. Only this source's own directory, and
     /// only in a tier root that is still ours.
-    fn forget_tiers(&self, old: &[PathBuf], now: &Tiers, inner: &mut Inner) {
+    fn forget_tiers(&self, old: &[PathBuf], now: &Tiers, notes: &mut Vec<String>) {
         let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
         let current: Vec<PathBuf> = (0..now.len()).map(|t| canon(&now.spec(t).path)).collect();
         for root in old {
@@ -271,7 +294,7 @@ impl SourceState {
                         self.source.display(),
                         dir.display()
                     );
-                    inner.tier_notes.push(format!(
+                    notes.push(format!(
                         "{} no longer uses tier {}: its copies there were removed",
                         self.source.display(),
                         root.display()
@@ -346,6 +369,7 @@ impl SourceState {
                         c.store(0, Ordering::Relaxed);
                     }
                 }
+                self.counters.jobs.reset(slot);
                 return slot;
             }
         }
