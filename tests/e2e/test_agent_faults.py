@@ -191,6 +191,33 @@ def test_status_and_stop_return_with_a_stopped_agent(g, dataset, tier):
         == b"granary: no agent running\n"
 
 
+def test_a_busy_agent_is_not_taken_for_a_stopped_one(g, tier, tmp_path):
+    """A walk that takes longer than the agent's allowed silence (here re-hashing 240 MB of
+    reused copies, with GRANARY_AGENT_TIMEOUT at its 0.5 s minimum), and a second job waiting
+    for that walk: both are served by the same agent, nobody is replaced."""
+    src = tmp_path / "big"
+    src.mkdir()
+    files = []
+    for i in range(8):
+        files.append(src / f"f{i}")
+        files[-1].write_bytes(os.urandom(30 << 20))
+    env = {"GRANARY_AGENT_TIMEOUT": "0.5"}
+    first, _ = run(g, src, ["cat", *files], tier, env=env)
+    assert first.returncode == 0
+    g.settle(src)
+    pid = g.status()["pid"]
+    jobs = [subprocess.Popen([g.bin, "run", "--source", str(src), "--tier", f"{tier}=1G", "--stats-json",
+                              str(tmp_path / f"s{i}.json"), "--", "cat", str(files[i])],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**g.env, **env}) for i in range(2)]
+    results = [p.communicate(timeout=120) for p in jobs]
+    walk = [json.loads((tmp_path / f"s{i}.json").read_text())["catalog"]["walk_s"] for i in range(2)]
+    for i, (p, (out, err)) in enumerate(zip(jobs, results)):
+        assert (p.returncode, out) == (0, files[i].read_bytes()), err
+        assert b"did not answer" not in err and b"without granary" not in err, (walk, err)
+    assert g.status()["pid"] == pid, f"the agent was replaced (walks of {walk} s)"
+
+
 # --- 12. Signals to `granary run` -----------------------------------------------------------
 
 TRAPS = r"""

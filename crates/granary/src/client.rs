@@ -2,7 +2,7 @@
 //! `stop`, `status`.
 //!
 //! Every wait on the agent is bounded by `patience()`: a connection that stays silent that long
-//! (an attach gets a progress line every 250 ms while the agent works on it) belongs to an agent
+//! (an attach gets a progress line every 100 ms while the agent works on it) belongs to an agent
 //! that is stopped (SIGSTOP, a debugger) or stuck (a hung file system under it). Such an agent
 //! is replaced: it is killed (it is the same user's, and jobs survive it: they read the source)
 //! and a new one started. If it cannot be killed (blocked in the kernel) the job runs without
@@ -21,14 +21,15 @@ use granary_core::size::format_size;
 use crate::agent::protocol::{Reply, Request};
 use crate::output::{out, say};
 
-/// How long the agent may stay silent: `$GRANARY_AGENT_TIMEOUT` seconds, default 5. Starting an
-/// agent and waiting for one that is shutting down are allowed a few times this.
+/// How long the agent may stay silent: `$GRANARY_AGENT_TIMEOUT` (seconds, or a duration like
+/// `500ms`), default 5 s, at least 0.5 s (five keepalives). Starting an agent and waiting for one
+/// that is shutting down are allowed a few times this.
 pub fn patience() -> Duration {
     std::env::var("GRANARY_AGENT_TIMEOUT")
         .ok()
         .and_then(|v| granary_core::size::parse_duration(&v))
-        .filter(|d| !d.is_zero())
         .unwrap_or(Duration::from_secs(5))
+        .max(Duration::from_millis(500))
 }
 
 /// The agent did not answer within `patience()`.

@@ -63,7 +63,7 @@ fn send(w: &Writer, reply: &Reply) -> Result<()> {
 /// How often a connection waiting on a long request (a walk, another job's walk of the same
 /// source) says it is alive: clients treat `protocol::SILENCE_LIMIT` without a line as an agent
 /// that does not answer.
-const KEEPALIVE: Duration = Duration::from_millis(250);
+const KEEPALIVE: Duration = Duration::from_millis(100);
 
 /// Runs `f` while a thread sends `progress` every `KEEPALIVE`, so the client can tell a busy
 /// agent from a stopped one.
