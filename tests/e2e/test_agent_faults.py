@@ -415,6 +415,28 @@ def test_planted_symlinks_in_the_runtime_dir_are_never_followed(g, dataset, tier
     assert stats["disabled"] and "symlink" in stats["fallback"], stats
 
 
+def test_a_planted_socket_symlink_is_never_connected_to(g, dataset, tier, tmp_path):
+    """`agent.sock` pointing at someone else's server: never connected to; it is stale, and
+    replaced by a real agent."""
+    import socket
+    g.runtime.mkdir(mode=0o700)
+    fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fake.bind(str(tmp_path / "impostor.sock"))
+    fake.listen(8)
+    fake.setblocking(False)
+    (g.runtime / "agent.sock").symlink_to(tmp_path / "impostor.sock")
+    try:
+        f = dataset / "edge/exactly-128k.bin"
+        proc, stats = run(g, dataset, ["cat", f], tier)
+        with pytest.raises(BlockingIOError):
+            fake.accept()
+    finally:
+        fake.close()
+    assert (proc.returncode, proc.stdout) == (0, f.read_bytes()), proc.stderr
+    assert not stats["disabled"], "served by a real agent"
+    assert not (g.runtime / "agent.sock").is_symlink()
+
+
 @pytest.mark.parametrize("how", ["mode 0777", "mode 0755", "owned by another user"])
 def test_a_runtime_dir_not_private_is_refused(g, dataset, tier, how):
     if how == "owned by another user" and os.getuid() != 0:

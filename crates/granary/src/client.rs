@@ -145,37 +145,57 @@ impl Conn {
 }
 
 /// Connects to a live agent; `None` when there is none (no socket, or a stale one); `Silent`
-/// when its listener accepts nothing for `patience()`.
+/// when its listener accepts nothing for `patience()`. Only a socket of this uid's, never
+/// reached through a symlink: anything else at `agent.sock` counts as stale (`connect_or_spawn`
+/// removes it and starts an agent).
 pub fn connect(rt: &Runtime) -> Result<Option<Conn>> {
-    match granary_core::sys::connect_unix(&rt.socket(), patience()) {
-        Ok(s) => Ok(Some(Conn::new(s)?)),
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(rt.socket()) {
+        Ok(m) if m.file_type().is_socket() => {}
+        Ok(_) => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("{}", rt.socket().display())),
+    }
+    let stream = match granary_core::sys::connect_unix(&rt.socket(), patience()) {
+        Ok(s) => s,
         Err(e)
             if matches!(
                 e.kind(),
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
             ) =>
         {
-            Ok(None)
+            return Ok(None)
         }
-        Err(e) if is_timeout(&e) => Err(Silent {
-            pid: alive_holder(rt),
+        Err(e) if is_timeout(&e) => {
+            return Err(Silent {
+                pid: alive_holder(rt),
+            }
+            .into())
         }
-        .into()),
-        Err(e) => Err(e).with_context(|| format!("connecting to {}", rt.socket().display())),
+        Err(e) => {
+            return Err(e).with_context(|| format!("connecting to {}", rt.socket().display()))
+        }
+    };
+    match granary_core::sys::peer_uid(&stream) {
+        Ok(uid) if uid == granary_core::sys::uid() => Ok(Some(Conn::new(stream)?)),
+        Ok(uid) => bail!(
+            "{} is served by uid {uid}, not by you; refusing to use it",
+            rt.socket().display()
+        ),
+        Err(e) => Err(e).context("SO_PEERCRED of the agent's socket"),
     }
 }
 
 /// The pid an agent wrote into `agent.alive`, if an agent holds its lock now.
 fn alive_holder(rt: &Runtime) -> Option<u32> {
-    let f = rt.open_alive().ok()?;
+    use std::io::Read;
+    let mut f = rt.open_alive().ok()?;
     if granary_core::sys::flock_free(&f) {
         return None;
     }
-    std::fs::read_to_string(rt.alive())
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    let mut text = String::new();
+    f.read_to_string(&mut text).ok()?;
+    text.trim().parse().ok()
 }
 
 /// True if `pid` is a `granary agent` process of this user: a pid read from a file or a socket

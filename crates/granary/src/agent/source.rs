@@ -1,6 +1,7 @@
 //! One source as the agent holds it: its current table, attached jobs and counters.
 
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -200,6 +201,7 @@ impl SourceState {
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&table_path)
             .with_context(|| format!("opening {}", table_path.display()))?;
         let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), image.len())
