@@ -119,6 +119,8 @@ pub enum ConfigError {
     Invalid { file: PathBuf, msg: String },
     #[error("bad --tier `{0}`: expected PATH or PATH=SIZE (e.g. /dev/shm/granary=8G)")]
     TierFlag(String),
+    #[error("bad --tier `{0}`: {1}")]
+    TierCapacity(String, String),
 }
 
 impl Config {
@@ -189,9 +191,14 @@ impl Config {
                                         })?))
                                 }
                                 "capacity" => {
-                                    capacity = Some(size_value(v).ok_or_else(|| {
-                                        err(&key, "expected a size like \"8G\" for key")
-                                    })?)
+                                    let c = size_value(v)
+                                        .ok_or_else(|| "expected a size like \"8G\"".to_string())
+                                        .and_then(|c| {
+                                            crate::size::check_capacity(c)
+                                                .map_err(|why| format!("capacity {why}"))
+                                        })
+                                        .map_err(|why| err(&key, &format!("{why}, in key")))?;
+                                    capacity = Some(c)
                                 }
                                 "block_size" => {
                                     let b = size_value(v).filter(|b| *b > 0).ok_or_else(|| {
@@ -204,6 +211,14 @@ impl Config {
                         }
                         let path =
                             path.ok_or_else(|| err(&format!("{base}.path"), "missing key"))?;
+                        if let (Some(c), Some(b)) = (capacity, block_size) {
+                            if c < b {
+                                return Err(err(
+                                    &format!("{base}.capacity"),
+                                    "capacity smaller than the tier's block_size, in key",
+                                ));
+                            }
+                        }
                         cfg.tiers.push(TierConfig {
                             path,
                             capacity,
@@ -417,7 +432,10 @@ pub fn parse_tier_flag(s: &str) -> Result<TierConfig, ConfigError> {
     let (path, cap) = match s.rsplit_once('=') {
         Some((p, c)) => (
             p,
-            Some(parse_size(c).ok_or_else(|| ConfigError::TierFlag(s.to_string()))?),
+            Some(
+                crate::size::parse_capacity(c)
+                    .map_err(|why| ConfigError::TierCapacity(s.to_string(), why))?,
+            ),
         ),
         None => (s, None),
     };
@@ -502,7 +520,7 @@ mod tests {
         assert!(e.contains("`tier[1].capacity` (line 5)"), "{e}");
         let e = Config::parse("[agent]\nidle = 3\n").unwrap_err();
         assert_eq!(e, "unknown key `agent.idle` (line 2)");
-        let e = Config::parse("[[tier]]\ncapacity = 1\n").unwrap_err();
+        let e = Config::parse("[[tier]]\ncapacity = \"1G\"\n").unwrap_err();
         assert!(e.starts_with("missing key `tier[0].path`"), "{e}");
         let e = Config::parse("bogus = 1\n").unwrap_err();
         assert_eq!(e, "unknown key `bogus` (line 1)");
@@ -574,12 +592,28 @@ mod tests {
         assert_eq!(t.capacity, Some(8 << 30));
         assert_eq!(parse_tier_flag("/x").unwrap().capacity, None);
         assert!(parse_tier_flag("/x=huge").is_err());
+        for bad in ["/x=1.5", "/x=0", "/x=2000P", "/x=12"] {
+            let e = parse_tier_flag(bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("bad --tier `{bad}`: ")), "{e}");
+        }
+        let e = Config::parse("[[tier]]\npath = \"/a\"\ncapacity = 0\n").unwrap_err();
+        assert!(
+            e.contains("less than one 4 KiB block") && e.contains("`tier[0].capacity` (line 3)"),
+            "{e}"
+        );
+        let e = Config::parse("[[tier]]\npath = \"/a\"\ncapacity = \"1.5\"\n").unwrap_err();
+        assert!(e.contains("`tier[0].capacity`"), "{e}");
     }
 }
 
 /// The default tier when neither flags nor a config name one: `<dir>/granary-<user>` in the
-/// first writable of `$GRANARY_CACHE_DIR`, `$SLURM_TMPDIR`, `$TMPDIR`, `/tmp`.
-pub fn default_tier() -> Option<TierConfig> {
+/// first writable of `$GRANARY_CACHE_DIR`, `$SLURM_TMPDIR`, `$TMPDIR`, `/tmp`, the user's name
+/// coming from the uid (never from `$USER`).
+///
+/// The directory is granary's own: created 0700 if missing, narrowed back to 0700 if it is the
+/// user's and was widened. One that exists and is not the user's (another user pre-created it
+/// to plant files in it) is refused, with the fix: never served from.
+pub fn default_tier() -> Result<TierConfig, String> {
     let user = crate::sys::user_name();
     let mut dirs: Vec<PathBuf> = ["GRANARY_CACHE_DIR", "SLURM_TMPDIR", "TMPDIR"]
         .iter()
@@ -588,7 +622,8 @@ pub fn default_tier() -> Option<TierConfig> {
         .map(PathBuf::from)
         .collect();
     dirs.push(PathBuf::from("/tmp"));
-    dirs.into_iter()
+    let dir = dirs
+        .into_iter()
         .find(|d| {
             let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).ok();
             // SAFETY: access(2) on a NUL-terminated path.
@@ -597,26 +632,72 @@ pub fn default_tier() -> Option<TierConfig> {
                     |c| unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0,
                 )
         })
-        .map(|d| TierConfig {
-            path: d.join(format!("granary-{user}")),
-            capacity: None,
-            block_size: None,
-        })
+        .ok_or(
+            "no writable directory for a default tier ($GRANARY_CACHE_DIR, $SLURM_TMPDIR, \
+             $TMPDIR, /tmp); use --tier",
+        )?;
+    let path = dir.join(format!("granary-{user}"));
+    own_default_dir(&path)?;
+    Ok(TierConfig {
+        path,
+        capacity: None,
+        block_size: None,
+    })
+}
+
+/// See `default_tier`.
+fn own_default_dir(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("default tier {}: {e}", path.display())),
+    }
+    let md = std::fs::symlink_metadata(path)
+        .map_err(|e| format!("default tier {}: {e}", path.display()))?;
+    let me = crate::sys::uid();
+    if md.file_type().is_symlink() || !md.is_dir() || md.uid() != me {
+        return Err(format!(
+            "default tier {} exists and is not your directory ({}, owner uid {}): another user \
+             may have created it to plant files in your cache; not using it (remove it, or pass \
+             --tier DIR)",
+            path.display(),
+            if md.file_type().is_symlink() {
+                "a symlink"
+            } else if md.is_dir() {
+                "a directory"
+            } else {
+                "not a directory"
+            },
+            md.uid()
+        ));
+    }
+    if md.mode() & 0o077 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("default tier {}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("tier {path}: {cause}")]
-pub struct TierError {
-    pub path: PathBuf,
-    pub cause: std::io::Error,
+pub enum TierError {
+    #[error("tier {path}: {cause}")]
+    Io {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    /// The root exists but is not safe to serve from (another user's, open to others).
+    #[error(transparent)]
+    Unsafe(#[from] crate::tierdir::TierDirError),
 }
 
 /// Creates each tier's directory (mode 0700) and fills in capacities (90 % of the free space)
-/// and block sizes. The flag `true` in the result marks capacities that were defaulted.
+/// and block sizes. The flag `true` in the result marks capacities that were defaulted. A root
+/// that exists must be the user's and closed to others' writes (`tierdir::open_root`).
 pub fn resolve_tiers(cfg: &[TierConfig]) -> Result<Vec<(crate::tiers::TierSpec, bool)>, TierError> {
     cfg.iter()
         .map(|t| {
-            let err = |cause| TierError {
+            let err = |cause| TierError::Io {
                 path: t.path.clone(),
                 cause,
             };
@@ -632,6 +713,7 @@ pub fn resolve_tiers(cfg: &[TierConfig]) -> Result<Vec<(crate::tiers::TierSpec, 
             if !std::fs::metadata(&path).map_err(err)?.is_dir() {
                 return Err(err(std::io::Error::other("not a directory")));
             }
+            crate::tierdir::open_root(&path)?;
             let (capacity, defaulted) = match t.capacity {
                 Some(c) => (c, false),
                 None => (crate::sys::free_space(&path).map_err(err)? / 10 * 9, true),

@@ -1,10 +1,13 @@
 //! The per-user runtime directory: `/dev/shm/granary-<uid>` (falls back to
 //! `$TMPDIR/granary-<uid>`, then `/tmp/granary-<uid>`), or `$GRANARY_RUNTIME_DIR` when set (tests,
 //! several independent agents on one node). It holds the agent's socket, lock and log, the tables
-//! and the shadow directory. Mode 0700, owned by the user, never a symlink.
+//! and the shadow directory. Mode 0700, owned by the user, never a symlink: anything else is
+//! refused (never repaired), because another user could already have planted files in it.
+//! Files in it are opened with `O_NOFOLLOW` and must be regular files of the user's.
 
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -13,8 +16,13 @@ pub enum RuntimeError {
     Io { path: PathBuf, cause: io::Error },
     #[error("runtime directory {0} is a symlink; refusing to use it")]
     Symlink(PathBuf),
-    #[error("runtime directory {0} is owned by uid {1}, not by this user")]
+    #[error("runtime directory {0} is owned by uid {1}, not by this user; refusing to use it")]
     NotOwned(PathBuf, u32),
+    #[error(
+        "runtime directory {0} has mode {1:04o}, not 0700: other users may have planted files in \
+         it; refusing to use it (check it, then `chmod 700 {0}`, or remove it)"
+    )]
+    NotPrivate(PathBuf, u32),
     #[error("no usable runtime directory (tried {0})")]
     NoneUsable(String),
 }
@@ -72,18 +80,19 @@ impl Runtime {
         self.dir.join("agent.alive")
     }
     /// Opens (creating) the `alive` lock file.
-    pub fn open_alive(&self) -> std::io::Result<std::fs::File> {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(self.alive())
+    pub fn open_alive(&self) -> io::Result<File> {
+        open_private(&self.alive(), false)
+    }
+    /// Opens (creating) the lock that serialises starting an agent.
+    pub fn open_lock(&self) -> io::Result<File> {
+        open_private(&self.lock(), false)
     }
     pub fn log(&self) -> PathBuf {
         self.dir.join("agent.log")
+    }
+    /// Opens (creating) the agent's log for appending.
+    pub fn open_log(&self) -> io::Result<File> {
+        open_private(&self.log(), true)
     }
     /// The empty directory whose fd stands in for catalogued directories.
     pub fn shadow_dir(&self) -> PathBuf {
@@ -121,14 +130,49 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), RuntimeError> {
         return Err(RuntimeError::NotOwned(dir.to_path_buf(), md.uid()));
     }
     if md.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io_err)?;
+        return Err(RuntimeError::NotPrivate(
+            dir.to_path_buf(),
+            md.mode() & 0o7777,
+        ));
     }
     Ok(())
+}
+
+/// Opens (creating, mode 0600) a file of the runtime directory: never through a symlink, and
+/// only a regular file of this user's.
+fn open_private(path: &Path, append: bool) -> io::Result<File> {
+    let f = std::fs::OpenOptions::new()
+        .read(!append)
+        .write(true)
+        .append(append)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                io::Error::other(format!(
+                    "{} is a symlink; refusing to follow it (remove it)",
+                    path.display()
+                ))
+            } else {
+                io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+            }
+        })?;
+    let md = f.metadata()?;
+    if !md.is_file() || md.uid() != crate::sys::uid() {
+        return Err(io::Error::other(format!(
+            "{} is not a regular file of this user's; refusing to use it (remove it)",
+            path.display()
+        )));
+    }
+    Ok(f)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn private_dir_rules() {
@@ -137,8 +181,9 @@ mod tests {
         ensure_private_dir(&d).unwrap();
         assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        ensure_private_dir(&d).unwrap();
-        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        let e = ensure_private_dir(&d).unwrap_err();
+        assert!(matches!(e, RuntimeError::NotPrivate(_, 0o755)), "{e}");
+        assert!(e.to_string().contains("chmod 700"), "{e}");
         let l = t.path().join("link");
         std::os::unix::fs::symlink(&d, &l).unwrap();
         assert!(matches!(

@@ -1,7 +1,8 @@
 //! Human sizes (`8G`, `512M`, `1.5T`, `4096`) and durations (`30s`, `5m`, `250ms`).
 //! Units are binary: `1K` = 1024 bytes; `KiB`/`KB`/`K` all mean the same.
 
-/// Parses a size; `None` when it is not one.
+/// Parses a size; `None` when it is not one. A fraction needs a unit (`1.5G`): `1.5` bytes is
+/// a typo, not a size.
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let split = s
@@ -28,12 +29,49 @@ pub fn parse_size(s: &str) -> Option<u64> {
     if let Ok(n) = num.parse::<u64>() {
         return n.checked_mul(1u64 << shift);
     }
+    if shift == 0 {
+        return None;
+    }
     let f: f64 = num.parse().ok()?;
     let v = f * (1u64 << shift) as f64;
     if !v.is_finite() || v < 0.0 || v >= u64::MAX as f64 {
         return None;
     }
     Some(v as u64)
+}
+
+/// The smallest tier capacity: one 4 KiB block (the default accounting block).
+pub const MIN_CAPACITY: u64 = 4096;
+/// The largest: 1 EiB, beyond any file system a node mounts.
+pub const MAX_CAPACITY: u64 = 1 << 60;
+
+/// A tier's capacity: a size from one 4 KiB block to 1 EiB. The error says what is wrong.
+pub fn parse_capacity(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let v = parse_size(t).ok_or_else(|| {
+        if t.parse::<f64>().is_ok() {
+            format!("`{t}` is not a size: a fraction needs a unit (like 1.5G)")
+        } else {
+            format!("`{t}` is not a size (like 8G, 512M, 1.5T)")
+        }
+    })?;
+    check_capacity(v).map_err(|why| format!("capacity `{t}` {why}"))
+}
+
+/// `v` as a tier capacity, or why it cannot be one.
+pub fn check_capacity(v: u64) -> Result<u64, String> {
+    if v < MIN_CAPACITY {
+        return Err(format!(
+            "({v} bytes) is less than one 4 KiB block: the tier could hold nothing"
+        ));
+    }
+    if v > MAX_CAPACITY {
+        return Err(format!(
+            "({}) is more than 1 EiB: no file system is that large",
+            format_size(v)
+        ));
+    }
+    Ok(v)
 }
 
 /// `42.1 GiB`-style rendering for messages and tables.
@@ -89,6 +127,24 @@ mod tests {
         assert_eq!(parse_size("8X"), None);
         assert_eq!(parse_size("-1"), None);
         assert_eq!(parse_size("99999999999P"), None);
+        assert_eq!(parse_size("1.5"), None, "a fraction of a byte");
+        assert_eq!(parse_size("0.5K"), Some(512));
+    }
+
+    #[test]
+    fn capacities() {
+        assert_eq!(parse_capacity("8G"), Ok(8 << 30));
+        assert_eq!(parse_capacity("4K"), Ok(4096));
+        let e = parse_capacity("1.5").unwrap_err();
+        assert!(e.contains("a fraction needs a unit"), "{e}");
+        let e = parse_capacity("0").unwrap_err();
+        assert!(e.contains("less than one 4 KiB block"), "{e}");
+        let e = parse_capacity("100").unwrap_err();
+        assert!(e.contains("less than one 4 KiB block"), "{e}");
+        let e = parse_capacity("2000P").unwrap_err();
+        assert!(e.contains("more than 1 EiB"), "{e}");
+        let e = parse_capacity("lots").unwrap_err();
+        assert!(e.contains("is not a size"), "{e}");
     }
 
     #[test]

@@ -42,11 +42,104 @@ pub struct AgentCounters {
     /// Times source-reading work nobody waited on backed off because the program's own source
     /// reads were moving (`Shared::stream_for`).
     pub backoffs: AtomicU64,
+    /// Copies credited to each job slot, per tier (`credit_placement`).
+    pub jobs: JobPlacements,
+}
+
+/// Most job slots a table has (`granary_shm::job` counters per slot).
+pub const MAX_JOB_SLOTS: usize = 64;
+
+/// Per job slot and tier: files and bytes of the copies placed for that job.
+#[derive(Debug)]
+pub struct JobPlacements {
+    /// `[slot][tier]`: files, then bytes.
+    files: Box<[[AtomicU64; MAX_TIERS]; MAX_JOB_SLOTS]>,
+    bytes: Box<[[AtomicU64; MAX_TIERS]; MAX_JOB_SLOTS]>,
+}
+
+impl Default for JobPlacements {
+    fn default() -> Self {
+        let zero = || {
+            Box::new(std::array::from_fn(|_| {
+                std::array::from_fn(|_| AtomicU64::new(0))
+            }))
+        };
+        JobPlacements {
+            files: zero(),
+            bytes: zero(),
+        }
+    }
+}
+
+/// What one job's copies were, per tier (`files[t]`, `bytes[t]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobPlaced {
+    pub files: Vec<u64>,
+    pub bytes: Vec<u64>,
+}
+
+impl JobPlacements {
+    /// A slot given to a new job starts from zero.
+    pub fn reset(&self, slot: u32) {
+        let Some((f, b)) = self.row(slot) else { return };
+        for c in f.iter().chain(b) {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub fn get(&self, slot: u32) -> JobPlaced {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        match self.row(slot) {
+            Some((f, b)) => JobPlaced {
+                files: f.iter().map(l).collect(),
+                bytes: b.iter().map(l).collect(),
+            },
+            None => JobPlaced::default(),
+        }
+    }
+
+    fn row(&self, slot: u32) -> Option<(&[AtomicU64; MAX_TIERS], &[AtomicU64; MAX_TIERS])> {
+        let s = slot as usize;
+        Some((self.files.get(s)?, self.bytes.get(s)?))
+    }
+
+    fn add(&self, slot: u32, tier: usize, bytes: u64) {
+        if let Some((f, b)) = self.row(slot) {
+            if let (Some(f), Some(b)) = (f.get(tier), b.get(tier)) {
+                f.fetch_add(1, Ordering::Relaxed);
+                b.fetch_add(bytes, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl AgentCounters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A copy of `bytes` was placed on `tier` at the request of job slot `slot`: it counts for
+    /// that job only (`job::FILES_PLACED`/`BYTES_PLACED` in the table, and per tier here). A
+    /// copy nobody asked for (slot 0: placed ahead of the program by the known-order policy)
+    /// counts for every job attached to the table at that moment.
+    pub fn credit_placement(&self, table: &granary_shm::Table, slot: u32, tier: usize, bytes: u64) {
+        use granary_shm::job;
+        let slots: Vec<u32> = if slot != 0 {
+            vec![slot]
+        } else {
+            (1..table.job_slots())
+                .filter(|s| {
+                    table
+                        .counter(*s, job::OWNER)
+                        .is_some_and(|o| o.load(Ordering::Acquire) != 0)
+                })
+                .collect()
+        };
+        for s in slots {
+            table.count(s, job::FILES_PLACED, 1);
+            table.count(s, job::BYTES_PLACED, bytes);
+            self.jobs.add(s, tier, bytes);
+        }
     }
 
     pub fn snapshot(&self) -> PlacementStats {
@@ -219,12 +312,16 @@ pub struct SourceReport {
 ///                 "page_cache_bytes": 0, "duplicate_bytes": 0, "no_room": 0,
 ///                 "chunks_placed": 0, "chunk_bytes_placed": 0, "backoffs": 0},
 ///   "files_served_from_tiers": 0, "bytes_served_from_tiers": 0, "bytes_placed": 0,
-///   "transient_drops": 0
+///   "transient_drops": 0, "fallback": null, "warnings": []
 /// }
 /// ```
 /// `opens` counts the program's opens of catalogued regular files; `source_io` what it did on
 /// the source itself; `tiers[i].files_served/bytes_served` what the tiers served it;
-/// `placement` the agent's copies during the job (delta), with the agent's own source traffic;
+/// `tiers[i].files_placed/bytes_placed` and `bytes_placed` the copies placed for this job (at
+/// its processes' requests, and copies placed ahead of the access order while it was attached);
+/// `placement` the agent's work on this source while the job ran (delta, shared by concurrent
+/// jobs on the source) with the agent's own source traffic, except `files_placed`/`bytes_placed`
+/// and `tier_*_placed`, which are this job's;
 /// `transient_drops` the program's closes of transient copies whose pages were dropped
 /// (page-cache residency).
 /// Program-side counters are zero until the preload library counts them (or with
@@ -249,6 +346,14 @@ pub struct JobReport {
     pub bytes_placed: u64,
     #[serde(default)]
     pub transient_drops: u64,
+    /// Why the program ran without granary (`disabled` is then true): `GRANARY_DISABLE`, a
+    /// missing source, an agent that could not be reached, … `None` when granary served it.
+    #[serde(default)]
+    pub fallback: Option<String>,
+    /// What went wrong inside granary during the job (a tier refused or lost, an agent that
+    /// stopped answering): the job was served, maybe slower.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 impl JobReport {
@@ -276,12 +381,15 @@ impl JobReport {
             self.source,
             self.exit_status,
             self.wall_time_s,
-            if self.disabled {
-                " (GRANARY_DISABLE=1)"
-            } else {
-                ""
+            match (&self.fallback, self.disabled) {
+                (Some(why), _) => format!(" (without granary: {why})"),
+                (None, true) => " (without granary)".to_string(),
+                (None, false) => String::new(),
             }
         ));
+        if self.disabled {
+            return s;
+        }
         s.push_str(&format!(
             "  {:<28} {:>10} {:>12} {:>10} {:>12}\n",
             "where", "files", "bytes", "placed", "bytes placed"

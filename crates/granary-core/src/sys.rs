@@ -6,6 +6,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use granary_shm::StatRec;
@@ -166,13 +167,27 @@ pub fn free_space(path: &Path) -> io::Result<u64> {
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
-/// The user's login name, for default cache directory names (superseded by the uid-derived name
-/// in `config::default_tier`).
+/// The login name of this process's uid (`getpwuid_r`), for default cache directory names;
+/// the uid in decimal when the password database has no usable name (a container without the
+/// user in /etc/passwd). Never `$USER`: the environment is the caller's to set, and a tier named
+/// after another user's name is a directory that user may own.
 pub fn user_name() -> String {
-    std::env::var("USER")
-        .ok()
-        .filter(|u| !u.is_empty() && !u.contains('/'))
-        .unwrap_or_else(|| uid().to_string())
+    let me = uid();
+    // SAFETY: zeroed passwd is a valid out-buffer; getpwuid_r writes into it and `buf`.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let mut buf = vec![0 as libc::c_char; 16384];
+    // SAFETY: every pointer is valid for the sizes passed; the strings it sets point into `buf`.
+    let r = unsafe { libc::getpwuid_r(me, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) };
+    let name = (r == 0 && !found.is_null() && !pw.pw_name.is_null())
+        // SAFETY: pw_name is a NUL-terminated string inside `buf`, alive for this scope.
+        .then(|| {
+            unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| !n.is_empty() && !n.contains('/') && n != "." && n != "..");
+    name.unwrap_or_else(|| me.to_string())
 }
 
 /// This process's credentials as a table's `H_CREDS` records them: `(uid, gid, groups hash)`.
@@ -241,8 +256,9 @@ pub fn data_extents(f: &impl AsRawFd, size: u64) -> Vec<(u64, u64)> {
     out
 }
 
-/// uid of the process at the other end of a Unix socket (`SO_PEERCRED`).
-pub fn peer_uid(sock: &impl AsRawFd) -> io::Result<u32> {
+/// The credentials of the process at the other end of a Unix socket (`SO_PEERCRED`): for a
+/// client, those of the process that was listening.
+fn peer_cred(sock: &impl AsRawFd) -> io::Result<libc::ucred> {
     // SAFETY: zeroed ucred is a valid out-buffer of the size we pass.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -256,10 +272,128 @@ pub fn peer_uid(sock: &impl AsRawFd) -> io::Result<u32> {
             &mut len,
         )
     })?;
-    Ok(cred.uid)
+    Ok(cred)
 }
 
-/// Exclusive `flock` on an open file, released when the file is closed.
+/// uid of the process at the other end of a Unix socket.
+pub fn peer_uid(sock: &impl AsRawFd) -> io::Result<u32> {
+    Ok(peer_cred(sock)?.uid)
+}
+
+/// pid of the process at the other end of a Unix socket.
+pub fn peer_pid(sock: &impl AsRawFd) -> io::Result<u32> {
+    Ok(peer_cred(sock)?.pid as u32)
+}
+
+/// Connects to a Unix stream socket, giving up after `limit` (`TimedOut`). A listener that does
+/// not accept (a stopped process) lets connections queue until its backlog is full; after that
+/// a blocking `connect` would wait for ever, so the connect is non-blocking and retried.
+pub fn connect_unix(path: &Path, limit: std::time::Duration) -> io::Result<UnixStream> {
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: zeroed sockaddr_un is valid (AF_UNSPEC, empty path) before we fill it in.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long",
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    let deadline = std::time::Instant::now() + limit;
+    // SAFETY: plain socket(2); the fd is owned below.
+    let fd = check(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?;
+    // SAFETY: fd was just created and is owned by nobody else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    loop {
+        // SAFETY: addr is an initialised sockaddr_un and len does not exceed its size.
+        let r = unsafe {
+            libc::connect(
+                sock.as_raw_fd(),
+                &addr as *const libc::sockaddr_un as *const libc::sockaddr,
+                len,
+            )
+        };
+        if r == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // The backlog is full: nobody is accepting right now.
+            Some(libc::EAGAIN) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Some(libc::EAGAIN) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the socket's listener accepts no connection",
+                ))
+            }
+            _ => return Err(e),
+        }
+    }
+    let stream = UnixStream::from(sock);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
+/// The state letter of `/proc/<pid>/stat` (`R`, `S`, `D`, `T` stopped, `t` traced, `Z`, …),
+/// `None` when there is no such process.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may itself contain ") ".
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// uid owning process `pid` (that of `/proc/<pid>`), `None` when there is no such process.
+pub fn process_uid(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
+}
+
+/// Sends `sig` to `pid`.
+pub fn signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    // SAFETY: kill(2) with a positive pid; no memory involved.
+    check(unsafe { libc::kill(pid as libc::pid_t, sig) })?;
+    Ok(())
+}
+
+/// Exclusive `flock` on `f`, waiting at most `limit`; false if it is still held by someone else
+/// then.
+pub fn flock_exclusive_within(f: &File, limit: std::time::Duration) -> io::Result<bool> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        // SAFETY: flock on an open fd.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) | Some(libc::EINTR) => {}
+            _ => return Err(e),
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// True if nobody holds an exclusive `flock` on `f` right now (takes and drops it at once).
 pub fn flock_free(f: &File) -> bool {
     // SAFETY: flock on an open fd; the lock is released right away.
@@ -270,20 +404,6 @@ pub fn flock_free(f: &File) -> bool {
         }
     }
     false
-}
-
-pub fn flock_exclusive(f: &File) -> io::Result<()> {
-    loop {
-        // SAFETY: flock on an open fd.
-        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
 }
 
 /// `posix_fadvise`; advisory, so failures are ignored (the copy is correct either way).

@@ -62,6 +62,10 @@ pub struct TierUsage {
 #[derive(Debug)]
 pub struct Tiers {
     tiers: Vec<Arc<Tier>>,
+    /// This source's directory in tier `t` was removed or renamed while in use (`mark_gone`):
+    /// no more copies go there. Per source: another source's directory in the same tier may
+    /// be intact. A new walk starts from fresh `Tiers`.
+    gone: Vec<AtomicBool>,
 }
 
 /// Space held for one copy in progress. Dropping it releases the space; `commit` keeps it.
@@ -124,7 +128,8 @@ impl Tiers {
 
     /// Tiers over existing `Tier`s, normally from a `TierRegistry`.
     pub fn from_shared(tiers: Vec<Arc<Tier>>) -> Tiers {
-        Tiers { tiers }
+        let gone = tiers.iter().map(|_| AtomicBool::new(false)).collect();
+        Tiers { tiers, gone }
     }
 
     /// True if tier `t` here is the very same accounting object as `other` (not merely the
@@ -158,7 +163,7 @@ impl Tiers {
     /// Reserves room for `bytes` on `tier`, or `None` if it would exceed the capacity.
     pub fn reserve(&self, tier: usize, bytes: u64) -> Option<Reservation<'_>> {
         let t = self.tiers.get(tier)?;
-        if t.full.load(Ordering::Acquire) {
+        if t.full.load(Ordering::Acquire) || self.gone[tier].load(Ordering::Acquire) {
             return None;
         }
         let charge = self.charge(tier, bytes);
@@ -206,6 +211,20 @@ impl Tiers {
         self.tiers
             .get(tier)
             .is_some_and(|t| !t.full.swap(true, Ordering::AcqRel))
+    }
+
+    /// Marks this source's directory in `tier` as gone: `reserve` refuses it from now on. True
+    /// if it was not marked already (the caller says so once).
+    pub fn mark_gone(&self, tier: usize) -> bool {
+        self.gone
+            .get(tier)
+            .is_some_and(|g| !g.swap(true, Ordering::AcqRel))
+    }
+
+    pub fn is_gone(&self, tier: usize) -> bool {
+        self.gone
+            .get(tier)
+            .is_some_and(|g| g.load(Ordering::Acquire))
     }
 
     pub fn is_full(&self, tier: usize) -> bool {
@@ -284,28 +303,30 @@ impl TierRegistry {
                 );
                 t.capacity.store(asked, Ordering::Release);
             }
-            if let Some(n) = conflict(&t, spec) {
-                if self
-                    .noted
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(n.clone())
-                {
-                    notes.push(n);
-                }
+            if let Some(n) = conflict(&t, spec).filter(|n| self.first_time(n)) {
+                notes.push(n);
             }
             out.push(t);
         }
         (Tiers::from_shared(out), notes)
     }
 
-    /// The conflicts `resolve` would report for `specs`, registering nothing.
+    /// The conflicts `resolve` would report for `specs` (each said once), registering nothing.
     pub fn conflicts(&self, specs: &[TierSpec]) -> Vec<String> {
         let map = self.lock();
         specs
             .iter()
             .filter_map(|s| conflict(map.get(&Self::key(&s.path))?, s))
+            .filter(|n| self.first_time(n))
             .collect()
+    }
+
+    /// True the first time `note` is given.
+    fn first_time(&self, note: &str) -> bool {
+        self.noted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(note.to_string())
     }
 
     /// Every registered tier's usage, ordered by path.
@@ -377,6 +398,12 @@ mod tests {
         assert_eq!(t.usage()[0].used, 0);
         assert_eq!(t.usage()[0].reserved, 0);
         assert!(t.reserve(1, 1).is_none(), "no such tier");
+        assert!(t.mark_gone(0) && !t.mark_gone(0), "said once");
+        assert!(
+            t.reserve(0, 1).is_none(),
+            "a gone directory takes no copies"
+        );
+        assert!(t.is_gone(0));
     }
 
     #[derive(Clone, Debug)]
@@ -500,6 +527,7 @@ mod tests {
             Vec::<String>::new()
         );
         assert_eq!(reg.conflicts(&[spec(b.clone(), 1)]).len(), 1);
+        assert!(reg.conflicts(&[spec(b.clone(), 1)]).is_empty(), "said once");
         // A default capacity never disagrees.
         let defaulted = TierSpec {
             default_capacity: true,

@@ -14,7 +14,7 @@ Examples:
       the same job without interception, for comparison
 
 The program keeps reading /pfs/imagenet as before. Later jobs on this node reuse what earlier ones
-placed (validated by size, mtime and checksum). `granary status` shows the agent, `granary stop`
+placed (validated by the source's identity and a checksum). `granary status` shows the agent, `granary stop`
 ends it; it also exits by itself after --idle-timeout without jobs.";
 
 /// Serve a training program's reads of a dataset from fast node-local tiers.
@@ -114,7 +114,7 @@ pub struct RunArgs {
     /// Write the job's report as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
-    /// Do not print the report table.
+    /// Do not print the report table or notes (warnings about what is wrong are still printed).
     #[arg(long, short)]
     pub quiet: bool,
     /// The program and its arguments.
@@ -160,6 +160,12 @@ pub struct DemoReaderArgs {
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     if !matches!(cli.cmd, Command::Agent(_)) {
         crate::logging::init(None, None);
+    }
+    if matches!(
+        cli.cmd,
+        Command::Status { .. } | Command::Stop | Command::Demo(_)
+    ) {
+        crate::output::die_on_closed_pipe();
     }
     match cli.cmd {
         Command::Run(a) => crate::run::run(a),

@@ -5,6 +5,7 @@ mod cli;
 mod client;
 mod demo;
 mod logging;
+mod output;
 mod pack_cmd;
 mod run;
 mod signals;
@@ -16,7 +17,7 @@ fn main() {
     let code = match cli::dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("granary: {e:#}");
+            output::say(format!("granary: {e:#}"));
             2
         }
     };

@@ -1,5 +1,6 @@
 //! `granary run`: attach to the agent, run the program with the preload library, report.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -9,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use granary_core::config::{default_tier, parse_tier_flag, resolve_tiers, Config, TierConfig};
 use granary_core::runtime::Runtime;
 use granary_core::size::format_size;
-use granary_core::stats::{JobReport, PlacementStats, SourceReport};
+use granary_core::stats::{JobPlaced, JobReport, PlacementStats, SourceReport};
 use granary_core::tiers::TierSpec;
 use granary_shm::{job, layout::MAX_TIERS, Mapping};
 
@@ -18,7 +19,8 @@ use granary_core::placement::prefetch::OrderSpec;
 
 use crate::agent::protocol::{Reply, Request};
 use crate::cli::{RunArgs, TierArgs};
-use crate::client::{connect_or_spawn, Conn};
+use crate::client::{connect_or_spawn, replace_unresponsive, silent_pid, Conn};
+use crate::output::{say, say_raw};
 
 /// `--config FILE`, else `$GRANARY_CONFIG`, else nothing; the placement flags
 /// (`--block-size`, `--max-source-streams`) override the file's values.
@@ -107,16 +109,14 @@ pub fn job_tiers(args: &TierArgs, cfg: &Config, quiet: bool) -> Result<Vec<TierS
     let mut tcfg = tier_configs(args, cfg)?;
     let defaulted = tcfg.is_empty();
     if defaulted {
-        tcfg.push(default_tier().context(
-            "no writable directory for a default tier ($GRANARY_CACHE_DIR, $SLURM_TMPDIR, $TMPDIR, /tmp); use --tier",
-        )?);
+        tcfg.push(default_tier().map_err(anyhow::Error::msg)?);
     }
     // An unusable tier (not creatable, not a directory) costs speed, never the job: drop it.
     let mut resolved = Vec::new();
     for t in &tcfg {
         match resolve_tiers(std::slice::from_ref(t)) {
             Ok(mut r) => resolved.append(&mut r),
-            Err(e) => eprintln!("granary: {e}; not using this tier"),
+            Err(e) => say(format!("granary: {e}; not using this tier")),
         }
     }
     if resolved.is_empty() {
@@ -124,7 +124,7 @@ pub fn job_tiers(args: &TierArgs, cfg: &Config, quiet: bool) -> Result<Vec<TierS
     }
     for (i, (t, cap_default)) in resolved.iter().enumerate() {
         if (defaulted || *cap_default) && !quiet {
-            eprintln!(
+            say(format!(
                 "granary: tier {i}: {} ({}{})",
                 t.path.display(),
                 format_size(t.capacity),
@@ -133,7 +133,7 @@ pub fn job_tiers(args: &TierArgs, cfg: &Config, quiet: bool) -> Result<Vec<TierS
                 } else {
                     ""
                 }
-            );
+            ));
         }
     }
     Ok(resolved.into_iter().map(|t| t.0).collect())
@@ -177,33 +177,46 @@ fn exit_code(st: std::process::ExitStatus) -> i32 {
     }
 }
 
+/// Why `--source` cannot be served: it does not exist or is not a directory.
+fn unusable_source(source: &Path) -> Option<String> {
+    match std::fs::metadata(source) {
+        Ok(m) if m.is_dir() => None,
+        Ok(_) => Some(format!("source {} is not a directory", source.display())),
+        Err(e) => Some(format!("source {}: {e}", source.display())),
+    }
+}
+
 pub fn run(args: RunArgs) -> Result<i32> {
     let started = Instant::now();
-    // Same rule as the preload library: any value but empty or "0" turns granary off.
-    let disabled = std::env::var_os("GRANARY_DISABLE").is_some_and(|v| !v.is_empty() && v != "0");
+    // Bad flags or configuration are the user's to fix: refused before anything runs (rc 2).
     let cfg = load_config(&args.tiers)?;
+    tier_configs(&args.tiers, &cfg)?;
     let source = granary_core::source::normalize(&args.source)?;
-    if !source.is_dir() {
-        bail!("source {} is not a directory", source.display());
-    }
     let (prog, prog_args) = args.program.split_first().context("no program given")?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(prog_args);
 
-    if disabled {
-        return run_plain(&args, &mut cmd, prog, &source, started);
+    // Same rule as the preload library: any value but empty or "0" turns granary off.
+    if std::env::var_os("GRANARY_DISABLE").is_some_and(|v| !v.is_empty() && v != "0") {
+        let why = "GRANARY_DISABLE is set".to_string();
+        return run_plain(&args, &mut cmd, prog, &source, started, why);
     }
-
-    // A malformed --tier is the user's to fix: refuse it before anything runs.
-    tier_configs(&args.tiers, &cfg)?;
+    // granary may make a job slower, never failed: whatever keeps granary from serving the
+    // job (here or below), the program runs as if granary were absent, and the report says why.
+    if let Some(why) = unusable_source(&source) {
+        say(format!(
+            "granary: {why}; running the program without granary"
+        ));
+        return run_plain(&args, &mut cmd, prog, &source, started, why);
+    }
     let order = order_spec(&args, &cfg)?;
     let job = match attach(&args, &cfg, &source, order) {
         Ok(job) => job,
         Err(e) => {
-            // granary may make a job slower, never failed: run it as if granary were absent.
-            eprintln!("granary: {e:#}");
-            eprintln!("granary: running the program without granary");
-            return run_plain(&args, &mut cmd, prog, &source, started);
+            let why = format!("{e:#}");
+            say(format!("granary: {why}"));
+            say("granary: running the program without granary");
+            return run_plain(&args, &mut cmd, prog, &source, started, why);
         }
     };
     let Job {
@@ -216,6 +229,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         preload,
         _mapping,
         table,
+        mut warnings,
     } = job;
     let mut ld = preload.as_os_str().to_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
@@ -233,16 +247,44 @@ pub fn run(args: RunArgs) -> Result<i32> {
             .counter(slot, w)
             .map_or(0, |c| c.load(Ordering::Relaxed))
     };
-    let (placement, usage) =
-        agent_stats(&mut conn, &source).unwrap_or((before.clone(), tier_usage));
-    let delta = placement.since(&before);
+    let (delta, usage, mine) = match agent_stats(&mut conn, &source, slot) {
+        Ok(AgentStats {
+            placement,
+            tiers,
+            warnings: now,
+            job,
+        }) => {
+            for w in now {
+                if !warnings.contains(&w) {
+                    say(format!("granary: {w}"));
+                    warnings.push(w);
+                }
+            }
+            (placement.since(&before), tiers, job)
+        }
+        Err(e) => {
+            // The program is done; the agent's figures are not worth a hung job.
+            let w = format!("{e:#}; the report lacks the agent's figures");
+            say(format!("granary: {w}"));
+            warnings.push(w);
+            (PlacementStats::default(), tier_usage, JobPlaced::default())
+        }
+    };
     let mut tiers_rep = JobReport::tier_reports(&usage);
     for (i, t) in tiers_rep.iter_mut().enumerate().take(MAX_TIERS) {
         t.files_served = c(job::TIER_FILES + i);
         t.bytes_served = c(job::TIER_BYTES + i);
-        t.files_placed = delta.tier_files_placed.get(i).copied().unwrap_or(0);
-        t.bytes_placed = delta.tier_bytes_placed.get(i).copied().unwrap_or(0);
+        t.files_placed = mine.files.get(i).copied().unwrap_or(0);
+        t.bytes_placed = mine.bytes.get(i).copied().unwrap_or(0);
     }
+    // The copies are this job's; the rest of `placement` is the agent's work on the source.
+    let placement = PlacementStats {
+        files_placed: mine.files.iter().sum(),
+        bytes_placed: mine.bytes.iter().sum(),
+        tier_files_placed: mine.files.clone(),
+        tier_bytes_placed: mine.bytes.clone(),
+        ..delta
+    };
     let report = JobReport {
         version: 1,
         source: source.display().to_string(),
@@ -262,10 +304,12 @@ pub fn run(args: RunArgs) -> Result<i32> {
         },
         files_served_from_tiers: tiers_rep.iter().map(|t| t.files_served).sum(),
         bytes_served_from_tiers: tiers_rep.iter().map(|t| t.bytes_served).sum(),
-        bytes_placed: delta.bytes_placed,
+        bytes_placed: placement.bytes_placed,
         tiers: tiers_rep,
-        placement: delta,
+        placement,
         transient_drops: c(job::TRANSIENT_DROPS),
+        fallback: None,
+        warnings,
     };
     drop(conn);
     finish(&args, &report)?;
@@ -283,6 +327,18 @@ struct Job {
     preload: PathBuf,
     _mapping: Mapping,
     table: granary_shm::Table,
+    /// What the agent warned about at attach.
+    warnings: Vec<String>,
+}
+
+/// What the agent answered to `attach`.
+struct Attached {
+    table: PathBuf,
+    slot: u32,
+    tiers: Vec<granary_core::tiers::TierUsage>,
+    catalog: granary_core::stats::CatalogStats,
+    placement: PlacementStats,
+    warnings: Vec<String>,
 }
 
 /// Everything granary needs before the program starts: tiers, preload library, agent, table.
@@ -299,8 +355,7 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
     if let Some(t) = &args.tiers.idle_timeout {
         agent_args.push(format!("--idle-timeout={t}"));
     }
-    let mut conn = connect_or_spawn(&rt, &agent_args)?;
-    conn.send(&Request::Attach {
+    let request = Request::Attach {
         source: source.to_path_buf(),
         pid: std::process::id(),
         tiers: tiers.clone(),
@@ -310,21 +365,64 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         page_cache: cfg.page_cache,
         order,
         immutable: args.immutable || cfg.immutable.unwrap_or(false),
-    })?;
+    };
+    let try_once = || -> Result<(Conn, Attached)> {
+        let mut conn = connect_or_spawn(&rt, &agent_args)?;
+        let a = attach_on(&mut conn, &request, args.quiet, source)?;
+        Ok((conn, a))
+    };
+    // An agent that does not answer is replaced once; a second silence is the job's fallback.
+    let (conn, a) = match try_once() {
+        Err(e) if silent_pid(&e).is_some() => {
+            say(format!("granary: {e}"));
+            replace_unresponsive(&rt, silent_pid(&e).flatten())?;
+            try_once()?
+        }
+        r => r?,
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&a.table)
+        .with_context(|| format!("opening table {}", a.table.display()))?;
+    let len = f.metadata()?.len() as usize;
+    let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
+        .with_context(|| format!("mapping table {}", a.table.display()))?;
+    drop(f);
+    Ok(Job {
+        conn,
+        table_path: a.table,
+        slot: a.slot,
+        tier_usage: a.tiers,
+        catalog: a.catalog,
+        before: a.placement,
+        preload,
+        _mapping: mapping,
+        table,
+        warnings: a.warnings,
+    })
+}
+
+/// Sends the attach request and waits for the table, showing the walk's progress on a
+/// terminal; the agent's notes are printed unless `quiet`, its warnings always.
+fn attach_on(conn: &mut Conn, request: &Request, quiet: bool, source: &Path) -> Result<Attached> {
+    conn.send(request)?;
     let walk_started = Instant::now();
     let mut shown = false;
-    let (table_path, slot, tier_usage, catalog, before) = loop {
+    loop {
         match conn.recv()? {
             Reply::Progress { files, dirs, bytes } => {
                 if walk_started.elapsed() > Duration::from_secs(1)
-                    && !args.quiet
+                    && files + dirs > 0
+                    && !quiet
                     && std::io::IsTerminal::is_terminal(&std::io::stderr())
                 {
-                    eprint!(
+                    say_raw(&format!(
                         "\rgranary: cataloguing {}: {files} files, {dirs} dirs, {}   ",
                         source.display(),
                         format_size(bytes)
-                    );
+                    ));
                     shown = true;
                 }
             }
@@ -332,62 +430,56 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
                 table,
                 job_slot,
                 tiers,
-                note,
+                notes,
+                warnings,
                 catalog,
                 placement,
                 ..
             } => {
                 if shown {
-                    eprintln!();
-                } else if walk_started.elapsed() > Duration::from_secs(1) && !args.quiet {
-                    eprintln!(
+                    say("");
+                } else if walk_started.elapsed() > Duration::from_secs(1) && !quiet {
+                    say(format!(
                         "granary: catalogued {}: {} files, {} dirs, {} in {:.1} s",
                         source.display(),
                         catalog.files,
                         catalog.dirs,
                         format_size(catalog.bytes),
                         catalog.walk_s
-                    );
+                    ));
                 }
-                if let Some(n) = note {
-                    eprintln!("granary: {n}");
+                if !quiet {
+                    for n in notes {
+                        say(format!("granary: {n}"));
+                    }
                 }
-                break (table, job_slot, tiers, catalog, placement);
+                for w in &warnings {
+                    say(format!("granary: {w}"));
+                }
+                return Ok(Attached {
+                    table,
+                    slot: job_slot,
+                    tiers,
+                    catalog,
+                    placement,
+                    warnings,
+                });
             }
             Reply::Error { message } => bail!("agent: {message}"),
             other => bail!("unexpected reply from the agent: {other:?}"),
         }
-    };
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&table_path)
-        .with_context(|| format!("opening table {}", table_path.display()))?;
-    let len = f.metadata()?.len() as usize;
-    let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
-        .with_context(|| format!("mapping table {}", table_path.display()))?;
-    drop(f);
-    Ok(Job {
-        conn,
-        table_path,
-        slot,
-        tier_usage,
-        catalog,
-        before,
-        preload,
-        _mapping: mapping,
-        table,
-    })
+    }
 }
 
-/// Runs the program without interception (GRANARY_DISABLE, or granary could not set up) and
-/// reports it as such; the exit status is the program's.
+/// Runs the program without interception and reports it as such, with the reason; the exit
+/// status is the program's.
 fn run_plain(
     args: &RunArgs,
     cmd: &mut std::process::Command,
     prog: &std::ffi::OsStr,
     source: &Path,
     started: Instant,
+    why: String,
 ) -> Result<i32> {
     let st = spawn_and_wait(cmd, prog)?;
     let report = JobReport {
@@ -396,21 +488,38 @@ fn run_plain(
         exit_status: exit_code(st),
         wall_time_s: started.elapsed().as_secs_f64(),
         disabled: true,
+        fallback: Some(why),
         ..Default::default()
     };
     finish(args, &report)?;
     Ok(report.exit_status)
 }
 
-fn agent_stats(
-    conn: &mut Conn,
-    source: &Path,
-) -> Result<(PlacementStats, Vec<granary_core::tiers::TierUsage>)> {
-    conn.send(&Request::Stats {
+/// The agent's answer to `stats` at the end of a job.
+struct AgentStats {
+    placement: PlacementStats,
+    tiers: Vec<granary_core::tiers::TierUsage>,
+    warnings: Vec<String>,
+    job: JobPlaced,
+}
+
+fn agent_stats(conn: &mut Conn, source: &Path, slot: u32) -> Result<AgentStats> {
+    let req = Request::Stats {
         source: source.to_path_buf(),
-    })?;
-    match conn.recv()? {
-        Reply::Stats { placement, tiers } => Ok((placement, tiers)),
+        slot,
+    };
+    match conn.ask(&req)? {
+        Reply::Stats {
+            placement,
+            tiers,
+            warnings,
+            job,
+        } => Ok(AgentStats {
+            placement,
+            tiers,
+            warnings,
+            job,
+        }),
         other => bail!("unexpected reply {other:?}"),
     }
 }
@@ -419,11 +528,15 @@ fn spawn_and_wait(
     cmd: &mut std::process::Command,
     prog: &std::ffi::OsStr,
 ) -> Result<std::process::ExitStatus> {
+    crate::signals::install();
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             // As a shell reports it: 127 not found, 126 not executable.
-            eprintln!("granary: cannot run {}: {e}", Path::new(prog).display());
+            say(format!(
+                "granary: cannot run {}: {e}",
+                Path::new(prog).display()
+            ));
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -432,18 +545,23 @@ fn spawn_and_wait(
             return Ok(std::process::ExitStatus::from_raw(code << 8));
         }
     };
-    crate::signals::forward_to(child.id());
+    crate::signals::started(child.id());
+    crate::signals::wait_exit(child.id());
     Ok(child.wait()?)
 }
 
+/// The report on stderr (unless `-q`; a closed stderr is ignored) and in `--stats-json`.
 fn finish(args: &RunArgs, report: &JobReport) -> Result<()> {
     if !args.quiet {
-        eprint!("{}", report.render());
+        say_raw(&report.render());
     }
     if let Some(p) = &args.stats_json {
         let mut s = serde_json::to_string_pretty(report)?;
         s.push('\n');
-        std::fs::write(p, s).with_context(|| format!("writing {}", p.display()))?;
+        if let Err(e) = std::fs::write(p, s) {
+            // The program has run: its status matters more than the report's file.
+            say(format!("granary: writing {}: {e}", p.display()));
+        }
     }
     Ok(())
 }

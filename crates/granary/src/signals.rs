@@ -1,25 +1,133 @@
-//! Forwarding SIGINT/SIGTERM/SIGHUP from `granary run` to the program it started.
+//! `granary run` passes on every signal a wrapper like `srun` or `timeout` would, so the program
+//! sees it (Slurm's `--signal=B:USR1@T` checkpoint-before-timeout, `scancel --signal`, `kill`),
+//! and keeps waiting for the program, whose status it then returns.
+//!
+//! Not forwarded: SIGKILL and SIGSTOP (they cannot be caught); SIGCHLD (ours); SIGTSTP, SIGTTIN
+//! and SIGTTOU (job control stops `granary run` like any process of the job); the faults of
+//! `granary run` itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT); a signal
+//! the kernel sent to the whole foreground process group (Ctrl-C, a terminal hangup, a window
+//! resize: the program, in the same group, got it already); a SIGPIPE `granary run` caused
+//! itself.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
+/// The program's pid; 0 before it exists and once it has exited.
 static CHILD: AtomicI32 = AtomicI32::new(0);
+/// Signals received while there was no program (bit `sig - 1`), forwarded when it starts.
+static PENDING: AtomicU64 = AtomicU64::new(0);
 
-extern "C" fn forward(sig: libc::c_int) {
-    let pid = CHILD.load(Ordering::Relaxed);
-    if pid > 0 {
-        // SAFETY: kill is async-signal-safe.
+/// Every signal that is forwarded.
+pub fn forwarded() -> Vec<libc::c_int> {
+    let mut v = vec![
+        libc::SIGHUP,
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGPIPE,
+        libc::SIGALRM,
+        libc::SIGTERM,
+        libc::SIGCONT,
+        libc::SIGURG,
+        libc::SIGXCPU,
+        libc::SIGXFSZ,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGWINCH,
+        libc::SIGIO,
+        libc::SIGPWR,
+    ];
+    v.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
+    v
+}
+
+fn send_pending(pid: libc::pid_t) {
+    let mut bits = PENDING.swap(0, Ordering::AcqRel);
+    while bits != 0 {
+        let sig = bits.trailing_zeros() as libc::c_int + 1;
+        bits &= bits - 1;
+        // SAFETY: kill is async-signal-safe; pid is our own child.
         unsafe {
             libc::kill(pid, sig);
         }
     }
 }
 
-pub fn forward_to(pid: u32) {
-    CHILD.store(pid as i32, Ordering::Relaxed);
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installs an async-signal-safe handler (one atomic load and kill).
-        unsafe {
-            libc::signal(sig, forward as *const () as libc::sighandler_t);
+extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    if !(1..=64).contains(&sig) {
+        return;
+    }
+    let pid = CHILD.load(Ordering::Acquire);
+    if !info.is_null() {
+        // SAFETY: the kernel passes a valid siginfo_t with SA_SIGINFO; si_pid is read only for
+        // SI_USER/SI_QUEUE, where it is defined.
+        let (code, sender) = unsafe {
+            let code = (*info).si_code;
+            let user = code == libc::SI_USER || code == libc::SI_QUEUE;
+            (code, if user { (*info).si_pid() } else { 0 })
+        };
+        // SAFETY: getpid, getpgrp and getpgid are async-signal-safe system calls.
+        let (me, group, child_group) = unsafe {
+            (
+                libc::getpid(),
+                libc::getpgrp(),
+                if pid > 0 { libc::getpgid(pid) } else { -1 },
+            )
+        };
+        if sig == libc::SIGPIPE && sender == me {
+            return;
+        }
+        if code == libc::SI_KERNEL && child_group == group {
+            return;
         }
     }
+    PENDING.fetch_or(1 << (sig - 1), Ordering::AcqRel);
+    // Loaded again: the program may have started (on another thread) since the first load.
+    let pid = CHILD.load(Ordering::Acquire);
+    if pid > 0 {
+        send_pending(pid);
+    }
+}
+
+/// Installs the forwarding handlers; signals that arrive before `started` are held for the
+/// program. Call just before spawning it.
+pub fn install() {
+    for sig in forwarded() {
+        // SAFETY: a zeroed sigaction with an empty mask is valid; the handler only uses
+        // atomics, getpid and kill, all async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = forward as *const () as libc::sighandler_t;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The program started as `pid`: forward what was held and everything from now on.
+pub fn started(pid: u32) {
+    CHILD.store(pid as i32, Ordering::Release);
+    send_pending(pid as libc::pid_t);
+}
+
+/// Waits until the program has exited, without reaping it, then stops forwarding: a signal
+/// can never reach another process that reused its pid. The caller reaps it (`Child::wait`).
+pub fn wait_exit(pid: u32) {
+    loop {
+        // SAFETY: zeroed siginfo_t is a valid out-buffer; WNOWAIT leaves the child waitable.
+        let r = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break;
+        }
+    }
+    CHILD.store(0, Ordering::Release);
 }

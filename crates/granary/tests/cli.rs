@@ -424,7 +424,9 @@ fn entries(dir: &Path) -> Vec<String> {
 }
 
 /// One agent, two sources run one after the other with different tier directories and
-/// capacities: each source's copies go to its own tier, and the small tier's capacity holds.
+/// capacities: each source's copies go to its own tier, and the small tier's capacity holds. A
+/// tier's capacity changes when no job uses it; while one does, a job asking another is told
+/// once (and not under `-q`). A source moved to another tier loses its copies in the old one.
 #[test]
 fn each_source_uses_its_own_tiers() {
     let e = Env::new(0);
@@ -433,9 +435,10 @@ fn each_source_uses_its_own_tiers() {
     let files_a = make_files(&src_a, 6, 3000);
     // 20 files of 10000 bytes cost 12288 bytes each in 4 KiB blocks: exactly 5 fit in 64 KiB.
     let files_b = make_files(&src_b, 20, 10_000);
-    let run = |src: &Path, tier: String, files: &[String]| {
+    let run = |src: &Path, tier: String, files: &[String], extra: &[&str]| {
         let mut c = e.cmd();
         c.arg("run")
+            .args(extra)
             .arg("--source")
             .arg(src)
             .arg("--tier")
@@ -449,14 +452,14 @@ fn each_source_uses_its_own_tiers() {
         o
     };
 
-    let o = run(&src_a, format!("{}=1G", tier_x.display()), &files_a);
+    let o = run(&src_a, format!("{}=1G", tier_x.display()), &files_a, &[]);
     assert_eq!(o.stdout.len(), 6 * 3000);
     let pid = e.agent_pid().expect("agent running");
     let a = wait_settled(&e, &src_a);
     assert_eq!(a["files_placed_now"], 6, "{a}");
     let id_a = a["id"].as_str().unwrap().to_string();
 
-    let o = run(&src_b, format!("{}=64K", tier_y.display()), &files_b);
+    let o = run(&src_b, format!("{}=64K", tier_y.display()), &files_b, &[]);
     assert_eq!(o.stdout.len(), 20 * 10_000);
     assert_eq!(e.agent_pid(), Some(pid), "the same agent served both");
     let b = wait_settled(&e, &src_b);
@@ -477,27 +480,66 @@ fn each_source_uses_its_own_tiers() {
     let all = e.status();
     assert_eq!(all["tiers"].as_array().unwrap().len(), 2, "{all}");
 
-    // B again, now asking for more room in the same directory: the directory keeps its first
-    // capacity (one counter per directory), and the job is told.
-    let o = run(&src_b, format!("{}=1M", tier_y.display()), &files_b);
+    // B again, asking for more room in the same directory while no job uses it: the new
+    // capacity is applied (nothing to say), the five copies are reused, the rest placed.
+    let o = run(&src_b, format!("{}=1M", tier_y.display()), &files_b, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("already has capacity 65536"), "{err}");
+    assert!(!err.contains("capacity"), "{err}");
     let b = wait_settled(&e, &src_b);
     assert_eq!(b["catalog"]["reused_files"], 5, "{b}");
-    assert_eq!(b["files_placed_now"], 5, "{b}");
-    assert_eq!(b["tiers"][0]["capacity"], 64 << 10);
-    assert_eq!(entries(&tier_y.join(&id_b).join("objects")).len(), 5);
+    assert_eq!(b["files_placed_now"], 20, "{b}");
+    assert_eq!(b["tiers"][0]["capacity"], 1 << 20);
+    assert_eq!(entries(&tier_y.join(&id_b).join("objects")).len(), 20);
 
-    // A again on another tier: x is no longer A's, so nothing there is reused, and nothing
-    // there is deleted either. y has room for one 4 KiB-block copy next to B's five.
-    let o = run(&src_a, format!("{}=64K", tier_y.display()), &files_a);
+    // While a job of B uses y, A moves from x to y and asks another capacity: y keeps B's, A
+    // is told once; A's copies in x, which nothing would ever reuse, are removed (and said).
+    let mut holder = e.cmd();
+    holder
+        .arg("run")
+        .arg("-q")
+        .arg("--source")
+        .arg(&src_b)
+        .arg("--tier")
+        .arg(format!("{}=1M", tier_y.display()))
+        .args(["--", "sh", "-c", "read line"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut holder = holder.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while source_status(&e.status(), &src_b)["jobs"] != 1 {
+        assert!(Instant::now() < deadline, "the holding job never attached");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let conflict = "in use by another job with capacity 1048576";
+    let o = run(&src_a, format!("{}=64K", tier_y.display()), &files_a, &[]);
     assert_eq!(o.stdout.len(), 6 * 3000);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches(conflict).count(), 1, "{err}");
+    assert!(err.contains("its copies there were removed"), "{err}");
+    assert!(!tier_x.join(&id_a).exists(), "x still holds A's copies");
+    // Said once: the same request again is quiet.
+    let o = run(&src_a, format!("{}=64K", tier_y.display()), &files_a, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains(conflict), "said twice: {err}");
+    // A new conflict under -q is not printed.
+    let o = run(
+        &src_a,
+        format!("{}=128K", tier_y.display()),
+        &files_a,
+        &["-q"],
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "", "-q prints nothing");
+    {
+        use std::io::Write;
+        holder.stdin.take().unwrap().write_all(b"done\n").unwrap();
+    }
+    assert!(holder.wait().unwrap().success());
     let a = wait_settled(&e, &src_a);
     assert_eq!(a["tiers"][0]["path"], tier_y.to_str().unwrap());
-    assert_eq!(a["catalog"]["reused_files"], 0, "{a}");
-    assert_eq!(a["files_placed_now"], 1, "{a}");
-    assert_eq!(a["tiers"][0]["used"], 5 * 12288 + 4096);
-    assert_eq!(entries(&tier_x.join(&id_a).join("objects")).len(), 6);
+    assert_eq!(a["tiers"][0]["capacity"], 1 << 20, "kept while B used it");
+    assert_eq!(a["files_placed_now"], 6, "{a}");
+    assert_eq!(a["tiers"][0]["used"], 20 * 12288 + 6 * 4096);
     assert_eq!(e.agent_pid(), Some(pid));
 }
 

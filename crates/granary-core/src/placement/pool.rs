@@ -279,12 +279,10 @@ fn worker(sh: &Shared) {
             ),
         };
         tracing::trace!("placement of entry {} ({:?}): {out:?}", job.entry, job.kind);
-        if let super::PlaceOutcome::Placed { bytes, .. } = out {
-            if job.slot != 0 {
-                let t = &job.ctx.table;
-                t.count(job.slot, granary_shm::job::FILES_PLACED, 1);
-                t.count(job.slot, granary_shm::job::BYTES_PLACED, bytes);
-            }
+        if let super::PlaceOutcome::Placed { tier, bytes } = out {
+            job.ctx
+                .counters
+                .credit_placement(&job.ctx.table, job.slot, tier, bytes);
         }
         job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
     }

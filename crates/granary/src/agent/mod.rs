@@ -6,6 +6,7 @@ mod residency;
 mod ring;
 mod server;
 mod source;
+mod tierwatch;
 
 use std::collections::HashMap;
 use std::os::unix::net::UnixListener;
@@ -22,6 +23,9 @@ use granary_core::tiers::{TierRegistry, TierSpec};
 
 use crate::cli::AgentArgs;
 use source::SourceState;
+
+/// How long a starting agent waits for the previous one to let go of `agent.alive`.
+const ALIVE_WAIT: Duration = Duration::from_secs(60);
 
 /// What the first job asks of the pool (its flags or configuration); the agent's own
 /// configuration wins.
@@ -134,6 +138,16 @@ impl Agent {
             .collect()
     }
 
+    /// Every source the agent knows, taken out of the map's lock.
+    pub fn source_states(&self) -> Vec<Arc<SourceState>> {
+        self.sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     pub fn touch(&self) {
         *self.last_active.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
@@ -142,14 +156,7 @@ impl Agent {
     /// only complete copies have object names, and the saved catalogs describe them.
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
-        let sources: Vec<_> = self
-            .sources
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        for s in sources {
+        for s in self.source_states() {
             let mut inner = s.inner.lock().unwrap_or_else(|e| e.into_inner());
             s.retire(&mut inner, true);
         }
@@ -178,12 +185,28 @@ fn volunteer_for_oom() {
 pub fn main(args: AgentArgs) -> Result<i32> {
     let rt = Runtime::open()?;
     // Wait for a previous agent to finish its shutdown (it saves catalogs this agent reuses);
-    // kept until this process exits.
+    // kept until this process exits. Bounded: `granary run` replaces a previous agent that does
+    // not exit before starting this one, so a long wait here means something else holds it.
     let alive = rt
         .open_alive()
         .with_context(|| format!("opening {}", rt.alive().display()))?;
-    granary_core::sys::flock_exclusive(&alive)
-        .with_context(|| format!("locking {}", rt.alive().display()))?;
+    if !granary_core::sys::flock_exclusive_within(&alive, ALIVE_WAIT)
+        .with_context(|| format!("locking {}", rt.alive().display()))?
+    {
+        bail!(
+            "another agent still holds {} after {} s",
+            rt.alive().display(),
+            ALIVE_WAIT.as_secs()
+        );
+    }
+    // Who holds it, for the commands that must end an agent that does not answer.
+    {
+        use std::io::Write;
+        let mut f = &alive;
+        let _ = f
+            .set_len(0)
+            .and_then(|()| writeln!(f, "{}", std::process::id()));
+    }
     let cfg = crate::run::load_config(&args.tiers)?;
     crate::logging::init(
         Some(cfg.log_level.as_deref().unwrap_or("info")),
@@ -238,6 +261,12 @@ pub fn main(args: AgentArgs) -> Result<i32> {
         std::thread::Builder::new()
             .name("residency".into())
             .spawn(move || residency::keep(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("tierwatch".into())
+            .spawn(move || tierwatch::watch(a))?;
     }
     {
         let a = agent.clone();

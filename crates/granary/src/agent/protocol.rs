@@ -36,9 +36,12 @@ pub enum Request {
         #[serde(default)]
         immutable: bool,
     },
-    /// Agent counters of one source (placement, its own source traffic) and its tiers' usage.
+    /// Agent counters of one source (placement, its own source traffic) and its tiers' usage;
+    /// with the job's slot, what was placed for that job.
     Stats {
         source: PathBuf,
+        #[serde(default)]
+        slot: u32,
     },
     Status,
     Stop,
@@ -57,15 +60,26 @@ pub enum Reply {
         job_slot: u32,
         source_id: String,
         tiers: Vec<TierUsage>,
-        /// Set when the job gets other tiers than it asked for: another job holds the source
-        /// with other tiers, or a tier directory is already known with another capacity.
-        note: Option<String>,
+        /// What the job should know (printed unless `-q`): it gets other tiers or another
+        /// capacity than it asked for (another job uses them), the source's copies left a tier
+        /// it no longer uses, its known-order policy's summary.
+        #[serde(default)]
+        notes: Vec<String>,
+        /// What is wrong (printed even with `-q`): tiers refused or lost.
+        #[serde(default)]
+        warnings: Vec<String>,
         catalog: CatalogStats,
         placement: PlacementStats,
     },
     Stats {
         placement: PlacementStats,
         tiers: Vec<TierUsage>,
+        /// As in `Attached`, as they stand now (a tier lost during the job shows here).
+        #[serde(default)]
+        warnings: Vec<String>,
+        /// The copies credited to the job of `slot` (`AgentCounters::credit_placement`).
+        #[serde(default)]
+        job: granary_core::stats::JobPlaced,
     },
     Status(AgentStatus),
     Stopping,
@@ -142,6 +156,9 @@ pub struct SourceStatus {
     /// The current attach's background validation of the catalog against the source.
     #[serde(default)]
     pub validation: Option<ValidationStatus>,
+    /// What is wrong with its tiers (refused at the walk, lost since), as jobs are told.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// Progress of an attach's validation (`catalog::validate`).

@@ -3,8 +3,8 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -13,10 +13,6 @@ use granary_core::catalog::Progress;
 use super::protocol::{AgentStatus, PageCacheStatus, PoolStatus, Reply, Request, SourceStatus};
 use super::source::SourceState;
 use super::{Agent, PoolWishes};
-
-/// Threads of an attach's background validation: enough to keep a network file system's
-/// metadata server busy with a few requests in flight, at idle CPU priority.
-const VALIDATE_THREADS: usize = 4;
 
 pub fn accept_loop(agent: Arc<Agent>, listener: UnixListener) {
     for conn in listener.incoming() {
@@ -52,10 +48,52 @@ pub fn accept_loop(agent: Arc<Agent>, listener: UnixListener) {
     }
 }
 
-fn send(w: &mut UnixStream, reply: &Reply) -> Result<()> {
+/// The connection's writing half, shared by the request loop and its keepalive.
+type Writer = Mutex<UnixStream>;
+
+fn send(w: &Writer, reply: &Reply) -> Result<()> {
     let mut line = serde_json::to_vec(reply)?;
     line.push(b'\n');
-    w.write_all(&line).context("writing a reply")
+    w.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .write_all(&line)
+        .context("writing a reply")
+}
+
+/// How often a connection waiting on a long request (a walk, another job's walk of the same
+/// source) says it is alive: clients treat `protocol::SILENCE_LIMIT` without a line as an agent
+/// that does not answer.
+const KEEPALIVE: Duration = Duration::from_millis(100);
+
+/// Runs `f` while a thread sends `progress` every `KEEPALIVE`, so the client can tell a busy
+/// agent from a stopped one.
+fn with_keepalive<T>(w: &Writer, progress: &Progress, f: impl FnOnce() -> T) -> T {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut waited = Duration::ZERO;
+            while !done.load(Ordering::Acquire) {
+                // Short naps so a quick request is not held up by this thread.
+                std::thread::sleep(Duration::from_millis(10));
+                waited += Duration::from_millis(10);
+                if waited < KEEPALIVE {
+                    continue;
+                }
+                waited = Duration::ZERO;
+                let p = Reply::Progress {
+                    files: progress.files.load(Ordering::Relaxed),
+                    dirs: progress.dirs.load(Ordering::Relaxed),
+                    bytes: progress.bytes.load(Ordering::Relaxed),
+                };
+                if done.load(Ordering::Acquire) || send(w, &p).is_err() {
+                    break;
+                }
+            }
+        });
+        let r = f();
+        done.store(true, Ordering::Release);
+        r
+    })
 }
 
 /// What the first job attaching to an idle source decides for it (later jobs share it).
@@ -65,6 +103,10 @@ struct SourceWishes<'a> {
     immutable: bool,
 }
 
+/// Threads of an attach's background validation: enough to keep a network file system's
+/// metadata server busy with a few requests in flight, at idle CPU priority.
+const VALIDATE_THREADS: usize = 4;
+
 struct Lease {
     source: Arc<SourceState>,
     slot: u32,
@@ -72,7 +114,7 @@ struct Lease {
 
 fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
     let reader = BufReader::new(stream.try_clone()?);
-    let mut w = stream;
+    let w: Writer = Mutex::new(stream);
     let mut lease: Option<Lease> = None;
     let result = (|| -> Result<()> {
         for line in reader.lines() {
@@ -81,7 +123,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                 Ok(r) => r,
                 Err(e) => {
                     send(
-                        &mut w,
+                        &w,
                         &Reply::Error {
                             message: format!("bad request: {e}"),
                         },
@@ -103,58 +145,64 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                 } => {
                     if lease.is_some() {
                         send(
-                            &mut w,
+                            &w,
                             &Reply::Error {
                                 message: "already attached".into(),
                             },
                         )?;
                         continue;
                     }
-                    match attach(
-                        agent,
-                        &mut w,
-                        &source,
-                        pid,
-                        &SourceWishes {
-                            tiers: &tiers,
-                            order: order.as_ref(),
-                            immutable,
-                        },
-                        &PoolWishes {
-                            workers,
-                            block_size,
-                            max_source_streams,
-                            page_cache,
-                        },
-                    ) {
+                    let progress = Progress::default();
+                    let res = with_keepalive(&w, &progress, || {
+                        attach(
+                            agent,
+                            &progress,
+                            &source,
+                            pid,
+                            &SourceWishes {
+                                tiers: &tiers,
+                                order: order.as_ref(),
+                                immutable,
+                            },
+                            &PoolWishes {
+                                workers,
+                                block_size,
+                                max_source_streams,
+                                page_cache,
+                            },
+                        )
+                    });
+                    match res {
                         Ok((reply, l)) => {
                             lease = Some(l);
-                            send(&mut w, &reply)?;
+                            send(&w, &reply)?;
                         }
                         Err(e) => send(
-                            &mut w,
+                            &w,
                             &Reply::Error {
                                 message: format!("{e:#}"),
                             },
                         )?,
                     }
                 }
-                Request::Stats { source } => {
+                Request::Stats { source, slot } => {
                     let reply = match find_source(agent, &source) {
                         Some(s) => Reply::Stats {
                             placement: s.counters.snapshot(),
                             tiers: s.ctx().map(|c| c.tiers.usage()).unwrap_or_default(),
+                            warnings: s.warnings(),
+                            job: s.counters.jobs.get(slot),
                         },
                         None => Reply::Error {
                             message: format!("no such source: {}", source.display()),
                         },
                     };
-                    send(&mut w, &reply)?;
+                    send(&w, &reply)?;
                 }
-                Request::Status => send(&mut w, &Reply::Status(status(agent)))?,
+                Request::Status => send(&w, &Reply::Status(status(agent)))?,
                 Request::Stop => {
                     tracing::info!("stop requested");
-                    send(&mut w, &Reply::Stopping)?;
+                    send(&w, &Reply::Stopping)?;
                     agent.stopping.store(true, Ordering::Release);
                 }
             }
@@ -179,7 +227,7 @@ fn find_source(agent: &Agent, source: &std::path::Path) -> Option<Arc<SourceStat
 
 fn attach(
     agent: &Arc<Agent>,
-    w: &mut UnixStream,
+    progress: &Progress,
     source: &std::path::Path,
     pid: u32,
     source_wishes: &SourceWishes<'_>,
@@ -240,52 +288,25 @@ fn attach(
             );
         }
         let src_tiers = Arc::new(src_tiers);
-        let progress = Progress::default();
         let generation = agent.generation.fetch_add(1, Ordering::AcqRel);
         let walk_threads = (setup.workers * 2).clamp(4, 32);
-        let done = std::sync::atomic::AtomicBool::new(false);
-        let res = std::thread::scope(|s| {
-            let mut pw = w.try_clone()?;
-            let (progress, done) = (&progress, &done);
-            s.spawn(move || {
-                let mut ticks = 0u32;
-                while !done.load(Ordering::Acquire) {
-                    // Short naps so a quick walk is not held up waiting for this thread.
-                    std::thread::sleep(Duration::from_millis(10));
-                    ticks += 1;
-                    if ticks % 25 != 0 {
-                        continue;
-                    }
-                    let p = Reply::Progress {
-                        files: progress.files.load(Ordering::Relaxed),
-                        dirs: progress.dirs.load(Ordering::Relaxed),
-                        bytes: progress.bytes.load(Ordering::Relaxed),
-                    };
-                    if done.load(Ordering::Acquire) || send(&mut pw, &p).is_err() {
-                        break;
-                    }
-                }
-            });
-            let r = src.prepare(
-                &mut inner,
-                src_tiers,
-                &agent.rt,
-                generation,
-                &super::source::WalkOpts {
-                    threads: walk_threads,
-                    params: setup.pool.params(),
-                    verify: agent.cfg.verify.unwrap_or_default(),
-                    order,
-                    residency: &setup.residency,
-                    immutable: immutable || agent.cfg.immutable.unwrap_or(false),
-                    validate_threads: agent.cfg.validate_threads.unwrap_or(VALIDATE_THREADS),
-                },
-                progress,
-            );
-            done.store(true, Ordering::Release);
-            r
-        });
-        let origin = res?;
+        let origin = src.prepare(
+            &mut inner,
+            src_tiers,
+            &agent.rt,
+            generation,
+            &super::source::WalkOpts {
+                threads: walk_threads,
+                params: setup.pool.params(),
+                verify: agent.cfg.verify.unwrap_or_default(),
+                order,
+                residency: &setup.residency,
+                immutable: immutable || agent.cfg.immutable.unwrap_or(false),
+                validate_threads: agent.cfg.validate_threads.unwrap_or(VALIDATE_THREADS),
+            },
+            progress,
+            &mut notes,
+        )?;
         super::residency::rebalance(agent);
         // A kept table keeps its known-order thread; a new one gets its own.
         if origin != super::source::Origin::Kept {
@@ -333,8 +354,6 @@ fn attach(
         ));
     }
     notes.extend(inner.order_note.clone());
-    notes.extend(inner.tier_notes.iter().cloned());
-    let note = (!notes.is_empty()).then(|| notes.join("; "));
     let slot = src.claim_slot(pid);
     inner.jobs += 1;
     src.jobs_now.store(inner.jobs, Ordering::Release);
@@ -349,7 +368,8 @@ fn attach(
         job_slot: slot,
         source_id: src.id.clone(),
         tiers: src.ctx().map(|c| c.tiers.usage()).unwrap_or_default(),
-        note,
+        notes,
+        warnings: src.warnings(),
         catalog: inner.catalog.clone(),
         placement: src.counters.snapshot(),
     };
@@ -391,13 +411,7 @@ fn detach(agent: &Agent, l: Lease) {
 }
 
 fn status(agent: &Agent) -> AgentStatus {
-    let sources = agent
-        .sources
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .cloned()
-        .collect::<Vec<_>>();
+    let sources = agent.source_states();
     AgentStatus {
         pid: std::process::id(),
         uptime_s: agent.started.elapsed().as_secs_f64(),
@@ -446,6 +460,7 @@ fn status(agent: &Agent) -> AgentStatus {
                             }
                         })
                     }),
+                    warnings: s.warnings(),
                 }
             })
             .collect(),

@@ -1,6 +1,7 @@
 //! One source as the agent holds it: its current table, attached jobs and counters.
 
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -18,6 +19,7 @@ use granary_shm::{job, lifecycle, state, Mapping, Table, TableSpec};
 
 pub const JOB_SLOTS: u32 = 64;
 const RING_CAP: u32 = 16384;
+const _: () = assert!(JOB_SLOTS as usize <= granary_core::stats::MAX_JOB_SLOTS);
 
 /// How an attach to an idle source prepares its table: walk threads, the placement parameters
 /// the table advertises, how reused copies are verified, and the attach's validation.
@@ -58,6 +60,9 @@ pub struct SourceState {
     pub jobs_now: AtomicUsize,
     /// The source root's record read when this source became known, for the first attach.
     fresh_root: Mutex<Option<granary_shm::StatRec>>,
+    /// What every job on the current table is told even with `-q`: tiers refused at the walk
+    /// (not the user's, open to other users, …) or lost since (removed, renamed).
+    warnings: Mutex<Vec<String>>,
 }
 
 #[derive(Default)]
@@ -70,8 +75,6 @@ pub struct Inner {
     /// (`None`: fill highest first), and what its resolution has to tell them.
     pub order: Option<granary_core::placement::prefetch::OrderSpec>,
     pub order_note: Option<String>,
-    /// Tiers refused at the last walk (not ours, open to other users, …), for the jobs.
-    pub tier_notes: Vec<String>,
 }
 
 impl SourceState {
@@ -98,7 +101,23 @@ impl SourceState {
             current: RwLock::default(),
             jobs_now: AtomicUsize::new(0),
             fresh_root: Mutex::new(root.is_dir().then_some(root)),
+            warnings: Mutex::default(),
         })
+    }
+
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Adds a warning for the jobs of the current table (once).
+    pub fn warn(&self, w: String) {
+        let mut ws = self.warnings.lock().unwrap_or_else(|e| e.into_inner());
+        if !ws.contains(&w) {
+            ws.push(w);
+        }
     }
 
     pub fn ctx(&self) -> Option<Arc<SourceCtx>> {
@@ -116,7 +135,9 @@ impl SourceState {
     /// tiers), and starts the attach's background validation. The cheapest way that is safe:
     /// the table the agent kept, the catalog saved beside the cache, or a walk that lists only
     /// what neither can vouch for. Nothing in a kept or loaded table is served before it is
-    /// checked against the source in this attach (`lifecycle::is_validated`).
+    /// checked against the source in this attach (`lifecycle::is_validated`). What the
+    /// attaching job should be told is added to `notes`.
+    #[allow(clippy::too_many_arguments)]
     pub fn prepare(
         &self,
         inner: &mut Inner,
@@ -125,9 +146,10 @@ impl SourceState {
         generation: u64,
         opts: &WalkOpts<'_>,
         progress: &Progress,
+        notes: &mut Vec<String>,
     ) -> Result<Origin> {
         let started = Instant::now();
-        let dirs = self.open_tier_dirs(&tiers, inner);
+        let dirs = self.open_tier_dirs(&tiers);
         let spec = self.spec(&tiers, &dirs, opts.params, 0);
         let origin = if let Some(ctx) = self.ctx().filter(|c| self.reusable(&c.table, &spec)) {
             tracing::info!("{}: re-attach with the kept catalog", self.source.display());
@@ -184,7 +206,7 @@ impl SourceState {
                 }
                 None => self.walk_into(&tiers, &spec, &table_path, last_saved, progress, opts)?,
             };
-            self.forget_tiers(&last_tiers, &tiers, inner);
+            self.forget_tiers(&last_tiers, &tiers, notes);
             self.retire(inner, false);
             let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
             let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
@@ -267,9 +289,12 @@ impl SourceState {
     }
 
     /// Each tier's object directory for this source, opened and verified (`None`: unusable).
-    fn open_tier_dirs(&self, tiers: &Tiers, inner: &mut Inner) -> TierDirs {
+    fn open_tier_dirs(&self, tiers: &Tiers) -> TierDirs {
         let mut d = TierDirs::default();
-        inner.tier_notes.clear();
+        self.warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         for t in 0..tiers.len() {
             let root = &tiers.spec(t).path;
             d.paths.push(object_dir(root, &self.id));
@@ -280,7 +305,7 @@ impl SourceState {
                 }
                 Err(e) => {
                     tracing::warn!("tier {t} unusable for {}: {e}", self.source.display());
-                    inner.tier_notes.push(format!("{e}; not using this tier"));
+                    self.warn(format!("{e}; not using this tier"));
                     d.ids.push((0, 0));
                     d.fds.push(None);
                 }
@@ -374,6 +399,7 @@ impl SourceState {
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(table_path)
             .with_context(|| format!("opening {}", table_path.display()))?;
         let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
@@ -470,7 +496,7 @@ impl SourceState {
     /// copies could never be reused (the next walk only looks in the source's tiers), so they
     /// are removed rather than left on disk, uncounted. Only this source's own directory, and
     /// only in a tier root that is still ours.
-    fn forget_tiers(&self, old: &[PathBuf], now: &Tiers, inner: &mut Inner) {
+    fn forget_tiers(&self, old: &[PathBuf], now: &Tiers, notes: &mut Vec<String>) {
         let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
         let current: Vec<PathBuf> = (0..now.len()).map(|t| canon(&now.spec(t).path)).collect();
         for root in old {
@@ -485,7 +511,7 @@ impl SourceState {
                         self.source.display(),
                         dir.display()
                     );
-                    inner.tier_notes.push(format!(
+                    notes.push(format!(
                         "{} no longer uses tier {}: its copies there were removed",
                         self.source.display(),
                         root.display()
@@ -569,6 +595,7 @@ impl SourceState {
                         c.store(0, Ordering::Relaxed);
                     }
                 }
+                self.counters.jobs.reset(slot);
                 return slot;
             }
         }
