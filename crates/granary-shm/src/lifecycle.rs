@@ -369,7 +369,22 @@ pub fn is_validated(table: &Table, idx: u32) -> bool {
 pub fn new_attach(table: &Table, immutable: bool) -> u64 {
     table.clear_validated();
     table.set_immutable(immutable);
+    retry_source_only(table);
     table.bump_epoch()
+}
+
+/// Regular files left on the source (no tier had room, the agent could not read them) are
+/// tried again from the next open: room or permissions may have changed since.
+pub fn retry_source_only(table: &Table) {
+    let unplaced = w(state::UNPLACED);
+    for idx in 0..table.entry_count() {
+        let cur = table.state(idx);
+        if state::state_of(cur) == state::SOURCE_ONLY
+            && table.entry(idx).is_some_and(|e| e.stat.is_file())
+        {
+            table.swap_state(idx, cur, unplaced);
+        }
+    }
 }
 
 /// Agent side: a fresh walk read these entries from the source just now.
