@@ -506,6 +506,17 @@ pub fn status(json: bool) -> Result<i32> {
         for (i, t) in src.tiers.iter().enumerate() {
             out(&format!("  tier {i}: {}", t.path.display()));
         }
+        if let Some(v) = &src.validation {
+            out(&format!(
+                "  validation of attach {}{}: {} directories and {} files checked, {} changed{}",
+                v.epoch,
+                if v.immutable { " (immutable)" } else { "" },
+                v.dirs_checked,
+                v.files_checked,
+                v.changed,
+                if v.done { ", done" } else { ", running" }
+            ));
+        }
         for w in &src.warnings {
             out(&format!("  warning: {w}"));
         }

@@ -404,26 +404,39 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
     })
 }
 
+/// The walk's progress line on a terminal: files, directories and bytes so far, rate, time.
+fn walk_bar(source: &Path) -> indicatif::ProgressBar {
+    let b = indicatif::ProgressBar::new_spinner();
+    b.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+    let style = indicatif::ProgressStyle::with_template(
+        "granary: cataloguing {prefix}: {spinner} {pos} files ({per_sec}), {msg} [{elapsed}]",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner());
+    b.set_style(style);
+    b.set_prefix(source.display().to_string());
+    b
+}
+
 /// Sends the attach request and waits for the table, showing the walk's progress on a
 /// terminal; the agent's notes are printed unless `quiet`, its warnings always.
 fn attach_on(conn: &mut Conn, request: &Request, quiet: bool, source: &Path) -> Result<Attached> {
     conn.send(request)?;
     let walk_started = Instant::now();
-    let mut shown = false;
+    let mut bar: Option<indicatif::ProgressBar> = None;
     loop {
         match conn.recv()? {
             Reply::Progress { files, dirs, bytes } => {
-                if walk_started.elapsed() > Duration::from_secs(1)
+                if bar.is_none()
+                    && walk_started.elapsed() > Duration::from_secs(1)
                     && files + dirs > 0
                     && !quiet
                     && std::io::IsTerminal::is_terminal(&std::io::stderr())
                 {
-                    say_raw(&format!(
-                        "\rgranary: cataloguing {}: {files} files, {dirs} dirs, {}   ",
-                        source.display(),
-                        format_size(bytes)
-                    ));
-                    shown = true;
+                    bar = Some(walk_bar(source));
+                }
+                if let Some(b) = &bar {
+                    b.set_position(files);
+                    b.set_message(format!("{dirs} dirs, {}", format_size(bytes)));
                 }
             }
             Reply::Attached {
@@ -436,9 +449,8 @@ fn attach_on(conn: &mut Conn, request: &Request, quiet: bool, source: &Path) -> 
                 placement,
                 ..
             } => {
-                if shown {
-                    say("");
-                } else if walk_started.elapsed() > Duration::from_secs(1) && !quiet {
+                let shown = bar.take().map(|b| b.finish_and_clear()).is_some();
+                if shown || (walk_started.elapsed() > Duration::from_secs(1) && !quiet) {
                     say(format!(
                         "granary: catalogued {}: {} files, {} dirs, {} in {:.1} s",
                         source.display(),

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::size::{parse_duration, parse_size};
+mod schema;
 
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Large reads reach a PFS's bandwidth limit where the program's 128–256 KiB reads hit its
@@ -143,287 +143,57 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Parses TOML text; the error is one line naming the key (and its line when known).
+    /// Parses TOML text; the error is one line naming the key (and its line when known):
+    /// `unknown key `tier[0].capcity` (line 3)`, `expected a size like "8G" for key
+    /// `tier[1].capacity` (line 5)`.
     pub fn parse(src: &str) -> Result<Config, String> {
-        let doc: toml::Table = src.parse().map_err(|e: toml::de::Error| {
-            let line = e
-                .span()
-                .map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1);
-            let msg = e
-                .message()
-                .lines()
-                .next()
-                .unwrap_or("syntax error")
-                .to_string();
-            match line {
-                Some(l) => format!("{msg} (line {l})"),
-                None => msg,
-            }
-        })?;
-        let err = |key: &str, what: &str| -> String {
-            match find_line(src, key) {
-                Some(l) => format!("{what} `{key}` (line {l})"),
-                None => format!("{what} `{key}`"),
-            }
-        };
-        let mut cfg = Config::default();
-        for (k, v) in &doc {
-            match k.as_str() {
-                "tier" => {
-                    let arr = v
-                        .as_array()
-                        .ok_or_else(|| err("tier", "expected [[tier]] tables for key"))?;
-                    for (i, t) in arr.iter().enumerate() {
-                        let base = format!("tier[{i}]");
-                        let t = t
-                            .as_table()
-                            .ok_or_else(|| err(&base, "expected a table for key"))?;
-                        let mut path = None;
-                        let mut capacity = None;
-                        let mut block_size = None;
-                        for (k, v) in t {
-                            let key = format!("{base}.{k}");
-                            match k.as_str() {
-                                "path" => {
-                                    path =
-                                        Some(PathBuf::from(v.as_str().ok_or_else(|| {
-                                            err(&key, "expected a string for key")
-                                        })?))
-                                }
-                                "capacity" => {
-                                    let c = size_value(v)
-                                        .ok_or_else(|| "expected a size like \"8G\"".to_string())
-                                        .and_then(|c| {
-                                            crate::size::check_capacity(c)
-                                                .map_err(|why| format!("capacity {why}"))
-                                        })
-                                        .map_err(|why| err(&key, &format!("{why}, in key")))?;
-                                    capacity = Some(c)
-                                }
-                                "block_size" => {
-                                    let b = size_value(v).filter(|b| *b > 0).ok_or_else(|| {
-                                        err(&key, "expected a non-zero size like \"4K\" for key")
-                                    })?;
-                                    block_size = Some(b)
-                                }
-                                _ => return Err(err(&key, "unknown key")),
-                            }
-                        }
-                        let path =
-                            path.ok_or_else(|| err(&format!("{base}.path"), "missing key"))?;
-                        if let (Some(c), Some(b)) = (capacity, block_size) {
-                            if c < b {
-                                return Err(err(
-                                    &format!("{base}.capacity"),
-                                    "capacity smaller than the tier's block_size, in key",
-                                ));
-                            }
-                        }
-                        cfg.tiers.push(TierConfig {
-                            path,
-                            capacity,
-                            block_size,
-                        });
-                    }
-                }
-                "placement" => {
-                    let t = v
-                        .as_table()
-                        .ok_or_else(|| err("placement", "expected a table for key"))?;
-                    for (k, v) in t {
-                        let key = format!("placement.{k}");
-                        match k.as_str() {
-                            "workers" => {
-                                let n =
-                                    v.as_integer().filter(|n| *n > 0 && *n <= 1024).ok_or_else(
-                                        || err(&key, "expected an integer 1..1024 for key"),
-                                    )?;
-                                cfg.workers = Some(n as usize);
-                            }
-                            "block_size" => {
-                                let b = size_value(v)
-                                    .filter(|b| (4096..=1 << 30).contains(b))
-                                    .ok_or_else(|| {
-                                        err(&key, "expected a size 4K..1G like \"8M\" for key")
-                                    })?;
-                                cfg.block_size = Some(b);
-                            }
-                            "max_source_streams" => {
-                                let n =
-                                    v.as_integer().filter(|n| *n > 0 && *n <= 1024).ok_or_else(
-                                        || err(&key, "expected an integer 1..1024 for key"),
-                                    )?;
-                                cfg.max_source_streams = Some(n as usize);
-                            }
-                            "prefetch_min_size" => {
-                                cfg.prefetch_min_size = Some(size_value(v).ok_or_else(|| {
-                                    err(&key, "expected a size like \"1M\" for key")
-                                })?);
-                            }
-                            "chunk_size" => {
-                                let c = size_value(v)
-                                    .filter(|c| *c > 0 && c % 4096 == 0)
-                                    .ok_or_else(|| {
-                                        err(
-                                            &key,
-                                            "expected a non-zero multiple of 4K like \"4M\" for key",
-                                        )
-                                    })?;
-                                cfg.chunk_size = Some(c);
-                            }
-                            "small_copy_delay" => {
-                                cfg.small_copy_delay =
-                                    Some(duration_value(v).ok_or_else(|| {
-                                        err(&key, "expected a duration like \"2s\" for key")
-                                    })?);
-                            }
-                            "policy" => {
-                                cfg.policy = Some(match v.as_str() {
-                                    Some("fill-highest-first") => PolicyKind::FillHighestFirst,
-                                    Some("known-order") => PolicyKind::KnownOrder,
-                                    _ => {
-                                        return Err(err(
-                                            &key,
-                                            "expected \"fill-highest-first\" or \"known-order\" for key",
-                                        ))
-                                    }
-                                });
-                            }
-                            "access_order" => {
-                                cfg.access_order = Some(
-                                    v.as_str()
-                                        .filter(|s| !s.is_empty())
-                                        .ok_or_else(|| err(&key, "expected a file path for key"))?
-                                        .into(),
-                                );
-                            }
-                            "prefetch_window" => {
-                                cfg.prefetch_window =
-                                    Some(size_value(v).filter(|w| *w > 0).ok_or_else(|| {
-                                        err(&key, "expected a non-zero size like \"2G\" for key")
-                                    })?);
-                            }
-                            "page_cache" => {
-                                cfg.page_cache = Some(
-                                    v.as_str()
-                                        .and_then(crate::placement::residency::Budget::parse)
-                                        .ok_or_else(|| {
-                                            err(
-                                                &key,
-                                                "expected \"auto\", \"off\" or a size like \"200G\" for key",
-                                            )
-                                        })?,
-                                );
-                            }
-                            _ => return Err(err(&key, "unknown key")),
-                        }
-                    }
-                }
-                "reuse" => {
-                    let t = v
-                        .as_table()
-                        .ok_or_else(|| err("reuse", "expected a table for key"))?;
-                    for (k, v) in t {
-                        let key = format!("reuse.{k}");
-                        match k.as_str() {
-                            "verify" => {
-                                cfg.verify = Some(match v.as_str() {
-                                    Some("checksum") => Verify::Checksum,
-                                    // "size" was the old name of the cheap check.
-                                    Some("identity" | "size") => Verify::Identity,
-                                    _ => {
-                                        return Err(err(
-                                            &key,
-                                            "expected \"identity\" or \"checksum\" for key",
-                                        ))
-                                    }
-                                });
-                            }
-                            _ => return Err(err(&key, "unknown key")),
-                        }
-                    }
-                }
-                "catalog" => {
-                    let t = v
-                        .as_table()
-                        .ok_or_else(|| err("catalog", "expected a table for key"))?;
-                    for (k, v) in t {
-                        let key = format!("catalog.{k}");
-                        match k.as_str() {
-                            "immutable" => {
-                                cfg.immutable =
-                                    Some(v.as_bool().ok_or_else(|| {
-                                        err(&key, "expected true or false for key")
-                                    })?);
-                            }
-                            "validate_threads" => {
-                                let n = v
-                                    .as_integer()
-                                    .filter(|n| (0..=256).contains(n))
-                                    .ok_or_else(|| {
-                                        err(&key, "expected an integer 0..256 for key")
-                                    })?;
-                                cfg.validate_threads = Some(n as usize);
-                            }
-                            _ => return Err(err(&key, "unknown key")),
-                        }
-                    }
-                }
-                "agent" => {
-                    let t = v
-                        .as_table()
-                        .ok_or_else(|| err("agent", "expected a table for key"))?;
-                    for (k, v) in t {
-                        let key = format!("agent.{k}");
-                        match k.as_str() {
-                            "idle_timeout" => {
-                                cfg.idle_timeout = Some(duration_value(v).ok_or_else(|| {
-                                    err(&key, "expected a duration like \"30s\" for key")
-                                })?);
-                            }
-                            "log_level" => {
-                                let s = v
-                                    .as_str()
-                                    .filter(|s| {
-                                        ["error", "warn", "info", "debug", "trace", "off"]
-                                            .contains(s)
-                                    })
-                                    .ok_or_else(|| {
-                                        err(&key, "expected one of error/warn/info/debug/trace/off for key")
-                                    })?;
-                                cfg.log_level = Some(s.to_string());
-                            }
-                            "log_file" => {
-                                cfg.log_file = Some(PathBuf::from(
-                                    v.as_str()
-                                        .ok_or_else(|| err(&key, "expected a string for key"))?,
-                                ))
-                            }
-                            _ => return Err(err(&key, "unknown key")),
-                        }
-                    }
-                }
-                other => return Err(err(other, "unknown key")),
+        let de = toml::Deserializer::parse(src).map_err(|e| one_line(src, &e, None))?;
+        match serde_path_to_error::deserialize::<_, schema::File>(de) {
+            Ok(f) => Ok(f.into_config()),
+            Err(e) => {
+                let key = e.path().to_string();
+                Err(one_line(src, e.inner(), Some(&key)))
             }
         }
-        Ok(cfg)
     }
 }
 
-/// Seconds as an integer, or a string like "2s", "500ms".
-fn duration_value(v: &toml::Value) -> Option<Duration> {
-    match v {
-        toml::Value::Integer(n) if *n >= 0 => Some(Duration::from_secs(*n as u64)),
-        toml::Value::String(s) => parse_duration(s),
-        _ => None,
-    }
-}
-
-fn size_value(v: &toml::Value) -> Option<u64> {
-    match v {
-        toml::Value::Integer(n) if *n >= 0 => Some(*n as u64),
-        toml::Value::String(s) => parse_size(s),
-        _ => None,
+/// A TOML or schema error as one line: what was wrong, the key, the line.
+fn one_line(src: &str, e: &toml::de::Error, key: Option<&str>) -> String {
+    let line = e
+        .span()
+        .map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1);
+    let msg = e.message().lines().next().unwrap_or("syntax error");
+    let named = msg
+        .strip_prefix("unknown field `")
+        .map(|r| ("unknown key", r))
+        .or_else(|| {
+            msg.strip_prefix("missing field `")
+                .map(|r| ("missing key", r))
+        });
+    let (what, key) = match (named, key) {
+        // serde names the field (and lists the others); the key's path says it all.
+        (Some((what, rest)), Some(k)) => {
+            let field = rest.split('`').next().unwrap_or("");
+            let full = if k.is_empty() || k == "?" || k == "." {
+                field.to_string()
+            } else if k.ends_with(field) {
+                k.to_string()
+            } else {
+                format!("{k}.{field}")
+            };
+            (what.to_string(), Some(full))
+        }
+        (_, Some(k)) if !k.is_empty() && k != "?" && k != "." => {
+            (format!("{msg} for key"), Some(k.to_string()))
+        }
+        _ => (msg.to_string(), None),
+    };
+    match (key, line) {
+        (Some(k), Some(l)) => format!("{what} `{k}` (line {l})"),
+        (Some(k), None) => format!("{what} `{k}`"),
+        (None, Some(l)) => format!("{what} (line {l})"),
+        (None, None) => what,
     }
 }
 
@@ -447,47 +217,6 @@ pub fn parse_tier_flag(s: &str) -> Result<TierConfig, ConfigError> {
         capacity: cap,
         block_size: None,
     })
-}
-
-/// Line of `key` (`tier[1].capacity`, `agent`, `placement.workers`) in the source text: a plain
-/// scan of table headers and `key =` lines, enough for error messages.
-fn find_line(src: &str, key: &str) -> Option<usize> {
-    let (section, leaf) = match key.rsplit_once('.') {
-        Some((s, l)) => (s.to_string(), l),
-        None => (String::new(), key),
-    };
-    let mut current = String::new();
-    let mut tier_count = 0usize;
-    for (n, line) in src.lines().enumerate() {
-        let l = line.trim();
-        if let Some(h) = l.strip_prefix("[[").and_then(|h| h.split("]]").next()) {
-            let h = h.trim();
-            if h == "tier" {
-                current = format!("tier[{tier_count}]");
-                tier_count += 1;
-            } else {
-                current = h.to_string();
-            }
-            if section.is_empty() && h == leaf {
-                return Some(n + 1);
-            }
-            continue;
-        }
-        if let Some(h) = l.strip_prefix('[').and_then(|h| h.split(']').next()) {
-            current = h.trim().to_string();
-            if section.is_empty() && current == leaf {
-                return Some(n + 1);
-            }
-            continue;
-        }
-        if let Some((k, _)) = l.split_once('=') {
-            let k = k.trim().trim_matches('"');
-            if current == section && k == leaf {
-                return Some(n + 1);
-            }
-        }
-    }
-    None
 }
 
 #[cfg(test)]
