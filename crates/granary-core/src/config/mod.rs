@@ -22,15 +22,18 @@
 //! page_cache = "auto"      # bytes of copies kept in the page cache: "auto" (from the memory
 //!                          # limit), "off" (the kernel decides), or a size; the rest are dropped
 //!                          # after each read so they never evict the kept ones
+//! [catalog]
+//! immutable = false        # true: a later job validates the catalog per directory
+//! validate_threads = 4     # background validation of a reused catalog (0: inline only)
 //! [reuse]
-//! verify = "checksum"      # or "size": how copies from an earlier run are checked at the walk
+//! verify = "identity"      # or "checksum": also re-hash reused copies in the background
 //! [agent]
 //! idle_timeout = "30s"     # exit when no job used the agent this long
 //! log_level = "info"
 //! log_file = "/tmp/granary-agent.log"
 //! ```
-//! The file is checked key by key so an error names the key and its line, in one line:
-//! `config /x.toml: unknown key `tier[0].capcity` (line 3)`.
+//! The schema (`schema`) refuses unknown keys and checks each value, so an error names the key
+//! and its line, in one line: `config /x.toml: unknown key `tier[0].capcity` (line 3)`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
