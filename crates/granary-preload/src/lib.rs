@@ -12,6 +12,7 @@ mod config;
 mod copies;
 mod creds;
 mod detour;
+mod entries;
 mod fdtable;
 mod fill;
 mod hooks;

@@ -212,26 +212,33 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut
     let Some(&first) = p.first() else {
         return Loc::outside();
     };
-    let mut n = Cursor::new(buf);
     if first == b'/' {
         if surely_outside_abs(table, p) {
             return Loc::outside();
         }
-    } else if dirfd == libc::AT_FDCWD {
-        if CWD_OUTSIDE.load(Ordering::Relaxed) == 1 && !p.starts_with(b"..") {
-            return Loc::outside();
+        if is_clean_abs(p) {
+            // The common case: already normal, nothing to build.
+            return classify(table, p, false);
         }
-        if getcwd(&mut n).is_none() {
-            return Loc::outside();
-        }
-    } else {
-        match fdtable::get(dirfd) {
-            Some(t) if t.kind == Kind::Dir => {
-                if dir_base(table, t.entry, &mut n).is_none() {
-                    return Loc::outside();
-                }
+    }
+    let mut n = Cursor::new(buf);
+    if first != b'/' {
+        if dirfd == libc::AT_FDCWD {
+            if CWD_OUTSIDE.load(Ordering::Relaxed) == 1 && !p.starts_with(b"..") {
+                return Loc::outside();
             }
-            _ => return Loc::outside(),
+            if getcwd(&mut n).is_none() {
+                return Loc::outside();
+            }
+        } else {
+            match fdtable::get(dirfd) {
+                Some(t) if t.kind == Kind::Dir => {
+                    if dir_base(table, t.entry, &mut n).is_none() {
+                        return Loc::outside();
+                    }
+                }
+                _ => return Loc::outside(),
+            }
         }
     }
     let must_dir = ends_as_dir(p);
@@ -251,6 +258,27 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut
         // SAFETY: bytes `..len` were written (see `Cursor::bytes`).
         unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) }
     };
+    classify(table, abs, must_dir)
+}
+
+/// An absolute path with nothing to normalise: no empty, `.` or `..` component (no `/` followed
+/// by `/` or `.`; a name starting with a dot takes the general path) and no trailing `/`.
+fn is_clean_abs(p: &[u8]) -> bool {
+    if p.len() < 2 || p.last() == Some(&b'/') {
+        return false;
+    }
+    let mut prev_slash = false;
+    for &c in p {
+        if prev_slash && (c == b'/' || c == b'.') {
+            return false;
+        }
+        prev_slash = c == b'/';
+    }
+    true
+}
+
+/// Where a normal absolute path lies relative to the source.
+fn classify<'a>(table: &Table, abs: &'a [u8], must_dir: bool) -> Loc<'a> {
     let named = strip_root(abs, table.source_root());
     let root_link =
         named.is_some_and(|r| r.is_empty()) && table.source_root() != table.source_real_root();

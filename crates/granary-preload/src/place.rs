@@ -66,7 +66,7 @@ pub fn on_read(
 ) -> Read {
     let _keep = KeepErrno::new();
     let idx = t.entry;
-    let Some(entry) = g.table.entry(idx) else {
+    let Some(entry) = crate::entries::get(g.table, idx) else {
         return Read::Real(Kind::Source);
     };
     let word = g.table.state(idx);
@@ -320,7 +320,7 @@ fn give_up(why: &[u8]) -> Waited {
 pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
     let _keep = KeepErrno::new();
     let idx = t.entry;
-    let Some(entry) = g.table.entry(idx) else {
+    let Some(entry) = crate::entries::get(g.table, idx) else {
         return;
     };
     if t.has(flag::PINNED) {
@@ -366,7 +366,7 @@ pub fn on_mapped(
     if state::state_of(word) != state::PARTIAL || cs == 0 || shared_writable || off < 0 {
         return;
     }
-    let Some(entry) = g.table.entry(idx) else {
+    let Some(entry) = crate::entries::get(g.table, idx) else {
         return;
     };
     let size = entry.stat.size;
@@ -418,7 +418,7 @@ pub fn on_seek(g: &Guard, fd: c_int, t: Tracked) {
     }
     let word = g.table.state(t.entry);
     if state::state_of(word) == state::PLACED {
-        if let Some(entry) = g.table.entry(t.entry) {
+        if let Some(entry) = crate::entries::get(g.table, t.entry) {
             switch::to_copy(g, fd, t, &entry);
         }
     }
@@ -436,7 +436,7 @@ pub fn on_release(t: Tracked) {
     if !table.is_valid() {
         return;
     }
-    let Some(entry) = table.entry(t.entry) else {
+    let Some(entry) = crate::entries::get(table, t.entry) else {
         return;
     };
     let st = state::state_of(table.state(t.entry));

@@ -27,7 +27,7 @@ pub fn before_close(fd: c_int, t: Tracked) {
     if !g.table.is_transient(t.entry) {
         return;
     }
-    let Some(size) = g.table.entry(t.entry).map(|e| e.stat.size) else {
+    let Some(size) = crate::entries::get(g.table, t.entry).map(|e| e.stat.size) else {
         return;
     };
     let _keep = KeepErrno::new();

@@ -4,13 +4,14 @@
 //! differently from what the catalog can prove (a link leaving the source, `..` after a link,
 //! too many hops) the answer is `PassThrough` and the caller asks the real file system.
 
-use crate::layout::PATH_MAX_LEN;
+use crate::layout::{EntryRec, PATH_MAX_LEN};
 use crate::table::Table;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)]
 pub enum Resolved {
-    /// The path names this entry.
-    Entry(u32),
+    /// The path names this entry (decoded).
+    Entry(u32, EntryRec),
     /// Not in the catalog, or not provably: ask the source.
     PassThrough,
 }
@@ -24,8 +25,12 @@ pub fn resolve(table: &Table, rel: &[u8], follow: bool) -> Resolved {
     let Some(mut idx) = table.lookup(rel) else {
         return Resolved::PassThrough;
     };
-    if !follow {
-        return Resolved::Entry(idx);
+    let Some(e) = table.entry(idx) else {
+        return Resolved::PassThrough;
+    };
+    if !follow || table.link_target(&e).is_none() {
+        // Nearly every path: no link to follow, and no buffer to clear.
+        return Resolved::Entry(idx, e);
     }
     let mut buf = [0u8; PATH_MAX_LEN];
     for _ in 0..MAX_HOPS {
@@ -33,7 +38,7 @@ pub fn resolve(table: &Table, rel: &[u8], follow: bool) -> Resolved {
             return Resolved::PassThrough;
         };
         let Some(target) = table.link_target(&e) else {
-            return Resolved::Entry(idx);
+            return Resolved::Entry(idx, e);
         };
         let Some(dir_len) = table.write_rel_path(e.parent, &mut buf) else {
             return Resolved::PassThrough;

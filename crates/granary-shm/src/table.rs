@@ -400,6 +400,16 @@ impl Table {
             .bytes(self.strings_off + off as usize, len as usize)
     }
 
+    /// The parent of entry `idx` (the root is its own), read without decoding the entry.
+    #[inline]
+    pub fn parent_of(&self, idx: u32) -> Option<u32> {
+        if idx >= self.entry_count {
+            return None;
+        }
+        self.region
+            .u32_at(self.entries_off + idx as usize * ENTRY_LEN + 8)
+    }
+
     /// Last component of an entry's path: the name a listing shows ("" for the root).
     pub fn name(&self, e: &EntryRec) -> Option<&[u8]> {
         self.string(e.name_off, e.name_len)

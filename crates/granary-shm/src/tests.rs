@@ -175,7 +175,7 @@ fn symlinks_resolve_inside_the_catalog_only() {
     for p in ["rel", "d/up", "abs", "absreal", "chain"] {
         assert_eq!(
             resolve(&t, p.as_bytes(), true),
-            Resolved::Entry(target),
+            Resolved::Entry(target, t.entry(target).unwrap()),
             "{p}"
         );
     }
@@ -187,7 +187,10 @@ fn symlinks_resolve_inside_the_catalog_only() {
         );
     }
     let link = t.lookup(b"rel").unwrap();
-    assert_eq!(resolve(&t, b"rel", false), Resolved::Entry(link));
+    assert_eq!(
+        resolve(&t, b"rel", false),
+        Resolved::Entry(link, t.entry(link).unwrap())
+    );
     assert_eq!(t.link_target(&t.entry(link).unwrap()).unwrap(), b"d/f");
 }
 

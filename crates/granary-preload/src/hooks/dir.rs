@@ -137,10 +137,8 @@ fn readdir_impl(
     // changed (once a listing started, it goes on from the catalog: POSIX leaves names added
     // or removed since opendir unspecified).
     if fdtable::dir_pos(fd).is_some_and(|p| p.load(Ordering::Relaxed) == 0) {
-        let live = g.table.entry(t.entry).is_some_and(|e| {
-            !state::is_void(state::state_of(g.table.state(t.entry)))
-                && super::ancestors_live(g.table, &e)
-        });
+        let live = !state::is_void(state::state_of(g.table.state(t.entry)))
+            && super::ancestors_live(g.table, t.entry);
         if !live {
             fdtable::take(fd);
             return pass();

@@ -83,15 +83,16 @@ fn realpath_answer(path: *const c_char, resolved: *mut c_char) -> Option<*mut c_
     if loc.root_link {
         return None;
     }
-    let Resolved::Entry(idx) = resolve(g.table, rel, false) else {
+    let Resolved::Entry(idx, e) = resolve(g.table, rel, false) else {
         super::source_meta(&g, b"realpath", &loc);
         return None;
     };
-    let e = g.table.entry(idx)?;
     let fine = !e.stat.is_symlink()
         && (!loc.must_dir || e.stat.is_dir())
         && !state::is_void(state::state_of(g.table.state(idx)))
-        && super::ancestors_live(g.table, &e);
+        && super::ancestors_live(g.table, idx)
+        && (granary_shm::lifecycle::is_validated(g.table, idx)
+            || crate::validate::check(g.table, idx, &e));
     if !fine {
         super::source_meta(&g, b"realpath", &loc);
         return None;

@@ -39,7 +39,7 @@ fn onto_source(fd: c_int, t: Tracked) -> bool {
     let Some(g) = detour::enter_any_creds() else {
         return false;
     };
-    let Some(e) = g.table.entry(t.entry) else {
+    let Some(e) = crate::entries::get(g.table, t.entry) else {
         return false;
     };
     if !fdtable::lock(fd) {

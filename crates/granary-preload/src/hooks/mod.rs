@@ -39,17 +39,17 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Option<Found> {
     if loc.root_link && !follow {
         return None;
     }
-    let Resolved::Entry(idx) = resolve(g.table, rel, follow) else {
+    let Resolved::Entry(idx, entry) = resolve(g.table, rel, follow) else {
         return None;
     };
-    let entry = g.table.entry(idx)?;
+    crate::entries::remember(idx, &entry);
     if state::is_void(state::state_of(g.table.state(idx))) {
         return None;
     }
     if loc.must_dir && !entry.stat.is_dir() {
         return None;
     }
-    if !ancestors_live(g.table, &entry) {
+    if !ancestors_live(g.table, idx) {
         return None;
     }
     if !lifecycle::is_validated(g.table, idx) && !crate::validate::check(g.table, idx, &entry) {
@@ -58,27 +58,26 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Option<Found> {
     Some(Found { idx, entry })
 }
 
-/// No ancestor of `e` was renamed or removed by the program (`state::GONE`). The walk could list
-/// every catalogued directory with the agent's credentials, which are this process's
+/// No ancestor of entry `idx` was renamed or removed by the program (`state::GONE`). The walk
+/// could list every catalogued directory with the agent's credentials, which are this process's
 /// (`creds`), so search permission needs no check of its own.
-pub fn ancestors_live(table: &Table, e: &EntryRec) -> bool {
-    let mut cur = *e;
+pub fn ancestors_live(table: &Table, idx: u32) -> bool {
+    let mut cur = idx;
     // Bounded by the depth limit of a path.
     for _ in 0..4096 {
-        if cur.is_root() {
+        if cur == 0 {
             return true;
         }
-        let parent = cur.parent;
+        let Some(parent) = table.parent_of(cur) else {
+            return false;
+        };
+        if parent >= cur {
+            return false;
+        }
         if state::state_of(table.state(parent)) == state::GONE {
             return false;
         }
-        if parent == 0 {
-            return true;
-        }
-        let Some(p) = table.entry(parent) else {
-            return false;
-        };
-        cur = p;
+        cur = parent;
     }
     false
 }

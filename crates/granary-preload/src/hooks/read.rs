@@ -188,7 +188,7 @@ fn real_read(fd: c_int, kind: Kind, off: Option<i64>, real: impl FnOnce() -> isi
 /// otherwise this one read is served from the source.
 fn stale_read(g: &Guard, fd: c_int, t: Tracked, off: Option<i64>, len: u64, f: &impl Fill) -> Read {
     let _keep = detour::KeepErrno::new();
-    let Some(e) = g.table.entry(t.entry) else {
+    let Some(e) = crate::entries::get(g.table, t.entry) else {
         return Read::Real(t.kind);
     };
     if switch::to_source(g, fd, t, &e) {
@@ -419,7 +419,7 @@ fn map_copy(
     if state::state_of(g.table.state(t.entry)) != state::PLACED {
         return None;
     }
-    let e = g.table.entry(t.entry)?;
+    let e = crate::entries::get(g.table, t.entry)?;
     let (copy, tier, _) = switch::open_copy(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)?;
     let p = real(copy);
     let _keep = detour::KeepErrno::new();
@@ -440,7 +440,7 @@ fn stale_map(
     flags: c_int,
     real: impl Fn(c_int) -> *mut c_void,
 ) -> *mut c_void {
-    let Some(e) = g.table.entry(t.entry) else {
+    let Some(e) = crate::entries::get(g.table, t.entry) else {
         return real(fd);
     };
     if fdtable::lock(fd) {
@@ -542,7 +542,7 @@ fn kernel_reads(
     let Some(g) = detour::enter_any_creds() else {
         return count(t.kind, call(fd_in, off));
     };
-    let Some(e) = g.table.entry(t.entry) else {
+    let Some(e) = crate::entries::get(g.table, t.entry) else {
         return count(t.kind, call(fd_in, off));
     };
     let src = {

@@ -87,7 +87,7 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
     if !matches!(t.kind, Kind::Tier(_)) {
         return None;
     }
-    let entry = g.table.entry(t.entry)?;
+    let entry = crate::entries::get(g.table, t.entry)?;
     if state::state_of(g.table.state(t.entry)) == state::STALE {
         return stale_answer(g, fd, t, &entry, out);
     }
