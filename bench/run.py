@@ -110,6 +110,8 @@ def main(argv=None):
 
 def _estimate_bytes(k):
     small = k.small_files * k.small_mean_kb * 1024 * 1.15
+    if any(w.split(":")[0] == "npz" for w in k.workloads):
+        small += k.npz_files * (k.npz_kb + 4) * 1024
     records = k.record_shards * k.record_max_mb * (1 << 20)
     fan = sum(n * s for n, s in ((k.fanstore_counts.get(d, 0), b)
                                  for d, b in dataset.FANSTORE_SIZES.items()))

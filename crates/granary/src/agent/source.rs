@@ -165,9 +165,10 @@ impl SourceState {
             agent_pid: std::process::id(),
             ring_cap: RING_CAP,
             job_slots: JOB_SLOTS,
-            // The preload library serves large files from the partial copy the agent is
-            // fetching; 0 disables it there too.
-            prefetch_min_size: params.prefetch_min_size,
+            // The preload library serves the files the agent fetches whole from the partial
+            // copy; 0 disables it there too. Lower than configured on a source whose readahead
+            // makes the program's own reads cost more requests (placement::SourceRequests).
+            prefetch_min_size: params.whole_fetch_from(&self.source_real),
             chunk_size: params.chunk_size,
         };
         let image = granary_shm::build(&spec, &entries).context("building the catalog table")?;
