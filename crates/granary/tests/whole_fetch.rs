@@ -123,3 +123,42 @@ fn mid_size_files_are_fetched_whole_in_fewer_requests() {
         direct.0
     );
 }
+
+/// The first read of a job, made at once (`cat` starts within a millisecond): the table is
+/// published with a heartbeat, so the read waits for the agent's fetch instead of taking the
+/// agent for dead and reading the source itself (the file's bytes read twice).
+#[test]
+fn the_first_read_of_a_job_waits_for_the_fetch() {
+    ensure_preload();
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let bytes = pattern(7, 8 << 20);
+    std::fs::write(src.join("shard"), &bytes).unwrap();
+    let stats = d.path().join("stats.json");
+    let rt = d.path().join("rt");
+    let o = granary_cmd(&rt)
+        .arg("run")
+        .arg("-q")
+        .arg("--source")
+        .arg(&src)
+        .arg("--tier")
+        .arg(format!("{}=1G", d.path().join("tier").display()))
+        .arg("--stats-json")
+        .arg(&stats)
+        .arg("--")
+        .arg("cat")
+        .arg(src.join("shard"))
+        .output()
+        .unwrap();
+    let _ = granary_cmd(&rt).arg("stop").output();
+    assert!(o.status.success(), "{o:?}");
+    assert!(o.stdout == bytes, "cat's output differs from the file");
+    let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!(st["source_io"]["bytes"].as_u64(), Some(0), "{st}");
+    assert_eq!(
+        st["placement"]["agent_source_bytes"].as_u64(),
+        Some(bytes.len() as u64),
+        "{st}"
+    );
+}

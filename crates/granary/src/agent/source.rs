@@ -182,6 +182,10 @@ impl SourceState {
             .with_context(|| format!("opening {}", table_path.display()))?;
         let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), image.len())
             .with_context(|| format!("mapping {}", table_path.display()))?;
+        // Alive from the start: a client finding no beat yet takes the agent for dead and reads
+        // the source itself, a file the agent then fetches too (the heartbeat thread's first
+        // beat can be 100 ms away).
+        table.beat(granary_core::sys::monotonic_ns());
         let order = match order_spec {
             Some(o) => {
                 let pf = granary_core::placement::prefetch::Prefetcher::build(
