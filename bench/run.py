@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """granary's evaluation harness: one command, one report.
 
-    sudo python3 bench/run.py --size quick            # ~4 minutes, results/quick/
-    sudo python3 bench/run.py --size full             # ~20 minutes, results/full/
+    sudo python3 bench/run.py --size quick            # ~5 minutes, results/quick/
+    sudo python3 bench/run.py --size full             # ~32 minutes, results/full/
 
 Builds an emulated PFS, generates the seeds' datasets on it, runs every
 workload under every setup (PFS, Local, Cache, granary), and writes

@@ -61,16 +61,19 @@ def ratio_rows(data):
             t = _job_time(r)
             ok = lambda x: x if x and x["status"] == "ok" else None  # noqa: E731
             pfs_ok, local_ok = ok(pfs), ok(local)
+            # Whole-job ratios need as many PFS epochs (an epoch-1 workload runs PFS for one).
+            pfs_job = pfs_ok if pfs_ok and len(pfs_ok.get("epochs") or []) == len(
+                r.get("epochs") or []) else None
             rows.append([
                 wl, g,
-                _ratio(t, _job_time(pfs_ok) if pfs_ok else None),
+                _ratio(t, _job_time(pfs_job) if pfs_job else None),
                 _ratio(t, _job_time(local_ok) if local_ok else None),
                 _ratio(t, _job_time(local_ok) + copy if local_ok and copy else None),
                 _ratio(r["epochs"][0]["seconds"] if r.get("epochs") else None,
                        pfs_ok["epochs"][0]["seconds"] if pfs_ok and pfs_ok.get("epochs") else None),
                 _ratio(_later(r), _later(local_ok) if local_ok else None),
-                _ratio(r["source_total"]["bytes"], pfs_ok["source_total"]["bytes"] if pfs_ok else None),
-                _ratio(r.get("wall"), pfs_ok.get("wall") if pfs_ok else None),
+                _ratio(r["source_total"]["bytes"], pfs_job["source_total"]["bytes"] if pfs_job else None),
+                _ratio(r.get("wall"), pfs_job.get("wall") if pfs_job else None),
             ])
     return rows
 
@@ -402,7 +405,8 @@ def render(data, figs):
              "adds the up-front copy; *later epochs* compares the mean of epochs 2.. with "
              "Local's; *source bytes* is the ratio of bytes read from the emulated PFS over the "
              "whole job; *process wall* is the time of the whole command, including granary's agent "
-             "start and catalog walk.\n")
+             "start and catalog walk. Whole-job PFS ratios are left out (–) where PFS-direct ran "
+             "fewer epochs (npz: one, its bar compares epoch 1).\n")
     rows = ratio_rows(data)
     if rows:
         L.append(_table(["workload", "setup", "job / PFS", "job / Local", "job / (Local+copy)",
