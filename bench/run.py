@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """granary's evaluation harness: one command, one report.
 
-    sudo python3 bench/run.py --size quick            # ~4 minutes, results/quick/
-    sudo python3 bench/run.py --size full             # ~20 minutes, results/full/
+    sudo python3 bench/run.py --size quick            # ~5 minutes, results/quick/
+    sudo python3 bench/run.py --size full             # ~32 minutes, results/full/
 
 Builds an emulated PFS, generates the seeds' datasets on it, runs every
 workload under every setup (PFS, Local, Cache, granary), and writes
@@ -110,6 +110,8 @@ def main(argv=None):
 
 def _estimate_bytes(k):
     small = k.small_files * k.small_mean_kb * 1024 * 1.15
+    if any(w.split(":")[0] == "npz" for w in k.workloads):
+        small += k.npz_files * (k.npz_kb + 4) * 1024
     records = k.record_shards * k.record_max_mb * (1 << 20)
     fan = sum(n * s for n, s in ((k.fanstore_counts.get(d, 0), b)
                                  for d, b in dataset.FANSTORE_SIZES.items()))

@@ -152,17 +152,21 @@ def read_whole(path):
 
 
 def read_whole_cached(root, rel, cache_dir):
+    return read_cached(root, rel, cache_dir, read_whole)
+
+
+def read_cached(root, rel, cache_dir, read):
     """Framework-style cache (tf.data.cache / copy-on-first-read): serve the local
     copy when it exists, otherwise read the source and leave a copy behind.
-    The copy is written to a temporary name and renamed, so a half-written copy
-    is never served."""
+    `read(path)` returns a file's bytes. The copy is written to a temporary name
+    and renamed, so a half-written copy is never served."""
     if cache_dir:
         cpath = os.path.join(cache_dir, rel)
         try:
-            return read_whole(cpath)
+            return read(cpath)
         except FileNotFoundError:
             pass
-    data = read_whole(os.path.join(root, rel))
+    data = read(os.path.join(root, rel))
     if cache_dir:
         os.makedirs(os.path.dirname(cpath), exist_ok=True)
         tmp = f"{cpath}.tmp{os.getpid()}.{threading.get_ident()}"

@@ -4,8 +4,11 @@
 Every epoch the sample order is reshuffled; the main process hands batches of
 indices to worker processes forked for that epoch (DataLoader's default,
 persistent_workers=False), keeps at most `prefetch` batches per worker in
-flight, and takes results back in order. Workers open, read whole and close each
-file and check it against the manifest; the main process runs the model step.
+flight, and takes results back in order. Workers open, read and close each file
+and check it against the manifest; the main process runs the model step.
+
+`--reader whole` reads each file to EOF in one call (an image loader);
+`--reader npz` reads it as `numpy.load` reads an .npz sample (npzload.py).
 """
 
 import multiprocessing as mp
@@ -16,26 +19,37 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import npzload  # noqa: E402
 
 
-def load_batch(root, cache_dir, batch):
+def read_npz(path, size):
+    data, covered = npzload.load(path, size)
+    if not covered:
+        common.fail_mismatch(path, "the npz reads did not cover the whole file")
+    return data
+
+
+READERS = {"whole": lambda path, size: common.read_whole(path), "npz": read_npz}
+
+
+def load_batch(root, cache_dir, batch, reader="whole"):
     """Worker side: read and verify every file of one batch."""
     nbytes = 0
     for rel, size, digest in batch:
-        data = common.read_whole_cached(root, rel, cache_dir)
+        data = common.read_cached(root, rel, cache_dir, lambda p: READERS[reader](p, size))
         common.check(rel, size, digest, len(data), common.sha256_hex(data))
         nbytes += len(data)
     return nbytes
 
 
-def worker_loop(root, cache_dir, index_q, result_q):
+def worker_loop(root, cache_dir, index_q, result_q, reader):
     while True:
         item = index_q.get()
         if item is None:
             return
         bid, batch = item
         try:
-            result_q.put((bid, load_batch(root, cache_dir, batch), len(batch)))
+            result_q.put((bid, load_batch(root, cache_dir, batch, reader), len(batch)))
         except OSError as e:
             result_q.put((bid, e, 0))
 
@@ -53,13 +67,13 @@ def run_epoch(args, files, order, rep):
                for k in range(0, len(order), args.batch)]
     if args.workers == 0:
         for b in batches:
-            n = load_batch(args.root, args.cache_dir, b)
+            n = load_batch(args.root, args.cache_dir, b, args.reader)
             consume(args, rep, n, len(b))
         return
     ctx = mp.get_context("fork")
     result_q = ctx.Queue()
     index_qs = [ctx.Queue() for _ in range(args.workers)]
-    procs = [ctx.Process(target=worker_loop, args=(args.root, args.cache_dir, q, result_q),
+    procs = [ctx.Process(target=worker_loop, args=(args.root, args.cache_dir, q, result_q, args.reader),
                          daemon=True) for q in index_qs]
     for p in procs:
         p.start()
@@ -105,10 +119,13 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--prefetch", type=int, default=2, help="batches in flight per worker")
     p.add_argument("--subset", default=None, help="only manifest paths under this prefix")
+    p.add_argument("--reader", choices=sorted(READERS), default="whole",
+                   help="whole: read each file to EOF at once; npz: as numpy.load reads an .npz")
     args = p.parse_args()
     files = common.load_manifest(args.manifest, args.subset)
     rep = common.Reporter(args.tick)
-    rep.start(client="smallfiles", files=len(files), workers=args.workers, batch=args.batch,
+    rep.start(client="smallfiles", reader=args.reader, files=len(files), workers=args.workers,
+              batch=args.batch,
               compute_ms=args.compute)
     for e in range(1, args.epochs + 1):
         order = list(range(len(files)))

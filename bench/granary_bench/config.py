@@ -1,8 +1,8 @@
 """Knobs: size presets and the command line.
 
 Every knob has a preset value per --size and can be overridden one by one. The
-presets are sized for a 2-core machine: quick finishes in about 4 minutes, full
-in about 20 (see bench/README.md for how they were chosen).
+presets are sized for a 2-core machine: quick finishes in about 5 minutes, full
+in about 32 (see bench/README.md for how they were chosen).
 """
 
 import argparse
@@ -17,8 +17,13 @@ WORKLOADS = {
     "records": ("records", "records.py", ["--io", "pread"], True),
     "mmap": ("records", "records.py", ["--io", "mmap"], False),
     "fanstore": ("fanstore", "fanstore.py", [], True),
+    "npz": ("npz", "smallfiles.py", ["--reader", "npz"], True),
 }
 SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half"]
+# Workloads whose bar is epoch 1 against the source's bandwidth: PFS-direct runs one epoch
+# (under the memory cap its later epochs re-read the source like the first), and PFS-direct
+# and granary-full run `epoch1_pairs` times in all, alternating, for medians.
+EPOCH1_WORKLOADS = {"npz"}
 
 
 @dataclass
@@ -36,6 +41,10 @@ class Knobs:
     record_max_mb: int = 40
     record_mean_kb: int = 110
     fanstore_counts: dict = field(default_factory=lambda: {"128K": 128, "512K": 32, "2M": 8, "8M": 2})
+    npz_files: int = 240
+    npz_kb: int = 700
+    # setups the npz workload runs under (its PFS-direct epochs take minutes)
+    npz_setups: list = field(default_factory=lambda: ["pfs", "local", "granary-full"])
     # emulated PFS
     read_bps: int = 64 * MIB
     read_iops: int = 150
@@ -46,7 +55,7 @@ class Knobs:
     workers: int = 2
     batch: int = 32
     workloads: list = field(default_factory=lambda: ["small:lenet", "records:lenet", "mmap:lenet",
-                                                     "fanstore"])
+                                                     "fanstore", "npz:lenet"])
     setups: list = field(default_factory=lambda: list(SETUPS))
     client_cmd: str = None
     # granary
@@ -61,19 +70,23 @@ class Knobs:
     repeat_epochs: int = 8
     repeat_below: float = 5.0
     local_hog_mb: int = 0
+    # epoch-1 bar (EPOCH1_WORKLOADS): PFS-direct and granary-full cold epochs 1, paired
+    epoch1_pairs: int = 3
 
 
 PRESETS = {
     "quick": {},
     "full": dict(
         out="results/full",
-        # ~20 minutes on 2 cores at the default 150 IOPS (see bench/README.md); every
+        # ~32 minutes on 2 cores at the default 150 IOPS (npz ~12 of them); every
         # dataset stays above the 256 MiB memory cap (~340 / ~540 / ~540 MB).
         small_files=3000, small_classes=30,
         record_shards=8, record_min_mb=32, record_max_mb=96,
         fanstore_counts={"128K": 1024, "512K": 256, "2M": 64, "8M": 16},
+        npz_files=2400,
         mem_cap=256 * MIB,
-        workloads=["small:lenet", "small:resnet", "records:lenet", "mmap:lenet", "fanstore"],
+        workloads=["small:lenet", "small:resnet", "records:lenet", "mmap:lenet", "fanstore",
+                   "npz:lenet"],
     ),
 }
 
@@ -109,6 +122,11 @@ Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
                 several shards interleaved (tf.data)
   mmap          the same shards through mmap (DALI, LMDB)
   fanstore      FanStore's micro-benchmark: 128K/512K/2M/8M files, MB/s and files/s
+  npz           npz samples of ~700 KiB (numpy.savez) read as numpy.load reads them
+                (small reads at both ends, 256 KiB reads between), DataLoader-like:
+                files between the source's readahead and a MiB, request-bound when the
+                program reads them itself; runs under --npz-setups only, PFS-direct one
+                epoch, and --epoch1-pairs cold epoch-1 pairs of PFS-direct and granary-full
 """
 
 
@@ -117,7 +135,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Knobs()
     p.add_argument("--size", choices=sorted(PRESETS), default="quick",
-                   help="preset for every knob below (quick ~4 min, full ~20 min on 2 cores)")
+                   help="preset for every knob below (quick ~5 min, full ~32 min on 2 cores)")
     p.add_argument("--out", help="report directory (default results/<size>)")
     p.add_argument("--workdir", help=f"scratch space for the image, local copies and tiers "
                                      f"(default {d.workdir}); never inside the repository")
@@ -132,6 +150,8 @@ def parse_args(argv=None):
     g.add_argument("--record-mean-kb", type=int, help="mean record size, KiB (110)")
     g.add_argument("--fanstore-counts", type=_counts,
                    help="files per size, e.g. 128K=128,512K=32,2M=8,8M=2 (FanStore/1024)")
+    g.add_argument("--npz-files", type=int, help=f"npz samples (quick {d.npz_files}, full 2400)")
+    g.add_argument("--npz-kb", type=int, help="npz sample size, KiB (700)")
     g = p.add_argument_group("emulated PFS")
     g.add_argument("--read-bps", type=parse_size, help="blkio read bandwidth cap, e.g. 32M "
                                                        "(0 = none; default 64M)")
@@ -150,6 +170,9 @@ def parse_args(argv=None):
     g.add_argument("--workloads", type=lambda s: s.split(","),
                    help="comma list of NAME[:COMPUTE] (see above)")
     g.add_argument("--setups", type=lambda s: s.split(","), help="comma list of setups (see above)")
+    g.add_argument("--npz-setups", type=lambda s: s.split(","),
+                   help="setups the npz workload runs under, among --setups "
+                        f"(default {','.join(d.npz_setups)})")
     g.add_argument("--client-cmd",
                    help="plug in your own reader instead of the shipped clients: a shell command "
                         "with {root} {manifest} {epochs} {workers} {cache_dir} placeholders "
@@ -183,6 +206,9 @@ def parse_args(argv=None):
     g.add_argument("--repeat-below", type=float,
                    help="repeat only workloads whose Local epochs 2.. take less than this many "
                         "seconds; longer epochs average the noise out themselves (5)")
+    g.add_argument("--epoch1-pairs", type=int,
+                   help="for the npz workload: cold epoch-1 runs of PFS-direct and granary-full "
+                        "in all (the main run's included), alternating; the bar takes medians (3)")
     g.add_argument("--report-only", metavar="DIR",
                    help="re-render DIR/report.md and plots from DIR/results.json; runs nothing")
     a = p.parse_args(argv)
@@ -206,7 +232,7 @@ def parse_args(argv=None):
     for w in k.workloads:
         if w.split(":")[0] not in WORKLOADS:
             p.error(f"unknown workload {w}")
-    for s in k.setups:
+    for s in k.setups + k.npz_setups:
         if s not in SETUPS:
             p.error(f"unknown setup {s}")
     return k

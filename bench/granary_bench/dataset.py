@@ -12,8 +12,13 @@ import math
 import os
 import random
 import struct
+import sys
 import zlib
 from dataclasses import dataclass
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "clients"))
+import npzload  # noqa: E402
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -95,6 +100,20 @@ def gen_records(rng, base, n_shards, min_mb, max_mb, mean_record_kb):
     return out
 
 
+def gen_npz(rng, base, n_files, n_classes, kb):
+    """npz samples (numpy.savez, uncompressed) of ~kb KiB: a fixed-shape array `x` of random
+    bytes and an int64 label `y`, in class directories."""
+    out = []
+    for i in range(n_files):
+        rel = f"train/c{i % n_classes:04d}/sample_{i:07d}.npz"
+        os.makedirs(os.path.join(base, os.path.dirname(rel)), exist_ok=True)
+        label = struct.pack("<q", rng.randrange(n_classes))
+        data = npzload.npz_bytes({"x": npzload.npy_bytes(os.urandom(kb * KIB - 512)),
+                                  "y": npzload.npy_bytes(label, "<i8")})
+        out.append((rel, *_write(os.path.join(base, rel), [data])))
+    return out
+
+
 FANSTORE_SIZES = {"128K": 128 * KIB, "512K": 512 * KIB, "2M": 2 * MIB, "8M": 8 * MIB}
 
 
@@ -124,6 +143,8 @@ def generate(knobs, source_root, manifest_dir, names):
                                 knobs.record_max_mb, knobs.record_mean_kb)
         elif name == "fanstore":
             files = gen_fanstore(rng, base, knobs.fanstore_counts)
+        elif name == "npz":
+            files = gen_npz(rng, base, knobs.npz_files, knobs.small_classes, knobs.npz_kb)
         else:
             raise ValueError(f"unknown dataset {name}")
         manifest = os.path.join(manifest_dir, f"{name}.json")

@@ -540,6 +540,20 @@ pub fn trim_heap() {
     }
 }
 
+/// Asks the kernel to back the whole `huge`-sized pages inside `buf` with transparent huge
+/// pages from their next fault on (`MADV_HUGEPAGE`); advisory, ignored where THP is off.
+pub fn hugepage_hint(buf: &mut [u8], huge: usize) {
+    let start = (buf.as_mut_ptr() as usize).div_ceil(huge) * huge;
+    let end = (buf.as_mut_ptr() as usize + buf.len()) / huge * huge;
+    if end > start {
+        // SAFETY: [start, end) lies inside `buf`, which we borrow mutably; MADV_HUGEPAGE only
+        // changes how later faults in the range are backed, never its contents or mapping.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
 /// Returns the physical pages of a scratch buffer to the kernel (`MADV_DONTNEED` on the whole
 /// pages inside it): its resident size drops to nearly nothing, and the next touch of each page
 /// gets a fresh zero page. The contents are lost, which is what a scratch buffer allows.

@@ -131,11 +131,15 @@ pub struct AgentArgs {
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Number of files.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 160)]
     pub files: usize,
     /// Size of each file (e.g. 64K).
-    #[arg(long, default_value = "64K")]
+    #[arg(long, default_value = "640K")]
     pub size: String,
+    /// Read a local directory even where a slow source could be emulated (as root, with cgroup
+    /// v1 blkio and memory controllers and loop devices).
+    #[arg(long)]
+    pub no_emulation: bool,
     /// Epochs per reader run.
     #[arg(long, default_value_t = 3)]
     pub epochs: usize,

@@ -7,14 +7,17 @@
 //! `granary run` itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT); a signal
 //! the kernel sent to the whole foreground process group (Ctrl-C, a terminal hangup, a window
 //! resize: the program, in the same group, got it already); a SIGPIPE `granary run` caused
-//! itself.
+//! itself. `granary demo` uses the same handlers and also notes an interruption (`interrupted`),
+//! so it can clean up what it created and stop.
 
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 /// The program's pid; 0 before it exists and once it has exited.
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// Signals received while there was no program (bit `sig - 1`), forwarded when it starts.
 static PENDING: AtomicU64 = AtomicU64::new(0);
+/// SIGINT, SIGTERM or SIGHUP arrived (`granary demo` stops and cleans up).
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Every signal that is forwarded.
 pub fn forwarded() -> Vec<libc::c_int> {
@@ -56,6 +59,9 @@ fn send_pending(pid: libc::pid_t) {
 extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     if !(1..=64).contains(&sig) {
         return;
+    }
+    if matches!(sig, libc::SIGINT | libc::SIGTERM | libc::SIGHUP) {
+        INTERRUPTED.store(true, Ordering::Relaxed);
     }
     let pid = CHILD.load(Ordering::Acquire);
     if !info.is_null() {
@@ -130,4 +136,20 @@ pub fn wait_exit(pid: u32) {
         }
     }
     CHILD.store(0, Ordering::Release);
+}
+
+/// `granary demo`: from now on SIGINT/SIGTERM/SIGHUP no longer end this process; they are
+/// forwarded to the current child (`set_child`) and noted (`interrupted`).
+pub fn catch_interrupts() {
+    install();
+}
+
+/// The child that gets forwarded signals (0: none).
+pub fn set_child(pid: u32) {
+    CHILD.store(pid as i32, Ordering::Release);
+}
+
+/// True once SIGINT/SIGTERM/SIGHUP arrived.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{ensure_preload, granary_cmd, pattern, sha256_hex};
+use common::{ensure_preload, granary_cmd, ok, pattern, sha256_hex};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -107,16 +107,7 @@ impl Env {
     }
     /// Waits until the agent has no placement work left for the source (`pending == 0`).
     fn settle(&self) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let s = self.status();
-            let src = &s["sources"][0];
-            if src["pending"].as_u64() == Some(0) && !src["busy"].as_bool().unwrap_or(true) {
-                return src.clone();
-            }
-            assert!(Instant::now() < deadline, "placement never settled: {s}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        common::settle(&self.rt())
     }
     fn stop(&self) {
         let _ = self.cmd().arg("stop").output();
@@ -138,16 +129,6 @@ impl Drop for Env {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-fn ok(o: &Output) {
-    assert!(
-        o.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
 }
 
 /// (a) A 64 MiB file read in 256 KiB `pread`s: the agent fetches it whole, once, in 1 MiB

@@ -1,8 +1,10 @@
 //! Placement: copying files from the source into a tier in the background (docs/placement.md).
 //!
 //! A request (a client opened an unplaced file) moves the entry UNPLACED → QUEUED and becomes a
-//! `Job`: a large file (≥ `prefetch_min_size`) is fetched whole by the agent at once (`fetch`),
-//! a small one is copied from the page cache once the program closed it (`small`). A worker
+//! `Job`: a file at least as large as the table's whole-fetch size (`prefetch_min_size`, or less
+//! on a source whose readahead makes the program's own reads cost more requests: `whole_fetch`)
+//! is fetched whole by the agent at once (`fetch`), a smaller one is copied from the page cache
+//! once the program closed it (`small`). A worker
 //! moves it QUEUED → PLACING, asks the `Policy` which tiers to try, reserves capacity, copies
 //! under a temporary name, renames, and publishes PLACED. Every failure releases what it took
 //! and leaves the entry served from the source.
@@ -18,6 +20,7 @@ mod requests;
 pub mod residency;
 mod small;
 pub mod states;
+mod whole_fetch;
 
 pub use copy::{object_dir, PlaceOutcome};
 pub use fetch::fetch_large;
@@ -28,6 +31,7 @@ pub use policy::{
 pub use pool::{default_workers, Held, Job, Kind, Pool, Shared, Stream, Streams};
 pub use requests::handle_request;
 pub use small::copy_small;
+pub use whole_fetch::SourceRequests;
 
 /// The placement engine's parameters (`[placement]` in the configuration), resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,7 +40,8 @@ pub struct Params {
     pub block_size: u64,
     /// Source reads in flight at once, node-wide.
     pub max_source_streams: usize,
-    /// Files at least this large are fetched whole by the agent from their first open;
+    /// Files at least this large are fetched whole by the agent from their first open (smaller
+    /// ones too on a source with a small readahead: `SourceRequests::whole_fetch_from`);
     /// 0 = never (every file is copied from the page cache after the program read it).
     pub prefetch_min_size: u64,
     /// Chunk size of partial copies (0 = none).
@@ -71,9 +76,13 @@ impl Params {
         }
     }
 
-    /// True if a file of `size` is fetched whole by the agent (else copied after the program).
-    pub fn is_large(&self, size: u64) -> bool {
-        self.prefetch_min_size != 0 && size >= self.prefetch_min_size
+    /// The smallest file the agent fetches whole on the source at `path` (0: none), for its
+    /// table's header, where the preload library reads it too.
+    pub fn whole_fetch_from(&self, path: &std::path::Path) -> u64 {
+        let src = SourceRequests::of(path);
+        let from = src.whole_fetch_from(self.prefetch_min_size, self.block_size);
+        tracing::info!("{}: {}", path.display(), src.describe(from));
+        from
     }
 }
 

@@ -245,8 +245,8 @@ fn enqueue(sh: &Shared, job: Job) {
 }
 
 fn worker(sh: &Shared) {
-    // Slack for an aligned block inside (`copy::aligned`, for O_DIRECT reads).
-    let mut buf = vec![0u8; sh.params.block_size.max(4096) as usize + super::copy::DIRECT_ALIGN];
+    // With slack for an aligned block inside (`copy::aligned`, for O_DIRECT reads).
+    let mut buf = super::copy::worker_buffer(sh.params.block_size);
     loop {
         let job = {
             let mut q = lock(&sh.queue);

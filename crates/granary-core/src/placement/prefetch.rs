@@ -245,7 +245,7 @@ fn run(ctx: &SourceCtx, sh: &Shared) {
     let Some(pf) = ctx.order.as_deref() else {
         return;
     };
-    let mut buf = vec![0u8; sh.params.block_size.max(4096) as usize];
+    let mut buf = super::copy::worker_buffer(sh.params.block_size);
     while !ctx.retired.load(Ordering::Acquire) {
         ctx.inflight.fetch_add(1, Ordering::AcqRel);
         let next = pf.next(ctx);

@@ -16,6 +16,8 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
     let t = &ctx.table;
     let tiers = &*ctx.tiers;
     let Some(e) = t.entry(idx) else { return };
+    // The preload library decides from the same header which files the agent fetches whole.
+    let whole = e.stat.size >= t.prefetch_min_size();
     if let Some(order) = &ctx.order {
         order.on_request(ctx, kind, idx);
     }
@@ -28,9 +30,9 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
                     kind,
                     slot: arg,
                 };
-                if pool.params().is_large(e.stat.size) {
-                    // The agent is the one reader of a large file: start now, the program's
-                    // reads are served from the partial copy.
+                if whole {
+                    // The agent is the one reader of a file it fetches whole: start now, the
+                    // program's reads are served from the partial copy.
                     pool.submit(job(Kind::Fetch));
                 } else {
                     // The program reads it itself; copy its pages once it is done with them.
@@ -42,7 +44,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
             // The program closed a small file it read: copy it now, from the page cache.
             if !pool.promote(ctx, idx)
                 && e.stat.is_file()
-                && !pool.params().is_large(e.stat.size)
+                && !whole
                 && lifecycle::claim(&EntryCell { table: t, idx })
             {
                 // Its OPEN_UNPLACED was lost (full ring): the close is enough to act on.

@@ -335,9 +335,10 @@ impl SourceState {
             agent_pid: std::process::id(),
             ring_cap: RING_CAP,
             job_slots: JOB_SLOTS,
-            // The preload library serves large files from the partial copy the agent is
-            // fetching; 0 disables it there too.
-            prefetch_min_size: params.prefetch_min_size,
+            // The preload library serves the files the agent fetches whole from the partial
+            // copy; 0 disables it there too. Lower than configured on a source whose readahead
+            // makes the program's own reads cost more requests (placement::SourceRequests).
+            prefetch_min_size: params.whole_fetch_from(&self.source_real),
             chunk_size: params.chunk_size,
         }
     }
@@ -430,6 +431,10 @@ impl SourceState {
         dirs: TierDirs,
         opts: &WalkOpts<'_>,
     ) -> Result<Arc<SourceCtx>> {
+        // Alive from the start: a client finding no beat yet takes the agent for dead and reads
+        // the source itself, a file the agent then fetches too (the heartbeat thread's first
+        // beat can be 100 ms away).
+        table.beat(granary_core::sys::monotonic_ns());
         let order = match opts.order {
             Some(o) => {
                 let pf = granary_core::placement::prefetch::Prefetcher::build(

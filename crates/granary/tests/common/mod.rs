@@ -72,3 +72,106 @@ pub fn sha256_hex(b: &[u8]) -> String {
         .unwrap();
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// Fails the test with the command's exit status and output unless it succeeded.
+pub fn ok(o: &std::process::Output) {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Waits (at most a minute) until the agent on runtime directory `rt` has no placement work
+/// left for its first source (`pending == 0`, not busy); returns that source's status.
+pub fn settle(rt: &Path) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let o = granary_cmd(rt).args(["status", "--json"]).output().unwrap();
+        let s: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+        let src = &s["sources"][0];
+        if src["pending"].as_u64() == Some(0) && !src["busy"].as_bool().unwrap_or(true) {
+            return src.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "placement never settled: {s}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// An ext4 image on a loop device with direct I/O on its backing file (reads reach the disk,
+/// not the host's page cache), mounted `noatime`; unmounted and detached on drop. `None`
+/// when this cannot be done here (not root, no loop devices).
+pub struct LoopFs {
+    pub mnt: std::path::PathBuf,
+    pub dev: String,
+}
+
+impl LoopFs {
+    pub fn new(dir: &Path, mib: u64) -> Option<LoopFs> {
+        if granary_core::sys::uid() != 0 {
+            return None;
+        }
+        let (img, mnt) = (dir.join("fs.img"), dir.join("mnt"));
+        std::fs::create_dir_all(&mnt).ok()?;
+        let out = Command::new("sh")
+            .arg("-ec")
+            .arg(format!(
+                "truncate -s {mib}M {i}; mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 \
+                 {i}; l=$(losetup -f --show --direct-io=on {i}); \
+                 mount -o noatime $l {m} || {{ losetup -d $l; exit 1; }}; echo $l",
+                i = img.display(),
+                m = mnt.display()
+            ))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())?;
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Some(LoopFs { mnt, dev })
+    }
+
+    /// `loopN`, its name under /sys/block.
+    pub fn name(&self) -> String {
+        Path::new(&self.dev)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_string()
+    }
+
+    pub fn set_readahead_kb(&self, kb: u64) {
+        let p = format!("/sys/block/{}/queue/read_ahead_kb", self.name());
+        std::fs::write(&p, kb.to_string()).unwrap_or_else(|e| panic!("writing {p}: {e}"));
+    }
+
+    /// (read requests completed, bytes read) on the device so far, as the kernel counts them.
+    pub fn reads(&self) -> (u64, u64) {
+        let s = std::fs::read_to_string(format!("/sys/block/{}/stat", self.name())).unwrap();
+        let f: Vec<u64> = s
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        (f[0], f[2] * 512)
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+    }
+}
+
+/// Writes dirty pages back and drops the page cache: the next reads come from the devices.
+pub fn drop_caches() {
+    let ok = Command::new("sh")
+        .args(["-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "dropping the page cache failed");
+}
