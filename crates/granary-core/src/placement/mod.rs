@@ -76,10 +76,11 @@ impl Params {
         }
     }
 
-    /// The smallest file the agent fetches whole on the source at `path` (0: none), for its
-    /// table's header, where the preload library reads it too.
-    pub fn whole_fetch_from(&self, path: &std::path::Path) -> u64 {
-        let src = SourceRequests::of(path);
+    /// The smallest file the agent fetches whole on the source at `path`, on device
+    /// `major:minor` (0: none), for its table's header, where the preload library reads it too.
+    /// The device comes from a record the caller has (no call on the source for it).
+    pub fn whole_fetch_from(&self, path: &std::path::Path, dev: (u32, u32)) -> u64 {
+        let src = SourceRequests::from_sysfs(std::path::Path::new("/sys"), dev.0, dev.1);
         let from = src.whole_fetch_from(self.prefetch_min_size, self.block_size);
         tracing::info!("{}: {}", path.display(), src.describe(from));
         from

@@ -16,7 +16,6 @@
 //! too (no queue: the agent's `block_size` counts). Where nothing is known (btrfs subvolumes,
 //! overlayfs, tmpfs), only `prefetch_min_size` decides, as before.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// What a request looks like on the device holding a source.
@@ -29,17 +28,6 @@ pub struct SourceRequests {
 }
 
 impl SourceRequests {
-    /// Learned from the live sysfs for the device that holds `path`.
-    pub fn of(path: &Path) -> SourceRequests {
-        match std::fs::metadata(path) {
-            Ok(m) => {
-                let dev = m.dev();
-                SourceRequests::from_sysfs(Path::new("/sys"), libc::major(dev), libc::minor(dev))
-            }
-            Err(_) => SourceRequests::default(),
-        }
-    }
-
     /// Learned from a sysfs tree rooted at `sys` for device `major:minor`.
     pub fn from_sysfs(sys: &Path, major: u32, minor: u32) -> SourceRequests {
         let id = format!("{major}:{minor}");

@@ -60,6 +60,9 @@ pub struct SourceState {
     pub jobs_now: AtomicUsize,
     /// The source root's record read when this source became known, for the first attach.
     fresh_root: Mutex<Option<granary_shm::StatRec>>,
+    /// The source root's device (major, minor), for what its requests cost
+    /// (`placement::whole_fetch`).
+    dev: (u32, u32),
     /// What every job on the current table is told even with `-q`: tiers refused at the walk
     /// (not the user's, open to other users, …) or lost since (removed, renamed).
     warnings: Mutex<Vec<String>>,
@@ -101,6 +104,7 @@ impl SourceState {
             current: RwLock::default(),
             jobs_now: AtomicUsize::new(0),
             fresh_root: Mutex::new(root.is_dir().then_some(root)),
+            dev: (root.dev_major, root.dev_minor),
             warnings: Mutex::default(),
         })
     }
@@ -216,6 +220,11 @@ impl SourceState {
             stats.walk_s = started.elapsed().as_secs_f64();
             inner.catalog = stats;
             inner.table_path = Some(table_path);
+            if origin == Origin::Walked {
+                // Saved at once: it holds the room its next saves need on the tier, before the
+                // copies can fill it (a tier declared larger than its file system).
+                self.persist(inner);
+            }
             // Files nobody names any more, copies the tiers lost, and (verify = "checksum")
             // copies whose bytes changed: found in the background.
             let (c, verify) = (ctx.clone(), opts.verify);
@@ -338,7 +347,7 @@ impl SourceState {
             // The preload library serves the files the agent fetches whole from the partial
             // copy; 0 disables it there too. Lower than configured on a source whose readahead
             // makes the program's own reads cost more requests (placement::SourceRequests).
-            prefetch_min_size: params.whole_fetch_from(&self.source_real),
+            prefetch_min_size: params.whole_fetch_from(&self.source_real, self.dev),
             chunk_size: params.chunk_size,
         }
     }
