@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use crate::format::{Stat, Ts};
+use crate::format::Stat;
 
 fn cstr(bytes: &[u8]) -> io::Result<CString> {
     CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL"))
@@ -41,32 +41,7 @@ fn statx_raw(dirfd: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> i
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
-    let ts = |t: libc::statx_timestamp| Ts {
-        sec: t.tv_sec,
-        nsec: t.tv_nsec,
-    };
-    Ok(Stat {
-        mask: sx.stx_mask & !libc::STATX_ATIME,
-        blksize: sx.stx_blksize,
-        attributes: sx.stx_attributes,
-        attributes_mask: sx.stx_attributes_mask,
-        nlink: sx.stx_nlink,
-        uid: sx.stx_uid,
-        gid: sx.stx_gid,
-        mode: sx.stx_mode as u32,
-        ino: sx.stx_ino,
-        size: sx.stx_size,
-        blocks: sx.stx_blocks,
-        // Reading changes atime; the pack records mtime so that packing is deterministic.
-        atime: ts(sx.stx_mtime),
-        btime: ts(sx.stx_btime),
-        ctime: ts(sx.stx_ctime),
-        mtime: ts(sx.stx_mtime),
-        rdev_major: sx.stx_rdev_major,
-        rdev_minor: sx.stx_rdev_minor,
-        dev_major: sx.stx_dev_major,
-        dev_minor: sx.stx_dev_minor,
-    })
+    Ok(Stat::from_stat_rec(&granary_shm::StatRec::from_statx(&sx)))
 }
 
 fn openat(dir: libc::c_int, name: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {

@@ -86,6 +86,36 @@ impl Stat {
             && self.ctime == o.ctime
     }
 
+    /// What a pack records of a file's `statx` record: everything but atime, which reading the
+    /// file changes (recorded as mtime, so that packing is deterministic).
+    pub fn from_stat_rec(s: &granary_shm::StatRec) -> Stat {
+        let ts = |t: granary_shm::Ts| Ts {
+            sec: t.sec,
+            nsec: t.nsec,
+        };
+        Stat {
+            mask: s.mask & !libc::STATX_ATIME,
+            blksize: s.blksize,
+            attributes: s.attributes,
+            attributes_mask: s.attributes_mask,
+            nlink: s.nlink,
+            uid: s.uid,
+            gid: s.gid,
+            mode: s.mode,
+            ino: s.ino,
+            size: s.size,
+            blocks: s.blocks,
+            atime: ts(s.mtime),
+            btime: ts(s.btime),
+            ctime: ts(s.ctime),
+            mtime: ts(s.mtime),
+            rdev_major: s.rdev_major,
+            rdev_minor: s.rdev_minor,
+            dev_major: s.dev_major,
+            dev_minor: s.dev_minor,
+        }
+    }
+
     /// The catalog's record of the same metadata (atime served as mtime, see `atime`).
     pub fn to_stat_rec(&self) -> granary_shm::StatRec {
         let ts = |t: Ts| granary_shm::Ts {
