@@ -17,6 +17,7 @@ mod fill;
 mod hooks;
 mod inherit;
 mod log;
+mod packed;
 mod path;
 mod place;
 mod release;

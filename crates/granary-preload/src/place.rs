@@ -291,17 +291,23 @@ fn wait(g: &Guard, idx: u32, end: Option<u64>) -> Waited {
         if unclaimed || now - moved > STALL_NS || now - start > WAIT_MAX_NS {
             return give_up(b"the copy does not progress");
         }
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: sleep,
-        };
-        if sys!(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize) < 0
-            && detour::errno() == libc::EINTR
-        {
+        if !nap(&mut sleep, SLEEP_MAX_NS) {
             return give_up(b"a signal arrived");
         }
-        sleep = (sleep * 2).min(SLEEP_MAX_NS);
     }
+}
+
+/// Sleeps `sleep` ns, then doubles it up to `max`; false if a signal interrupted the sleep
+/// (a wait on the agent then ends, so the program's handler runs at once).
+pub fn nap(sleep: &mut i64, max: i64) -> bool {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: *sleep,
+    };
+    let interrupted = sys!(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize) < 0
+        && detour::errno() == libc::EINTR;
+    *sleep = (*sleep * 2).min(max);
+    !interrupted
 }
 
 fn give_up(why: &[u8]) -> Waited {

@@ -7,6 +7,7 @@ mod demo;
 mod logging;
 mod pack_cmd;
 mod run;
+mod run_pack;
 mod signals;
 
 use clap::Parser;

@@ -182,10 +182,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     // Same rule as the preload library: any value but empty or "0" turns granary off.
     let disabled = std::env::var_os("GRANARY_DISABLE").is_some_and(|v| !v.is_empty() && v != "0");
     let cfg = load_config(&args.tiers)?;
-    let source = granary_core::source::normalize(&args.source)?;
-    if !source.is_dir() {
-        bail!("source {} is not a directory", source.display());
-    }
+    let source = crate::run_pack::target(&args)?;
     let (prog, prog_args) = args.program.split_first().context("no program given")?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(prog_args);
@@ -199,6 +196,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let order = order_spec(&args, &cfg)?;
     let job = match attach(&args, &cfg, &source, order) {
         Ok(job) => job,
+        Err(e) if args.mount.is_some() => bail!("{e:#}"),
         Err(e) => {
             // granary may make a job slower, never failed: run it as if granary were absent.
             eprintln!("granary: {e:#}");
@@ -233,8 +231,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
             .counter(slot, w)
             .map_or(0, |c| c.load(Ordering::Relaxed))
     };
-    let (placement, usage) =
-        agent_stats(&mut conn, &source).unwrap_or((before.clone(), tier_usage));
+    let (placement, usage) = agent_stats(&mut conn, &source, args.pack.as_deref())
+        .unwrap_or((before.clone(), tier_usage));
     let delta = placement.since(&before);
     let mut tiers_rep = JobReport::tier_reports(&usage);
     for (i, t) in tiers_rep.iter_mut().enumerate().take(MAX_TIERS) {
@@ -310,6 +308,8 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         page_cache: cfg.page_cache,
         order,
         immutable: args.immutable || cfg.immutable.unwrap_or(false),
+        pack: crate::run_pack::pack_dir(args)?,
+        mount: args.mount.is_some(),
     })?;
     let walk_started = Instant::now();
     let mut shown = false;
@@ -405,9 +405,11 @@ fn run_plain(
 fn agent_stats(
     conn: &mut Conn,
     source: &Path,
+    pack: Option<&Path>,
 ) -> Result<(PlacementStats, Vec<granary_core::tiers::TierUsage>)> {
     conn.send(&Request::Stats {
         source: source.to_path_buf(),
+        pack: pack.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())),
     })?;
     match conn.recv()? {
         Reply::Stats { placement, tiers } => Ok((placement, tiers)),
