@@ -17,8 +17,13 @@ WORKLOADS = {
     "records": ("records", "records.py", ["--io", "pread"], True),
     "mmap": ("records", "records.py", ["--io", "mmap"], False),
     "fanstore": ("fanstore", "fanstore.py", [], True),
+    # FanStore's sizes with low-entropy content (compresses ~3x), for the compressed pack.
+    "fanstorez": ("fanstorez", "fanstore.py", [], True),
 }
-SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half"]
+SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half", "granary-packed",
+          "granary-packed-zstd"]
+# Not run unless asked for (--setups): the compressed pack only matters for `fanstorez`.
+DEFAULT_SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half", "granary-packed"]
 
 
 @dataclass
@@ -47,7 +52,7 @@ class Knobs:
     batch: int = 32
     workloads: list = field(default_factory=lambda: ["small:lenet", "records:lenet", "mmap:lenet",
                                                      "fanstore"])
-    setups: list = field(default_factory=lambda: list(SETUPS))
+    setups: list = field(default_factory=lambda: list(DEFAULT_SETUPS))
     client_cmd: str = None
     # granary
     granary: str = None
@@ -101,6 +106,9 @@ Setups (all in one run, on the same data):
                 later epochs read the copies (not for mmap readers: DALI/LMDB have none)
   granary-full  granary run with a local tier that holds the whole dataset
   granary-half  granary run with a local tier that holds --granary-half of it
+  granary-packed       the dataset packed once (`granary pack`, onto the PFS, time reported
+                       apart), served with `granary run --pack` and a tier that holds it all
+  granary-packed-zstd  the same with a zstd:1 pack (not by default; for `fanstorez`)
 
 Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
   small         ImageNet-like small files in class dirs, shuffled, DataLoader-like
@@ -109,6 +117,9 @@ Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
                 several shards interleaved (tf.data)
   mmap          the same shards through mmap (DALI, LMDB)
   fanstore      FanStore's micro-benchmark: 128K/512K/2M/8M files, MB/s and files/s
+  fanstorez     the same sizes with low-entropy (npz-like) content that compresses ~3x
+                (not by default; e.g. --workloads fanstorez --setups
+                pfs,local,granary-packed,granary-packed-zstd)
 """
 
 

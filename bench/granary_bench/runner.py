@@ -211,10 +211,11 @@ class Bench:
     def repeat_pairs(self, job, made, by):
         """Runs Local and granary-full again, alternating, so the steady-state
         criterion can take the median of paired ratios instead of one noisy pair."""
-        pair = [s for s in made if s.name in ("local", "granary-full")]
+        pair = [s for s in made if s.name in ("local", "granary-full", "granary-packed")
+                and by.get(s.name, {}).get("status") != "skipped"]
         local = by.get("local") or {}
         eps = [e["seconds"] for e in local.get("epochs") or []][1:]
-        if (self.k.repeat <= 1 or len(pair) != 2 or not eps
+        if (self.k.repeat <= 1 or len(pair) < 2 or not by.get("local") or not eps
                 or any(by.get(s.name, {}).get("status") != "ok" for s in pair)):
             return []
         if sum(eps) / len(eps) >= self.k.repeat_below:

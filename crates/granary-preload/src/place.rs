@@ -74,8 +74,10 @@ pub fn on_read(
         state::PLACED => return placed(g, fd, t, &entry, off, len, f),
         state::PARTIAL => return partial(g, fd, idx, &entry, word, off, len, f),
         // UNPLACED too: our open asked the agent for it, which claims it within a ring poll.
+        // (A packed file is never copied through a partial copy: its open already waited.)
         state::UNPLACED | state::QUEUED | state::PLACING
-            if entry.stat.size >= g.table.prefetch_min_size() => {}
+            if entry.stat.size >= g.table.prefetch_min_size() && g.table.locator(idx).is_none() => {
+        }
         _ => return Read::Real(Kind::Source),
     }
     let Some((_, end)) = range(fd, off, len, entry.stat.size) else {
@@ -338,7 +340,9 @@ pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
             switch::to_copy(g, fd, t, &entry);
         }
         state::UNPLACED | state::QUEUED | state::PLACING
-            if entry.stat.size >= g.table.prefetch_min_size() && switch::exclusive(&t) =>
+            if entry.stat.size >= g.table.prefetch_min_size()
+                && g.table.locator(idx).is_none()
+                && switch::exclusive(&t) =>
         {
             if let Waited::Placed = wait(g, idx, None) {
                 switch::to_copy(g, fd, t, &entry);

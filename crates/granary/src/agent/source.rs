@@ -421,6 +421,8 @@ impl SourceState {
             validation: Default::default(),
             pack: Default::default(),
         });
+        // Beaten before any job has it: a client never takes a new table's agent for dead.
+        ctx.table.beat(granary_core::sys::monotonic_ns());
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
         Ok(ctx)
     }
