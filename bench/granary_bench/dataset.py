@@ -112,7 +112,7 @@ def gen_fanstore(rng, base, counts):
 def _low_entropy_chunks(n, rng):
     """npz-like arrays of small integers: random bytes mapped onto a skewed alphabet (mostly
     0..3), ~2.5 bits of entropy per byte, so zstd stores them ~3x smaller."""
-    table = bytes((b & 3) if b < 208 else (b & 15) for b in range(256))
+    table = bytes((b & 3) if b < 224 else (b & 15) for b in range(256))
     while n > 0:
         k = min(n, 4 * MIB)
         yield os.urandom(k).translate(table)

@@ -147,6 +147,35 @@ def _sizes(r, epoch):
     return {k: v["MBps"] for k, v in (e.get("per_size") or {}).items()}
 
 
+def _steady_sizes(r):
+    """FanStore per-size MB/s averaged over epochs 2.. (the placed copies)."""
+    eps = ((r or {}).get("epochs") or [])[1:]
+    out = {}
+    for e in eps:
+        for k, v in (e.get("per_size") or {}).items():
+            out.setdefault(k, []).append(v["MBps"])
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+def _size_ratios(data, wl, name, main_g, main_l, base="local"):
+    """Per size: the median over paired runs (main run and repetitions) of setup `name`'s MB/s
+    in epochs 2.. over setup `base`'s."""
+    runs = {1: {base: main_l, name: main_g}}
+    for r in data.get("repeats") or []:
+        if r["workload"] == wl and r["status"] == "ok":
+            runs.setdefault(r["rep"], {})[r["setup"]] = r
+    ratios = {}
+    for v in runs.values():
+        if not (v.get(name) and v.get(base)):
+            continue
+        g, l = _steady_sizes(v[name]), _steady_sizes(v[base])
+        for k in g:
+            if l.get(k):
+                ratios.setdefault(k, []).append(g[k] / l[k])
+    order = sorted(ratios, key=lambda s: int(s.rstrip("KM")) * (1 << (20 if "M" in s else 10)))
+    return {k: _median(ratios[k]) for k in order}
+
+
 def bar_rows(data, source_bandwidth):
     """Rows [criterion, workload, setup, measured, bar, verdict, how] for the packed setups."""
     rows = []
@@ -190,12 +219,13 @@ def bar_rows(data, source_bandwidth):
                 rows.append(["mean of epochs ≥ 2 / Local's", wl, name,
                              "–" if x is None else f"{x:.2f}", "≤ 1.05", _verdict(x, 1.05), how])
             if wl.startswith("fanstore") and name == "granary-packed" and local:
-                g, l = _sizes(r, -1), _sizes(local, -1)
-                worst = min((g[k] / l[k] for k in g if l.get(k)), default=None)
-                rows.append(["placed copies' MB/s / Local's, every size (last epoch)", wl, name,
+                per = _size_ratios(data, wl, name, r, local)
+                worst = min(per.values(), default=None)
+                rows.append(["placed copies' MB/s / Local's, every size (epochs ≥ 2)", wl, name,
                              "–" if worst is None else f"{worst:.2f}", "≥ 0.95",
                              _verdict(worst, 0.95, ge=True),
-                             ", ".join(f"{k}: {g[k]:.0f}/{l[k]:.0f}" for k in g if l.get(k))])
+                             "median of paired runs per size: "
+                             + ", ".join(f"{k} {v:.2f}" for k, v in per.items())])
         if pk and pz:
             raw = (data["datasets"].get(pz["dataset"]) or {}).get("bytes")
             zpack = _pack_of(data, pz, "zstd:1")
@@ -206,17 +236,24 @@ def bar_rows(data, source_bandwidth):
                 rows.append(["source bytes / raw (compressed pack)", wl, "granary-packed-zstd",
                              f"{src / raw:.3f}", f"≤ {limit:.3f}", _verdict(src / raw, limit),
                              f"{src / 1e6:.0f} MB of {raw / 1e6:.0f} MB; pack ratio {ratio:.2f}"])
-            for epoch, label in ((1, "epoch 1"), (-1, "last epoch")):
-                gz, g0 = _sizes(pz, epoch), _sizes(pk, epoch)
-                for k in sorted(gz, key=lambda s: int(s.rstrip("KM")) * (1 << (20 if "M" in s else 10))):
-                    if not g0.get(k):
-                        continue
-                    x = gz[k] / g0[k]
-                    bar = 0.7 if k == "128K" else 0.9
-                    rows.append([f"{label} MB/s, zstd pack / uncompressed pack, {k}", wl,
-                                 "granary-packed-zstd", f"{x:.2f}", f"≥ {bar:.2f}",
-                                 _verdict(x, bar, ge=True) if k in ("128K", "2M", "8M") else "–",
-                                 f"{gz[k]:.0f} vs {g0[k]:.0f} MB/s"])
+            gz, g0 = _sizes(pz, 1), _sizes(pk, 1)
+            for k in sorted(gz, key=lambda s: int(s.rstrip("KM")) * (1 << (20 if "M" in s else 10))):
+                if not g0.get(k):
+                    continue
+                x = gz[k] / g0[k]
+                bar = 0.7 if k == "128K" else 0.9
+                rows.append([f"epoch 1 MB/s, zstd pack / uncompressed pack, {k}", wl,
+                             "granary-packed-zstd", f"{x:.2f}", f"≥ {bar:.2f}",
+                             _verdict(x, bar, ge=True) if k in ("128K", "2M", "8M") else "–",
+                             f"{gz[k]:.0f} vs {g0[k]:.0f} MB/s (from the pack, decoded by the "
+                             "agent)"])
+            per = _size_ratios(data, wl, "granary-packed-zstd", pz, pk, base="granary-packed")
+            for k, x in per.items():
+                bar = 0.7 if k == "128K" else 0.9
+                rows.append([f"epochs ≥ 2 MB/s, zstd pack / uncompressed pack, {k}", wl,
+                             "granary-packed-zstd", f"{x:.2f}", f"≥ {bar:.2f}",
+                             _verdict(x, bar, ge=True) if k in ("128K", "2M", "8M") else "–",
+                             "median of paired runs (placed copies: the same decoded files)"])
     return rows
 
 

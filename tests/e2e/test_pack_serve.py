@@ -75,6 +75,15 @@ def serve(granary, args, cmd, tier, tier_size="1G", extra=(), timeout=300):
     return proc, json.loads(stats_path.read_text())
 
 
+def pack_args(mode, src: pathlib.Path, packed: pathlib.Path):
+    """`granary run` arguments to serve `packed` with the tree (`source`) or, the tree moved
+    away, with the pack alone where the tree used to be (`mount`)."""
+    if mode == "source":
+        return ["--source", src, "--pack", packed]
+    os.rename(src, src.parent / "gone")
+    return ["--pack", packed, "--mount", src]
+
+
 def regular_files(tree):
     return [p for p, r in tree.items() if (r["mode"] & 0o170000) == 0o100000]
 
@@ -90,12 +99,7 @@ def test_every_byte_and_stat_field_of_a_packed_tree(granary, tmp_path, codec, mo
     want = direct([*READ_TREE, src])
     assert want.returncode == 0, want.stderr
     expected = read_tree(want.stdout)
-    if mode == "source":
-        args = ["--source", src, "--pack", packed]
-    else:
-        # Only the pack exists; the program reads the tree where it used to be.
-        os.rename(src, tmp_path / "pfs" / "gone")
-        args = ["--pack", packed, "--mount", src]
+    args = pack_args(mode, src, packed)
     proc, stats = serve(granary, args, [*READ_TREE, src], tmp_path / "tier")
     got = read_tree(proc.stdout)
     assert got.keys() == expected.keys()
@@ -249,11 +253,7 @@ def test_a_damaged_partition_is_never_served(granary, tmp_path, damage, mode):
         with open(part, "r+b") as f:
             f.truncate(len(blob) - 1)
     expected = read_tree(direct([*READ_TREE, src]).stdout)
-    if mode == "source":
-        args = ["--source", src, "--pack", packed]
-    else:
-        os.rename(src, tmp_path / "pfs" / "gone")
-        args = ["--pack", packed, "--mount", src]
+    args = pack_args(mode, src, packed)
     proc, stats = serve(granary, args, [*READ_TREE, src], tmp_path / "tier")
     got = read_tree(proc.stdout)
     assert got.keys() == expected.keys()
@@ -337,11 +337,7 @@ def test_agent_killed_mid_partition(tmp_path, loop_source, throttle, mode):
         assert started.returncode == 0, started.stderr
         [agent] = g.agent_pids()
         throttle(agent, dev, 1 << 20)
-        if mode == "source":
-            args = ["--source", src, "--pack", packed]
-        else:
-            os.rename(src, mnt / "gone")
-            args = ["--pack", packed, "--mount", src]
+        args = pack_args(mode, src, packed)
         go = tmp_path / "go"
         stats_path = tmp_path / "stats.json"
         wait_go = [sys.executable, "-c",
@@ -375,3 +371,26 @@ def test_agent_killed_mid_partition(tmp_path, loop_source, throttle, mode):
     finally:
         throttle(None, dev, 0)
         g.stop()
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["agent-kept", "agent-restarted"])
+@pytest.mark.parametrize("mode", ["source", "mount"])
+def test_a_later_job_reuses_the_copies_and_never_a_damaged_one(granary, tmp_path, restart, mode):
+    src = small_tree(tmp_path / "pfs" / "data")
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(src, packed)
+    expected = read_tree(direct([*READ_TREE, src]).stdout)
+    args = pack_args(mode, src, packed)
+    tier = tmp_path / "tier"
+    serve(granary, args, [*READ_TREE, src], tier)
+    granary.settle(src)
+    if restart:
+        granary.stop()
+    objects = sorted(p for p in tier.rglob("*") if p.parent.name == "objects" and p.is_file())
+    assert len(objects) == 24
+    # One copy damaged behind granary's back (same size, a byte flipped: its ctime tells).
+    flip(objects[0], 100)
+    proc, stats = serve(granary, args, [*READ_TREE, src], tier)
+    assert read_tree(proc.stdout) == expected
+    assert tier_files(stats) == 23, stats
+    assert stats["placement"]["agent_source_bytes"] < 20_000, stats["placement"]

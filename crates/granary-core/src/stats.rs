@@ -358,6 +358,13 @@ impl JobReport {
             self.catalog.reused_files,
             self.catalog.reuse_rejected
         ));
+        let c = &self.catalog;
+        if c.pack_files + c.pack_dirs_checked > 0 {
+            s.push_str(&format!(
+                "  pack: {} files from the pack, {} from the source; {} dirs checked, {} changed\n",
+                c.pack_files, c.pack_source_files, c.pack_dirs_checked, c.pack_dirs_changed
+            ));
+        }
         s
     }
 }

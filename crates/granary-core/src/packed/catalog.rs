@@ -142,7 +142,7 @@ pub fn build<B: AsRef<[u8]>>(ix: &Index<B>, opts: &Options<'_>) -> Result<Built,
             let mode = b.dir_mode(&root, &now, 0);
             (now, mode, pino)
         }
-        None => (root.stat.to_stat_rec(), Mode::Pack(0), opts.root_parent_ino),
+        None => (b.packed_stat(&root), Mode::Pack(0), opts.root_parent_ino),
     };
     b.stats.dirs = 1;
     let mut cat = Catalog::new(&root_stat);
@@ -199,9 +199,12 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
         })
     }
 
-    /// The packed record of `e` as the source would report it now (device remapped).
+    /// The packed record of `e` as the source would report it now: the device remapped, and
+    /// atime (which a pack records as mtime and marks absent) served as present, as the tree's
+    /// own `statx` says it is.
     fn packed_stat(&self, e: &PackEntry) -> StatRec {
         let mut s = e.stat.to_stat_rec();
+        s.mask |= libc::STATX_ATIME;
         if let Some(d) = self.devs {
             d.map(&mut s);
         }

@@ -369,8 +369,10 @@ fn segment(
     let mut outs: Vec<Out<'_>> = Vec::new();
     for &idx in &st.members[s.members.start as usize..s.members.end as usize] {
         let cell = EntryCell { table: t, idx };
-        let w = t.state(idx);
-        let claimable = match state::state_of(w) {
+        let (Some(entry), Some(loc)) = (t.entry(idx), t.locator(idx)) else {
+            continue;
+        };
+        let claimable = match state::state_of(t.state(idx)) {
             state::UNPLACED => {
                 lifecycle::claim(&cell) || state::state_of(t.state(idx)) == state::QUEUED
             }
@@ -380,9 +382,6 @@ fn segment(
         if !claimable {
             continue;
         }
-        let (Some(entry), Some(loc)) = (t.entry(idx), t.locator(idx)) else {
-            continue;
-        };
         if ctx.retired.load(Ordering::Acquire) {
             lifecycle::unclaim(&cell);
             continue;
