@@ -394,3 +394,26 @@ def test_a_later_job_reuses_the_copies_and_never_a_damaged_one(granary, tmp_path
     assert read_tree(proc.stdout) == expected
     assert tier_files(stats) == 23, stats
     assert stats["placement"]["agent_source_bytes"] < 20_000, stats["placement"]
+
+
+@pytest.mark.parametrize("mode", ["source", "mount"])
+def test_what_does_not_fit_the_tier_is_served_from_the_source_or_the_pack(granary, tmp_path, mode):
+    src = tmp_path / "pfs" / "data"
+    for i in range(40):
+        p = src / f"d{i % 4}" / f"f{i:02d}"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(100 << 10))
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(src, packed)
+    expected = read_tree(direct([*READ_TREE, src]).stdout)
+    args = pack_args(mode, src, packed)
+    tier = tmp_path / "tier"
+    proc, stats = serve(granary, args, [*READ_TREE, src], tier, tier_size="2M")
+    assert read_tree(proc.stdout) == expected
+    served = tier_files(stats)
+    # 2 MiB hold 20 of the 40 files of 100 KiB (whole 4 KiB blocks each); none beyond it.
+    assert 0 < served <= 20, stats
+    assert source_opens(stats) == 40 - served, stats
+    used = sum(p.stat().st_blocks * 512 for p in tier.rglob("*") if p.is_file()
+               and p.parent.name == "objects")
+    assert used <= 2 << 20, used

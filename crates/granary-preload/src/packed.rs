@@ -24,7 +24,7 @@ use crate::place::now_ns;
 
 /// A waiting open gives up when the pack's stream stood still this long…
 const STALL_NS: u64 = 10_000_000_000;
-/// …or when it waited this long in all.
+/// …or, when the tree is at hand, when it waited this long in all.
 const WAIT_MAX_NS: u64 = 60_000_000_000;
 /// While the entry is still unplaced, the request is repeated this often (a full ring drops it).
 const ASK_AGAIN_NS: u64 = 100_000_000;
@@ -60,7 +60,10 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
                 .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
             asked = now;
         }
-        if now - moved > STALL_NS || now - start > WAIT_MAX_NS {
+        // With the tree at hand a long wait is cut short (its file is as good); with the pack
+        // alone, the alternative is extracting the file into memory: wait while it streams.
+        let too_long = now - start > WAIT_MAX_NS && !g.table.pack_mount();
+        if now - moved > STALL_NS || too_long {
             return give_up(b"the pack's stream does not progress");
         }
         if !crate::place::nap(&mut sleep, SLEEP_MAX_NS) {
