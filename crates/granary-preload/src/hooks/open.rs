@@ -115,10 +115,9 @@ fn extracted(
             let _keep = KeepErrno::new();
             fdtable::take(fd);
             crate::copies::forget(fd);
-            if !fdtable::track(fd, Tracked::new(idx, Kind::Pack, initial_flags(flags))) {
-                detour::raw_close(fd);
-                return Plan::Failed(libc::EMFILE);
-            }
+            // Untrackable (a vfork child, an fd beyond the table): the bytes are still right,
+            // only its `fstat` is the memory file's. Nothing else could serve the open.
+            fdtable::track(fd, Tracked::new(idx, Kind::Pack, initial_flags(flags)));
             g.count(job::OPENS, 1);
             g.count(job::FALLBACKS, 1);
             Plan::Done(fd)
