@@ -96,6 +96,7 @@ def main(argv=None):
                                  "stored_bytes": d.stored_bytes}
                              for n, d in datasets.items()},
                 "generation_seconds": gen_secs, "copies": bench.copies,
+                "packs": getattr(bench, "packs", {}),
                 "granary": {"path": g.path if g else None, "version": g.version if g else None,
                             "skipped_reason": reason},
                 "results": results, "repeats": repeats, "wall_seconds": time.time() - t_start,
@@ -115,7 +116,11 @@ def _estimate_bytes(k):
     records = k.record_shards * k.record_max_mb * (1 << 20)
     fan = sum(n * s for n, s in ((k.fanstore_counts.get(d, 0), b)
                                  for d, b in dataset.FANSTORE_SIZES.items()))
-    return int(small + records + fan)
+    names = {w.split(":")[0] for w in k.workloads}
+    total = small + records + fan + (fan if "fanstorez" in names else 0)
+    # Packs are written beside the datasets on the PFS: one more copy per packed setup.
+    packs = sum(1 for s in k.setups if s.startswith("granary-packed"))
+    return int(total * (1 + packs))
 
 
 if __name__ == "__main__":

@@ -18,8 +18,13 @@ WORKLOADS = {
     "mmap": ("records", "records.py", ["--io", "mmap"], False),
     "fanstore": ("fanstore", "fanstore.py", [], True),
     "npz": ("npz", "smallfiles.py", ["--reader", "npz"], True),
+    # FanStore's sizes with low-entropy content (compresses ~3x), for the compressed pack.
+    "fanstorez": ("fanstorez", "fanstore.py", [], True),
 }
-SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half"]
+SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half", "granary-packed",
+          "granary-packed-zstd"]
+# Not run unless asked for (--setups): the compressed pack only matters for `fanstorez`.
+DEFAULT_SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half", "granary-packed"]
 # Workloads whose bar is epoch 1 against the source's bandwidth: PFS-direct runs one epoch
 # (under the memory cap its later epochs re-read the source like the first), and PFS-direct
 # and granary-full run `epoch1_pairs` times in all, alternating, for medians.
@@ -56,7 +61,7 @@ class Knobs:
     batch: int = 32
     workloads: list = field(default_factory=lambda: ["small:lenet", "records:lenet", "mmap:lenet",
                                                      "fanstore", "npz:lenet"])
-    setups: list = field(default_factory=lambda: list(SETUPS))
+    setups: list = field(default_factory=lambda: list(DEFAULT_SETUPS))
     client_cmd: str = None
     # granary
     granary: str = None
@@ -114,6 +119,9 @@ Setups (all in one run, on the same data):
                 later epochs read the copies (not for mmap readers: DALI/LMDB have none)
   granary-full  granary run with a local tier that holds the whole dataset
   granary-half  granary run with a local tier that holds --granary-half of it
+  granary-packed       the dataset packed once (`granary pack`, onto the PFS, time reported
+                       apart), served with `granary run --pack` and a tier that holds it all
+  granary-packed-zstd  the same with a zstd:1 pack (not by default; for `fanstorez`)
 
 Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
   small         ImageNet-like small files in class dirs, shuffled, DataLoader-like
@@ -127,6 +135,9 @@ Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
                 files between the source's readahead and a MiB, request-bound when the
                 program reads them itself; runs under --npz-setups only, PFS-direct one
                 epoch, and --epoch1-pairs cold epoch-1 pairs of PFS-direct and granary-full
+  fanstorez     the same sizes with low-entropy (npz-like) content that compresses ~3x
+                (not by default; e.g. --workloads fanstorez --setups
+                pfs,local,granary-packed,granary-packed-zstd)
 """
 
 

@@ -128,6 +128,27 @@ def gen_fanstore(rng, base, counts):
     return out
 
 
+def _low_entropy_chunks(n, rng):
+    """npz-like arrays of small integers: random bytes mapped onto a skewed alphabet (mostly
+    0..3), ~2.5 bits of entropy per byte, so zstd stores them ~3x smaller."""
+    table = bytes((b & 3) if b < 224 else (b & 15) for b in range(256))
+    while n > 0:
+        k = min(n, 4 * MIB)
+        yield os.urandom(k).translate(table)
+        n -= k
+
+
+def gen_fanstorez(rng, base, counts):
+    """FanStore's sizes and counts, compressible contents (seed 003 section 6.6: 2.8x)."""
+    out = []
+    for d, size in FANSTORE_SIZES.items():
+        os.makedirs(os.path.join(base, d), exist_ok=True)
+        for i in range(counts[d]):
+            rel = f"{d}/f{i:06d}"
+            out.append((rel, *_write(os.path.join(base, rel), _low_entropy_chunks(size, rng))))
+    return out
+
+
 def generate(knobs, source_root, manifest_dir, names):
     """Generates the named datasets under source_root; returns {name: Dataset}."""
     os.makedirs(manifest_dir, exist_ok=True)
@@ -145,6 +166,8 @@ def generate(knobs, source_root, manifest_dir, names):
             files = gen_fanstore(rng, base, knobs.fanstore_counts)
         elif name == "npz":
             files = gen_npz(rng, base, knobs.npz_files, knobs.small_classes, knobs.npz_kb)
+        elif name == "fanstorez":
+            files = gen_fanstorez(rng, base, knobs.fanstore_counts)
         else:
             raise ValueError(f"unknown dataset {name}")
         manifest = os.path.join(manifest_dir, f"{name}.json")

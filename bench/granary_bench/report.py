@@ -7,7 +7,7 @@ alternative's: below 1 means granary is faster.
 
 import os
 
-GRANARY = ("granary-full", "granary-half")
+GRANARY = ("granary-full", "granary-half", "granary-packed", "granary-packed-zstd")
 
 
 def _job_time(r):
@@ -442,6 +442,21 @@ def render(data, figs):
             L.append("In a quick run epochs 2.. take 0.1–0.3 s: the *epochs ≥ 2 / Local* rows are "
                      "within timer noise here; read them on a full run.\n")
         L.append(_table(["criterion", "workload", "setup", "measured", "bar", "", "numbers"], bar))
+        from . import packed
+        pbar = packed.bar_rows(data, _source_bandwidth(data))
+        if pbar:
+            L.append("\n### Serving a pack (`granary run --pack`)\n")
+            L.append("The dataset packed once with `granary pack` onto the emulated PFS (time "
+                     "and traffic below, like Local's copy), then served from the pack: "
+                     "*packed size* = the index and partitions as stored; *source opens* = the "
+                     "program's opens of source paths + the agent's partition opens (its "
+                     "counters) + 1 for the index; the compressed pack's *ratio* = the raw "
+                     "dataset over the pack's bytes.\n")
+            L.append(_table(["pack", "codec", "seconds", "source MB read", "partitions", "MB"],
+                            packed.pack_rows(data)))
+            L.append(_table(["criterion", "workload", "setup", "measured", "bar", "", "numbers"],
+                            pbar))
+            bar = bar + pbar
         fails = sum(1 for r in bar if "FAIL" in r[5])
         L.append(f"{sum(1 for r in bar if 'pass' in r[5])} pass, {fails} fail"
                  + (f", {sum(1 for r in bar if r[5] == 'n/a')} n/a" if any(r[5] == 'n/a' for r in bar)

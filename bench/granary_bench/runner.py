@@ -38,7 +38,7 @@ class Job:
         name, _, compute = spec.partition(":")
         dataset, script, args, cacheable = config.WORKLOADS[name]
         # FanStore's benchmark only reads: no model step unless asked for.
-        compute = compute or ("" if name == "fanstore" else "lenet")
+        compute = compute or ("" if name.startswith("fanstore") else "lenet")
         return cls(name, compute, dataset, script, args, cacheable)
 
 
@@ -233,10 +233,12 @@ class Bench:
     def repeat_pairs(self, job, made, by):
         """Runs Local and granary-full again, alternating, so the steady-state
         criterion can take the median of paired ratios instead of one noisy pair."""
-        pair = [s for s in made if s.name in ("local", "granary-full")]
+        pair = [s for s in made if s.name in ("local", "granary-full", "granary-packed",
+                                              "granary-packed-zstd")
+                and by.get(s.name, {}).get("status") != "skipped"]
         local = by.get("local") or {}
         eps = [e["seconds"] for e in local.get("epochs") or []][1:]
-        if (self.k.repeat <= 1 or len(pair) != 2 or not eps
+        if (self.k.repeat <= 1 or len(pair) < 2 or not by.get("local") or not eps
                 or any(by.get(s.name, {}).get("status") != "ok" for s in pair)):
             return []
         if sum(eps) / len(eps) >= self.k.repeat_below:

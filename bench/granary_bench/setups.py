@@ -149,6 +149,8 @@ def make_setups(bench):
         "granary-full": GranarySetup(bench, "granary-full", "granary (tier fits all)", 1.0),
         "granary-half": GranarySetup(bench, "granary-half", f"granary (tier {half:.0%})", half),
     }
+    from . import packed
+    all_setups.update(packed.make(bench))
     return [all_setups[s] for s in bench.k.setups]
 
 

@@ -7,6 +7,7 @@
 pub mod catalog;
 pub mod config;
 pub mod memlimit;
+pub mod packed;
 pub mod placement;
 pub mod runtime;
 pub mod size;

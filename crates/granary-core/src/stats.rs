@@ -263,6 +263,18 @@ pub struct CatalogStats {
     /// background validation instead).
     #[serde(default)]
     pub carried: u64,
+    /// Serving a pack (`granary run --pack`): regular files whose bytes come from the pack.
+    #[serde(default)]
+    pub pack_files: u64,
+    /// Directories of the source checked against the pack's index (one `statx` each), and
+    /// those whose names had changed (listed from the source).
+    #[serde(default)]
+    pub pack_dirs_checked: u64,
+    #[serde(default)]
+    pub pack_dirs_changed: u64,
+    /// Regular files served from the source instead: changed since packing, or not in it.
+    #[serde(default)]
+    pub pack_source_files: u64,
 }
 
 /// One tier's line in the job report.
@@ -454,6 +466,13 @@ impl JobReport {
             self.catalog.reused_files,
             self.catalog.reuse_rejected
         ));
+        let c = &self.catalog;
+        if c.pack_files + c.pack_dirs_checked > 0 {
+            s.push_str(&format!(
+                "  pack: {} files from the pack, {} from the source; {} dirs checked, {} changed\n",
+                c.pack_files, c.pack_source_files, c.pack_dirs_checked, c.pack_dirs_changed
+            ));
+        }
         s
     }
 }

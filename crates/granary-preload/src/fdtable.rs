@@ -54,6 +54,7 @@ const KIND_SOURCE: u64 = 1;
 const KIND_TIER: u64 = 2;
 const KIND_DIR: u64 = 3;
 const KIND_OTHER: u64 = 4;
+const KIND_PACK: u64 = 5;
 
 /// Flags, bits 16..24 of the word.
 pub mod flag {
@@ -107,6 +108,9 @@ pub enum Kind {
     Dir,
     /// Any other file under the source (opened for writing, or not catalogued): only counted.
     Other,
+    /// A catalogued regular file extracted from the pack into memory (only the pack exists
+    /// and the agent could not place it): `fstat` describes the catalog's file.
+    Pack,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +136,7 @@ fn encode(t: Tracked) -> u64 {
         Kind::Tier(x) => (KIND_TIER, x as u64),
         Kind::Dir => (KIND_DIR, 0),
         Kind::Other => (KIND_OTHER, 0),
+        Kind::Pack => (KIND_PACK, 0),
     };
     (t.entry as u64) << 32 | (t.flags & FLAGS_MASK) | (tier & 0xff) << 8 | kind
 }
@@ -142,6 +147,7 @@ fn decode(v: u64) -> Option<Tracked> {
         KIND_TIER => Kind::Tier((v >> 8) as u8),
         KIND_DIR => Kind::Dir,
         KIND_OTHER => Kind::Other,
+        KIND_PACK => Kind::Pack,
         _ => return None,
     };
     Some(Tracked {

@@ -18,6 +18,7 @@ mod fill;
 mod hooks;
 mod inherit;
 mod log;
+mod packed;
 mod path;
 mod place;
 mod release;

@@ -74,8 +74,10 @@ pub fn on_read(
         state::PLACED => return placed(g, fd, t, &entry, off, len, f),
         state::PARTIAL => return partial(g, fd, idx, &entry, word, off, len, f),
         // UNPLACED too: our open asked the agent for it, which claims it within a ring poll.
+        // (A packed file is never copied through a partial copy: its open already waited.)
         state::UNPLACED | state::QUEUED | state::PLACING
-            if entry.stat.size >= g.table.prefetch_min_size() => {}
+            if entry.stat.size >= g.table.prefetch_min_size() && g.table.locator(idx).is_none() => {
+        }
         _ => return Read::Real(Kind::Source),
     }
     let Some((_, end)) = range(fd, off, len, entry.stat.size) else {
@@ -291,17 +293,23 @@ fn wait(g: &Guard, idx: u32, end: Option<u64>) -> Waited {
         if unclaimed || now - moved > STALL_NS || now - start > WAIT_MAX_NS {
             return give_up(b"the copy does not progress");
         }
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: sleep,
-        };
-        if sys!(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize) < 0
-            && detour::errno() == libc::EINTR
-        {
+        if !nap(&mut sleep, SLEEP_MAX_NS) {
             return give_up(b"a signal arrived");
         }
-        sleep = (sleep * 2).min(SLEEP_MAX_NS);
     }
+}
+
+/// Sleeps `sleep` ns, then doubles it up to `max`; false if a signal interrupted the sleep
+/// (a wait on the agent then ends, so the program's handler runs at once).
+pub fn nap(sleep: &mut i64, max: i64) -> bool {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: *sleep,
+    };
+    let interrupted = sys!(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize) < 0
+        && detour::errno() == libc::EINTR;
+    *sleep = (*sleep * 2).min(max);
+    !interrupted
 }
 
 fn give_up(why: &[u8]) -> Waited {
@@ -332,7 +340,9 @@ pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
             switch::to_copy(g, fd, t, &entry);
         }
         state::UNPLACED | state::QUEUED | state::PLACING
-            if entry.stat.size >= g.table.prefetch_min_size() && switch::exclusive(&t) =>
+            if entry.stat.size >= g.table.prefetch_min_size()
+                && g.table.locator(idx).is_none()
+                && switch::exclusive(&t) =>
         {
             if let Waited::Placed = wait(g, idx, None) {
                 switch::to_copy(g, fd, t, &entry);

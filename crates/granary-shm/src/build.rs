@@ -61,6 +61,9 @@ pub struct Catalog {
     class_ix: HashMap<StatClass, u16>,
     /// Initial chunk bitmaps of reused partial copies, by node index.
     pub chunks: HashMap<u32, Vec<u64>>,
+    /// Where each node's bytes are in a pack (`TableSpec::pack`), by node index; empty for a
+    /// catalog that serves no pack, and shorter than `nodes` when the last nodes have none.
+    pub locators: Vec<Locator>,
 }
 
 impl Catalog {
@@ -281,6 +284,22 @@ pub struct TableSpec {
     pub prefetch_min_size: u64,
     /// See `layout::H_CHUNK_SIZE`; a multiple of 4096, 0 means no chunk bitmaps.
     pub chunk_size: u64,
+    /// The pack this table serves (`layout::pack`), if any.
+    pub pack: Option<PackSpec>,
+}
+
+/// The pack section's fixed part (`layout::pack`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PackSpec {
+    /// The pack directory, absolute.
+    pub dir: Vec<u8>,
+    /// An empty directory standing for the tree's directories (`mount`).
+    pub empty_dir: Vec<u8>,
+    pub block_size: u32,
+    pub partitions: u32,
+    pub id: [u8; 16],
+    /// Only the pack exists (`pack::FLAG_MOUNT`).
+    pub mount: bool,
 }
 
 impl TableSpec {
@@ -378,6 +397,9 @@ struct Plan {
     transient_off: usize,
     valid_off: usize,
     classes_off: usize,
+    /// 0: no pack section.
+    pack_off: usize,
+    locators_off: usize,
     total: usize,
 }
 
@@ -423,7 +445,19 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     let transient_off = chunks_off + align8(chunks_len);
     let valid_off = transient_off + words * 8;
     let classes_off = valid_off + words * 8;
-    let total = (classes_off + cat.classes.len() * CLASS_LEN).div_ceil(4096) * 4096;
+    let classes_end = classes_off + cat.classes.len() * CLASS_LEN;
+    let (pack_off, locators_off, end) = match &spec.pack {
+        Some(ps) => {
+            if ps.dir.len() > PATH_MAX_LEN || ps.empty_dir.len() > PATH_MAX_LEN {
+                return Err(BuildError::PathTooLong(ps.dir.clone()));
+            }
+            let off = align8(classes_end);
+            let loc = off + pack::HEADER_LEN;
+            (off, loc, loc + n * pack::LOCATOR_LEN)
+        }
+        None => (0, 0, classes_end),
+    };
+    let total = end.div_ceil(4096) * 4096;
     Ok(Plan {
         n,
         hash_slots,
@@ -442,6 +476,8 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
         transient_off,
         valid_off,
         classes_off,
+        pack_off,
+        locators_off,
         total,
     })
 }
@@ -513,12 +549,43 @@ impl Image<'_> {
         self.put(off, &v.to_ne_bytes());
     }
     fn put_path(&mut self, slot: usize, path: &[u8]) -> Result<(), BuildError> {
+        self.put_path_at(PATHS_OFF + slot * PATH_SLOT_LEN, path)
+    }
+    fn put_path_at(&mut self, off: usize, path: &[u8]) -> Result<(), BuildError> {
         if path.len() > PATH_MAX_LEN {
             return Err(BuildError::PathTooLong(path.to_vec()));
         }
-        let off = PATHS_OFF + slot * PATH_SLOT_LEN;
         self.put_u32(off, path.len() as u32);
         self.put(off + 8, path);
+        Ok(())
+    }
+    fn put_pack(
+        &mut self,
+        p: &Plan,
+        ps: &PackSpec,
+        locators: &[Locator],
+    ) -> Result<(), BuildError> {
+        let o = p.pack_off;
+        self.put_u64(H_PACK_OFF, o as u64);
+        self.put_u64(o + pack::F_MAGIC, pack::MAGIC);
+        self.put_u32(
+            o + pack::F_FLAGS,
+            if ps.mount { pack::FLAG_MOUNT } else { 0 },
+        );
+        self.put_u32(o + pack::F_BLOCK, ps.block_size);
+        self.put_u32(o + pack::F_PARTITIONS, ps.partitions);
+        self.put_u64(o + pack::F_LOCATORS, p.locators_off as u64);
+        self.put(o + pack::F_ID, &ps.id);
+        self.put_path_at(o + pack::F_DIR, &ps.dir)?;
+        self.put_path_at(o + pack::F_EMPTY, &ps.empty_dir)?;
+        for (i, l) in locators.iter().take(p.n).enumerate() {
+            let at = p.locators_off + i * pack::LOCATOR_LEN;
+            self.put_u64(at, l.offset);
+            self.put_u64(at + 8, l.stored_len);
+            self.put_u64(at + 16, l.checksum);
+            self.put_u32(at + 24, l.partition);
+            self.put(at + 28, &[l.codec, l.flags]);
+        }
         Ok(())
     }
     fn put_entry(&mut self, off: usize, d: &DiskEntry) {
@@ -627,6 +694,9 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
     img.put_u64(H_CREDS + 8, spec.creds.2);
     for (i, c) in cat.classes.iter().enumerate() {
         img.put_class(p.classes_off + i * CLASS_LEN, c);
+    }
+    if let Some(ps) = &spec.pack {
+        img.put_pack(&p, ps, &cat.locators)?;
     }
     img.put(p.strings_off, &cat.strings);
 

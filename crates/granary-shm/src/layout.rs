@@ -92,9 +92,70 @@ pub const H_VALID_OFF: usize = 232;
 /// `AtomicU64`: the attach epoch, bumped each time a job attaches to an idle source and the
 /// validation bits start over (diagnostics and tests).
 pub const H_EPOCH: usize = 240;
+/// Offset of the pack section (`pack`) when the table serves a pack (`granary run --pack`),
+/// 0 otherwise. In the 8 bytes tables without one leave zero, so no version change.
+pub const H_PACK_OFF: usize = 248;
 /// Tier `t`'s object directory identity (`st_dev: u64`, `st_ino: u64`) at
 /// `H_TIER_DIR_IDS + 16 t`: a client opens copies only through a directory fd that is this one.
 pub const H_TIER_DIR_IDS: usize = 256;
+
+/// A table serving a pack: where the pack is, whether the tree exists anywhere else, and per
+/// entry where its stored bytes are (`Locator`). Written once by the agent; only `F_STREAMED`
+/// changes afterwards.
+///
+/// ```text
+/// +0     magic `GRNPACK1`
+/// +8     flags: u32 (`FLAG_MOUNT`)
+/// +12    block size of framed files (u32, the pack's)
+/// +16    partition count (u32)
+/// +24    streamed: AtomicU64, bytes the agent has read from partitions (waiting clients watch it)
+/// +32    locators offset (u64, from the table's start): entry_count × LOCATOR_LEN
+/// +40    pack id (16 bytes)
+/// +64    path slot: the pack directory (absolute; u32 length, bytes)
+/// +64 + PATH_SLOT_LEN   path slot: an empty directory whose fds stand for the tree's
+///        directories when the tree exists only in the pack (`FLAG_MOUNT`)
+/// ```
+pub mod pack {
+    use super::PATH_SLOT_LEN;
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNPACK1");
+    pub const F_MAGIC: usize = 0;
+    pub const F_FLAGS: usize = 8;
+    pub const F_BLOCK: usize = 12;
+    pub const F_PARTITIONS: usize = 16;
+    pub const F_STREAMED: usize = 24;
+    pub const F_LOCATORS: usize = 32;
+    pub const F_ID: usize = 40;
+    pub const F_DIR: usize = 64;
+    pub const F_EMPTY: usize = 64 + PATH_SLOT_LEN;
+    pub const HEADER_LEN: usize = 64 + 2 * PATH_SLOT_LEN;
+    /// Only the pack exists (`--mount`): nothing is ever passed through to the tree's path.
+    pub const FLAG_MOUNT: u32 = 1;
+    /// Per entry: stored-bytes offset in its partition file (u64), stored length (u64), xxh3 of
+    /// the file's bytes (u64), partition (u32), codec (u8, the pack's), flags (u8).
+    pub const LOCATOR_LEN: usize = 32;
+    /// Locator flag: the entry's bytes are in the pack (otherwise it is served from the source:
+    /// not packed, or changed since).
+    pub const LOC_PACKED: u8 = 1;
+    /// Locator flag: the file has holes (its copy keeps them).
+    pub const LOC_SPARSE: u8 = 2;
+}
+
+/// Where a packed file's stored bytes are (`pack::LOCATOR_LEN` bytes in the table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Locator {
+    pub offset: u64,
+    pub stored_len: u64,
+    pub checksum: u64,
+    pub partition: u32,
+    pub codec: u8,
+    pub flags: u8,
+}
+
+impl Locator {
+    pub fn is_packed(&self) -> bool {
+        self.flags & pack::LOC_PACKED != 0
+    }
+}
 
 pub const HEARTBEAT_PERIOD_MS: u64 = 100;
 pub const HEARTBEAT_STALE_MS: u64 = 2000;
@@ -612,5 +673,5 @@ const _: () = assert!(ENTRY_LEN == 88);
 const _: () = assert!(CLASS_LEN == 56);
 const _: () = assert!(job::BYTES_PLACED < job::WORDS);
 const _: () = assert!(H_TIER_DIR_IDS + 16 * MAX_TIERS <= PATHS_OFF);
-const _: () = assert!(H_EPOCH + 8 <= H_TIER_DIR_IDS);
+const _: () = assert!(H_EPOCH + 8 <= H_PACK_OFF && H_PACK_OFF + 8 <= H_TIER_DIR_IDS);
 const _: () = assert!(HEADER_LEN % 4096 == 0);

@@ -13,12 +13,13 @@ mod ring;
 pub mod table;
 
 pub use build::{
-    build, build_catalog, build_into, image_len, BuildError, Catalog, CatalogEntry, Node, TableSpec,
+    build, build_catalog, build_into, image_len, BuildError, Catalog, CatalogEntry, Node, PackSpec,
+    TableSpec,
 };
 pub use layout::{
     chunk_count, chunk_data_offset, chunks_name, groups_hash, job, object_id, object_name,
-    parse_object_name, part_name, path_hash, request, state, DiskEntry, EntryRec, StatClass,
-    StatRec, Ts,
+    parse_object_name, part_name, path_hash, request, state, DiskEntry, EntryRec, Locator,
+    StatClass, StatRec, Ts,
 };
 pub use mapping::{MapError, Mapping};
 pub use resolve::{resolve, strip_root, Resolved};

@@ -57,6 +57,9 @@ pub struct Table {
     valid_off: usize,
     classes_off: usize,
     class_count: u32,
+    /// The pack section (`layout::pack`), 0 when the table serves no pack.
+    pack_off: usize,
+    locators_off: usize,
 }
 
 /// A request taken off the ring.
@@ -211,7 +214,23 @@ impl Table {
             CLASS_LEN,
             "stat classes",
         )?;
+        let (pack_off, locators_off) = match u64_at(H_PACK_OFF)? as usize {
+            0 => (0, 0),
+            off => {
+                let off = section(&region, off, pack::HEADER_LEN, 1, "pack section")?;
+                if region.u64_at(off + pack::F_MAGIC) != Some(pack::MAGIC) {
+                    return Err(TableError::BadLayout("pack section magic"));
+                }
+                let loc = u64_at(off + pack::F_LOCATORS)? as usize;
+                (
+                    off,
+                    section(&region, loc, n, pack::LOCATOR_LEN, "pack locators")?,
+                )
+            }
+        };
         Ok(Table {
+            pack_off,
+            locators_off,
             region,
             entry_count,
             hash_slots,
@@ -916,6 +935,114 @@ impl Table {
     /// Agent side: skips a slot a producer claimed but never filled (it died in between).
     pub fn skip_stuck_request(&self) -> bool {
         self.ring().skip_stuck()
+    }
+
+    /// True if the table serves a pack (`granary run --pack`): its entries' bytes come from the
+    /// pack's partitions (`locator`), and the agent checked the tree per directory before the
+    /// program started.
+    #[inline]
+    pub fn is_packed(&self) -> bool {
+        self.pack_off != 0
+    }
+
+    /// True if the tree exists only in the pack (`--mount`): nothing may be passed through to
+    /// its path, which names nothing on the file system.
+    #[inline]
+    pub fn pack_mount(&self) -> bool {
+        self.pack_off != 0
+            && self
+                .region
+                .u32_at(self.pack_off + pack::F_FLAGS)
+                .is_some_and(|f| f & pack::FLAG_MOUNT != 0)
+    }
+
+    /// Raw bytes per frame of the pack's framed files.
+    pub fn pack_block_size(&self) -> u32 {
+        if self.pack_off == 0 {
+            return 0;
+        }
+        self.region
+            .u32_at(self.pack_off + pack::F_BLOCK)
+            .unwrap_or(0)
+    }
+
+    pub fn pack_partitions(&self) -> u32 {
+        if self.pack_off == 0 {
+            return 0;
+        }
+        self.region
+            .u32_at(self.pack_off + pack::F_PARTITIONS)
+            .unwrap_or(0)
+    }
+
+    /// The pack id every partition header repeats.
+    pub fn pack_id(&self) -> Option<&[u8]> {
+        if self.pack_off == 0 {
+            return None;
+        }
+        self.region.bytes(self.pack_off + pack::F_ID, 16)
+    }
+
+    fn pack_path(&self, field: usize) -> Option<&[u8]> {
+        if self.pack_off == 0 {
+            return None;
+        }
+        let off = self.pack_off + field;
+        let len = self.region.u32_at(off)? as usize;
+        if len > PATH_MAX_LEN {
+            return None;
+        }
+        self.region.bytes(off + 8, len)
+    }
+
+    /// The pack directory (absolute).
+    pub fn pack_dir(&self) -> Option<&[u8]> {
+        self.pack_path(pack::F_DIR)
+    }
+
+    /// The empty directory whose fds stand for the tree's directories under `pack_mount`.
+    pub fn pack_empty_dir(&self) -> Option<&[u8]> {
+        self.pack_path(pack::F_EMPTY)
+    }
+
+    /// Where entry `idx`'s bytes are in the pack; `None` if the table serves no pack or the
+    /// entry's bytes are not in it (not a packed regular file, or changed since packing).
+    pub fn locator(&self, idx: u32) -> Option<Locator> {
+        if self.pack_off == 0 || idx >= self.entry_count {
+            return None;
+        }
+        let at = self.locators_off + idx as usize * pack::LOCATOR_LEN;
+        let tail = self.region.bytes(at + 28, 2)?;
+        let l = Locator {
+            offset: self.region.u64_at(at)?,
+            stored_len: self.region.u64_at(at + 8)?,
+            checksum: self.region.u64_at(at + 16)?,
+            partition: self.region.u32_at(at + 24)?,
+            codec: tail[0],
+            flags: tail[1],
+        };
+        l.is_packed().then_some(l)
+    }
+
+    /// Bytes the agent has read from the pack's partitions so far (a client waiting for a
+    /// packed file gives up when this stands still).
+    pub fn pack_streamed(&self) -> u64 {
+        if self.pack_off == 0 {
+            return 0;
+        }
+        self.region
+            .atomic_u64(self.pack_off + pack::F_STREAMED)
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    /// Agent side: `n` more bytes read from the partitions.
+    pub fn add_pack_streamed(&self, n: u64) {
+        if self.pack_off == 0 {
+            return;
+        }
+        if let Some(c) = self.region.atomic_u64(self.pack_off + pack::F_STREAMED) {
+            c.fetch_add(n, Ordering::AcqRel);
+        }
     }
 
     /// A job counter (`job::*`) of job slot `slot`; slot 0 when the slot is out of range.

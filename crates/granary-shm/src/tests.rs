@@ -97,6 +97,70 @@ fn header_round_trip() {
 }
 
 #[test]
+fn pack_section_round_trips() {
+    let mut m = Model::new();
+    let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    m.add(d, "a.jpg", stat(libc::S_IFREG | 0o644, 3, 110_000), "");
+    m.add(d, "b.jpg", stat(libc::S_IFREG | 0o644, 4, 7), "");
+    let plain = build(&Model::spec(), &m.entries).unwrap();
+    let (_pm, pt, _pf) = map_image(&plain);
+    assert!(!pt.is_packed() && !pt.pack_mount());
+    assert_eq!(pt.locator(0), None);
+    let mut cat = Catalog::from_entries(&m.entries).unwrap();
+    let a = (0..cat.len()).find(|&i| cat.name(i) == b"a.jpg").unwrap();
+    let b = (0..cat.len()).find(|&i| cat.name(i) == b"b.jpg").unwrap();
+    cat.locators = vec![Locator::default(); cat.len()];
+    cat.locators[a] = Locator {
+        offset: 128,
+        stored_len: 110_000,
+        checksum: 0xabcdef,
+        partition: 3,
+        codec: 0,
+        flags: layout::pack::LOC_PACKED,
+    };
+    // Known to the pack but changed since: no locator is served.
+    cat.locators[b] = Locator {
+        offset: 9,
+        flags: 0,
+        ..Default::default()
+    };
+    let mut spec = Model::spec();
+    spec.pack = Some(PackSpec {
+        dir: b"/pfs/data.granary".to_vec(),
+        empty_dir: b"/dev/shm/g/empty".to_vec(),
+        block_size: 1 << 20,
+        partitions: 4,
+        id: [7; 16],
+        mount: true,
+    });
+    let img = build_catalog(&spec, &cat).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    assert!(t.is_packed() && t.pack_mount());
+    assert_eq!(t.pack_dir(), Some(&b"/pfs/data.granary"[..]));
+    assert_eq!(t.pack_empty_dir(), Some(&b"/dev/shm/g/empty"[..]));
+    assert_eq!((t.pack_block_size(), t.pack_partitions()), (1 << 20, 4));
+    assert_eq!(t.pack_id(), Some(&[7u8; 16][..]));
+    assert_eq!(t.locator(a as u32), Some(cat.locators[a]));
+    assert_eq!(t.locator(b as u32), None);
+    assert_eq!(t.locator(0), None);
+    assert_eq!(t.locator(t.entry_count()), None);
+    assert_eq!(t.pack_streamed(), 0);
+    t.add_pack_streamed(5);
+    assert_eq!(t.pack_streamed(), 5);
+    // A damaged section is refused as a whole.
+    let mut bad = img.clone();
+    let off = u64::from_ne_bytes(
+        bad[layout::H_PACK_OFF..layout::H_PACK_OFF + 8]
+            .try_into()
+            .unwrap(),
+    );
+    bad[off as usize] ^= 1;
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut f, &bad).unwrap();
+    assert!(Mapping::map(f.as_file().as_raw_fd(), bad.len()).is_err());
+}
+
+#[test]
 fn report_opens_flag_is_independent_of_valid() {
     let mut m = Model::new();
     m.add(0, "a", stat(libc::S_IFREG | 0o644, 3, 10), "");

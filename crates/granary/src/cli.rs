@@ -12,6 +12,12 @@ Examples:
       RAM first, then SSD; every rank and DataLoader worker shares one node agent
   GRANARY_DISABLE=1 granary run --source /pfs/imagenet -- python train.py
       the same job without interception, for comparison
+  granary run --source /pfs/imagenet --pack /pfs/imagenet.granary -- python train.py
+      stat and listings from the pack's index (no call on /pfs/imagenet after the start), the
+      agent streams the pack's partitions into the tiers; what changed since packing comes from
+      /pfs/imagenet
+  granary run --pack /scratch/imagenet.granary --mount /pfs/imagenet -- python train.py
+      only the pack exists here: the program reads /pfs/imagenet/... from it
 
 The program keeps reading /pfs/imagenet as before. Later jobs on this node reuse what earlier ones
 placed (validated by the source's identity and a checksum). `granary status` shows the agent, `granary stop`
@@ -86,8 +92,24 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// The dataset directory the program reads (on the shared file system).
-    #[arg(long, value_name = "DIR")]
-    pub source: PathBuf,
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "mount",
+        conflicts_with = "mount"
+    )]
+    pub source: Option<PathBuf>,
+    /// Serve the dataset from this pack (made by `granary pack`): every stat and listing comes
+    /// from its index, and the agent streams its partitions into the tiers in large sequential
+    /// reads. With --source, the tree is checked against the index per directory before the
+    /// program starts (one metadata call each) and files changed since packing are read from it.
+    #[arg(long, value_name = "PACK")]
+    pub pack: Option<PathBuf>,
+    /// Only the pack exists (e.g. copied to node-local scratch): PATH is where the program
+    /// expects the tree, which granary serves from the pack alone (directories opened there are
+    /// stand-ins: listings, stat and opens below them work, `chdir` into them does not).
+    #[arg(long, value_name = "PATH", requires = "pack")]
+    pub mount: Option<PathBuf>,
     #[command(flatten)]
     pub tiers: TierArgs,
     /// The order the program opens its files, when it is known ahead (a file list, or one

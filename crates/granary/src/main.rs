@@ -8,6 +8,7 @@ mod logging;
 mod output;
 mod pack_cmd;
 mod run;
+mod run_pack;
 mod signals;
 
 use clap::Parser;

@@ -191,7 +191,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     // Bad flags or configuration are the user's to fix: refused before anything runs (rc 2).
     let cfg = load_config(&args.tiers)?;
     tier_configs(&args.tiers, &cfg)?;
-    let source = granary_core::source::normalize(&args.source)?;
+    let source = crate::run_pack::target(&args)?;
     let (prog, prog_args) = args.program.split_first().context("no program given")?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(prog_args);
@@ -212,6 +212,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let order = order_spec(&args, &cfg)?;
     let job = match attach(&args, &cfg, &source, order) {
         Ok(job) => job,
+        Err(e) if args.mount.is_some() => bail!("{e:#}"),
         Err(e) => {
             let why = format!("{e:#}");
             say(format!("granary: {why}"));
@@ -247,7 +248,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             .counter(slot, w)
             .map_or(0, |c| c.load(Ordering::Relaxed))
     };
-    let (delta, usage, mine) = match agent_stats(&mut conn, &source, slot) {
+    let (delta, usage, mine) = match agent_stats(&mut conn, &source, slot, args.pack.as_deref()) {
         Ok(AgentStats {
             placement,
             tiers,
@@ -365,6 +366,8 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         page_cache: cfg.page_cache,
         order,
         immutable: args.immutable || cfg.immutable.unwrap_or(false),
+        pack: crate::run_pack::pack_dir(args)?,
+        mount: args.mount.is_some(),
     };
     let try_once = || -> Result<(Conn, Attached)> {
         let mut conn = connect_or_spawn(&rt, &agent_args)?;
@@ -515,10 +518,16 @@ struct AgentStats {
     job: JobPlaced,
 }
 
-fn agent_stats(conn: &mut Conn, source: &Path, slot: u32) -> Result<AgentStats> {
+fn agent_stats(
+    conn: &mut Conn,
+    source: &Path,
+    slot: u32,
+    pack: Option<&Path>,
+) -> Result<AgentStats> {
     let req = Request::Stats {
         source: source.to_path_buf(),
         slot,
+        pack: pack.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())),
     };
     match conn.ask(&req)? {
         Reply::Stats {

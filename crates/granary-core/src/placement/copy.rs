@@ -225,12 +225,8 @@ fn write_and_publish(
     first: Reservation<'_>,
     mut write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<Written, CopyError>,
 ) -> PlaceOutcome {
-    let t = &ctx.table;
-    let tiers = &*ctx.tiers;
-    let c = &ctx.counters;
     let idx = cl.idx;
     let size = cl.entry.stat.size;
-    let name = object_name(cl.entry.object);
     let mut next = Some(first);
     while let Some(res) = next.take() {
         let tier = res.tier();
@@ -261,29 +257,8 @@ fn write_and_publish(
             let _ = sys::unlink_at(dir, &tmp);
             return stale(ctx, idx);
         }
-        let cell = EntryCell { table: t, idx };
-        // Clients check what they open against the identity recorded here, after the rename
-        // (which changes the ctime) and before PLACED; the checksum is read once PLACED.
-        let out = states::finish(
-            &cell,
-            tiers,
-            res,
-            || {
-                sys::rename_at(dir, &tmp, &name)?;
-                let (ino, ctime) = sys::copy_identity(&file)?;
-                lifecycle::record_copy(t, idx, ino, ctime, sum);
-                Ok(())
-            },
-            || sys::unlink_at(dir, &name).is_ok(),
-        );
-        match out {
-            Finish::Placed { .. } => {
-                AgentCounters::add(&c.files_placed, 1);
-                AgentCounters::add(&c.bytes_placed, size);
-                AgentCounters::add(&c.tier_files[tier], 1);
-                AgentCounters::add(&c.tier_bytes[tier], size);
-                return PlaceOutcome::Placed { tier, bytes: size };
-            }
+        match publish(ctx, idx, size, res, dir, &tmp, &file, sum) {
+            Finish::Placed { .. } => return PlaceOutcome::Placed { tier, bytes: size },
             Finish::RenameFailed => {
                 tracing::debug!("placement: rename in tier {tier} failed");
                 let _ = sys::unlink_at(dir, &tmp);
@@ -295,6 +270,49 @@ fn write_and_publish(
         }
     }
     source_only(ctx, idx)
+}
+
+/// Publishes a finished copy, `tmp` in tier directory `dir` on the reservation's tier:
+/// renamed to the entry's object name, its identity and checksum recorded — clients check what
+/// they open against that identity, after the rename (which changes the ctime) and before
+/// PLACED —, then PLACED through `states::finish`, and counted.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn publish(
+    ctx: &SourceCtx,
+    idx: u32,
+    size: u64,
+    res: Reservation<'_>,
+    dir: &OwnedFd,
+    tmp: &[u8],
+    file: &File,
+    sum: u64,
+) -> Finish {
+    let t = &ctx.table;
+    let c = &ctx.counters;
+    let tier = res.tier();
+    let Some(e) = t.entry(idx) else {
+        return Finish::RenameFailed;
+    };
+    let name = object_name(e.object);
+    let out = states::finish(
+        &EntryCell { table: t, idx },
+        &ctx.tiers,
+        res,
+        || {
+            sys::rename_at(dir, tmp, &name)?;
+            let (ino, ctime) = sys::copy_identity(file)?;
+            lifecycle::record_copy(t, idx, ino, ctime, sum);
+            Ok(())
+        },
+        || sys::unlink_at(dir, &name).is_ok(),
+    );
+    if let Finish::Placed { .. } = out {
+        AgentCounters::add(&c.files_placed, 1);
+        AgentCounters::add(&c.bytes_placed, size);
+        AgentCounters::add(&c.tier_files[tier], 1);
+        AgentCounters::add(&c.tier_bytes[tier], size);
+    }
+    out
 }
 
 /// A reservation on a tier after `failed` in the policy's order.

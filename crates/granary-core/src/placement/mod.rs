@@ -13,6 +13,7 @@ pub mod chunks;
 mod copy;
 mod fetch;
 mod partial;
+pub mod partition;
 mod policy;
 mod pool;
 pub mod prefetch;
@@ -20,6 +21,7 @@ mod requests;
 pub mod residency;
 mod small;
 pub mod states;
+mod unpack;
 mod whole_fetch;
 
 pub use copy::{object_dir, PlaceOutcome};
@@ -133,6 +135,8 @@ pub struct SourceCtx {
     /// The current attach's background validation (`catalog::validate`), which clients point
     /// at the directories they are in (`request::VALIDATE`).
     pub validation: std::sync::RwLock<Option<Arc<crate::catalog::Validation>>>,
+    /// The partition streamer of a table serving a pack (`granary run --pack`).
+    pub pack: std::sync::OnceLock<Arc<partition::Streamer>>,
 }
 
 /// True if tier `tier`'s object directory is gone from its path (removed, renamed, replaced):

@@ -21,6 +21,14 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
     if let Some(order) = &ctx.order {
         order.on_request(ctx, kind, idx);
     }
+    if let (Some(pack), request::OPEN_UNPLACED | request::CLOSED) = (ctx.pack.get(), kind) {
+        if t.locator(idx).is_some() {
+            // A packed file's bytes come from its partition, never from the source's file: the
+            // program waits for this copy, so its segment is streamed next.
+            pack.request(ctx, idx);
+            return;
+        }
+    }
     match kind {
         request::OPEN_UNPLACED => {
             if e.stat.is_file() && lifecycle::claim(&EntryCell { table: t, idx }) {

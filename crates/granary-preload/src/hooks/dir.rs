@@ -56,7 +56,15 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
     let mut buf = Buf::new();
     let loc = locate(&g, libc::AT_FDCWD, path, &mut buf);
     let found = loc.rel.and_then(|_| find(&g, &loc, true));
-    let d = pass();
+    let d = match &found {
+        // A tree that exists only in the pack: a stream on the stand-in directory.
+        Some(f) if f.entry.stat.is_dir() && g.table.pack_mount() => crate::packed::with_empty_dir(
+            &g,
+            |p| real!(OPENDIR as OpendirFn, c"opendir", (p) or core::ptr::null_mut()),
+        )
+        .unwrap_or(core::ptr::null_mut()),
+        _ => pass(),
+    };
     let fd = stream_fd(d);
     match found {
         Some(f) if f.entry.stat.is_dir() && fd >= 0 => {

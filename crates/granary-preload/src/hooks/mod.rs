@@ -52,7 +52,11 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Option<Found> {
     if !ancestors_live(g.table, idx) {
         return None;
     }
-    if !lifecycle::is_validated(g.table, idx) && !crate::validate::check(g.table, idx, &entry) {
+    // A packed table was checked whole before the program started: its source (if any) is
+    // never asked per entry.
+    if !lifecycle::is_validated(g.table, idx)
+        && (g.table.is_packed() || !crate::validate::check(g.table, idx, &entry))
+    {
         return None;
     }
     Some(Found { idx, entry })

@@ -44,6 +44,8 @@ enum Plan {
     Real(Option<Tracked>),
     /// We already have the fd (a verified tier copy), tracked.
     Done(c_int),
+    /// The open fails with this errno (a tree that exists only in a damaged pack).
+    Failed(c_int),
 }
 
 fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
@@ -58,18 +60,70 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
         return Plan::Real(Some(other));
     };
     let fl = initial_flags(flags);
+    let mount = g.table.pack_mount();
     if entry.stat.is_dir() {
+        if mount {
+            return packed_dir(g, idx, flags);
+        }
         return Plan::Real(Some(Tracked::new(idx, Kind::Dir, fl)));
     }
     if !entry.stat.is_file() || flags & libc::O_DIRECTORY != 0 {
         return Plan::Real(None);
+    }
+    let loc = g.table.locator(idx);
+    if loc.is_some() && state::state_of(g.table.state(idx)) != state::PLACED {
+        // Its bytes come from the pack: wait for the copy the agent streams now.
+        crate::packed::wait(g, idx);
     }
     if state::state_of(g.table.state(idx)) == state::PLACED {
         if let Some(fd) = copy_fd(g, idx, &entry, flags) {
             return Plan::Done(fd);
         }
     }
-    Plan::Real(Some(Tracked::new(idx, Kind::Source, fl)))
+    match (mount, loc) {
+        (true, Some(loc)) => extracted(g, idx, &entry, &loc, flags),
+        _ => Plan::Real(Some(Tracked::new(idx, Kind::Source, fl))),
+    }
+}
+
+/// A directory of a tree that exists only in the pack: an fd of the table's empty directory,
+/// tracked as this entry.
+fn packed_dir(g: &Guard, idx: u32, flags: c_int) -> Plan {
+    let fd = crate::packed::dir_fd(g, flags);
+    if fd < 0 {
+        return Plan::Failed(libc::EIO);
+    }
+    if !track_dir(fd, idx, flags) {
+        let _keep = KeepErrno::new();
+        detour::raw_close(fd);
+        return Plan::Failed(libc::EMFILE);
+    }
+    g.count(job::CATALOG_META, 1);
+    Plan::Done(fd)
+}
+
+/// A file of a tree that exists only in the pack, which the agent did not place: extracted.
+fn extracted(
+    g: &Guard,
+    idx: u32,
+    entry: &granary_shm::EntryRec,
+    loc: &granary_shm::Locator,
+    flags: c_int,
+) -> Plan {
+    match crate::packed::extract(g, entry, loc, flags) {
+        Ok(fd) => {
+            let _keep = KeepErrno::new();
+            fdtable::take(fd);
+            crate::copies::forget(fd);
+            // Untrackable (a vfork child, an fd beyond the table): the bytes are still right,
+            // only its `fstat` is the memory file's. Nothing else could serve the open.
+            fdtable::track(fd, Tracked::new(idx, Kind::Pack, initial_flags(flags)));
+            g.count(job::OPENS, 1);
+            g.count(job::FALLBACKS, 1);
+            Plan::Done(fd)
+        }
+        Err(e) => Plan::Failed(e),
+    }
 }
 
 /// A catalogued file opened on the source: counted, and the agent asked to place it.
@@ -198,6 +252,10 @@ fn open_impl(
             fd
         }
         Plan::Done(fd) => fd,
+        Plan::Failed(e) => {
+            set_errno(e);
+            -1
+        }
     }
 }
 
@@ -361,6 +419,10 @@ fn fopen_impl(
             let fp = pass();
             opened(Some(&g), stream_fd(fp), t);
             fp
+        }
+        Plan::Failed(e) => {
+            set_errno(e);
+            core::ptr::null_mut()
         }
         Plan::Done(fd) => {
             let fp = real!(FDOPEN as FdopenFn, c"fdopen", (fd, mode) or core::ptr::null_mut());

@@ -108,7 +108,7 @@ fn count(kind: Kind, n: isize) -> isize {
                     table.count(slot, job::SOURCE_BYTES, n as u64);
                 }
                 Kind::Tier(x) => table.count(slot, job::TIER_BYTES + x as usize, n as u64),
-                Kind::Dir => {}
+                Kind::Dir | Kind::Pack => {}
             }
         }
     }

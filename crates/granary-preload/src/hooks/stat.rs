@@ -84,8 +84,20 @@ impl Out {
 /// described by the source: the fd moves there, or the source path is asked.
 fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
     let t = fdtable::get(fd)?;
-    if !matches!(t.kind, Kind::Tier(_)) {
-        return None;
+    match t.kind {
+        Kind::Tier(_) => {}
+        Kind::Pack => return extracted_answer(g, fd, t, out),
+        // A tree that exists only in the pack: the directory fd is a stand-in.
+        Kind::Dir if g.table.pack_mount() => {
+            let entry = g.table.entry(t.entry)?;
+            if let Err(r) = out.kernel_answer(fd) {
+                return Some(r);
+            }
+            out.overwrite(&entry.stat);
+            g.count(job::CATALOG_META, 1);
+            return Some(0);
+        }
+        _ => return None,
     }
     let entry = crate::entries::get(g.table, t.entry)?;
     if state::state_of(g.table.state(t.entry)) == state::STALE {
@@ -100,6 +112,26 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
         // Not our copy any more (the number was closed and reused behind our back).
         fdtable::take(fd);
         return Some(0);
+    }
+    out.overwrite(&entry.stat);
+    g.count(job::CATALOG_META, 1);
+    Some(0)
+}
+
+/// A file extracted from the pack into memory (`packed::extract`): described by the catalog,
+/// while the fd is still that memory file (the number may have been closed and reused behind
+/// our back).
+fn extracted_answer(g: &Guard, fd: c_int, t: Tracked, out: Out) -> Option<c_int> {
+    let entry = g.table.entry(t.entry)?;
+    let mut st = detour::empty_stat();
+    if detour::raw_fstat(fd, &mut st) != 0
+        || !crate::packed::is_extracted(st.st_nlink, st.st_mode, st.st_size, &entry)
+    {
+        fdtable::take(fd);
+        return None;
+    }
+    if let Err(r) = out.kernel_answer(fd) {
+        return Some(r);
     }
     out.overwrite(&entry.stat);
     g.count(job::CATALOG_META, 1);
@@ -380,11 +412,13 @@ fn access_impl(
     if known_flags && mode & !(libc::R_OK | libc::X_OK) == 0 {
         if let Some(f) = find(&g, &loc, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
             let placed = state::state_of(g.table.state(f.idx)) == state::PLACED;
+            // A tree that exists only in the pack has nobody else to ask: its mode bits say.
+            let mount = g.table.pack_mount() && crate::packed::may(&f.entry.stat, mode);
             let granted = match mode {
                 0 => true,
                 _ if f.entry.stat.is_dir() => true,
-                libc::R_OK => placed,
-                _ => false,
+                libc::R_OK => placed || mount,
+                _ => mount,
             };
             if granted {
                 g.count(job::CATALOG_META, 1);

@@ -205,6 +205,7 @@ impl Fixture {
             job_slots: 4,
             prefetch_min_size: params.prefetch_min_size,
             chunk_size: params.chunk_size,
+            pack: None,
         };
         let img = build(&spec, &entries).unwrap();
         fs::write(&table, &img).unwrap();

@@ -35,6 +35,13 @@ pub enum Request {
         /// attaching to an idle source validates the catalog by directory only.
         #[serde(default)]
         immutable: bool,
+        /// Serve this pack (`--pack`): its index is the catalog, its partitions are what
+        /// placement reads. Absolute.
+        #[serde(default)]
+        pack: Option<PathBuf>,
+        /// Only the pack exists (`--mount`): `source` names where the program expects the tree.
+        #[serde(default)]
+        mount: bool,
     },
     /// Agent counters of one source (placement, its own source traffic) and its tiers' usage;
     /// with the job's slot, what was placed for that job.
@@ -42,6 +49,9 @@ pub enum Request {
         source: PathBuf,
         #[serde(default)]
         slot: u32,
+        /// The pack the job attached with, if any (a packed source is its own source).
+        #[serde(default)]
+        pack: Option<PathBuf>,
     },
     Status,
     Stop,
@@ -134,6 +144,9 @@ pub struct PageCacheStatus {
 pub struct SourceStatus {
     pub source: PathBuf,
     pub id: String,
+    /// The pack the source is served from (`granary run --pack`), if any.
+    #[serde(default)]
+    pub pack: Option<PathBuf>,
     /// True when the source was busy (being walked, attached or saved) as status was taken:
     /// `table`, `jobs` and `catalog` are then not filled in rather than waited for.
     pub busy: bool,

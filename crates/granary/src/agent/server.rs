@@ -101,6 +101,9 @@ struct SourceWishes<'a> {
     tiers: &'a [granary_core::tiers::TierSpec],
     order: Option<&'a granary_core::placement::prefetch::OrderSpec>,
     immutable: bool,
+    /// The pack to serve, and whether only the pack exists.
+    pack: Option<&'a std::path::Path>,
+    mount: bool,
 }
 
 /// Threads of an attach's background validation: enough to keep a network file system's
@@ -142,6 +145,8 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     page_cache,
                     order,
                     immutable,
+                    pack,
+                    mount,
                 } => {
                     if lease.is_some() {
                         send(
@@ -163,6 +168,8 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                                 tiers: &tiers,
                                 order: order.as_ref(),
                                 immutable,
+                                pack: pack.as_deref(),
+                                mount,
                             },
                             &PoolWishes {
                                 workers,
@@ -185,8 +192,8 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                         )?,
                     }
                 }
-                Request::Stats { source, slot } => {
-                    let reply = match find_source(agent, &source) {
+                Request::Stats { source, slot, pack } => {
+                    let reply = match find_source(agent, &source, pack.as_deref()) {
                         Some(s) => Reply::Stats {
                             placement: s.counters.snapshot(),
                             tiers: s.ctx().map(|c| c.tiers.usage()).unwrap_or_default(),
@@ -215,8 +222,12 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
     result
 }
 
-fn find_source(agent: &Agent, source: &std::path::Path) -> Option<Arc<SourceState>> {
-    let key = granary_core::source::normalize(source).ok()?;
+fn find_source(
+    agent: &Agent,
+    source: &std::path::Path,
+    pack: Option<&std::path::Path>,
+) -> Option<Arc<SourceState>> {
+    let key = super::source::source_key(&granary_core::source::normalize(source).ok()?, pack);
     agent
         .sources
         .lock()
@@ -237,16 +248,22 @@ fn attach(
         tiers,
         order,
         immutable,
+        pack,
+        mount,
     } = source_wishes;
     agent.touch();
     let setup = agent.setup(wishes)?;
-    let key = granary_core::source::normalize(source)?;
+    let path = granary_core::source::normalize(source)?;
+    let key = super::source::source_key(&path, pack);
     let src = {
         let mut map = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(&key) {
             Some(s) => s.clone(),
             None => {
-                let s = Arc::new(SourceState::new(key.clone())?);
+                let s = Arc::new(match pack {
+                    Some(p) => SourceState::new_packed(path, p, mount)?,
+                    None => SourceState::new(path)?,
+                });
                 map.insert(key, s.clone());
                 s
             }
@@ -308,10 +325,12 @@ fn attach(
             &mut notes,
         )?;
         super::residency::rebalance(agent);
-        // A kept table keeps its known-order thread; a new one gets its own.
+        // A kept table keeps its known-order thread; a new one gets its own (and a packed
+        // one its partition streamers).
         if origin != super::source::Origin::Kept {
             if let Some(ctx) = src.ctx() {
-                granary_core::placement::prefetch::spawn(ctx, setup.pool.shared().clone())?;
+                granary_core::placement::prefetch::spawn(ctx.clone(), setup.pool.shared().clone())?;
+                granary_core::placement::partition::spawn(ctx, setup.pool.shared().clone())?;
             }
         }
     } else {
@@ -437,6 +456,7 @@ fn status(agent: &Agent) -> AgentStatus {
                 SourceStatus {
                     source: s.source.clone(),
                     id: s.id.clone(),
+                    pack: s.pack.as_ref().map(|p| p.dir.clone()),
                     busy,
                     table,
                     jobs,

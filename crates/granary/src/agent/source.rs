@@ -17,6 +17,10 @@ use granary_core::stats::CatalogStats;
 use granary_core::{sys, tierdir, Tiers};
 use granary_shm::{job, lifecycle, state, Mapping, Table, TableSpec};
 
+mod packed;
+
+pub use packed::{source_key, PackConf};
+
 pub const JOB_SLOTS: u32 = 64;
 const RING_CAP: u32 = 16384;
 const _: () = assert!(JOB_SLOTS as usize <= granary_core::stats::MAX_JOB_SLOTS);
@@ -66,6 +70,8 @@ pub struct SourceState {
     /// What every job on the current table is told even with `-q`: tiers refused at the walk
     /// (not the user's, open to other users, …) or lost since (removed, renamed).
     warnings: Mutex<Vec<String>>,
+    /// Served from a pack (`granary run --pack`): its catalog is the pack's index.
+    pub pack: Option<PackConf>,
 }
 
 #[derive(Default)]
@@ -95,7 +101,27 @@ impl SourceState {
                 .with_context(|| format!("source {}", source.display()))?,
         };
         let id = granary_core::source::source_id(&source_real);
-        Ok(SourceState {
+        let dev = (root.dev_major, root.dev_minor);
+        let root = root.is_dir().then_some(root);
+        Ok(SourceState::assemble(
+            source,
+            source_real,
+            id,
+            root,
+            dev,
+            None,
+        ))
+    }
+
+    fn assemble(
+        source: PathBuf,
+        source_real: PathBuf,
+        id: String,
+        fresh_root: Option<granary_shm::StatRec>,
+        dev: (u32, u32),
+        pack: Option<PackConf>,
+    ) -> SourceState {
+        SourceState {
             source,
             source_real,
             id,
@@ -103,10 +129,11 @@ impl SourceState {
             inner: Mutex::default(),
             current: RwLock::default(),
             jobs_now: AtomicUsize::new(0),
-            fresh_root: Mutex::new(root.is_dir().then_some(root)),
-            dev: (root.dev_major, root.dev_minor),
+            fresh_root: Mutex::new(fresh_root),
+            dev,
             warnings: Mutex::default(),
-        })
+            pack,
+        }
     }
 
     pub fn warnings(&self) -> Vec<String> {
@@ -152,6 +179,9 @@ impl SourceState {
         progress: &Progress,
         notes: &mut Vec<String>,
     ) -> Result<Origin> {
+        if self.pack.is_some() {
+            return self.prepare_packed(inner, tiers, rt_dir, generation, opts, notes);
+        }
         let started = Instant::now();
         let dirs = self.open_tier_dirs(&tiers);
         let spec = self.spec(&tiers, &dirs, opts.params, 0);
@@ -225,27 +255,7 @@ impl SourceState {
                 // copies can fill it (a tier declared larger than its file system).
                 self.persist(inner);
             }
-            // Files nobody names any more, copies the tiers lost, and (verify = "checksum")
-            // copies whose bytes changed: found in the background.
-            let (c, verify) = (ctx.clone(), opts.verify);
-            let _ = std::thread::Builder::new()
-                .name("sweep".into())
-                .spawn(move || {
-                    granary_core::sys::sched_idle();
-                    let s = catalog::sweep::sweep(&c);
-                    let v = if verify == Verify::Checksum {
-                        catalog::sweep::verify_copies(&c)
-                    } else {
-                        Default::default()
-                    };
-                    tracing::info!(
-                        "{}: sweep removed {} files, {} copies missing, {} failed their checksum",
-                        c.source_real.display(),
-                        s.removed,
-                        s.missing,
-                        v.rejected
-                    );
-                });
+            spawn_sweep(&ctx, opts.verify);
             origin
         };
         let ctx = self.ctx().context("no table published")?;
@@ -349,6 +359,7 @@ impl SourceState {
             // makes the program's own reads cost more requests (placement::SourceRequests).
             prefetch_min_size: params.whole_fetch_from(&self.source_real, self.dev),
             chunk_size: params.chunk_size,
+            pack: None,
         }
     }
 
@@ -366,54 +377,20 @@ impl SourceState {
         // The earlier knowledge: the agent's own table, else the catalog saved beside the cache
         // (of this source's last first tier, or of the new one).
         let current = self.ctx();
-        let saved = if current.is_none() {
-            last_saved
-                .as_deref()
-                .and_then(catalog::open_saved)
-                .or_else(|| catalog::open_saved(&self.catalog_file(tiers)))
-                .filter(|(_, t)| {
-                    t.agent_creds() == spec.creds
-                        && t.source_real_root() == spec.source_real.as_slice()
-                })
-        } else {
-            None
-        };
+        let saved = current
+            .is_none()
+            .then(|| self.saved_catalog(tiers, spec, last_saved.as_deref()))
+            .flatten();
         let prev_table = current
             .as_ref()
             .map(|c| c.table)
             .or(saved.as_ref().map(|s| s.1));
-        let prev = prev_table.as_ref().map(|t| catalog::Prev {
-            table: t,
-            tier_map: (0..t.tier_count())
-                .map(|k| {
-                    let dir = t.tier_dir(k)?;
-                    let id = t.tier_dir_id(k)?;
-                    let n = spec.tier_dirs.iter().position(|d| d.as_slice() == dir)?;
-                    (spec.tier_dir_ids.get(n) == Some(&id) && id.1 != 0).then_some(n as u8)
-                })
-                .collect(),
-            chunk_size: spec.chunk_size,
-        });
+        let prev = prev_table.as_ref().map(|t| prev_of(t, spec));
         let walk = catalog::walk(&self.source_real, prev.as_ref(), opts.threads, progress)?;
         drop(saved);
         let mut spec = spec.clone();
         spec.root_parent_ino = walk.root_parent_ino;
-        let len = granary_shm::image_len(&spec, &walk.catalog).context("sizing the table")?;
-        catalog::persist::write_atomic_with(table_path, |f| {
-            f.set_len(len as u64)?;
-            let mut map = granary_core::sys::map_new_file(f)?;
-            granary_shm::build_into(&spec, &walk.catalog, &mut map)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
-        })
-        .with_context(|| format!("writing {}", table_path.display()))?;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(table_path)
-            .with_context(|| format!("opening {}", table_path.display()))?;
-        let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
-            .with_context(|| format!("mapping {}", table_path.display()))?;
+        let (mapping, table) = write_table(table_path, &spec, &walk.catalog)?;
         lifecycle::validated_by_walk(&table, &walk.fresh);
         Ok((mapping, table, walk.stats))
     }
@@ -490,7 +467,10 @@ impl SourceState {
             residency: opts.residency.clone(),
             lost: Default::default(),
             validation: Default::default(),
+            pack: Default::default(),
         });
+        // Beaten before any job has it: a client never takes a new table's agent for dead.
+        ctx.table.beat(granary_core::sys::monotonic_ns());
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
         Ok(ctx)
     }
@@ -500,6 +480,10 @@ impl SourceState {
     /// background, ahead of the programs, as for a first job; the source's immutability stays
     /// what the first job decided.
     pub fn revalidate_for_new_job(&self, validate_threads: usize) {
+        if self.pack.is_some() {
+            self.recheck_packed();
+            return;
+        }
         if let Some(ctx) = self.ctx() {
             let immutable = ctx.table.immutable();
             start_validation(&ctx, immutable, validate_threads, false, None);
@@ -651,6 +635,91 @@ impl SourceState {
         s.pending = ctx.pending(busy);
         s
     }
+}
+
+impl SourceState {
+    /// The catalog saved beside the cache (of this source's last first tier, or of the new
+    /// one), if the same user saved it for the same source.
+    fn saved_catalog(
+        &self,
+        tiers: &Tiers,
+        spec: &TableSpec,
+        last_saved: Option<&std::path::Path>,
+    ) -> Option<(Mapping, Table)> {
+        last_saved
+            .and_then(catalog::open_saved)
+            .or_else(|| catalog::open_saved(&self.catalog_file(tiers)))
+            .filter(|(_, t)| {
+                t.agent_creds() == spec.creds && t.source_real_root() == spec.source_real.as_slice()
+            })
+    }
+}
+
+/// An earlier table as what a new catalog may take over: its tier `t` is tier `tier_map[t]`
+/// of the new table when the directory and its identity are the same.
+fn prev_of<'a>(t: &'a Table, spec: &TableSpec) -> catalog::Prev<'a> {
+    catalog::Prev {
+        table: t,
+        tier_map: (0..t.tier_count())
+            .map(|k| {
+                let dir = t.tier_dir(k)?;
+                let id = t.tier_dir_id(k)?;
+                let n = spec.tier_dirs.iter().position(|d| d.as_slice() == dir)?;
+                (spec.tier_dir_ids.get(n) == Some(&id) && id.1 != 0).then_some(n as u8)
+            })
+            .collect(),
+        chunk_size: spec.chunk_size,
+    }
+}
+
+/// Writes the table image of `cat` to `path` (under a temporary name, renamed: no client ever
+/// sees a half-built table) and maps it.
+fn write_table(
+    path: &std::path::Path,
+    spec: &TableSpec,
+    cat: &granary_shm::Catalog,
+) -> Result<(Mapping, Table)> {
+    let len = granary_shm::image_len(spec, cat).context("sizing the table")?;
+    catalog::persist::write_atomic_with(path, |f| {
+        f.set_len(len as u64)?;
+        let mut map = granary_core::sys::map_new_file(f)?;
+        granary_shm::build_into(spec, cat, &mut map)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+    })
+    .with_context(|| format!("writing {}", path.display()))?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
+        .with_context(|| format!("mapping {}", path.display()))?;
+    Ok((mapping, table))
+}
+
+/// Files nobody names any more, copies the tiers lost, and (verify = "checksum") copies whose
+/// bytes changed: found in the background.
+fn spawn_sweep(ctx: &Arc<SourceCtx>, verify: Verify) {
+    let c = ctx.clone();
+    let _ = std::thread::Builder::new()
+        .name("sweep".into())
+        .spawn(move || {
+            granary_core::sys::sched_idle();
+            let s = catalog::sweep::sweep(&c);
+            let v = if verify == Verify::Checksum {
+                catalog::sweep::verify_copies(&c)
+            } else {
+                Default::default()
+            };
+            tracing::info!(
+                "{}: sweep removed {} files, {} copies missing, {} failed their checksum",
+                c.source_real.display(),
+                s.removed,
+                s.missing,
+                v.rejected
+            );
+        });
 }
 
 /// A new attach epoch on `ctx`'s table and its validation in the background: everything is

@@ -1,0 +1,643 @@
+//! Placement of a packed source: whole partitions streamed from the pack in large sequential
+//! reads, each file's copy written as its bytes arrive (docs/pack-format.md, "Serving a pack").
+//!
+//! Each partition is cut into **segments**: runs of consecutive files whose stored bytes span
+//! at most one `block_size` read (a file larger than that is a segment of its own, read in
+//! `block_size` pieces). A few streamer threads per table — as many as the node's source-stream
+//! cap allows, at most one per partition — sweep the partitions segment by segment, each read
+//! holding one of the node's source streams (`Streams`). A file a program opened and waits for
+//! (`request`) moves its segment to the front: the next read of any streamer is the region the
+//! program waits on, and the sweep then goes on where it was.
+//!
+//! Per segment, room comes first: each file that still needs a copy is claimed and reserved on
+//! the policy's tiers before a byte is read (a file no tier can take becomes SOURCE_ONLY, and a
+//! segment nobody can take is never read). Its stored bytes are decoded (`unpack`) into a
+//! temporary file, checked against the index's checksum, and published through the same path
+//! as every copy (identity recorded, `lifecycle::record_copy`, `states::finish`). A partition
+//! whose header does not match the index, or a file whose bytes fail their checksum, is never
+//! placed: those files stay served from the source (or, with only the pack, extracted and
+//! checked by the preload library).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use granary_shm::lifecycle::{self, EntryCell};
+use granary_shm::{state, EntryRec, Locator, Table};
+
+use super::copy::{
+    align_up, no_room, publish as publish_copy, reserve_on, source_only, tier_failed, write_all_at,
+    SourceReader, DIRECT_ALIGN, SETTLE,
+};
+use super::pool::Shared;
+use super::states::Finish;
+use super::unpack::{Damaged, Decoder};
+use super::SourceCtx;
+use crate::packed::Layout;
+use crate::stats::AgentCounters;
+use crate::sys;
+use crate::tiers::Reservation;
+
+const TODO: u8 = 0;
+const TAKEN: u8 = 1;
+const DONE: u8 = 2;
+const NONE: u32 = u32::MAX;
+
+struct Segment {
+    part: u32,
+    /// Stored bytes `[start, end)` of the partition file.
+    start: u64,
+    end: u64,
+    /// Into `Streamer::members`.
+    members: Range<u32>,
+}
+
+enum PartFile {
+    Unopened,
+    Open(Arc<File>),
+    /// The partition does not match the index (or cannot be opened): never read.
+    Refused,
+}
+
+/// The partition streamer of one table (`SourceCtx::pack`).
+pub struct Streamer {
+    layout: Layout,
+    block: u64,
+    segments: Vec<Segment>,
+    /// Table entries, grouped by segment, in data order.
+    members: Vec<u32>,
+    /// Segment of each table entry (`NONE`: not packed).
+    segment_of: Vec<u32>,
+    seg_state: Vec<AtomicU8>,
+    /// Each partition's segments, and the next one its sweep looks at.
+    parts: Vec<Range<u32>>,
+    cursor: Vec<AtomicUsize>,
+    started: Vec<AtomicBool>,
+    files: Vec<Mutex<PartFile>>,
+    /// Segments a program waits on, first come first served.
+    urgent: Mutex<VecDeque<u32>>,
+    wake: Condvar,
+    /// Segments not done; while any are, the table has placement work pending (`inflight`).
+    remaining: AtomicUsize,
+    held: AtomicBool,
+}
+
+impl Streamer {
+    /// Segments of every packed file of `table` (the locators), cut at `block` bytes.
+    pub fn new(table: &Table, layout: Layout, block: u64) -> Streamer {
+        let block = block.max(DIRECT_ALIGN as u64);
+        let n = table.entry_count();
+        let mut files: Vec<(u32, u64, u64, u32)> = (0..n)
+            .filter_map(|i| {
+                let l = table.locator(i)?;
+                Some((l.partition, l.offset, l.offset + l.stored_len, i))
+            })
+            .collect();
+        files.sort_unstable();
+        let parts_n = layout.partitions.len();
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut members = Vec::with_capacity(files.len());
+        let mut segment_of = vec![NONE; n as usize];
+        for (part, start, end, idx) in files {
+            let extend = segments.last().is_some_and(|s| {
+                s.part == part && start >= s.start && end.max(s.end) - s.start <= block
+            });
+            if !extend {
+                let at = members.len() as u32;
+                segments.push(Segment {
+                    part,
+                    start,
+                    end,
+                    members: at..at,
+                });
+            }
+            let seg = segments.len() - 1;
+            let s = &mut segments[seg];
+            s.end = s.end.max(end);
+            members.push(idx);
+            s.members.end = members.len() as u32;
+            segment_of[idx as usize] = seg as u32;
+        }
+        let mut parts = vec![0u32..0u32; parts_n];
+        for (k, s) in segments.iter().enumerate() {
+            if let Some(r) = parts.get_mut(s.part as usize) {
+                if r.start == r.end {
+                    *r = k as u32..k as u32;
+                }
+                r.end = k as u32 + 1;
+            }
+        }
+        let count = segments.len();
+        Streamer {
+            layout,
+            block,
+            seg_state: (0..count).map(|_| AtomicU8::new(TODO)).collect(),
+            segments,
+            members,
+            segment_of,
+            cursor: parts
+                .iter()
+                .map(|r| AtomicUsize::new(r.start as usize))
+                .collect(),
+            started: (0..parts_n).map(|_| AtomicBool::new(false)).collect(),
+            files: (0..parts_n)
+                .map(|_| Mutex::new(PartFile::Unopened))
+                .collect(),
+            parts,
+            urgent: Mutex::default(),
+            wake: Condvar::new(),
+            remaining: AtomicUsize::new(count),
+            held: AtomicBool::new(false),
+        }
+    }
+
+    /// Segments in all (for the log).
+    pub fn segments(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// A program opened packed entry `idx` and waits for its copy: its segment goes first. A
+    /// segment already streamed is streamed again if the entry lost its copy since (withdrawn
+    /// as damaged).
+    pub fn request(&self, ctx: &SourceCtx, idx: u32) {
+        let Some(&seg) = self.segment_of.get(idx as usize) else {
+            return;
+        };
+        if ctx.retired.load(Ordering::Acquire) {
+            return;
+        }
+        if seg == NONE {
+            return;
+        }
+        let st = &self.seg_state[seg as usize];
+        let unplaced = matches!(
+            state::state_of(ctx.table.state(idx)),
+            state::UNPLACED | state::QUEUED
+        );
+        if unplaced
+            && st
+                .compare_exchange(DONE, TODO, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            && self.remaining.fetch_add(1, Ordering::AcqRel) == 0
+        {
+            self.hold(ctx);
+        }
+        if st.load(Ordering::Acquire) == TODO {
+            lock(&self.urgent).push_back(seg);
+            self.wake.notify_all();
+        }
+    }
+
+    fn hold(&self, ctx: &SourceCtx) {
+        if !self.held.swap(true, Ordering::AcqRel) {
+            ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        }
+        // Retiring waits for `inflight` to drain: never hold a retired table.
+        if ctx.retired.load(Ordering::Acquire) {
+            self.unhold(ctx);
+        }
+    }
+
+    fn unhold(&self, ctx: &SourceCtx) {
+        if self.held.swap(false, Ordering::AcqRel) {
+            ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn take(&self, seg: u32) -> bool {
+        self.seg_state[seg as usize]
+            .compare_exchange(TODO, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    fn done(&self, ctx: &SourceCtx, seg: u32) {
+        self.seg_state[seg as usize].store(DONE, Ordering::Release);
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.unhold(ctx);
+        }
+    }
+
+    /// The next segment for a streamer sweeping `current`: a segment a program waits on,
+    /// else the next of the current partition, else the first of a partition nobody sweeps.
+    fn next(&self, current: &mut Option<usize>) -> Option<u32> {
+        while let Some(seg) = lock(&self.urgent).pop_front() {
+            if self.take(seg) {
+                return Some(seg);
+            }
+        }
+        loop {
+            if let Some(p) = *current {
+                let r = &self.parts[p];
+                loop {
+                    let c = self.cursor[p].fetch_add(1, Ordering::AcqRel);
+                    if c >= r.end as usize {
+                        break;
+                    }
+                    if self.take(c as u32) {
+                        return Some(c as u32);
+                    }
+                }
+                *current = None;
+            }
+            let p =
+                (0..self.parts.len()).find(|&p| !self.started[p].swap(true, Ordering::AcqRel))?;
+            *current = Some(p);
+        }
+    }
+
+    /// Partition `n`, opened and checked against the index once (header, pack id, length).
+    fn part_file(&self, ctx: &SourceCtx, n: u32) -> Option<Arc<File>> {
+        let mut f = lock(self.files.get(n as usize)?);
+        match &*f {
+            PartFile::Open(file) => return Some(file.clone()),
+            PartFile::Refused => return None,
+            PartFile::Unopened => {}
+        }
+        let path = self.layout.partition_path(n);
+        let rec = self.layout.partitions.get(n as usize).copied()?;
+        match granary_pack::partition::open(&path, n, &self.layout.header, &rec) {
+            Ok(p) => {
+                AgentCounters::add(&ctx.counters.source_opens, 1);
+                let file = Arc::new(p.file);
+                *f = PartFile::Open(file.clone());
+                Some(file)
+            }
+            Err(e) => {
+                tracing::warn!("{e}; its files are served from the source");
+                *f = PartFile::Refused;
+                None
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts `ctx`'s partition streamers (a table serving a pack), as many as the node's source
+/// streams and the partitions allow. They run until the table is retired.
+pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> std::io::Result<()> {
+    let Some(st) = ctx.pack.get().cloned() else {
+        return Ok(());
+    };
+    if st.remaining.load(Ordering::Acquire) > 0 {
+        st.hold(&ctx);
+    }
+    let threads = sh
+        .params
+        .max_source_streams
+        .min(st.parts.iter().filter(|r| r.start < r.end).count())
+        .max(1);
+    tracing::info!(
+        "{}: streaming {} partitions ({} segments) with {threads} streams",
+        ctx.source_real.display(),
+        st.parts.len(),
+        st.segments.len()
+    );
+    for i in 0..threads {
+        let (ctx, sh, st) = (ctx.clone(), sh.clone(), st.clone());
+        std::thread::Builder::new()
+            .name(format!("partition-{i}"))
+            .spawn(move || run(&ctx, &sh, &st))?;
+    }
+    Ok(())
+}
+
+fn run(ctx: &SourceCtx, sh: &Shared, st: &Streamer) {
+    // One block, aligned, plus room for the alignment of a segment's start.
+    let mut buf = vec![0u8; st.block as usize + 2 * DIRECT_ALIGN];
+    let mut scratch = Vec::new();
+    let mut current = None;
+    while !ctx.retired.load(Ordering::Acquire) {
+        match st.next(&mut current) {
+            Some(seg) => {
+                segment(ctx, sh, st, seg, &mut buf, &mut scratch);
+                st.done(ctx, seg);
+            }
+            None => {
+                sys::release_pages(&mut buf);
+                scratch = Vec::new();
+                let q = lock(&st.urgent);
+                if q.is_empty() {
+                    let _ = st.wake.wait_timeout(q, Duration::from_millis(100));
+                }
+            }
+        }
+    }
+    st.unhold(ctx);
+}
+
+/// One file of a segment being written: where, and how far.
+struct Out<'a> {
+    idx: u32,
+    entry: EntryRec,
+    loc: Locator,
+    res: Option<Reservation<'a>>,
+    /// Admitted to the page cache's resident set (`residency`): forgotten unless published.
+    resident: bool,
+    tmp: Vec<u8>,
+    file: Option<File>,
+    dec: Decoder,
+    /// Why it will not be published.
+    failed: Option<Failed>,
+}
+
+enum Failed {
+    Damaged(Damaged),
+    Tier(std::io::Error),
+    Source(std::io::Error),
+    Lost,
+}
+
+static TMP_SEQ: AtomicUsize = AtomicUsize::new(0);
+
+fn segment(
+    ctx: &SourceCtx,
+    sh: &Shared,
+    st: &Streamer,
+    seg: u32,
+    buf: &mut [u8],
+    scratch: &mut Vec<u8>,
+) {
+    let t = &ctx.table;
+    let s = &st.segments[seg as usize];
+    let block = t.pack_block_size();
+    let mut outs: Vec<Out<'_>> = Vec::new();
+    for &idx in &st.members[s.members.start as usize..s.members.end as usize] {
+        let cell = EntryCell { table: t, idx };
+        let (Some(entry), Some(loc)) = (t.entry(idx), t.locator(idx)) else {
+            continue;
+        };
+        let claimable = match state::state_of(t.state(idx)) {
+            state::UNPLACED => {
+                lifecycle::claim(&cell) || state::state_of(t.state(idx)) == state::QUEUED
+            }
+            state::QUEUED => true,
+            _ => false,
+        };
+        if !claimable {
+            continue;
+        }
+        if ctx.retired.load(Ordering::Acquire) {
+            lifecycle::unclaim(&cell);
+            continue;
+        }
+        if !lifecycle::start(t, idx) {
+            continue;
+        }
+        let size = entry.stat.size;
+        let order: Vec<usize> = sh.policy.tiers_for(size, &ctx.tiers);
+        let Some(res) = reserve_on(ctx, &order, size) else {
+            no_room(ctx, idx);
+            continue;
+        };
+        outs.push(Out {
+            idx,
+            entry,
+            loc,
+            res: Some(res),
+            resident: false,
+            tmp: Vec::new(),
+            file: None,
+            dec: Decoder::new(loc.codec, size, loc.stored_len, block),
+            failed: None,
+        });
+    }
+    if outs.is_empty() {
+        return;
+    }
+    let Some(file) = st.part_file(ctx, s.part) else {
+        for o in outs {
+            drop(o.res);
+            source_only(ctx, o.idx);
+        }
+        return;
+    };
+    for o in outs.iter_mut() {
+        if let Err(e) = create(ctx, o) {
+            o.failed = Some(Failed::Tier(e));
+        }
+    }
+    // Only the stored bytes of the files that need them (a partly placed segment reads less).
+    let start = outs.iter().map(|o| o.loc.offset).min().unwrap_or(s.start);
+    let end = outs
+        .iter()
+        .map(|o| o.loc.offset + o.loc.stored_len)
+        .max()
+        .unwrap_or(s.end);
+    if let Err(e) = stream(ctx, sh, st, &file, start, end, buf, scratch, &mut outs) {
+        for o in outs.iter_mut() {
+            o.failed
+                .get_or_insert(Failed::Source(std::io::Error::new(e.kind(), e.to_string())));
+        }
+    }
+    for o in outs {
+        publish(ctx, o);
+    }
+}
+
+/// The copy's temporary file in the reserved tier, with the file's length when it may have
+/// holes (framed), so a hole frame is left unwritten.
+fn create(ctx: &SourceCtx, o: &mut Out<'_>) -> std::io::Result<()> {
+    let Some(res) = &o.res else {
+        return Err(std::io::Error::other("no reservation"));
+    };
+    let tier = res.tier();
+    let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+        return Err(std::io::Error::other("tier unusable"));
+    };
+    o.tmp = format!(
+        ".tmp-{:016x}-{}-{}",
+        o.entry.object,
+        std::process::id(),
+        TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+    .into_bytes();
+    let f = sys::create_excl_at(dir, &o.tmp, 0o600)?;
+    o.resident = ctx.residency.admit(o.entry.stat.size);
+    lifecycle::set_transient(&ctx.table, o.idx, !o.resident);
+    if o.loc.codec != granary_pack::format::entry::codec::NONE {
+        f.set_len(o.entry.stat.size)?;
+    }
+    o.file = Some(f);
+    Ok(())
+}
+
+/// Reads `[start, end)` of the partition in block reads (aligned for `O_DIRECT`) and feeds
+/// every file its stored bytes as they arrive.
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    ctx: &SourceCtx,
+    sh: &Shared,
+    st: &Streamer,
+    file: &File,
+    start: u64,
+    end: u64,
+    buf: &mut [u8],
+    scratch: &mut Vec<u8>,
+    outs: &mut [Out<'_>],
+) -> std::io::Result<()> {
+    let c = &ctx.counters;
+    let mut at = start / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
+    let base = (buf.as_ptr() as usize).wrapping_neg() % DIRECT_ALIGN;
+    let room = (buf.len() - base) / DIRECT_ALIGN * DIRECT_ALIGN;
+    let piece_max = (st.block as usize).min(room);
+    // Empty files have nothing stored: they are complete before any read.
+    feed(outs, at, &[], scratch);
+    let _stream = if end > start {
+        Some(sh.stream_for(ctx, true))
+    } else {
+        None
+    };
+    let mut reader = SourceReader::new(file);
+    while at < end {
+        if ctx.retired.load(Ordering::Acquire) || outs.iter().all(|o| o.failed.is_some()) {
+            return Err(std::io::Error::other("stopped"));
+        }
+        let len = ((end - at) as usize).min(piece_max);
+        let want = (align_up(len as u64) as usize).min(room);
+        let b = &mut buf[base..base + want];
+        let calls = reader.read_exact_at(file, b, at, len)?;
+        AgentCounters::add(&c.source_reads, calls);
+        AgentCounters::add(&c.source_bytes, len as u64);
+        ctx.table.add_pack_streamed(len as u64);
+        feed(outs, at, &buf[base..base + len], scratch);
+        at += len as u64;
+    }
+    Ok(())
+}
+
+/// Hands each file the part of `data` (partition bytes from `at`) that is its stored bytes.
+fn feed(outs: &mut [Out<'_>], at: u64, data: &[u8], scratch: &mut Vec<u8>) {
+    let end = at + data.len() as u64;
+    for o in outs.iter_mut() {
+        if o.failed.is_some() {
+            continue;
+        }
+        let (fs, fe) = (o.loc.offset, o.loc.offset + o.loc.stored_len);
+        let (s, e) = (fs.max(at), fe.min(end));
+        if s > e || (s == e && !(data.is_empty() && fs == fe)) {
+            continue;
+        }
+        let piece = &data[(s - at) as usize..(e - at) as usize];
+        let Some(file) = &o.file else {
+            o.failed = Some(Failed::Lost);
+            continue;
+        };
+        let r = o.dec.feed(piece, scratch, &mut |off, bytes: &[u8]| {
+            write_all_at(file, bytes, off)
+        });
+        match r {
+            Err(d) => o.failed = Some(Failed::Damaged(d)),
+            Ok(Err(e)) => o.failed = Some(Failed::Tier(e)),
+            Ok(Ok(())) => {}
+        }
+    }
+}
+
+/// Publishes one file's copy (checked against the index's checksum), or gives it up.
+fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
+    let t = &ctx.table;
+    let size = o.entry.stat.size;
+    let res = o.res.take();
+    let tier = res.as_ref().map_or(0, |r| r.tier());
+    let dir = ctx.object_dirs.get(tier).and_then(|d| d.as_ref());
+    let failed = match (&o.failed, &o.file) {
+        (Some(_), _) | (_, None) => true,
+        (None, Some(_)) => {
+            if let Err(d) = o.dec.finish(o.loc.checksum) {
+                o.failed = Some(Failed::Damaged(d));
+                true
+            } else {
+                false
+            }
+        }
+    };
+    let resident = o.resident;
+    if failed {
+        if let (Some(dir), false) = (dir, o.tmp.is_empty()) {
+            let _ = sys::unlink_at(dir, &o.tmp);
+        }
+        drop(res);
+        if resident {
+            ctx.residency.forget(size);
+        }
+        match o.failed {
+            Some(Failed::Damaged(d)) => {
+                tracing::warn!(
+                    "{}: damaged in the pack ({}); served from the source",
+                    path_of(t, o.idx),
+                    d.0
+                );
+                source_only(ctx, o.idx);
+            }
+            Some(Failed::Tier(e)) => {
+                tier_failed(ctx, tier, &e);
+                source_only(ctx, o.idx);
+            }
+            Some(Failed::Source(e)) => {
+                tracing::debug!("reading the pack for {} failed: {e}", path_of(t, o.idx));
+                if ctx.retired.load(Ordering::Acquire) {
+                    lifecycle::give_up(
+                        &EntryCell {
+                            table: t,
+                            idx: o.idx,
+                        },
+                        state::UNPLACED,
+                    );
+                } else {
+                    source_only(ctx, o.idx);
+                }
+            }
+            _ => {
+                source_only(ctx, o.idx);
+            }
+        }
+        return;
+    }
+    let (Some(file), Some(res), Some(dir)) = (o.file.as_ref(), res, dir) else {
+        source_only(ctx, o.idx);
+        return;
+    };
+    let sum = o.dec.finish(o.loc.checksum).unwrap_or(0).max(1);
+    settle(ctx, o.idx, file, size);
+    match publish_copy(ctx, o.idx, size, res, dir, &o.tmp, file, sum) {
+        Finish::Placed { .. } => {}
+        Finish::RenameFailed => {
+            let _ = sys::unlink_at(dir, &o.tmp);
+            if resident {
+                ctx.residency.forget(size);
+            }
+            source_only(ctx, o.idx);
+        }
+        Finish::Invalidated => {
+            if resident {
+                ctx.residency.forget(size);
+            }
+        }
+    }
+}
+
+/// Starts write-back of a finished copy; a transient one is written back now and its pages
+/// dropped (`residency`), as for every copy.
+fn settle(ctx: &SourceCtx, idx: u32, file: &File, size: u64) {
+    if sys::is_memory_fs(file) {
+        return;
+    }
+    if ctx.table.is_transient(idx) {
+        sys::sync_range(file, 0, size, SETTLE);
+        sys::fadvise(file, 0, 0, libc::POSIX_FADV_DONTNEED);
+    } else {
+        sys::sync_range(file, 0, size, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+fn path_of(t: &Table, idx: u32) -> String {
+    t.rel_path_vec(idx)
+        .map(|p| String::from_utf8_lossy(&p).into_owned())
+        .unwrap_or_else(|| format!("entry {idx}"))
+}

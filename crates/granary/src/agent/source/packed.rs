@@ -1,0 +1,205 @@
+//! A source served from a pack (`granary run --pack`): the table is built from the pack's
+//! index — checked against the original tree per directory when there is one — instead of a
+//! walk, and placement streams the pack's partitions (`placement::partition`).
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use granary_core::packed::{self, Pack};
+use granary_core::placement::partition::Streamer;
+use granary_core::Tiers;
+use granary_shm::{lifecycle, PackSpec};
+
+use super::{prev_of, spawn_sweep, write_table, Inner, Origin, SourceState, WalkOpts};
+
+/// The pack a source is served from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackConf {
+    /// The pack directory (canonical).
+    pub dir: PathBuf,
+    /// Only the pack exists: the source path names where the program expects the tree.
+    pub mount: bool,
+}
+
+/// The agent's key for a source: its path, or for a packed source its path and the pack's
+/// (a NUL between them, which no path contains), so one path may be served plainly and from
+/// a pack by different jobs.
+pub fn source_key(source: &Path, pack: Option<&Path>) -> PathBuf {
+    match pack {
+        None => source.to_path_buf(),
+        Some(p) => {
+            let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            let mut b = source.as_os_str().as_bytes().to_vec();
+            b.push(0);
+            b.extend_from_slice(p.as_os_str().as_bytes());
+            PathBuf::from(OsString::from_vec(b))
+        }
+    }
+}
+
+impl SourceState {
+    /// A packed source. With `mount` the path may name nothing (only the pack exists), so
+    /// nothing of it is read; otherwise it must be the original tree's directory.
+    pub fn new_packed(source: PathBuf, pack: &Path, mount: bool) -> Result<SourceState> {
+        let dir =
+            std::fs::canonicalize(pack).with_context(|| format!("pack {}", pack.display()))?;
+        let source_real = if mount {
+            // Where the program expects the tree; its parent resolved if it exists.
+            match (source.parent(), source.file_name()) {
+                (Some(parent), Some(name)) => std::fs::canonicalize(parent)
+                    .map(|p| p.join(name))
+                    .unwrap_or_else(|_| source.clone()),
+                _ => source.clone(),
+            }
+        } else {
+            let root = granary_core::sys::statx_nofollow(&source)
+                .with_context(|| format!("source {}", source.display()))?;
+            anyhow::ensure!(
+                root.is_dir(),
+                "source {} is not a directory",
+                source.display()
+            );
+            std::fs::canonicalize(&source)
+                .with_context(|| format!("source {}", source.display()))?
+        };
+        let id = granary_core::source::source_id(&source_key(&source_real, Some(&dir)));
+        // The agent reads the partitions: their device's requests decide what is fetched whole.
+        let dev = granary_core::sys::statx_nofollow(&dir)
+            .map(|s| (s.dev_major, s.dev_minor))
+            .unwrap_or((0, 0));
+        let pack = Some(PackConf { dir, mount });
+        Ok(SourceState::assemble(
+            source,
+            source_real,
+            id,
+            None,
+            dev,
+            pack,
+        ))
+    }
+
+    /// The table of a packed source: the index as the catalog (the original tree checked per
+    /// directory first), copies of the kept or saved table taken over, every entry validated
+    /// for this attach, the partition streamer ready.
+    pub(super) fn prepare_packed(
+        &self,
+        inner: &mut Inner,
+        tiers: Arc<Tiers>,
+        rt_dir: &granary_core::runtime::Runtime,
+        generation: u64,
+        opts: &WalkOpts<'_>,
+        notes: &mut Vec<String>,
+    ) -> Result<Origin> {
+        let started = Instant::now();
+        let conf = self.pack.clone().context("not a packed source")?;
+        let pack = Pack::open(&conf.dir)?;
+        let dirs = self.open_tier_dirs(&tiers);
+        let mut spec = self.spec(&tiers, &dirs, opts.params, 0);
+        let table_path = rt_dir.table(&self.id, generation);
+        let last_tiers: Vec<PathBuf> = self
+            .ctx()
+            .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
+            .unwrap_or_default();
+        // Copies of an earlier table: the agent's own, else the catalog saved beside the cache.
+        let current = self.ctx();
+        let saved = current
+            .is_none()
+            .then(|| self.saved_catalog(&tiers, &spec, None))
+            .flatten();
+        let prev_table = current
+            .as_ref()
+            .map(|c| c.table)
+            .or(saved.as_ref().map(|s| s.1));
+        let prev = prev_table.as_ref().map(|t| prev_of(t, &spec));
+        let root_parent_ino = self
+            .source_real
+            .parent()
+            .and_then(|p| granary_core::sys::statx_nofollow(p).ok())
+            .map_or(0, |s| s.ino);
+        let built = packed::build(
+            &pack.index,
+            &packed::catalog::Options {
+                source: (!conf.mount).then_some(self.source_real.as_path()),
+                prev: prev.as_ref(),
+                root_parent_ino,
+            },
+        )?;
+        drop(saved);
+        let h = *pack.index.header();
+        spec.root_parent_ino = built.root_parent_ino;
+        spec.pack = Some(PackSpec {
+            dir: conf.dir.as_os_str().as_bytes().to_vec(),
+            empty_dir: rt_dir.shadow_dir().as_os_str().as_bytes().to_vec(),
+            block_size: h.block_size,
+            partitions: h.partition_count,
+            id: h.pack_id,
+            mount: conf.mount,
+        });
+        let layout = pack.layout();
+        // The index is no longer needed (a mapping of a file on the shared file system).
+        drop(pack);
+        let (mapping, table) = write_table(&table_path, &spec, &built.catalog)?;
+        // Every entry was read from the index and, with the original tree, checked against it
+        // per directory just now: nothing is checked again after the program starts.
+        let words = granary_shm::layout::bitmap_words(table.entry_count() as usize);
+        lifecycle::validated_by_walk(&table, &vec![u64::MAX; words]);
+        table.bump_epoch();
+        let streamer = Arc::new(Streamer::new(&table, layout, opts.params.block_size));
+        self.forget_tiers(&last_tiers, &tiers, notes);
+        self.retire(inner, false);
+        let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
+        // Before any job has the table, so every request finds it.
+        let _ = ctx.pack.set(streamer);
+        let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
+        let mut stats = built.stats;
+        stats.reused_files = files;
+        stats.reused_bytes = bytes;
+        stats.walk_s = started.elapsed().as_secs_f64();
+        inner.catalog = stats;
+        inner.table_path = Some(table_path);
+        spawn_sweep(&ctx, opts.verify);
+        inner.spec = Some(spec);
+        tracing::info!(
+            "catalog of {} from pack {}: {} files ({} from the pack), {} dirs ({} checked, {} \
+             changed), {} bytes; {} copies reused ({:.2} s)",
+            self.source.display(),
+            conf.dir.display(),
+            inner.catalog.files,
+            inner.catalog.pack_files,
+            inner.catalog.dirs,
+            inner.catalog.pack_dirs_checked,
+            inner.catalog.pack_dirs_changed,
+            inner.catalog.bytes,
+            inner.catalog.reused_files,
+            started.elapsed().as_secs_f64()
+        );
+        granary_core::sys::trim_heap();
+        Ok(Origin::Walked)
+    }
+
+    /// A job joins the packed table other jobs hold: the original tree checked again per
+    /// directory before it starts (`packed::recheck`); only the pack exists: nothing to check.
+    pub(super) fn recheck_packed(&self) {
+        let (Some(conf), Some(ctx)) = (&self.pack, self.ctx()) else {
+            return;
+        };
+        if conf.mount {
+            return;
+        }
+        let r = packed::recheck(&ctx.table, &self.source_real);
+        tracing::info!(
+            "{}: a joining job checked {} directories against the pack: {} changed, {} entries \
+             voided",
+            self.source.display(),
+            r.dirs_checked,
+            r.dirs_changed,
+            r.voided
+        );
+    }
+}
