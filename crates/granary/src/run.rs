@@ -203,7 +203,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     // granary may make a job slower, never failed: whatever keeps granary from serving the
     // job (here or below), the program runs as if granary were absent, and the report says why.
-    if let Some(why) = unusable_source(&source) {
+    // With `--mount` only the pack exists: the path names nothing on purpose.
+    if let Some(why) = unusable_source(&source).filter(|_| args.mount.is_none()) {
         say(format!(
             "granary: {why}; running the program without granary"
         ));

@@ -28,16 +28,15 @@ pub fn target(args: &RunArgs) -> Result<PathBuf> {
         bail!("--source DIR or --pack PACK --mount PATH is required");
     };
     let source = granary_core::source::normalize(src)?;
-    if !source.is_dir() {
-        if args.pack.is_some() {
-            bail!(
-                "source {} is not a directory; to serve the pack alone there, use --mount {} \
-                 instead of --source",
-                source.display(),
-                source.display()
-            );
-        }
-        bail!("source {} is not a directory", source.display());
+    // Without a pack, a missing source runs the program without granary (`run`), as any other
+    // reason granary cannot serve; with one, the user meant `--mount`.
+    if !source.is_dir() && args.pack.is_some() {
+        bail!(
+            "source {} is not a directory; to serve the pack alone there, use --mount {} \
+             instead of --source",
+            source.display(),
+            source.display()
+        );
     }
     Ok(source)
 }
