@@ -3,10 +3,12 @@
 mod agent;
 mod cli;
 mod client;
+mod container;
 mod demo;
 mod logging;
 mod output;
 mod pack_cmd;
+mod report;
 mod run;
 mod signals;
 
