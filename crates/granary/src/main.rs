@@ -8,6 +8,7 @@ mod demo;
 mod logging;
 mod output;
 mod pack_cmd;
+mod preload;
 mod report;
 mod run;
 mod signals;

@@ -139,7 +139,8 @@ pub fn job_tiers(args: &TierArgs, cfg: &Config, quiet: bool) -> Result<Vec<TierS
     Ok(resolved.into_iter().map(|t| t.0).collect())
 }
 
-/// `libgranary_preload.so`: `$GRANARY_PRELOAD`, next to this executable, or in `../lib`.
+/// `libgranary_preload.so`: `$GRANARY_PRELOAD`, next to this executable, in `../lib`, or the
+/// copy a release build carries (`preload::embedded`).
 pub fn find_preload() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("GRANARY_PRELOAD").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
@@ -161,6 +162,9 @@ pub fn find_preload() -> Result<PathBuf> {
             return Ok(cand.canonicalize().unwrap_or(cand));
         }
         tried.push(cand.display().to_string());
+    }
+    if let Some(p) = crate::preload::embedded()? {
+        return Ok(p);
     }
     bail!(
         "cannot find libgranary_preload.so (tried {}); build it with `cargo build --release` \
