@@ -116,7 +116,7 @@ def test_an_installed_job_is_served_byte_for_byte(installed, tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout) == want
         report = json.loads(stats.read_text())
-        assert report["warnings"] == [], report["warnings"]
+        assert report["fallback"] is None and report["warnings"] == [], report
         if run == 0:
             settle(granary, env, data)
     assert report["files_served_from_tiers"] > 0, report

@@ -79,10 +79,11 @@ pub enum Command {
     Demo(DemoArgs),
     /// Pack a dataset into a few large partitions and an index; verify, ls, cat, diff a pack.
     Pack(crate::pack_cmd::PackArgs),
-    /// Print the flags a container started by a daemon (`docker run`) needs to be served:
-    /// binds of the source, the tiers, the runtime directory and the preload library, and the
-    /// job's variables. Use it inside the job:
-    /// `granary run --source DIR -- docker run $(granary container-flags --source DIR) IMAGE CMD`.
+    /// Print what a container needs to be served: the binds of the source, the tiers, the
+    /// runtime directory and the preload library, the user and groups, and the job's variables.
+    /// With the same --source/--tier/--config as the job:
+    /// `granary run --source DIR -- docker run $(granary container-flags --source DIR) IMAGE CMD`
+    /// (docs/containers.md).
     ContainerFlags(crate::container::FlagsArgs),
     #[command(name = "__demo-reader", hide = true)]
     DemoReader(DemoReaderArgs),

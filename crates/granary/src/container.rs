@@ -123,15 +123,25 @@ pub struct FlagsArgs {
     /// The dataset directory, as given to `granary run --source`.
     #[arg(long, value_name = "DIR")]
     pub source: PathBuf,
-    #[command(flatten)]
-    pub tiers: TierArgs,
+    /// The tiers, as given to `granary run --tier` (default: the configuration's, else the
+    /// default tier).
+    #[arg(long = "tier", value_name = "PATH[=SIZE]")]
+    pub tiers: Vec<String>,
+    /// The configuration, as given to `granary run --config` (default: $GRANARY_CONFIG).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// `granary container-flags`: one line of flags on stdout.
 pub fn flags(a: FlagsArgs) -> Result<i32> {
-    let cfg = crate::run::load_config(&a.tiers)?;
+    let targs = TierArgs {
+        tiers: a.tiers,
+        config: a.config,
+        ..TierArgs::default()
+    };
+    let cfg = crate::run::load_config(&targs)?;
     let source = granary_core::source::normalize(&a.source)?;
-    let tiers = crate::run::job_tiers(&a.tiers, &cfg, true)?;
+    let tiers = crate::run::job_tiers(&targs, &cfg, true)?;
     let runtime = granary_core::runtime::Runtime::open()?.dir;
     let preload = crate::run::find_preload()?;
     let libdir = preload.parent().unwrap_or(Path::new("/")).to_path_buf();

@@ -168,3 +168,41 @@ pub fn why_not_loaded(program: &OsStr, args: &[OsString], source: &Path) -> Opti
         Loading::Dynamic => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clears(cmd: &[&str]) -> bool {
+        let args: Vec<OsString> = cmd[1..].iter().map(OsString::from).collect();
+        env_clears(OsStr::new(cmd[0]), &args)
+    }
+
+    #[test]
+    fn env_clearing_is_read_from_the_options_before_the_command() {
+        assert!(clears(&["env", "-i", "python3"]));
+        assert!(clears(&["/usr/bin/env", "--ignore-environment", "python3"]));
+        assert!(clears(&["env", "-", "python3"]));
+        assert!(clears(&["env", "-vi", "python3"]));
+        assert!(clears(&["env", "-u", "HOME", "-i", "python3"]));
+        assert!(clears(&["env", "A=1", "-i", "python3"]));
+        assert!(!clears(&["env", "A=1", "python3", "-i"]));
+        assert!(!clears(&["env", "-u", "-i", "python3"]));
+        assert!(!clears(&["env", "--", "-i"]));
+        assert!(!clears(&["envoy", "-i"]));
+    }
+
+    #[test]
+    fn the_running_test_binary_is_dynamic_and_a_script_is_judged_by_its_interpreter() {
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(loading(&me), Loading::Dynamic);
+        let head = read_head(&me, 4096).unwrap();
+        assert_eq!(has_interp(&me, &head), Some(true));
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("s");
+        std::fs::write(&script, format!("#!{}\n", me.display())).unwrap();
+        assert_eq!(loading(&script), Loading::Dynamic);
+        // Not an ELF file: nothing to say.
+        assert_eq!(has_interp(&script, b"#!/bin/sh\n"), None);
+    }
+}

@@ -49,8 +49,8 @@ pub fn of(j: &Job) -> Vec<String> {
         let why = why_not_loaded(j.program, j.args, j.source).unwrap_or_else(|| {
             format!(
                 "its environment may have been cleared (env -i, a container's --cleanenv), it \
-                 may be static or setuid, or the library did not load (it needs glibc 2.28 or \
-                 later, and inside a container it must be visible at {}: {}); \
+                 may be static or setuid, or the library did not load: it needs glibc 2.28 or \
+                 later, and inside a container it must be visible at {} ({}); \
                  GRANARY_LOG=debug shows what the library does",
                 j.preload.display(),
                 bind_hint(j.preload.parent().unwrap_or(Path::new("/")))
@@ -119,26 +119,22 @@ pub fn of(j: &Job) -> Vec<String> {
     }
     let missing = (1 + execs).saturating_sub(processes);
     if missing > 0 {
-        let fd = if seen & seen::FD_LOST != 0 {
-            format!(
-                "a process closed the table fd (GRANARY_TABLE_FD) before starting another, so \
-                 inside a container with its own /dev/shm the catalog was hidden: bind the \
-                 runtime directory {} too ({})",
-                j.runtime.display(),
-                bind_hint(j.runtime)
-            )
+        let rt = j.runtime.display();
+        let closed = if seen & seen::FD_LOST != 0 {
+            ", and a process of the program closed the table fd (GRANARY_TABLE_FD) before \
+             starting another"
         } else {
-            format!(
-                "inside a container the catalog was hidden (bind the runtime directory {}: {})",
-                j.runtime.display(),
-                bind_hint(j.runtime)
-            )
+            ""
         };
+        let lib = j.preload.parent().unwrap_or(Path::new("/"));
         out.push(format!(
             "{missing} program(s) started with granary's preload library did not attach to the \
-             job, so what they read came from the source: {fd}, or the library did not load \
-             (it needs glibc 2.28 or later and must be visible at {} inside the container)",
-            j.preload.display()
+             job, so what they read came from the source. Either a container hid the catalog \
+             (its own /dev/shm, and no table fd{closed}): bind the runtime directory {rt} at the \
+             same path (apptainer --bind {rt}, docker/podman -v {rt}:{rt}); or the library did \
+             not load there: it must be visible at {} ({}) and needs glibc 2.28 or later",
+            j.preload.display(),
+            bind_hint(lib)
         ));
     }
     if creds > 0 {
