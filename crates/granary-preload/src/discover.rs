@@ -19,7 +19,7 @@
 //! catalog describes a directory the process does not see).
 
 use core::ffi::{c_char, c_int};
-use core::sync::atomic::{AtomicI32, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use granary_shm::{job, seen, Mapping, Table};
 
@@ -29,6 +29,20 @@ use crate::path::BUF;
 
 /// The inherited table fd this process keeps open for its children; -1 when none.
 static TABLE_FD: AtomicI32 = AtomicI32::new(-1);
+/// `(st_dev, st_ino)` of the table this process mapped.
+static TABLE_DEV: AtomicU64 = AtomicU64::new(0);
+static TABLE_INO: AtomicU64 = AtomicU64::new(0);
+
+/// True when `GRANARY_TABLE_ID`'s value `id` names another table than this process's (a
+/// nested `granary run` giving its program its own job).
+pub fn names_another_table(id: &[u8]) -> bool {
+    parse_id(id).is_some_and(|id| {
+        id != (
+            TABLE_DEV.load(Ordering::Relaxed),
+            TABLE_INO.load(Ordering::Relaxed),
+        )
+    })
+}
 
 /// True for the fd that carries the table to this process's children: a program's close of it
 /// (or of a range holding it) leaves it open.
@@ -113,6 +127,8 @@ fn map_fd(fd: c_int, id: Option<(u64, u64)>) -> Result<Table, &'static [u8]> {
     if !table.is_valid() {
         return Err(b"table withdrawn by the agent");
     }
+    TABLE_DEV.store(st.st_dev, Ordering::Relaxed);
+    TABLE_INO.store(st.st_ino, Ordering::Relaxed);
     Ok(table)
 }
 

@@ -49,7 +49,7 @@ pub fn before(target: Target, envp: *const *const c_char) -> Option<Counted> {
     let table = crate::config::table()?;
     let slot = crate::config::job_slot();
     let env = Env::scan(envp);
-    if env.disabled {
+    if env.disabled || env.other_job {
         return None;
     }
     if !env.preload || !env.table {
@@ -96,6 +96,8 @@ struct Env {
     table_fd: Option<c_int>,
     /// `GRANARY_DISABLE` turns granary off on purpose.
     disabled: bool,
+    /// `GRANARY_TABLE_ID` names another job's table.
+    other_job: bool,
 }
 
 impl Env {
@@ -121,6 +123,8 @@ impl Env {
             } else if let Some(v) = var.strip_prefix(b"GRANARY_TABLE_FD=") {
                 e.table = true;
                 e.table_fd = crate::config::parse_u32(v).map(|v| v as c_int);
+            } else if let Some(v) = var.strip_prefix(b"GRANARY_TABLE_ID=") {
+                e.other_job = crate::discover::names_another_table(v);
             } else if var.starts_with(b"GRANARY_TABLE=") {
                 e.table = true;
             } else if let Some(v) = var.strip_prefix(b"GRANARY_DISABLE=") {

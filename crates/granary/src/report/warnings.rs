@@ -26,9 +26,13 @@ pub struct Job<'a> {
 }
 
 /// `apptainer --bind P`, `docker run -v P:P`: how to show `p` inside a container.
-fn bind_hint(p: &Path) -> String {
+fn flags_for(p: &Path) -> String {
     let p = p.display();
-    format!("bind it at the same path (apptainer --bind {p}, docker/podman -v {p}:{p})")
+    format!("apptainer --bind {p}, docker/podman -v {p}:{p}")
+}
+
+fn bind_hint(p: &Path) -> String {
+    format!("bind it at the same path ({})", flags_for(p))
 }
 
 pub fn of(j: &Job) -> Vec<String> {
@@ -50,10 +54,11 @@ pub fn of(j: &Job) -> Vec<String> {
             format!(
                 "its environment may have been cleared (env -i, a container's --cleanenv), it \
                  may be static or setuid, or the library did not load: it needs glibc 2.28 or \
-                 later, and inside a container it must be visible at {} ({}); \
-                 GRANARY_LOG=debug shows what the library does",
+                 later, and inside a container it must be visible at {} (bind {} at the same \
+                 path: {}); GRANARY_LOG=debug shows what the library does",
                 j.preload.display(),
-                bind_hint(j.preload.parent().unwrap_or(Path::new("/")))
+                j.preload.parent().unwrap_or(Path::new("/")).display(),
+                flags_for(j.preload.parent().unwrap_or(Path::new("/")))
             )
         });
         out.push(format!(
@@ -131,10 +136,12 @@ pub fn of(j: &Job) -> Vec<String> {
             "{missing} program(s) started with granary's preload library did not attach to the \
              job, so what they read came from the source. Either a container hid the catalog \
              (its own /dev/shm, and no table fd{closed}): bind the runtime directory {rt} at the \
-             same path (apptainer --bind {rt}, docker/podman -v {rt}:{rt}); or the library did \
-             not load there: it must be visible at {} ({}) and needs glibc 2.28 or later",
+             same path ({}); or the library did not load there: it needs glibc 2.28 or later \
+             and must be visible at {}: bind {} at the same path ({})",
+            flags_for(j.runtime),
             j.preload.display(),
-            bind_hint(lib)
+            lib.display(),
+            flags_for(lib)
         ));
     }
     if creds > 0 {
