@@ -28,7 +28,14 @@ fn main() {
         std::fs::write(&blob, b"").expect("writing an empty preload blob");
         return;
     }
-    let lib = build_preload(&crates.join("granary-preload/Cargo.toml"), &out);
+    let preload = crates.join("granary-preload/Cargo.toml");
+    assert!(
+        preload.is_file(),
+        "{} not found: build granary from a clone of its repository (or set \
+         GRANARY_EMBED_PRELOAD=0 and install libgranary_preload.so next to the binary)",
+        preload.display()
+    );
+    let lib = build_preload(&preload, &out);
     std::fs::copy(&lib, &blob).expect("copying the preload library");
 }
 
