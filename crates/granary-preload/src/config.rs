@@ -59,11 +59,13 @@ extern "C" fn init() {
     if found.fd_lost {
         table.mark(slot, job::SEEN, seen::FD_LOST);
     }
-    if !crate::discover::sees_source(&table, slot) {
-        log::line(&[b"the source is not at its catalogued path here: passing everything through"]);
-        return;
+    if !crate::discover::same_mount_ns() {
+        if !crate::discover::sees_source(&table, slot) {
+            log::line(&[b"the source is not at its catalogued path here: passing through"]);
+            return;
+        }
+        crate::discover::check_tiers(&table, slot);
     }
-    crate::discover::check_tiers(&table, slot);
     if !crate::creds::check(&table) {
         table.count(slot, job::CREDS_MISMATCH, 1);
         log::line(&[b"credentials differ from the agent's: passing everything through"]);

@@ -152,6 +152,23 @@ fn parse_u64(s: &[u8]) -> Option<u64> {
     Some(v)
 }
 
+/// True when this process is in the mount namespace `granary run` started the program in
+/// (`GRANARY_MNT_NS`, the inode of `/proc/self/ns/mnt`): it sees the source and the tiers where
+/// the agent does, and checking them would cost a metadata call on the source per process.
+pub fn same_mount_ns() -> bool {
+    let Some(want) = env(c"GRANARY_MNT_NS").and_then(parse_u64) else {
+        return false;
+    };
+    let mut st = detour::empty_stat();
+    let r = detour::raw_newfstatat(
+        libc::AT_FDCWD,
+        c"/proc/self/ns/mnt".as_ptr(),
+        (&mut st as *mut libc::stat).cast(),
+        0,
+    );
+    r == 0 && st.st_ino == want
+}
+
 /// `(st_dev, st_ino)` of what `path` names (following links), if anything.
 fn dev_ino(path: &[u8]) -> Option<(u64, u64)> {
     let mut buf = [0u8; BUF];

@@ -72,6 +72,14 @@ pub fn job_env(
         vars.push(("GRANARY_TABLE_FD", h.fd.as_raw_fd().to_string().into()));
         vars.push(("GRANARY_TABLE_ID", format!("{}:{}", h.id.0, h.id.1).into()));
     }
+    // Processes in this mount namespace see what the agent sees: they skip the visibility
+    // checks (a metadata call on the source each).
+    if let Ok(ns) = std::fs::metadata("/proc/self/ns/mnt") {
+        vars.push((
+            "GRANARY_MNT_NS",
+            std::os::unix::fs::MetadataExt::ino(&ns).to_string().into(),
+        ));
+    }
     let prefixes: &[&str] = match launcher(program) {
         Some(Launcher::Apptainer) => &["APPTAINERENV_", "SINGULARITYENV_"],
         _ => &[],
