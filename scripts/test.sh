@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 for pair in fio:fio strace:strace mkfs.ext4:e2fsprogs losetup:mount setpriv:util-linux \
-            pgrep:procps diff:diffutils cc:gcc setfacl:acl sqlite3:sqlite3; do
+            pgrep:procps diff:diffutils cc:gcc setfacl:acl sqlite3:sqlite3 bwrap:bubblewrap \
+            objdump:binutils; do
     command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/lmdb.h ] || need_apt+=(liblmdb-dev)
@@ -26,6 +27,9 @@ fi
 py_missing=()
 python3 -c "import pytest" 2>/dev/null || py_missing+=(pytest)
 python3 -c "import lmdb" 2>/dev/null || py_missing+=(lmdb)
+# The wheel test (tests/e2e/test_wheel.py) builds a manylinux_2_28 wheel with zig.
+command -v maturin >/dev/null || py_missing+=(maturin)
+python3 -c "import ziglang" 2>/dev/null || py_missing+=(ziglang)
 if [ ${#py_missing[@]} -gt 0 ]; then
     echo "test.sh: pip install ${py_missing[*]}"
     python3 -m pip install -q "${py_missing[@]}" 2>/dev/null \

@@ -362,8 +362,10 @@ pub struct JobReport {
     /// missing source, an agent that could not be reached, … `None` when granary served it.
     #[serde(default)]
     pub fallback: Option<String>,
-    /// What went wrong inside granary during the job (a tier refused or lost, an agent that
-    /// stopped answering): the job was served, maybe slower.
+    /// What kept granary from serving all of the job, each with its cause and its fix: inside
+    /// granary (a tier refused or lost, an agent that stopped answering) or around it (no
+    /// process of the program loaded the library, a container hid a tier, the source or the
+    /// catalog, a program started without granary's environment). Empty when all went well.
     #[serde(default)]
     pub warnings: Vec<String>,
 }
@@ -400,6 +402,7 @@ impl JobReport {
             }
         ));
         if self.disabled {
+            self.render_warnings(&mut s);
             return s;
         }
         s.push_str(&format!(
@@ -473,6 +476,13 @@ impl JobReport {
                 c.pack_files, c.pack_source_files, c.pack_dirs_checked, c.pack_dirs_changed
             ));
         }
+        self.render_warnings(&mut s);
         s
+    }
+
+    fn render_warnings(&self, s: &mut String) {
+        for w in &self.warnings {
+            s.push_str(&format!("  warning: {w}\n"));
+        }
     }
 }

@@ -193,15 +193,43 @@ pub fn user_name() -> String {
 /// This process's credentials as a table's `H_CREDS` records them: `(uid, gid, groups hash)`.
 /// The catalog answers permission questions with what these credentials could do.
 pub fn creds() -> (u32, u32, u64) {
+    let mut groups = groups();
+    // SAFETY: geteuid/getegid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (uid, gid, granary_shm::groups_hash(&mut groups))
+}
+
+/// A duplicate of `f` that an exec'd program inherits (no close-on-exec), at the lowest free
+/// number at or above `floor`.
+pub fn dup_inheritable(f: &impl AsRawFd, floor: i32) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD on a valid fd; the kernel returns a new fd or -1.
+    let fd = check(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_DUPFD, floor) })?;
+    // SAFETY: `fd` was just created and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The soft limit on open files (`RLIMIT_NOFILE`).
+pub fn open_files_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    lim.rlim_cur
+}
+
+/// This process's supplementary groups.
+pub fn groups() -> Vec<u32> {
     // SAFETY: getgroups with a zero size only returns the count.
     let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) }.max(0) as usize;
     let mut groups = vec![0 as libc::gid_t; n];
     // SAFETY: `groups` has room for `n` ids.
     let got = unsafe { libc::getgroups(n as libc::c_int, groups.as_mut_ptr()) }.max(0) as usize;
     groups.truncate(got);
-    // SAFETY: geteuid/getegid cannot fail and touch no memory.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    (uid, gid, granary_shm::groups_hash(&mut groups))
+    groups
 }
 
 /// `(st_dev, st_ino)` of an open file or directory.

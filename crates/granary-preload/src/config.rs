@@ -5,7 +5,7 @@ use core::ffi::{c_char, CStr};
 use core::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use granary_shm::{job, Mapping, Table};
+use granary_shm::{job, seen, Table};
 
 use crate::detour;
 use crate::log;
@@ -46,18 +46,26 @@ extern "C" fn init() {
     if let Some(v) = env(c"GRANARY_JOB_SLOT") {
         JOB_SLOT.store(parse_u32(v).unwrap_or(0), Ordering::Relaxed);
     }
-    let Some(path) = env_ptr(c"GRANARY_TABLE") else {
-        return;
-    };
-    let table = match map_table(path) {
-        Ok(t) => t,
+    let found = match crate::discover::table() {
+        Ok(f) => f,
         Err(why) => {
             log::line(&[b"table not usable, passing everything through: ", why]);
             return;
         }
     };
+    let table = found.table;
     let slot = job_slot();
     table.count(slot, job::PROCESSES, 1);
+    if found.fd_lost {
+        table.mark(slot, job::SEEN, seen::FD_LOST);
+    }
+    if !crate::discover::same_mount_ns() {
+        if !crate::discover::sees_source(&table, slot) {
+            log::line(&[b"the source is not at its catalogued path here: passing through"]);
+            return;
+        }
+        crate::discover::check_tiers(&table, slot);
+    }
     if !crate::creds::check(&table) {
         table.count(slot, job::CREDS_MISMATCH, 1);
         log::line(&[b"credentials differ from the agent's: passing everything through"]);
@@ -68,52 +76,19 @@ extern "C" fn init() {
     log::line(&[b"table mapped"]);
 }
 
-/// Maps the table named by `GRANARY_TABLE`: a regular file of ours that nobody else may write,
-/// never through a symlink — nobody else's table.
-fn map_table(path: *const c_char) -> Result<Table, &'static [u8]> {
-    let fd = detour::raw_openat(
-        libc::AT_FDCWD,
-        path,
-        libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-        0,
-    );
-    if fd < 0 {
-        return Err(b"cannot open GRANARY_TABLE");
-    }
-    let mut st = detour::empty_stat();
-    let r = detour::raw_fstat(fd, &mut st);
-    let euid = detour::sys!(libc::SYS_geteuid) as u32;
-    let ours = r == 0
-        && st.st_mode & libc::S_IFMT == libc::S_IFREG
-        && st.st_uid == euid
-        && st.st_mode & 0o022 == 0;
-    if !ours {
-        detour::raw_close(fd);
-        return Err(b"GRANARY_TABLE is not a regular file of ours, closed to others");
-    }
-    let mapped = Mapping::map(fd, st.st_size as usize);
-    detour::raw_close(fd);
-    let (mapping, table) = mapped.map_err(|_| &b"invalid table"[..])?;
-    mapping.leak();
-    if !table.is_valid() {
-        return Err(b"table withdrawn by the agent");
-    }
-    Ok(table)
-}
-
-fn env_ptr(name: &CStr) -> Option<*const c_char> {
+pub(crate) fn env_ptr(name: &CStr) -> Option<*const c_char> {
     // SAFETY: getenv with a NUL-terminated name, in the constructor (no concurrent setenv yet).
     let p = unsafe { libc::getenv(name.as_ptr()) };
     (!p.is_null()).then_some(p.cast_const())
 }
 
-fn env(name: &CStr) -> Option<&'static [u8]> {
+pub(crate) fn env(name: &CStr) -> Option<&'static [u8]> {
     let p = env_ptr(name)?;
     // SAFETY: getenv returned a NUL-terminated string that lives in the environment block.
     Some(unsafe { CStr::from_ptr(p) }.to_bytes())
 }
 
-fn parse_u32(s: &[u8]) -> Option<u32> {
+pub(crate) fn parse_u32(s: &[u8]) -> Option<u32> {
     let mut v: u32 = 0;
     if s.is_empty() {
         return None;

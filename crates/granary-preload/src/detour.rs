@@ -173,6 +173,8 @@ real_slots! {
     SETGID = c"setgid"; SETEGID = c"setegid"; SETREGID = c"setregid"; SETRESGID = c"setresgid";
     SETGROUPS = c"setgroups"; INITGROUPS = c"initgroups"; SETFSUID = c"setfsuid";
     SETFSGID = c"setfsgid";
+    EXECVE = c"execve"; EXECV = c"execv"; EXECVP = c"execvp"; EXECVPE = c"execvpe";
+    FEXECVE = c"fexecve"; POSIX_SPAWN = c"posix_spawn"; POSIX_SPAWNP = c"posix_spawnp";
 }
 
 /// Resolves every real symbol with `dlsym(RTLD_NEXT)`. Constructor only.

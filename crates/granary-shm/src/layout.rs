@@ -665,13 +665,44 @@ pub mod job {
     /// Copies the agent completed at this job's request (written by the agent).
     pub const FILES_PLACED: usize = TRANSIENT_DROPS + 3;
     pub const BYTES_PLACED: usize = TRANSIENT_DROPS + 4;
+    /// What the job's processes could not see or lost (`seen::*` bits, set with `fetch_or`):
+    /// tiers and the source hidden by a container, programs started without granary.
+    pub const SEEN: usize = TRANSIENT_DROPS + 5;
+    /// Programs started (`exec`, `posix_spawn`) by a process of the job that should load the
+    /// preload library and attach (environment kept, dynamic, not setuid): each should count
+    /// one `PROCESSES`. Counted before the call, taken back when it fails.
+    pub const EXECS: usize = TRANSIENT_DROPS + 6;
     pub const WORDS: usize = TIER_BYTES + super::MAX_TIERS + 8;
+}
+
+/// Bits of the `job::SEEN` word.
+pub mod seen {
+    /// Tier `t`'s object directory was not the agent's at its path (`TIER_HIDDEN << t`): a
+    /// container that does not bind it.
+    pub const TIER_HIDDEN: u64 = 1;
+    /// The source root was not the catalogued directory at its path: that process passed
+    /// everything through.
+    pub const SOURCE_HIDDEN: u64 = 1 << 8;
+    /// ... and a mount point of that process showed the source's root directory (bound at
+    /// another path).
+    pub const SOURCE_ELSEWHERE: u64 = 1 << 9;
+    /// A program was started with an environment that lacks the preload library or the table
+    /// (`env -i`, a launcher that cleans the environment).
+    pub const EXEC_ENV_CLEARED: u64 = 1 << 10;
+    /// A program was started that the dynamic loader runs in secure mode (setuid, setgid, file
+    /// capabilities): it ignores `LD_PRELOAD`.
+    pub const EXEC_SECURE: u64 = 1 << 11;
+    /// A statically linked program was started: no dynamic loader, no preload library.
+    pub const EXEC_STATIC: u64 = 1 << 12;
+    /// A program was started after the table fd (`GRANARY_TABLE_FD`) was closed or replaced:
+    /// it can reach the table only by its path.
+    pub const FD_LOST: u64 = 1 << 13;
 }
 pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 
 const _: () = assert!(ENTRY_LEN == 88);
 const _: () = assert!(CLASS_LEN == 56);
-const _: () = assert!(job::BYTES_PLACED < job::WORDS);
+const _: () = assert!(job::EXECS < job::WORDS);
 const _: () = assert!(H_TIER_DIR_IDS + 16 * MAX_TIERS <= PATHS_OFF);
 const _: () = assert!(H_EPOCH + 8 <= H_PACK_OFF && H_PACK_OFF + 8 <= H_TIER_DIR_IDS);
 const _: () = assert!(HEADER_LEN % 4096 == 0);

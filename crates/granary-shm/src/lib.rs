@@ -18,7 +18,7 @@ pub use build::{
 };
 pub use layout::{
     chunk_count, chunk_data_offset, chunks_name, groups_hash, job, object_id, object_name,
-    parse_object_name, part_name, path_hash, request, state, DiskEntry, EntryRec, Locator,
+    parse_object_name, part_name, path_hash, request, seen, state, DiskEntry, EntryRec, Locator,
     StatClass, StatRec, Ts,
 };
 pub use mapping::{MapError, Mapping};

@@ -1060,4 +1060,18 @@ impl Table {
             c.fetch_add(n, Ordering::Relaxed);
         }
     }
+
+    /// Sets `bits` in a job's flag word (`job::SEEN`).
+    pub fn mark(&self, slot: u32, word: usize, bits: u64) {
+        if let Some(c) = self.counter(slot, word) {
+            c.fetch_or(bits, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes back `n` of a counter (a call counted ahead that did not happen).
+    pub fn uncount(&self, slot: u32, word: usize, n: u64) {
+        if let Some(c) = self.counter(slot, word) {
+            c.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
 }

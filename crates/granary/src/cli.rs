@@ -85,6 +85,12 @@ pub enum Command {
     Demo(DemoArgs),
     /// Pack a dataset into a few large partitions and an index; verify, ls, cat, diff a pack.
     Pack(crate::pack_cmd::PackArgs),
+    /// Print what a container needs to be served: the binds of the source, the tiers, the
+    /// runtime directory and the preload library, the user and groups, and the job's variables.
+    /// With the same --source/--tier/--config as the job:
+    /// `granary run --source DIR -- docker run $(granary container-flags --source DIR) IMAGE CMD`
+    /// (docs/containers.md).
+    ContainerFlags(crate::container::FlagsArgs),
     #[command(name = "__demo-reader", hide = true)]
     DemoReader(DemoReaderArgs),
 }
@@ -189,7 +195,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     }
     if matches!(
         cli.cmd,
-        Command::Status { .. } | Command::Stop | Command::Demo(_)
+        Command::Status { .. } | Command::Stop | Command::Demo(_) | Command::ContainerFlags(_)
     ) {
         crate::output::die_on_closed_pipe();
     }
@@ -201,5 +207,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Demo(a) => crate::demo::demo(a),
         Command::DemoReader(a) => crate::demo::reader(a),
         Command::Pack(a) => crate::pack_cmd::main(a),
+        Command::ContainerFlags(a) => crate::container::flags(a),
     }
 }

@@ -3,10 +3,13 @@
 mod agent;
 mod cli;
 mod client;
+mod container;
 mod demo;
 mod logging;
 mod output;
 mod pack_cmd;
+mod preload;
+mod report;
 mod run;
 mod run_pack;
 mod signals;

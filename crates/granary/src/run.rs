@@ -139,7 +139,8 @@ pub fn job_tiers(args: &TierArgs, cfg: &Config, quiet: bool) -> Result<Vec<TierS
     Ok(resolved.into_iter().map(|t| t.0).collect())
 }
 
-/// `libgranary_preload.so`: `$GRANARY_PRELOAD`, next to this executable, or in `../lib`.
+/// `libgranary_preload.so`: `$GRANARY_PRELOAD`, next to this executable, in `../lib`, or the
+/// copy a release build carries (`preload::embedded`).
 pub fn find_preload() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("GRANARY_PRELOAD").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
@@ -161,6 +162,9 @@ pub fn find_preload() -> Result<PathBuf> {
             return Ok(cand.canonicalize().unwrap_or(cand));
         }
         tried.push(cand.display().to_string());
+    }
+    if let Some(p) = crate::preload::embedded()? {
+        return Ok(p);
     }
     bail!(
         "cannot find libgranary_preload.so (tried {}); build it with `cargo build --release` \
@@ -231,6 +235,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         preload,
         _mapping,
         table,
+        runtime,
         mut warnings,
     } = job;
     let mut ld = preload.as_os_str().to_os_string();
@@ -238,10 +243,17 @@ pub fn run(args: RunArgs) -> Result<i32> {
         ld.push(":");
         ld.push(old);
     }
-    cmd.env("LD_PRELOAD", ld)
-        .env("GRANARY_TABLE", &table_path)
-        .env("GRANARY_JOB_SLOT", slot.to_string());
+    // The table also as an inherited fd: it reaches into containers with their own /dev/shm.
+    let handover = crate::container::Handover::open(&table_path)
+        .map_err(|e| {
+            say(format!(
+                "granary: {e:#}; the program gets the table by its path only"
+            ))
+        })
+        .ok();
+    crate::container::job_env(&mut cmd, handover.as_ref(), prog, &ld, &table_path, slot);
     let st = spawn_and_wait(&mut cmd, prog)?;
+    drop(handover);
     let exit_status = exit_code(st);
 
     let c = |w: usize| {
@@ -278,6 +290,21 @@ pub fn run(args: RunArgs) -> Result<i32> {
         t.bytes_served = c(job::TIER_BYTES + i);
         t.files_placed = mine.files.get(i).copied().unwrap_or(0);
         t.bytes_placed = mine.bytes.get(i).copied().unwrap_or(0);
+    }
+    for w in crate::report::warnings::of(&crate::report::warnings::Job {
+        table: &table,
+        slot,
+        program: prog,
+        args: prog_args,
+        source: &source,
+        tiers: &tiers_rep,
+        runtime: &runtime,
+        preload: &preload,
+    }) {
+        if args.quiet {
+            say(format!("granary: warning: {w}"));
+        }
+        warnings.push(w);
     }
     // The copies are this job's; the rest of `placement` is the agent's work on the source.
     let placement = PlacementStats {
@@ -329,6 +356,8 @@ struct Job {
     preload: PathBuf,
     _mapping: Mapping,
     table: granary_shm::Table,
+    /// The agent's runtime directory (the table's).
+    runtime: PathBuf,
     /// What the agent warned about at attach.
     warnings: Vec<String>,
 }
@@ -404,6 +433,7 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         preload,
         _mapping: mapping,
         table,
+        runtime: rt.dir.clone(),
         warnings: a.warnings,
     })
 }

@@ -23,6 +23,10 @@ type FchdirFn = unsafe extern "C" fn(c_int) -> c_int;
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if crate::discover::is_table_fd(fd) {
+        // The job's table for this process's children: stays open, as the library's own fds.
+        return 0;
+    }
     let t = release::before(fd);
     let r = real!(CLOSE as CloseFn, (fd) else detour::raw_close(fd));
     release::after(t);
@@ -31,6 +35,23 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    let keep = crate::discover::table_fd();
+    if keep >= 0 && (first..=last).contains(&(keep as c_uint)) {
+        // Around the job's table fd, which stays open for this process's children.
+        let keep = keep as c_uint;
+        let mut r = 0;
+        if keep > first {
+            r = close_range_impl(first, keep - 1, flags);
+        }
+        if keep < last && r == 0 {
+            r = close_range_impl(keep + 1, last, flags);
+        }
+        return r;
+    }
+    close_range_impl(first, last, flags)
+}
+
+fn close_range_impl(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
         // The fds stay open until an exec: nothing goes away now, but they stop being shared.
         return real!(CLOSE_RANGE as CloseRangeFn, (first, last, flags)
@@ -75,6 +96,8 @@ fn dup_over(old: c_int, new: c_int, call: impl FnOnce() -> c_int) -> c_int {
     if old == new {
         return call();
     }
+    // The program puts its own file at that number: the table fd is gone.
+    crate::discover::replaced(new);
     let t = release::before(new);
     let r = call();
     if r >= 0 {

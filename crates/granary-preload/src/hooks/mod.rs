@@ -8,6 +8,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod dir;
+pub mod exec;
 pub mod fd;
 pub mod link;
 pub mod lock;

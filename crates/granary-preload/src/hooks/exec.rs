@@ -1,0 +1,111 @@
+//! Starting programs: `execve`, `execv`, `execvp`, `execvpe`, `fexecve`, `posix_spawn`,
+//! `posix_spawnp`. Nothing is changed: the call runs with the caller's arguments. `handoff` only
+//! notes, for the job's report, whether the new program will get granary. The variadic `execl*`
+//! calls are not seen (glibc builds their argument vector and calls its internal `execve`).
+
+use core::ffi::{c_char, c_int};
+
+use crate::detour::{real, sys};
+use crate::handoff::{self, current_env, Target};
+
+type ExecveFn =
+    unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
+type ExecvFn = unsafe extern "C" fn(*const c_char, *const *const c_char) -> c_int;
+type FexecveFn = unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int;
+type SpawnFn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    *const *mut c_char,
+    *const *mut c_char,
+) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let c = handoff::before(Target::Path(path), envp);
+    let r = real!(EXECVE as ExecveFn, (path, argv, envp)
+        else sys!(libc::SYS_execve, path, argv, envp) as c_int);
+    handoff::failed(c);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    let c = handoff::before(Target::Path(path), current_env());
+    let r = real!(EXECV as ExecvFn, c"execv", (path, argv) or -1);
+    handoff::failed(c);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    let c = handoff::before(Target::Search(file), current_env());
+    let r = real!(EXECVP as ExecvFn, c"execvp", (file, argv) or -1);
+    handoff::failed(c);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let c = handoff::before(Target::Search(file), envp);
+    let r = real!(EXECVPE as ExecveFn, c"execvpe", (file, argv, envp) or -1);
+    handoff::failed(c);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let c = handoff::before(Target::Fd(fd), envp);
+    let r = real!(FEXECVE as FexecveFn, c"fexecve", (fd, argv, envp) or -1);
+    handoff::failed(c);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    let c = handoff::before(Target::Path(path), envp.cast());
+    let r = real!(POSIX_SPAWN as SpawnFn, c"posix_spawn", (pid, path, actions, attr, argv, envp)
+        or libc::ENOSYS);
+    if r != 0 {
+        handoff::failed(c);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    let c = handoff::before(Target::Search(file), envp.cast());
+    let r = real!(POSIX_SPAWNP as SpawnFn, c"posix_spawnp", (pid, file, actions, attr, argv, envp)
+        or libc::ENOSYS);
+    if r != 0 {
+        handoff::failed(c);
+    }
+    r
+}
