@@ -152,7 +152,7 @@ def test_a_new_job_replaces_a_stopped_agent(g, dataset, tier):
     assert proc.stdout == b"".join(f.read_bytes() for f in files)
     err = proc.stderr.decode(errors="replace")
     assert f"pid {old}, stopped) did not answer" in err and "killed it" in err, err
-    assert not stats["disabled"], "served by a new agent"
+    assert not stats["disabled"], ("served by a new agent", err)
     wait_for(lambda: not alive(old), "the stopped agent to be gone", timeout=10)
     assert g.status()["pid"] != old
 

@@ -383,6 +383,19 @@ pub fn process_state(pid: u32) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
+/// True once every thread of process `pid` has exited: no such process, or a zombie whose
+/// other threads are gone too. A group leader turns zombie while its other threads may still
+/// run — holding the process's fds (an agent's listening socket) open.
+pub fn process_gone(pid: u32) -> bool {
+    match process_state(pid) {
+        None => true,
+        Some('Z') | Some('X') => std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.count() <= 1)
+            .unwrap_or(true),
+        Some(_) => false,
+    }
+}
+
 /// uid owning process `pid` (that of `/proc/<pid>`), `None` when there is no such process.
 pub fn process_uid(pid: u32) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;

@@ -221,7 +221,7 @@ pub fn replace_unresponsive(rt: &Runtime, pid: Option<u32>) -> Result<()> {
     let Some(pid) = pid.or_else(|| alive_holder(rt)) else {
         bail!("the granary agent does not answer and its pid is unknown");
     };
-    let gone = |p| matches!(granary_core::sys::process_state(p), None | Some('Z'));
+    let gone = granary_core::sys::process_gone;
     if gone(pid) {
         return Ok(());
     }
