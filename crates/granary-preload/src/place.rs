@@ -13,7 +13,9 @@
 
 use core::ffi::c_int;
 
-use granary_shm::{chunk_data_offset, chunks_name, job, part_name, request, state, EntryRec};
+use granary_shm::{
+    chunk_data_offset, chunks_name, job, object_name, part_name, request, state, EntryRec,
+};
 
 use crate::copies::{self, Expect};
 use crate::detour::{self, sys, Guard, KeepErrno};
@@ -111,7 +113,10 @@ pub fn on_read(
         fallback: Some(fd),
     };
     let flags = libc::O_RDONLY | libc::O_CLOEXEC;
+    // Between the agent's rename of the part into place and its PLACED, the part's name is gone
+    // but the same inode is the object: the identity check makes either name safe to read.
     let result = copies::open(g.table, tier, &part_name(entry.object), flags, &expect)
+        .or_else(|| copies::open(g.table, tier, &object_name(entry.object), flags, &expect))
         .map(|(file, _)| switch::serve(fd, file, off, len, &how, f));
     match result.and_then(|s| served(g, tier, s)) {
         Some(r) => r,
