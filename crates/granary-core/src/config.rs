@@ -24,6 +24,8 @@
 //!                          # after each read so they never evict the kept ones
 //! [reuse]
 //! verify = "checksum"      # or "size": how copies from an earlier run are checked at the walk
+//! [mmap]                  # see placement::mapping::config
+//! mode = "prefetch"
 //! [agent]
 //! idle_timeout = "30s"     # exit when no job used the agent this long
 //! log_level = "info"
@@ -106,6 +108,8 @@ pub struct Config {
     pub idle_timeout: Option<Duration>,
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
+    /// `[mmap]`: following programs through their mappings.
+    pub mmap: Option<crate::placement::mapping::MmapConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -353,6 +357,14 @@ impl Config {
                             _ => return Err(err(&key, "unknown key")),
                         }
                     }
+                }
+                "mmap" => {
+                    let t = v
+                        .as_table()
+                        .ok_or_else(|| err("mmap", "expected a table for key"))?;
+                    cfg.mmap = Some(crate::placement::mapping::MmapConfig::parse(
+                        t, &err, size_value,
+                    )?);
                 }
                 "agent" => {
                     let t = v

@@ -548,6 +548,13 @@ pub mod request {
     /// A client checked an entry of this directory against the source itself (the background
     /// validation had not reached it): validate this directory next.
     pub const VALIDATE: u8 = 7;
+    /// A process mapped a catalogued file (or inherited mappings across `fork`): the agent reads
+    /// its `/proc/<pid>/maps` and follows where it reads in them (`placement::mapping`). The
+    /// entry field carries the pid as the process sees it, `arg` its job slot.
+    pub const MAPPED: u8 = 8;
+    /// A program's open of an LMDB lock file was given the node-local lock file of the
+    /// environment whose data file is this entry (`arg`: the job slot): counted.
+    pub const LMDB_LOCK: u8 = 9;
 
     /// Largest `arg` a request carries (24 bits).
     pub const ARG_MAX: u32 = (1 << 24) - 1;
@@ -604,13 +611,22 @@ pub mod job {
     /// Copies the agent completed at this job's request (written by the agent).
     pub const FILES_PLACED: usize = TRANSIENT_DROPS + 3;
     pub const BYTES_PLACED: usize = TRANSIENT_DROPS + 4;
+    /// Bytes the program touched through mappings of catalogued files (page faults), as the
+    /// agent's mapping follower saw them appear in its page tables: pages backed by a tier
+    /// file (`MAP_LOCAL_BYTES`), pages backed by the source (`MAP_SOURCE_BYTES`), and of those
+    /// the ones no read of the agent had brought in first (`MAP_FAULTED_BYTES`: the program's
+    /// own faults reached the source, or found the pages cached by someone else). Written by
+    /// the agent.
+    pub const MAP_LOCAL_BYTES: usize = TRANSIENT_DROPS + 5;
+    pub const MAP_SOURCE_BYTES: usize = TRANSIENT_DROPS + 6;
+    pub const MAP_FAULTED_BYTES: usize = TRANSIENT_DROPS + 7;
     pub const WORDS: usize = TIER_BYTES + super::MAX_TIERS + 8;
 }
 pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 
 const _: () = assert!(ENTRY_LEN == 88);
 const _: () = assert!(CLASS_LEN == 56);
-const _: () = assert!(job::BYTES_PLACED < job::WORDS);
+const _: () = assert!(job::MAP_FAULTED_BYTES < job::WORDS);
 const _: () = assert!(H_TIER_DIR_IDS + 16 * MAX_TIERS <= PATHS_OFF);
 const _: () = assert!(H_EPOCH + 8 <= H_TIER_DIR_IDS);
 const _: () = assert!(HEADER_LEN % 4096 == 0);

@@ -243,6 +243,14 @@ pub fn run(args: RunArgs) -> Result<i32> {
         t.files_placed = delta.tier_files_placed.get(i).copied().unwrap_or(0);
         t.bytes_placed = delta.tier_bytes_placed.get(i).copied().unwrap_or(0);
     }
+    let mmap = granary_core::stats::MmapReport {
+        tier_bytes: c(job::MAP_LOCAL_BYTES),
+        source_bytes: c(job::MAP_SOURCE_BYTES),
+        faulted_bytes: c(job::MAP_FAULTED_BYTES),
+        read_ahead_bytes: delta.mmap_read_ahead,
+        windows: delta.mmap_windows,
+        lmdb_local_locks: delta.lmdb_local_locks,
+    };
     let report = JobReport {
         version: 1,
         source: source.display().to_string(),
@@ -266,6 +274,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         tiers: tiers_rep,
         placement: delta,
         transient_drops: c(job::TRANSIENT_DROPS),
+        mmap,
     };
     drop(conn);
     finish(&args, &report)?;
@@ -310,6 +319,7 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         page_cache: cfg.page_cache,
         order,
         immutable: args.immutable || cfg.immutable.unwrap_or(false),
+        mmap: cfg.mmap,
     })?;
     let walk_started = Instant::now();
     let mut shown = false;

@@ -392,6 +392,8 @@ pub(super) fn aligned(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
 /// `POSIX_FADV_SEQUENTIAL` where it refuses (`EINVAL` when the flag is set or at a read).
 pub(super) struct SourceReader {
     direct: bool,
+    /// Direct reads work here but are set aside for now (`prefer_buffered`).
+    paused: bool,
 }
 
 impl SourceReader {
@@ -400,18 +402,44 @@ impl SourceReader {
         if !direct {
             sys::fadvise(file, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
         }
-        SourceReader { direct }
+        SourceReader {
+            direct,
+            paused: false,
+        }
     }
 
     /// Buffered reads (the caller's alignment could not be kept, or the file system refuses).
     pub fn new_buffered(file: &File) -> SourceReader {
         let _ = sys::set_direct(file, false);
         sys::fadvise(file, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
-        SourceReader { direct: false }
+        SourceReader {
+            direct: false,
+            paused: false,
+        }
     }
 
     pub fn is_direct(&self) -> bool {
         self.direct
+    }
+
+    /// Reads through the page cache from now on (`true`) — a program maps the file and faults
+    /// the same pages, which it then finds cached instead of reading them again —, or direct
+    /// again where it worked before (`false`).
+    pub fn prefer_buffered(&mut self, file: &File, buffered: bool) {
+        if buffered && self.direct {
+            if sys::set_direct(file, false).is_ok() {
+                self.direct = false;
+                self.paused = true;
+            }
+        } else if !buffered && self.paused && sys::set_direct(file, true).is_ok() {
+            self.direct = true;
+            self.paused = false;
+        }
+    }
+
+    /// True if this reader left the source's pages in the page cache at some point.
+    pub fn was_buffered(&self) -> bool {
+        !self.direct || self.paused
     }
 
     fn fall_back(&mut self, file: &File) {

@@ -24,6 +24,9 @@ use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
 use crate::sys;
 
+/// The first read of a fetch; each next one doubles, up to the block size.
+const RAMP_START: usize = 1 << 20;
+
 pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) -> PlaceOutcome {
     let b = match begin(ctx, idx) {
         Ok(b) => b,
@@ -49,9 +52,10 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
         copy_part(ctx, cl, &mut reader, tier, dir, buf, block)
     });
-    if !reader.is_direct() {
+    if reader.was_buffered() && !ctx.mappings.is_mapped(idx) {
         // Buffered reads left the source's pages behind; the copy (or the program's own reads)
-        // took what it needed. Direct reads left none.
+        // took what it needed. Direct reads left none. A program that maps the file still
+        // faults the source's pages: they stay for it.
         sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
     }
     out
@@ -96,6 +100,10 @@ fn copy_part(
         // byte past `size`: what comes back beyond `size` means the file grew (the probe, for
         // free).
         let mut probed = false;
+        // The first reads are short and grow to a block: a program waiting for the file's
+        // first bytes (its first record, through a mapping or a read) gets them in the time of
+        // a short read, not of a whole block.
+        let mut ramp = RAMP_START.min(buf.len());
         for &(start, end) in &cl.extents.clone() {
             if off < start {
                 // A hole: zeros in the part already (its length is the file's).
@@ -104,26 +112,42 @@ fn copy_part(
                 lifecycle::progress(t, idx, off);
             }
             while off < end {
+                // While a program maps the file (and for the first short read, which a program
+                // that is about to map it may fault too), through the page cache: the program's
+                // faults and these reads share the pages, so no byte is read twice.
+                let mapped = ctx.mappings.is_mapped(idx);
+                reader.prefer_buffered(&cl.src, mapped || off == start && ramp == RAMP_START);
                 let left = end - off;
                 let want = if reader.is_direct() && end == size {
-                    (align_up(left + 1) as usize).min(buf.len())
+                    (align_up(left + 1) as usize).min(ramp)
                 } else if reader.is_direct() {
-                    (align_up(left) as usize).min(buf.len())
+                    (align_up(left) as usize).min(ramp)
                 } else {
-                    buf.len().min(left as usize)
+                    ramp.min(left as usize)
                 };
-                let n = match reader.read_at(&cl.src, &mut buf[..want], off) {
-                    Ok(0) => return Err(CopyError::Changed),
-                    Ok(n) => n,
-                    Err(e) => return Err(CopyError::Source(e)),
+                let hit = if reader.is_direct() {
+                    0
+                } else {
+                    reader.cached(&cl.src, &mut buf[..want], off)
                 };
+                let n = if hit == want {
+                    hit
+                } else {
+                    match reader.read_at(&cl.src, &mut buf[hit..want], off + hit as u64) {
+                        Ok(0) if hit == 0 => return Err(CopyError::Changed),
+                        Ok(n) => hit + n,
+                        Err(e) => return Err(CopyError::Source(e)),
+                    }
+                };
+                ramp = (ramp * 2).min(buf.len());
                 if end == size && n as u64 > left {
                     return Err(CopyError::Changed);
                 }
                 let n = n.min(left as usize);
                 probed = end == size && want as u64 > left && n as u64 == left;
                 AgentCounters::add(&c.source_reads, 1);
-                AgentCounters::add(&c.source_bytes, n as u64);
+                AgentCounters::add(&c.source_bytes, (n - hit.min(n)) as u64);
+                AgentCounters::add(&c.page_cache_bytes, hit.min(n) as u64);
                 hasher.update(&buf[..n]);
                 write_all_at(&out, &buf[..n], off).map_err(CopyError::Tier)?;
                 // Written bytes are visible to every process that opens the part: publish them.

@@ -10,6 +10,7 @@
 pub mod chunks;
 mod copy;
 mod fetch;
+pub mod mapping;
 mod partial;
 mod policy;
 mod pool;
@@ -123,6 +124,8 @@ pub struct SourceCtx {
     /// The current attach's background validation (`catalog::validate`), which clients point
     /// at the directories they are in (`request::VALIDATE`).
     pub validation: std::sync::RwLock<Option<Arc<crate::catalog::Validation>>>,
+    /// Programs' mappings of this source's files, followed and read ahead of.
+    pub mappings: mapping::Mappings,
 }
 
 /// True if tier `tier`'s object directory is gone from its path (removed, renamed, replaced):

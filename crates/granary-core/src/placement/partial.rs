@@ -356,7 +356,8 @@ fn fetch_runs(
         cursor = k0 + got;
     }
     if let Some((f, reader)) = &src {
-        if !reader.is_direct() {
+        // A program mapping the file still faults these pages from the source: they stay.
+        if !reader.is_direct() && !ctx.mappings.is_mapped(idx) {
             // Buffered reads: the chunk file has the bytes now; the source's pages are not
             // ours to keep. (Direct reads left none.)
             sys::fadvise(f, 0, 0, libc::POSIX_FADV_DONTNEED);

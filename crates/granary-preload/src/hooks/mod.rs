@@ -11,6 +11,7 @@ pub mod dir;
 pub mod fd;
 pub mod link;
 pub mod lock;
+pub mod mem;
 pub mod mutate;
 pub mod open;
 pub mod read;

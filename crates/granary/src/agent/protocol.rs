@@ -35,6 +35,9 @@ pub enum Request {
         /// attaching to an idle source validates the catalog by directory only.
         #[serde(default)]
         immutable: bool,
+        /// `[mmap]` of an agent that has no pool yet; the agent's own configuration wins.
+        #[serde(default)]
+        mmap: Option<granary_core::placement::mapping::MmapConfig>,
     },
     /// Agent counters of one source (placement, its own source traffic) and its tiers' usage.
     Stats {

@@ -100,6 +100,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     page_cache,
                     order,
                     immutable,
+                    mmap,
                 } => {
                     if lease.is_some() {
                         send(
@@ -125,6 +126,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                             block_size,
                             max_source_streams,
                             page_cache,
+                            mmap,
                         },
                     ) {
                         Ok((reply, l)) => {

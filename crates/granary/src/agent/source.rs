@@ -450,6 +450,7 @@ impl SourceState {
             residency: opts.residency.clone(),
             lost: Default::default(),
             validation: Default::default(),
+            mappings: Default::default(),
         });
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
         Ok(ctx)
