@@ -107,7 +107,14 @@ const GAP_PAGES: u64 = 32;
 /// Pages looked at per tick: around each reader (following its run), and of the rest of each
 /// mapping (to find readers that jumped).
 const HOT_PAGES: u64 = 16 << 10;
+const HOT_PIECE: u64 = 1 << 10;
 const SWEEP_PAGES: u64 = 4 << 10;
+/// Pages newly touched away from a reader that make it a jump.
+const JUMP_MIN_PAGES: u64 = 16;
+/// Looks without progress after which the sweep starts over at the top of the mapping.
+const STALL_LOOKS: u32 = 3;
+/// One `readahead(2)` call: the kernel caps each at its largest request.
+const RA_PIECE: u64 = 1 << 20;
 /// Mappings are read again this often (unmapped, exited, exec'd).
 const MAPS_EVERY: Duration = Duration::from_secs(1);
 
@@ -162,6 +169,8 @@ struct Reader {
     win: Window,
     /// Where the next sweep slice starts (file offset).
     sweep: u64,
+    /// Looks in a row in which the reader did not move on.
+    stalled: u32,
 }
 
 /// The agent's handle on a source file it reads ahead.
@@ -307,6 +316,13 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
                 r
             }
             None => {
+                tracing::debug!(
+                    "process {pid} maps entry {} [{}, {}), local {:?}",
+                    m.idx,
+                    m.start,
+                    m.end,
+                    m.local
+                );
                 let pages = (m.end.min(len).saturating_sub(m.start)).div_ceil(PAGE);
                 Reader {
                     sweep: m.start,
@@ -314,6 +330,7 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
                     len,
                     seen: vec![0; pages.div_ceil(64) as usize],
                     win: Window::default(),
+                    stalled: 0,
                 }
             }
         };
@@ -404,29 +421,42 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
         new_pages: Vec::new(),
     };
     let page_of = |off: u64| (off - r.m.start) / PAGE;
-    // Follow the run from where the reader was.
+    // Follow the reader from where it was: pages it touched since the last look extend its
+    // run; pages still present from before (an earlier pass the kernel did not reclaim) are
+    // passed over; a stretch of untouched pages ends it.
     if r.win.phase != window::Phase::Unseen {
-        let from = r.win.pos.max(r.m.start) / PAGE * PAGE;
-        let bits = present(pm, r, from, from + HOT_PAGES * PAGE, &mut buf)?;
+        let mut from = r.win.pos.max(r.m.start) / PAGE * PAGE;
+        let limit = from + HOT_PAGES * PAGE;
         let mut gap = 0;
-        for (i, &on) in bits.iter().enumerate() {
-            let off = from + i as u64 * PAGE;
-            let k = page_of(off);
-            let was = bit(&r.seen, k);
-            set_bit(&mut r.seen, k, on);
-            if on {
-                gap = 0;
-                out.hot_end = off + PAGE;
-                if !was {
+        // In pieces: a reader that moved a little costs a little.
+        'hot: while from < limit {
+            let bits = present(pm, r, from, from + HOT_PIECE * PAGE, &mut buf)?;
+            if bits.is_empty() {
+                break;
+            }
+            for (i, &on) in bits.iter().enumerate() {
+                let off = from + i as u64 * PAGE;
+                let k = page_of(off);
+                let was = bit(&r.seen, k);
+                set_bit(&mut r.seen, k, on);
+                if on && !was {
+                    gap = 0;
+                    out.hot_end = off + PAGE;
                     out.hot_new += PAGE;
                     out.new_pages.push(off);
-                }
-            } else {
-                gap += 1;
-                if gap > GAP_PAGES {
-                    break;
+                } else if !on {
+                    gap += 1;
+                    if gap > GAP_PAGES {
+                        break 'hot;
+                    }
                 }
             }
+            from += bits.len() as u64 * PAGE;
+        }
+        r.stalled = if out.hot_new == 0 { r.stalled + 1 } else { 0 };
+        if r.stalled == STALL_LOOKS {
+            // Not moving on: most likely it started over (the next epoch). Look there first.
+            r.sweep = r.m.start;
         }
     }
     // A slice of the rest, round robin: readers that jumped, and the first sight of one.
@@ -438,7 +468,8 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
     let bits = present(pm, r, from, from + SWEEP_PAGES * PAGE, &mut buf)?;
     r.sweep = from + (bits.len() as u64).max(1) * PAGE;
     let (mut far_new, mut far_end) = (0u64, 0u64);
-    let hot = (r.win.pos.saturating_sub(HOT_PAGES * PAGE))..out.hot_end.max(r.win.pos) + PAGE;
+    let near = r.win.pos.saturating_sub(GAP_PAGES * PAGE)..out.hot_end.max(r.win.pos) + PAGE;
+    let unseen = r.win.phase == window::Phase::Unseen;
     for (i, &on) in bits.iter().enumerate() {
         let off = from + i as u64 * PAGE;
         let k = page_of(off);
@@ -446,13 +477,14 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
         set_bit(&mut r.seen, k, on);
         if on && !was {
             out.new_pages.push(off);
-            if !hot.contains(&off) || r.win.phase == window::Phase::Unseen {
+            if unseen || !near.contains(&off) {
                 far_new += PAGE;
                 far_end = far_end.max(off + PAGE);
             }
         }
     }
-    if far_new > 0 && out.hot_new == 0 {
+    // A few pages touched elsewhere (a B-tree page read again) do not move a reader.
+    if out.hot_new == 0 && (far_new >= JUMP_MIN_PAGES * PAGE || unseen && far_new > 0) {
         out.jump = Some((far_end, far_new));
     }
     Some(out)
@@ -513,10 +545,7 @@ fn read_ahead(ctx: &SourceCtx, r: &Reader, files: &mut HashMap<u32, Source>, a: 
             None => return,
         },
     };
-    tracing::debug!(
-        "mmap read-ahead of entry {idx}: [{a}, {b}) for a reader at {}",
-        r.win.pos
-    );
+    let t0 = Instant::now();
     // The parts of [a, b) the mapping takes from the source.
     let mut runs = vec![(a, b)];
     for &(s, e) in &r.m.local {
@@ -556,16 +585,31 @@ fn read_ahead(ctx: &SourceCtx, r: &Reader, files: &mut HashMap<u32, Source>, a: 
             }
             i += 1;
             let end = end.min(y);
-            if sys::readahead(&src.file, start, end - start).is_ok() {
-                issued += end - start;
-                let mut p = start;
-                while p < end {
-                    set_bit(&mut src.fetched, p / PAGE, true);
-                    p += PAGE;
+            // The kernel reads at most its largest request (`max_sectors_kb`, ~1 MiB) per
+            // call, in one request: so many calls, each a request large enough to reach the
+            // source's bandwidth rather than its request rate.
+            let mut p = start;
+            while p < end {
+                let n = RA_PIECE.min(end - p);
+                if sys::readahead(&src.file, p, n).is_err() {
+                    break;
                 }
+                issued += n;
+                let mut q = p;
+                while q < p + n {
+                    set_bit(&mut src.fetched, q / PAGE, true);
+                    q += PAGE;
+                }
+                p += n;
             }
         }
     }
+    tracing::debug!(
+        "mmap read-ahead of entry {idx}: [{a}, {b}) for a reader at {}: {issued} bytes issued \
+         in {:?}",
+        r.win.pos,
+        t0.elapsed()
+    );
     let c = &ctx.counters;
     AgentCounters::add(&c.mmap_read_ahead, issued);
     AgentCounters::add(&c.source_bytes, issued);

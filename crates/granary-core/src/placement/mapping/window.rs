@@ -11,8 +11,9 @@
 //!   its position. A reader that only touches scattered records (random `get`s) never is, and
 //!   costs nothing; what a reader reads before that is the seed's "non-cached distance", at
 //!   most one `distance`;
-//! - once the reader passes `threshold` of the last window, the next `size` bytes are read from
-//!   where that window ended (no overlap), or from the reader if it got ahead of it;
+//! - once the reader passes `threshold` of the last window, the next window is read from where
+//!   that one ended (no overlap) to `size` ahead of the reader (a reader that caught up with
+//!   its window gets a whole one again), or from the reader if it got ahead of it;
 //! - a jump (the follower found the reader elsewhere: a new epoch, a seek) starts over.
 
 /// The parameters, in bytes (`threshold_pct` in percent of `size`).
@@ -78,13 +79,17 @@ impl Window {
                 (pos < front).then_some((pos, front))
             }
             Phase::Streaming { front, trigger } if pos >= trigger && front.max(pos) < len => {
+                // From where the last window ended, topped up to a whole window ahead of the
+                // reader: a reader that caught up (its window was in flight when it passed the
+                // threshold) never finds the next one shorter.
                 let start = front.max(pos);
-                let (end, trigger) = window(start);
+                let end = pos.saturating_add(size).min(len).max(start);
+                let trigger = pos + (end - pos) * s.threshold_pct.min(100) / 100;
                 self.phase = Phase::Streaming {
                     front: end,
                     trigger,
                 };
-                Some((start, end))
+                (start < end).then_some((start, end))
             }
             _ => None,
         }
