@@ -16,6 +16,7 @@ mod fdtable;
 mod fill;
 mod hooks;
 mod inherit;
+mod lmdb;
 mod log;
 mod mapping;
 mod path;

@@ -22,7 +22,7 @@
 //! version, whose pages no writer of the same node overwrites while that reader holds them.
 
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use granary_shm::{chunk_data_offset, part_name, request, state, EntryRec};
 
@@ -32,6 +32,47 @@ use crate::fdtable::Tracked;
 
 /// This process mapped a followed file: a forked child has the same mappings to follow.
 static MAPPED_ANY: AtomicBool = AtomicBool::new(false);
+
+/// Where the followed mappings are (`[start, end)` addresses; 0 = free), so that only a
+/// `munmap`/`mremap` of one of them asks the agent to look again — not every `munmap` of a
+/// program's allocator. Copied with the address space by `fork`, like the mappings themselves;
+/// a slot left behind by a raw `munmap` costs at most one needless request. When all are taken,
+/// every `munmap` asks.
+const SLOTS: usize = 64;
+static RANGES: [(AtomicUsize, AtomicUsize); SLOTS] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; SLOTS];
+static OVERFLOW: AtomicBool = AtomicBool::new(false);
+
+fn remember(start: usize, end: usize) {
+    for (s, e) in &RANGES {
+        if s.compare_exchange(0, start, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            e.store(end, Ordering::Release);
+            return;
+        }
+    }
+    OVERFLOW.store(true, Ordering::Relaxed);
+}
+
+/// True if `[start, end)` touches a followed mapping; slots it covers whole are freed.
+fn forget_overlapping(start: usize, end: usize) -> bool {
+    let mut hit = OVERFLOW.load(Ordering::Relaxed);
+    for (s, e) in &RANGES {
+        let a = s.load(Ordering::Acquire);
+        if a == 0 {
+            continue;
+        }
+        let b = e.load(Ordering::Acquire);
+        if a < end && start < b {
+            hit = true;
+            if start <= a && b <= end {
+                let _ = s.compare_exchange(a, 0, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
+    hit
+}
 
 const PAGE: u64 = 4096;
 
@@ -75,6 +116,7 @@ pub fn source_mapped(
         state::UNPLACED | state::QUEUED | state::PLACING | state::PARTIAL | state::SOURCE_ONLY
     ) && entry.stat.size >= g.table.prefetch_min_size().max(1);
     if followed {
+        remember(addr as usize, (addr as usize).saturating_add(len));
         notify(g);
     }
 }
@@ -91,8 +133,23 @@ pub fn forked_child() {
     changed();
 }
 
-/// This process's mappings changed (`munmap`, `mremap`) or it is a forked child: if the agent
-/// follows its mappings, it should look at them again now. One load otherwise; errno kept.
+/// `munmap`/`mremap` of `[addr, addr + len)` (and, for `mremap`, the new range): if a followed
+/// mapping is among them, the agent looks at this process's mappings again now. One load in a
+/// process that maps nothing followed.
+pub fn unmapped(addr: usize, len: usize, moved_to: Option<(usize, usize)>) {
+    if !MAPPED_ANY.load(Ordering::Relaxed) {
+        return;
+    }
+    if forget_overlapping(addr, addr.saturating_add(len)) {
+        if let Some((a, n)) = moved_to {
+            remember(a, a.saturating_add(n));
+        }
+        changed();
+    }
+}
+
+/// The agent should look at this process's mappings again (a forked child's, or after an
+/// unmap). One load in a process that maps nothing followed; errno kept.
 pub fn changed() {
     if !MAPPED_ANY.load(Ordering::Relaxed) {
         return;

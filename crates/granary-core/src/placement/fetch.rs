@@ -16,8 +16,8 @@ use granary_shm::lifecycle;
 use granary_shm::part_name;
 
 use super::copy::{
-    align_up, aligned, begin, claim, hash_zeros, place_on_tiers, reserve_on, still_ours,
-    write_all_at, Claimed, CopyError, SourceReader, Written, DIRECT_ALIGN, SETTLE,
+    aligned, begin, claim, hash_zeros, place_on_tiers, reserve_on, still_ours, write_all_at,
+    Claimed, CopyError, SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
 use super::pool::Shared;
 use super::{PlaceOutcome, SourceCtx};
@@ -46,16 +46,16 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
         Ok(cl) => cl,
         Err(out) => return out,
     };
-    // Reads of whole aligned blocks (O_DIRECT where the source takes it; see `SourceReader`).
+    // Through the page cache, not O_DIRECT: a program that maps the file (now, or a moment
+    // from now: its open started this fetch) faults the source's pages itself, and must find
+    // the ones the agent read — or is reading — there, so no byte is read twice. What the
+    // copy took is dropped behind it (`copy_part`) unless a program maps the file.
     let block = (sh.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
-    let mut reader = SourceReader::new(&cl.src);
+    let mut reader = SourceReader::new_buffered(&cl.src);
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
         copy_part(ctx, cl, &mut reader, tier, dir, buf, block)
     });
-    if reader.was_buffered() && !ctx.mappings.is_mapped(idx) {
-        // Buffered reads left the source's pages behind; the copy (or the program's own reads)
-        // took what it needed. Direct reads left none. A program that maps the file still
-        // faults the source's pages: they stay for it.
+    if !ctx.mappings.is_mapped(idx) {
         sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
     }
     out
@@ -96,10 +96,6 @@ fn copy_part(
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         let mut off = 0u64;
         let mut last: Option<(u64, u64)> = None;
-        // A direct read asks for whole blocks, and the one ending the file for at least one
-        // byte past `size`: what comes back beyond `size` means the file grew (the probe, for
-        // free).
-        let mut probed = false;
         // The first reads are short and grow to a block: a program waiting for the file's
         // first bytes (its first record, through a mapping or a read) gets them in the time of
         // a short read, not of a whole block.
@@ -112,24 +108,11 @@ fn copy_part(
                 lifecycle::progress(t, idx, off);
             }
             while off < end {
-                // While a program maps the file (and for the first short read, which a program
-                // that is about to map it may fault too), through the page cache: the program's
-                // faults and these reads share the pages, so no byte is read twice.
-                let mapped = ctx.mappings.is_mapped(idx);
-                reader.prefer_buffered(&cl.src, mapped || off == start && ramp == RAMP_START);
                 let left = end - off;
-                let want = if reader.is_direct() && end == size {
-                    (align_up(left + 1) as usize).min(ramp)
-                } else if reader.is_direct() {
-                    (align_up(left) as usize).min(ramp)
-                } else {
-                    ramp.min(left as usize)
-                };
-                let hit = if reader.is_direct() {
-                    0
-                } else {
-                    reader.cached(&cl.src, &mut buf[..want], off)
-                };
+                let want = ramp.min(left as usize);
+                // What a program's faults (or an earlier attempt) already brought in costs the
+                // source nothing: counted apart.
+                let hit = reader.cached(&cl.src, &mut buf[..want], off);
                 let n = if hit == want {
                     hit
                 } else {
@@ -140,11 +123,6 @@ fn copy_part(
                     }
                 };
                 ramp = (ramp * 2).min(buf.len());
-                if end == size && n as u64 > left {
-                    return Err(CopyError::Changed);
-                }
-                let n = n.min(left as usize);
-                probed = end == size && want as u64 > left && n as u64 == left;
                 AgentCounters::add(&c.source_reads, 1);
                 AgentCounters::add(&c.source_bytes, (n - hit.min(n)) as u64);
                 AgentCounters::add(&c.page_cache_bytes, hit.min(n) as u64);
@@ -161,6 +139,11 @@ fn copy_part(
                         settle(ctx, idx, &out, po, pn);
                     }
                 }
+                if !ctx.mappings.is_mapped(idx) {
+                    // Behind the copy: the source's pages are in the tier now (a program that
+                    // maps the file keeps them; pages it has mapped are never dropped anyway).
+                    sys::fadvise(&cl.src, off, n as u64, libc::POSIX_FADV_DONTNEED);
+                }
                 last = Some((off, n as u64));
                 off += n as u64;
                 if !still_ours(ctx, idx) {
@@ -172,19 +155,10 @@ fn copy_part(
             hash_zeros(&mut hasher, size - off);
             lifecycle::progress(t, idx, size);
         }
-        // The file may have grown since the walk: a byte past `size` means it changed. Direct:
-        // a block read at `size` (aligned here: the reads were whole blocks), which costs no
-        // device read at EOF; buffered: one byte (readahead never goes past EOF).
-        if !probed {
-            // (A direct reader falls back to buffered reads for an unaligned `size`.)
-            let probe = if reader.is_direct() {
-                &mut buf[..DIRECT_ALIGN]
-            } else {
-                &mut buf[..1]
-            };
-            if matches!(reader.read_at(&cl.src, probe, size), Ok(n) if n > 0) {
-                return Err(CopyError::Changed);
-            }
+        // The file may have grown since the walk: a byte past `size` means it changed (one
+        // byte: readahead never goes past EOF, so this costs no device read).
+        if matches!(reader.read_at(&cl.src, &mut buf[..1], size), Ok(n) if n > 0) {
+            return Err(CopyError::Changed);
         }
         if !memory {
             if let Some((po, pn)) = last {

@@ -16,7 +16,7 @@ type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let r = real!(MUNMAP as MunmapFn, (addr, len) else sys!(libc::SYS_munmap, addr, len) as c_int);
     if r == 0 {
-        crate::mapping::changed();
+        crate::mapping::unmapped(addr as usize, len, None);
     }
     r
 }
@@ -42,7 +42,7 @@ pub unsafe extern "C" fn mremap(
     };
     let p = call();
     if p != libc::MAP_FAILED {
-        crate::mapping::changed();
+        crate::mapping::unmapped(old as usize, old_size, Some((p as usize, new_size)));
         return p;
     }
     if detour::errno() != libc::EFAULT || old_size == 0 {
@@ -58,7 +58,7 @@ pub unsafe extern "C" fn mremap(
     drop(g);
     let p = call();
     if p != libc::MAP_FAILED {
-        crate::mapping::changed();
+        crate::mapping::unmapped(old as usize, old_size, Some((p as usize, new_size)));
     }
     p
 }
