@@ -86,7 +86,7 @@ pub fn create_excl_at(dir: &OwnedFd, name: &[u8], mode: u32) -> io::Result<File>
         libc::openat(
             dir.as_raw_fd(),
             c.as_ptr(),
-            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             mode as libc::c_uint,
         )
     })?;

@@ -16,9 +16,10 @@ use granary_shm::lifecycle;
 use granary_shm::part_name;
 
 use super::copy::{
-    aligned, begin, claim, hash_zeros, place_on_tiers, reserve_on, still_ours, write_all_at,
-    Claimed, CopyError, SourceReader, Written, DIRECT_ALIGN, SETTLE,
+    aligned, begin, claim, place_on_tiers, reserve_on, still_ours, write_all_at, Claimed,
+    CopyError, SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
+use super::fetch_order::{Next, Order};
 use super::pool::Shared;
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
@@ -26,6 +27,11 @@ use crate::sys;
 
 /// The first read of a fetch; each next one doubles, up to the block size.
 const RAMP_START: usize = 1 << 20;
+/// The pieces a fetch keeps track of (`fetch_order`).
+const ORDER_UNIT: u64 = 1 << 20;
+/// What a fetch reads this soon after it started stays in the page cache: a program that
+/// opened the file may be about to map it.
+const MAP_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
 pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) -> PlaceOutcome {
     let b = match begin(ctx, idx) {
@@ -56,6 +62,7 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
         copy_part(ctx, cl, &mut reader, tier, dir, buf, block)
     });
     if !ctx.mappings.is_mapped(idx) {
+        tracing::trace!("entry {idx}: fetch done, the source's pages dropped");
         sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
     }
     out
@@ -81,10 +88,10 @@ fn copy_part(
     // From here on, a failure unlinks the part before the next tier is announced.
     let res = (|| {
         let size = cl.entry.stat.size;
-        if cl.sparse() {
-            // Holes stay holes: the part has the file's length, and only data is written.
-            out.set_len(size).map_err(CopyError::Tier)?;
-        }
+        // The part has the file's length from the start: holes stay holes, and pieces read
+        // out of order (where a program reads) land where they belong. Readers of the part
+        // trust only `progress`, the prefix written.
+        out.set_len(size).map_err(CopyError::Tier)?;
         // Clients check the part they open against this inode; recorded before the state
         // names the tier, with no ctime yet (the part changes until it is complete).
         let (ino, _) = sys::copy_identity(&out).map_err(CopyError::Tier)?;
@@ -94,66 +101,118 @@ fn copy_part(
         let memory = sys::is_memory_fs(&out);
         let c = &ctx.counters;
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        let mut off = 0u64;
+        let mut hashed = 0u64;
         let mut last: Option<(u64, u64)> = None;
+        // Read, and not needed by a program that maps the file (yet): dropped once the next
+        // read is done, if still no program maps it (one that is about to — its open started
+        // this fetch — finds them).
+        let mut drop_later: Option<(u64, u64)> = None;
+        let mut order = Order::new(size, ORDER_UNIT, &cl.extents);
         // The first reads are short and grow to a block: a program waiting for the file's
         // first bytes (its first record, through a mapping or a read) gets them in the time of
         // a short read, not of a whole block.
         let mut ramp = RAMP_START.min(buf.len());
-        for &(start, end) in &cl.extents.clone() {
-            if off < start {
-                // A hole: zeros in the part already (its length is the file's).
-                hash_zeros(&mut hasher, start - off);
-                off = start;
-                lifecycle::progress(t, idx, off);
+        let mut waited = 0u32;
+        let began = std::time::Instant::now();
+        loop {
+            let steer = ctx.mappings.steering(idx);
+            let (readers, window, lead, idle) =
+                steer.as_ref().map_or((&[][..], 0, 0, false), |s| {
+                    (&s.readers[..], s.window, s.lead, s.idle)
+                });
+            let next = order.next(readers, window, lead, idle, ramp as u64);
+            if !matches!(next, Next::Wait) {
+                tracing::trace!("entry {idx}: {next:?} for readers {readers:?} (idle {idle})");
             }
-            while off < end {
-                let left = end - off;
-                let want = ramp.min(left as usize);
-                // What a program's faults (or an earlier attempt) already brought in costs the
-                // source nothing: counted apart.
-                let hit = reader.cached(&cl.src, &mut buf[..want], off);
-                let n = if hit == want {
-                    hit
+            let (off, len, keep) = match next {
+                Next::Done => break,
+                Next::Wait => {
+                    // Everything left is ahead of the readers: wait for them to read it
+                    // (bounded: the follower says `idle` once they stop).
+                    waited += 1;
+                    if waited % 64 == 0 && !still_ours(ctx, idx) {
+                        return Err(CopyError::Lost);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    continue;
+                }
+                Next::Read { off, len, keep } => (off, len, keep),
+            };
+            if let Some((o, n)) = drop_later.take() {
+                // Not in the first moments: the program whose open started this fetch may be
+                // about to map the file (the agent learns of it within milliseconds).
+                if steer.is_none() && began.elapsed() >= MAP_GRACE {
+                    tracing::trace!("entry {idx}: dropped [{o}, {}) behind the fetch", o + n);
+                    sys::fadvise(&cl.src, o, n, libc::POSIX_FADV_DONTNEED);
+                }
+            }
+            let n = len as usize;
+            let b = &mut buf[..n];
+            // Only the data: holes are zeros in the part already.
+            let (mut got, mut hit) = (0usize, 0usize);
+            for (s, e) in data_in(&cl.extents, off, off + len) {
+                let (i, j) = ((s - off) as usize, (e - off) as usize);
+                b[got..i].fill(0);
+                // What a program's faults (or read-ahead) already brought in costs the source
+                // nothing: counted apart.
+                let h = reader.cached(&cl.src, &mut b[i..j], s);
+                let r = if i + h == j {
+                    0
                 } else {
-                    match reader.read_at(&cl.src, &mut buf[hit..want], off + hit as u64) {
-                        Ok(0) if hit == 0 => return Err(CopyError::Changed),
-                        Ok(n) => hit + n,
+                    match reader.read_exact_at(&cl.src, &mut b[i + h..j], s + h as u64, j - i - h) {
+                        Ok(_) => j - i - h,
+                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                            return Err(CopyError::Changed)
+                        }
                         Err(e) => return Err(CopyError::Source(e)),
                     }
                 };
-                ramp = (ramp * 2).min(buf.len());
                 AgentCounters::add(&c.source_reads, 1);
-                AgentCounters::add(&c.source_bytes, (n - hit.min(n)) as u64);
-                AgentCounters::add(&c.page_cache_bytes, hit.min(n) as u64);
+                AgentCounters::add(&c.source_bytes, r as u64);
+                hit += h;
+                write_all_at(&out, &b[i..j], s).map_err(CopyError::Tier)?;
+                got = j;
+            }
+            b[got..].fill(0);
+            AgentCounters::add(&c.page_cache_bytes, hit as u64);
+            ramp = (ramp * 2).min(buf.len());
+            if off == hashed {
                 hasher.update(&buf[..n]);
-                write_all_at(&out, &buf[..n], off).map_err(CopyError::Tier)?;
-                // Written bytes are visible to every process that opens the part: publish them.
-                lifecycle::progress(t, idx, off + n as u64);
-                if !memory {
-                    // Start write-back of this block now, and wait for the previous one and drop
-                    // its pages: dirty pages never pile up (Monarch's figure-19 stall), and the
-                    // tier's copy does not double the page cache.
-                    sys::sync_range(&out, off, n as u64, libc::SYNC_FILE_RANGE_WRITE);
-                    if let Some((po, pn)) = last {
-                        settle(ctx, idx, &out, po, pn);
-                    }
-                }
-                if !ctx.mappings.is_mapped(idx) {
-                    // Behind the copy: the source's pages are in the tier now (a program that
-                    // maps the file keeps them; pages it has mapped are never dropped anyway).
-                    sys::fadvise(&cl.src, off, n as u64, libc::POSIX_FADV_DONTNEED);
-                }
-                last = Some((off, n as u64));
-                off += n as u64;
-                if !still_ours(ctx, idx) {
-                    return Err(CopyError::Lost);
+                hashed += len;
+            }
+            order.mark(off, len);
+            // Pieces read earlier out of order that now continue the prefix: hashed from the
+            // part (written, so readable), in order.
+            let prefix = order.prefix_bytes();
+            while hashed < prefix {
+                let k = ((prefix - hashed) as usize).min(buf.len());
+                read_part(&out, &mut buf[..k], hashed).map_err(CopyError::Tier)?;
+                hasher.update(&buf[..k]);
+                hashed += k as u64;
+            }
+            // Written bytes are visible to every process that opens the part: publish them.
+            lifecycle::progress(t, idx, prefix);
+            if !memory {
+                // Start write-back of this block now, and wait for the previous one and drop
+                // its pages: dirty pages never pile up (Monarch's figure-19 stall), and the
+                // tier's copy does not double the page cache.
+                sys::sync_range(&out, off, len, libc::SYNC_FILE_RANGE_WRITE);
+                if let Some((po, pn)) = last {
+                    settle(ctx, idx, &out, po, pn);
                 }
             }
+            if !keep {
+                drop_later = Some((off, len));
+            }
+            last = Some((off, len));
+            if !still_ours(ctx, idx) {
+                return Err(CopyError::Lost);
+            }
         }
-        if off < size {
-            hash_zeros(&mut hasher, size - off);
-            lifecycle::progress(t, idx, size);
+        if let Some((o, n)) = drop_later {
+            if !ctx.mappings.is_mapped(idx) {
+                sys::fadvise(&cl.src, o, n, libc::POSIX_FADV_DONTNEED);
+            }
         }
         // The file may have grown since the walk: a byte past `size` means it changed (one
         // byte: readahead never goes past EOF, so this costs no device read).
@@ -178,6 +237,19 @@ fn copy_part(
             Err(e)
         }
     }
+}
+
+/// The data ranges of `[a, b)` (`extents`: the source's data, ascending).
+fn data_in(extents: &[(u64, u64)], a: u64, b: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    extents
+        .iter()
+        .filter(move |&&(s, e)| s < b && a < e)
+        .map(move |&(s, e)| (s.max(a), e.min(b)))
+}
+
+/// Reads back what was written to the part (to hash it in order).
+fn read_part(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, buf, off)
 }
 
 /// Waits for a written range to reach the device. Its pages stay if the copy is resident:

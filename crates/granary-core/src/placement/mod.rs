@@ -10,6 +10,7 @@
 pub mod chunks;
 mod copy;
 mod fetch;
+pub mod fetch_order;
 pub mod mapping;
 mod partial;
 mod policy;

@@ -33,7 +33,7 @@ pub mod window;
 
 pub use config::MmapConfig;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -137,11 +137,28 @@ fn wake() {
 pub struct Mappings {
     /// `(pid, job slot)` of processes that mapped something, not looked at yet.
     pending: Mutex<Vec<(u32, u32)>>,
-    /// Entries some followed process maps now: their whole-file fetch reads through the page
-    /// cache (the program's faults share the agent's reads).
-    mapped: Mutex<HashSet<u32>>,
+    /// Entries some followed process maps now, and where their readers are: a whole-file
+    /// fetch of such an entry reads where they read (`fetch_order`) and keeps those pages.
+    steer: Mutex<HashMap<u32, Steering>>,
     state: Mutex<State>,
+    /// The read-ahead window last used (logged when it changes).
+    last_size: std::sync::atomic::AtomicU64,
 }
+
+/// The readers of one entry, for its whole-file fetch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Steering {
+    pub readers: Vec<super::fetch_order::Reader>,
+    /// How far behind a reader its pages are still cached (the read-ahead window).
+    pub window: u64,
+    /// How far ahead of a reader not read ahead of yet the fetch reads for it (`distance`).
+    pub lead: u64,
+    /// No reader moved for a while.
+    pub idle: bool,
+}
+
+/// Readers that did not move for this long are idle: the fetch stops waiting for them.
+const IDLE_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Default)]
 struct State {
@@ -171,6 +188,8 @@ struct Reader {
     sweep: u64,
     /// Looks in a row in which the reader did not move on.
     stalled: u32,
+    /// When it last touched a new page (or was first seen).
+    moved_at: Instant,
 }
 
 /// The agent's handle on a source file it reads ahead.
@@ -210,7 +229,12 @@ impl Mappings {
 
     /// True while a followed process maps entry `idx`.
     pub fn is_mapped(&self, idx: u32) -> bool {
-        lock(&self.mapped).contains(&idx)
+        lock(&self.steer).contains_key(&idx)
+    }
+
+    /// Where the readers of entry `idx` are, if a followed process maps it.
+    pub fn steering(&self, idx: u32) -> Option<Steering> {
+        lock(&self.steer).get(&idx).cloned()
     }
 
     /// Processes followed now.
@@ -242,10 +266,20 @@ impl Mappings {
             refresh(ctx, &mut st, pid, None, now);
         }
         let mut moved = false;
+        let readers: usize = st.procs.values().map(|pr| pr.readers.len()).sum();
+        // Read-ahead that memory cannot hold until the reader gets there is read twice.
+        let size = p.size.min((room / 8 / readers.max(1) as u64).max(RA_PIECE));
+        if readers > 0
+            && self
+                .last_size
+                .swap(size, std::sync::atomic::Ordering::Relaxed)
+                != size
+        {
+            tracing::debug!(
+                "mappings: {readers} readers, page-cache room {room}: windows of {size}"
+            );
+        }
         if p.mode != Mode::Off {
-            let readers: usize = st.procs.values().map(|pr| pr.readers.len()).sum();
-            // Read-ahead that memory cannot hold until the reader gets there is read twice.
-            let size = p.size.min((room / 4 / readers.max(1) as u64).max(4 << 20));
             let shape = Shape {
                 distance: p.distance,
                 size,
@@ -256,13 +290,34 @@ impl Mappings {
                 moved |= follow(ctx, pr, files, &shape, p.mode == Mode::Prefetch, block);
             }
         }
-        let live: HashSet<u32> = st
-            .procs
-            .values()
-            .flat_map(|pr| pr.readers.iter().map(|r| r.m.idx))
-            .collect();
-        st.files.retain(|idx, _| live.contains(idx));
-        *lock(&self.mapped) = live;
+        let mut steer: HashMap<u32, Steering> = HashMap::new();
+        for r in st.procs.values().flat_map(|pr| pr.readers.iter()) {
+            let s = steer.entry(r.m.idx).or_insert_with(|| Steering {
+                readers: Vec::new(),
+                window: size,
+                lead: p.distance.min(size),
+                idle: true,
+            });
+            if p.mode == Mode::Off {
+                // Not followed: where they read is unknown, the fetch reads in sequence (and
+                // keeps what it read for them).
+                s.idle = false;
+                continue;
+            }
+            let (from, pos) = if r.win.phase == window::Phase::Unseen {
+                (r.m.start, r.m.start)
+            } else {
+                (r.win.start, r.win.pos)
+            };
+            s.readers.push(super::fetch_order::Reader {
+                from,
+                pos,
+                streaming: matches!(r.win.phase, window::Phase::Streaming { .. }),
+            });
+            s.idle &= now.duration_since(r.moved_at) >= IDLE_AFTER;
+        }
+        st.files.retain(|idx, _| steer.contains_key(idx));
+        *lock(&self.steer) = steer;
         moved
     }
 }
@@ -331,6 +386,7 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
                     seen: vec![0; pages.div_ceil(64) as usize],
                     win: Window::default(),
                     stalled: 0,
+                    moved_at: now,
                 }
             }
         };
@@ -357,6 +413,9 @@ fn follow(
             continue;
         };
         account(ctx, pr.slot, r, &look, files, block);
+        if look.hot_new > 0 || look.jump.is_some() {
+            r.moved_at = Instant::now();
+        }
         let ahead = if look.hot_new > 0 {
             moved = true;
             r.win.advance(look.hot_end, look.hot_new, r.len, shape)

@@ -40,6 +40,8 @@ pub struct Window {
     pub phase: Phase,
     /// The furthest position seen since the last jump.
     pub pos: u64,
+    /// Where the reader was found at the last jump: it read `[start, pos)` since.
+    pub start: u64,
 }
 
 impl Window {
@@ -50,6 +52,7 @@ impl Window {
             run: 0,
         };
         self.pos = pos;
+        self.start = pos;
     }
 
     /// The reader continued to `pos` (the end of the run of pages it touched from its last
