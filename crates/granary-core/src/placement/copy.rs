@@ -398,6 +398,9 @@ impl SourceReader {
         // A descriptor the agent opened itself: never O_DIRECT, but say so explicitly.
         let _ = sys::set_direct(file, false);
         sys::fadvise(file, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+        // The agent's reads must not make pages look used: a page it copies after a program
+        // read it would be kept over pages read ahead of that program (Linux ≥ 6.3).
+        sys::fadvise(file, 0, 0, libc::POSIX_FADV_NOREUSE);
         SourceReader
     }
 

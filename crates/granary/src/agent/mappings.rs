@@ -18,6 +18,8 @@ const SLOW: Duration = Duration::from_millis(50);
 const SLOW_AFTER: Duration = Duration::from_secs(1);
 /// Nothing followed: only a request (which unparks the thread) brings work.
 const IDLE: Duration = Duration::from_millis(500);
+/// How often the page cache's room is measured.
+const ROOM_EVERY: Duration = Duration::from_millis(250);
 
 pub fn follow(agent: Arc<Agent>) {
     mapping::register_follower();
@@ -30,7 +32,7 @@ pub fn follow(agent: Arc<Agent>) {
             std::thread::park_timeout(IDLE);
             continue;
         };
-        if room_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+        if room_at.is_none_or(|t| t.elapsed() >= ROOM_EVERY) {
             room = probe.sample().map_or(u64::MAX, |r| r.for_files());
             room_at = Some(Instant::now());
         }

@@ -113,6 +113,10 @@ const SWEEP_PAGES: u64 = 4 << 10;
 const JUMP_MIN_PAGES: u64 = 16;
 /// Looks without progress after which the sweep starts over at the top of the mapping.
 const STALL_LOOKS: u32 = 3;
+/// A reader whose last windows all found the file cached is looked at every
+/// `CACHED_EVERY` ticks only (until a window finds something to read).
+const CACHED_WINDOWS: u32 = 2;
+const CACHED_EVERY: u32 = 8;
 /// One `readahead(2)` call: the kernel caps each at its largest request.
 const RA_PIECE: u64 = 1 << 20;
 /// Mappings are read again this often (unmapped, exited, exec'd).
@@ -149,7 +153,7 @@ pub struct Mappings {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Steering {
     pub readers: Vec<super::fetch_order::Reader>,
-    /// How far behind a reader its pages are still cached (the read-ahead window).
+    /// How far behind a reader its pages are likely still cached.
     pub window: u64,
     /// How far ahead of a reader not read ahead of yet the fetch reads for it (`distance`).
     pub lead: u64,
@@ -190,6 +194,10 @@ struct Reader {
     stalled: u32,
     /// When it last touched a new page (or was first seen).
     moved_at: Instant,
+    /// Read-ahead windows in a row that found everything cached, and ticks since it was
+    /// first followed.
+    cached_windows: u32,
+    ticks: u32,
 }
 
 /// The agent's handle on a source file it reads ahead.
@@ -290,11 +298,15 @@ impl Mappings {
                 moved |= follow(ctx, pr, files, &shape, p.mode == Mode::Prefetch, block);
             }
         }
+        // What a reader read stays cached about this long behind it: half of what the page
+        // cache holds beside every reader's read-ahead, shared among the readers.
+        let behind =
+            (room.saturating_sub(readers as u64 * size) / 2 / readers.max(1) as u64).max(size);
         let mut steer: HashMap<u32, Steering> = HashMap::new();
         for r in st.procs.values().flat_map(|pr| pr.readers.iter()) {
             let s = steer.entry(r.m.idx).or_insert_with(|| Steering {
                 readers: Vec::new(),
-                window: size,
+                window: behind,
                 lead: p.distance.min(size),
                 idle: true,
             });
@@ -387,6 +399,8 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
                     win: Window::default(),
                     stalled: 0,
                     moved_at: now,
+                    cached_windows: 0,
+                    ticks: 0,
                 }
             }
         };
@@ -409,6 +423,12 @@ fn follow(
     };
     let mut moved = false;
     for r in &mut pr.readers {
+        // A reader whose last windows found everything cached has nothing to gain: it is
+        // looked at less often (following costs the program a share of a CPU).
+        r.ticks = r.ticks.wrapping_add(1);
+        if r.cached_windows >= CACHED_WINDOWS && r.ticks % CACHED_EVERY != 0 {
+            continue;
+        }
         let Some(look) = look(pm, r) else {
             continue;
         };
@@ -427,7 +447,14 @@ fn follow(
             None
         };
         if let (true, Some((a, b))) = (prefetch, ahead) {
-            read_ahead(ctx, r, files, a, b);
+            let (wanted, issued) = read_ahead(ctx, r, files, a, b);
+            if wanted > 0 {
+                r.cached_windows = if issued == 0 {
+                    r.cached_windows.saturating_add(1)
+                } else {
+                    0
+                };
+            }
         }
     }
     moved
@@ -590,18 +617,26 @@ fn account(
 
 /// Reads `[a, b)` of the reader's file ahead, where the mapping takes it from the source and
 /// the page cache lacks it; for a file cached in chunks, the missing chunks are asked for too.
-fn read_ahead(ctx: &SourceCtx, r: &Reader, files: &mut HashMap<u32, Source>, a: u64, b: u64) {
+/// Returns the bytes of the window the mapping takes from the source, and of those the bytes
+/// it asked the source for (the rest was cached).
+fn read_ahead(
+    ctx: &SourceCtx,
+    r: &Reader,
+    files: &mut HashMap<u32, Source>,
+    a: u64,
+    b: u64,
+) -> (u64, u64) {
     let idx = r.m.idx;
     let a = a / PAGE * PAGE;
     let b = b.min(r.len);
     if a >= b {
-        return;
+        return (0, 0);
     }
     let src = match files.entry(idx) {
         std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => match open_source(ctx, idx) {
             Some(s) => v.insert(s),
-            None => return,
+            None => return (0, 0),
         },
     };
     let t0 = Instant::now();
@@ -624,6 +659,7 @@ fn read_ahead(ctx: &SourceCtx, r: &Reader, files: &mut HashMap<u32, Source>, a: 
     }
     let mut res = Vec::new();
     let mut issued = 0u64;
+    let wanted: u64 = runs.iter().map(|&(x, y)| y - x).sum();
     for (x, y) in runs {
         let missing = match &src.cache {
             Some(c) if c.resident(x, y - x, &mut res).is_ok() => res
@@ -675,6 +711,7 @@ fn read_ahead(ctx: &SourceCtx, r: &Reader, files: &mut HashMap<u32, Source>, a: 
     if issued > 0 {
         AgentCounters::add(&c.mmap_windows, 1);
     }
+    (wanted, issued)
 }
 
 /// Opens entry `idx` on the source for read-ahead, if it is still the catalogued file.
