@@ -128,6 +128,16 @@ class Bench:
         return dst
 
 
+def paired(pairs, setups, run):
+    """`pairs` runs of each of `setups` (two), alternating which goes first; `run(setup)` makes
+    one. Returns [{setup: result}]."""
+    out = []
+    for i in range(pairs):
+        order = setups if i % 2 == 0 else setups[::-1]
+        out.append({s: run(s) for s in order})
+    return out
+
+
 def median_ratio(pairs):
     vals = [a / b for a, b in pairs if b]
     return statistics.median(vals) if vals else float("nan")
@@ -255,15 +265,13 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
     # -- records through mmap: the file is being fetched when it is mapped ---------------------
     log("records through mmap (epoch 1: every shard mapped while the agent fetches it)")
     pairs, firsts, src_ratios = [], [], []
-    for i in range(k.pairs):
-        order = ["pfs", "granary"] if i % 2 == 0 else ["granary", "pfs"]
-        got = {}
-        for s in order:
-            if s == "pfs":
-                got[s] = b.run("records", "pfs", mount, records(os.path.join(mount, "records"), 1))
-            else:
-                got[s] = b.run("records", "granary", mount,
-                               records(os.path.join(mount, "records"), 3), fresh("rec"), fits_rec)
+
+    def rec_run(s):
+        root = os.path.join(mount, "records")
+        if s == "pfs":
+            return b.run("records", "pfs", mount, records(root, 1))
+        return b.run("records", "granary", mount, records(root, 3), fresh("rec"), fits_rec)
+    for got in paired(k.pairs, ["pfs", "granary"], rec_run):
         pairs.append((epoch1(got["granary"]), epoch1(got["pfs"])))
         firsts += [f["after_mmap_s"] for f in got["granary"]["first_record"] if f["epoch"] == 1]
         src_ratios.append(got["granary"]["device_bytes"] / rec_stored)
@@ -283,13 +291,14 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
     # -- LMDB larger than the page cache, tier holding half: sequential epoch 1 -----------------
     log("LMDB, sequential, tier holding half (a first job fills it), prefetch off vs on")
     pairs, streamed, faulted = [], [], []
-    for i in range(k.pairs):
-        order = ["granary-off", "granary"] if i % 2 == 0 else ["granary", "granary-off"]
-        got = {}
-        for s in order:
+
+    def half(label, *args):
+        def one(s):
             t = fresh("half")
             b.run("fill", "granary", mount, lmdb(lmdb_dir, 1), t, half_lmdb, quiet=True)
-            got[s] = b.run("lmdb-seq half", s, mount, lmdb(lmdb_dir, 1, "--lock"), t, half_lmdb)
+            return b.run(label, s, mount, lmdb(lmdb_dir, 1, *args), t, half_lmdb)
+        return one
+    for got in paired(k.pairs, ["granary-off", "granary"], half("lmdb-seq half", "--lock")):
         pairs.append((epoch1(got["granary"]), epoch1(got["granary-off"])))
         r = got["granary"]
         st = r.get("stats", {})
@@ -318,16 +327,9 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
 
     # -- random gets: never slower than prefetch off ------------------------------------------
     log("LMDB, random gets, tier holding half")
-    pairs = []
-    for i in range(k.pairs):
-        order = ["granary-off", "granary"] if i % 2 == 0 else ["granary", "granary-off"]
-        got = {}
-        for s in order:
-            t = fresh("half")
-            b.run("fill", "granary", mount, lmdb(lmdb_dir, 1), t, half_lmdb, quiet=True)
-            got[s] = b.run("lmdb-rand half", s, mount, lmdb(lmdb_dir, 1, "--access", "random"),
-                           t, half_lmdb)
-        pairs.append((epoch1(got["granary"]), epoch1(got["granary-off"])))
+    pairs = [(epoch1(got["granary"]), epoch1(got["granary-off"]))
+             for got in paired(k.pairs, ["granary-off", "granary"],
+                               half("lmdb-rand half", "--access", "random"))]
     rows.append(("random gets, prefetch / prefetch off", "lmdb-rand half", median_ratio(pairs),
                  "≤ 1.02", "median of paired runs: "
                  + ", ".join(f"{a:.2f}/{c:.2f} s" for a, c in pairs), lambda v: v <= 1.02))
@@ -368,16 +370,14 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
     emu.memory.write("memory.limit_in_bytes", 8 * data_mdb)
     try:
         pairs = []
-        for i in range(k.pairs):
-            order = ["unwatched", "granary"] if i % 2 == 0 else ["granary", "unwatched"]
-            got = {}
-            for s in order:
-                t = fresh("none")
-                # Warm: one pass reads it into the page cache; then 3 timed passes.
-                subprocess.run(emu.wrap(["cat", os.path.join(lmdb_dir, "data.mdb")]),
-                               stdout=subprocess.DEVNULL, check=True)
-                got[s] = b.run("lmdb-seq cached", s, mount, lmdb(lmdb_dir, 6), t, "4K",
-                               drop=False)
+
+        def cached(s):
+            # Warm: one pass reads it into the page cache; then the timed passes.
+            subprocess.run(emu.wrap(["cat", os.path.join(lmdb_dir, "data.mdb")]),
+                           stdout=subprocess.DEVNULL, check=True)
+            return b.run("lmdb-seq cached", s, mount, lmdb(lmdb_dir, 6), fresh("none"), "4K",
+                         drop=False)
+        for got in paired(k.pairs, ["unwatched", "granary"], cached):
             w = statistics.mean(e["seconds"] for e in got["granary"]["epochs"][1:])
             u = statistics.mean(e["seconds"] for e in got["unwatched"]["epochs"][1:])
             pairs.append((w, u))

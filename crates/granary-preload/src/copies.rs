@@ -170,13 +170,8 @@ pub fn open(
         recheck_dir(table, tier, dir);
         return None;
     }
-    let (dev, _) = table.tier_dir_id(tier as u32)?;
     let mut st = detour::empty_stat();
-    let ok = detour::raw_fstat(fd, &mut st) == 0
-        && st.st_mode & libc::S_IFMT == libc::S_IFREG
-        && st.st_mode & 0o077 == 0
-        && st.st_uid == our_euid(table)
-        && st.st_dev == dev
+    let ok = ours(table, tier, fd, &mut st)
         && st.st_ino == expect.ino
         && (expect.ctime_ns == 0 || ctime_ns(&st) == expect.ctime_ns)
         && expect.size.is_none_or(|s| st.st_size as u64 == s);
@@ -203,18 +198,25 @@ pub fn open_own(table: &Table, tier: u8, name: &[u8], flags: c_int) -> Option<c_
         recheck_dir(table, tier, dir);
         return None;
     }
-    let (dev, _) = table.tier_dir_id(tier as u32)?;
     let mut st = detour::empty_stat();
-    let ok = detour::raw_fstat(fd, &mut st) == 0
-        && st.st_mode & libc::S_IFMT == libc::S_IFREG
-        && st.st_mode & 0o077 == 0
-        && st.st_uid == our_euid(table)
-        && st.st_dev == dev;
-    if !ok {
+    if !ours(table, tier, fd, &mut st) {
         detour::raw_close(fd);
         return None;
     }
     Some(fd)
+}
+
+/// `fd` (its `fstat` into `st`) is a regular file of ours, closed to others, on tier `tier`'s
+/// device.
+fn ours(table: &Table, tier: u8, fd: c_int, st: &mut libc::stat) -> bool {
+    let Some((dev, _)) = table.tier_dir_id(tier as u32) else {
+        return false;
+    };
+    detour::raw_fstat(fd, st) == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && st.st_mode & 0o077 == 0
+        && st.st_uid == our_euid(table)
+        && st.st_dev == dev
 }
 
 pub fn ctime_ns(st: &libc::stat) -> u64 {

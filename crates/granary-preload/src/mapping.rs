@@ -24,9 +24,8 @@
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use granary_shm::{chunk_data_offset, part_name, request, state, EntryRec};
+use granary_shm::{chunk_data_offset, chunks_name, part_name, request, state, EntryRec};
 
-use crate::copies::{self, Expect};
 use crate::detour::{self, sys, Guard, KeepErrno};
 use crate::fdtable::Tracked;
 
@@ -265,25 +264,11 @@ fn overlay_part(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r: 
 
 /// The entry's chunk file (`chunks`) or part in `tier`, if it is the one the agent recorded.
 fn open_tier_file(g: &Guard, idx: u32, entry: &EntryRec, tier: u8, chunks: bool) -> Option<c_int> {
-    let (ino, _) = g.table.copy_identity(idx);
-    let expect = Expect {
-        ino,
-        ctime_ns: 0,
-        size: None,
-    };
-    let flags = libc::O_RDONLY | libc::O_CLOEXEC;
-    let opened = if chunks {
-        copies::open(
-            g.table,
-            tier,
-            &granary_shm::chunks_name(entry.object),
-            flags,
-            &expect,
-        )
+    if chunks {
+        crate::place::open_recorded(g, idx, tier, &chunks_name(entry.object))
     } else {
-        copies::open(g.table, tier, &part_name(entry.object), flags, &expect)
-    };
-    opened.map(|(fd, _)| fd)
+        crate::place::open_recorded(g, idx, tier, &part_name(entry.object))
+    }
 }
 
 /// `mremap` failed with EFAULT on `[addr, addr + len)`: if the range is one mapping of a

@@ -211,6 +211,12 @@ fn partial(
 
 /// The entry's chunk file in `tier`, if it is the one the agent recorded.
 fn open_chunks(g: &Guard, idx: u32, entry: &EntryRec, tier: u8) -> Option<c_int> {
+    open_recorded(g, idx, tier, &chunks_name(entry.object))
+}
+
+/// The tier file `name` (the entry's chunk file or part) in `tier`, read-only, if it is the one
+/// the agent recorded for entry `idx`.
+pub fn open_recorded(g: &Guard, idx: u32, tier: u8, name: &[u8]) -> Option<c_int> {
     let (ino, _) = g.table.copy_identity(idx);
     let expect = Expect {
         ino,
@@ -218,7 +224,7 @@ fn open_chunks(g: &Guard, idx: u32, entry: &EntryRec, tier: u8) -> Option<c_int>
         size: None,
     };
     let flags = libc::O_RDONLY | libc::O_CLOEXEC;
-    copies::open(g.table, tier, &chunks_name(entry.object), flags, &expect).map(|(fd, _)| fd)
+    copies::open(g.table, tier, name, flags, &expect).map(|(fd, _)| fd)
 }
 
 enum Waited {

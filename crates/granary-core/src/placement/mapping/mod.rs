@@ -498,6 +498,15 @@ fn present(pm: &File, r: &Reader, from: u64, to: u64, buf: &mut Vec<u8>) -> Opti
     )
 }
 
+/// Records whether file page `off` of `r` is present now; true if it became present since the
+/// last look (the program touched it).
+fn observe(r: &mut Reader, off: u64, on: bool) -> bool {
+    let k = (off - r.m.start) / PAGE;
+    let was = bit(&r.seen, k);
+    set_bit(&mut r.seen, k, on);
+    on && !was
+}
+
 fn look(pm: &File, r: &mut Reader) -> Option<Look> {
     let mut buf = Vec::new();
     let mut out = Look {
@@ -506,7 +515,6 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
         jump: None,
         new_pages: Vec::new(),
     };
-    let page_of = |off: u64| (off - r.m.start) / PAGE;
     // Follow the reader from where it was: pages it touched since the last look extend its
     // run; pages still present from before (an earlier pass the kernel did not reclaim) are
     // passed over; a stretch of untouched pages ends it.
@@ -522,10 +530,7 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
             }
             for (i, &on) in bits.iter().enumerate() {
                 let off = from + i as u64 * PAGE;
-                let k = page_of(off);
-                let was = bit(&r.seen, k);
-                set_bit(&mut r.seen, k, on);
-                if on && !was {
+                if observe(r, off, on) {
                     gap = 0;
                     out.hot_end = off + PAGE;
                     out.hot_new += PAGE;
@@ -558,10 +563,7 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
     let unseen = r.win.phase == window::Phase::Unseen;
     for (i, &on) in bits.iter().enumerate() {
         let off = from + i as u64 * PAGE;
-        let k = page_of(off);
-        let was = bit(&r.seen, k);
-        set_bit(&mut r.seen, k, on);
-        if on && !was {
+        if observe(r, off, on) {
             out.new_pages.push(off);
             if unseen || !near.contains(&off) {
                 far_new += PAGE;
