@@ -24,6 +24,7 @@ import random
 import struct
 import sys
 import threading
+import time
 import hashlib
 import zlib
 
@@ -94,9 +95,11 @@ def read_pread(args, rel, size, digest, out):
 
 
 def read_mmap(args, rel, size, digest, out):
-    """Map the shard and walk it; every touched page is a fault on the source."""
+    """Map the shard and walk it; every touched page is a fault on the source. Reports how long
+    after the mmap the first record was in hand (`first_record`)."""
     fd = os.open(os.path.join(args.root, rel), os.O_RDONLY)
     try:
+        t_map = time.monotonic()
         mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
@@ -106,6 +109,9 @@ def read_mmap(args, rel, size, digest, out):
     try:
         for start, stop in parse_records(rel, view, 0, len(view)):
             h.update(view[start:stop])
+            if end == 0:
+                args.rep.emit(ev="first_record", epoch=args.rep.epoch, path=rel,
+                              after_mmap_s=time.monotonic() - t_map)
             out.put((stop - start, 1))
             end = stop
     finally:
@@ -168,6 +174,7 @@ def main():
         p.error("mmap readers (DALI, LMDB) have no framework cache: no --cache-dir with --io mmap")
     files = common.load_manifest(args.manifest, args.subset)
     rep = common.Reporter(args.tick)
+    args.rep = rep
     rep.start(client=f"records-{args.io}", files=len(files), workers=args.workers,
               chunk=args.chunk, compute_ms=args.compute)
     for e in range(1, args.epochs + 1):

@@ -149,6 +149,40 @@ def gen_fanstorez(rng, base, counts):
     return out
 
 
+def gen_lmdb(rng, base, n_values, value_kb, shuffled=False):
+    """An LMDB environment (subdir: data.mdb, lock.mdb) of n_values random values of value_kb
+    KiB under keys 00000000..; written in key order (as dataset converters write them: leaf and
+    overflow pages follow the key order in the file), or in a shuffled order (`shuffled`: a
+    cursor scan then jumps around the file). The manifest holds one entry per key
+    ("key", value size, sha256) besides the files."""
+    import lmdb  # the python binding; deps.py installs it
+    os.makedirs(base, exist_ok=True)
+    size = value_kb * KIB
+    order = list(range(n_values))
+    if shuffled:
+        rng.shuffle(order)
+    env = lmdb.open(base, map_size=int(n_values * (size + 8 * KIB) * 1.2) + (64 << 20),
+                    subdir=True, sync=False)
+    values = []
+    with env.begin(write=True) as txn:
+        for i in order:
+            v = os.urandom(size)
+            txn.put(f"{i:08d}".encode(), v, append=not shuffled)
+            values.append((f"{i:08d}", size, hashlib.sha256(v).hexdigest()))
+    env.sync(True)
+    env.close()
+    values.sort()
+    out = []
+    for name in ("data.mdb", "lock.mdb"):
+        p = os.path.join(base, name)
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for c in iter(lambda: f.read(4 * MIB), b""):
+                h.update(c)
+        out.append((name, os.path.getsize(p), h.hexdigest()))
+    return out, values
+
+
 def generate(knobs, source_root, manifest_dir, names):
     """Generates the named datasets under source_root; returns {name: Dataset}."""
     os.makedirs(manifest_dir, exist_ok=True)

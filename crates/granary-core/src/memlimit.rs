@@ -169,6 +169,28 @@ impl Probe {
     }
 }
 
+impl Probe {
+    /// File pages mapped into processes now (`total_mapped_file` / `file_mapped` / `Mapped:`):
+    /// pages a program reads through a mapping stay referenced there, and the kernel reclaims
+    /// other file pages before them.
+    pub fn mapped(&self) -> Option<u64> {
+        let read = |dir: &Path, f: &str| std::fs::read_to_string(dir.join(f)).ok();
+        match self {
+            Probe::V1(d) => stat_value(&read(d, "memory.stat")?, "total_mapped_file"),
+            Probe::V2(d) => stat_value(&read(d, "memory.stat")?, "file_mapped"),
+            Probe::Node => {
+                let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+                m.lines()
+                    .find_map(|l| {
+                        let v = l.strip_prefix("Mapped:")?;
+                        v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
+                    })
+                    .map(|kb| kb * 1024)
+            }
+        }
+    }
+}
+
 const V1_ROOT: &str = "/sys/fs/cgroup/memory";
 const V2_ROOT: &str = "/sys/fs/cgroup";
 

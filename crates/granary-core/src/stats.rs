@@ -42,6 +42,12 @@ pub struct AgentCounters {
     /// Times source-reading work nobody waited on backed off because the program's own source
     /// reads were moving (`Shared::stream_for`).
     pub backoffs: AtomicU64,
+    /// Bytes of the source read ahead of programs' mappings (`placement::mapping`; also in
+    /// `source_bytes`), and the read-ahead windows issued.
+    pub mmap_read_ahead: AtomicU64,
+    pub mmap_windows: AtomicU64,
+    /// Opens of LMDB lock files given the node-local lock file instead of the source's.
+    pub lmdb_local_locks: AtomicU64,
     /// Copies credited to each job slot, per tier (`credit_placement`).
     pub jobs: JobPlacements,
 }
@@ -162,6 +168,9 @@ impl AgentCounters {
             chunks_placed: l(&self.chunks_placed),
             chunk_bytes_placed: l(&self.chunk_bytes_placed),
             backoffs: l(&self.backoffs),
+            mmap_read_ahead: l(&self.mmap_read_ahead),
+            mmap_windows: l(&self.mmap_windows),
+            lmdb_local_locks: l(&self.lmdb_local_locks),
         }
     }
 }
@@ -198,6 +207,13 @@ pub struct PlacementStats {
     pub chunk_bytes_placed: u64,
     #[serde(default)]
     pub backoffs: u64,
+    /// See `AgentCounters::mmap_read_ahead`, `mmap_windows`.
+    #[serde(default)]
+    pub mmap_read_ahead: u64,
+    #[serde(default)]
+    pub mmap_windows: u64,
+    #[serde(default)]
+    pub lmdb_local_locks: u64,
 }
 
 impl PlacementStats {
@@ -236,6 +252,11 @@ impl PlacementStats {
                 .chunk_bytes_placed
                 .saturating_sub(before.chunk_bytes_placed),
             backoffs: self.backoffs.saturating_sub(before.backoffs),
+            mmap_read_ahead: self.mmap_read_ahead.saturating_sub(before.mmap_read_ahead),
+            mmap_windows: self.mmap_windows.saturating_sub(before.mmap_windows),
+            lmdb_local_locks: self
+                .lmdb_local_locks
+                .saturating_sub(before.lmdb_local_locks),
         }
     }
 }
@@ -305,6 +326,23 @@ pub struct SourceReport {
     pub metadata_calls: u64,
 }
 
+/// What the job's programs read through mappings of catalogued files that were not all local
+/// (`placement::mapping`), as the agent saw pages appear in their page tables: pages backed by
+/// a tier file (`tier_bytes`), by the source (`source_bytes`), and of those the ones no read of
+/// the agent had asked for first (`faulted_bytes`: the program's own faults; pages touched and
+/// reclaimed between two looks are missed). `read_ahead_bytes`: what the agent read from the
+/// source ahead of them (pages not cached when asked for), in `windows` windows.
+/// `lmdb_local_locks`: opens of LMDB lock files given the node-local lock file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmapReport {
+    pub tier_bytes: u64,
+    pub source_bytes: u64,
+    pub faulted_bytes: u64,
+    pub read_ahead_bytes: u64,
+    pub windows: u64,
+    pub lmdb_local_locks: u64,
+}
+
 /// The report of one `granary run`, printed as a table on stderr and written by `--stats-json`.
 ///
 /// JSON keys are stable (add, never rename); version 1:
@@ -324,7 +362,9 @@ pub struct SourceReport {
 ///                 "page_cache_bytes": 0, "duplicate_bytes": 0, "no_room": 0,
 ///                 "chunks_placed": 0, "chunk_bytes_placed": 0, "backoffs": 0},
 ///   "files_served_from_tiers": 0, "bytes_served_from_tiers": 0, "bytes_placed": 0,
-///   "transient_drops": 0, "fallback": null, "warnings": []
+///   "transient_drops": 0, "fallback": null, "warnings": [],
+///   "mmap": {"tier_bytes": 0, "source_bytes": 0, "faulted_bytes": 0, "read_ahead_bytes": 0,
+///            "windows": 0, "lmdb_local_locks": 0}
 /// }
 /// ```
 /// `opens` counts the program's opens of catalogued regular files; `source_io` what it did on
@@ -368,6 +408,8 @@ pub struct JobReport {
     /// catalog, a program started without granary's environment). Empty when all went well.
     #[serde(default)]
     pub warnings: Vec<String>,
+    #[serde(default)]
+    pub mmap: MmapReport,
 }
 
 impl JobReport {
@@ -455,6 +497,26 @@ impl JobReport {
             self.placement.no_room,
             self.placement.backoffs
         ));
+        let m = &self.mmap;
+        if m.tier_bytes + m.source_bytes + m.read_ahead_bytes + m.lmdb_local_locks > 0 {
+            s.push_str(&format!(
+                "  {:<28} {:>10} {:>12}   from the source {} (faulted by the program {}), \
+                 read ahead {} in {} windows\n",
+                "mapped, from tiers",
+                "",
+                sz(m.tier_bytes),
+                sz(m.source_bytes),
+                sz(m.faulted_bytes),
+                sz(m.read_ahead_bytes),
+                m.windows
+            ));
+        }
+        if m.lmdb_local_locks > 0 {
+            s.push_str(&format!(
+                "  LMDB: {} lock files opened node-local (the source's lock files untouched)\n",
+                m.lmdb_local_locks
+            ));
+        }
         if self.transient_drops > 0 {
             s.push_str(&format!(
                 "  page cache: {} reads of transient copies dropped after use (--page-cache)\n",

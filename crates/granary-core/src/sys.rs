@@ -87,7 +87,7 @@ pub fn create_excl_at(dir: &OwnedFd, name: &[u8], mode: u32) -> io::Result<File>
         libc::openat(
             dir.as_raw_fd(),
             c.as_ptr(),
-            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             mode as libc::c_uint,
         )
     })?;
@@ -630,4 +630,64 @@ pub fn map_new_file(f: &File) -> io::Result<memmap2::MmapMut> {
     // SAFETY: the caller created `f` under a temporary name nobody else opens; nobody truncates
     // or remaps it while the mapping lives.
     unsafe { memmap2::MmapMut::map_mut(f) }
+}
+
+/// A read-only shared mapping of a file, never read through: `resident` asks the kernel which of
+/// its pages are in the page cache (`mincore`), so the agent reads ahead only what is missing.
+#[derive(Debug)]
+pub struct Residency {
+    map: memmap2::Mmap,
+}
+
+impl Residency {
+    pub fn of(f: &File) -> io::Result<Residency> {
+        // SAFETY: the mapping is only ever passed to mincore, never dereferenced, so a file
+        // that shrinks or changes under it cannot fault or mislead us.
+        let map = unsafe { memmap2::MmapOptions::new().map(f) }?;
+        Ok(Residency { map })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// One byte per 4 KiB page of `[off, off + len)` (clipped to the file) into `out`: bit 0
+    /// set when the page is cached. `off` must be page-aligned.
+    pub fn resident(&self, off: u64, len: u64, out: &mut Vec<u8>) -> io::Result<()> {
+        let end = (off.saturating_add(len)).min(self.len());
+        out.clear();
+        if off >= end || off % 4096 != 0 {
+            return Ok(());
+        }
+        let pages = (end - off).div_ceil(4096) as usize;
+        out.resize(pages, 0);
+        // SAFETY: `off..end` lies inside our mapping (page-aligned start), `out` holds one byte
+        // per page of it; mincore only writes `out`.
+        let r = unsafe {
+            libc::mincore(
+                self.map.as_ptr().add(off as usize) as *mut libc::c_void,
+                (end - off) as usize,
+                out.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// `readahead(2)`: the kernel reads `[off, off + len)` of `f` into the page cache in large
+/// requests and returns once they are issued (pages already cached are skipped).
+pub fn readahead(f: &impl AsRawFd, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: advisory call on an open fd; touches no memory of ours.
+    let r = unsafe { libc::readahead(f.as_raw_fd(), off as libc::off64_t, len as usize) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -29,6 +29,7 @@ extern "C" fn forked_parent() {
 extern "C" fn forked_child() {
     crate::fdtable::set_owner();
     crate::fdtable::forked(true);
+    crate::mapping::forked_child();
 }
 
 extern "C" fn init() {

@@ -170,13 +170,8 @@ pub fn open(
         recheck_dir(table, tier, dir);
         return None;
     }
-    let (dev, _) = table.tier_dir_id(tier as u32)?;
     let mut st = detour::empty_stat();
-    let ok = detour::raw_fstat(fd, &mut st) == 0
-        && st.st_mode & libc::S_IFMT == libc::S_IFREG
-        && st.st_mode & 0o077 == 0
-        && st.st_uid == our_euid(table)
-        && st.st_dev == dev
+    let ok = ours(table, tier, fd, &mut st)
         && st.st_ino == expect.ino
         && (expect.ctime_ns == 0 || ctime_ns(&st) == expect.ctime_ns)
         && expect.size.is_none_or(|s| st.st_size as u64 == s);
@@ -189,6 +184,41 @@ pub fn open(
     Some((fd, nonblock_added | nofollow))
 }
 
+/// Opens (creating it 0600 if `flags` say so) `name` in tier `tier`'s object directory for the
+/// caller, through the same verified directory fd, never following a link: a file of granary's
+/// that is not a copy (the node-local LMDB lock file). Checked like a copy, minus the identity:
+/// a regular file of ours, closed to others, on the tier's device. Never changes errno.
+pub fn open_own(table: &Table, tier: u8, name: &[u8], flags: c_int) -> Option<c_int> {
+    let _keep = KeepErrno::new();
+    let dir = dir_fd(table, tier)?;
+    let mut cname = [0u8; 40];
+    cname.get_mut(..name.len())?.copy_from_slice(name);
+    let (fd, _) = open_beneath_mode(dir, cname.as_ptr().cast(), flags | libc::O_NOFOLLOW, 0o600);
+    if fd < 0 {
+        recheck_dir(table, tier, dir);
+        return None;
+    }
+    let mut st = detour::empty_stat();
+    if !ours(table, tier, fd, &mut st) {
+        detour::raw_close(fd);
+        return None;
+    }
+    Some(fd)
+}
+
+/// `fd` (its `fstat` into `st`) is a regular file of ours, closed to others, on tier `tier`'s
+/// device.
+fn ours(table: &Table, tier: u8, fd: c_int, st: &mut libc::stat) -> bool {
+    let Some((dev, _)) = table.tier_dir_id(tier as u32) else {
+        return false;
+    };
+    detour::raw_fstat(fd, st) == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && st.st_mode & 0o077 == 0
+        && st.st_uid == our_euid(table)
+        && st.st_dev == dev
+}
+
 pub fn ctime_ns(st: &libc::stat) -> u64 {
     (st.st_ctime as u64)
         .wrapping_mul(1_000_000_000)
@@ -198,6 +228,15 @@ pub fn ctime_ns(st: &libc::stat) -> u64 {
 /// `openat2(dir, name, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`; `O_NOFOLLOW` on kernels without
 /// `openat2` (the name is a single component, so that forbids every symlink too).
 fn open_beneath(dir: c_int, name: *const libc::c_char, flags: c_int) -> (c_int, bool) {
+    open_beneath_mode(dir, name, flags, 0)
+}
+
+fn open_beneath_mode(
+    dir: c_int,
+    name: *const libc::c_char,
+    flags: c_int,
+    mode: libc::mode_t,
+) -> (c_int, bool) {
     #[repr(C)]
     struct OpenHow {
         flags: u64,
@@ -209,7 +248,7 @@ fn open_beneath(dir: c_int, name: *const libc::c_char, flags: c_int) -> (c_int, 
     const RESOLVE_BENEATH: u64 = 0x08;
     let how = OpenHow {
         flags: flags as u32 as u64,
-        mode: 0,
+        mode: mode as u64,
         resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
     };
     let fd = sys!(
@@ -225,7 +264,7 @@ fn open_beneath(dir: c_int, name: *const libc::c_char, flags: c_int) -> (c_int, 
     if detour::errno() != libc::ENOSYS {
         return (-1, false);
     }
-    let fd = detour::raw_openat(dir, name, flags | libc::O_NOFOLLOW, 0);
+    let fd = detour::raw_openat(dir, name, flags | libc::O_NOFOLLOW, mode);
     (fd, flags & libc::O_NOFOLLOW == 0)
 }
 

@@ -153,7 +153,7 @@ real_slots! {
     PREADV = c"preadv"; PREADV64 = c"preadv64"; PREADV2 = c"preadv2";
     PREADV64V2 = c"preadv64v2"; READ_CHK = c"__read_chk";
     PREAD_CHK = c"__pread_chk"; PREAD64_CHK = c"__pread64_chk";
-    MMAP = c"mmap"; MMAP64 = c"mmap64"; LSEEK = c"lseek"; LSEEK64 = c"lseek64";
+    MMAP = c"mmap"; MMAP64 = c"mmap64"; MREMAP = c"mremap"; MUNMAP = c"munmap"; LSEEK = c"lseek"; LSEEK64 = c"lseek64";
     UNLINK = c"unlink"; UNLINKAT = c"unlinkat"; RMDIR = c"rmdir"; RENAME = c"rename";
     RENAMEAT = c"renameat"; RENAMEAT2 = c"renameat2"; MKDIR = c"mkdir"; MKDIRAT = c"mkdirat";
     LINK = c"link"; LINKAT = c"linkat"; SYMLINK = c"symlink"; SYMLINKAT = c"symlinkat";

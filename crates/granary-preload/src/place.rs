@@ -218,6 +218,12 @@ fn partial(
 
 /// The entry's chunk file in `tier`, if it is the one the agent recorded.
 fn open_chunks(g: &Guard, idx: u32, entry: &EntryRec, tier: u8) -> Option<c_int> {
+    open_recorded(g, idx, tier, &chunks_name(entry.object))
+}
+
+/// The tier file `name` (the entry's chunk file or part) in `tier`, read-only, if it is the one
+/// the agent recorded for entry `idx`.
+pub fn open_recorded(g: &Guard, idx: u32, tier: u8, name: &[u8]) -> Option<c_int> {
     let (ino, _) = g.table.copy_identity(idx);
     let expect = Expect {
         ino,
@@ -225,7 +231,7 @@ fn open_chunks(g: &Guard, idx: u32, entry: &EntryRec, tier: u8) -> Option<c_int>
         size: None,
     };
     let flags = libc::O_RDONLY | libc::O_CLOEXEC;
-    copies::open(g.table, tier, &chunks_name(entry.object), flags, &expect).map(|(fd, _)| fd)
+    copies::open(g.table, tier, name, flags, &expect).map(|(fd, _)| fd)
 }
 
 enum Waited {
@@ -328,101 +334,16 @@ fn give_up(why: &[u8]) -> Waited {
     Waited::GiveUp
 }
 
-/// `mmap` of a tracked source fd: a complete copy is switched to first; a large file being
-/// fetched is waited for (bounded), so the mapping is of the copy.
+/// `mmap` of a tracked source fd: a complete copy is switched to first. A file still being
+/// fetched is not waited for: it is mapped from the source at once (`mapping`).
 pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
     let _keep = KeepErrno::new();
-    let idx = t.entry;
-    let Some(entry) = crate::entries::get(g.table, idx) else {
-        return;
-    };
-    if t.has(flag::PINNED) {
+    if t.has(flag::PINNED) || state::state_of(g.table.state(t.entry)) != state::PLACED {
         return;
     }
-    let word = g.table.state(idx);
-    match state::state_of(word) {
-        state::PLACED => {
-            switch::to_copy(g, fd, t, &entry);
-        }
-        state::UNPLACED | state::QUEUED | state::PLACING
-            if entry.stat.size >= g.table.prefetch_min_size()
-                && g.table.locator(idx).is_none()
-                && switch::exclusive(&t) =>
-        {
-            if let Waited::Placed = wait(g, idx, None) {
-                switch::to_copy(g, fd, t, &entry);
-            }
-        }
-        _ => {}
+    if let Some(entry) = crate::entries::get(g.table, t.entry) {
+        switch::to_copy(g, fd, t, &entry);
     }
-}
-
-/// After a successful `mmap` of a tracked source fd of a PARTIAL file: every present chunk
-/// inside the mapping is mapped over it from the chunk file (`MAP_FIXED`), so a reader that maps
-/// a file half-cached (an LMDB larger than the tier) faults the cached half in locally. Only for
-/// mappings that cannot write through (no `PROT_WRITE`, or `MAP_PRIVATE`): a shared writable
-/// mapping must keep reaching the source.
-#[allow(clippy::too_many_arguments)]
-pub fn on_mapped(
-    g: &Guard,
-    fd: c_int,
-    t: Tracked,
-    addr: *mut core::ffi::c_void,
-    len: usize,
-    prot: c_int,
-    flags: c_int,
-    off: i64,
-) {
-    let _keep = KeepErrno::new();
-    let idx = t.entry;
-    let word = g.table.state(idx);
-    let cs = g.table.chunk_size();
-    let shared_writable = prot & libc::PROT_WRITE != 0 && flags & libc::MAP_SHARED != 0;
-    if state::state_of(word) != state::PARTIAL || cs == 0 || shared_writable || off < 0 {
-        return;
-    }
-    let Some(entry) = crate::entries::get(g.table, idx) else {
-        return;
-    };
-    let size = entry.stat.size;
-    let data = chunk_data_offset(size, cs);
-    let (map_start, map_end) = (
-        off as u64,
-        (off as u64).saturating_add(len as u64).min(size),
-    );
-    if map_start >= map_end {
-        return;
-    }
-    let Some(file) = open_chunks(g, idx, &entry, state::tier_of(word)) else {
-        return;
-    };
-    let mut st = detour::empty_stat();
-    // A chunk file shorter than its geometry would SIGBUS the program on access: never map it.
-    let whole = detour::raw_fstat(file, &mut st) == 0 && st.st_size as u64 >= data + size;
-    let fixed = (flags & !libc::MAP_FIXED_NOREPLACE) | libc::MAP_FIXED;
-    let mut k = map_start / cs;
-    while whole && k * cs < map_end {
-        let (start, end) = ((k * cs).max(map_start), ((k + 1) * cs).min(map_end));
-        if g.table.chunk_present(idx, k) {
-            let at = (addr as usize).wrapping_add((start - map_start) as usize);
-            let r = sys!(
-                libc::SYS_mmap,
-                at,
-                end - start,
-                prot,
-                fixed,
-                file,
-                data + start
-            );
-            if r < 0 {
-                // A failed MAP_FIXED may leave the range unmapped: put the source back there.
-                sys!(libc::SYS_mmap, at, end - start, prot, fixed, fd, start);
-                break;
-            }
-        }
-        k += 1;
-    }
-    detour::raw_close(file);
 }
 
 /// `lseek` (and anything else that only needs the fd on the copy once there is one).

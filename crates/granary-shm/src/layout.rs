@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 5.
+//! The on-memory layout of a catalog table, version 6.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -35,9 +35,10 @@
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
-/// validation bits, progress and chunk bitmaps only for large files. Tables of earlier versions
+/// validation bits, progress and chunk bitmaps only for large files. Version 6: per-job words for
+/// container visibility (`SEEN`, `EXECS`) and mapping traffic (`MAP_*`). Tables of earlier versions
 /// are rejected (`TableError::BadVersion`): the agent then walks the source again.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -609,6 +610,13 @@ pub mod request {
     /// A client checked an entry of this directory against the source itself (the background
     /// validation had not reached it): validate this directory next.
     pub const VALIDATE: u8 = 7;
+    /// A process mapped a catalogued file (or inherited mappings across `fork`): the agent reads
+    /// its `/proc/<pid>/maps` and follows where it reads in them (`placement::mapping`). The
+    /// entry field carries the pid as the process sees it, `arg` its job slot.
+    pub const MAPPED: u8 = 8;
+    /// A program's open of an LMDB lock file was given the node-local lock file of the
+    /// environment whose data file is this entry (`arg`: the job slot): counted.
+    pub const LMDB_LOCK: u8 = 9;
 
     /// Largest `arg` a request carries (24 bits).
     pub const ARG_MAX: u32 = (1 << 24) - 1;
@@ -672,7 +680,16 @@ pub mod job {
     /// preload library and attach (environment kept, dynamic, not setuid): each should count
     /// one `PROCESSES`. Counted before the call, taken back when it fails.
     pub const EXECS: usize = TRANSIENT_DROPS + 6;
-    pub const WORDS: usize = TIER_BYTES + super::MAX_TIERS + 8;
+    /// Bytes the program touched through mappings of catalogued files (page faults), as the
+    /// agent's mapping follower saw them appear in its page tables: pages backed by a tier
+    /// file (`MAP_LOCAL_BYTES`), pages backed by the source (`MAP_SOURCE_BYTES`), and of those
+    /// the ones no read of the agent had brought in first (`MAP_FAULTED_BYTES`: the program's
+    /// own faults reached the source, or found the pages cached by someone else). Written by
+    /// the agent.
+    pub const MAP_LOCAL_BYTES: usize = TRANSIENT_DROPS + 7;
+    pub const MAP_SOURCE_BYTES: usize = TRANSIENT_DROPS + 8;
+    pub const MAP_FAULTED_BYTES: usize = TRANSIENT_DROPS + 9;
+    pub const WORDS: usize = TRANSIENT_DROPS + 12;
 }
 
 /// Bits of the `job::SEEN` word.
@@ -702,7 +719,8 @@ pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 
 const _: () = assert!(ENTRY_LEN == 88);
 const _: () = assert!(CLASS_LEN == 56);
-const _: () = assert!(job::EXECS < job::WORDS);
+const _: () = assert!(job::EXECS < job::MAP_LOCAL_BYTES);
+const _: () = assert!(job::MAP_FAULTED_BYTES < job::WORDS);
 const _: () = assert!(H_TIER_DIR_IDS + 16 * MAX_TIERS <= PATHS_OFF);
 const _: () = assert!(H_EPOCH + 8 <= H_PACK_OFF && H_PACK_OFF + 8 <= H_TIER_DIR_IDS);
 const _: () = assert!(HEADER_LEN % 4096 == 0);

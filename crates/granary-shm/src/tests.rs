@@ -531,7 +531,7 @@ fn earlier_versions_are_rejected_cleanly() {
     let mut m = Model::new();
     m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 10), "");
     let mut img = build(&Model::spec(), &m.entries).unwrap();
-    for old in [1u32, 2, 3, 4] {
+    for old in [1u32, 2, 3, 4, 5] {
         img[H_VERSION..H_VERSION + 4].copy_from_slice(&old.to_ne_bytes());
         let mut file = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut file, &img).unwrap();

@@ -291,6 +291,14 @@ pub fn run(args: RunArgs) -> Result<i32> {
         t.files_placed = mine.files.get(i).copied().unwrap_or(0);
         t.bytes_placed = mine.bytes.get(i).copied().unwrap_or(0);
     }
+    let mmap = granary_core::stats::MmapReport {
+        tier_bytes: c(job::MAP_LOCAL_BYTES),
+        source_bytes: c(job::MAP_SOURCE_BYTES),
+        faulted_bytes: c(job::MAP_FAULTED_BYTES),
+        read_ahead_bytes: delta.mmap_read_ahead,
+        windows: delta.mmap_windows,
+        lmdb_local_locks: delta.lmdb_local_locks,
+    };
     for w in crate::report::warnings::of(&crate::report::warnings::Job {
         table: &table,
         slot,
@@ -339,6 +347,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         transient_drops: c(job::TRANSIENT_DROPS),
         fallback: None,
         warnings,
+        mmap,
     };
     drop(conn);
     finish(&args, &report)?;
@@ -398,6 +407,7 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         immutable: args.immutable || cfg.immutable.unwrap_or(false),
         pack: crate::run_pack::pack_dir(args)?,
         mount: args.mount.is_some(),
+        mmap: cfg.mmap,
     };
     let try_once = || -> Result<(Conn, Attached)> {
         let mut conn = connect_or_spawn(&rt, &agent_args)?;

@@ -683,7 +683,7 @@ def interrupted(root, rel, marker, how):
             f.write(str(os.getpid()))
         os.rename(marker + ".tmp", marker)
         if how == "mmap":
-            # A mapping waits for the whole copy.
+            # A mapping never waits (its tail comes from the source); the reads below do.
             with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as m:
                 got = len(m[size - 4096:])
         # Far ahead of the agent's copy: the read waits for it.

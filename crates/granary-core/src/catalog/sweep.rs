@@ -50,6 +50,20 @@ fn wanted(ctx: &SourceCtx, tier: usize, name: &[u8]) -> Option<u32> {
     keep.then_some(idx)
 }
 
+/// The node-local lock file of an LMDB environment whose data file the catalog names (the
+/// preload's `lmdb`), whatever the data file's state: processes may hold it open, and LMDB
+/// re-initialises a stale one itself.
+fn is_lmdb_lock(ctx: &SourceCtx, tier: usize, name: &[u8]) -> bool {
+    let Some(stem) = name.strip_suffix(b".lmdb-lock") else {
+        return false;
+    };
+    tier == 0
+        && parse_object_name(stem)
+            .and_then(|o| ctx.table.lookup_object(o))
+            .and_then(|idx| ctx.table.entry(idx))
+            .is_some_and(|e| e.stat.is_file())
+}
+
 fn is_young_tmp(dir: &OwnedFd, name: &[u8]) -> bool {
     if !name.starts_with(b".tmp-") {
         return false;
@@ -80,7 +94,7 @@ pub fn sweep(ctx: &SourceCtx) -> SweepOutcome {
             let b = name.as_bytes();
             match wanted(ctx, tier, b) {
                 Some(idx) => seen[(idx / 64) as usize] |= 1 << (idx % 64),
-                None if is_young_tmp(dir, b) => {}
+                None if is_young_tmp(dir, b) || is_lmdb_lock(ctx, tier, b) => {}
                 None => {
                     if sys::unlink_at(dir, b).is_ok() {
                         out.removed += 1;

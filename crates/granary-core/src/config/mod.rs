@@ -27,6 +27,8 @@
 //! validate_threads = 4     # background validation of a reused catalog (0: inline only)
 //! [reuse]
 //! verify = "identity"      # or "checksum": also re-hash reused copies in the background
+//! [mmap]                  # see placement::mapping::config
+//! mode = "prefetch"
 //! [agent]
 //! idle_timeout = "30s"     # exit when no job used the agent this long
 //! log_level = "info"
@@ -109,6 +111,8 @@ pub struct Config {
     pub idle_timeout: Option<Duration>,
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
+    /// `[mmap]`: following programs through their mappings.
+    pub mmap: Option<crate::placement::mapping::MmapConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]

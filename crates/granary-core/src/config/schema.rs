@@ -26,6 +26,7 @@ pub(super) struct File {
     reuse: Reuse,
     #[serde(default)]
     agent: Agent,
+    mmap: Option<Mmap>,
 }
 
 #[derive(Deserialize)]
@@ -66,6 +67,15 @@ struct Reuse {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct Mmap {
+    mode: Option<Checked<MmapMode>>,
+    distance: Option<Checked<MapSize>>,
+    size: Option<Checked<MapSize>>,
+    threshold: Option<Checked<Percent>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct Agent {
     idle_timeout: Option<Checked<Dur<30>>>,
     log_level: Option<Checked<LogLevel>>,
@@ -101,6 +111,12 @@ impl File {
             idle_timeout: self.agent.idle_timeout.map(|c| c.0),
             log_level: self.agent.log_level.map(|c| c.0),
             log_file: self.agent.log_file.map(|c| c.0),
+            mmap: self.mmap.map(|m| crate::placement::mapping::MmapConfig {
+                mode: m.mode.map(|c| c.0),
+                distance: m.distance.map(|c| c.0),
+                size: m.size.map(|c| c.0),
+                threshold_pct: m.threshold.map(|c| c.0),
+            }),
         }
     }
 }
@@ -338,5 +354,39 @@ impl Rule for LogLevel {
     const EXPECTED: &'static str = "one of error/warn/info/debug/trace/off";
     fn str(v: &str) -> Option<String> {
         matches!(v, "error" | "warn" | "info" | "debug" | "trace" | "off").then(|| v.to_string())
+    }
+}
+
+struct MmapMode;
+impl Rule for MmapMode {
+    type Out = crate::placement::mapping::Mode;
+    const EXPECTED: &'static str = "\"prefetch\", \"watch\" or \"off\"";
+    fn str(v: &str) -> Option<Self::Out> {
+        crate::placement::mapping::Mode::parse(v)
+    }
+}
+
+struct MapSize;
+impl Rule for MapSize {
+    type Out = u64;
+    const EXPECTED: &'static str = "a size 4K..1T like \"8M\"";
+    fn int(v: i64) -> Option<u64> {
+        int_size(v).filter(|n| (4096..=1 << 40).contains(n))
+    }
+    fn str(v: &str) -> Option<u64> {
+        size_of(v).filter(|n| (4096..=1 << 40).contains(n))
+    }
+}
+
+struct Percent;
+impl Rule for Percent {
+    type Out = u64;
+    const EXPECTED: &'static str = "a percentage 1..100 like 75";
+    fn int(v: i64) -> Option<u64> {
+        (1..=100).contains(&v).then_some(v as u64)
+    }
+    fn str(v: &str) -> Option<u64> {
+        let n: i64 = v.trim_end_matches('%').trim().parse().ok()?;
+        Self::int(n)
     }
 }

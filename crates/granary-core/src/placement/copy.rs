@@ -425,73 +425,39 @@ pub(super) fn aligned(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
     &mut buf[at..at + len]
 }
 
-/// The agent's reads of a source file: `O_DIRECT` where the file system takes it, so a read
-/// costs the source exactly the blocks asked for (no readahead, nothing left in the page cache
-/// to be reclaimed and read again, no `DONTNEED` needed after); buffered with
-/// `POSIX_FADV_SEQUENTIAL` where it refuses (`EINVAL` when the flag is set or at a read).
-pub(super) struct SourceReader {
-    direct: bool,
-}
+/// The agent's reads of a source file: through the page cache, with
+/// `POSIX_FADV_SEQUENTIAL`, in large reads (the kernel issues them as requests of its largest
+/// size). Not `O_DIRECT`: a program that maps the file faults the source's pages itself and
+/// must find the ones the agent read (or is reading) in the page cache, or every such byte is
+/// read twice; the callers drop what they read behind them when no program maps the file.
+pub(super) struct SourceReader;
 
 impl SourceReader {
-    pub fn new(file: &File) -> SourceReader {
-        let direct = sys::set_direct(file, true).is_ok();
-        if !direct {
-            sys::fadvise(file, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
-        }
-        SourceReader { direct }
-    }
-
-    /// Buffered reads (the caller's alignment could not be kept, or the file system refuses).
     pub fn new_buffered(file: &File) -> SourceReader {
+        // A descriptor the agent opened itself: never O_DIRECT, but say so explicitly.
         let _ = sys::set_direct(file, false);
         sys::fadvise(file, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
-        SourceReader { direct: false }
+        // The agent's reads must not make pages look used: a page it copies after a program
+        // read it would be kept over pages read ahead of that program (Linux ≥ 6.3).
+        sys::fadvise(file, 0, 0, libc::POSIX_FADV_NOREUSE);
+        SourceReader
     }
 
-    pub fn is_direct(&self) -> bool {
-        self.direct
-    }
-
-    fn fall_back(&mut self, file: &File) {
-        *self = SourceReader::new_buffered(file);
-    }
-
-    /// One read at `off` (retried on EINTR). In direct mode `buf`'s address and length and
-    /// `off` should be multiples of `DIRECT_ALIGN`; a request that is not switches to buffered
-    /// reads for good, as does `EINVAL` from a direct read (then the read is repeated buffered,
-    /// nothing counted twice: the failed read transferred nothing).
+    /// One read at `off` (retried on EINTR).
     pub fn read_at(&mut self, file: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
         use std::os::unix::fs::FileExt;
-        let a = DIRECT_ALIGN as u64;
         loop {
-            if self.direct
-                && (off % a != 0
-                    || buf.len() as u64 % a != 0
-                    || buf.as_ptr() as usize % DIRECT_ALIGN != 0)
-            {
-                self.fall_back(file);
-            }
             match file.read_at(buf, off) {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                    tracing::debug!("placement: direct read refused ({e}): buffered reads");
-                    self.fall_back(file);
-                }
                 r => return r,
             }
         }
     }
 
     /// What of `[off, off + buf.len())` is in the page cache from `off` on, without a device
-    /// read (`preadv2(RWF_NOWAIT)` with `O_DIRECT` cleared around it, which would make it a
-    /// device read). Returns the bytes copied into `buf` (0: nothing cached at `off`, or the
-    /// file system cannot tell).
+    /// read (`preadv2(RWF_NOWAIT)`). Returns the bytes copied into `buf` (0: nothing cached at
+    /// `off`, or the file system cannot tell).
     pub fn cached(&mut self, file: &File, buf: &mut [u8], off: u64) -> usize {
-        let direct = self.direct;
-        if direct && sys::set_direct(file, false).is_err() {
-            return 0;
-        }
         let mut got = 0;
         while got < buf.len() {
             match sys::pread_nowait(file, &mut buf[got..], off + got as u64) {
@@ -501,15 +467,11 @@ impl SourceReader {
                 Err(_) => break,
             }
         }
-        if direct && sys::set_direct(file, true).is_err() {
-            self.fall_back(file);
-        }
         got
     }
 
-    /// Reads exactly `len` bytes at `off` into `buf` (which has room for `len` rounded up to
-    /// `DIRECT_ALIGN`: a direct read asks for whole blocks; at EOF it returns what exists).
-    /// Returns the number of read calls. A source shorter than `off + len` is `UnexpectedEof`.
+    /// Reads exactly `len` bytes at `off` into `buf`. Returns the number of read calls. A
+    /// source shorter than `off + len` is `UnexpectedEof`.
     pub fn read_exact_at(
         &mut self,
         file: &File,
@@ -521,12 +483,7 @@ impl SourceReader {
         let mut calls = 0;
         while done < len {
             let at = off + done as u64;
-            let want = if self.direct && at % DIRECT_ALIGN as u64 == 0 {
-                (align_up((len - done) as u64) as usize).min(buf.len() - done)
-            } else {
-                len - done
-            };
-            let n = self.read_at(file, &mut buf[done..done + want], at)?;
+            let n = self.read_at(file, &mut buf[done..len], at)?;
             calls += 1;
             if n == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());

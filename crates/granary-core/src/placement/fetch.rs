@@ -16,13 +16,22 @@ use granary_shm::lifecycle;
 use granary_shm::part_name;
 
 use super::copy::{
-    align_up, aligned, begin, claim, hash_zeros, place_on_tiers, reserve_on, still_ours,
-    write_all_at, Claimed, CopyError, SourceReader, Written, DIRECT_ALIGN, SETTLE,
+    aligned, begin, claim, place_on_tiers, reserve_on, still_ours, write_all_at, Claimed,
+    CopyError, SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
+use super::fetch_order::{Next, Order};
 use super::pool::Shared;
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
 use crate::sys;
+
+/// The first read of a fetch; each next one doubles, up to the block size.
+const RAMP_START: usize = 1 << 20;
+/// The pieces a fetch keeps track of (`fetch_order`).
+const ORDER_UNIT: u64 = 1 << 20;
+/// What a fetch reads this soon after it started stays in the page cache: a program that
+/// opened the file may be about to map it.
+const MAP_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
 pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) -> PlaceOutcome {
     let b = match begin(ctx, idx) {
@@ -43,15 +52,17 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
         Ok(cl) => cl,
         Err(out) => return out,
     };
-    // Reads of whole aligned blocks (O_DIRECT where the source takes it; see `SourceReader`).
+    // Through the page cache, not O_DIRECT: a program that maps the file (now, or a moment
+    // from now: its open started this fetch) faults the source's pages itself, and must find
+    // the ones the agent read — or is reading — there, so no byte is read twice. What the
+    // copy took is dropped behind it (`copy_part`) unless a program maps the file.
     let block = (sh.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
-    let mut reader = SourceReader::new(&cl.src);
+    let mut reader = SourceReader::new_buffered(&cl.src);
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
         copy_part(ctx, cl, &mut reader, tier, dir, buf, block)
     });
-    if !reader.is_direct() {
-        // Buffered reads left the source's pages behind; the copy (or the program's own reads)
-        // took what it needed. Direct reads left none.
+    if !ctx.mappings.is_mapped(idx) {
+        tracing::trace!("entry {idx}: fetch done, the source's pages dropped");
         sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
     }
     out
@@ -77,10 +88,10 @@ fn copy_part(
     // From here on, a failure unlinks the part before the next tier is announced.
     let res = (|| {
         let size = cl.entry.stat.size;
-        if cl.sparse() {
-            // Holes stay holes: the part has the file's length, and only data is written.
-            out.set_len(size).map_err(CopyError::Tier)?;
-        }
+        // The part has the file's length from the start: holes stay holes, and pieces read
+        // out of order (where a program reads) land where they belong. Readers of the part
+        // trust only `progress`, the prefix written.
+        out.set_len(size).map_err(CopyError::Tier)?;
         // Clients check the part they open against this inode; recorded before the state
         // names the tier, with no ctime yet (the part changes until it is complete).
         let (ino, _) = sys::copy_identity(&out).map_err(CopyError::Tier)?;
@@ -90,77 +101,123 @@ fn copy_part(
         let memory = sys::is_memory_fs(&out);
         let c = &ctx.counters;
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        let mut off = 0u64;
+        let mut hashed = 0u64;
         let mut last: Option<(u64, u64)> = None;
-        // A direct read asks for whole blocks, and the one ending the file for at least one
-        // byte past `size`: what comes back beyond `size` means the file grew (the probe, for
-        // free).
-        let mut probed = false;
-        for &(start, end) in &cl.extents.clone() {
-            if off < start {
-                // A hole: zeros in the part already (its length is the file's).
-                hash_zeros(&mut hasher, start - off);
-                off = start;
-                lifecycle::progress(t, idx, off);
+        // Read, and not needed by a program that maps the file (yet): dropped once the next
+        // read is done, if still no program maps it (one that is about to — its open started
+        // this fetch — finds them).
+        let mut drop_later: Option<(u64, u64)> = None;
+        let mut order = Order::new(size, ORDER_UNIT, &cl.extents);
+        // The first reads are short and grow to a block: a program waiting for the file's
+        // first bytes (its first record, through a mapping or a read) gets them in the time of
+        // a short read, not of a whole block.
+        let mut ramp = RAMP_START.min(buf.len());
+        let mut waited = 0u32;
+        let began = std::time::Instant::now();
+        loop {
+            let steer = ctx.mappings.steering(idx);
+            let (readers, window, lead, idle) =
+                steer.as_ref().map_or((&[][..], 0, 0, false), |s| {
+                    (&s.readers[..], s.window, s.lead, s.idle)
+                });
+            let next = order.next(readers, window, lead, idle, ramp as u64);
+            if !matches!(next, Next::Wait) {
+                tracing::trace!("entry {idx}: {next:?} for readers {readers:?} (idle {idle})");
             }
-            while off < end {
-                let left = end - off;
-                let want = if reader.is_direct() && end == size {
-                    (align_up(left + 1) as usize).min(buf.len())
-                } else if reader.is_direct() {
-                    (align_up(left) as usize).min(buf.len())
-                } else {
-                    buf.len().min(left as usize)
-                };
-                let n = match reader.read_at(&cl.src, &mut buf[..want], off) {
-                    Ok(0) => return Err(CopyError::Changed),
-                    Ok(n) => n,
-                    Err(e) => return Err(CopyError::Source(e)),
-                };
-                if end == size && n as u64 > left {
-                    return Err(CopyError::Changed);
-                }
-                let n = n.min(left as usize);
-                probed = end == size && want as u64 > left && n as u64 == left;
-                AgentCounters::add(&c.source_reads, 1);
-                AgentCounters::add(&c.source_bytes, n as u64);
-                hasher.update(&buf[..n]);
-                write_all_at(&out, &buf[..n], off).map_err(CopyError::Tier)?;
-                // Written bytes are visible to every process that opens the part: publish them.
-                lifecycle::progress(t, idx, off + n as u64);
-                if !memory {
-                    // Start write-back of this block now, and wait for the previous one and drop
-                    // its pages: dirty pages never pile up (Monarch's figure-19 stall), and the
-                    // tier's copy does not double the page cache.
-                    sys::sync_range(&out, off, n as u64, libc::SYNC_FILE_RANGE_WRITE);
-                    if let Some((po, pn)) = last {
-                        settle(ctx, idx, &out, po, pn);
+            let (off, len, keep) = match next {
+                Next::Done => break,
+                Next::Wait => {
+                    // Everything left is ahead of the readers: wait for them to read it
+                    // (bounded: the follower says `idle` once they stop).
+                    waited += 1;
+                    if waited % 64 == 0 && !still_ours(ctx, idx) {
+                        return Err(CopyError::Lost);
                     }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    continue;
                 }
-                last = Some((off, n as u64));
-                off += n as u64;
-                if !still_ours(ctx, idx) {
-                    return Err(CopyError::Lost);
-                }
-            }
-        }
-        if off < size {
-            hash_zeros(&mut hasher, size - off);
-            lifecycle::progress(t, idx, size);
-        }
-        // The file may have grown since the walk: a byte past `size` means it changed. Direct:
-        // a block read at `size` (aligned here: the reads were whole blocks), which costs no
-        // device read at EOF; buffered: one byte (readahead never goes past EOF).
-        if !probed {
-            // (A direct reader falls back to buffered reads for an unaligned `size`.)
-            let probe = if reader.is_direct() {
-                &mut buf[..DIRECT_ALIGN]
-            } else {
-                &mut buf[..1]
+                Next::Read { off, len, keep } => (off, len, keep),
             };
-            if matches!(reader.read_at(&cl.src, probe, size), Ok(n) if n > 0) {
-                return Err(CopyError::Changed);
+            if let Some((o, n)) = drop_later.take() {
+                // Not in the first moments: the program whose open started this fetch may be
+                // about to map the file (the agent learns of it within milliseconds).
+                if steer.is_none() && began.elapsed() >= MAP_GRACE {
+                    tracing::trace!("entry {idx}: dropped [{o}, {}) behind the fetch", o + n);
+                    sys::fadvise(&cl.src, o, n, libc::POSIX_FADV_DONTNEED);
+                }
             }
+            let n = len as usize;
+            let b = &mut buf[..n];
+            // Only the data: holes are zeros in the part already.
+            let (mut got, mut hit) = (0usize, 0usize);
+            for (s, e) in data_in(&cl.extents, off, off + len) {
+                let (i, j) = ((s - off) as usize, (e - off) as usize);
+                b[got..i].fill(0);
+                // What a program's faults (or read-ahead) already brought in costs the source
+                // nothing: counted apart.
+                let h = reader.cached(&cl.src, &mut b[i..j], s);
+                let r = if i + h == j {
+                    0
+                } else {
+                    match reader.read_exact_at(&cl.src, &mut b[i + h..j], s + h as u64, j - i - h) {
+                        Ok(_) => j - i - h,
+                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                            return Err(CopyError::Changed)
+                        }
+                        Err(e) => return Err(CopyError::Source(e)),
+                    }
+                };
+                AgentCounters::add(&c.source_reads, 1);
+                AgentCounters::add(&c.source_bytes, r as u64);
+                hit += h;
+                write_all_at(&out, &b[i..j], s).map_err(CopyError::Tier)?;
+                got = j;
+            }
+            b[got..].fill(0);
+            AgentCounters::add(&c.page_cache_bytes, hit as u64);
+            ramp = (ramp * 2).min(buf.len());
+            if off == hashed {
+                hasher.update(&buf[..n]);
+                hashed += len;
+            }
+            order.mark(off, len);
+            // Pieces read earlier out of order that now continue the prefix: hashed from the
+            // part (written, so readable), in order.
+            let prefix = order.prefix_bytes();
+            while hashed < prefix {
+                let k = ((prefix - hashed) as usize).min(buf.len());
+                read_part(&out, &mut buf[..k], hashed).map_err(CopyError::Tier)?;
+                hasher.update(&buf[..k]);
+                hashed += k as u64;
+            }
+            // Written bytes are visible to every process that opens the part: publish them.
+            lifecycle::progress(t, idx, prefix);
+            if !memory {
+                // Start write-back of this block now, and wait for the previous one and drop
+                // its pages: dirty pages never pile up (Monarch's figure-19 stall), and the
+                // tier's copy does not double the page cache.
+                sys::sync_range(&out, off, len, libc::SYNC_FILE_RANGE_WRITE);
+                if let Some((po, pn)) = last {
+                    settle(ctx, idx, &out, po, pn);
+                }
+            }
+            if !keep {
+                drop_later = Some((off, len));
+            }
+            last = Some((off, len));
+            if !still_ours(ctx, idx) {
+                return Err(CopyError::Lost);
+            }
+        }
+        if let Some((o, n)) = drop_later {
+            if !ctx.mappings.is_mapped(idx) {
+                sys::fadvise(&cl.src, o, n, libc::POSIX_FADV_DONTNEED);
+            }
+        }
+        // The file may have grown since the walk: a byte past `size` means it changed (one
+        // byte: readahead never goes past EOF, so this costs no device read).
+        if matches!(reader.read_at(&cl.src, &mut buf[..1], size), Ok(n) if n > 0) {
+            return Err(CopyError::Changed);
         }
         if !memory {
             if let Some((po, pn)) = last {
@@ -182,6 +239,19 @@ fn copy_part(
     }
 }
 
+/// The data ranges of `[a, b)` (`extents`: the source's data, ascending).
+fn data_in(extents: &[(u64, u64)], a: u64, b: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    extents
+        .iter()
+        .filter(move |&&(s, e)| s < b && a < e)
+        .map(move |&(s, e)| (s.max(a), e.min(b)))
+}
+
+/// Reads back what was written to the part (to hash it in order).
+fn read_part(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, buf, off)
+}
+
 /// Waits for a written range to reach the device. Its pages stay if the copy is resident:
 /// clean pages cost the kernel nothing to reclaim (only dirty ones stall, Monarch's figure 19),
 /// and they are exactly what the next epoch reads (dropping them made placed epochs 1.2× slower
@@ -190,9 +260,15 @@ fn copy_part(
 /// left for the program's reads to drop, they stayed cached (dirty when read) and crowded the
 /// resident copies out. Measured: the mmap workload's epoch 1 reads 280 MB of 483 again from
 /// local disk, at no measurable cost in time (0.19 × PFS-direct, 0.20 before).
+///
+/// While a program maps the file, the copy's pages go too: that program reads the source's
+/// pages (its mapping was made before the copy was complete), and two cached copies of what it
+/// reads leave the read-ahead ahead of it no room (measured: three readers of a 384 MiB LMDB
+/// under a 256 MiB cap read 16–42 % of it twice, the kernel evicting read-ahead pages before
+/// they were read).
 fn settle(ctx: &SourceCtx, idx: u32, out: &std::fs::File, off: u64, len: u64) {
     sys::sync_range(out, off, len, SETTLE);
-    if ctx.table.is_transient(idx) {
+    if ctx.table.is_transient(idx) || ctx.mappings.is_mapped(idx) {
         sys::fadvise(out, off, len, libc::POSIX_FADV_DONTNEED);
     }
 }

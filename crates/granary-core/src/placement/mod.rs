@@ -12,6 +12,8 @@
 pub mod chunks;
 mod copy;
 mod fetch;
+pub mod fetch_order;
+pub mod mapping;
 mod partial;
 pub mod partition;
 mod policy;
@@ -137,6 +139,8 @@ pub struct SourceCtx {
     pub validation: std::sync::RwLock<Option<Arc<crate::catalog::Validation>>>,
     /// The partition streamer of a table serving a pack (`granary run --pack`).
     pub pack: std::sync::OnceLock<Arc<partition::Streamer>>,
+    /// Programs' mappings of this source's files, followed and read ahead of.
+    pub mappings: mapping::Mappings,
 }
 
 /// True if tier `tier`'s object directory is gone from its path (removed, renamed, replaced):

@@ -355,10 +355,10 @@ fn fetch_runs(
         }
         cursor = k0 + got;
     }
-    if let Some((f, reader)) = &src {
-        if !reader.is_direct() {
-            // Buffered reads: the chunk file has the bytes now; the source's pages are not
-            // ours to keep. (Direct reads left none.)
+    if let Some((f, _)) = &src {
+        // A program mapping the file still faults these pages from the source: they stay.
+        if !ctx.mappings.is_mapped(idx) {
+            // The chunk file has the bytes now; the source's pages are not ours to keep.
             sys::fadvise(f, 0, 0, libc::POSIX_FADV_DONTNEED);
         }
     }
@@ -400,8 +400,7 @@ fn fetch_run(
     let total = (lstart + llen - start) as usize;
     let len0 = len0 as usize;
     let b = aligned(buf, align_up(total as u64) as usize);
-    // Whole aligned blocks of k0 come from the cache (so a direct read of the rest would start
-    // at an aligned offset), or all of it.
+    // Whole pages of k0 come from the cache, or all of it.
     let mut hit = reader.cached(f, &mut b[..len0], start);
     if hit < len0 {
         hit = hit / DIRECT_ALIGN * DIRECT_ALIGN;

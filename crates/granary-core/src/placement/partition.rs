@@ -493,7 +493,7 @@ fn stream(
     } else {
         None
     };
-    let mut reader = SourceReader::new(file);
+    let mut reader = SourceReader::new_buffered(file);
     while at < end {
         if ctx.retired.load(Ordering::Acquire) || outs.iter().all(|o| o.failed.is_some()) {
             return Err(std::io::Error::other("stopped"));
@@ -506,6 +506,8 @@ fn stream(
         AgentCounters::add(&c.source_bytes, len as u64);
         ctx.table.add_pack_streamed(len as u64);
         feed(outs, at, &buf[base..base + len], scratch);
+        // No program maps a pack's partition: its pages are of no use once copied.
+        sys::fadvise(file, at, len as u64, libc::POSIX_FADV_DONTNEED);
         at += len as u64;
     }
     Ok(())

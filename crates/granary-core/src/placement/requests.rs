@@ -15,6 +15,10 @@ use crate::sys;
 pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: &Pool) {
     let t = &ctx.table;
     let tiers = &*ctx.tiers;
+    if kind == request::MAPPED {
+        ctx.mappings.request(idx, arg);
+        return;
+    }
     let Some(e) = t.entry(idx) else { return };
     // The preload library decides from the same header which files the agent fetches whole.
     let whole = e.stat.size >= t.prefetch_min_size();
@@ -111,6 +115,9 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         }
         // Only moves the known-order position (above).
         request::OPENED => {}
+        request::LMDB_LOCK => {
+            crate::stats::AgentCounters::add(&ctx.counters.lmdb_local_locks, 1);
+        }
         request::VALIDATE => {
             let v = ctx.validation.read().unwrap_or_else(|e| e.into_inner());
             if let Some(v) = v.as_ref() {

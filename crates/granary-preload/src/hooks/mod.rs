@@ -12,6 +12,7 @@ pub mod exec;
 pub mod fd;
 pub mod link;
 pub mod lock;
+pub mod mem;
 pub mod mutate;
 pub mod open;
 pub mod read;

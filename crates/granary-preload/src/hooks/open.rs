@@ -229,6 +229,12 @@ fn open_impl(
     pass: impl FnOnce() -> c_int,
 ) -> c_int {
     if writes(flags) {
+        // A read-only LMDB environment's lock file: node-local while nobody writes.
+        if flags & libc::O_ACCMODE == libc::O_RDWR {
+            if let Some(fd) = crate::lmdb::lock_open(dirfd, path, flags) {
+                return fd;
+            }
+        }
         let fd = pass();
         write_open(fd);
         return fd;

@@ -359,8 +359,9 @@ macro_rules! preadv2_hook {
 preadv2_hook!(preadv2, PREADV2, c"preadv2");
 preadv2_hook!(preadv64v2, PREADV64V2, c"preadv64v2");
 
-/// `mmap` of a tracked fd: a source fd of a placed file is switched to the copy first (a large
-/// file being fetched is waited for); a copy the program changed since maps the source.
+/// `mmap` of a tracked fd: a source fd of a placed file is switched to the copy first; a file
+/// not entirely local is mapped at once, from the source with what the tier holds mapped over
+/// it (`mapping`); a copy the program changed since maps the source.
 fn map(
     fd: c_int,
     len: usize,
@@ -389,10 +390,9 @@ fn map(
                 return p;
             }
             let p = real(fd);
-            // A PARTIAL file's cached chunks are mapped over the source's pages.
             if let Some(now) = fdtable::get(fd).filter(|n| n.kind == Kind::Source) {
                 if p != libc::MAP_FAILED {
-                    place::on_mapped(&g, fd, now, p, len, prot, flags, off);
+                    crate::mapping::source_mapped(&g, fd, now, p, len, prot, flags, off);
                 }
             }
             p

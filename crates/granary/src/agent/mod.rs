@@ -1,6 +1,7 @@
 //! The node agent: one per node and user. Owns the catalogs, tier accounting and placement; jobs
 //! attach over a Unix socket and then find files through the shared table without round trips.
 
+mod mappings;
 pub mod protocol;
 mod residency;
 mod ring;
@@ -34,6 +35,7 @@ pub struct PoolWishes {
     pub block_size: Option<u64>,
     pub max_source_streams: Option<usize>,
     pub page_cache: Option<Budget>,
+    pub mmap: Option<granary_core::placement::mapping::MmapConfig>,
 }
 
 /// The placement pool, started by the first job. It serves every source: each job carries its
@@ -46,6 +48,8 @@ pub struct Setup {
     pub memory_limit: Option<u64>,
     /// Which copies keep their pages in the page cache, for every source.
     pub residency: Arc<Residency>,
+    /// How programs' mappings are followed (`[mmap]`).
+    pub mmap: granary_core::placement::mapping::MmapParams,
 }
 
 pub struct Agent {
@@ -118,12 +122,26 @@ impl Agent {
             residency.budget(),
             residency.target()
         );
+        let mmap = self
+            .cfg
+            .mmap
+            .unwrap_or_default()
+            .or(job.mmap.unwrap_or_default())
+            .resolve();
+        tracing::info!(
+            "mappings: {:?}, distance {} bytes, read-ahead {} bytes, threshold {} %",
+            mmap.mode,
+            mmap.distance,
+            mmap.size,
+            mmap.threshold_pct
+        );
         let _ = self.setup.set(Setup {
             pool,
             workers,
             block_size: block,
             memory_limit: limit,
             residency,
+            mmap,
         });
         Ok(self.setup.get().expect("set above"))
     }
@@ -267,6 +285,12 @@ pub fn main(args: AgentArgs) -> Result<i32> {
         std::thread::Builder::new()
             .name("tierwatch".into())
             .spawn(move || tierwatch::watch(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("mappings".into())
+            .spawn(move || mappings::follow(a))?;
     }
     {
         let a = agent.clone();

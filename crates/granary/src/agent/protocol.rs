@@ -42,6 +42,9 @@ pub enum Request {
         /// Only the pack exists (`--mount`): `source` names where the program expects the tree.
         #[serde(default)]
         mount: bool,
+        /// `[mmap]` of an agent that has no pool yet; the agent's own configuration wins.
+        #[serde(default)]
+        mmap: Option<granary_core::placement::mapping::MmapConfig>,
     },
     /// Agent counters of one source (placement, its own source traffic) and its tiers' usage;
     /// with the job's slot, what was placed for that job.

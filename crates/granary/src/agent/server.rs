@@ -147,6 +147,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     immutable,
                     pack,
                     mount,
+                    mmap,
                 } => {
                     if lease.is_some() {
                         send(
@@ -176,6 +177,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                                 block_size,
                                 max_source_streams,
                                 page_cache,
+                                mmap,
                             },
                         )
                     });

@@ -468,6 +468,7 @@ impl SourceState {
             lost: Default::default(),
             validation: Default::default(),
             pack: Default::default(),
+            mappings: Default::default(),
         });
         // Beaten before any job has it: a client never takes a new table's agent for dead.
         ctx.table.beat(granary_core::sys::monotonic_ns());

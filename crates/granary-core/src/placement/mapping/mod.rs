@@ -1,0 +1,737 @@
+//! Following programs through their mappings, and reading the source ahead of them
+//! (docs/placement.md, "Mappings").
+//!
+//! A program that reads a file through `mmap` makes no call granary can see: its reads are page
+//! faults. The preload library maps what the tier holds over the source and tells the agent
+//! which process mapped something (`request::MAPPED`); from then on the agent:
+//!
+//! - reads `/proc/<pid>/maps` (again every second: `munmap`, `exec` and exit end the following)
+//!   and groups the process's mappings of catalogued files (`maps`);
+//! - looks at the process's page tables (`/proc/<pid>/pagemap`, the present bit: readable for
+//!   the same user, no privilege) around where the reader was and, a slice per tick, the rest
+//!   of each mapping: pages that became present are the pages the program touched — including
+//!   those a system call touched for it;
+//! - decides with seed 000's rules (`window`) when to read ahead and what, and issues
+//!   `readahead(2)` on the source for the pages of that range the mapping takes from the source
+//!   and the page cache lacks (`mincore`): large requests, issued at once, that the program's
+//!   faults then find in the page cache or in flight;
+//! - counts what the program touched: from tier files, from the source, and of those the pages
+//!   no read of the agent had asked for (the job's `MAP_*` counters).
+//!
+//! Why not guard pages and a SIGSEGV handler (seed 000): a page made inaccessible is
+//! inaccessible to the kernel too — `write(fd, map, n)` fails with EFAULT —, a handler must be
+//! chained under every program that installs its own (a JVM, Python's faulthandler), and a
+//! program that installs it with a raw system call would receive our faults. Following the page
+//! tables from outside costs the program nothing and changes nothing it can observe. Why not
+//! `userfaultfd`: unprivileged users may not use it on most systems
+//! (`vm.unprivileged_userfaultfd = 0`), it needs a handler thread in the program, and it does not
+//! serve regular files' pages.
+
+mod config;
+mod maps;
+pub mod window;
+
+pub use config::MmapConfig;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use granary_shm::{job, state};
+use serde::{Deserialize, Serialize};
+
+pub use window::{Shape, Window};
+
+use super::SourceCtx;
+use crate::stats::AgentCounters;
+use crate::sys;
+
+/// What the agent does for mappings (`[mmap] mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Follow readers and read the source ahead of them.
+    #[default]
+    Prefetch,
+    /// Follow readers (and count what they touch), read nothing ahead.
+    Watch,
+    /// Follow nothing.
+    Off,
+}
+
+impl Mode {
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "prefetch" => Some(Mode::Prefetch),
+            "watch" => Some(Mode::Watch),
+            "off" => Some(Mode::Off),
+            _ => None,
+        }
+    }
+}
+
+/// `[mmap]`, resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmapParams {
+    pub mode: Mode,
+    /// How far a reader must read forward before it is read ahead of (seed 000's checkpoint
+    /// distance, 8–10 MiB best).
+    pub distance: u64,
+    /// Bytes read ahead at a time (seed 000: 50 MiB best); less when memory is tight.
+    pub size: u64,
+    /// Percent of the last window the reader passes before the next is read (seed 000: 75).
+    pub threshold_pct: u64,
+}
+
+pub const DEFAULT_DISTANCE: u64 = 8 << 20;
+pub const DEFAULT_SIZE: u64 = 50 << 20;
+pub const DEFAULT_THRESHOLD_PCT: u64 = 75;
+
+impl Default for MmapParams {
+    fn default() -> MmapParams {
+        MmapParams {
+            mode: Mode::Prefetch,
+            distance: DEFAULT_DISTANCE,
+            size: DEFAULT_SIZE,
+            threshold_pct: DEFAULT_THRESHOLD_PCT,
+        }
+    }
+}
+
+const PAGE: u64 = 4096;
+/// A reader that stops for this many untouched pages has ended its run (it may skip a few
+/// pages: a record's padding, a B-tree page it did not need).
+const GAP_PAGES: u64 = 32;
+/// Pages looked at per tick: around each reader (following its run), and of the rest of each
+/// mapping (to find readers that jumped).
+const HOT_PAGES: u64 = 16 << 10;
+const HOT_PIECE: u64 = 1 << 10;
+const SWEEP_PAGES: u64 = 4 << 10;
+/// Pages newly touched away from a reader that make it a jump.
+const JUMP_MIN_PAGES: u64 = 16;
+/// Looks without progress after which the sweep starts over at the top of the mapping.
+const STALL_LOOKS: u32 = 3;
+/// A reader whose last windows all found the file cached is looked at every
+/// `CACHED_EVERY` ticks only (until a window finds something to read).
+const CACHED_WINDOWS: u32 = 2;
+const CACHED_EVERY: u32 = 8;
+/// One `readahead(2)` call: the kernel caps each at its largest request.
+const RA_PIECE: u64 = 1 << 20;
+/// Mappings are read again this often (unmapped, exited, exec'd).
+const MAPS_EVERY: Duration = Duration::from_secs(1);
+
+/// The follower thread, woken when a request arrives.
+static FOLLOWER: OnceLock<std::thread::Thread> = OnceLock::new();
+
+/// The calling thread is the agent's follower (`wake` unparks it).
+pub fn register_follower() {
+    let _ = FOLLOWER.set(std::thread::current());
+}
+
+fn wake() {
+    if let Some(t) = FOLLOWER.get() {
+        t.unpark();
+    }
+}
+
+/// The mappings of one source's files the agent follows.
+#[derive(Debug, Default)]
+pub struct Mappings {
+    /// `(pid, job slot)` of processes that mapped something, not looked at yet.
+    pending: Mutex<Vec<(u32, u32)>>,
+    /// Entries some followed process maps now, and where their readers are: a whole-file
+    /// fetch of such an entry reads where they read (`fetch_order`) and keeps those pages.
+    steer: Mutex<HashMap<u32, Steering>>,
+    state: Mutex<State>,
+    /// The read-ahead window last used (logged when it changes).
+    last_size: std::sync::atomic::AtomicU64,
+}
+
+/// The readers of one entry, for its whole-file fetch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Steering {
+    pub readers: Vec<super::fetch_order::Reader>,
+    /// How far behind a reader its pages are likely still cached.
+    pub window: u64,
+    /// How far ahead of a reader not read ahead of yet the fetch reads for it (`distance`).
+    pub lead: u64,
+    /// No reader moved for a while.
+    pub idle: bool,
+}
+
+/// Readers that did not move for this long are idle: the fetch stops waiting for them.
+const IDLE_AFTER: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Default)]
+struct State {
+    procs: HashMap<u32, Proc>,
+    files: HashMap<u32, Source>,
+}
+
+#[derive(Debug)]
+struct Proc {
+    slot: u32,
+    /// Its page tables (`None`: they cannot be read — not dumpable —, not followed).
+    pagemap: Option<File>,
+    maps_at: Instant,
+    readers: Vec<Reader>,
+}
+
+/// One mapping of one process.
+#[derive(Debug)]
+struct Reader {
+    m: maps::Mapped,
+    /// The file's size: nothing past it is followed.
+    len: u64,
+    /// One bit per page of `[m.start, end)`: present at the last look.
+    seen: Vec<u64>,
+    win: Window,
+    /// Where the next sweep slice starts (file offset).
+    sweep: u64,
+    /// Looks in a row in which the reader did not move on.
+    stalled: u32,
+    /// When it last touched a new page (or was first seen).
+    moved_at: Instant,
+    /// Read-ahead windows in a row that found everything cached, and ticks since it was
+    /// first followed.
+    cached_windows: u32,
+    ticks: u32,
+}
+
+/// The agent's handle on a source file it reads ahead.
+#[derive(Debug)]
+struct Source {
+    file: File,
+    cache: Option<sys::Residency>,
+    /// One bit per page: asked for by a read-ahead.
+    fetched: Vec<u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn bit(v: &[u64], i: u64) -> bool {
+    v.get((i / 64) as usize)
+        .is_some_and(|w| w & (1 << (i % 64)) != 0)
+}
+
+fn set_bit(v: &mut [u64], i: u64, on: bool) {
+    if let Some(w) = v.get_mut((i / 64) as usize) {
+        if on {
+            *w |= 1 << (i % 64);
+        } else {
+            *w &= !(1 << (i % 64));
+        }
+    }
+}
+
+impl Mappings {
+    /// `request::MAPPED`: process `pid` (job slot `slot`) mapped something of this source.
+    pub fn request(&self, pid: u32, slot: u32) {
+        lock(&self.pending).push((pid, slot));
+        wake();
+    }
+
+    /// True while a followed process maps entry `idx`.
+    pub fn is_mapped(&self, idx: u32) -> bool {
+        lock(&self.steer).contains_key(&idx)
+    }
+
+    /// Where the readers of entry `idx` are, if a followed process maps it.
+    pub fn steering(&self, idx: u32) -> Option<Steering> {
+        lock(&self.steer).get(&idx).cloned()
+    }
+
+    /// Processes followed now.
+    pub fn followed(&self) -> usize {
+        lock(&self.state).procs.len()
+    }
+
+    /// One round: new processes, mappings re-read when due, every reader looked at and read
+    /// ahead of. Returns true if some reader moved (the caller ticks again soon).
+    /// `room`: what the page cache can hold (read-ahead is sized to it); `block`: the size of
+    /// the agent's source reads (a whole-file fetch reads one ahead of its progress).
+    pub fn tick(&self, ctx: &SourceCtx, p: &MmapParams, room: u64, block: u64) -> bool {
+        let mut pending = std::mem::take(&mut *lock(&self.pending));
+        // Every `munmap` of a followed process asks again: once per tick is enough.
+        pending.sort_unstable();
+        pending.dedup_by_key(|p| p.0);
+        let mut st = lock(&self.state);
+        let now = Instant::now();
+        for (pid, slot) in pending {
+            refresh(ctx, &mut st, pid, Some(slot), now);
+        }
+        let due: Vec<u32> = st
+            .procs
+            .iter()
+            .filter(|(_, pr)| now.duration_since(pr.maps_at) >= MAPS_EVERY)
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in due {
+            refresh(ctx, &mut st, pid, None, now);
+        }
+        let mut moved = false;
+        let readers: usize = st.procs.values().map(|pr| pr.readers.len()).sum();
+        // Read-ahead that memory cannot hold until the reader gets there is read twice.
+        let size = p.size.min((room / 8 / readers.max(1) as u64).max(RA_PIECE));
+        if readers > 0
+            && self
+                .last_size
+                .swap(size, std::sync::atomic::Ordering::Relaxed)
+                != size
+        {
+            tracing::debug!(
+                "mappings: {readers} readers, page-cache room {room}: windows of {size}"
+            );
+        }
+        if p.mode != Mode::Off {
+            let shape = Shape {
+                distance: p.distance,
+                size,
+                threshold_pct: p.threshold_pct,
+            };
+            let State { procs, files } = &mut *st;
+            for pr in procs.values_mut() {
+                moved |= follow(ctx, pr, files, &shape, p.mode == Mode::Prefetch, block);
+            }
+        }
+        // What a reader read stays cached about this long behind it: half of what the page
+        // cache holds beside every reader's read-ahead, shared among the readers.
+        let behind =
+            (room.saturating_sub(readers as u64 * size) / 2 / readers.max(1) as u64).max(size);
+        let mut steer: HashMap<u32, Steering> = HashMap::new();
+        for r in st.procs.values().flat_map(|pr| pr.readers.iter()) {
+            let s = steer.entry(r.m.idx).or_insert_with(|| Steering {
+                readers: Vec::new(),
+                window: behind,
+                lead: p.distance.min(size),
+                idle: true,
+            });
+            if p.mode == Mode::Off {
+                // Not followed: where they read is unknown, the fetch reads in sequence (and
+                // keeps what it read for them).
+                s.idle = false;
+                continue;
+            }
+            let (from, pos) = if r.win.phase == window::Phase::Unseen {
+                (r.m.start, r.m.start)
+            } else {
+                (r.win.start, r.win.pos)
+            };
+            s.readers.push(super::fetch_order::Reader {
+                from,
+                pos,
+                streaming: matches!(r.win.phase, window::Phase::Streaming { .. }),
+            });
+            s.idle &= now.duration_since(r.moved_at) >= IDLE_AFTER;
+        }
+        st.files.retain(|idx, _| steer.contains_key(idx));
+        *lock(&self.steer) = steer;
+        moved
+    }
+}
+
+/// (Re-)reads `pid`'s mappings; readers that are still mapped the same way keep their state.
+fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: Instant) {
+    let Some(found) = maps::of_process(pid, &ctx.table, &ctx.source_real) else {
+        st.procs.remove(&pid);
+        return;
+    };
+    let found: Vec<_> = found
+        .into_iter()
+        .filter(|m| {
+            ctx.table
+                .entry(m.idx)
+                .is_some_and(|e| m.start < e.stat.size)
+        })
+        .collect();
+    if found.is_empty() {
+        st.procs.remove(&pid);
+        return;
+    }
+    let pr = st.procs.entry(pid).or_insert_with(|| {
+        // The present bits of the page tables of a process of the same user: no privilege
+        // needed, unless it made itself undumpable (then it is not followed).
+        let pagemap = File::open(format!("/proc/{pid}/pagemap")).ok();
+        if pagemap.is_none() {
+            tracing::info!("process {pid}: its page tables cannot be read, not followed");
+        }
+        Proc {
+            slot: slot.unwrap_or(0),
+            pagemap,
+            maps_at: now,
+            readers: Vec::new(),
+        }
+    });
+    if let Some(s) = slot {
+        pr.slot = s;
+    }
+    pr.maps_at = now;
+    let mut old = std::mem::take(&mut pr.readers);
+    for m in found {
+        let len = ctx.table.entry(m.idx).map_or(0, |e| e.stat.size);
+        let same = old.iter().position(|r| {
+            (r.m.idx, r.m.base, r.m.start, r.m.end) == (m.idx, m.base, m.start, m.end)
+        });
+        let r = match same {
+            Some(i) => {
+                let mut r = old.swap_remove(i);
+                r.m.local = m.local;
+                r
+            }
+            None => {
+                tracing::debug!(
+                    "process {pid} maps entry {} [{}, {}), local {:?}",
+                    m.idx,
+                    m.start,
+                    m.end,
+                    m.local
+                );
+                let pages = (m.end.min(len).saturating_sub(m.start)).div_ceil(PAGE);
+                Reader {
+                    sweep: m.start,
+                    m,
+                    len,
+                    seen: vec![0; pages.div_ceil(64) as usize],
+                    win: Window::default(),
+                    stalled: 0,
+                    moved_at: now,
+                    cached_windows: 0,
+                    ticks: 0,
+                }
+            }
+        };
+        pr.readers.push(r);
+    }
+}
+
+/// Looks at one process's page tables; reads ahead where its readers stream. True if a reader
+/// touched something new.
+fn follow(
+    ctx: &SourceCtx,
+    pr: &mut Proc,
+    files: &mut HashMap<u32, Source>,
+    shape: &Shape,
+    prefetch: bool,
+    block: u64,
+) -> bool {
+    let Some(pm) = pr.pagemap.as_ref() else {
+        return false;
+    };
+    let mut moved = false;
+    for r in &mut pr.readers {
+        // A reader whose last windows found everything cached has nothing to gain: it is
+        // looked at less often (following costs the program a share of a CPU).
+        r.ticks = r.ticks.wrapping_add(1);
+        if r.cached_windows >= CACHED_WINDOWS && r.ticks % CACHED_EVERY != 0 {
+            continue;
+        }
+        let Some(look) = look(pm, r) else {
+            continue;
+        };
+        account(ctx, pr.slot, r, &look, files, block);
+        if look.hot_new > 0 || look.jump.is_some() {
+            r.moved_at = Instant::now();
+        }
+        let ahead = if look.hot_new > 0 {
+            moved = true;
+            r.win.advance(look.hot_end, look.hot_new, r.len, shape)
+        } else if let Some((at, new)) = look.jump {
+            moved = true;
+            r.win.jump(at);
+            r.win.advance(at, new, r.len, shape)
+        } else {
+            None
+        };
+        if let (true, Some((a, b))) = (prefetch, ahead) {
+            let (wanted, issued) = read_ahead(ctx, r, files, a, b);
+            if wanted > 0 {
+                r.cached_windows = if issued == 0 {
+                    r.cached_windows.saturating_add(1)
+                } else {
+                    0
+                };
+            }
+        }
+    }
+    moved
+}
+
+/// What one look at a reader's page tables found.
+struct Look {
+    /// The end of the run of touched pages from the reader's position, and the bytes in it
+    /// touched since the last look.
+    hot_end: u64,
+    hot_new: u64,
+    /// Elsewhere: the furthest newly touched page of the sweep slice, and the new bytes there.
+    jump: Option<(u64, u64)>,
+    /// Pages that became present (file offsets), for the counters.
+    new_pages: Vec<u64>,
+}
+
+/// Reads the present bits of file pages `[from, to)` of `r` into `out` (one bool per page).
+fn present(pm: &File, r: &Reader, from: u64, to: u64, buf: &mut Vec<u8>) -> Option<Vec<bool>> {
+    let to = to.min(r.m.end).min(r.len.div_ceil(PAGE) * PAGE);
+    if from >= to {
+        return Some(Vec::new());
+    }
+    let pages = (to - from).div_ceil(PAGE);
+    buf.resize(pages as usize * 8, 0);
+    let va = r.m.base.wrapping_add(from);
+    let mut got = 0usize;
+    while got < buf.len() {
+        match pm.read_at(&mut buf[got..], (va / PAGE) * 8 + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(
+        buf[..got]
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) >> 63 == 1)
+            .collect(),
+    )
+}
+
+/// Records whether file page `off` of `r` is present now; true if it became present since the
+/// last look (the program touched it).
+fn observe(r: &mut Reader, off: u64, on: bool) -> bool {
+    let k = (off - r.m.start) / PAGE;
+    let was = bit(&r.seen, k);
+    set_bit(&mut r.seen, k, on);
+    on && !was
+}
+
+fn look(pm: &File, r: &mut Reader) -> Option<Look> {
+    let mut buf = Vec::new();
+    let mut out = Look {
+        hot_end: r.win.pos,
+        hot_new: 0,
+        jump: None,
+        new_pages: Vec::new(),
+    };
+    // Follow the reader from where it was: pages it touched since the last look extend its
+    // run; pages still present from before (an earlier pass the kernel did not reclaim) are
+    // passed over; a stretch of untouched pages ends it.
+    if r.win.phase != window::Phase::Unseen {
+        let mut from = r.win.pos.max(r.m.start) / PAGE * PAGE;
+        let limit = from + HOT_PAGES * PAGE;
+        let mut gap = 0;
+        // In pieces: a reader that moved a little costs a little.
+        'hot: while from < limit {
+            let bits = present(pm, r, from, from + HOT_PIECE * PAGE, &mut buf)?;
+            if bits.is_empty() {
+                break;
+            }
+            for (i, &on) in bits.iter().enumerate() {
+                let off = from + i as u64 * PAGE;
+                if observe(r, off, on) {
+                    gap = 0;
+                    out.hot_end = off + PAGE;
+                    out.hot_new += PAGE;
+                    out.new_pages.push(off);
+                } else if !on {
+                    gap += 1;
+                    if gap > GAP_PAGES {
+                        break 'hot;
+                    }
+                }
+            }
+            from += bits.len() as u64 * PAGE;
+        }
+        r.stalled = if out.hot_new == 0 { r.stalled + 1 } else { 0 };
+        if r.stalled == STALL_LOOKS {
+            // Not moving on: most likely it started over (the next epoch). Look there first.
+            r.sweep = r.m.start;
+        }
+    }
+    // A slice of the rest, round robin: readers that jumped, and the first sight of one.
+    let span = r.m.end.min(r.len.div_ceil(PAGE) * PAGE);
+    if r.sweep >= span || r.sweep < r.m.start {
+        r.sweep = r.m.start;
+    }
+    let from = r.sweep;
+    let bits = present(pm, r, from, from + SWEEP_PAGES * PAGE, &mut buf)?;
+    r.sweep = from + (bits.len() as u64).max(1) * PAGE;
+    let (mut far_new, mut far_end) = (0u64, 0u64);
+    let near = r.win.pos.saturating_sub(GAP_PAGES * PAGE)..out.hot_end.max(r.win.pos) + PAGE;
+    let unseen = r.win.phase == window::Phase::Unseen;
+    for (i, &on) in bits.iter().enumerate() {
+        let off = from + i as u64 * PAGE;
+        if observe(r, off, on) {
+            out.new_pages.push(off);
+            if unseen || !near.contains(&off) {
+                far_new += PAGE;
+                far_end = far_end.max(off + PAGE);
+            }
+        }
+    }
+    // A few pages touched elsewhere (a B-tree page read again) do not move a reader.
+    if out.hot_new == 0 && (far_new >= JUMP_MIN_PAGES * PAGE || unseen && far_new > 0) {
+        out.jump = Some((far_end, far_new));
+    }
+    Some(out)
+}
+
+/// Adds what a look found to the job's counters.
+fn account(
+    ctx: &SourceCtx,
+    slot: u32,
+    r: &Reader,
+    look: &Look,
+    files: &HashMap<u32, Source>,
+    block: u64,
+) {
+    if look.new_pages.is_empty() {
+        return;
+    }
+    let t = &ctx.table;
+    let placing = state::state_of(t.state(r.m.idx)) == state::PLACING;
+    // A whole-file fetch has read (or is reading) one block past its progress.
+    let fetched_to = if placing {
+        t.progress(r.m.idx).saturating_add(block)
+    } else {
+        0
+    };
+    let src = files.get(&r.m.idx);
+    let (mut local, mut source, mut faulted) = (0u64, 0u64, 0u64);
+    for &off in &look.new_pages {
+        let n = PAGE.min(r.len.saturating_sub(off));
+        if r.m.local.iter().any(|&(s, e)| (s..e).contains(&off)) {
+            local += n;
+        } else {
+            source += n;
+            let asked = off < fetched_to || src.is_some_and(|s| bit(&s.fetched, off / PAGE));
+            if !asked {
+                faulted += n;
+            }
+        }
+    }
+    t.count(slot, job::MAP_LOCAL_BYTES, local);
+    t.count(slot, job::MAP_SOURCE_BYTES, source);
+    t.count(slot, job::MAP_FAULTED_BYTES, faulted);
+}
+
+/// Reads `[a, b)` of the reader's file ahead, where the mapping takes it from the source and
+/// the page cache lacks it; for a file cached in chunks, the missing chunks are asked for too.
+/// Returns the bytes of the window the mapping takes from the source, and of those the bytes
+/// it asked the source for (the rest was cached).
+fn read_ahead(
+    ctx: &SourceCtx,
+    r: &Reader,
+    files: &mut HashMap<u32, Source>,
+    a: u64,
+    b: u64,
+) -> (u64, u64) {
+    let idx = r.m.idx;
+    let a = a / PAGE * PAGE;
+    let b = b.min(r.len);
+    if a >= b {
+        return (0, 0);
+    }
+    let src = match files.entry(idx) {
+        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => match open_source(ctx, idx) {
+            Some(s) => v.insert(s),
+            None => return (0, 0),
+        },
+    };
+    let t0 = Instant::now();
+    // The parts of [a, b) the mapping takes from the source.
+    let mut runs = vec![(a, b)];
+    for &(s, e) in &r.m.local {
+        runs = runs
+            .into_iter()
+            .flat_map(|(x, y)| {
+                let mut v = vec![];
+                if x < s.min(y) {
+                    v.push((x, s.min(y)));
+                }
+                if e.max(x) < y {
+                    v.push((e.max(x), y));
+                }
+                v
+            })
+            .collect();
+    }
+    let mut res = Vec::new();
+    let mut issued = 0u64;
+    let wanted: u64 = runs.iter().map(|&(x, y)| y - x).sum();
+    for (x, y) in runs {
+        let missing = match &src.cache {
+            Some(c) if c.resident(x, y - x, &mut res).is_ok() => res
+                .iter()
+                .enumerate()
+                .filter(|(_, &m)| m & 1 == 0)
+                .map(|(i, _)| x + i as u64 * PAGE)
+                .collect::<Vec<_>>(),
+            _ => (x..y).step_by(PAGE as usize).collect(),
+        };
+        let mut i = 0;
+        while i < missing.len() {
+            let start = missing[i];
+            let mut end = start + PAGE;
+            while i + 1 < missing.len() && missing[i + 1] == end {
+                i += 1;
+                end += PAGE;
+            }
+            i += 1;
+            let end = end.min(y);
+            // The kernel reads at most its largest request (`max_sectors_kb`, ~1 MiB) per
+            // call, in one request: so many calls, each a request large enough to reach the
+            // source's bandwidth rather than its request rate.
+            let mut p = start;
+            while p < end {
+                let n = RA_PIECE.min(end - p);
+                if sys::readahead(&src.file, p, n).is_err() {
+                    break;
+                }
+                issued += n;
+                let mut q = p;
+                while q < p + n {
+                    set_bit(&mut src.fetched, q / PAGE, true);
+                    q += PAGE;
+                }
+                p += n;
+            }
+        }
+    }
+    tracing::debug!(
+        "mmap read-ahead of entry {idx}: [{a}, {b}) for a reader at {}: {issued} bytes issued \
+         in {:?}",
+        r.win.pos,
+        t0.elapsed()
+    );
+    let c = &ctx.counters;
+    AgentCounters::add(&c.mmap_read_ahead, issued);
+    AgentCounters::add(&c.source_bytes, issued);
+    if issued > 0 {
+        AgentCounters::add(&c.mmap_windows, 1);
+    }
+    (wanted, issued)
+}
+
+/// Opens entry `idx` on the source for read-ahead, if it is still the catalogued file.
+fn open_source(ctx: &SourceCtx, idx: u32) -> Option<Source> {
+    use std::os::unix::ffi::OsStrExt;
+    let e = ctx.table.entry(idx)?;
+    let rel = ctx.table.rel_path_vec(idx)?;
+    let path = ctx.source_real.join(std::ffi::OsStr::from_bytes(&rel));
+    let file = super::copy::open_source(ctx, &path).ok()?;
+    if !super::copy::matches_catalog(&file, &e) {
+        return None;
+    }
+    AgentCounters::add(&ctx.counters.source_opens, 1);
+    let cache = sys::Residency::of(&file).ok();
+    let pages = e.stat.size.div_ceil(PAGE);
+    Some(Source {
+        file,
+        cache,
+        fetched: vec![0; pages.div_ceil(64) as usize],
+    })
+}

@@ -1,0 +1,64 @@
+//! `mremap` and `munmap`. `mremap` is the one memory call granary's mappings can change the
+//! answer of: a mapping of a file that is partly local is several mappings in the kernel's eyes
+//! (`mapping`), and growing or moving a range that spans several fails with EFAULT; granary then
+//! maps the source back over the range (the same bytes) and the call is made again. Both tell
+//! the agent, in a process whose mappings it follows, to look at them again now (the addresses
+//! may soon hold something else).
+
+use core::ffi::{c_int, c_void};
+
+use crate::detour::{self, real, sys};
+
+type MremapFn = unsafe extern "C" fn(*mut c_void, usize, usize, c_int, *mut c_void) -> *mut c_void;
+type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    let r = real!(MUNMAP as MunmapFn, (addr, len) else sys!(libc::SYS_munmap, addr, len) as c_int);
+    if r == 0 {
+        crate::mapping::unmapped(addr as usize, len, None);
+    }
+    r
+}
+
+/// The fifth argument exists only with `MREMAP_FIXED` (x86-64/aarch64 ABI: taken as a fixed
+/// register argument, passed on only then).
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_size: usize,
+    new_size: usize,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    let new_addr = if flags & libc::MREMAP_FIXED != 0 {
+        new_addr
+    } else {
+        core::ptr::null_mut()
+    };
+    let call = || {
+        real!(MREMAP as MremapFn, (old, old_size, new_size, flags, new_addr)
+            else sys!(libc::SYS_mremap, old, old_size, new_size, flags, new_addr) as *mut c_void)
+    };
+    let p = call();
+    if p != libc::MAP_FAILED {
+        crate::mapping::unmapped(old as usize, old_size, Some((p as usize, new_size)));
+        return p;
+    }
+    if detour::errno() != libc::EFAULT || old_size == 0 {
+        return p;
+    }
+    let Some(g) = detour::enter_any_creds() else {
+        return p;
+    };
+    if !crate::mapping::unsplit(&g, old as usize, old_size) {
+        detour::set_errno(libc::EFAULT);
+        return p;
+    }
+    drop(g);
+    let p = call();
+    if p != libc::MAP_FAILED {
+        crate::mapping::unmapped(old as usize, old_size, Some((p as usize, new_size)));
+    }
+    p
+}

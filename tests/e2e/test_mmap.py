@@ -1,0 +1,396 @@
+"""Programs that read through `mmap` (issue 11, docs/placement.md "Mappings"): every kind of
+program that handles its own faults or hands mapped pages to the kernel reads a file that is
+partly local exactly as without granary; a mapping of a file being fetched is usable before the
+copy is; the agent reads ahead of a reader where it is, every pass, and losing the agent loses
+nothing; read-only LMDB environments never open the source's lock file, and a writer appearing
+mid-job leaves every reader correct.
+
+The partly local file is the interesting one: granary maps the chunks a tier holds over the
+source's mapping, so one mapping of the program is several in the kernel's eyes.
+"""
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import CLIENTS, Granary
+from probes import direct, run_job, wait_for
+
+MAPPER = [sys.executable, str(CLIENTS / "mapper.py")]
+MIB = 1 << 20
+SIZE = 24 * MIB
+
+
+def config(tmp_path, **mmap) -> pathlib.Path:
+    """An agent configuration: debug log (read-ahead windows are logged), small read-ahead
+    windows so small files show several."""
+    lines = ["[agent]", 'log_level = "debug"', "[mmap]"]
+    lines += [f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v}" for k, v in mmap.items()]
+    p = tmp_path / "granary.toml"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+@pytest.fixture
+def own(tmp_path):
+    """An agent of this test's own (its configuration and log are the test's)."""
+    (tmp_path / "own").mkdir()
+    g = Granary(tmp_path / "own")
+    yield g
+    g.stop()
+
+
+def evict(path):
+    """Drops a file's pages from the page cache (what a cold PFS client has)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def agent_log(g: Granary) -> str:
+    p = g.runtime / "agent.log"
+    return p.read_text(errors="replace") if p.exists() else ""
+
+
+def windows(g: Granary):
+    """Every read-ahead window the agent logged: (start, end, reader position)."""
+    return [tuple(map(int, m)) for m in re.findall(
+        r"mmap read-ahead of entry \d+: \[(\d+), (\d+)\) for a reader at (\d+)", agent_log(g))]
+
+
+@pytest.fixture
+def partly_cached(own, tmp_path):
+    """A 24 MiB file of which a tier holds the first half in chunks: a first job read it, the
+    agent kept what fits (chunks from the start)."""
+    src = tmp_path / "pfs"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(SIZE))
+    tier = tmp_path / "tier"
+    first, _ = run_job(own, src, ["cat", src / "big.bin"], tier, tier_size="13M")
+    assert first.returncode == 0, first.stderr
+    own.settle(src)
+    chunks = list(tier.rglob("*.chunks"))
+    assert chunks and chunks[0].stat().st_blocks * 512 >= 8 * MIB, "the tier kept no chunks"
+    return src, tier
+
+
+KINDS = {
+    "scan": lambda p: [*MAPPER, "scan", p],
+    "faulthandler": lambda p: [sys.executable, "-X", "faulthandler", CLIENTS / "mapper.py",
+                               "scan", p],
+    "syscalls": lambda p: [*MAPPER, "syscalls", p],
+    "fork": lambda p: [*MAPPER, "fork", p],
+    "threads": lambda p: [*MAPPER, "threads", p],
+    "memcalls": lambda p: [*MAPPER, "memcalls", p],
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_program_kinds_read_a_partly_cached_file_as_without_granary(own, partly_cached, kind):
+    src, tier = partly_cached
+    cmd = KINDS[kind](src / "big.bin")
+    want = direct(cmd)
+    assert want.returncode == 0, want.stderr
+    got, _ = run_job(own, src, cmd, tier, tier_size="13M")
+    assert got.returncode == 0, got.stderr.decode(errors="replace")
+    assert json.loads(got.stdout) == json.loads(want.stdout)
+
+
+def test_the_split_mapping_is_the_chunk_file_over_the_source(own, partly_cached):
+    src, tier = partly_cached
+    probe = ("import mmap, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+             "m = mmap.mmap(fd, 0, prot=mmap.PROT_READ); "
+             "print(sum('.chunks' in l for l in open('/proc/self/maps')), "
+             "sum(l.rstrip().endswith('big.bin') for l in open('/proc/self/maps')))")
+    got, _ = run_job(own, src, [sys.executable, "-c", probe, src / "big.bin"], tier,
+                     tier_size="13M")
+    chunk_vmas, source_vmas = map(int, got.stdout.split())
+    assert chunk_vmas >= 1 and source_vmas >= 1, got.stdout
+
+
+def test_a_null_dereference_dies_as_without_granary(own, partly_cached):
+    src, tier = partly_cached
+    for fh in ([], ["-X", "faulthandler"]):
+        cmd = [sys.executable, *fh, CLIENTS / "mapper.py", "segv", src / "big.bin"]
+        want = direct(cmd)
+        got, _ = run_job(own, src, cmd, tier, tier_size="13M")
+        assert want.returncode == -signal.SIGSEGV
+        assert got.returncode == 128 + signal.SIGSEGV, got.stderr  # granary run's 128 + signal
+        assert got.stdout == want.stdout
+        said = b"Fatal Python error: Segmentation fault"
+        assert (said in got.stderr) == (said in want.stderr) == bool(fh)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="the test command installs gcc")
+def test_a_program_with_its_own_segv_handler(own, partly_cached, tmp_path):
+    src, tier = partly_cached
+    exe = tmp_path / "segv_handler"
+    subprocess.run(["cc", "-O2", "-o", exe, CLIENTS / "segv_handler.c"], check=True)
+    want = direct([exe, src / "big.bin"])
+    got, _ = run_job(own, src, [exe, src / "big.bin"], tier, tier_size="13M")
+    assert want.returncode == got.returncode == 0, got.stderr
+    assert json.loads(got.stdout) == json.loads(want.stdout)
+    assert json.loads(got.stdout)["null_faults"] > 0
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no JVM installed")
+def test_a_jvm_reading_a_mapped_byte_buffer(own, partly_cached):
+    src, tier = partly_cached
+    cmd = ["java", CLIENTS / "MapReader.java", src / "big.bin"]
+    want = direct(cmd, timeout=300)
+    got, _ = run_job(own, src, cmd, tier, tier_size="13M", timeout=300)
+    assert want.returncode == got.returncode == 0, got.stderr.decode(errors="replace")[-2000:]
+    assert json.loads(got.stdout) == json.loads(want.stdout)
+
+
+@pytest.fixture
+def uncached(own, tmp_path):
+    """A 32 MiB file no tier has room for (every page comes from the source), and an agent that
+    reads ahead in 4 MiB windows once a reader has read 1 MiB."""
+    src = tmp_path / "pfs"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(32 * MIB))
+    cfg = config(tmp_path, distance="1M", size="4M")
+    return src, tmp_path / "tier", ("--config", str(cfg))
+
+
+def test_a_reader_starting_mid_file_is_read_ahead_from_where_it_is(own, uncached):
+    src, tier, extra = uncached
+    cmd = [*MAPPER, "scan", src / "big.bin", "--start", str(16 * MIB), "--step", str(256 << 10)]
+    want = direct(cmd)
+    evict(src / "big.bin")
+    got, stats = run_job(own, src, cmd, tier, tier_size="1M", extra=extra)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout
+    w = windows(own)
+    assert w, agent_log(own)[-3000:]
+    assert all(start >= 16 * MIB for start, _, _ in w), w
+    assert stats["mmap"]["source_bytes"] > 0, stats["mmap"]
+
+
+def test_the_next_pass_is_read_ahead_again(own, uncached):
+    src, tier, extra = uncached
+    cmd = [*MAPPER, "scan", src / "big.bin", "--epochs", "2", "--drop", "--step", str(256 << 10),
+           "--pace", "0.005"]
+    want = direct(cmd)
+    evict(src / "big.bin")
+    got, _ = run_job(own, src, cmd, tier, tier_size="1M", extra=extra)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout
+    # Each pass was followed from its start: a window near the top of the file per pass.
+    starts = [s for s, _, _ in windows(own) if s < 8 * MIB]
+    assert len(starts) >= 2, windows(own)
+
+
+def test_kill_9_of_the_agent_during_read_ahead(own, uncached, tmp_path):
+    src, tier, extra = uncached
+    marker = tmp_path / "mapped"
+    cmd = [*MAPPER, "scan", src / "big.bin", "--step", str(256 << 10), "--pace", "0.02",
+           "--marker", marker]
+    want = direct([*MAPPER, "scan", src / "big.bin", "--step", str(256 << 10)])
+    args = [own.bin, "run", "--source", src, "--tier", f"{tier}=1M", "-q", *extra, "--", *cmd]
+    proc = subprocess.Popen(list(map(str, args)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=own.env, start_new_session=True)
+    try:
+        wait_for(lambda: windows(own) or proc.poll() is not None, "a read-ahead window")
+        assert proc.poll() is None, proc.communicate()
+        for pid in own.agent_pids():
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out == want.stdout
+
+
+# -- LMDB ---------------------------------------------------------------------------------------
+
+def lmdb_env(tmp_path, n=200):
+    pytest.importorskip("lmdb", reason="the test command installs the python lmdb binding")
+    src = tmp_path / "pfs"
+    src.mkdir()
+    subprocess.run([sys.executable, CLIENTS / "lmdb_reader.py", "make", src / "db", str(n)],
+                   check=True)
+    return src
+
+
+def test_read_only_lmdb_readers_never_open_the_source_lock_file(own, tmp_path):
+    src = lmdb_env(tmp_path)
+    lock = src / "db" / "lock.mdb"
+    before = (lock.stat().st_mtime_ns, lock.read_bytes())
+    trace = tmp_path / "trace"
+    # Three readers at once, each with the reader lock, traced from inside the job.
+    script = ("import subprocess, sys\n"
+              "ps = [subprocess.Popen([sys.executable, sys.argv[1], 'read', sys.argv[2], 'lock'],"
+              " stdout=subprocess.PIPE) for _ in range(3)]\n"
+              "print([p.communicate()[0].decode().strip() for p in ps])\n"
+              "sys.exit(max(p.returncode for p in ps))\n")
+    cmd = ["strace", "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", trace,
+           sys.executable, "-c", script, CLIENTS / "lmdb_reader.py", src / "db"]
+    if shutil.which("strace") is None:
+        pytest.skip("the test command installs strace")
+    tier = tmp_path / "tier"
+    for job in range(2):  # the data file fetched, then placed
+        got, stats = run_job(own, src, cmd, tier)
+        assert got.returncode == 0, got.stderr.decode(errors="replace")[-2000:]
+        assert all(json.loads(r)["bad"] == 0 for r in eval(got.stdout)), got.stdout
+        opens = [line for line in trace.read_text().splitlines() if "lock.mdb" in line]
+        assert opens == [], opens
+        # Counted through the request ring, a hint (a producer stalled by strace for a second
+        # may see its request skipped): at least one.
+        assert stats["mmap"]["lmdb_local_locks"] >= 1, stats["mmap"]
+        own.settle(src)
+    assert (lock.stat().st_mtime_ns, lock.read_bytes()) == before
+
+
+WRITER_JOB = r"""
+import json, subprocess, sys, time
+import lmdb
+db, sync = sys.argv[1], sys.argv[2]
+def reader(tag, lock):
+    return subprocess.Popen([sys.executable, sys.argv[3], tag, db, sync, lock],
+                            stdout=subprocess.PIPE)
+early = reader("early", "lock")
+while True:  # the early reader holds its snapshot open
+    try:
+        open(sync + "/early-ready").close()
+        break
+    except FileNotFoundError:
+        time.sleep(0.02)
+env = lmdb.open(db, map_size=1 << 30)  # a writer appears
+with env.begin(write=True) as txn:
+    for i in range(1000, 1040):
+        txn.put(f"{i:08d}".encode(), bytes([i % 251]) * (4000 + i))
+    txn.put(b"00000003", b"rewritten")
+env.close()
+open(sync + "/written", "w").close()
+late = reader("late", "lock")
+print(json.dumps({"early": json.loads(early.communicate()[0]),
+                  "late": json.loads(late.communicate()[0])}, sort_keys=True))
+sys.exit(early.returncode or late.returncode)
+"""
+
+WRITER_READER = r"""
+import hashlib, json, os, sys, time
+import lmdb
+tag, db, sync, lock = sys.argv[1:5]
+env = lmdb.open(db, readonly=True, lock=lock == "lock")
+h = hashlib.sha256()
+n = 0
+with env.begin() as txn:
+    if tag == "early":
+        open(sync + "/early-ready", "w").close()
+        while not os.path.exists(sync + "/written"):
+            time.sleep(0.02)
+    for k, v in txn.cursor():  # the snapshot taken when the transaction began
+        h.update(k + v)
+        n += 1
+print(json.dumps({"records": n, "digest": h.hexdigest()}))
+"""
+
+
+def test_lmdb_with_a_writer_appearing_mid_job(own, tmp_path):
+    """A reader holds a read transaction (the reader lock), a writer of the same job commits,
+    a later reader opens the environment: each sees what it sees without granary, and the
+    source ends up exactly as without granary."""
+    base = lmdb_env(tmp_path, n=300)
+    (tmp_path / "scripts").mkdir()
+    job = tmp_path / "scripts" / "job.py"
+    rd = tmp_path / "scripts" / "reader.py"
+    job.write_text(WRITER_JOB)
+    rd.write_text(WRITER_READER)
+
+    def run(where, through_granary, tier=None):
+        sync = where / "sync"
+        shutil.rmtree(sync, ignore_errors=True)
+        sync.mkdir(parents=True)
+        cmd = [sys.executable, job, where / "db", sync, rd]
+        if through_granary:
+            got, stats = run_job(own, where, cmd, tier)
+            return got, stats
+        return direct(cmd), None
+
+    twin = tmp_path / "twin"
+    subprocess.run(["cp", "-a", base, twin], check=True)
+    want, _ = run(twin, False)
+    assert want.returncode == 0, want.stderr
+    tier = tmp_path / "tier"
+    # A first job places data.mdb: the second one's early reader maps the copy.
+    warm, _ = run_job(own, base, [sys.executable, CLIENTS / "lmdb_reader.py", "read",
+                                  base / "db", "lock"], tier)
+    assert warm.returncode == 0, warm.stderr
+    own.settle(base)
+    got, stats = run(base, True, tier)
+    assert got.returncode == 0, got.stderr.decode(errors="replace")[-2000:]
+    assert json.loads(got.stdout) == json.loads(want.stdout)
+    # The writer's commits reached the source as they do without granary.
+    (tmp_path / "written").touch()
+    a = direct([sys.executable, rd, "late", base / "db", tmp_path, "nolock"])
+    b = direct([sys.executable, rd, "late", twin / "db", tmp_path, "nolock"])
+    assert a.stdout == b.stdout and a.returncode == 0
+
+
+# -- a file being fetched ------------------------------------------------------------------------
+
+from test_source_device import device_reads, drop_caches, loop_source  # noqa: E402,F401
+from test_waits import BLKIO, throttle  # noqa: E402,F401
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not (BLKIO / "blkio.throttle.read_bps_device").exists(),
+                    reason="needs root and the cgroup-v1 blkio controller")
+def test_a_mapping_of_a_file_being_fetched_is_usable_at_once(own, loop_source, throttle,
+                                                               tmp_path):
+    """The agent's reads crawl (1.5 MiB/s: the 48 MiB copy would take half a minute); the program
+    maps the file and reads all of it meanwhile: it never waits for the copy, gets the source's
+    bytes, and the source device delivers each byte once (the agent's copy shares the program's
+    pages)."""
+    dev, mnt = loop_source
+    src = mnt / "data"
+    src.mkdir()
+    size = 48 * MIB
+    (src / "big.bin").write_bytes(os.urandom(size))
+    want = direct([*MAPPER, "scan", src / "big.bin"])
+    tier = tmp_path / "tier"
+    started, _ = run_job(own, src, ["true"], tier)
+    assert started.returncode == 0, started.stderr
+    [agent] = own.agent_pids()
+    throttle(agent, dev, 3 << 19)
+    drop_caches()
+    # The file's last MiB, mapped and read first: the copy (from the start) is far from it.
+    tail = [*MAPPER, "scan", src / "big.bin", "--start", str(size - MIB)]
+    got, _ = run_job(own, src, tail, tier, timeout=300)
+    pending = [s.get("pending") for s in (own.status() or {}).get("sources", [])]
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == direct(tail).stdout
+    # The program is done while the copy is still being made: it did not wait for it.
+    assert any(p for p in pending), pending
+    # All of it, with the copy still in progress (and nothing of it in the page cache).
+    drop_caches()
+    before = device_reads(dev)
+    cmd = [*MAPPER, "scan", src / "big.bin"]
+    got, _ = run_job(own, src, cmd, tier, timeout=300)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout
+    throttle(None, dev, 0)
+    own.settle(src, timeout=300)
+    after = device_reads(dev)
+    # (Another program dropping the page cache meanwhile — `echo 3 > drop_caches` on a shared
+    # machine — makes this count higher: what the reader had cached is then read again.)
+    sectors = after[1] - before[1]
+    assert sectors * 512 <= 1.01 * size + (1 << 20), f"{sectors * 512} bytes read for {size}"
+    # The next job maps the complete copy.
+    again, stats = run_job(own, src, cmd, tier)
+    assert again.stdout == want.stdout
+    assert stats["files_served_from_tiers"] >= 1, stats
