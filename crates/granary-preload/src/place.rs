@@ -304,6 +304,11 @@ fn wait(g: &Guard, idx: u32, end: Option<u64>) -> Waited {
     }
 }
 
+/// Waits (as `wait` does) until the copy of `idx` is complete; false when it gave up.
+pub fn wait_placed(g: &Guard, idx: u32) -> bool {
+    matches!(wait(g, idx, None), Waited::Placed)
+}
+
 fn give_up(why: &[u8]) -> Waited {
     if log::enabled() {
         log::line(&[

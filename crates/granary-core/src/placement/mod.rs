@@ -12,6 +12,7 @@
 pub mod chunks;
 mod copy;
 mod fetch;
+pub mod incoming;
 mod partial;
 mod policy;
 mod pool;
@@ -24,6 +25,7 @@ mod whole_fetch;
 
 pub use copy::{object_dir, PlaceOutcome};
 pub use fetch::fetch_large;
+pub use incoming::Remote;
 pub use partial::{adopt_charges, copies_now, release_partial_charges, Partials};
 pub use policy::{
     free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy,
@@ -133,6 +135,9 @@ pub struct SourceCtx {
     /// The current attach's background validation (`catalog::validate`), which clients point
     /// at the directories they are in (`request::VALIDATE`).
     pub validation: std::sync::RwLock<Option<Arc<crate::catalog::Validation>>>,
+    /// Cluster mode: the other nodes of the job, asked before the source is read
+    /// (`incoming::Remote`); unset on one node.
+    pub remote: std::sync::OnceLock<Arc<dyn Remote>>,
 }
 
 /// True if tier `tier`'s object directory is gone from its path (removed, renamed, replaced):
