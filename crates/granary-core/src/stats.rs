@@ -272,7 +272,9 @@ impl PlacementStats {
             remote_bytes: self.remote_bytes.saturating_sub(before.remote_bytes),
             peer_files: self.peer_files.saturating_sub(before.peer_files),
             peer_bytes: self.peer_bytes.saturating_sub(before.peer_bytes),
-            remote_fallbacks: self.remote_fallbacks.saturating_sub(before.remote_fallbacks),
+            remote_fallbacks: self
+                .remote_fallbacks
+                .saturating_sub(before.remote_fallbacks),
             staging_evictions: self
                 .staging_evictions
                 .saturating_sub(before.staging_evictions),

@@ -79,15 +79,24 @@ pub enum Command {
     Demo(DemoArgs),
     /// Pack a dataset into a few large partitions and an index; verify, ls, cat, diff a pack.
     Pack(crate::pack_cmd::PackArgs),
+    /// Cluster mode: one serving rank per node (started by srun or mpirun); every node's tiers
+    /// become one cache of the dataset, read once from the source (needs the `mpi` build).
+    #[command(after_help = crate::cluster::args::SERVE_EXAMPLES)]
+    Serve(crate::cluster::ServeArgs),
     #[command(name = "__demo-reader", hide = true)]
     DemoReader(DemoReaderArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The dataset directory the program reads (on the shared file system).
-    #[arg(long, value_name = "DIR")]
-    pub source: PathBuf,
+    /// The dataset directory the program reads (on the shared file system). With --attach,
+    /// the one the running agent serves.
+    #[arg(long, value_name = "DIR", required_unless_present = "attach")]
+    pub source: Option<PathBuf>,
+    /// Attach to the agent already running on this node (`granary serve`'s rank here) and
+    /// never start one: without it the program runs without granary.
+    #[arg(long)]
+    pub attach: bool,
     #[command(flatten)]
     pub tiers: TierArgs,
     /// The order the program opens its files, when it is known ahead (a file list, or one
@@ -162,7 +171,7 @@ pub struct DemoReaderArgs {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
-    if !matches!(cli.cmd, Command::Agent(_)) {
+    if !matches!(cli.cmd, Command::Agent(_) | Command::Serve(_)) {
         crate::logging::init(None, None);
     }
     if matches!(
@@ -179,5 +188,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Demo(a) => crate::demo::demo(a),
         Command::DemoReader(a) => crate::demo::reader(a),
         Command::Pack(a) => crate::pack_cmd::main(a),
+        Command::Serve(a) => crate::cluster::main(a),
     }
 }

@@ -3,6 +3,7 @@
 mod agent;
 mod cli;
 mod client;
+mod cluster;
 mod demo;
 mod logging;
 mod output;

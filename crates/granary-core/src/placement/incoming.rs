@@ -50,6 +50,8 @@ pub struct Receiving<'a> {
     idx: u32,
     entry: EntryRec,
     res: Option<Reservation<'a>>,
+    /// The reservation's tier (kept once the reservation is committed or released).
+    tier: usize,
     part: Option<File>,
     written: u64,
     hasher: xxhash_rust::xxh3::Xxh3,
@@ -71,6 +73,7 @@ pub fn receive<'a>(
         ctx,
         idx,
         entry: b.entry,
+        tier: res.tier(),
         res: Some(res),
         part: None,
         written: 0,
@@ -105,12 +108,20 @@ impl Receiving<'_> {
         self.entry.stat.size
     }
 
+    /// Bytes appended so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
     pub fn tier(&self) -> usize {
-        self.res.as_ref().map_or(0, |r| r.tier())
+        self.tier
     }
 
     fn dir(&self) -> Option<&OwnedFd> {
-        self.ctx.object_dirs.get(self.tier()).and_then(|d| d.as_ref())
+        self.ctx
+            .object_dirs
+            .get(self.tier())
+            .and_then(|d| d.as_ref())
     }
 
     /// Creates the part file and announces it (PLACING | tier): from here on clients may read
@@ -163,13 +174,14 @@ impl Receiving<'_> {
             return Err(ReceiveError::Mismatch("checksum"));
         }
         let (t, idx, tier) = (&self.ctx.table, self.idx, self.tier());
+        let ctx = self.ctx;
+        let Some(dir) = ctx.object_dirs.get(tier).and_then(|d| d.as_ref()) else {
+            return Err(ReceiveError::Lost);
+        };
         let Some(res) = self.res.take() else {
             return Err(ReceiveError::Lost);
         };
         let file = self.part.take().ok_or(ReceiveError::Lost)?;
-        let Some(dir) = self.dir() else {
-            return Err(ReceiveError::Lost);
-        };
         let (part, name) = (part_name(self.entry.object), object_name(self.entry.object));
         let out = states::finish(
             &EntryCell { table: t, idx },
@@ -216,6 +228,28 @@ impl Receiving<'_> {
         }
         self.res.take();
         lifecycle::requeue(&self.ctx.table, self.idx);
+    }
+}
+
+impl Receiving<'_> {
+    /// Ends the copy without one: `to` is SOURCE_ONLY (nobody holds the file: the program reads
+    /// the source) or STALE (the source changed). The part is removed and the room released
+    /// first.
+    pub fn give_up(mut self, to: u8) {
+        if self.part.take().is_some() {
+            if let Some(dir) = self.dir() {
+                let _ = sys::unlink_at(dir, &part_name(self.entry.object));
+            }
+        }
+        self.res.take();
+        let cell = EntryCell {
+            table: &self.ctx.table,
+            idx: self.idx,
+        };
+        lifecycle::give_up(&cell, to);
+        if to == state::STALE {
+            AgentCounters::add(&self.ctx.counters.stale, 1);
+        }
     }
 }
 

@@ -24,6 +24,8 @@ const _: () = assert!(JOB_SLOTS as usize <= granary_core::stats::MAX_JOB_SLOTS);
 /// How an attach to an idle source prepares its table: walk threads, the placement parameters
 /// the table advertises, how reused copies are verified, and the attach's validation.
 pub struct WalkOpts<'a> {
+    /// Cluster mode: another rank's table image to adopt instead of walking (`granary serve`).
+    pub image: Option<&'a Mutex<Vec<u8>>>,
     pub threads: usize,
     pub params: &'a Params,
     pub verify: Verify,
@@ -45,6 +47,8 @@ pub enum Origin {
     Loaded,
     /// A walk of the source (what an earlier table vouched for taken over).
     Walked,
+    /// Another rank's catalog, broadcast to this one (cluster mode).
+    Adopted,
 }
 
 pub struct SourceState {
@@ -175,7 +179,14 @@ impl SourceState {
             let table_path = rt_dir.table(&self.id, generation);
             let mut origin = Origin::Walked;
             let mut published = None;
-            if self.ctx().is_none() {
+            if let Some(img) = opts.image {
+                let mut img = img.lock().unwrap_or_else(|e| e.into_inner());
+                published = Some(
+                    catalog::adopt(&mut img, &spec, &table_path)
+                        .context("adopting rank 0's catalog")?,
+                );
+                origin = Origin::Adopted;
+            } else if self.ctx().is_none() {
                 let expect = catalog::Expect {
                     source_real: self.source_real.as_os_str().as_bytes(),
                     creds: spec.creds,
@@ -258,7 +269,7 @@ impl SourceState {
             &ctx,
             opts.immutable,
             opts.validate_threads,
-            origin == Origin::Walked,
+            matches!(origin, Origin::Walked | Origin::Adopted),
             root,
         );
         inner.spec = Some(spec);
@@ -490,6 +501,7 @@ impl SourceState {
             residency: opts.residency.clone(),
             lost: Default::default(),
             validation: Default::default(),
+            remote: Default::default(),
         });
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
         Ok(ctx)

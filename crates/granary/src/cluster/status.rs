@@ -1,0 +1,49 @@
+//! What `granary status` and a job's report show of a cluster-mode agent (`granary serve`).
+
+use serde::{Deserialize, Serialize};
+
+/// `granary status --json`: `cluster` (absent on one node).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub rank: u32,
+    pub ranks: u32,
+    /// The catalog arrived and requests are served (jobs attaching before wait for it).
+    pub ready: bool,
+    pub source: std::path::PathBuf,
+    /// `--replicas`: ranks holding each file.
+    pub replicas: u32,
+    /// `--replicate` globs: files every rank holds.
+    #[serde(default)]
+    pub replicate: Vec<String>,
+    /// Copies of other ranks' files (replicas, `--replicate`) still to be made at start.
+    pub copies_pending: u64,
+    /// Files and bytes this rank holds of the dataset (as first owner or replica), all ranks
+    /// together: the dataset as dealt out.
+    pub files_owned: u64,
+    pub bytes_owned: u64,
+    /// Every rank, this one included, as last heard of.
+    pub peers: Vec<PeerStatus>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PeerStatus {
+    pub rank: u32,
+    /// Heard from within the suspect time and not written off since.
+    pub alive: bool,
+    /// Milliseconds since its last message (`None`: written off).
+    pub silent_ms: Option<u64>,
+    /// Complete copies of the dataset in its own tiers, and bytes in its staging tier.
+    pub files_held: u64,
+    pub bytes_held: u64,
+    pub bytes_staged: u64,
+    /// Copies it received from other ranks and sent to them.
+    pub remote_files: u64,
+    pub remote_bytes: u64,
+    pub peer_files: u64,
+    pub peer_bytes: u64,
+    /// Bytes its agent read from the source (the PFS).
+    pub pfs_bytes: u64,
+    /// Files another rank was to send it that it read from the source instead.
+    pub fallbacks: u64,
+    pub jobs: u64,
+}
