@@ -25,6 +25,8 @@ pub struct Job {
     pub idx: u32,
     /// The job slot the copy is credited to (0: nobody's, e.g. a replica copied at start).
     pub slot: u32,
+    /// One of the copies made at start (`Node::copy_others`): counted down when done.
+    pub copy: bool,
 }
 
 /// Fetcher threads: each takes jobs until the node stops. A job holds one `ctx.inflight`
@@ -43,6 +45,9 @@ pub fn spawn(node: &Arc<Node>, jobs: Receiver<Job>, threads: usize) -> std::io::
                         job.ctx
                             .counters
                             .credit_placement(&job.ctx.table, job.slot, tier, bytes);
+                    }
+                    if job.copy {
+                        node.copies_pending.fetch_sub(1, Ordering::AcqRel);
                     }
                     job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
                     granary_core::sys::release_pages(&mut buf);

@@ -88,6 +88,8 @@ pub struct Node {
     cancelled: Mutex<HashSet<(u32, i32)>>,
     /// Copies of other ranks' files (replicas, `--replicate`) still to be made.
     pub copies_pending: AtomicU64,
+    /// Entries other ranks told this one were changed (written, removed) on the source.
+    pub invalidations: AtomicU64,
     pub replicate: Vec<String>,
     replicas: u32,
 }
@@ -139,9 +141,11 @@ impl Node {
             provide_q,
             cancelled: Mutex::default(),
             copies_pending: AtomicU64::new(0),
+            invalidations: AtomicU64::new(0),
             replicate: s.replicate,
             replicas: s.replicas,
         });
+        node.place_empty_files();
         fetch::spawn(&node, fetch_rx, FETCHERS)?;
         provide::spawn(&node, provide_rx, PROVIDERS)?;
         let hook: Arc<dyn Remote> = node.clone();
@@ -160,6 +164,38 @@ impl Node {
                 .spawn(move || n.copy_others())?;
         }
         Ok(node)
+    }
+
+    /// Empty files are placed here at once: their copy needs no byte from anyone, and a
+    /// program opening one then never opens the source (the preload's cluster wait is for files
+    /// of at least one byte).
+    fn place_empty_files(&self) {
+        let t = &self.ctx.table;
+        let tiers: Vec<usize> = (0..self.ctx.tiers.placeable()).collect();
+        let mut n = 0;
+        for idx in 0..t.entry_count() {
+            let empty = t
+                .entry(idx)
+                .is_some_and(|e| e.stat.is_file() && e.stat.size == 0);
+            if !empty || !lifecycle::claim(&EntryCell { table: t, idx }) {
+                continue;
+            }
+            match granary_core::placement::incoming::receive(&self.ctx, idx, &tiers) {
+                Ok(mut rx) => match rx.finish(0) {
+                    Ok(_) => n += 1,
+                    Err(why) => {
+                        tracing::debug!("empty file {idx}: {why}");
+                        rx.give_up(state::SOURCE_ONLY);
+                    }
+                },
+                Err(_) => {
+                    lifecycle::unclaim(&EntryCell { table: t, idx });
+                }
+            }
+        }
+        if n > 0 {
+            tracing::info!("{n} empty files placed");
+        }
     }
 
     /// Sends this rank's numbers to every other rank every `BEAT_PERIOD` (they also tell the
@@ -224,17 +260,24 @@ impl Node {
             while self.ctx.inflight.load(Ordering::Acquire) >= FETCHERS / 2 {
                 std::thread::sleep(Duration::from_millis(2));
             }
-            if lifecycle::claim(&EntryCell {
+            let claimed = lifecycle::claim(&EntryCell {
                 table: &self.ctx.table,
                 idx,
-            }) {
+            });
+            if claimed {
                 self.ctx.inflight.fetch_add(1, Ordering::AcqRel);
-                let _ = self.fetch_q.send(fetch::Job {
+                let job = fetch::Job {
                     ctx: self.ctx.clone(),
                     idx,
                     slot: 0,
-                });
+                    copy: true,
+                };
+                if self.fetch_q.send(job).is_ok() {
+                    continue;
+                }
+                self.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
             }
+            // Placed or on its way already (a program asked first).
             self.copies_pending.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -274,6 +317,7 @@ impl Node {
             replicas: self.replicas,
             replicate: self.replicate.clone(),
             copies_pending: self.copies_pending.load(Ordering::Acquire),
+            invalidations: self.invalidations.load(Ordering::Acquire),
             files_owned: files,
             bytes_owned: bytes,
             peers: (0..self.ranks)
@@ -323,6 +367,7 @@ impl Remote for Node {
             ctx: ctx.clone(),
             idx,
             slot,
+            copy: false,
         };
         if let Err(e) = self.fetch_q.send(job) {
             ctx.inflight.fetch_sub(1, Ordering::AcqRel);
@@ -379,6 +424,7 @@ impl Inbox for Node {
             Msg::Invalidate { idx, object, gone } => {
                 let t = &self.ctx.table;
                 if t.entry(idx).is_some_and(|e| e.object == object) {
+                    self.invalidations.fetch_add(1, Ordering::AcqRel);
                     let how = if gone { Void::Gone } else { Void::Stale };
                     // Not through the ring: that would tell every rank again.
                     if lifecycle::void(&EntryCell { table: t, idx }, how) {

@@ -1,5 +1,6 @@
 //! What `granary status` and a job's report show of a cluster-mode agent (`granary serve`).
 
+use granary_core::size::format_size;
 use serde::{Deserialize, Serialize};
 
 /// `granary status --json`: `cluster` (absent on one node).
@@ -17,6 +18,10 @@ pub struct ClusterStatus {
     pub replicate: Vec<String>,
     /// Copies of other ranks' files (replicas, `--replicate`) still to be made at start.
     pub copies_pending: u64,
+    /// Entries other ranks reported changed on the source (written or removed through granary
+    /// there), dropped here.
+    #[serde(default)]
+    pub invalidations: u64,
     /// Files and bytes this rank holds of the dataset (as first owner or replica), all ranks
     /// together: the dataset as dealt out.
     pub files_owned: u64,
@@ -46,4 +51,54 @@ pub struct PeerStatus {
     /// Files another rank was to send it that it read from the source instead.
     pub fallbacks: u64,
     pub jobs: u64,
+}
+
+/// `granary status`'s lines for the cluster.
+pub fn print(c: &ClusterStatus, out: &mut dyn FnMut(&str)) {
+    out(&format!(
+        "cluster: rank {} of {} serving {}{}; held here: {} files ({}); replicas {}{}{}",
+        c.rank,
+        c.ranks,
+        c.source.display(),
+        if c.ready {
+            ""
+        } else {
+            " (waiting for the catalog)"
+        },
+        c.files_owned,
+        format_size(c.bytes_owned),
+        c.replicas,
+        if c.replicate.is_empty() {
+            String::new()
+        } else {
+            format!(", on every rank: {}", c.replicate.join(" "))
+        },
+        if c.copies_pending > 0 {
+            format!(", {} copies still to make", c.copies_pending)
+        } else {
+            String::new()
+        }
+    ));
+    for p in &c.peers {
+        out(&format!(
+            "  rank {}: {}, holds {} files ({}), staged {}; from others {} ({}), to others {} \
+             ({}); PFS {}, from the source instead {}; {} job(s)",
+            p.rank,
+            match (p.alive, p.silent_ms) {
+                (true, _) => "alive".to_string(),
+                (false, Some(ms)) => format!("silent for {:.1} s", ms as f64 / 1000.0),
+                (false, None) => "written off".to_string(),
+            },
+            p.files_held,
+            format_size(p.bytes_held),
+            format_size(p.bytes_staged),
+            p.remote_files,
+            format_size(p.remote_bytes),
+            p.peer_files,
+            format_size(p.peer_bytes),
+            format_size(p.pfs_bytes),
+            p.fallbacks,
+            p.jobs
+        ));
+    }
 }
