@@ -139,6 +139,35 @@ impl Receiving<'_> {
         Ok(())
     }
 
+    /// The part file, created and announced, at its final length (holes until written): for a
+    /// sender that writes the bytes into it itself (a mapping). Report them with `landed`.
+    pub fn part_file(&mut self) -> Result<&File, ReceiveError> {
+        if self.part.is_none() {
+            self.open_part()?;
+            let out = self.part.as_ref().ok_or(ReceiveError::Lost)?;
+            if sys::allocate(out, self.size()).is_err() {
+                out.set_len(self.size()).map_err(ReceiveError::Tier)?;
+            }
+        }
+        self.part.as_ref().ok_or(ReceiveError::Lost)
+    }
+
+    /// The next piece is in the part file already (written through a mapping of `part_file`):
+    /// these are its bytes, as written. Publishes them (progress).
+    pub fn landed(&mut self, bytes: &[u8]) -> Result<(), ReceiveError> {
+        let end = self.written + bytes.len() as u64;
+        if self.part.is_none() || end > self.size() {
+            return Err(ReceiveError::Mismatch("size"));
+        }
+        self.hasher.update(bytes);
+        lifecycle::progress(&self.ctx.table, self.idx, end);
+        self.written = end;
+        if state::state_of(self.ctx.table.state(self.idx)) != state::PLACING {
+            return Err(ReceiveError::Lost);
+        }
+        Ok(())
+    }
+
     /// Appends the next piece of the file and publishes it (progress).
     pub fn append(&mut self, bytes: &[u8]) -> Result<(), ReceiveError> {
         if self.part.is_none() {

@@ -16,7 +16,7 @@ use granary_core::placement::{fetch_large, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
 use granary_shm::{state, EntryRec};
 
-use super::transport::Event;
+use super::transport::{Event, Landing};
 use super::wire::{Answer, Msg};
 use super::Node;
 
@@ -160,6 +160,7 @@ fn remote(
                 return Got::Outcome(PlaceOutcome::Stale);
             }
             Err(Failure::Silent) => {
+                tracing::debug!("rank {owner} did not send entry {idx} in time");
                 node.peers.failed(owner);
                 if rx.written() > 0 {
                     // Part of the copy came from it: start over from the source.
@@ -168,6 +169,7 @@ fn remote(
                 }
             }
             Err(Failure::Local(why)) => {
+                tracing::warn!("receiving entry {idx} from rank {owner}: {why}");
                 rx.abandon(&why);
                 return Got::Source;
             }
@@ -197,7 +199,13 @@ fn transfer(
     let Some(tag) = node.tags.take(owner) else {
         return Err(Failure::Silent);
     };
-    let events = node.comm.expect(owner, tag);
+    // The pieces land straight in the part file (mapped), not in buffers.
+    let landing = match rx.part_file().map(Landing::over) {
+        Ok(Ok(l)) => Arc::new(l),
+        Ok(Err(e)) => return Err(Failure::Local(ReceiveError::Tier(e))),
+        Err(e) => return Err(Failure::Local(e)),
+    };
+    let events = node.comm.expect(owner, tag, Some(landing.clone()));
     node.comm.ctrl(
         owner,
         &Msg::Request {
@@ -221,17 +229,21 @@ fn transfer(
                     clean = true;
                     return Err(Failure::Stale);
                 }
-                Ok(Event::Data(_)) | Err(_) => return Err(Failure::Silent),
+                Ok(_) | Err(_) => return Err(Failure::Silent),
             }
         };
         while rx.written() < rx.size() {
             match events.recv_timeout(node.timeout) {
+                Ok(Event::Landed { off, len }) => {
+                    rx.landed(landing.landed(off, len))
+                        .map_err(Failure::Local)?;
+                }
                 Ok(Event::Data(buf)) => {
                     let r = rx.append(&buf);
                     node.comm.bufs.put(buf);
                     r.map_err(Failure::Local)?;
                 }
-                Ok(Event::Reply(_)) | Err(_) => return Err(Failure::Silent),
+                Ok(_) | Err(_) => return Err(Failure::Silent),
             }
         }
         clean = true;

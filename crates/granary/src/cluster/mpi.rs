@@ -13,7 +13,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use mpi::ffi;
 use mpi::traits::*;
 
-use super::transport::{Budget, Buffers, Cmd, Event, Inbox, BUSY_NAP, IDLE_NAP};
+use super::transport::{
+    Budget, Buffers, Cmd, Event, Inbox, Landing, Payload, BUSY_NAP, IDLE_NAP, RECV_NAP,
+};
 use super::wire::{Msg, CTRL};
 
 /// This process's place in the MPI job, and MPI itself (finalized when dropped).
@@ -130,16 +132,23 @@ fn empty_status() -> ffi::MPI_Status {
     unsafe { std::mem::zeroed() }
 }
 
-/// A receive in flight: its buffer belongs to MPI until the request completes.
+/// Where a receive in flight writes: memory that belongs to MPI until the request completes.
+enum Into {
+    /// A pooled buffer (its length is set to `len` once complete).
+    Buffer(Vec<u8>),
+    /// The transfer's landing, at `off` (kept mapped by `_map`).
+    Landing { _map: Arc<Landing>, off: usize },
+}
+
 struct Recv {
     req: ffi::MPI_Request,
-    buf: Vec<u8>,
+    into: Into,
     len: usize,
 }
 
 struct Send {
     req: ffi::MPI_Request,
-    buf: Vec<u8>,
+    data: Payload,
     credit: u64,
     to: u32,
     since: Instant,
@@ -147,6 +156,9 @@ struct Send {
 
 struct Expecting {
     sink: crossbeam_channel::Sender<Event>,
+    landing: Option<Arc<Landing>>,
+    /// Where the next piece lands.
+    next: usize,
     /// Data matched for it, in matching order (delivered in that order).
     queue: VecDeque<Recv>,
 }
@@ -180,7 +192,11 @@ fn test(req: &mut ffi::MPI_Request) -> Result<bool, i32> {
 
 impl Loop {
     fn run(&mut self, cmds: &Receiver<Cmd>) {
-        let mut quiet_since = Instant::now();
+        // Naps double from BUSY_NAP after the last activity (a burst of requests is answered
+        // at once, an idle rank wakes ~1000 times a second): at most RECV_NAP while data is
+        // being received (its completion is seen in our calls), IDLE_NAP otherwise (a
+        // command wakes the thread at once; a new message waits that long at most).
+        let mut nap = BUSY_NAP;
         loop {
             let mut moved = false;
             loop {
@@ -196,26 +212,18 @@ impl Loop {
             moved |= self.probe();
             moved |= self.progress();
             if moved {
-                quiet_since = Instant::now();
+                nap = BUSY_NAP;
                 continue;
             }
-            let in_flight = !self.sends.is_empty()
-                || !self.orphans.is_empty()
-                || self.expect.values().any(|e| !e.queue.is_empty());
-            // Just after activity, or with transfers in flight: short naps (their progress
-            // happens in our calls). Idle: wait for a command, at most IDLE_NAP.
-            let nap = if in_flight || quiet_since.elapsed() < Duration::from_millis(20) {
-                BUSY_NAP
-            } else {
-                IDLE_NAP
-            };
-            match cmds.recv_timeout(nap) {
+            let receiving = self.expect.values().any(|e| !e.queue.is_empty());
+            let cap = if receiving { RECV_NAP } else { IDLE_NAP };
+            match cmds.recv_timeout(nap.min(cap)) {
                 Ok(Cmd::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                 Ok(cmd) => {
                     self.command(cmd);
-                    quiet_since = Instant::now();
+                    nap = BUSY_NAP;
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(IDLE_NAP),
             }
         }
     }
@@ -228,11 +236,18 @@ impl Loop {
                 data,
                 credit,
             } => self.send(to, tag, data, credit),
-            Cmd::Expect { from, tag, sink } => {
+            Cmd::Expect {
+                from,
+                tag,
+                sink,
+                landing,
+            } => {
                 self.expect.insert(
                     (from, tag),
                     Expecting {
                         sink,
+                        landing,
+                        next: 0,
                         queue: VecDeque::new(),
                     },
                 );
@@ -246,14 +261,16 @@ impl Loop {
         }
     }
 
-    fn send(&mut self, to: u32, tag: i32, buf: Vec<u8>, credit: u64) {
+    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64) {
         let mut req = null_request();
-        // SAFETY: `buf` stays owned by `self.sends` (never moved or freed) until the request
-        // completes; count is its length (pieces are at most PIECE bytes, far below i32::MAX).
+        let (ptr, len) = data.bytes();
+        // SAFETY: the bytes belong to `data` (a buffer, or a mapping held by its Arc), which
+        // stays in `self.sends`, unmoved and unfreed, until the request completes; count is its
+        // length (pieces are at most PIECE bytes, far below i32::MAX).
         let rc = unsafe {
             ffi::MPI_Isend(
-                buf.as_ptr().cast(),
-                buf.len() as i32,
+                ptr.cast(),
+                len as i32,
                 byte(),
                 to as i32,
                 tag,
@@ -269,7 +286,7 @@ impl Loop {
         }
         self.sends.push(Send {
             req,
-            buf,
+            data,
             credit,
             to,
             since: Instant::now(),
@@ -329,21 +346,43 @@ impl Loop {
                 }
                 continue;
             }
-            let mut buf = self.bufs.get(len);
-            let mut req = null_request();
-            // SAFETY: `buf` has capacity for `len` bytes and is owned by the pending receive
-            // until the request completes; only then is its length set to what MPI wrote.
-            let rc = unsafe {
-                ffi::MPI_Imrecv(buf.as_mut_ptr().cast(), count, byte(), &mut msg, &mut req)
+            // Into the transfer's landing when it has room for the piece, else a buffer (a
+            // transfer nobody waits for any more, or one without a landing).
+            let landing = self.expect.get(&(from, tag)).and_then(|e| {
+                let l = e.landing.as_ref()?;
+                Some((l.clone(), e.next, l.dest(e.next, len)))
+            });
+            let (into, ptr) = match landing {
+                Some((l, off, Some(ptr))) => (Into::Landing { _map: l, off }, ptr),
+                other => {
+                    if other.is_some() {
+                        if let Some(e) = self.expect.get(&(from, tag)) {
+                            let _ = e.sink.send(Event::Overflow);
+                        }
+                    }
+                    let mut b = self.bufs.get(len);
+                    let p = b.as_mut_ptr();
+                    (Into::Buffer(b), p)
+                }
             };
+            let mut req = null_request();
+            // SAFETY: `ptr` has room for `len` bytes (a buffer of that capacity, or a landing
+            // range checked by `dest`); that memory is owned by the pending receive (`into`:
+            // the Vec, or an Arc of the mapping) until the request completes, and nothing else
+            // reads or writes it meanwhile.
+            let rc = unsafe { ffi::MPI_Imrecv(ptr.cast(), count, byte(), &mut msg, &mut req) };
             if rc != 0 {
                 self.inbox.failed(from);
                 continue;
             }
-            buf.clear();
-            let r = Recv { req, buf, len };
+            let r = Recv { req, into, len };
             match self.expect.get_mut(&(from, tag)) {
-                Some(e) => e.queue.push_back(r),
+                Some(e) => {
+                    if matches!(r.into, Into::Landing { .. }) {
+                        e.next += len;
+                    }
+                    e.queue.push_back(r)
+                }
                 None => self.orphans.push(r),
             }
         }
@@ -361,13 +400,17 @@ impl Loop {
                     Ok(false) => break,
                     Ok(true) => {
                         any = true;
-                        let Some(mut r) = e.queue.pop_front() else {
-                            break;
+                        let Some(r) = e.queue.pop_front() else { break };
+                        let ev = match r.into {
+                            Into::Buffer(mut b) => {
+                                // SAFETY: the receive completed: MPI wrote exactly `len` bytes
+                                // (the probed size) into the buffer's capacity.
+                                unsafe { b.set_len(r.len) };
+                                Event::Data(b)
+                            }
+                            Into::Landing { off, .. } => Event::Landed { off, len: r.len },
                         };
-                        // SAFETY: the receive completed: MPI wrote exactly `len` bytes (the
-                        // probed size) into the buffer's capacity.
-                        unsafe { r.buf.set_len(r.len) };
-                        let _ = e.sink.send(Event::Data(r.buf));
+                        let _ = e.sink.send(ev);
                     }
                     Err(rc) => {
                         tracing::debug!("receive from rank {from} failed ({rc})");
@@ -382,7 +425,9 @@ impl Loop {
             Ok(false) => true,
             Ok(true) | Err(_) => {
                 any = true;
-                bufs.put(std::mem::take(&mut r.buf));
+                if let Into::Buffer(b) = &mut r.into {
+                    bufs.put(std::mem::take(b));
+                }
                 false
             }
         });
@@ -398,7 +443,9 @@ impl Loop {
             Ok(true) => {
                 any = true;
                 budget.release(s.credit);
-                bufs.put(std::mem::take(&mut s.buf));
+                if let Payload::Owned(b) = &mut s.data {
+                    bufs.put(std::mem::take(b));
+                }
                 false
             }
             Err(rc) => {
@@ -432,10 +479,10 @@ impl Loop {
         // Requests that never completed keep their buffers: leaked on purpose (MPI may still
         // write into them until the process exits).
         for r in self.orphans.drain(..) {
-            std::mem::forget(r.buf);
+            std::mem::forget(r.into);
         }
         for s in self.sends.drain(..) {
-            std::mem::forget(s.buf);
+            std::mem::forget(s.data);
         }
     }
 }

@@ -15,7 +15,7 @@ use granary_core::stats::AgentCounters;
 use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{object_name, state};
 
-use super::transport::PIECE;
+use super::transport::{Payload, PIECE};
 use super::wire::{Answer, Msg};
 use super::Node;
 
@@ -116,32 +116,43 @@ fn serve(node: &Node, job: &Job) {
         sum: t.checksum(idx),
     });
     let size = e.stat.size;
+    // Sent from a mapping of the copy: the pieces go from its pages to the requester's with no
+    // buffer in between (read into buffers where it cannot be mapped).
+    let map = memmap2::MmapOptions::new()
+        .len(size as usize)
+        .map_raw_read_only(&file)
+        .ok()
+        .map(Arc::new);
     let mut off = 0u64;
     while off < size {
         let n = (size - off).min(PIECE as u64);
-        if gone()
-            || !node
-                .comm
-                .budget
-                .acquire(n, Instant::now() + node.timeout * 4)
-        {
+        let deadline = Instant::now() + node.timeout * 4;
+        if gone() || !node.comm.budget.acquire(n, deadline) {
             return;
         }
-        let mut buf = node.comm.bufs.get(n as usize);
-        // Into the buffer's spare room (no zeroing pass over a piece about to be overwritten).
-        match (&mut file).take(n).read_to_end(&mut buf) {
-            Ok(got) if got as u64 == n => {}
-            r => {
-                // The copy changed under us (or an I/O error): the requester times out and
-                // reads the source; this copy is checked again at its next open.
-                tracing::warn!("reading the copy of entry {idx} failed: {r:?}");
-                node.comm.budget.release(n);
-                node.comm.bufs.put(buf);
-                t.push_request(granary_shm::request::DAMAGED, idx);
-                return;
+        let mapped = map
+            .as_ref()
+            .and_then(|m| Payload::mapped(m, off as usize, n as usize));
+        let piece = match mapped {
+            Some(p) => p,
+            None => {
+                let mut buf = node.comm.bufs.get(n as usize);
+                // Into the buffer's spare room (no zeroing pass over what is overwritten).
+                match (&mut file).take(n).read_to_end(&mut buf) {
+                    Ok(got) if got as u64 == n => Payload::Owned(buf),
+                    r => {
+                        // The copy changed under us (or an I/O error): the requester times
+                        // out and reads the source; this copy is checked again.
+                        tracing::warn!("reading the copy of entry {idx} failed: {r:?}");
+                        node.comm.budget.release(n);
+                        node.comm.bufs.put(buf);
+                        t.push_request(granary_shm::request::DAMAGED, idx);
+                        return;
+                    }
+                }
             }
-        }
-        node.comm.data(job.from, job.tag, buf, n);
+        };
+        node.comm.data(job.from, job.tag, piece, n);
         off += n;
     }
     let c = &ctx.counters;

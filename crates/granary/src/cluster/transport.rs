@@ -30,6 +30,72 @@ pub const PIECE: usize = 4 << 20;
 /// Bytes of file data a rank has in flight to others at once.
 pub const IN_FLIGHT: u64 = 64 << 20;
 
+/// Bytes handed to MPI to send, kept alive (with the communication thread) until the send
+/// completes.
+pub enum Payload {
+    /// A control message or a piece read into a buffer.
+    Owned(Vec<u8>),
+    /// A piece of a copy, sent from its mapping: no copy into a buffer (with a single-copy
+    /// transport the receiver copies straight from the page cache).
+    Mapped {
+        map: Arc<memmap2::MmapRaw>,
+        off: usize,
+        len: usize,
+    },
+}
+
+impl Payload {
+    /// `len` bytes of `map` at `off` (`None` beyond its end).
+    pub fn mapped(map: &Arc<memmap2::MmapRaw>, off: usize, len: usize) -> Option<Payload> {
+        (off.checked_add(len)? <= map.len()).then(|| Payload::Mapped {
+            map: map.clone(),
+            off,
+            len,
+        })
+    }
+
+    /// Start and length of the bytes (valid while `self` lives).
+    pub fn bytes(&self) -> (*const u8, usize) {
+        match self {
+            Payload::Owned(v) => (v.as_ptr(), v.len()),
+            Payload::Mapped { map, off, len } => (map.as_ptr().wrapping_add(*off), *len),
+        }
+    }
+}
+
+/// Where a transfer's data lands: the receiving copy's part file, sized and mapped. MPI writes
+/// each piece straight into it (no buffer, no write call); the communication thread holds it
+/// while a receive into it is in flight, so a transfer given up early never leaves MPI writing
+/// into memory that is gone.
+pub struct Landing {
+    map: memmap2::MmapRaw,
+}
+
+impl Landing {
+    /// Maps `file` (already its final length), its pages populated at once.
+    pub fn over(file: &std::fs::File) -> std::io::Result<Landing> {
+        let map = memmap2::MmapOptions::new().map_raw(file)?;
+        Ok(Landing { map })
+    }
+
+    /// Where `len` bytes at `off` go (`None` beyond the end).
+    pub fn dest(&self, off: usize, len: usize) -> Option<*mut u8> {
+        (off.checked_add(len)? <= self.map.len()).then(|| self.map.as_mut_ptr().wrapping_add(off))
+    }
+
+    /// The bytes that landed at `[off, off + len)` — only after `Event::Landed` for that range,
+    /// which no receive writes again.
+    pub fn landed(&self, off: usize, len: usize) -> &[u8] {
+        if self.dest(off, len).is_none() || len == 0 {
+            return &[];
+        }
+        // SAFETY: in bounds of a live mapping (checked above); the range was written by a
+        // completed receive (the Landed event happens after MPI_Test reported completion) and is
+        // never written again, so nothing mutates it while this shared view lives.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(off), len) }
+    }
+}
+
 /// What the communication thread is asked to do.
 pub enum Cmd {
     /// Send `data` to `to` with `tag`; `credit` bytes of the `Budget` are given back when the
@@ -37,14 +103,16 @@ pub enum Cmd {
     Send {
         to: u32,
         tag: i32,
-        data: Vec<u8>,
+        data: Payload,
         credit: u64,
     },
-    /// Messages from `from` with data tag `tag` (and replies naming it) go to `sink`.
+    /// Messages from `from` with data tag `tag` (and replies naming it) go to `sink`; data into
+    /// `landing` when there is one, one piece after the other.
     Expect {
         from: u32,
         tag: i32,
         sink: Sender<Event>,
+        landing: Option<Arc<Landing>>,
     },
     /// No more interest in `(from, tag)`: what still arrives for it is received and dropped.
     Forget { from: u32, tag: i32 },
@@ -55,7 +123,15 @@ pub enum Cmd {
 /// What a transfer's waiter receives, in order.
 pub enum Event {
     Reply(Answer),
+    /// A piece, in a pooled buffer (a transfer without a landing).
     Data(Vec<u8>),
+    /// A piece written into the landing at `[off, off + len)`.
+    Landed {
+        off: usize,
+        len: usize,
+    },
+    /// More bytes arrived than the landing holds: the sender is not sending this file.
+    Overflow,
 }
 
 /// The rest of the node, as the communication thread sees it.
@@ -221,12 +297,12 @@ impl Comm {
         let _ = self.tx.send(Cmd::Send {
             to,
             tag: CTRL,
-            data: msg.encode(),
+            data: Payload::Owned(msg.encode()),
             credit: 0,
         });
     }
 
-    pub fn data(&self, to: u32, tag: i32, data: Vec<u8>, credit: u64) {
+    pub fn data(&self, to: u32, tag: i32, data: Payload, credit: u64) {
         let _ = self.tx.send(Cmd::Send {
             to,
             tag,
@@ -237,9 +313,14 @@ impl Comm {
 
     /// Registers interest in `(from, tag)` before the request goes out (commands are handled
     /// in order, so nothing of the answer can arrive unclaimed).
-    pub fn expect(&self, from: u32, tag: i32) -> Receiver<Event> {
+    pub fn expect(&self, from: u32, tag: i32, landing: Option<Arc<Landing>>) -> Receiver<Event> {
         let (sink, events) = crossbeam_channel::unbounded();
-        let _ = self.tx.send(Cmd::Expect { from, tag, sink });
+        let _ = self.tx.send(Cmd::Expect {
+            from,
+            tag,
+            sink,
+            landing,
+        });
         events
     }
 
@@ -252,11 +333,13 @@ impl Comm {
     }
 }
 
-/// How long the communication thread naps when nothing moved: short while transfers are in
-/// flight (their progress happens in our MPI calls), up to `IDLE_NAP` when there are none (a
-/// command wakes it at once; a new message waits at most that long).
+/// How long the communication thread naps when nothing moved: from `BUSY_NAP` after activity,
+/// doubling up to `RECV_NAP` while data is being received (its completion is seen in our MPI
+/// calls) and up to `IDLE_NAP` otherwise (a command wakes it at once; a new message waits at
+/// most that long).
 pub const BUSY_NAP: Duration = Duration::from_micros(20);
-pub const IDLE_NAP: Duration = Duration::from_millis(1);
+pub const RECV_NAP: Duration = Duration::from_micros(100);
+pub const IDLE_NAP: Duration = Duration::from_millis(2);
 
 #[cfg(test)]
 mod tests {
