@@ -133,10 +133,16 @@ fn remote(
     };
     let mut not_held = 0;
     for &owner in owners {
+        let started = std::time::Instant::now();
         match transfer(node, &mut rx, owner, idx, e) {
             Ok(sum) => {
                 return match rx.finish(sum) {
                     Ok(out) => {
+                        tracing::debug!(
+                            "entry {idx}: {} bytes from rank {owner} in {:?}",
+                            e.stat.size,
+                            started.elapsed()
+                        );
                         let c = &ctx.counters;
                         AgentCounters::add(&c.remote_files, 1);
                         AgentCounters::add(&c.remote_bytes, e.stat.size);
@@ -199,13 +205,7 @@ fn transfer(
     let Some(tag) = node.tags.take(owner) else {
         return Err(Failure::Silent);
     };
-    // The pieces land straight in the part file (mapped), not in buffers.
-    let landing = match rx.part_file().map(Landing::over) {
-        Ok(Ok(l)) => Arc::new(l),
-        Ok(Err(e)) => return Err(Failure::Local(ReceiveError::Tier(e))),
-        Err(e) => return Err(Failure::Local(e)),
-    };
-    let events = node.comm.expect(owner, tag, Some(landing.clone()));
+    let events = node.comm.expect(owner, tag);
     node.comm.ctrl(
         owner,
         &Msg::Request {
@@ -217,6 +217,14 @@ fn transfer(
     );
     let mut clean = false;
     let res = (|| {
+        // While the owner answers: the part file, allocated and mapped, where the pieces land
+        // straight from the owner's copy (the first ones wait for it, matched, not received).
+        let landing = match rx.part_file().map(Landing::over) {
+            Ok(Ok(l)) => Arc::new(l),
+            Ok(Err(e)) => return Err(Failure::Local(ReceiveError::Tier(e))),
+            Err(e) => return Err(Failure::Local(e)),
+        };
+        node.comm.land(owner, tag, landing.clone());
         let sum = loop {
             match events.recv_timeout(node.timeout) {
                 Ok(Event::Reply(Answer::Wait)) => {}

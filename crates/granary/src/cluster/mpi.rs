@@ -14,7 +14,8 @@ use mpi::ffi;
 use mpi::traits::*;
 
 use super::transport::{
-    Budget, Buffers, Cmd, Event, Inbox, Landing, Payload, BUSY_NAP, IDLE_NAP, RECV_NAP,
+    Budget, Buffers, Cmd, Event, Inbox, Landing, Payload, ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP,
+    IDLE_NAP,
 };
 use super::wire::{Msg, CTRL};
 
@@ -156,7 +157,10 @@ struct Send {
 
 struct Expecting {
     sink: crossbeam_channel::Sender<Event>,
+    /// Its landing, once the waiter attached it (`Cmd::Land`); until then its pieces are
+    /// matched but not received (`parked`): they go straight into it when it comes.
     landing: Option<Arc<Landing>>,
+    parked: VecDeque<(ffi::MPI_Message, usize)>,
     /// Where the next piece lands.
     next: usize,
     /// Data matched for it, in matching order (delivered in that order).
@@ -192,11 +196,12 @@ fn test(req: &mut ffi::MPI_Request) -> Result<bool, i32> {
 
 impl Loop {
     fn run(&mut self, cmds: &Receiver<Cmd>) {
-        // Naps double from BUSY_NAP after the last activity (a burst of requests is answered
-        // at once, an idle rank wakes ~1000 times a second): at most RECV_NAP while data is
-        // being received (its completion is seen in our calls), IDLE_NAP otherwise (a
-        // command wakes the thread at once; a new message waits that long at most).
+        // Naps double from BUSY_NAP after each activity, up to ACTIVE_NAP while a transfer is
+        // awaited or anything happened within ACTIVE_FOR (a job is reading: a request or a
+        // piece is answered within that), up to IDLE_NAP otherwise (an idle rank wakes a few
+        // hundred times a second; a command wakes the thread at once).
         let mut nap = BUSY_NAP;
+        let mut last = Instant::now();
         loop {
             let mut moved = false;
             loop {
@@ -213,15 +218,17 @@ impl Loop {
             moved |= self.progress();
             if moved {
                 nap = BUSY_NAP;
+                last = Instant::now();
                 continue;
             }
-            let receiving = self.expect.values().any(|e| !e.queue.is_empty());
-            let cap = if receiving { RECV_NAP } else { IDLE_NAP };
+            let active = !self.expect.is_empty() || last.elapsed() < ACTIVE_FOR;
+            let cap = if active { ACTIVE_NAP } else { IDLE_NAP };
             match cmds.recv_timeout(nap.min(cap)) {
                 Ok(Cmd::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                 Ok(cmd) => {
                     self.command(cmd);
                     nap = BUSY_NAP;
+                    last = Instant::now();
                 }
                 Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(IDLE_NAP),
             }
@@ -236,27 +243,31 @@ impl Loop {
                 data,
                 credit,
             } => self.send(to, tag, data, credit),
-            Cmd::Expect {
-                from,
-                tag,
-                sink,
-                landing,
-            } => {
+            Cmd::Expect { from, tag, sink } => {
                 self.expect.insert(
                     (from, tag),
                     Expecting {
                         sink,
-                        landing,
+                        landing: None,
+                        parked: VecDeque::new(),
                         next: 0,
                         queue: VecDeque::new(),
                     },
                 );
             }
-            Cmd::Forget { from, tag } => {
-                if let Some(e) = self.expect.remove(&(from, tag)) {
-                    self.orphans.extend(e.queue);
+            Cmd::Land { from, tag, landing } => {
+                let parked = match self.expect.get_mut(&(from, tag)) {
+                    Some(e) => {
+                        e.landing = Some(landing);
+                        std::mem::take(&mut e.parked)
+                    }
+                    None => VecDeque::new(),
+                };
+                for (msg, len) in parked {
+                    self.receive(from, tag, msg, len);
                 }
             }
+            Cmd::Forget { from, tag } => self.forget(from, tag),
             Cmd::Stop => {}
         }
     }
@@ -346,47 +357,66 @@ impl Loop {
                 }
                 continue;
             }
-            // Into the transfer's landing when it has room for the piece, else a buffer (a
-            // transfer nobody waits for any more, or one without a landing).
-            let landing = self.expect.get(&(from, tag)).and_then(|e| {
-                let l = e.landing.as_ref()?;
-                Some((l.clone(), e.next, l.dest(e.next, len)))
-            });
-            let (into, ptr) = match landing {
-                Some((l, off, Some(ptr))) => (Into::Landing { _map: l, off }, ptr),
-                other => {
-                    if other.is_some() {
-                        if let Some(e) = self.expect.get(&(from, tag)) {
-                            let _ = e.sink.send(Event::Overflow);
-                        }
-                    }
-                    let mut b = self.bufs.get(len);
-                    let p = b.as_mut_ptr();
-                    (Into::Buffer(b), p)
-                }
-            };
-            let mut req = null_request();
-            // SAFETY: `ptr` has room for `len` bytes (a buffer of that capacity, or a landing
-            // range checked by `dest`); that memory is owned by the pending receive (`into`:
-            // the Vec, or an Arc of the mapping) until the request completes, and nothing else
-            // reads or writes it meanwhile.
-            let rc = unsafe { ffi::MPI_Imrecv(ptr.cast(), count, byte(), &mut msg, &mut req) };
-            if rc != 0 {
-                self.inbox.failed(from);
-                continue;
-            }
-            let r = Recv { req, into, len };
             match self.expect.get_mut(&(from, tag)) {
-                Some(e) => {
-                    if matches!(r.into, Into::Landing { .. }) {
-                        e.next += len;
-                    }
-                    e.queue.push_back(r)
-                }
-                None => self.orphans.push(r),
+                Some(e) if e.landing.is_none() => e.parked.push_back((msg, len)),
+                _ => self.receive(from, tag, msg, len),
             }
         }
         any
+    }
+
+    /// Starts receiving the matched data message `msg` (`len` bytes from `from`, `tag`): into
+    /// its transfer's landing when it has room for it, else into a buffer (a transfer nobody
+    /// waits for any more, or more than its landing holds).
+    fn receive(&mut self, from: u32, tag: i32, mut msg: ffi::MPI_Message, len: usize) {
+        let landing = self.expect.get(&(from, tag)).and_then(|e| {
+            let l = e.landing.as_ref()?;
+            Some((l.clone(), e.next, l.dest(e.next, len)))
+        });
+        let (into, ptr) = match landing {
+            Some((l, off, Some(ptr))) => (Into::Landing { _map: l, off }, ptr),
+            other => {
+                if other.is_some() {
+                    if let Some(e) = self.expect.get(&(from, tag)) {
+                        let _ = e.sink.send(Event::Overflow);
+                    }
+                }
+                let mut b = self.bufs.get(len);
+                let p = b.as_mut_ptr();
+                (Into::Buffer(b), p)
+            }
+        };
+        let mut req = null_request();
+        // SAFETY: `ptr` has room for `len` bytes (a buffer of that capacity, or a landing range
+        // checked by `dest`); that memory is owned by the pending receive (`into`: the Vec, or
+        // an Arc of the mapping) until the request completes, and nothing else reads or writes
+        // it meanwhile. `msg` is a matched message not received yet; count is its probed size.
+        let rc = unsafe { ffi::MPI_Imrecv(ptr.cast(), len as i32, byte(), &mut msg, &mut req) };
+        if rc != 0 {
+            self.inbox.failed(from);
+            return;
+        }
+        let r = Recv { req, into, len };
+        match self.expect.get_mut(&(from, tag)) {
+            Some(e) => {
+                if matches!(r.into, Into::Landing { .. }) {
+                    e.next += len;
+                }
+                e.queue.push_back(r)
+            }
+            None => self.orphans.push(r),
+        }
+    }
+
+    /// No more interest in `(from, tag)`: what is in flight or matched for it is received into
+    /// buffers and dropped.
+    fn forget(&mut self, from: u32, tag: i32) {
+        if let Some(e) = self.expect.remove(&(from, tag)) {
+            self.orphans.extend(e.queue);
+            for (msg, len) in e.parked {
+                self.receive(from, tag, msg, len);
+            }
+        }
     }
 
     /// Tests receives and sends in flight; delivers completed data in order. True if any
@@ -465,8 +495,9 @@ impl Loop {
     /// arriving messages are still matched and dropped meanwhile.
     fn drain(&mut self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        for (_, e) in self.expect.drain() {
-            self.orphans.extend(e.queue);
+        let keys: Vec<_> = self.expect.keys().copied().collect();
+        for (from, tag) in keys {
+            self.forget(from, tag);
         }
         loop {
             self.probe();

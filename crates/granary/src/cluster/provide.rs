@@ -120,6 +120,7 @@ fn serve(node: &Node, job: &Job) {
     // buffer in between (read into buffers where it cannot be mapped).
     let map = memmap2::MmapOptions::new()
         .len(size as usize)
+        .populate()
         .map_raw_read_only(&file)
         .ok()
         .map(Arc::new);

@@ -106,13 +106,18 @@ pub enum Cmd {
         data: Payload,
         credit: u64,
     },
-    /// Messages from `from` with data tag `tag` (and replies naming it) go to `sink`; data into
-    /// `landing` when there is one, one piece after the other.
+    /// Messages from `from` with data tag `tag` (and replies naming it) go to `sink`; its data
+    /// waits (matched, not received) until `Land` gives it a landing.
     Expect {
         from: u32,
         tag: i32,
         sink: Sender<Event>,
-        landing: Option<Arc<Landing>>,
+    },
+    /// `(from, tag)`'s pieces go into `landing`, one after the other.
+    Land {
+        from: u32,
+        tag: i32,
+        landing: Arc<Landing>,
     },
     /// No more interest in `(from, tag)`: what still arrives for it is received and dropped.
     Forget { from: u32, tag: i32 },
@@ -313,15 +318,16 @@ impl Comm {
 
     /// Registers interest in `(from, tag)` before the request goes out (commands are handled
     /// in order, so nothing of the answer can arrive unclaimed).
-    pub fn expect(&self, from: u32, tag: i32, landing: Option<Arc<Landing>>) -> Receiver<Event> {
+    pub fn expect(&self, from: u32, tag: i32) -> Receiver<Event> {
         let (sink, events) = crossbeam_channel::unbounded();
-        let _ = self.tx.send(Cmd::Expect {
-            from,
-            tag,
-            sink,
-            landing,
-        });
+        let _ = self.tx.send(Cmd::Expect { from, tag, sink });
         events
+    }
+
+    /// Where `(from, tag)`'s data goes: it can be attached after the request went out (the
+    /// pieces that arrived meanwhile wait for it, matched but not received).
+    pub fn land(&self, from: u32, tag: i32, landing: Arc<Landing>) {
+        let _ = self.tx.send(Cmd::Land { from, tag, landing });
     }
 
     pub fn forget(&self, from: u32, tag: i32) {
@@ -334,11 +340,12 @@ impl Comm {
 }
 
 /// How long the communication thread naps when nothing moved: from `BUSY_NAP` after activity,
-/// doubling up to `RECV_NAP` while data is being received (its completion is seen in our MPI
-/// calls) and up to `IDLE_NAP` otherwise (a command wakes it at once; a new message waits at
-/// most that long).
+/// doubling up to `ACTIVE_NAP` while a transfer is awaited or anything happened within
+/// `ACTIVE_FOR` (a job reading: a new request waits that long at most), else up to `IDLE_NAP`
+/// (a command from this node wakes it at once).
 pub const BUSY_NAP: Duration = Duration::from_micros(20);
-pub const RECV_NAP: Duration = Duration::from_micros(100);
+pub const ACTIVE_NAP: Duration = Duration::from_micros(100);
+pub const ACTIVE_FOR: Duration = Duration::from_millis(500);
 pub const IDLE_NAP: Duration = Duration::from_millis(2);
 
 #[cfg(test)]
