@@ -142,7 +142,7 @@ def uncache(root):
 def make_dataset(root, counts):
     sums = {}
     for d, size in SIZES.items():
-        for i in range(counts[d]):
+        for i in range(counts.get(d, 0)):
             p = root / d / f"f{i:05d}"
             p.parent.mkdir(parents=True, exist_ok=True)
             data = os.urandom(size)
@@ -161,6 +161,44 @@ def split(serve, sums):
                 mine.add(sums[h])
     everything = set(sums.values())
     return mine, everything - mine
+
+
+# FanStore's published scaling (seed 003, §6.5.1): aggregate bandwidth relative to a baseline.
+FANSTORE = {(1, 4): "1.0–1.5× (25–38 %)", (4, 16): "76.3–83.1 %", (1, 64): "5.8–45.4× (9–71 %)",
+            (64, 512): "81.4–88.2 %"}
+NET_LATENCY = 2e-6        # s per message (stated network: 100 Gb/s, 2 µs)
+NET_BANDWIDTH = 12.5e9    # bytes/s per node and direction
+THREADS = 8               # reader threads per node (e.g. 4 GPUs × 2 loader processes)
+
+
+def scaling(model, o, c):
+    """The scaling model of docs/cluster.md: every node reads every file of one size (FanStore's
+    benchmark), a file is local with probability 1/N, else it costs the measured remote overhead
+    `o` (plus 3 network latencies: request, reply, data) and `c` s/byte more; a node reads with
+    THREADS threads, and its link carries at most NET_BANDWIDTH each way."""
+    out = ["Predicted on a 100 Gb/s, 2 µs network (docs/cluster.md), from the fit above and this "
+           f"machine's local read times, {THREADS} reader threads per node:", "",
+           "| size | nodes | files/s (all nodes) | efficiency vs 1 node | vs 4 | vs 64 | FanStore |",
+           "|---|---|---|---|---|---|---|"]
+    for d, m in model.items():
+        if d == "fit":
+            continue
+        size, t_local = m["size"], m["local_s_per_file"]
+
+        def per_node(n):
+            f = (n - 1) / n
+            t = t_local + f * (o + 3 * NET_LATENCY + size * c)
+            cap = NET_BANDWIDTH / (f * size) if f > 0 else float("inf")
+            return min(THREADS / t, cap)
+        x1, x4, x64 = per_node(1), per_node(4), per_node(64)
+        for n in (1, 2, 4, 16, 64, 128, 256, 512):
+            x = per_node(n)
+            fan = FANSTORE.get((4, n)) if n == 16 else FANSTORE.get((64, n)) if n == 512 else \
+                FANSTORE.get((1, n))
+            out.append(f"| {d} | {n} | {n * x:,.0f} | {x / x1:.0%} | "
+                       f"{'' if n < 4 else f'{x / x4:.0%}'} | {'' if n < 64 else f'{x / x64:.0%}'} "
+                       f"| {fan or ''} |")
+    return out
 
 
 def main():
@@ -271,6 +309,7 @@ def report(rows, args, counts):
                   "(least squares over the single-thread `read` medians: the per-file overhead and "
                   "the per-byte cost of the remote path on this machine)."]
         model["fit"] = {"overhead_s": o, "bytes_per_s": 1 / slope}
+        lines += ["", *scaling(model, o, slope)]
     name = "report-cold" if args.cold else "report"
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     (out / f"{name}.json").write_text(json.dumps({"raw": raw, "model": model, "counts": counts}, indent=1))

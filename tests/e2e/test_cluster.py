@@ -346,6 +346,35 @@ def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path):
     assert got["sha256"] == expected["sha256"]
 
 
+def test_with_two_replicas_a_stopped_rank_costs_no_source_read(cluster, tmp_path):
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    small_files(data, n=60)
+    expected = direct(data)
+    total = sum(p.stat().st_size for p in files_under(data))
+    largest = max(p.stat().st_size for p in files_under(data))
+    c = cluster(data, extra=["--replicas", "2", "--peer-timeout", "500ms"])
+    c.wait(lambda: all(c.status(r)["cluster"]["copies_pending"] == 0 for r in range(3)),
+           "replicas copied", timeout=180)
+    # Every rank placed its first-owner share from the source and copied its replicas.
+    c.wait(lambda: all(sum(s["pending"] for s in c.status(r)["sources"]) == 0 for r in range(3)),
+           "placement settled")
+    for r in range(3):
+        assert abs(tier_bytes(c, r) - 2 * total / 3) <= 2 * largest, r
+    pfs_before = c.status(0)["cluster"]["peers"][0]["pfs_bytes"]
+    stopped = c.agent_pid(1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        c.wait(lambda: not c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 written off")
+        got, stats = finish(*c.start_reader(0, data))
+        assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
+        # Rank 1's files came from their other owner, not from the source.
+        assert stats["placement"]["remote_fallbacks"] == 0
+        assert c.status(0)["cluster"]["peers"][0]["pfs_bytes"] == pfs_before
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+
+
 def test_a_write_on_one_rank_is_seen_on_every_rank(cluster, tmp_path):
     data = tmp_path / "pfs" / "data"
     small_files(data, n=60)
