@@ -92,7 +92,12 @@ pub struct Node {
     pub invalidations: AtomicU64,
     pub replicate: Vec<String>,
     replicas: u32,
+    /// `held`'s last count: when, files, bytes.
+    held: Mutex<(Option<std::time::Instant>, u64, u64)>,
 }
+
+/// How often a heartbeat's count of held copies is taken again (a pass over every entry).
+const HELD_EVERY: Duration = Duration::from_secs(1);
 
 /// Threads of each kind: fetchers mostly wait on peers, providers on the source (the pool's
 /// stream cap bounds those reads).
@@ -144,6 +149,7 @@ impl Node {
             invalidations: AtomicU64::new(0),
             replicate: s.replicate,
             replicas: s.replicas,
+            held: Mutex::default(),
         });
         node.place_empty_files();
         fetch::spawn(&node, fetch_rx, FETCHERS)?;
@@ -211,19 +217,30 @@ impl Node {
         }
     }
 
-    fn beat(&self) -> Beat {
-        let p = self.ctx.counters.snapshot();
+    /// Complete copies in this rank's own tiers (not staging): one pass over the table, at most
+    /// every `HELD_EVERY` (a heartbeat carries the last count).
+    fn held(&self) -> (u64, u64) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if h.0.is_some_and(|at| at.elapsed() < HELD_EVERY) {
+            return (h.1, h.2);
+        }
         let t = &self.ctx.table;
         let (mut files, mut bytes) = (0, 0);
         for i in 0..t.entry_count() {
             let w = t.state(i);
-            if state::state_of(w) == state::PLACED
-                && Some(state::tier_of(w) as usize) != self.staging_tier
-            {
+            let staged = Some(state::tier_of(w) as usize) == self.staging_tier;
+            if state::state_of(w) == state::PLACED && !staged {
                 files += 1;
                 bytes += t.entry(i).map_or(0, |e| e.stat.size);
             }
         }
+        *h = (Some(std::time::Instant::now()), files, bytes);
+        (files, bytes)
+    }
+
+    fn beat(&self) -> Beat {
+        let p = self.ctx.counters.snapshot();
+        let (files, bytes) = self.held();
         Beat {
             files_held: files,
             bytes_held: bytes,
