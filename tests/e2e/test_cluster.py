@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import CLIENTS, granary_bin
-from test_source_device import device_reads, drop_caches, sh
+from test_source_device import device_reads, drop_caches, loop_source  # noqa: F401
 
 READER = CLIENTS / "cluster_reader.py"
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -174,25 +174,8 @@ def cluster(tmp_path):
         c.stop()
 
 
-@pytest.fixture
-def loop_source(tmp_path):
-    """An ext4 image on a loop device (direct I/O, so its reads are device reads), mounted."""
-    if os.getuid() != 0:
-        pytest.skip("a loop-mounted source needs root")
-    image, mnt = tmp_path / "pfs.img", tmp_path / "pfs"
-    mnt.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(512 << 20)
-    sh("mkfs.ext4", "-q", "-F", image)
-    dev = sh("losetup", "-f", "--show", "--direct-io=on", image)
-    try:
-        sh("mount", "-o", "noatime", dev, mnt)
-        try:
-            yield dev, mnt
-        finally:
-            subprocess.run(["umount", mnt], check=False)
-    finally:
-        subprocess.run(["losetup", "-d", dev], check=False)
+# A loop-mounted ext4 source (test_source_device's fixture): its device counts what is read.
+needs_root = pytest.mark.skipif(os.getuid() != 0, reason="a loop-mounted source needs root")
 
 
 def tier_bytes(c: Cluster, r: int) -> int:
@@ -204,6 +187,7 @@ def tier_bytes(c: Cluster, r: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # Tests
 
+@needs_root
 def test_every_rank_reads_everything_and_the_source_once(cluster, loop_source, tmp_path):
     dev, mnt = loop_source
     data = mnt / "data"
@@ -276,6 +260,7 @@ def test_source_metadata_calls_with_three_ranks_are_those_of_one(cluster, tmp_pa
     assert calls[3] <= 1.05 * calls[1], calls
 
 
+@needs_root
 def test_a_replicated_directory_is_on_every_rank_read_once(cluster, loop_source):
     dev, mnt = loop_source
     data = mnt / "data"

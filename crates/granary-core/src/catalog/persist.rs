@@ -97,12 +97,19 @@ fn copy_region(table: &Table, f: &mut std::fs::File) -> std::io::Result<()> {
 /// Clears a table's per-run words: what the next agent starts from
 /// (`lifecycle::forget_run`).
 pub fn sanitize(t: &Table) {
+    clear_run_words(t);
+    t.set_immutable(false);
+    t.set_cluster(false);
+    lifecycle::forget_run(t);
+}
+
+/// The header's and job slots' per-run words: heartbeat, flags an agent sets, the ring, the
+/// counters. Entry words are `lifecycle`'s to clear.
+fn clear_run_words(t: &Table) {
     if let Some(h) = t.region().atomic_u64(layout::H_HEARTBEAT) {
         h.store(0, Ordering::Relaxed);
     }
     t.set_reports_opens(false);
-    t.set_immutable(false);
-    t.set_cluster(false);
     t.set_valid(true);
     t.reset_ring();
     for slot in 0..t.job_slots() {
@@ -112,7 +119,6 @@ pub fn sanitize(t: &Table) {
             }
         }
     }
-    lifecycle::forget_run(t);
 }
 
 /// The identity of a PARTIAL entry's chunk file (inode, ctime ns), looked up by path.
@@ -337,19 +343,7 @@ pub fn adopt(
         .open(dest)?;
     let res = (|| {
         let (m, t) = Mapping::map(f.as_raw_fd(), img.len()).map_err(LoadError::Table)?;
-        if let Some(h) = t.region().atomic_u64(layout::H_HEARTBEAT) {
-            h.store(0, Ordering::Relaxed);
-        }
-        t.set_reports_opens(false);
-        t.set_valid(true);
-        t.reset_ring();
-        for slot in 0..t.job_slots() {
-            for w in 0..job::WORDS {
-                if let Some(c) = t.counter(slot, w) {
-                    c.store(0, Ordering::Relaxed);
-                }
-            }
-        }
+        clear_run_words(&t);
         lifecycle::forget_placement(&t);
         Ok(Loaded {
             mapping: m,

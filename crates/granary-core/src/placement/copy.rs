@@ -225,9 +225,6 @@ fn write_and_publish(
     first: Reservation<'_>,
     mut write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<Written, CopyError>,
 ) -> PlaceOutcome {
-    let t = &ctx.table;
-    let tiers = &*ctx.tiers;
-    let c = &ctx.counters;
     let idx = cl.idx;
     let size = cl.entry.stat.size;
     let name = object_name(cl.entry.object);
@@ -261,27 +258,9 @@ fn write_and_publish(
             let _ = sys::unlink_at(dir, &tmp);
             return stale(ctx, idx);
         }
-        let cell = EntryCell { table: t, idx };
-        // Clients check what they open against the identity recorded here, after the rename
-        // (which changes the ctime) and before PLACED; the checksum is read once PLACED.
-        let out = states::finish(
-            &cell,
-            tiers,
-            res,
-            || {
-                sys::rename_at(dir, &tmp, &name)?;
-                let (ino, ctime) = sys::copy_identity(&file)?;
-                lifecycle::record_copy(t, idx, ino, ctime, sum);
-                Ok(())
-            },
-            || sys::unlink_at(dir, &name).is_ok(),
-        );
+        let out = publish(ctx, idx, res, dir, (&tmp, &name), &file, sum);
         match out {
             Finish::Placed { .. } => {
-                AgentCounters::add(&c.files_placed, 1);
-                AgentCounters::add(&c.bytes_placed, size);
-                AgentCounters::add(&c.tier_files[tier], 1);
-                AgentCounters::add(&c.tier_bytes[tier], size);
                 return PlaceOutcome::Placed { tier, bytes: size };
             }
             Finish::RenameFailed => {
@@ -295,6 +274,44 @@ fn write_and_publish(
         }
     }
     source_only(ctx, idx)
+}
+
+/// Publishes a complete copy of `idx` written under `names.0` in the reservation's tier
+/// directory `dir`: renamed to `names.1`, its identity and checksum recorded, then PLACED
+/// (`states::finish`), counted. Clients check what they open against the identity recorded
+/// here, after the rename (which changes the ctime) and before PLACED; the checksum is read once
+/// PLACED.
+pub(super) fn publish(
+    ctx: &SourceCtx,
+    idx: u32,
+    res: Reservation<'_>,
+    dir: &OwnedFd,
+    names: (&[u8], &[u8]),
+    file: &File,
+    sum: u64,
+) -> Finish {
+    let (t, tier) = (&ctx.table, res.tier());
+    let size = t.entry(idx).map_or(0, |e| e.stat.size);
+    let out = states::finish(
+        &EntryCell { table: t, idx },
+        &ctx.tiers,
+        res,
+        || {
+            sys::rename_at(dir, names.0, names.1)?;
+            let (ino, ctime) = sys::copy_identity(file)?;
+            lifecycle::record_copy(t, idx, ino, ctime, sum);
+            Ok(())
+        },
+        || sys::unlink_at(dir, names.1).is_ok(),
+    );
+    if let Finish::Placed { .. } = out {
+        let c = &ctx.counters;
+        AgentCounters::add(&c.files_placed, 1);
+        AgentCounters::add(&c.bytes_placed, size);
+        AgentCounters::add(&c.tier_files[tier], 1);
+        AgentCounters::add(&c.tier_bytes[tier], size);
+    }
+    out
 }
 
 /// A reservation on a tier after `failed` in the policy's order.

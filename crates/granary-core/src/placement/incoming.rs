@@ -14,7 +14,7 @@ use std::sync::Arc;
 use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{object_name, part_name, state, EntryRec};
 
-use super::copy::{begin, reserve_on, write_all_at};
+use super::copy::{begin, publish, reserve_on, write_all_at};
 use super::states::{self, Finish};
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
@@ -159,6 +159,12 @@ impl Receiving<'_> {
         if self.part.is_none() || end > self.size() {
             return Err(ReceiveError::Mismatch("size"));
         }
+        self.publish_piece(bytes, end)
+    }
+
+    /// `bytes`, now in the part file up to `end`, become readable (progress); false if a client
+    /// took the entry away meanwhile.
+    fn publish_piece(&mut self, bytes: &[u8], end: u64) -> Result<(), ReceiveError> {
         self.hasher.update(bytes);
         lifecycle::progress(&self.ctx.table, self.idx, end);
         self.written = end;
@@ -179,13 +185,7 @@ impl Receiving<'_> {
         }
         let out = self.part.as_ref().ok_or(ReceiveError::Lost)?;
         write_all_at(out, bytes, self.written).map_err(ReceiveError::Tier)?;
-        self.hasher.update(bytes);
-        lifecycle::progress(&self.ctx.table, self.idx, end);
-        self.written = end;
-        if state::state_of(self.ctx.table.state(self.idx)) != state::PLACING {
-            return Err(ReceiveError::Lost);
-        }
-        Ok(())
+        self.publish_piece(bytes, end)
     }
 
     /// The whole file arrived: checked against its size and the sender's checksum (`xxh3`, as
@@ -202,8 +202,7 @@ impl Receiving<'_> {
         if sender_sum != 0 && sender_sum != sum {
             return Err(ReceiveError::Mismatch("checksum"));
         }
-        let (t, idx, tier) = (&self.ctx.table, self.idx, self.tier());
-        let ctx = self.ctx;
+        let (ctx, idx, tier) = (self.ctx, self.idx, self.tier());
         let Some(dir) = ctx.object_dirs.get(tier).and_then(|d| d.as_ref()) else {
             return Err(ReceiveError::Lost);
         };
@@ -212,30 +211,11 @@ impl Receiving<'_> {
         };
         let file = self.part.take().ok_or(ReceiveError::Lost)?;
         let (part, name) = (part_name(self.entry.object), object_name(self.entry.object));
-        let out = states::finish(
-            &EntryCell { table: t, idx },
-            &self.ctx.tiers,
-            res,
-            || {
-                sys::rename_at(dir, &part, &name)?;
-                let (ino, ctime) = sys::copy_identity(&file)?;
-                lifecycle::record_copy(t, idx, ino, ctime, sum);
-                Ok(())
-            },
-            || sys::unlink_at(dir, &name).is_ok(),
-        );
-        match out {
-            Finish::Placed { .. } => {
-                let c = &self.ctx.counters;
-                AgentCounters::add(&c.files_placed, 1);
-                AgentCounters::add(&c.bytes_placed, self.size());
-                AgentCounters::add(&c.tier_files[tier], 1);
-                AgentCounters::add(&c.tier_bytes[tier], self.size());
-                Ok(PlaceOutcome::Placed {
-                    tier,
-                    bytes: self.size(),
-                })
-            }
+        match publish(ctx, idx, res, dir, (&part, &name), &file, sum) {
+            Finish::Placed { .. } => Ok(PlaceOutcome::Placed {
+                tier,
+                bytes: self.size(),
+            }),
             Finish::RenameFailed => {
                 let _ = sys::unlink_at(dir, &part);
                 Err(ReceiveError::Tier(std::io::Error::other("rename failed")))

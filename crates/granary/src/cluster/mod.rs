@@ -338,23 +338,11 @@ impl Node {
             files_owned: files,
             bytes_owned: bytes,
             peers: (0..self.ranks)
-                .map(|r| {
-                    let b = self.peers.last_beat(r);
-                    status::PeerStatus {
-                        rank: r,
-                        alive: self.peers.alive(r),
-                        silent_ms: self.peers.silence(r).map(|d| d.as_millis() as u64),
-                        files_held: b.files_held,
-                        bytes_held: b.bytes_held,
-                        bytes_staged: b.bytes_staged,
-                        remote_files: b.remote_files,
-                        remote_bytes: b.remote_bytes,
-                        peer_files: b.peer_files,
-                        peer_bytes: b.peer_bytes,
-                        pfs_bytes: b.pfs_bytes,
-                        fallbacks: b.fallbacks,
-                        jobs: b.jobs,
-                    }
+                .map(|r| status::PeerStatus {
+                    rank: r,
+                    alive: self.peers.alive(r),
+                    silent_ms: self.peers.silence(r).map(|d| d.as_millis() as u64),
+                    numbers: self.peers.last_beat(r),
                 })
                 .collect(),
         }

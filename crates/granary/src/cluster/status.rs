@@ -37,6 +37,14 @@ pub struct PeerStatus {
     pub alive: bool,
     /// Milliseconds since its last message (`None`: written off).
     pub silent_ms: Option<u64>,
+    /// Its numbers, as of its last heartbeat.
+    #[serde(flatten)]
+    pub numbers: Beat,
+}
+
+/// A rank's numbers, sent with every heartbeat (`wire::Msg::Heartbeat`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Beat {
     /// Complete copies of the dataset in its own tiers, and bytes in its staging tier.
     pub files_held: u64,
     pub bytes_held: u64,
@@ -80,11 +88,13 @@ pub fn print(c: &ClusterStatus, out: &mut dyn FnMut(&str)) {
         }
     ));
     for p in &c.peers {
+        let (alive, silent, p_rank) = (p.alive, p.silent_ms, p.rank);
+        let p = &p.numbers;
         out(&format!(
             "  rank {}: {}, holds {} files ({}), staged {}; from others {} ({}), to others {} \
              ({}); PFS {}, from the source instead {}; {} job(s)",
-            p.rank,
-            match (p.alive, p.silent_ms) {
+            p_rank,
+            match (alive, silent) {
                 (true, _) => "alive".to_string(),
                 (false, Some(ms)) => format!("silent for {:.1} s", ms as f64 / 1000.0),
                 (false, None) => "written off".to_string(),

@@ -24,20 +24,7 @@ pub enum Answer {
     Stale,
 }
 
-/// Per-node numbers, sent with every heartbeat (`granary status` shows every rank's).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Beat {
-    pub files_held: u64,
-    pub bytes_held: u64,
-    pub bytes_staged: u64,
-    pub remote_files: u64,
-    pub remote_bytes: u64,
-    pub peer_files: u64,
-    pub peer_bytes: u64,
-    pub pfs_bytes: u64,
-    pub fallbacks: u64,
-    pub jobs: u64,
-}
+pub use super::status::Beat;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
