@@ -153,6 +153,14 @@ class Cluster:
                 self.proc.wait(timeout=30)
 
 
+def first_progress(p, timeout=120) -> int:
+    """The reader's first progress line (bounded: a reader that prints nothing fails the test)."""
+    import select
+    ready, _, _ = select.select([p.stdout], [], [], timeout)
+    assert ready, "the reader printed no progress"
+    return json.loads(p.stdout.readline())["progress"]
+
+
 def finish(p, stats_path):
     out, err = p.communicate(timeout=600)
     assert p.returncode == 0, err.decode(errors="replace")[-3000:]
@@ -296,7 +304,7 @@ def test_a_rank_killed_mid_epoch_costs_no_reader(cluster, tmp_path, mpirun):
     c = cluster(data, mpirun=mpirun)
     readers = [c.start_reader(r, data, every=5) for r in range(3)]
     # Mid-epoch: rank 0's reader has read some files, and none has finished.
-    assert json.loads(readers[0][0].stdout.readline())["progress"] == 5
+    assert first_progress(readers[0][0]) == 5
     os.kill(c.agent_pid(1), signal.SIGKILL)
     for r, (p, stats) in enumerate(readers):
         got, _ = finish(p, stats)
@@ -315,7 +323,7 @@ def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path):
     expected = direct(data)
     c = cluster(data, extra=["--peer-timeout", "500ms"])
     readers = [c.start_reader(r, data, every=5) for r in range(3)]
-    assert json.loads(readers[0][0].stdout.readline())["progress"] == 5
+    assert first_progress(readers[0][0]) == 5
     stopped = c.agent_pid(1)
     os.kill(stopped, signal.SIGSTOP)
     try:
