@@ -11,10 +11,12 @@ cd "$(dirname "$0")/.."
 need_apt=()
 for pair in fio:fio strace:strace mkfs.ext4:e2fsprogs losetup:mount setpriv:util-linux \
             pgrep:procps diff:diffutils cc:gcc setfacl:acl sqlite3:sqlite3 bwrap:bubblewrap \
-            objdump:binutils; do
+            objdump:binutils mpirun:openmpi-bin mpicc:libopenmpi-dev; do
     command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/lmdb.h ] || need_apt+=(liblmdb-dev)
+# Cluster mode (`granary serve`) links MPI through rsmpi, whose build runs bindgen (libclang).
+compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || need_apt+=(libclang-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "test.sh: installing ${need_apt[*]}"
@@ -37,8 +39,13 @@ if [ ${#py_missing[@]} -gt 0 ]; then
 fi
 
 cargo fmt --all --check
+# The default build needs no MPI; the `mpi` feature adds `granary serve` (cluster mode).
 cargo clippy --workspace --all-targets -q -- -D warnings
+cargo clippy --workspace --all-targets -q --features granary/mpi -- -D warnings
 cargo build --workspace
 cargo test --workspace
 cargo test -p granary-core --features shuttle --test shuttle
+# The end-to-end tests drive target/debug/granary: built with MPI, so tests/e2e/test_cluster.py
+# runs its 3-rank jobs (it is skipped only when the binary lacks the feature).
+cargo build --workspace --features granary/mpi
 python3 -m pytest tests/e2e -v -p no:cacheprovider "$@"

@@ -62,6 +62,13 @@ impl Runtime {
         Err(last.unwrap_or(RuntimeError::NoneUsable(tried.join(", "))))
     }
 
+    /// The runtime directory at `dir` (created if missing, verified like `open`'s): a serving
+    /// rank's, named with its MPI rank.
+    pub fn at(dir: PathBuf) -> Result<Runtime, RuntimeError> {
+        ensure_private_dir(&dir)?;
+        Runtime::with_dir(dir)
+    }
+
     fn with_dir(dir: PathBuf) -> Result<Runtime, RuntimeError> {
         let rt = Runtime { dir };
         ensure_private_dir(&rt.shadow_dir())?;

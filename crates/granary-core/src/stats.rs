@@ -48,6 +48,18 @@ pub struct AgentCounters {
     pub mmap_windows: AtomicU64,
     /// Opens of LMDB lock files given the node-local lock file instead of the source's.
     pub lmdb_local_locks: AtomicU64,
+    /// Cluster mode: copies this node received from other nodes (for its programs, and for
+    /// `--replicate`d files), and their bytes.
+    pub remote_files: AtomicU64,
+    pub remote_bytes: AtomicU64,
+    /// Cluster mode: copies this node sent to other nodes, and their bytes.
+    pub peer_files: AtomicU64,
+    pub peer_bytes: AtomicU64,
+    /// Cluster mode: files another node was to send that came from the source instead (the
+    /// node did not answer in time, failed, or had no room for them).
+    pub remote_fallbacks: AtomicU64,
+    /// Copies of files other nodes hold dropped from the staging tier to make room.
+    pub staging_evictions: AtomicU64,
     /// Copies credited to each job slot, per tier (`credit_placement`).
     pub jobs: JobPlacements,
 }
@@ -171,6 +183,12 @@ impl AgentCounters {
             mmap_read_ahead: l(&self.mmap_read_ahead),
             mmap_windows: l(&self.mmap_windows),
             lmdb_local_locks: l(&self.lmdb_local_locks),
+            remote_files: l(&self.remote_files),
+            remote_bytes: l(&self.remote_bytes),
+            peer_files: l(&self.peer_files),
+            peer_bytes: l(&self.peer_bytes),
+            remote_fallbacks: l(&self.remote_fallbacks),
+            staging_evictions: l(&self.staging_evictions),
         }
     }
 }
@@ -214,6 +232,20 @@ pub struct PlacementStats {
     pub mmap_windows: u64,
     #[serde(default)]
     pub lmdb_local_locks: u64,
+    /// Cluster mode (`AgentCounters` fields of the same names): copies received from and sent
+    /// to other nodes, files that came from the source instead, staging copies dropped.
+    #[serde(default)]
+    pub remote_files: u64,
+    #[serde(default)]
+    pub remote_bytes: u64,
+    #[serde(default)]
+    pub peer_files: u64,
+    #[serde(default)]
+    pub peer_bytes: u64,
+    #[serde(default)]
+    pub remote_fallbacks: u64,
+    #[serde(default)]
+    pub staging_evictions: u64,
 }
 
 impl PlacementStats {
@@ -257,6 +289,16 @@ impl PlacementStats {
             lmdb_local_locks: self
                 .lmdb_local_locks
                 .saturating_sub(before.lmdb_local_locks),
+            remote_files: self.remote_files.saturating_sub(before.remote_files),
+            remote_bytes: self.remote_bytes.saturating_sub(before.remote_bytes),
+            peer_files: self.peer_files.saturating_sub(before.peer_files),
+            peer_bytes: self.peer_bytes.saturating_sub(before.peer_bytes),
+            remote_fallbacks: self
+                .remote_fallbacks
+                .saturating_sub(before.remote_fallbacks),
+            staging_evictions: self
+                .staging_evictions
+                .saturating_sub(before.staging_evictions),
         }
     }
 }
@@ -410,6 +452,17 @@ pub struct JobReport {
     pub warnings: Vec<String>,
     #[serde(default)]
     pub mmap: MmapReport,
+    /// Cluster mode: which node of the serving job this job ran on (`None` on one node).
+    #[serde(default)]
+    pub cluster: Option<ClusterReport>,
+}
+
+/// The node of a cluster-mode job a `granary run` attached to; the traffic between nodes is in
+/// `placement` (`remote_*`, `peer_*`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterReport {
+    pub rank: u32,
+    pub ranks: u32,
 }
 
 impl JobReport {
@@ -515,6 +568,26 @@ impl JobReport {
             s.push_str(&format!(
                 "  LMDB: {} lock files opened node-local (the source's lock files untouched)\n",
                 m.lmdb_local_locks
+            ));
+        }
+        if let Some(c) = &self.cluster {
+            let p = &self.placement;
+            s.push_str(&format!(
+                "  {:<28} {:>10} {:>12}   sent to other nodes {} ({}), from the source instead {}\n",
+                format!("other nodes (rank {} of {})", c.rank, c.ranks),
+                p.remote_files,
+                sz(p.remote_bytes),
+                p.peer_files,
+                sz(p.peer_bytes),
+                p.remote_fallbacks
+            ));
+            s.push_str(&format!(
+                "  {:<28} {:>10} {:>12}   (program {} + agent {})\n",
+                "PFS bytes on this node",
+                "",
+                sz(self.source_io.bytes + p.agent_source_bytes),
+                sz(self.source_io.bytes),
+                sz(p.agent_source_bytes)
             ));
         }
         if self.transient_drops > 0 {

@@ -26,6 +26,11 @@ pub struct TierSpec {
     /// disagrees with the capacity the agent already has for the directory.
     #[serde(default)]
     pub default_capacity: bool,
+    /// A staging tier (cluster mode, `granary serve --staging`): copies of files another node
+    /// holds, fetched from it when the program opens them. The placement policy never chooses
+    /// it; its oldest copies make room for new ones. Staging tiers come after the others.
+    #[serde(default)]
+    pub staging: bool,
 }
 
 pub const DEFAULT_BLOCK_SIZE: u64 = 4096;
@@ -140,6 +145,14 @@ impl Tiers {
 
     pub fn len(&self) -> usize {
         self.tiers.len()
+    }
+
+    /// The tiers the placement policy chooses from: those before the first staging tier.
+    pub fn placeable(&self) -> usize {
+        self.tiers
+            .iter()
+            .position(|t| t.spec.staging)
+            .unwrap_or(self.tiers.len())
     }
 
     pub fn is_empty(&self) -> bool {

@@ -29,6 +29,14 @@ const STALL_NS: u64 = 2_000_000_000;
 const WAIT_MAX_NS: u64 = 60_000_000_000;
 const SLEEP_MIN_NS: i64 = 200_000;
 const SLEEP_MAX_NS: i64 = 1_000_000;
+/// An open waiting for a cluster copy polls faster: the whole file arrives in about a
+/// millisecond, and the open is on the program's critical path.
+const OPEN_SLEEP_MIN_NS: i64 = 50_000;
+const OPEN_SLEEP_MAX_NS: i64 = 250_000;
+/// …and it waits longer for the copy to start moving: the agent bounds its own waits on other
+/// nodes (it reads the source when one is silent), its own death or stop ends the wait at once
+/// (heartbeat), and a loaded node can take a few seconds before the copy's first byte.
+const OPEN_STALL_NS: u64 = 10_000_000_000;
 
 /// Outcome of `on_read`: served (bytes), failed after the fd's offset moved (errno), or run the
 /// real call and count it as this kind.
@@ -266,10 +274,16 @@ pub fn now_ns() -> u64 {
 /// delivered meanwhile ends the wait at once (the read then goes to the source), so the program's
 /// handler runs as promptly as without granary.
 fn wait(g: &Guard, idx: u32, end: Option<u64>) -> Waited {
+    wait_with(g, idx, end, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS)
+}
+
+/// `wait`, napping from `naps.0` doubling up to `naps.1` nanoseconds, giving up when progress
+/// stood still for `stall` nanoseconds.
+fn wait_with(g: &Guard, idx: u32, end: Option<u64>, naps: (i64, i64), stall: u64) -> Waited {
     let mut start = 0;
     let mut moved = 0;
     let mut last = 0;
-    let mut sleep = SLEEP_MIN_NS;
+    let mut sleep = naps.0;
     loop {
         let word = g.table.state(idx);
         let st = state::state_of(word);
@@ -301,10 +315,10 @@ fn wait(g: &Guard, idx: u32, end: Option<u64>) -> Waited {
         }
         // Still UNPLACED after a grace period: our request was lost (ring full) or refused.
         let unclaimed = st == state::UNPLACED && now - start > UNCLAIMED_NS;
-        if unclaimed || now - moved > STALL_NS || now - start > WAIT_MAX_NS {
+        if unclaimed || now - moved > stall || now - start > WAIT_MAX_NS {
             return give_up(b"the copy does not progress");
         }
-        if !nap(&mut sleep, SLEEP_MAX_NS) {
+        if !nap(&mut sleep, naps.1) {
             return give_up(b"a signal arrived");
         }
     }
@@ -321,6 +335,12 @@ pub fn nap(sleep: &mut i64, max: i64) -> bool {
         && detour::errno() == libc::EINTR;
     *sleep = (*sleep * 2).min(max);
     !interrupted
+}
+
+/// Waits (as `wait` does) until the copy of `idx` is complete; false when it gave up.
+pub fn wait_placed(g: &Guard, idx: u32) -> bool {
+    let naps = (OPEN_SLEEP_MIN_NS, OPEN_SLEEP_MAX_NS);
+    matches!(wait_with(g, idx, None, naps, OPEN_STALL_NS), Waited::Placed)
 }
 
 fn give_up(why: &[u8]) -> Waited {

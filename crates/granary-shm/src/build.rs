@@ -334,6 +334,8 @@ pub enum BuildError {
     BadChildren(u32),
     /// `build_into` was given a buffer of another length than `image_len`.
     BadLength,
+    /// `rebase` was given an image whose layout does not fit the spec (`what` differs).
+    Foreign(&'static str),
 }
 
 impl std::fmt::Display for BuildError {
@@ -368,6 +370,7 @@ impl std::fmt::Display for BuildError {
                 )
             }
             BuildError::BadLength => write!(f, "table buffer has the wrong length"),
+            BuildError::Foreign(what) => write!(f, "table image made with another {what}"),
         }
     }
 }
@@ -742,6 +745,81 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
     }
     for pos in 0..p.ring_cap as u64 {
         img.put_u64(p.ring_off + RING_SLOTS + pos as usize * RING_SLOT_LEN, pos);
+    }
+    Ok(())
+}
+
+/// Makes a table image built by another agent (cluster mode: rank 0's catalog, broadcast to
+/// every rank) this agent's: the header's tiers (paths, object directory identities, count) and
+/// agent pid are replaced by `spec`'s. Everything the layout depends on — version, job slots,
+/// ring size, whole-fetch size, chunk size — and what the catalog answers for — the source and
+/// the credentials it was walked with — must already be `spec`'s, or the image is refused.
+/// Entry words are left alone (`lifecycle::forget_placement` clears them once mapped).
+pub fn rebase(img: &mut [u8], spec: &TableSpec) -> Result<(), BuildError> {
+    if spec.tier_dirs.len() > MAX_TIERS {
+        return Err(BuildError::TooManyTiers(spec.tier_dirs.len()));
+    }
+    if img.len() < HEADER_LEN {
+        return Err(BuildError::BadLength);
+    }
+    let u32_at = |img: &[u8], off: usize| {
+        u32::from_ne_bytes(img[off..off + 4].try_into().unwrap_or_default())
+    };
+    let u64_at = |img: &[u8], off: usize| {
+        u64::from_ne_bytes(img[off..off + 8].try_into().unwrap_or_default())
+    };
+    let path_at = |img: &[u8], slot: usize| {
+        let off = PATHS_OFF + slot * PATH_SLOT_LEN;
+        let len = (u32_at(img, off) as usize).min(PATH_MAX_LEN);
+        img[off + 8..off + 8 + len].to_vec()
+    };
+    if u64_at(img, H_MAGIC) != MAGIC || u32_at(img, H_VERSION) != VERSION {
+        return Err(BuildError::Foreign("table version"));
+    }
+    if u64_at(img, H_TOTAL_LEN) != img.len() as u64 {
+        return Err(BuildError::BadLength);
+    }
+    if u32_at(img, H_JOB_SLOTS) != spec.job_slots
+        || u32_at(img, H_RING_CAP) != spec.ring_cap.max(2).next_power_of_two()
+    {
+        return Err(BuildError::Foreign("number of job slots or ring size"));
+    }
+    let prefetch = if spec.prefetch_min_size == 0 {
+        u64::MAX
+    } else {
+        spec.prefetch_min_size
+    };
+    if u64_at(img, H_PREFETCH_MIN_SIZE) != prefetch || u64_at(img, H_CHUNK_SIZE) != spec.chunk_size
+    {
+        return Err(BuildError::Foreign("whole-fetch size or chunk size"));
+    }
+    if path_at(img, SLOT_SOURCE_REAL) != spec.source_real
+        || path_at(img, SLOT_SOURCE) != spec.source
+    {
+        return Err(BuildError::Foreign("source path"));
+    }
+    let creds = (
+        u32_at(img, H_CREDS),
+        u32_at(img, H_CREDS + 4),
+        u64_at(img, H_CREDS + 8),
+    );
+    if creds != spec.creds {
+        return Err(BuildError::Foreign("user or groups"));
+    }
+    let mut out = Image(img);
+    out.put_u32(H_TIER_COUNT, spec.tier_dirs.len() as u32);
+    out.put_u32(H_AGENT_PID, spec.agent_pid);
+    for t in 0..MAX_TIERS {
+        let off = PATHS_OFF + (SLOT_TIER0 + t) * PATH_SLOT_LEN;
+        out.0[off..off + PATH_SLOT_LEN].fill(0);
+        out.put_u64(H_TIER_DIR_IDS + 16 * t, 0);
+        out.put_u64(H_TIER_DIR_IDS + 16 * t + 8, 0);
+    }
+    for (t, dir) in spec.tier_dirs.iter().enumerate() {
+        out.put_path(SLOT_TIER0 + t, dir)?;
+        let (dev, ino) = spec.tier_dir_ids.get(t).copied().unwrap_or((0, 0));
+        out.put_u64(H_TIER_DIR_IDS + 16 * t, dev);
+        out.put_u64(H_TIER_DIR_IDS + 16 * t + 8, ino);
     }
     Ok(())
 }

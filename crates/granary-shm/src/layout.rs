@@ -170,6 +170,11 @@ pub const FLAG_REPORT_OPENS: u32 = 2;
 /// inode, mtime, ctime) is unchanged vouches for every file in it, so validation costs one
 /// metadata call per directory (`lifecycle`).
 pub const FLAG_IMMUTABLE: u32 = 4;
+/// Cluster mode (`granary serve`): a file is held by some node of the job, so a read-only open
+/// of a file at least `prefetch_min_size` long that is not placed here yet waits (bounded, like
+/// a read waiting on a fetch) for the agent to place it, then opens the copy — the program does
+/// not open the source, which every node would otherwise do once per file.
+pub const FLAG_CLUSTER: u32 = 8;
 
 /// Path slots hold absolute paths the hooks need: `len: u32` at +0, bytes from +8.
 pub const PATHS_OFF: usize = 4096;

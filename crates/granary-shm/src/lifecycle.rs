@@ -134,6 +134,20 @@ pub fn invalidate_placed(c: &impl Cell) -> bool {
     state::state_of(cur) == state::PLACED && c.cas(cur, w(state::STALE))
 }
 
+/// A worker hands its entry back to the queue without a copy (cluster mode: the peer that was to
+/// send it went silent, so the source will be read instead): PLACING → QUEUED. The caller has
+/// unlinked its partial copy; progress and the part's identity are cleared before the state
+/// moves, so a client never measures a later copy against them. False if the entry moved.
+pub fn requeue(table: &Table, idx: u32) -> bool {
+    let cur = table.state(idx);
+    if state::state_of(cur) != state::PLACING {
+        return false;
+    }
+    table.reset_progress(idx);
+    table.set_copy_identity(idx, 0, 0);
+    table.swap_state(idx, cur, w(state::QUEUED))
+}
+
 /// A worker takes its queued copy: QUEUED → PLACING (no tier yet). Any progress left from an
 /// earlier attempt is cleared first, so it is never read against a new partial copy.
 pub fn start(table: &Table, idx: u32) -> bool {
@@ -219,6 +233,31 @@ pub fn forget_run(t: &Table) {
     }
 }
 
+/// A catalog adopted from another node (cluster mode: rank 0's walk, broadcast to every rank):
+/// its entries and its validation hold on this node too, nothing about copies does. Every live
+/// regular file becomes unplaced (a file another node could not place may fit here), with its
+/// copy identity, checksum, progress, chunk bits and transient bit cleared; void entries stay
+/// void, directories and symlinks as they are. Runs before the table is published.
+pub fn forget_placement(t: &Table) {
+    let unplaced = w(state::UNPLACED);
+    for i in 0..t.entry_count() {
+        let Some(e) = t.entry(i) else { continue };
+        if !e.stat.is_file() {
+            continue;
+        }
+        t.set_transient(i, false);
+        t.reset_progress(i);
+        for k in 0..t.chunk_count(i) {
+            t.set_chunk(i, k, false);
+        }
+        t.set_copy_identity(i, 0, 0);
+        t.set_checksum(i, 0);
+        if !state::is_void(state::state_of(t.state(i))) {
+            t.set_state(i, unplaced);
+        }
+    }
+}
+
 /// A PARTIAL entry's chunk file ctime, recorded when the table is saved (`ctime_ns`) and cleared
 /// when it is loaded (0: while in use its ctime moves with every chunk written).
 pub fn seal_partial(t: &Table, idx: u32, ctime_ns: u64) {
@@ -257,10 +296,11 @@ pub fn void(c: &impl Cell, how: Void) -> bool {
     true
 }
 
-/// `void` on a table entry, with the agent told to drop a file's copy.
+/// `void` on a table entry, with the agent told (it drops a file's copy, and in cluster mode
+/// tells the other nodes, directories included).
 pub fn void_entry(table: &Table, idx: u32, how: Void) -> bool {
     let changed = void(&EntryCell { table, idx }, how);
-    if changed && table.entry(idx).is_some_and(|e| e.stat.is_file()) {
+    if changed {
         table.push_request(request::INVALIDATE, idx);
     }
     changed

@@ -296,6 +296,24 @@ impl Table {
         }
     }
 
+    /// True on a cluster-mode table (`FLAG_CLUSTER`): opens of unplaced files wait for the copy.
+    pub fn cluster(&self) -> bool {
+        self.region
+            .atomic_u32(H_FLAGS)
+            .is_some_and(|f| f.load(Ordering::Relaxed) & FLAG_CLUSTER != 0)
+    }
+
+    /// Agent side: mark (or unmark) the table as served in cluster mode.
+    pub fn set_cluster(&self, on: bool) {
+        if let Some(f) = self.region.atomic_u32(H_FLAGS) {
+            if on {
+                f.fetch_or(FLAG_CLUSTER, Ordering::Release);
+            } else {
+                f.fetch_and(!FLAG_CLUSTER, Ordering::Release);
+            }
+        }
+    }
+
     pub fn entry_count(&self) -> u32 {
         self.entry_count
     }

@@ -788,3 +788,138 @@ fn a_million_files_fit_the_budget() {
     let per_file = len as f64 / 1_001_001.0;
     assert!(per_file <= 160.0, "{per_file:.1} bytes per entry");
 }
+
+#[test]
+fn an_adopted_image_keeps_the_catalog_and_forgets_the_copies() {
+    let mut m = Model::new();
+    let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    let placed = m.add(d, "placed", stat(libc::S_IFREG | 0o644, 3, 9 << 20), "");
+    m.entries[placed].chunks = vec![0b11];
+    m.add(d, "stale", stat(libc::S_IFREG | 0o644, 4, 10), "");
+    m.add(d, "plain", stat(libc::S_IFREG | 0o644, 5, 10), "");
+    let mut spec = Model::spec();
+    spec.chunk_size = 4 << 20;
+    spec.prefetch_min_size = 1;
+    let mut img = build(&spec, &m.entries).unwrap();
+    let dir_word;
+    {
+        // What rank 0 holds: a copy, a chunk file's bits, a void entry, validation done.
+        let (_m, t, _f) = map_image(&img);
+        let p = t.lookup(b"train/placed").unwrap();
+        assert!(lifecycle::adopt_placed(&t, p, 1, 0xabc, 77, 88));
+        lifecycle::progress(&t, p, 5);
+        lifecycle::set_transient(&t, p, true);
+        let s = t.lookup(b"train/stale").unwrap();
+        lifecycle::void(
+            &lifecycle::EntryCell { table: &t, idx: s },
+            lifecycle::Void::Stale,
+        );
+        t.set_validated_range(0, t.entry_count());
+        dir_word = t.state(t.lookup(b"train").unwrap());
+        img = t.region().bytes(0, img.len()).unwrap().to_vec();
+    }
+    let mut mine = spec.clone();
+    mine.tier_dirs = vec![b"/dev/shm/rank1/objects".to_vec()];
+    mine.tier_dir_ids = vec![(9, 90)];
+    mine.agent_pid = 4242;
+    rebase(&mut img, &mine).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    lifecycle::forget_placement(&t);
+    assert_eq!(t.tier_count(), 1);
+    assert_eq!(t.tier_dir(0), Some(&b"/dev/shm/rank1/objects"[..]));
+    assert_eq!(t.tier_dir_id(0), Some((9, 90)));
+    assert_eq!(t.tier_dir(1), None, "the other node's second tier is gone");
+    assert_eq!(t.agent_pid(), 4242);
+    let p = t.lookup(b"train/placed").unwrap();
+    assert_eq!(state::state_of(t.state(p)), state::UNPLACED);
+    assert_eq!(
+        (t.copy_identity(p), t.checksum(p), t.progress(p)),
+        ((0, 0), 0, 0)
+    );
+    assert!(!t.is_transient(p) && !t.chunk_present(p, 0) && !t.chunk_present(p, 1));
+    let s = t.lookup(b"train/stale").unwrap();
+    assert_eq!(state::state_of(t.state(s)), state::STALE, "void stays void");
+    assert!(
+        (0..t.entry_count()).all(|i| t.is_validated(i)),
+        "validation holds"
+    );
+    let dir = t.lookup(b"train").unwrap();
+    assert_eq!(t.state(dir), dir_word, "a directory is left as it was");
+}
+
+#[test]
+fn a_foreign_image_is_refused_when_its_layout_or_owner_differs() {
+    let mut m = Model::new();
+    m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 10), "");
+    let spec = Model::spec();
+    let img = build(&spec, &m.entries).unwrap();
+    let refused = |edit: &dyn Fn(&mut TableSpec)| {
+        let mut s = spec.clone();
+        edit(&mut s);
+        rebase(&mut img.clone(), &s).unwrap_err()
+    };
+    assert!(matches!(
+        refused(&|s| s.creds.0 += 1),
+        BuildError::Foreign(_)
+    ));
+    assert!(matches!(
+        refused(&|s| s.job_slots += 1),
+        BuildError::Foreign(_)
+    ));
+    assert!(matches!(
+        refused(&|s| s.chunk_size = 8192),
+        BuildError::Foreign(_)
+    ));
+    assert!(matches!(
+        refused(&|s| s.source_real = b"/x".to_vec()),
+        BuildError::Foreign(_)
+    ));
+    assert!(matches!(
+        refused(&|s| s.tier_dirs = vec![vec![b'x']; 9]),
+        BuildError::TooManyTiers(9)
+    ));
+    let mut cut = img.clone();
+    cut.truncate(img.len() - 4096);
+    assert!(matches!(
+        rebase(&mut cut, &spec),
+        Err(BuildError::BadLength)
+    ));
+    rebase(&mut img.clone(), &spec).unwrap();
+}
+
+#[test]
+fn a_requeued_entry_forgets_its_part() {
+    let mut m = Model::new();
+    m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 1 << 20), "");
+    let mut spec = Model::spec();
+    spec.prefetch_min_size = 1;
+    let img = build(&spec, &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let f = t.lookup(b"f").unwrap();
+    let cell = lifecycle::EntryCell { table: &t, idx: f };
+    assert!(
+        !lifecycle::requeue(&t, f),
+        "only a copy in progress is handed back"
+    );
+    assert!(lifecycle::claim(&cell) && lifecycle::start(&t, f));
+    assert!(lifecycle::announce_part(&t, f, 1, 55));
+    lifecycle::progress(&t, f, 4096);
+    assert!(lifecycle::requeue(&t, f));
+    assert_eq!(t.state(f), state::word(state::QUEUED, 0));
+    assert_eq!((t.progress(f), t.copy_identity(f)), (0, (0, 0)));
+    assert!(lifecycle::start(&t, f), "a worker may take it again");
+}
+
+#[test]
+fn the_cluster_flag_is_independent_of_the_others() {
+    let mut m = Model::new();
+    m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 10), "");
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    assert!(!t.cluster());
+    t.set_cluster(true);
+    t.set_immutable(true);
+    assert!(t.cluster() && t.is_valid() && t.immutable());
+    t.set_cluster(false);
+    assert!(!t.cluster() && t.is_valid() && t.immutable());
+}

@@ -91,17 +91,22 @@ pub enum Command {
     /// `granary run --source DIR -- docker run $(granary container-flags --source DIR) IMAGE CMD`
     /// (docs/containers.md).
     ContainerFlags(crate::container::FlagsArgs),
+    /// Cluster mode: one serving rank per node (started by srun or mpirun); every node's tiers
+    /// become one cache of the dataset, read once from the source (needs the `mpi` build).
+    #[command(after_help = crate::cluster::args::SERVE_EXAMPLES)]
+    Serve(crate::cluster::ServeArgs),
     #[command(name = "__demo-reader", hide = true)]
     DemoReader(DemoReaderArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The dataset directory the program reads (on the shared file system).
+    /// The dataset directory the program reads (on the shared file system). With --attach,
+    /// the one the running agent serves.
     #[arg(
         long,
         value_name = "DIR",
-        required_unless_present = "mount",
+        required_unless_present_any = ["mount", "attach"],
         conflicts_with = "mount"
     )]
     pub source: Option<PathBuf>,
@@ -116,6 +121,10 @@ pub struct RunArgs {
     /// stand-ins: listings, stat and opens below them work, `chdir` into them does not).
     #[arg(long, value_name = "PATH", requires = "pack")]
     pub mount: Option<PathBuf>,
+    /// Attach to the agent already running on this node (`granary serve`'s rank here) and
+    /// never start one: without it the program runs without granary.
+    #[arg(long, conflicts_with_all = ["pack", "mount"])]
+    pub attach: bool,
     #[command(flatten)]
     pub tiers: TierArgs,
     /// The order the program opens its files, when it is known ahead (a file list, or one
@@ -190,7 +199,7 @@ pub struct DemoReaderArgs {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
-    if !matches!(cli.cmd, Command::Agent(_)) {
+    if !matches!(cli.cmd, Command::Agent(_) | Command::Serve(_)) {
         crate::logging::init(None, None);
     }
     if matches!(
@@ -208,5 +217,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::DemoReader(a) => crate::demo::reader(a),
         Command::Pack(a) => crate::pack_cmd::main(a),
         Command::ContainerFlags(a) => crate::container::flags(a),
+        Command::Serve(a) => crate::cluster::main(a),
     }
 }

@@ -447,13 +447,20 @@ pub fn status(json: bool) -> Result<i32> {
         return Ok(0);
     }
     out(&format!(
-        "agent pid {}, up {:.0} s, {} job(s) attached, idle timeout {:.0} s, runtime {}",
+        "agent pid {}, up {:.0} s, {} job(s) attached, {}, runtime {}",
         s.pid,
         s.uptime_s,
         s.jobs,
-        s.idle_timeout_s,
+        if s.cluster.is_some() {
+            "serving until stopped".to_string()
+        } else {
+            format!("idle timeout {:.0} s", s.idle_timeout_s)
+        },
         s.runtime_dir.display()
     ));
+    if let Some(c) = &s.cluster {
+        crate::cluster::status::print(c, &mut |l| out(l));
+    }
     if let Some(p) = &s.placement {
         out(&format!(
             "placement: {} workers, source reads of {}{}",

@@ -3,6 +3,7 @@
 mod agent;
 mod cli;
 mod client;
+mod cluster;
 mod container;
 mod demo;
 mod logging;

@@ -195,10 +195,22 @@ pub fn run(args: RunArgs) -> Result<i32> {
     // Bad flags or configuration are the user's to fix: refused before anything runs (rc 2).
     let cfg = load_config(&args.tiers)?;
     tier_configs(&args.tiers, &cfg)?;
-    let source = crate::run_pack::target(&args)?;
     let (prog, prog_args) = args.program.split_first().context("no program given")?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(prog_args);
+    let source = match (&args.source, args.attach) {
+        (None, true) => match served_source() {
+            Ok(s) => s,
+            Err(e) => {
+                let why = format!("{e:#}");
+                say(format!(
+                    "granary: {why}; running the program without granary"
+                ));
+                return run_plain(&args, &mut cmd, prog, Path::new(""), started, why);
+            }
+        },
+        _ => crate::run_pack::target(&args)?,
+    };
 
     // Same rule as the preload library: any value but empty or "0" turns granary off.
     if std::env::var_os("GRANARY_DISABLE").is_some_and(|v| !v.is_empty() && v != "0") {
@@ -261,29 +273,36 @@ pub fn run(args: RunArgs) -> Result<i32> {
             .counter(slot, w)
             .map_or(0, |c| c.load(Ordering::Relaxed))
     };
-    let (delta, usage, mine) = match agent_stats(&mut conn, &source, slot, args.pack.as_deref()) {
-        Ok(AgentStats {
-            placement,
-            tiers,
-            warnings: now,
-            job,
-        }) => {
-            for w in now {
-                if !warnings.contains(&w) {
-                    say(format!("granary: {w}"));
-                    warnings.push(w);
+    let (delta, usage, mine, cluster) =
+        match agent_stats(&mut conn, &source, slot, args.pack.as_deref()) {
+            Ok(AgentStats {
+                placement,
+                tiers,
+                warnings: now,
+                job,
+                cluster,
+            }) => {
+                for w in now {
+                    if !warnings.contains(&w) {
+                        say(format!("granary: {w}"));
+                        warnings.push(w);
+                    }
                 }
+                (placement.since(&before), tiers, job, cluster)
             }
-            (placement.since(&before), tiers, job)
-        }
-        Err(e) => {
-            // The program is done; the agent's figures are not worth a hung job.
-            let w = format!("{e:#}; the report lacks the agent's figures");
-            say(format!("granary: {w}"));
-            warnings.push(w);
-            (PlacementStats::default(), tier_usage, JobPlaced::default())
-        }
-    };
+            Err(e) => {
+                // The program is done; the agent's figures are not worth a hung job.
+                let w = format!("{e:#}; the report lacks the agent's figures");
+                say(format!("granary: {w}"));
+                warnings.push(w);
+                (
+                    PlacementStats::default(),
+                    tier_usage,
+                    JobPlaced::default(),
+                    None,
+                )
+            }
+        };
     let mut tiers_rep = JobReport::tier_reports(&usage);
     for (i, t) in tiers_rep.iter_mut().enumerate().take(MAX_TIERS) {
         t.files_served = c(job::TIER_FILES + i);
@@ -348,6 +367,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         fallback: None,
         warnings,
         mmap,
+        cluster,
     };
     drop(conn);
     finish(&args, &report)?;
@@ -384,7 +404,12 @@ struct Attached {
 /// Everything granary needs before the program starts: tiers, preload library, agent, table.
 /// Any failure here is granary's, so the caller runs the program without granary instead.
 fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>) -> Result<Job> {
-    let tiers = job_tiers(&args.tiers, cfg, args.quiet)?;
+    // Attaching to a running agent: its tiers, unless the job names some.
+    let tiers = if args.attach && tier_configs(&args.tiers, cfg)?.is_empty() {
+        Vec::new()
+    } else {
+        job_tiers(&args.tiers, cfg, args.quiet)?
+    };
     let preload = find_preload()?;
     let rt = Runtime::open()?;
     let mut agent_args = Vec::new();
@@ -410,7 +435,12 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         mmap: cfg.mmap,
     };
     let try_once = || -> Result<(Conn, Attached)> {
-        let mut conn = connect_or_spawn(&rt, &agent_args)?;
+        let mut conn = if args.attach {
+            crate::client::connect(&rt)?
+                .context("no granary agent runs on this node (--attach starts none)")?
+        } else {
+            connect_or_spawn(&rt, &agent_args)?
+        };
         let a = attach_on(&mut conn, &request, args.quiet, source)?;
         Ok((conn, a))
     };
@@ -557,6 +587,22 @@ struct AgentStats {
     tiers: Vec<granary_core::tiers::TierUsage>,
     warnings: Vec<String>,
     job: JobPlaced,
+    cluster: Option<granary_core::stats::ClusterReport>,
+}
+
+/// `--attach` without `--source`: the source the running agent serves.
+fn served_source() -> Result<PathBuf> {
+    let rt = Runtime::open()?;
+    let mut c = crate::client::connect(&rt)?
+        .context("no granary agent runs on this node (--attach starts none)")?;
+    match c.ask(&Request::Status)? {
+        Reply::Status(s) => match (s.cluster, s.sources.as_slice()) {
+            (Some(c), _) => Ok(c.source),
+            (None, [one]) => Ok(one.source.clone()),
+            _ => bail!("the agent serves several sources (or none): name one with --source"),
+        },
+        other => bail!("unexpected reply {other:?}"),
+    }
 }
 
 fn agent_stats(
@@ -576,11 +622,13 @@ fn agent_stats(
             tiers,
             warnings,
             job,
+            cluster,
         } => Ok(AgentStats {
             placement,
             tiers,
             warnings,
             job,
+            cluster,
         }),
         other => bail!("unexpected reply {other:?}"),
     }

@@ -10,6 +10,8 @@ pub mod sweep;
 pub mod validate;
 pub mod walk;
 
-pub use persist::{load, open_saved, save, write_atomic, Expect, LoadError, Loaded};
+pub use persist::{
+    adopt, image_bytes, load, open_saved, save, write_atomic, Expect, LoadError, Loaded,
+};
 pub use validate::Validation;
 pub use walk::{walk, Prev, Progress, Walk, WalkError};

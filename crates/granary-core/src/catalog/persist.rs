@@ -97,11 +97,19 @@ fn copy_region(table: &Table, f: &mut std::fs::File) -> std::io::Result<()> {
 /// Clears a table's per-run words: what the next agent starts from
 /// (`lifecycle::forget_run`).
 pub fn sanitize(t: &Table) {
+    clear_run_words(t);
+    t.set_immutable(false);
+    t.set_cluster(false);
+    lifecycle::forget_run(t);
+}
+
+/// The header's and job slots' per-run words: heartbeat, flags an agent sets, the ring, the
+/// counters. Entry words are `lifecycle`'s to clear.
+fn clear_run_words(t: &Table) {
     if let Some(h) = t.region().atomic_u64(layout::H_HEARTBEAT) {
         h.store(0, Ordering::Relaxed);
     }
     t.set_reports_opens(false);
-    t.set_immutable(false);
     t.set_valid(true);
     t.reset_ring();
     for slot in 0..t.job_slots() {
@@ -111,7 +119,6 @@ pub fn sanitize(t: &Table) {
             }
         }
     }
-    lifecycle::forget_run(t);
 }
 
 /// The identity of a PARTIAL entry's chunk file (inode, ctime ns), looked up by path.
@@ -210,6 +217,8 @@ pub enum LoadError {
     Source(String),
     #[error("saved with other tiers")]
     Tiers,
+    #[error("{0}")]
+    Foreign(granary_shm::BuildError),
 }
 
 /// What a saved catalog must match to be loaded.
@@ -300,4 +309,50 @@ pub fn open_saved(saved: &Path) -> Option<(Mapping, Table)> {
             None
         }
     }
+}
+
+/// The live table's bytes as they are (a word at a time: other processes update its atomics
+/// meanwhile), for another node of a cluster-mode job (`adopt`).
+pub fn image_bytes(table: &Table) -> Vec<u8> {
+    let region = table.region();
+    let mut out = vec![0u8; region.len()];
+    for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
+        let w = region.u64_at(k * 8).unwrap_or(0);
+        chunk.copy_from_slice(&w.to_ne_bytes());
+    }
+    out
+}
+
+/// Makes another node's table image (`image_bytes` of rank 0's table, broadcast) this agent's
+/// table at `dest`: the header gets this node's tiers and pid (`granary_shm::rebase`, which
+/// refuses an image of another layout, source or user), then the per-run words and everything
+/// about copies are cleared (`lifecycle::forget_placement`). The entries and their validation
+/// are kept: the node that sent it checked them against the source in this attach, so this one
+/// makes no call on the source for them.
+pub fn adopt(
+    img: &mut [u8],
+    spec: &granary_shm::TableSpec,
+    dest: &Path,
+) -> Result<Loaded, LoadError> {
+    granary_shm::rebase(img, spec).map_err(LoadError::Foreign)?;
+    write_atomic(dest, img)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dest)?;
+    let res = (|| {
+        let (m, t) = Mapping::map(f.as_raw_fd(), img.len()).map_err(LoadError::Table)?;
+        clear_run_words(&t);
+        lifecycle::forget_placement(&t);
+        Ok(Loaded {
+            mapping: m,
+            table: t,
+            rejected: 0,
+        })
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(dest);
+    }
+    res
 }

@@ -43,9 +43,13 @@ fn wanted(ctx: &SourceCtx, tier: usize, name: &[u8]) -> Option<u32> {
     if state::tier_of(w) as usize != tier {
         return None;
     }
+    // An object name while the entry is PLACING on this tier: a copy being published right now
+    // (renamed, not yet PLACED) — deleting it would leave a PLACED entry with no copy.
     let keep = matches!(
         (suffix, state::state_of(w)),
-        (b"", state::PLACED) | (b".part", state::PLACING) | (b".chunks", state::PARTIAL)
+        (b"", state::PLACED | state::PLACING)
+            | (b".part", state::PLACING)
+            | (b".chunks", state::PARTIAL)
     );
     keep.then_some(idx)
 }
@@ -110,10 +114,14 @@ pub fn sweep(ctx: &SourceCtx) -> SweepOutcome {
             continue;
         }
         let tier = state::tier_of(w) as usize;
-        if ctx.object_dirs.get(tier).is_some_and(|d| d.is_none()) {
+        let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
             continue;
-        }
-        if withdraw(ctx, idx, w, false) {
+        };
+        // Placed after the listing went by: there, not missing.
+        let there = t
+            .entry(idx)
+            .is_some_and(|e| sys::copy_stat_at(dir, &object_name(e.object)).is_ok());
+        if !there && withdraw(ctx, idx, w, false) {
             out.missing += 1;
         }
     }

@@ -460,6 +460,7 @@ pub fn resolve_tiers(cfg: &[TierConfig]) -> Result<Vec<(crate::tiers::TierSpec, 
                     capacity,
                     block_size: t.block_size.unwrap_or(crate::tiers::DEFAULT_BLOCK_SIZE),
                     default_capacity: defaulted,
+                    staging: false,
                 },
                 defaulted,
             ))

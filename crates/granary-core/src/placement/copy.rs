@@ -227,6 +227,7 @@ fn write_and_publish(
 ) -> PlaceOutcome {
     let idx = cl.idx;
     let size = cl.entry.stat.size;
+    let name = object_name(cl.entry.object);
     let mut next = Some(first);
     while let Some(res) = next.take() {
         let tier = res.tier();
@@ -257,8 +258,11 @@ fn write_and_publish(
             let _ = sys::unlink_at(dir, &tmp);
             return stale(ctx, idx);
         }
-        match publish(ctx, idx, size, res, dir, &tmp, &file, sum) {
-            Finish::Placed { .. } => return PlaceOutcome::Placed { tier, bytes: size },
+        let out = publish(ctx, idx, res, dir, (&tmp, &name), &file, sum);
+        match out {
+            Finish::Placed { .. } => {
+                return PlaceOutcome::Placed { tier, bytes: size };
+            }
             Finish::RenameFailed => {
                 tracing::debug!("placement: rename in tier {tier} failed");
                 let _ = sys::unlink_at(dir, &tmp);
@@ -272,41 +276,36 @@ fn write_and_publish(
     source_only(ctx, idx)
 }
 
-/// Publishes a finished copy, `tmp` in tier directory `dir` on the reservation's tier:
-/// renamed to the entry's object name, its identity and checksum recorded — clients check what
-/// they open against that identity, after the rename (which changes the ctime) and before
-/// PLACED —, then PLACED through `states::finish`, and counted.
-#[allow(clippy::too_many_arguments)]
+/// Publishes a complete copy of `idx` written under `names.0` in the reservation's tier
+/// directory `dir`: renamed to `names.1`, its identity and checksum recorded, then PLACED
+/// (`states::finish`), counted. Clients check what they open against the identity recorded
+/// here, after the rename (which changes the ctime) and before PLACED; the checksum is read once
+/// PLACED.
 pub(super) fn publish(
     ctx: &SourceCtx,
     idx: u32,
-    size: u64,
     res: Reservation<'_>,
     dir: &OwnedFd,
-    tmp: &[u8],
+    names: (&[u8], &[u8]),
     file: &File,
     sum: u64,
 ) -> Finish {
-    let t = &ctx.table;
-    let c = &ctx.counters;
-    let tier = res.tier();
-    let Some(e) = t.entry(idx) else {
-        return Finish::RenameFailed;
-    };
-    let name = object_name(e.object);
+    let (t, tier) = (&ctx.table, res.tier());
+    let size = t.entry(idx).map_or(0, |e| e.stat.size);
     let out = states::finish(
         &EntryCell { table: t, idx },
         &ctx.tiers,
         res,
         || {
-            sys::rename_at(dir, tmp, &name)?;
+            sys::rename_at(dir, names.0, names.1)?;
             let (ino, ctime) = sys::copy_identity(file)?;
             lifecycle::record_copy(t, idx, ino, ctime, sum);
             Ok(())
         },
-        || sys::unlink_at(dir, &name).is_ok(),
+        || sys::unlink_at(dir, names.1).is_ok(),
     );
     if let Finish::Placed { .. } = out {
+        let c = &ctx.counters;
         AgentCounters::add(&c.files_placed, 1);
         AgentCounters::add(&c.bytes_placed, size);
         AgentCounters::add(&c.tier_files[tier], 1);

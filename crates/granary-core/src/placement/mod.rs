@@ -13,6 +13,7 @@ pub mod chunks;
 mod copy;
 mod fetch;
 pub mod fetch_order;
+pub mod incoming;
 pub mod mapping;
 mod partial;
 pub mod partition;
@@ -28,6 +29,7 @@ mod whole_fetch;
 
 pub use copy::{object_dir, PlaceOutcome};
 pub use fetch::fetch_large;
+pub use incoming::Remote;
 pub use partial::{adopt_charges, copies_now, release_partial_charges, Partials};
 pub use policy::{
     free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy,
@@ -141,6 +143,9 @@ pub struct SourceCtx {
     pub pack: std::sync::OnceLock<Arc<partition::Streamer>>,
     /// Programs' mappings of this source's files, followed and read ahead of.
     pub mappings: mapping::Mappings,
+    /// Cluster mode: the other nodes of the job, asked before the source is read
+    /// (`incoming::Remote`); unset on one node.
+    pub remote: std::sync::OnceLock<Arc<dyn Remote>>,
 }
 
 /// True if tier `tier`'s object directory is gone from its path (removed, renamed, replaced):

@@ -607,7 +607,8 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
     };
     let sum = o.dec.finish(o.loc.checksum).unwrap_or(0).max(1);
     settle(ctx, o.idx, file, size);
-    match publish_copy(ctx, o.idx, size, res, dir, &o.tmp, file, sum) {
+    let name = granary_shm::object_name(o.entry.object);
+    match publish_copy(ctx, o.idx, res, dir, (&o.tmp, &name), file, sum) {
         Finish::Placed { .. } => {}
         Finish::RenameFailed => {
             let _ = sys::unlink_at(dir, &o.tmp);

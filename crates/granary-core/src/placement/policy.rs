@@ -51,7 +51,7 @@ pub fn free_space(tiers: &Tiers) -> Vec<u64> {
 /// The tier with the most free space (the fastest among equals).
 pub fn most_free(tiers: &Tiers) -> Option<usize> {
     let free = free_space(tiers);
-    (0..free.len()).rev().max_by_key(|&t| free[t])
+    (0..tiers.placeable()).rev().max_by_key(|&t| free[t])
 }
 
 /// Reserves room for `size` on the first of the policy's tiers that has it.
@@ -66,13 +66,14 @@ pub fn reserve_first<'a>(
         .find_map(|t| tiers.reserve(t, size))
 }
 
-/// The fastest tier with room, then the next: tiers are configured fastest first.
+/// The fastest tier with room, then the next: tiers are configured fastest first (staging tiers
+/// excluded: `Tiers::placeable`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct FillHighestFirst;
 
 impl Policy for FillHighestFirst {
     fn tiers_for(&self, _size: u64, tiers: &Tiers) -> Vec<usize> {
-        (0..tiers.len()).collect()
+        (0..tiers.placeable()).collect()
     }
 }
 
@@ -173,7 +174,7 @@ impl KnownOrder {
 
 impl Policy for KnownOrder {
     fn tiers_for(&self, _size: u64, tiers: &Tiers) -> Vec<usize> {
-        (0..tiers.len()).collect()
+        (0..tiers.placeable()).collect()
     }
 
     /// Moves the position forward; a file far behind it (at least half the order back) means

@@ -265,7 +265,14 @@ fn worker(sh: &Shared) {
             }
         };
         let out = match job.kind {
-            Kind::Fetch => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
+            // Cluster mode: another node may hold the file (`incoming::Remote`).
+            Kind::Fetch => match job.ctx.remote.get() {
+                Some(r) => match r.fetch(&job.ctx, job.entry, job.slot) {
+                    Some(out) => out,
+                    None => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
+                },
+                None => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
+            },
             Kind::Small { closed } => {
                 super::small::copy_small(&job.ctx, job.entry, sh, &mut buf, closed)
             }

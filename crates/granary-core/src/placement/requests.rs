@@ -78,8 +78,14 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
             // The client already marked the entry STALE; withdraw a placed copy (one CAS, so a
             // state set in between is never overwritten) and drop any copy or chunk file so its
             // space comes back.
-            lifecycle::invalidate_placed(&EntryCell { table: t, idx });
-            drop_all_copies(ctx, idx, &e);
+            if e.stat.is_file() {
+                lifecycle::invalidate_placed(&EntryCell { table: t, idx });
+                drop_all_copies(ctx, idx, &e);
+            }
+            // Cluster mode: the other nodes stop serving it too.
+            if let Some(r) = ctx.remote.get() {
+                r.invalidated(ctx, idx);
+            }
         }
         request::DAMAGED => {
             let w = t.state(idx);
@@ -130,7 +136,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
 
 /// Deletes every copy of a void entry (whole copies on any tier, a chunk file) and gives their
 /// space back.
-pub(super) fn drop_all_copies(ctx: &SourceCtx, idx: u32, e: &granary_shm::EntryRec) {
+pub(crate) fn drop_all_copies(ctx: &SourceCtx, idx: u32, e: &granary_shm::EntryRec) {
     drop_copies(ctx, e);
     super::partial::drop_partial(ctx, idx);
 }

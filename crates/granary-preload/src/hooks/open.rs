@@ -75,7 +75,8 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
         // Its bytes come from the pack: wait for the copy the agent streams now.
         crate::packed::wait(g, idx);
     }
-    if state::state_of(g.table.state(idx)) == state::PLACED {
+    let st = state::state_of(g.table.state(idx));
+    if st == state::PLACED || cluster_wait(g, idx, &entry, st) {
         if let Some(fd) = copy_fd(g, idx, &entry, flags) {
             return Plan::Done(fd);
         }
@@ -124,6 +125,25 @@ fn extracted(
         }
         Err(e) => Plan::Failed(e),
     }
+}
+
+/// Cluster mode (`Table::cluster`): some node of the job holds every file, so an open of one
+/// not placed here asks the agent for it and waits (as a read waits on a fetch: bounded, the
+/// agent alive and the copy progressing, a signal ends it) until it is, rather than opening the
+/// source — once per file on every node, the metadata load a cluster's shared file system
+/// must be spared. True if the copy is there now; false: open the source as usual.
+fn cluster_wait(g: &Guard, idx: u32, entry: &granary_shm::EntryRec, st: u8) -> bool {
+    if !g.table.cluster() || entry.stat.size < g.table.prefetch_min_size() {
+        return false;
+    }
+    if !matches!(st, state::UNPLACED | state::QUEUED | state::PLACING) {
+        return false;
+    }
+    if st == state::UNPLACED {
+        g.table
+            .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
+    }
+    crate::place::wait_placed(g, idx)
 }
 
 /// A catalogued file opened on the source: counted, and the agent asked to place it.

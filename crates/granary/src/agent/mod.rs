@@ -5,7 +5,7 @@ mod mappings;
 pub mod protocol;
 mod residency;
 mod ring;
-mod server;
+pub(crate) mod server;
 mod source;
 mod tierwatch;
 
@@ -72,6 +72,56 @@ pub struct Agent {
     pub last_active: Mutex<Instant>,
     pub stopping: AtomicBool,
     pub generation: AtomicU64,
+    /// Cluster mode (`granary serve`): the one source this agent serves and its node of the
+    /// job; `None` for the ordinary agent.
+    pub serving: Option<Serving>,
+}
+
+/// A serving rank's part of the agent (crates/granary/src/cluster).
+pub struct Serving {
+    /// The served source (normalized): jobs may attach to it only, once `node` is set.
+    pub source: std::path::PathBuf,
+    pub rank: u32,
+    pub ranks: u32,
+    pub node: OnceLock<Arc<crate::cluster::Node>>,
+    /// Why this rank serves nothing (the catalog never arrived): attaching jobs are told.
+    pub failed: OnceLock<String>,
+}
+
+impl Serving {
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub fn new(source: std::path::PathBuf, rank: u32, ranks: u32) -> Serving {
+        Serving {
+            source,
+            rank,
+            ranks,
+            node: OnceLock::new(),
+            failed: OnceLock::new(),
+        }
+    }
+}
+
+/// What `granary serve` changes in an agent.
+#[derive(Default)]
+pub struct Options {
+    pub serving: Option<Serving>,
+    /// The agent's tiers, instead of its flags' and configuration's (a serving rank's, with
+    /// its staging tier last).
+    pub tiers: Option<Vec<TierSpec>>,
+    /// Never exit when idle.
+    pub no_idle_exit: bool,
+    /// Log here unless the configuration says otherwise.
+    pub log_file: Option<std::path::PathBuf>,
+    /// `[placement] prefetch_min_size` unless the configuration says otherwise.
+    pub prefetch_min_size: Option<u64>,
+}
+
+/// An agent set up (socket bound, `agent.alive` held), before its threads run.
+pub struct Started {
+    pub agent: Arc<Agent>,
+    listener: UnixListener,
+    /// Locked until the process exits.
+    _alive: std::fs::File,
 }
 
 impl Agent {
@@ -172,7 +222,7 @@ impl Agent {
 
     /// Saves every catalog, removes tables and the socket. The cache on disk stays consistent:
     /// only complete copies have object names, and the saved catalogs describe them.
-    fn shutdown(&self) {
+    pub fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
         for s in self.source_states() {
             let mut inner = s.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -201,7 +251,16 @@ fn volunteer_for_oom() {
 }
 
 pub fn main(args: AgentArgs) -> Result<i32> {
-    let rt = Runtime::open()?;
+    let started = start(Runtime::open()?, &args.tiers, Options::default())?;
+    spawn_threads(&started)?;
+    main_loop(&started.agent);
+    started.agent.shutdown();
+    Ok(0)
+}
+
+/// Sets an agent up in `rt`: waits for a previous one to let go of `agent.alive`, reads the
+/// configuration, binds the socket. Its threads start with `spawn_threads`.
+pub fn start(rt: Runtime, tiers: &crate::cli::TierArgs, opts: Options) -> Result<Started> {
     // Wait for a previous agent to finish its shutdown (it saves catalogs this agent reuses);
     // kept until this process exits. Bounded: `granary run` replaces a previous agent that does
     // not exit before starting this one, so a long wait here means something else holds it.
@@ -225,19 +284,26 @@ pub fn main(args: AgentArgs) -> Result<i32> {
             .set_len(0)
             .and_then(|()| writeln!(f, "{}", std::process::id()));
     }
-    let cfg = crate::run::load_config(&args.tiers)?;
+    let mut cfg = crate::run::load_config(tiers)?;
     crate::logging::init(
         Some(cfg.log_level.as_deref().unwrap_or("info")),
-        cfg.log_file.clone(),
+        cfg.log_file.clone().or(opts.log_file),
     );
-    let idle_timeout = match &args.tiers.idle_timeout {
+    let idle_timeout = match &tiers.idle_timeout {
+        _ if opts.no_idle_exit => Duration::MAX,
         Some(s) => granary_core::size::parse_duration(s)
             .with_context(|| format!("bad --idle-timeout `{s}`"))?,
         None => cfg.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),
     };
+    cfg.prefetch_min_size = cfg.prefetch_min_size.or(opts.prefetch_min_size);
     volunteer_for_oom();
-    let tier_cfg = crate::run::tier_configs(&args.tiers, &cfg)?;
-    let default_tiers: Vec<_> = resolve_tiers(&tier_cfg)?.into_iter().map(|t| t.0).collect();
+    let default_tiers: Vec<_> = match opts.tiers {
+        Some(t) => t,
+        None => {
+            let tier_cfg = crate::run::tier_configs(tiers, &cfg)?;
+            resolve_tiers(&tier_cfg)?.into_iter().map(|t| t.0).collect()
+        }
+    };
     let listener = bind(&rt)?;
     remove_stale_tables(&rt);
     let agent = Arc::new(Agent {
@@ -245,7 +311,7 @@ pub fn main(args: AgentArgs) -> Result<i32> {
         started: Instant::now(),
         idle_timeout,
         default_tiers,
-        workers: args.tiers.workers.or(cfg.workers),
+        workers: tiers.workers.or(cfg.workers),
         cfg: cfg.clone(),
         registry: TierRegistry::default(),
         setup: OnceLock::new(),
@@ -255,6 +321,7 @@ pub fn main(args: AgentArgs) -> Result<i32> {
         last_active: Mutex::new(Instant::now()),
         stopping: AtomicBool::new(false),
         generation: AtomicU64::new(0),
+        serving: opts.serving,
     });
     tracing::info!(
         "agent {} listening on {} (idle timeout {:?})",
@@ -262,6 +329,18 @@ pub fn main(args: AgentArgs) -> Result<i32> {
         agent.rt.socket().display(),
         idle_timeout
     );
+    Ok(Started {
+        agent,
+        listener,
+        _alive: alive,
+    })
+}
+
+/// Starts the agent's threads: ring consumer, heartbeat, page-cache residency, tier watch, and
+/// the control socket's accept loop.
+pub fn spawn_threads(started: &Started) -> Result<()> {
+    let agent = &started.agent;
+    let listener = started.listener.try_clone()?;
     {
         let a = agent.clone();
         std::thread::Builder::new()
@@ -298,6 +377,12 @@ pub fn main(args: AgentArgs) -> Result<i32> {
             .name("accept".into())
             .spawn(move || server::accept_loop(a, listener))?;
     }
+    Ok(())
+}
+
+/// Until the agent stops (asked to, idle, or its socket taken over).
+pub fn main_loop(agent: &Agent) {
+    let idle_timeout = agent.idle_timeout;
     loop {
         std::thread::sleep(Duration::from_millis(100));
         if agent.stopping.load(Ordering::Acquire) {
@@ -323,8 +408,6 @@ pub fn main(args: AgentArgs) -> Result<i32> {
             break;
         }
     }
-    agent.shutdown();
-    Ok(0)
 }
 
 /// Beats on every current table so clients waiting on a fetch know the agent is alive; a

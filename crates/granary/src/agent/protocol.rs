@@ -93,6 +93,9 @@ pub enum Reply {
         /// The copies credited to the job of `slot` (`AgentCounters::credit_placement`).
         #[serde(default)]
         job: granary_core::stats::JobPlaced,
+        /// Cluster mode: this node's place in the serving job.
+        #[serde(default)]
+        cluster: Option<granary_core::stats::ClusterReport>,
     },
     Status(AgentStatus),
     Stopping,
@@ -115,6 +118,9 @@ pub struct AgentStatus {
     pub placement: Option<PoolStatus>,
     /// Every tier directory any source has used in this agent, once each, ordered by path.
     pub tiers: Vec<TierUsage>,
+    /// Cluster mode (`granary serve`): every rank as this one knows it.
+    #[serde(default)]
+    pub cluster: Option<crate::cluster::status::ClusterStatus>,
     pub sources: Vec<SourceStatus>,
 }
 

@@ -8,8 +8,15 @@ use granary_core::placement::handle_request;
 
 use super::Agent;
 
+/// Naps of the consumer when its rings are empty: from `NAP_MIN` after a request, doubling up
+/// to `NAP_MAX`, so a program opening file after file is answered within tens of microseconds
+/// while an idle agent wakes about a thousand times a second.
+const NAP_MIN: Duration = Duration::from_micros(50);
+const NAP_MAX: Duration = Duration::from_millis(1);
+
 pub fn consume(agent: Arc<Agent>) {
     let mut empty_since: Option<Instant> = None;
+    let mut nap = NAP_MIN;
     while !agent.stopping.load(Ordering::Acquire) {
         let Some(setup) = agent.setup.get() else {
             std::thread::sleep(Duration::from_millis(5));
@@ -43,6 +50,7 @@ pub fn consume(agent: Arc<Agent>) {
         }
         if did > 0 {
             empty_since = None;
+            nap = NAP_MIN;
             continue;
         }
         let since = *empty_since.get_or_insert_with(Instant::now);
@@ -55,6 +63,7 @@ pub fn consume(agent: Arc<Agent>) {
             }
             empty_since = None;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(NAP_MAX);
     }
 }

@@ -104,15 +104,45 @@ struct SourceWishes<'a> {
     /// The pack to serve, and whether only the pack exists.
     pack: Option<&'a std::path::Path>,
     mount: bool,
+    /// Cluster mode: rank 0's table image, adopted instead of a walk (`granary serve`).
+    image: Option<&'a Mutex<Vec<u8>>>,
 }
 
 /// Threads of an attach's background validation: enough to keep a network file system's
 /// metadata server busy with a few requests in flight, at idle CPU priority.
 const VALIDATE_THREADS: usize = 4;
 
-struct Lease {
-    source: Arc<SourceState>,
+pub(crate) struct Lease {
+    pub source: Arc<SourceState>,
     slot: u32,
+}
+
+/// `granary serve`'s own attach to its source, before any job: rank 0 walks (or loads) it,
+/// the other ranks adopt rank 0's `image`. Never detached.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn attach_serving(
+    agent: &Arc<Agent>,
+    source: &std::path::Path,
+    immutable: bool,
+    image: Option<&Mutex<Vec<u8>>>,
+) -> Result<Lease> {
+    let progress = Progress::default();
+    let wishes = SourceWishes {
+        tiers: &[],
+        order: None,
+        immutable,
+        pack: None,
+        mount: false,
+        image,
+    };
+    let pool = PoolWishes {
+        workers: None,
+        block_size: None,
+        max_source_streams: None,
+        page_cache: None,
+        mmap: None,
+    };
+    attach(agent, &progress, source, std::process::id(), &wishes, &pool).map(|(_, l)| l)
 }
 
 fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
@@ -171,6 +201,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                                 immutable,
                                 pack: pack.as_deref(),
                                 mount,
+                                image: None,
                             },
                             &PoolWishes {
                                 workers,
@@ -201,6 +232,12 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                             tiers: s.ctx().map(|c| c.tiers.usage()).unwrap_or_default(),
                             warnings: s.warnings(),
                             job: s.counters.jobs.get(slot),
+                            cluster: agent.serving.as_ref().map(|c| {
+                                granary_core::stats::ClusterReport {
+                                    rank: c.rank,
+                                    ranks: c.ranks,
+                                }
+                            }),
                         },
                         None => Reply::Error {
                             message: format!("no such source: {}", source.display()),
@@ -211,6 +248,10 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                 Request::Status => send(&w, &Reply::Status(status(agent)))?,
                 Request::Stop => {
                     tracing::info!("stop requested");
+                    // A serving rank stops the whole job's serve: every rank leaves together.
+                    if let Some(n) = agent.serving.as_ref().and_then(|c| c.node.get()) {
+                        n.stop_all();
+                    }
                     send(&w, &Reply::Stopping)?;
                     agent.stopping.store(true, Ordering::Release);
                 }
@@ -252,10 +293,14 @@ fn attach(
         immutable,
         pack,
         mount,
+        image,
     } = source_wishes;
     agent.touch();
     let setup = agent.setup(wishes)?;
     let path = granary_core::source::normalize(source)?;
+    if let Some(c) = &agent.serving {
+        crate::cluster::admit(agent, c, &path, pid)?;
+    }
     let key = super::source::source_key(&path, pack);
     let src = {
         let mut map = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
@@ -315,6 +360,7 @@ fn attach(
             &agent.rt,
             generation,
             &super::source::WalkOpts {
+                image,
                 threads: walk_threads,
                 params: setup.pool.params(),
                 verify: agent.cfg.verify.unwrap_or_default(),
@@ -335,9 +381,11 @@ fn attach(
                 granary_core::placement::partition::spawn(ctx, setup.pool.shared().clone())?;
             }
         }
-    } else {
+    } else if agent.serving.is_none() {
         src.revalidate_for_new_job(agent.cfg.validate_threads.unwrap_or(VALIDATE_THREADS));
     }
+    // (A serving rank's catalog was checked against the source once, at the serve's start, by
+    // rank 0 for every rank: a job attaching later costs the source no metadata call.)
     if inner.jobs > 0 && !tiers.is_empty() {
         // Jobs already share this source's table, and with it its tiers.
         let ctx = src.ctx().context("no table published")?;
@@ -446,6 +494,7 @@ fn status(agent: &Agent) -> AgentStatus {
             page_cache: Some(page_cache_status(&s.residency)),
         }),
         tiers: agent.registry.usage(),
+        cluster: agent.serving.as_ref().map(crate::cluster::status),
         sources: sources
             .iter()
             .map(|s| {

@@ -28,6 +28,8 @@ const _: () = assert!(JOB_SLOTS as usize <= granary_core::stats::MAX_JOB_SLOTS);
 /// How an attach to an idle source prepares its table: walk threads, the placement parameters
 /// the table advertises, how reused copies are verified, and the attach's validation.
 pub struct WalkOpts<'a> {
+    /// Cluster mode: another rank's table image to adopt instead of walking (`granary serve`).
+    pub image: Option<&'a Mutex<Vec<u8>>>,
     pub threads: usize,
     pub params: &'a Params,
     pub verify: Verify,
@@ -49,6 +51,8 @@ pub enum Origin {
     Loaded,
     /// A walk of the source (what an earlier table vouched for taken over).
     Walked,
+    /// Another rank's catalog, broadcast to this one (cluster mode).
+    Adopted,
 }
 
 pub struct SourceState {
@@ -205,7 +209,14 @@ impl SourceState {
             let table_path = rt_dir.table(&self.id, generation);
             let mut origin = Origin::Walked;
             let mut published = None;
-            if self.ctx().is_none() {
+            if let Some(img) = opts.image {
+                let mut img = img.lock().unwrap_or_else(|e| e.into_inner());
+                published = Some(
+                    catalog::adopt(&mut img, &spec, &table_path)
+                        .context("adopting rank 0's catalog")?,
+                );
+                origin = Origin::Adopted;
+            } else if self.ctx().is_none() {
                 let expect = catalog::Expect {
                     source_real: self.source_real.as_os_str().as_bytes(),
                     creds: spec.creds,
@@ -268,7 +279,7 @@ impl SourceState {
             &ctx,
             opts.immutable,
             opts.validate_threads,
-            origin == Origin::Walked,
+            matches!(origin, Origin::Walked | Origin::Adopted),
             root,
         );
         inner.spec = Some(spec);
@@ -469,6 +480,7 @@ impl SourceState {
             validation: Default::default(),
             pack: Default::default(),
             mappings: Default::default(),
+            remote: Default::default(),
         });
         // Beaten before any job has it: a client never takes a new table's agent for dead.
         ctx.table.beat(granary_core::sys::monotonic_ns());

@@ -1,0 +1,311 @@
+//! Copies whose bytes come from somewhere other than the source: another node of a cluster-mode
+//! job (`granary serve`, crates/granary/src/cluster). They are published exactly like a fetch
+//! from the source — a `.part` announced with its inode, progress after every piece, the
+//! reservation committed, the rename, the identity and checksum recorded, then PLACED — so the
+//! preload library serves them as any copy (a real local fd, checked at every open).
+//!
+//! The other side of a cluster is reached through `Remote`, which the pool asks before it reads
+//! the source for a fetch (`pool::worker`) and tells of every entry a client voided.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use granary_shm::lifecycle::{self, EntryCell};
+use granary_shm::{object_name, part_name, state, EntryRec};
+
+use super::copy::{begin, publish, reserve_on, write_all_at};
+use super::states::{self, Finish};
+use super::{PlaceOutcome, SourceCtx};
+use crate::stats::AgentCounters;
+use crate::sys;
+use crate::tiers::Reservation;
+
+/// Cluster mode's hook into placement (one per table, `SourceCtx::remote`).
+pub trait Remote: Send + Sync {
+    /// A worker took a fetch of entry `idx` (QUEUED), asked for by job slot `slot`. `None`:
+    /// read the source as on one node (a file this node owns, or nobody else can serve).
+    /// `Some(outcome)`: handled — placed from a peer, decided, or handed to another thread
+    /// (`Skipped`), which then holds its own `ctx.inflight` count until it is done.
+    fn fetch(&self, ctx: &Arc<SourceCtx>, idx: u32, slot: u32) -> Option<PlaceOutcome>;
+
+    /// A client voided entry `idx` on this node (it wrote, renamed or removed it, or found it
+    /// changed): every other node must stop serving it too.
+    fn invalidated(&self, ctx: &SourceCtx, idx: u32);
+}
+
+/// Why `receive` did not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotStarted {
+    /// The entry is not ours to place (not QUEUED, table retired).
+    Skipped(PlaceOutcome),
+    /// None of the tiers has room; the entry is QUEUED again (the caller decides).
+    NoRoom,
+}
+
+/// A copy being received: the entry is PLACING (ours), room is reserved on its tier, and the
+/// part file exists once the first piece arrives.
+pub struct Receiving<'a> {
+    ctx: &'a SourceCtx,
+    idx: u32,
+    entry: EntryRec,
+    res: Option<Reservation<'a>>,
+    /// The reservation's tier (kept once the reservation is committed or released).
+    tier: usize,
+    part: Option<File>,
+    written: u64,
+    hasher: xxhash_rust::xxh3::Xxh3,
+}
+
+/// Takes entry `idx` (QUEUED → PLACING) and reserves room for it on the first of `tiers` that
+/// has it. Nothing is written yet.
+pub fn receive<'a>(
+    ctx: &'a SourceCtx,
+    idx: u32,
+    tiers: &[usize],
+) -> Result<Receiving<'a>, NotStarted> {
+    let b = begin(ctx, idx).map_err(NotStarted::Skipped)?;
+    let Some(res) = reserve_on(ctx, tiers, b.entry.stat.size) else {
+        lifecycle::requeue(&ctx.table, idx);
+        return Err(NotStarted::NoRoom);
+    };
+    Ok(Receiving {
+        ctx,
+        idx,
+        entry: b.entry,
+        tier: res.tier(),
+        res: Some(res),
+        part: None,
+        written: 0,
+        hasher: xxhash_rust::xxh3::Xxh3::new(),
+    })
+}
+
+/// Why a received copy was not published.
+#[derive(Debug)]
+pub enum ReceiveError {
+    /// Writing the tier failed (the tier may be full: marked so).
+    Tier(std::io::Error),
+    /// More bytes than the catalog's size, or fewer at the end, or another checksum: the sender
+    /// does not hold this version.
+    Mismatch(&'static str),
+    /// A client took the entry away meanwhile (INVALIDATE).
+    Lost,
+}
+
+impl std::fmt::Display for ReceiveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReceiveError::Tier(e) => write!(f, "writing the tier: {e}"),
+            ReceiveError::Mismatch(what) => write!(f, "received copy has another {what}"),
+            ReceiveError::Lost => write!(f, "the entry was invalidated meanwhile"),
+        }
+    }
+}
+
+impl Receiving<'_> {
+    pub fn size(&self) -> u64 {
+        self.entry.stat.size
+    }
+
+    /// Bytes appended so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    pub fn tier(&self) -> usize {
+        self.tier
+    }
+
+    fn dir(&self) -> Option<&OwnedFd> {
+        self.ctx
+            .object_dirs
+            .get(self.tier())
+            .and_then(|d| d.as_ref())
+    }
+
+    /// Creates the part file and announces it (PLACING | tier): from here on clients may read
+    /// it up to the progress.
+    fn open_part(&mut self) -> Result<(), ReceiveError> {
+        let dir = self.dir().ok_or(ReceiveError::Lost)?;
+        let name = part_name(self.entry.object);
+        let _ = sys::unlink_at(dir, &name);
+        let out = sys::create_excl_at(dir, &name, 0o600).map_err(ReceiveError::Tier)?;
+        let (ino, _) = sys::copy_identity(&out).map_err(ReceiveError::Tier)?;
+        self.part = Some(out);
+        if !lifecycle::announce_part(&self.ctx.table, self.idx, self.tier() as u8, ino) {
+            return Err(ReceiveError::Lost);
+        }
+        Ok(())
+    }
+
+    /// The part file, created and announced, at its final length (holes until written): for a
+    /// sender that writes the bytes into it itself (a mapping). Report them with `landed`.
+    pub fn part_file(&mut self) -> Result<&File, ReceiveError> {
+        if self.part.is_none() {
+            self.open_part()?;
+            let out = self.part.as_ref().ok_or(ReceiveError::Lost)?;
+            if sys::allocate(out, self.size()).is_err() {
+                out.set_len(self.size()).map_err(ReceiveError::Tier)?;
+            }
+        }
+        self.part.as_ref().ok_or(ReceiveError::Lost)
+    }
+
+    /// The next piece is in the part file already (written through a mapping of `part_file`):
+    /// these are its bytes, as written. Publishes them (progress).
+    pub fn landed(&mut self, bytes: &[u8]) -> Result<(), ReceiveError> {
+        let end = self.written + bytes.len() as u64;
+        if self.part.is_none() || end > self.size() {
+            return Err(ReceiveError::Mismatch("size"));
+        }
+        self.publish_piece(bytes, end)
+    }
+
+    /// `bytes`, now in the part file up to `end`, become readable (progress); false if a client
+    /// took the entry away meanwhile.
+    fn publish_piece(&mut self, bytes: &[u8], end: u64) -> Result<(), ReceiveError> {
+        self.hasher.update(bytes);
+        lifecycle::progress(&self.ctx.table, self.idx, end);
+        self.written = end;
+        if state::state_of(self.ctx.table.state(self.idx)) != state::PLACING {
+            return Err(ReceiveError::Lost);
+        }
+        Ok(())
+    }
+
+    /// Appends the next piece of the file and publishes it (progress).
+    pub fn append(&mut self, bytes: &[u8]) -> Result<(), ReceiveError> {
+        if self.part.is_none() {
+            self.open_part()?;
+        }
+        let end = self.written + bytes.len() as u64;
+        if end > self.size() {
+            return Err(ReceiveError::Mismatch("size"));
+        }
+        let out = self.part.as_ref().ok_or(ReceiveError::Lost)?;
+        write_all_at(out, bytes, self.written).map_err(ReceiveError::Tier)?;
+        self.publish_piece(bytes, end)
+    }
+
+    /// The whole file arrived: checked against its size and the sender's checksum (`xxh3`, as
+    /// the sender recorded it at placement; 0 = none recorded), then published PLACED. On an
+    /// error the caller `abandon`s it.
+    pub fn finish(&mut self, sender_sum: u64) -> Result<PlaceOutcome, ReceiveError> {
+        if self.part.is_none() {
+            self.open_part()?;
+        }
+        if self.written != self.size() {
+            return Err(ReceiveError::Mismatch("size"));
+        }
+        let sum = self.hasher.digest().max(1);
+        if sender_sum != 0 && sender_sum != sum {
+            return Err(ReceiveError::Mismatch("checksum"));
+        }
+        let (ctx, idx, tier) = (self.ctx, self.idx, self.tier());
+        let Some(dir) = ctx.object_dirs.get(tier).and_then(|d| d.as_ref()) else {
+            return Err(ReceiveError::Lost);
+        };
+        let Some(res) = self.res.take() else {
+            return Err(ReceiveError::Lost);
+        };
+        let file = self.part.take().ok_or(ReceiveError::Lost)?;
+        let (part, name) = (part_name(self.entry.object), object_name(self.entry.object));
+        match publish(ctx, idx, res, dir, (&part, &name), &file, sum) {
+            Finish::Placed { .. } => Ok(PlaceOutcome::Placed {
+                tier,
+                bytes: self.size(),
+            }),
+            Finish::RenameFailed => {
+                let _ = sys::unlink_at(dir, &part);
+                Err(ReceiveError::Tier(std::io::Error::other("rename failed")))
+            }
+            Finish::Invalidated => Ok(PlaceOutcome::Skipped),
+        }
+    }
+
+    /// Gives the entry back (QUEUED) without a copy: the part is removed before that, the room
+    /// released, so the caller can read the source instead. A tier error marks the tier full.
+    pub fn abandon(mut self, why: &ReceiveError) {
+        if let ReceiveError::Tier(e) = why {
+            super::copy::tier_failed(self.ctx, self.tier(), e);
+        }
+        if self.part.take().is_some() {
+            if let Some(dir) = self.dir() {
+                let _ = sys::unlink_at(dir, &part_name(self.entry.object));
+            }
+        }
+        self.res.take();
+        lifecycle::requeue(&self.ctx.table, self.idx);
+    }
+}
+
+impl Receiving<'_> {
+    /// Ends the copy without one: `to` is SOURCE_ONLY (nobody holds the file: the program reads
+    /// the source) or STALE (the source changed). The part is removed and the room released
+    /// first.
+    pub fn give_up(mut self, to: u8) {
+        if self.part.take().is_some() {
+            if let Some(dir) = self.dir() {
+                let _ = sys::unlink_at(dir, &part_name(self.entry.object));
+            }
+        }
+        self.res.take();
+        let cell = EntryCell {
+            table: &self.ctx.table,
+            idx: self.idx,
+        };
+        lifecycle::give_up(&cell, to);
+        if to == state::STALE {
+            AgentCounters::add(&self.ctx.counters.stale, 1);
+        }
+    }
+}
+
+impl Drop for Receiving<'_> {
+    /// Neither finished nor abandoned (a panic): the part must not stay announced.
+    fn drop(&mut self) {
+        if self.res.is_some() {
+            if let (Some(_), Some(dir)) = (self.part.take(), self.dir()) {
+                let _ = sys::unlink_at(dir, &part_name(self.entry.object));
+            }
+            lifecycle::give_up(
+                &EntryCell {
+                    table: &self.ctx.table,
+                    idx: self.idx,
+                },
+                state::UNPLACED,
+            );
+        }
+    }
+}
+
+/// Drops the complete copy of `idx` (eviction: a staging tier making room): PLACED → UNPLACED
+/// first, so no new client opens it, then the object is unlinked and its space given back.
+/// Clients that opened it keep reading their fd. Returns the tier it was on, or `None` if the
+/// entry was not PLACED any more.
+pub fn evict(ctx: &SourceCtx, idx: u32) -> Option<usize> {
+    let t = &ctx.table;
+    let w = t.state(idx);
+    let e = t.entry(idx)?;
+    if !lifecycle::withdraw(&EntryCell { table: t, idx }, w) {
+        return None;
+    }
+    let tier = state::tier_of(w) as usize;
+    if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
+        let name = object_name(e.object);
+        states::drop_object(&ctx.tiers, tier, e.stat.size, || {
+            sys::unlink_at(dir, &name).is_ok()
+        });
+    }
+    Some(tier)
+}
+
+/// Drops every copy of a void entry on this node (another node told us the file changed).
+pub fn drop_void(ctx: &SourceCtx, idx: u32) {
+    if let Some(e) = ctx.table.entry(idx) {
+        if e.stat.is_file() {
+            super::requests::drop_all_copies(ctx, idx, &e);
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The requesting side: a program on this node opened a file another rank reads from the source
+//! (or this rank holds a replica of). A fetcher thread takes the entry (PLACING), reserves room
+//! — the staging tier for a file of another rank's, this rank's own tiers for a replica —,
+//! asks the file's owners in turn and writes what arrives through the ordinary publication path
+//! (`placement::incoming`). Every wait is bounded by the peer timeout: an owner that is silent
+//! that long (stopped, dead, hung) is written off (`Peers::failed`) and the next owner, or
+//! finally the source, serves the file. Fetchers never wait for this node's placement pool, and
+//! the pool never waits for a peer, so two ranks asking each other cannot deadlock.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crossbeam_channel::Receiver;
+use granary_core::placement::incoming::{self, NotStarted, ReceiveError, Receiving};
+use granary_core::placement::{fetch_large, PlaceOutcome, SourceCtx};
+use granary_core::stats::AgentCounters;
+use granary_shm::{state, EntryRec};
+
+use super::transport::{Event, Landing};
+use super::wire::{Answer, Msg};
+use super::Node;
+
+pub struct Job {
+    pub ctx: Arc<SourceCtx>,
+    pub idx: u32,
+    /// The job slot the copy is credited to (0: nobody's, e.g. a replica copied at start).
+    pub slot: u32,
+    /// One of the copies made at start (`Node::copy_others`): counted down when done.
+    pub copy: bool,
+}
+
+/// Fetcher threads: each takes jobs until the node stops. A job holds one `ctx.inflight`
+/// count, given back when it is done.
+pub fn spawn(node: &Arc<Node>, jobs: Receiver<Job>, threads: usize) -> std::io::Result<()> {
+    for k in 0..threads {
+        let (node, jobs) = (node.clone(), jobs.clone());
+        std::thread::Builder::new()
+            .name(format!("fetch-{k}"))
+            .spawn(move || {
+                let mut buf = Vec::new();
+                for job in jobs {
+                    let out = place(&node, &job, &mut buf);
+                    tracing::trace!("remote placement of entry {}: {out:?}", job.idx);
+                    if let PlaceOutcome::Placed { tier, bytes } = out {
+                        job.ctx
+                            .counters
+                            .credit_placement(&job.ctx.table, job.slot, tier, bytes);
+                    }
+                    if job.copy {
+                        node.copies_pending.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                    granary_core::sys::release_pages(&mut buf);
+                }
+            })?;
+    }
+    Ok(())
+}
+
+/// How a request to the owners ended.
+enum Got {
+    Placed(PlaceOutcome),
+    /// Decided without a copy (stale, nobody holds it, not ours to place).
+    Outcome(PlaceOutcome),
+    /// Nobody delivered: read the source (the entry is QUEUED for `fetch_large`).
+    Source,
+}
+
+fn place(node: &Node, job: &Job, buf: &mut Vec<u8>) -> PlaceOutcome {
+    let (ctx, idx) = (&job.ctx, job.idx);
+    let Some(e) = ctx.table.entry(idx) else {
+        return PlaceOutcome::Skipped;
+    };
+    // A replica belongs in this rank's own tiers; another rank's file in the staging tier.
+    let tiers: Vec<usize> = match node.staging_tier {
+        Some(st) if !node.own.holds(node.rank, idx) => vec![st],
+        _ => (0..ctx.tiers.placeable()).collect(),
+    };
+    let owners: Vec<u32> = node
+        .own
+        .owners(idx)
+        .into_iter()
+        .filter(|&r| r != node.rank && node.peers.alive(r))
+        .collect();
+    let got = if owners.is_empty() {
+        Got::Source
+    } else {
+        remote(node, ctx, idx, &e, &tiers, &owners)
+    };
+    match got {
+        Got::Placed(out) | Got::Outcome(out) => out,
+        Got::Source => {
+            AgentCounters::add(&ctx.counters.remote_fallbacks, 1);
+            let Some(setup) = node.agent.setup.get() else {
+                return PlaceOutcome::Skipped;
+            };
+            fetch_large(ctx, idx, setup.pool.shared(), buf)
+        }
+    }
+}
+
+/// Why a transfer from one owner did not deliver.
+enum Failure {
+    /// It holds no copy and will not (no room, a chunked copy): ask the next, else the source.
+    NotHeld,
+    /// The source changed.
+    Stale,
+    /// No message for the peer timeout, or out of order: written off.
+    Silent,
+    /// Our side failed (writing the tier, the entry taken away).
+    Local(ReceiveError),
+}
+
+fn remote(
+    node: &Node,
+    ctx: &SourceCtx,
+    idx: u32,
+    e: &EntryRec,
+    tiers: &[usize],
+    owners: &[u32],
+) -> Got {
+    let staging = node.staging_tier.filter(|st| tiers == [*st]);
+    let mut rx = loop {
+        match incoming::receive(ctx, idx, tiers) {
+            Ok(rx) => break rx,
+            Err(NotStarted::Skipped(o)) => return Got::Outcome(o),
+            Err(NotStarted::NoRoom) => match staging {
+                Some(st) if node.staging.evict_oldest(ctx, st) => continue,
+                // Larger than the staging tier (or no room for a replica): the source.
+                _ => return Got::Source,
+            },
+        }
+    };
+    let mut not_held = 0;
+    for &owner in owners {
+        let started = std::time::Instant::now();
+        match transfer(node, &mut rx, owner, idx, e) {
+            Ok(sum) => {
+                return match rx.finish(sum) {
+                    Ok(out) => {
+                        tracing::debug!(
+                            "entry {idx}: {} bytes from rank {owner} in {:?}",
+                            e.stat.size,
+                            started.elapsed()
+                        );
+                        let c = &ctx.counters;
+                        AgentCounters::add(&c.remote_files, 1);
+                        AgentCounters::add(&c.remote_bytes, e.stat.size);
+                        if let (Some(st), PlaceOutcome::Placed { tier, .. }) = (staging, &out) {
+                            if *tier == st {
+                                node.staging.push(idx);
+                            }
+                        }
+                        Got::Placed(out)
+                    }
+                    Err(why) => {
+                        tracing::warn!("copy of entry {idx} from rank {owner}: {why}");
+                        rx.abandon(&why);
+                        Got::Source
+                    }
+                };
+            }
+            Err(Failure::NotHeld) => not_held += 1,
+            Err(Failure::Stale) => {
+                rx.give_up(state::STALE);
+                return Got::Outcome(PlaceOutcome::Stale);
+            }
+            Err(Failure::Silent) => {
+                tracing::debug!("rank {owner} did not send entry {idx} in time");
+                node.peers.failed(owner);
+                if rx.written() > 0 {
+                    // Part of the copy came from it: start over from the source.
+                    rx.abandon(&ReceiveError::Mismatch("sender"));
+                    return Got::Source;
+                }
+            }
+            Err(Failure::Local(why)) => {
+                tracing::warn!("receiving entry {idx} from rank {owner}: {why}");
+                rx.abandon(&why);
+                return Got::Source;
+            }
+        }
+    }
+    if not_held == owners.len() {
+        // Held nowhere (the dataset exceeds the nodes' room): the program reads the source, as
+        // on one node, and this node keeps no copy either.
+        AgentCounters::add(&ctx.counters.remote_fallbacks, 1);
+        rx.give_up(state::SOURCE_ONLY);
+        return Got::Outcome(PlaceOutcome::SourceOnly);
+    }
+    rx.abandon(&ReceiveError::Mismatch("sender"));
+    Got::Source
+}
+
+/// Asks `owner` for entry `idx` and appends what it sends to `rx`; returns the checksum it
+/// announced. Its tag is given back clean only if every announced byte arrived (or it answered
+/// without data): otherwise late pieces could land in a later transfer, so it is retired.
+fn transfer(
+    node: &Node,
+    rx: &mut Receiving<'_>,
+    owner: u32,
+    idx: u32,
+    e: &EntryRec,
+) -> Result<u64, Failure> {
+    let Some(tag) = node.tags.take(owner) else {
+        return Err(Failure::Silent);
+    };
+    let events = node.comm.expect(owner, tag);
+    node.comm.ctrl(
+        owner,
+        &Msg::Request {
+            tag,
+            idx,
+            object: e.object,
+            size: e.stat.size,
+        },
+    );
+    let mut clean = false;
+    let res = (|| {
+        // While the owner answers: the part file, allocated and mapped, where the pieces land
+        // straight from the owner's copy (the first ones wait for it, matched, not received).
+        let landing = match rx.part_file().map(Landing::over) {
+            Ok(Ok(l)) => Arc::new(l),
+            Ok(Err(e)) => return Err(Failure::Local(ReceiveError::Tier(e))),
+            Err(e) => return Err(Failure::Local(e)),
+        };
+        node.comm.land(owner, tag, landing.clone());
+        let sum = loop {
+            match events.recv_timeout(node.timeout) {
+                Ok(Event::Reply(Answer::Wait)) => {}
+                Ok(Event::Reply(Answer::Coming { sum })) => break sum,
+                Ok(Event::Reply(Answer::NotHeld)) => {
+                    clean = true;
+                    return Err(Failure::NotHeld);
+                }
+                Ok(Event::Reply(Answer::Stale)) => {
+                    clean = true;
+                    return Err(Failure::Stale);
+                }
+                Ok(_) | Err(_) => return Err(Failure::Silent),
+            }
+        };
+        while rx.written() < rx.size() {
+            match events.recv_timeout(node.timeout) {
+                Ok(Event::Landed { off, len }) => {
+                    rx.landed(landing.landed(off, len))
+                        .map_err(Failure::Local)?;
+                }
+                Ok(Event::Data(buf)) => {
+                    let r = rx.append(&buf);
+                    node.comm.bufs.put(buf);
+                    r.map_err(Failure::Local)?;
+                }
+                Ok(_) | Err(_) => return Err(Failure::Silent),
+            }
+        }
+        clean = true;
+        Ok(sum)
+    })();
+    node.comm.forget(owner, tag);
+    node.tags.give_back(owner, tag, clean);
+    if !clean {
+        node.comm.ctrl(owner, &Msg::Cancel { tag });
+    }
+    res
+}

@@ -1,0 +1,519 @@
+//! Everything that calls MPI (built with the `mpi` feature only): start-up (`MPI_Init_thread`,
+//! rank and size), the catalog broadcast, and the communication thread's loop
+//! (`transport` says why one thread). The loop uses the C API directly: its requests outlive
+//! any scope rsmpi's safe wrappers could tie a buffer to (a receive matched now completes after
+//! many turns of the loop, with its buffer owned by the loop meanwhile).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use mpi::ffi;
+use mpi::traits::*;
+
+use super::transport::{
+    Budget, Buffers, Cmd, Event, Inbox, Landing, Payload, ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP,
+    IDLE_NAP,
+};
+use super::wire::{Msg, CTRL};
+
+/// This process's place in the MPI job, and MPI itself (finalized when dropped).
+pub struct Mpi {
+    universe: mpi::environment::Universe,
+    pub rank: u32,
+    pub ranks: u32,
+}
+
+/// `MPI_Init_thread(SERIALIZED)`: after start-up only the communication thread calls MPI.
+pub fn init() -> Result<Mpi> {
+    let Some((universe, got)) = mpi::initialize_with_threading(mpi::Threading::Serialized) else {
+        bail!("MPI was already initialized in this process");
+    };
+    if matches!(got, mpi::Threading::Single | mpi::Threading::Funneled) {
+        bail!("the MPI library offers threading level {got:?}; granary serve needs SERIALIZED");
+    }
+    let world = universe.world();
+    let (rank, ranks) = (world.rank() as u32, world.size() as u32);
+    // Errors come back as codes (the peer is then written off) instead of aborting the job.
+    // SAFETY: MPI is initialized; the world communicator and the predefined handler are valid.
+    unsafe {
+        ffi::MPI_Comm_set_errhandler(ffi::RSMPI_COMM_WORLD, ffi::RSMPI_ERRORS_RETURN);
+    }
+    Ok(Mpi {
+        universe,
+        rank,
+        ranks,
+    })
+}
+
+impl Mpi {
+    /// Rank 0's `image` reaches every rank (its length first; 0 means rank 0 has none to give,
+    /// and every rank gets an empty vector). Collective: every rank calls it once.
+    pub fn broadcast(&self, image: Vec<u8>) -> Result<Vec<u8>> {
+        let world = self.universe.world();
+        let root = world.process_at_rank(0);
+        let mut len = image.len() as u64;
+        // Ranks other than 0 wait here while rank 0 walks the source: polled with naps (a
+        // blocking broadcast would spin on a core the walk needs).
+        mpi::request::scope(|sc| {
+            let mut req = root.immediate_broadcast_into(sc, &mut len);
+            loop {
+                match req.test() {
+                    Ok(_) => break,
+                    Err(r) => {
+                        req = r;
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            }
+        });
+        let mut buf = if self.rank == 0 {
+            image
+        } else {
+            vec![0u8; usize::try_from(len).context("catalog image larger than memory")?]
+        };
+        // MPI counts are ints: pieces of 1 GiB.
+        for piece in buf.chunks_mut(1 << 30) {
+            root.broadcast_into(piece);
+        }
+        Ok(buf)
+    }
+
+    /// Runs the communication loop until `Cmd::Stop`, then leaves MPI (`MPI_Finalize`).
+    pub fn serve(
+        self,
+        inbox: Arc<dyn Inbox>,
+        cmds: Receiver<Cmd>,
+        bufs: Arc<Buffers>,
+        budget: Arc<Budget>,
+    ) {
+        set_timer_slack();
+        let mut l = Loop {
+            inbox,
+            bufs,
+            budget,
+            expect: HashMap::new(),
+            orphans: Vec::new(),
+            sends: Vec::new(),
+        };
+        l.run(&cmds);
+        l.drain(Duration::from_secs(5));
+        tracing::info!("leaving MPI");
+        drop(self.universe);
+    }
+}
+
+/// Timer slack of this thread: 1 µs instead of 50 µs, so its short naps are short.
+fn set_timer_slack() {
+    // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+fn byte() -> ffi::MPI_Datatype {
+    // SAFETY: a predefined datatype handle, valid while MPI is initialized.
+    unsafe { ffi::RSMPI_UINT8_T }
+}
+
+fn world() -> ffi::MPI_Comm {
+    // SAFETY: the predefined world communicator, valid while MPI is initialized.
+    unsafe { ffi::RSMPI_COMM_WORLD }
+}
+
+fn null_request() -> ffi::MPI_Request {
+    // SAFETY: a predefined handle.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+fn empty_status() -> ffi::MPI_Status {
+    // SAFETY: MPI_Status is a plain C struct of integers; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Where a receive in flight writes: memory that belongs to MPI until the request completes.
+enum Into {
+    /// A pooled buffer (its length is set to `len` once complete).
+    Buffer(Vec<u8>),
+    /// The transfer's landing, at `off` (kept mapped by `_map`).
+    Landing { _map: Arc<Landing>, off: usize },
+}
+
+struct Recv {
+    req: ffi::MPI_Request,
+    into: Into,
+    len: usize,
+}
+
+struct Send {
+    req: ffi::MPI_Request,
+    data: Payload,
+    credit: u64,
+    to: u32,
+    since: Instant,
+}
+
+struct Expecting {
+    sink: crossbeam_channel::Sender<Event>,
+    /// Its landing, once the waiter attached it (`Cmd::Land`); until then its pieces are
+    /// matched but not received (`parked`): they go straight into it when it comes.
+    landing: Option<Arc<Landing>>,
+    parked: VecDeque<(ffi::MPI_Message, usize)>,
+    /// Where the next piece lands.
+    next: usize,
+    /// Data matched for it, in matching order (delivered in that order).
+    queue: VecDeque<Recv>,
+}
+
+struct Loop {
+    inbox: Arc<dyn Inbox>,
+    bufs: Arc<Buffers>,
+    budget: Arc<Budget>,
+    expect: HashMap<(u32, i32), Expecting>,
+    /// Data nobody waits for any more (a transfer given up): received, then dropped.
+    orphans: Vec<Recv>,
+    sends: Vec<Send>,
+}
+
+/// A send not completed after this long (its receiver is stopped or gone) no longer counts
+/// against the budget: its buffer stays with MPI until it completes, if ever.
+const WRITE_OFF: Duration = Duration::from_secs(5);
+
+/// `MPI_Test`: true once the request completed (it is then MPI_REQUEST_NULL); an error counts
+/// as completed (the peer is told `failed`).
+fn test(req: &mut ffi::MPI_Request) -> Result<bool, i32> {
+    let mut flag = 0;
+    let mut st = empty_status();
+    // SAFETY: `req` is a request this loop started (or null); flag and status are locals.
+    let rc = unsafe { ffi::MPI_Test(req, &mut flag, &mut st) };
+    if rc != 0 {
+        return Err(rc);
+    }
+    Ok(flag != 0)
+}
+
+impl Loop {
+    fn run(&mut self, cmds: &Receiver<Cmd>) {
+        // Naps double from BUSY_NAP after each activity, up to ACTIVE_NAP while a transfer is
+        // awaited or anything happened within ACTIVE_FOR (a job is reading: a request or a
+        // piece is answered within that), up to IDLE_NAP otherwise (an idle rank wakes a few
+        // hundred times a second; a command wakes the thread at once).
+        let mut nap = BUSY_NAP;
+        let mut last = Instant::now();
+        loop {
+            let mut moved = false;
+            loop {
+                match cmds.try_recv() {
+                    Ok(Cmd::Stop) | Err(TryRecvError::Disconnected) => return,
+                    Ok(cmd) => {
+                        self.command(cmd);
+                        moved = true;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                }
+            }
+            moved |= self.probe();
+            moved |= self.progress();
+            if moved {
+                nap = BUSY_NAP;
+                last = Instant::now();
+                continue;
+            }
+            let active = !self.expect.is_empty() || last.elapsed() < ACTIVE_FOR;
+            let cap = if active { ACTIVE_NAP } else { IDLE_NAP };
+            match cmds.recv_timeout(nap.min(cap)) {
+                Ok(Cmd::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(cmd) => {
+                    self.command(cmd);
+                    nap = BUSY_NAP;
+                    last = Instant::now();
+                }
+                Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(IDLE_NAP),
+            }
+        }
+    }
+
+    fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Send {
+                to,
+                tag,
+                data,
+                credit,
+            } => self.send(to, tag, data, credit),
+            Cmd::Expect { from, tag, sink } => {
+                self.expect.insert(
+                    (from, tag),
+                    Expecting {
+                        sink,
+                        landing: None,
+                        parked: VecDeque::new(),
+                        next: 0,
+                        queue: VecDeque::new(),
+                    },
+                );
+            }
+            Cmd::Land { from, tag, landing } => {
+                let parked = match self.expect.get_mut(&(from, tag)) {
+                    Some(e) => {
+                        e.landing = Some(landing);
+                        std::mem::take(&mut e.parked)
+                    }
+                    None => VecDeque::new(),
+                };
+                for (msg, len) in parked {
+                    self.receive(from, tag, msg, len);
+                }
+            }
+            Cmd::Forget { from, tag } => self.forget(from, tag),
+            Cmd::Stop => {}
+        }
+    }
+
+    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64) {
+        let mut req = null_request();
+        let (ptr, len) = data.bytes();
+        // SAFETY: the bytes belong to `data` (a buffer, or a mapping held by its Arc), which
+        // stays in `self.sends`, unmoved and unfreed, until the request completes; count is its
+        // length (pieces are at most PIECE bytes, far below i32::MAX).
+        let rc = unsafe {
+            ffi::MPI_Isend(
+                ptr.cast(),
+                len as i32,
+                byte(),
+                to as i32,
+                tag,
+                world(),
+                &mut req,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!("MPI_Isend to rank {to} failed ({rc})");
+            self.budget.release(credit);
+            self.inbox.failed(to);
+            return;
+        }
+        self.sends.push(Send {
+            req,
+            data,
+            credit,
+            to,
+            since: Instant::now(),
+        });
+    }
+
+    /// Matches arriving messages: control messages are received at once (small, already
+    /// here), data into a pooled buffer of exactly its size. True if any arrived.
+    fn probe(&mut self) -> bool {
+        let mut any = false;
+        for _ in 0..64 {
+            let mut flag = 0;
+            // SAFETY: a predefined handle.
+            let mut msg: ffi::MPI_Message = unsafe { ffi::RSMPI_MESSAGE_NULL };
+            let mut st = empty_status();
+            // SAFETY: valid communicator; flag, message and status are locals.
+            let rc = unsafe {
+                ffi::MPI_Improbe(
+                    ffi::RSMPI_ANY_SOURCE,
+                    ffi::RSMPI_ANY_TAG,
+                    world(),
+                    &mut flag,
+                    &mut msg,
+                    &mut st,
+                )
+            };
+            if rc != 0 || flag == 0 {
+                break;
+            }
+            any = true;
+            let (from, tag) = (st.MPI_SOURCE as u32, st.MPI_TAG);
+            let mut count = 0;
+            // SAFETY: `st` is the status MPI_Improbe just filled.
+            unsafe { ffi::MPI_Get_count(&st, byte(), &mut count) };
+            let len = count.max(0) as usize;
+            self.inbox.heard(from);
+            if tag == CTRL {
+                let mut buf = vec![0u8; len];
+                let mut st = empty_status();
+                // SAFETY: receives the matched message into `buf`, exactly its size. A control
+                // message is small and sent eagerly: it is here already, so this cannot wait.
+                let rc = unsafe {
+                    ffi::MPI_Mrecv(buf.as_mut_ptr().cast(), count, byte(), &mut msg, &mut st)
+                };
+                if rc != 0 {
+                    self.inbox.failed(from);
+                    continue;
+                }
+                match Msg::decode(&buf) {
+                    Ok(Msg::Reply { tag, answer }) => {
+                        if let Some(e) = self.expect.get(&(from, tag)) {
+                            let _ = e.sink.send(Event::Reply(answer));
+                        }
+                    }
+                    Ok(m) => self.inbox.control(from, m),
+                    Err(e) => tracing::warn!("bad control message from rank {from}: {e}"),
+                }
+                continue;
+            }
+            match self.expect.get_mut(&(from, tag)) {
+                Some(e) if e.landing.is_none() => e.parked.push_back((msg, len)),
+                _ => self.receive(from, tag, msg, len),
+            }
+        }
+        any
+    }
+
+    /// Starts receiving the matched data message `msg` (`len` bytes from `from`, `tag`): into
+    /// its transfer's landing when it has room for it, else into a buffer (a transfer nobody
+    /// waits for any more, or more than its landing holds).
+    fn receive(&mut self, from: u32, tag: i32, mut msg: ffi::MPI_Message, len: usize) {
+        let landing = self.expect.get(&(from, tag)).and_then(|e| {
+            let l = e.landing.as_ref()?;
+            Some((l.clone(), e.next, l.dest(e.next, len)))
+        });
+        let (into, ptr) = match landing {
+            Some((l, off, Some(ptr))) => (Into::Landing { _map: l, off }, ptr),
+            other => {
+                if other.is_some() {
+                    if let Some(e) = self.expect.get(&(from, tag)) {
+                        let _ = e.sink.send(Event::Overflow);
+                    }
+                }
+                let mut b = self.bufs.get(len);
+                let p = b.as_mut_ptr();
+                (Into::Buffer(b), p)
+            }
+        };
+        let mut req = null_request();
+        // SAFETY: `ptr` has room for `len` bytes (a buffer of that capacity, or a landing range
+        // checked by `dest`); that memory is owned by the pending receive (`into`: the Vec, or
+        // an Arc of the mapping) until the request completes, and nothing else reads or writes
+        // it meanwhile. `msg` is a matched message not received yet; count is its probed size.
+        let rc = unsafe { ffi::MPI_Imrecv(ptr.cast(), len as i32, byte(), &mut msg, &mut req) };
+        if rc != 0 {
+            self.inbox.failed(from);
+            return;
+        }
+        let r = Recv { req, into, len };
+        match self.expect.get_mut(&(from, tag)) {
+            Some(e) => {
+                if matches!(r.into, Into::Landing { .. }) {
+                    e.next += len;
+                }
+                e.queue.push_back(r)
+            }
+            None => self.orphans.push(r),
+        }
+    }
+
+    /// No more interest in `(from, tag)`: what is in flight or matched for it is received into
+    /// buffers and dropped.
+    fn forget(&mut self, from: u32, tag: i32) {
+        if let Some(e) = self.expect.remove(&(from, tag)) {
+            self.orphans.extend(e.queue);
+            for (msg, len) in e.parked {
+                self.receive(from, tag, msg, len);
+            }
+        }
+    }
+
+    /// Tests receives and sends in flight; delivers completed data in order. True if any
+    /// completed.
+    fn progress(&mut self) -> bool {
+        let mut any = false;
+        let mut failed = Vec::new();
+        for (&(from, _), e) in self.expect.iter_mut() {
+            while let Some(head) = e.queue.front_mut() {
+                match test(&mut head.req) {
+                    Ok(false) => break,
+                    Ok(true) => {
+                        any = true;
+                        let Some(r) = e.queue.pop_front() else { break };
+                        let ev = match r.into {
+                            Into::Buffer(mut b) => {
+                                // SAFETY: the receive completed: MPI wrote exactly `len` bytes
+                                // (the probed size) into the buffer's capacity.
+                                unsafe { b.set_len(r.len) };
+                                Event::Data(b)
+                            }
+                            Into::Landing { off, .. } => Event::Landed { off, len: r.len },
+                        };
+                        let _ = e.sink.send(ev);
+                    }
+                    Err(rc) => {
+                        tracing::debug!("receive from rank {from} failed ({rc})");
+                        e.queue.pop_front();
+                        failed.push(from);
+                    }
+                }
+            }
+        }
+        let bufs = &self.bufs;
+        self.orphans.retain_mut(|r| match test(&mut r.req) {
+            Ok(false) => true,
+            Ok(true) | Err(_) => {
+                any = true;
+                if let Into::Buffer(b) = &mut r.into {
+                    bufs.put(std::mem::take(b));
+                }
+                false
+            }
+        });
+        let budget = &self.budget;
+        let now = Instant::now();
+        self.sends.retain_mut(|s| match test(&mut s.req) {
+            Ok(false) => {
+                if s.credit > 0 && now.duration_since(s.since) > WRITE_OFF {
+                    budget.release(std::mem::take(&mut s.credit));
+                }
+                true
+            }
+            Ok(true) => {
+                any = true;
+                budget.release(s.credit);
+                if let Payload::Owned(b) = &mut s.data {
+                    bufs.put(std::mem::take(b));
+                }
+                false
+            }
+            Err(rc) => {
+                tracing::debug!("send to rank {} failed ({rc})", s.to);
+                failed.push(s.to);
+                budget.release(s.credit);
+                false
+            }
+        });
+        for r in failed {
+            self.inbox.failed(r);
+        }
+        any
+    }
+
+    /// At stop: what is in flight gets `limit` to complete (a stopped peer's never will);
+    /// arriving messages are still matched and dropped meanwhile.
+    fn drain(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let keys: Vec<_> = self.expect.keys().copied().collect();
+        for (from, tag) in keys {
+            self.forget(from, tag);
+        }
+        loop {
+            self.probe();
+            self.progress();
+            if (self.sends.is_empty() && self.orphans.is_empty()) || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(BUSY_NAP);
+        }
+        // Requests that never completed keep their buffers: leaked on purpose (MPI may still
+        // write into them until the process exits).
+        for r in self.orphans.drain(..) {
+            std::mem::forget(r.into);
+        }
+        for s in self.sends.drain(..) {
+            std::mem::forget(s.data);
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The serving side: another rank asks for a file this rank holds. A provider thread makes sure
+//! the copy exists — placing it from the source through this node's ordinary placement pool if
+//! no one has yet (the pool's source-stream cap staggers those reads), saying `Wait` every
+//! `KEEPALIVE` meanwhile — then sends it in `PIECE`s from the copy, checked against the identity
+//! recorded at placement like any client open. A requester that gave up (`Cancel`) or went
+//! silent gets nothing more.
+
+use std::io::Read;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use granary_core::placement::{Job as PoolJob, Kind};
+use granary_core::stats::AgentCounters;
+use granary_shm::lifecycle::{self, EntryCell};
+use granary_shm::{object_name, state};
+
+use super::transport::{Payload, PIECE};
+use super::wire::{Answer, Msg};
+use super::Node;
+
+pub struct Job {
+    pub from: u32,
+    pub tag: i32,
+    pub idx: u32,
+    pub object: u64,
+    pub size: u64,
+}
+
+/// How often a provider still placing a file tells its requester to keep waiting.
+const KEEPALIVE: Duration = Duration::from_millis(200);
+
+pub fn spawn(node: &Arc<Node>, jobs: Receiver<Job>, threads: usize) -> std::io::Result<()> {
+    for k in 0..threads {
+        let (node, jobs) = (node.clone(), jobs.clone());
+        std::thread::Builder::new()
+            .name(format!("provide-{k}"))
+            .spawn(move || {
+                for job in jobs {
+                    serve(&node, &job);
+                    node.cancelled(job.from, job.tag, false);
+                }
+            })?;
+    }
+    Ok(())
+}
+
+fn serve(node: &Node, job: &Job) {
+    let ctx = &node.ctx;
+    let t = &ctx.table;
+    let idx = job.idx;
+    let reply = |answer| {
+        node.comm.ctrl(
+            job.from,
+            &Msg::Reply {
+                tag: job.tag,
+                answer,
+            },
+        )
+    };
+    let Some(e) = t
+        .entry(idx)
+        .filter(|e| e.object == job.object && e.stat.size == job.size && e.stat.is_file())
+    else {
+        reply(Answer::Stale);
+        return;
+    };
+    let gone = || node.cancelled(job.from, job.tag, true) || !node.peers.alive(job.from);
+    let mut keepalive = Instant::now();
+    let mut nap = Duration::from_micros(100);
+    let word = loop {
+        if gone() {
+            return;
+        }
+        let w = t.state(idx);
+        match state::state_of(w) {
+            state::PLACED => break w,
+            state::UNPLACED if node.own.holds(node.rank, idx) => {
+                if lifecycle::claim(&EntryCell { table: t, idx }) {
+                    let Some(setup) = node.agent.setup.get() else {
+                        reply(Answer::NotHeld);
+                        return;
+                    };
+                    setup.pool.submit(PoolJob {
+                        ctx: ctx.clone(),
+                        entry: idx,
+                        kind: Kind::Fetch,
+                        slot: 0,
+                    });
+                }
+            }
+            state::QUEUED | state::PLACING => {}
+            state::STALE | state::GONE => {
+                reply(Answer::Stale);
+                return;
+            }
+            // Not ours (we never place others' files for them), no room, or only chunks.
+            _ => {
+                reply(Answer::NotHeld);
+                return;
+            }
+        }
+        if keepalive.elapsed() >= KEEPALIVE {
+            reply(Answer::Wait);
+            keepalive = Instant::now();
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(2));
+    };
+    let tier = state::tier_of(word) as usize;
+    let Some(mut file) = open_copy(node, idx, tier, e.object, e.stat.size) else {
+        reply(Answer::NotHeld);
+        return;
+    };
+    reply(Answer::Coming {
+        sum: t.checksum(idx),
+    });
+    let size = e.stat.size;
+    // Sent from a mapping of the copy: the pieces go from its pages to the requester's with no
+    // buffer in between (read into buffers where it cannot be mapped).
+    let map = memmap2::MmapOptions::new()
+        .len(size as usize)
+        .populate()
+        .map_raw_read_only(&file)
+        .ok()
+        .map(Arc::new);
+    let mut off = 0u64;
+    while off < size {
+        let n = (size - off).min(PIECE as u64);
+        let deadline = Instant::now() + node.timeout * 4;
+        if gone() || !node.comm.budget.acquire(n, deadline) {
+            return;
+        }
+        let mapped = map
+            .as_ref()
+            .and_then(|m| Payload::mapped(m, off as usize, n as usize));
+        let piece = match mapped {
+            Some(p) => p,
+            None => {
+                let mut buf = node.comm.bufs.get(n as usize);
+                // Into the buffer's spare room (no zeroing pass over what is overwritten).
+                match (&mut file).take(n).read_to_end(&mut buf) {
+                    Ok(got) if got as u64 == n => Payload::Owned(buf),
+                    r => {
+                        // The copy changed under us (or an I/O error): the requester times
+                        // out and reads the source; this copy is checked again.
+                        tracing::warn!("reading the copy of entry {idx} failed: {r:?}");
+                        node.comm.budget.release(n);
+                        node.comm.bufs.put(buf);
+                        t.push_request(granary_shm::request::DAMAGED, idx);
+                        return;
+                    }
+                }
+            }
+        };
+        node.comm.data(job.from, job.tag, piece, n);
+        off += n;
+    }
+    let c = &ctx.counters;
+    AgentCounters::add(&c.peer_files, 1);
+    AgentCounters::add(&c.peer_bytes, size);
+}
+
+/// The complete copy of `idx` on `tier`, opened and checked: a regular file of the catalog's
+/// size with the identity recorded when it was placed.
+fn open_copy(node: &Node, idx: u32, tier: usize, object: u64, size: u64) -> Option<std::fs::File> {
+    let ctx = &node.ctx;
+    let dir = ctx.object_dirs.get(tier)?.as_ref()?;
+    let f = granary_core::sys::open_read_at(dir, &object_name(object)).ok()?;
+    let md = f.metadata().ok()?;
+    let id = granary_core::sys::copy_identity(&f).ok()?;
+    let ok = md.is_file()
+        && md.len() == size
+        && id == ctx.table.copy_identity(idx)
+        && state::state_of(ctx.table.state(idx)) == state::PLACED;
+    if !ok {
+        ctx.table.push_request(granary_shm::request::DAMAGED, idx);
+        return None;
+    }
+    Some(f)
+}

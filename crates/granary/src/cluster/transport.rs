@@ -1,0 +1,393 @@
+//! How ranks talk: one communication thread per rank owns every MPI call after start-up
+//! (`MPI_THREAD_SERIALIZED`; `mpi::comm_thread`), and the rest of the node reaches it through a
+//! channel (`Comm`). Why one thread: MPI progress happens inside MPI calls, so one loop that
+//! polls everything (new messages, receives and sends in flight) keeps every transfer moving
+//! without any thread ever blocking in MPI — a peer that stops answering can never hang a
+//! thread, a transfer is given up by its waiter's own deadline — and no MPI library needs
+//! `MPI_THREAD_MULTIPLE`.
+//!
+//! Messages: control records (`wire::Msg`, tag `wire::CTRL`) and file bytes, sent in pieces of
+//! up to `PIECE` bytes with the transfer's own tag, non-blocking (`MPI_Isend`, several in flight
+//! per transfer, bounded node-wide by `Budget`), received without a copy into pooled buffers
+//! (`MPI_Improbe` + `MPI_Imrecv` of exactly the probed size). Each transfer's pieces reach its
+//! waiter in order through its own channel (`Event`).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::wire::{Answer, Msg, CTRL, DATA_TAG0, DATA_TAGS};
+
+/// Bytes of file data per message: large enough that the per-message cost is small against the
+/// copy (a few µs against ~1 ms for 4 MiB), small enough that a transfer is pipelined (the owner
+/// reads the next piece while the last one travels, the receiver writes one while it receives
+/// the next) and a file of a few MiB starts arriving at once.
+pub const PIECE: usize = 4 << 20;
+
+/// Bytes of file data a rank has in flight to others at once.
+pub const IN_FLIGHT: u64 = 64 << 20;
+
+/// Bytes handed to MPI to send, kept alive (with the communication thread) until the send
+/// completes.
+pub enum Payload {
+    /// A control message or a piece read into a buffer.
+    Owned(Vec<u8>),
+    /// A piece of a copy, sent from its mapping: no copy into a buffer (with a single-copy
+    /// transport the receiver copies straight from the page cache).
+    Mapped {
+        map: Arc<memmap2::MmapRaw>,
+        off: usize,
+        len: usize,
+    },
+}
+
+impl Payload {
+    /// `len` bytes of `map` at `off` (`None` beyond its end).
+    pub fn mapped(map: &Arc<memmap2::MmapRaw>, off: usize, len: usize) -> Option<Payload> {
+        (off.checked_add(len)? <= map.len()).then(|| Payload::Mapped {
+            map: map.clone(),
+            off,
+            len,
+        })
+    }
+
+    /// Start and length of the bytes (valid while `self` lives).
+    pub fn bytes(&self) -> (*const u8, usize) {
+        match self {
+            Payload::Owned(v) => (v.as_ptr(), v.len()),
+            Payload::Mapped { map, off, len } => (map.as_ptr().wrapping_add(*off), *len),
+        }
+    }
+}
+
+/// Where a transfer's data lands: the receiving copy's part file, sized and mapped. MPI writes
+/// each piece straight into it (no buffer, no write call); the communication thread holds it
+/// while a receive into it is in flight, so a transfer given up early never leaves MPI writing
+/// into memory that is gone.
+pub struct Landing {
+    map: memmap2::MmapRaw,
+}
+
+impl Landing {
+    /// Maps `file` (already its final length), its pages populated at once.
+    pub fn over(file: &std::fs::File) -> std::io::Result<Landing> {
+        let map = memmap2::MmapOptions::new().map_raw(file)?;
+        Ok(Landing { map })
+    }
+
+    /// Where `len` bytes at `off` go (`None` beyond the end).
+    pub fn dest(&self, off: usize, len: usize) -> Option<*mut u8> {
+        (off.checked_add(len)? <= self.map.len()).then(|| self.map.as_mut_ptr().wrapping_add(off))
+    }
+
+    /// The bytes that landed at `[off, off + len)` — only after `Event::Landed` for that range,
+    /// which no receive writes again.
+    pub fn landed(&self, off: usize, len: usize) -> &[u8] {
+        if self.dest(off, len).is_none() || len == 0 {
+            return &[];
+        }
+        // SAFETY: in bounds of a live mapping (checked above); the range was written by a
+        // completed receive (the Landed event happens after MPI_Test reported completion) and is
+        // never written again, so nothing mutates it while this shared view lives.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(off), len) }
+    }
+}
+
+/// What the communication thread is asked to do.
+pub enum Cmd {
+    /// Send `data` to `to` with `tag`; `credit` bytes of the `Budget` are given back when the
+    /// send completes (0 for control messages).
+    Send {
+        to: u32,
+        tag: i32,
+        data: Payload,
+        credit: u64,
+    },
+    /// Messages from `from` with data tag `tag` (and replies naming it) go to `sink`; its data
+    /// waits (matched, not received) until `Land` gives it a landing.
+    Expect {
+        from: u32,
+        tag: i32,
+        sink: Sender<Event>,
+    },
+    /// `(from, tag)`'s pieces go into `landing`, one after the other.
+    Land {
+        from: u32,
+        tag: i32,
+        landing: Arc<Landing>,
+    },
+    /// No more interest in `(from, tag)`: what still arrives for it is received and dropped.
+    Forget { from: u32, tag: i32 },
+    /// Finish what is in flight (bounded) and leave MPI.
+    Stop,
+}
+
+/// What a transfer's waiter receives, in order.
+pub enum Event {
+    Reply(Answer),
+    /// A piece, in a pooled buffer (a transfer without a landing).
+    Data(Vec<u8>),
+    /// A piece written into the landing at `[off, off + len)`.
+    Landed {
+        off: usize,
+        len: usize,
+    },
+    /// More bytes arrived than the landing holds: the sender is not sending this file.
+    Overflow,
+}
+
+/// The rest of the node, as the communication thread sees it.
+pub trait Inbox: Send + Sync {
+    /// A message from `from` arrived (any message: the rank is alive).
+    fn heard(&self, from: u32);
+    /// A control message no transfer of ours waits for (requests, heartbeats, invalidations).
+    fn control(&self, from: u32, msg: Msg);
+    /// An MPI call involving `rank` failed.
+    fn failed(&self, rank: u32);
+}
+
+/// Pooled message buffers: a fresh multi-MiB allocation costs a page fault per 4 KiB.
+pub struct Buffers {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+const POOLED: usize = 48;
+
+impl Buffers {
+    pub fn new() -> Buffers {
+        Buffers {
+            free: Mutex::default(),
+        }
+    }
+
+    /// An empty buffer with room for at least `len` bytes.
+    pub fn get(&self, len: usize) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        match free.iter().position(|b| b.capacity() >= len) {
+            Some(k) => {
+                let mut b = free.swap_remove(k);
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(len.max(64 << 10)),
+        }
+    }
+
+    pub fn put(&self, b: Vec<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < POOLED && b.capacity() <= PIECE {
+            free.push(b);
+        }
+    }
+}
+
+/// Bytes of data in flight from this rank (`IN_FLIGHT`): a provider waits for room before it
+/// reads the next piece, so a slow or stopped receiver costs bounded memory.
+pub struct Budget {
+    max: u64,
+    used: Mutex<u64>,
+    freed: Condvar,
+}
+
+impl Budget {
+    pub fn new(max: u64) -> Budget {
+        Budget {
+            max,
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Takes `n` bytes, waiting until `deadline` at most; false if there was no room by then.
+    pub fn acquire(&self, n: u64, deadline: Instant) -> bool {
+        let n = n.min(self.max);
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        while *used + n > self.max {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            used = self
+                .freed
+                .wait_timeout(used, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *used += n;
+        true
+    }
+
+    pub fn release(&self, n: u64) {
+        let n = n.min(self.max);
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_sub(n);
+        self.freed.notify_all();
+    }
+}
+
+/// Data tags of transfers this rank receives, per sending rank. A tag whose transfer did not
+/// complete (the sender went silent) is never used again with that sender: its late pieces
+/// must not land in a later transfer.
+pub struct Tags {
+    next: Vec<AtomicU32>,
+    state: Mutex<TagState>,
+}
+
+/// `(rank, tag)` pairs in use, and retired for good.
+#[derive(Default)]
+struct TagState {
+    busy: HashSet<(u32, i32)>,
+    retired: HashSet<(u32, i32)>,
+}
+
+impl Tags {
+    pub fn new(ranks: u32) -> Tags {
+        Tags {
+            next: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
+            state: Mutex::default(),
+        }
+    }
+
+    /// A free tag for a transfer from `from` (`None`: every tag is busy or retired).
+    pub fn take(&self, from: u32) -> Option<i32> {
+        let next = self.next.get(from as usize)?;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..DATA_TAGS {
+            let k = next.fetch_add(1, Ordering::Relaxed) % DATA_TAGS as u32;
+            let tag = DATA_TAG0 + k as i32;
+            if !st.busy.contains(&(from, tag)) && !st.retired.contains(&(from, tag)) {
+                st.busy.insert((from, tag));
+                return Some(tag);
+            }
+        }
+        None
+    }
+
+    /// The transfer of `tag` is over; `clean`: every piece it announced arrived.
+    pub fn give_back(&self, from: u32, tag: i32, clean: bool) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.busy.remove(&(from, tag));
+        if !clean {
+            st.retired.insert((from, tag));
+        }
+    }
+}
+
+/// The node's handle on the communication thread.
+#[derive(Clone)]
+pub struct Comm {
+    tx: Sender<Cmd>,
+    pub bufs: Arc<Buffers>,
+    pub budget: Arc<Budget>,
+}
+
+impl Comm {
+    /// A handle and the receiving end the communication thread drains.
+    pub fn new() -> (Comm, Receiver<Cmd>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        (
+            Comm {
+                tx,
+                bufs: Arc::new(Buffers::new()),
+                budget: Arc::new(Budget::new(IN_FLIGHT)),
+            },
+            rx,
+        )
+    }
+
+    pub fn ctrl(&self, to: u32, msg: &Msg) {
+        let _ = self.tx.send(Cmd::Send {
+            to,
+            tag: CTRL,
+            data: Payload::Owned(msg.encode()),
+            credit: 0,
+        });
+    }
+
+    pub fn data(&self, to: u32, tag: i32, data: Payload, credit: u64) {
+        let _ = self.tx.send(Cmd::Send {
+            to,
+            tag,
+            data,
+            credit,
+        });
+    }
+
+    /// Registers interest in `(from, tag)` before the request goes out (commands are handled
+    /// in order, so nothing of the answer can arrive unclaimed).
+    pub fn expect(&self, from: u32, tag: i32) -> Receiver<Event> {
+        let (sink, events) = crossbeam_channel::unbounded();
+        let _ = self.tx.send(Cmd::Expect { from, tag, sink });
+        events
+    }
+
+    /// Where `(from, tag)`'s data goes: it can be attached after the request went out (the
+    /// pieces that arrived meanwhile wait for it, matched but not received).
+    pub fn land(&self, from: u32, tag: i32, landing: Arc<Landing>) {
+        let _ = self.tx.send(Cmd::Land { from, tag, landing });
+    }
+
+    pub fn forget(&self, from: u32, tag: i32) {
+        let _ = self.tx.send(Cmd::Forget { from, tag });
+    }
+
+    pub fn stop(&self) {
+        let _ = self.tx.send(Cmd::Stop);
+    }
+}
+
+/// How long the communication thread naps when nothing moved: from `BUSY_NAP` after activity,
+/// doubling up to `ACTIVE_NAP` while a transfer is awaited or anything happened within
+/// `ACTIVE_FOR` (a job reading: a new request waits that long at most), else up to `IDLE_NAP`
+/// (a command from this node wakes it at once).
+pub const BUSY_NAP: Duration = Duration::from_micros(20);
+pub const ACTIVE_NAP: Duration = Duration::from_micros(100);
+pub const ACTIVE_FOR: Duration = Duration::from_millis(500);
+pub const IDLE_NAP: Duration = Duration::from_millis(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_not_given_back_clean_is_never_reused_with_that_rank() {
+        let t = Tags::new(2);
+        let a = t.take(1).unwrap();
+        t.give_back(1, a, false);
+        let mut seen = HashSet::new();
+        for _ in 0..DATA_TAGS - 1 {
+            let k = t.take(1).unwrap();
+            assert_ne!(k, a);
+            assert!(seen.insert(k), "busy tags are not handed out twice");
+        }
+        assert_eq!(t.take(1), None, "every tag busy or retired");
+        assert!(t.take(0).is_some(), "another rank has its own tags");
+        t.give_back(1, DATA_TAG0 + 5, true);
+        assert!(t.take(1).is_some());
+    }
+
+    #[test]
+    fn the_budget_bounds_bytes_in_flight() {
+        let b = Budget::new(10);
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert!(b.acquire(6, soon));
+        assert!(!b.acquire(6, soon), "no room until released");
+        b.release(6);
+        assert!(b.acquire(6, soon) && b.acquire(4, soon));
+        assert!(b.acquire(0, soon));
+    }
+
+    #[test]
+    fn buffers_are_reused() {
+        let p = Buffers::new();
+        let mut b = p.get(1000);
+        b.extend_from_slice(&[1, 2, 3]);
+        let ptr = b.as_ptr();
+        p.put(b);
+        let b = p.get(10);
+        assert_eq!((b.as_ptr(), b.len()), (ptr, 0));
+    }
+}

@@ -1,0 +1,420 @@
+"""Cluster mode (`granary serve`, issue 13) on one machine: `mpirun -np 3` starts three serving
+ranks, each with its own runtime directory and tiers ("nodes"), all serving one source; a reader
+runs on every rank at once (`GRANARY_RUNTIME_DIR=…/rtN granary run --attach`) and every byte and
+listing is compared with a direct read of the source.
+
+Source traffic is counted outside granary: the source is a loop-mounted ext4 image (sectors read
+in /sys/block/loopN/stat, page cache dropped first) and, for metadata, strace of the serving
+ranks. Skipped only when the granary binary was built without the `mpi` feature.
+"""
+import json
+import math
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import CLIENTS, granary_bin
+from test_source_device import device_reads, drop_caches, loop_source  # noqa: F401
+
+READER = CLIENTS / "cluster_reader.py"
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           # One machine, several "nodes": shared memory between ranks, no network probing.
+           "OMPI_MCA_btl": "self,vader", "OMPI_MCA_pml": "ob1"}
+
+
+def built_with_mpi() -> bool:
+    # A bad flag is refused before MPI starts; a build without MPI refuses `serve` itself.
+    p = subprocess.run([granary_bin(), "serve", "--source", "/", "--peer-timeout", "x"],
+                       capture_output=True, text=True, timeout=60)
+    return "built without MPI" not in p.stderr
+
+
+pytestmark = pytest.mark.skipif(
+    not built_with_mpi(),
+    reason="granary was built without the `mpi` feature: cargo build --workspace --features "
+           "granary/mpi (needs OpenMPI or MPICH and libclang-dev)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets
+
+def write(root: pathlib.Path, rel: str, data: bytes) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+
+
+def fanstore(root: pathlib.Path, scale: int = 1024) -> None:
+    """FanStore's micro-benchmark (seed 003, §6.2): 128K × 128 KiB, 32K × 512 KiB, 8K × 2 MiB,
+    2K × 8 MiB files, the counts divided by `scale` (as bench/ does)."""
+    for d, size, n in [("128K", 128 << 10, 128 << 10), ("512K", 512 << 10, 32 << 10),
+                       ("2M", 2 << 20, 8 << 10), ("8M", 8 << 20, 2 << 10)]:
+        for i in range(max(1, n // scale)):
+            write(root, f"fanstore/{d}/f{i:06d}", os.urandom(size))
+
+
+def small_files(root: pathlib.Path, n: int = 300, seed: int = 3) -> None:
+    """ImageNet-like: log-normal sizes around 110 KB in class directories, a few empty files."""
+    rng = random.Random(seed)
+    mu = math.log(110_000) - 0.125
+    for i in range(n):
+        size = 0 if i % 97 == 5 else int(min(1 << 20, max(1, rng.lognormvariate(mu, 0.5))))
+        write(root, f"small/c{i % 12:03d}/img_{i:05d}.jpg", os.urandom(size))
+
+
+def direct(root: pathlib.Path) -> dict:
+    out = subprocess.run([sys.executable, READER, root], capture_output=True, text=True,
+                         check=True, timeout=600).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def files_under(root: pathlib.Path):
+    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+
+
+def stored_bytes(root: pathlib.Path) -> int:
+    """What the dataset occupies on the source device (st_blocks, like du)."""
+    total = root.lstat().st_blocks * 512
+    for p in root.rglob("*"):
+        total += p.lstat().st_blocks * 512
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# A serving job
+
+class Cluster:
+    def __init__(self, tmp: pathlib.Path, source: pathlib.Path, ranks: int = 3, extra=(),
+                 mpirun=(), wrap=(), tier_size="2G", staging_size="2G"):
+        self.tmp, self.source, self.ranks = tmp, source, ranks
+        self.bin = granary_bin()
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.log = tmp / "mpirun.log"
+        cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", *mpirun, *wrap, self.bin, "serve",
+               "--source", source, "--tier", f"{tmp}/t{{rank}}={tier_size}",
+               "--staging", f"{tmp}/s{{rank}}={staging_size}", *extra]
+        env = {**os.environ, **MPI_ENV, "GRANARY_RUNTIME_DIR": f"{tmp}/rt{{rank}}"}
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(list(map(str, cmd)), stdout=log, stderr=log, env=env,
+                                         start_new_session=True)
+        deadline = time.monotonic() + 180
+        while not all((self.status(r).get("cluster") or {}).get("ready") for r in range(ranks)):
+            assert self.proc.poll() is None, f"mpirun exited:\n{self.log.read_text()}"
+            assert time.monotonic() < deadline, f"not ready in time:\n{self.log.read_text()}"
+            time.sleep(0.2)
+
+    def env(self, r: int) -> dict:
+        return {**os.environ, "GRANARY_RUNTIME_DIR": f"{self.tmp}/rt{r}"}
+
+    def status(self, r: int) -> dict:
+        p = subprocess.run([self.bin, "status", "--json"], capture_output=True, env=self.env(r),
+                           timeout=60)
+        return (json.loads(p.stdout or b"null") or {}) if p.returncode == 0 else {}
+
+    def agent_pid(self, r: int) -> int:
+        return int((self.tmp / f"rt{r}" / "agent.alive").read_text())
+
+    def start_reader(self, r: int, root: pathlib.Path, every: int = 0):
+        stats = self.tmp / f"stats-{r}-{time.monotonic_ns()}.json"
+        cmd = [self.bin, "run", "--attach", "-q", "--stats-json", stats, "--", sys.executable,
+               READER, root, "--seed", r, "--every", every]
+        p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=self.env(r))
+        return p, stats
+
+    def read_everywhere(self, root: pathlib.Path):
+        """A reader on every rank at once; their final JSON and job reports, by rank."""
+        started = [self.start_reader(r, root) for r in range(self.ranks)]
+        return [finish(p, stats) for p, stats in started]
+
+    def run(self, r: int, *cmd):
+        return subprocess.run([self.bin, "run", "--attach", "-q", "--", *map(str, cmd)],
+                              capture_output=True, env=self.env(r), timeout=300)
+
+    def wait(self, pred, what: str, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+            time.sleep(0.1)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            subprocess.run([self.bin, "stop"], capture_output=True, env=self.env(0), timeout=180)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+
+
+def first_progress(p, timeout=120) -> int:
+    """The reader's first progress line (bounded: a reader that prints nothing fails the test)."""
+    import select
+    ready, _, _ = select.select([p.stdout], [], [], timeout)
+    assert ready, "the reader printed no progress"
+    return json.loads(p.stdout.readline())["progress"]
+
+
+def finish(p, stats_path):
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err.decode(errors="replace")[-3000:]
+    result = json.loads(out.decode().splitlines()[-1])
+    stats = json.loads(pathlib.Path(stats_path).read_text()) if pathlib.Path(stats_path).exists() else None
+    return result, stats
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made = []
+
+    def make(*args, **kw):
+        c = Cluster(tmp_path / f"c{len(made)}", *args, **kw)
+        made.append(c)
+        return c
+    yield make
+    for c in made:
+        c.stop()
+
+
+# A loop-mounted ext4 source (test_source_device's fixture): its device counts what is read.
+needs_root = pytest.mark.skipif(os.getuid() != 0, reason="a loop-mounted source needs root")
+
+
+def tier_bytes(c: Cluster, r: int) -> int:
+    """Bytes of complete copies in rank r's own tier (its share; staging not included)."""
+    return sum(p.stat().st_size for p in (c.tmp / f"t{r}").glob("*/objects/*")
+               if p.is_file() and "." not in p.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+
+@needs_root
+def test_every_rank_reads_everything_and_the_source_once(cluster, loop_source, tmp_path):
+    dev, mnt = loop_source
+    data = mnt / "data"
+    fanstore(data)
+    small_files(data)
+    expected = direct(data)
+    files = [p for p in files_under(data)]
+    nonempty = [p for p in files if p.stat().st_size > 0]
+    total = sum(p.stat().st_size for p in files)
+    largest = max(p.stat().st_size for p in files)
+    drop_caches()
+    before = device_reads(dev)[1]
+    c = cluster(data)
+    results = c.read_everywhere(data)
+    c.wait(lambda: all(sum(p["pending"] for p in c.status(r)["sources"]) == 0
+                       for r in range(3)), "placement settled")
+    pfs = (device_reads(dev)[1] - before) * 512
+    statuses = [c.status(r)["cluster"] for r in range(3)]
+    held = [tier_bytes(c, r) for r in range(3)]
+    for r, (got, stats) in enumerate(results):
+        assert got["listing"] == expected["listing"], f"rank {r}: listing differs"
+        assert got["sha256"] == expected["sha256"], f"rank {r}: bytes differ"
+        # Every file came from this node's tiers; the program touched the source not once.
+        assert stats["source_io"] == {"opens": 0, "reads": 0, "bytes": 0, "metadata_calls": 0}, stats
+        remote = stats["placement"]["remote_files"] / len(nonempty)
+        assert abs(remote - 2 / 3) <= 0.05, f"rank {r}: {remote:.3f} of the reads remote"
+        assert stats["cluster"] == {"rank": r, "ranks": 3}
+        # Its share of the dataset, within one file.
+        assert abs(held[r] - total / 3) <= largest, f"rank {r} holds {held[r]} of {total}"
+    for r, (_, stats) in enumerate(results):
+        print(f"rank {r}: remote {stats['placement']['remote_files']}/{len(nonempty)} files, "
+              f"holds {held[r]} of {total} bytes (share {total / 3:.0f}, largest file {largest})")
+    print(f"source device: {pfs} bytes read for {stored_bytes(data)} stored ({total} in files)")
+    agent_pfs = sum(s["peers"][s["rank"]]["pfs_bytes"] for s in statuses)
+    assert agent_pfs == total, f"the agents read {agent_pfs} bytes of the source for {total}"
+    assert pfs <= 1.01 * stored_bytes(data), f"{pfs} bytes read from the source device"
+    assert all(p["alive"] and p["fallbacks"] == 0 for p in statuses[0]["peers"])
+
+
+def strace_count(prefix: pathlib.Path, source: pathlib.Path) -> int:
+    """Calls naming the source (or a path under it) in every traced process."""
+    needle = str(source)
+    n = 0
+    for f in prefix.parent.glob(prefix.name + ".*"):
+        n += sum(1 for line in f.read_text(errors="replace").splitlines() if needle in line)
+    return n
+
+
+def test_source_metadata_calls_with_three_ranks_are_those_of_one(cluster, tmp_path):
+    data = tmp_path / "pfs" / "data"
+    small_files(data, n=240)
+    fanstore(data, scale=4096)
+    expected = direct(data)
+    calls = {}
+    for ranks in (1, 3):
+        trace = tmp_path / f"strace-{ranks}" / "t"
+        trace.parent.mkdir()
+        c = cluster(data, ranks=ranks,
+                    wrap=["strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=%file",
+                          "-ff", "-o", trace])
+        results = [finish(*c.start_reader(r, data)) for r in range(ranks)]
+        for got, stats in results:
+            assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
+            # After the start, no call on the source at all from the programs.
+            assert stats["source_io"]["metadata_calls"] == 0 and stats["source_io"]["opens"] == 0
+        c.stop()
+        calls[ranks] = strace_count(trace, data)
+    print(f"calls naming the source: 1 rank {calls[1]}, 3 ranks {calls[3]}")
+    assert calls[1] > 0
+    assert calls[3] <= 1.05 * calls[1], calls
+
+
+@needs_root
+def test_a_replicated_directory_is_on_every_rank_read_once(cluster, loop_source):
+    dev, mnt = loop_source
+    data = mnt / "data"
+    for i in range(12):
+        write(data, f"train/t{i:03d}", os.urandom(300_000))
+    for i in range(48):
+        write(data, f"val/a/v{i:03d}", os.urandom(256 << 10))
+    for i in range(12):
+        write(data, f"val/b/w{i:03d}", os.urandom(2 << 20))
+    val = data / "val"
+    expected = direct(val)
+    drop_caches()
+    before = device_reads(dev)[1]
+    c = cluster(data, extra=["--replicate", "val/**"])
+    c.wait(lambda: all(c.status(r)["cluster"]["copies_pending"] == 0 for r in range(3)),
+           "copies of the replicated directory", timeout=120)
+    results = c.read_everywhere(val)
+    pfs = (device_reads(dev)[1] - before) * 512
+    for r, (got, stats) in enumerate(results):
+        assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
+        assert stats["placement"]["remote_files"] == 0, f"rank {r} read remotely"
+        assert stats["files_served_from_tiers"] == len(expected["sha256"])
+    print(f"replicated directory: {pfs} bytes read from the source device, {stored_bytes(val)} "
+          f"stored")
+    assert pfs <= 1.01 * stored_bytes(val), f"{pfs} bytes read for {stored_bytes(val)}"
+
+
+@pytest.mark.parametrize("mpirun", [[], ["--enable-recovery"]], ids=["default", "recovery"])
+def test_a_rank_killed_mid_epoch_costs_no_reader(cluster, tmp_path, mpirun):
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    expected = direct(data)
+    c = cluster(data, mpirun=mpirun)
+    readers = [c.start_reader(r, data, every=5) for r in range(3)]
+    # Mid-epoch: rank 0's reader has read some files, and none has finished.
+    assert first_progress(readers[0][0]) == 5
+    os.kill(c.agent_pid(1), signal.SIGKILL)
+    for r, (p, stats) in enumerate(readers):
+        got, _ = finish(p, stats)
+        assert got["sha256"] == expected["sha256"], f"rank {r}"
+        assert got["listing"] == expected["listing"], f"rank {r}"
+    if mpirun:
+        # The job survived: the others wrote rank 1 off and still serve.
+        c.wait(lambda: not c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 written off")
+        got, _ = finish(*c.start_reader(2, data))
+        assert got["sha256"] == expected["sha256"]
+
+
+def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path):
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    expected = direct(data)
+    c = cluster(data, extra=["--peer-timeout", "500ms"])
+    readers = [c.start_reader(r, data, every=5) for r in range(3)]
+    assert first_progress(readers[0][0]) == 5
+    stopped = c.agent_pid(1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        for r, (p, stats) in enumerate(readers):
+            got, _ = finish(p, stats)
+            assert got["sha256"] == expected["sha256"], f"rank {r}"
+            assert got["listing"] == expected["listing"], f"rank {r}"
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    # Back: heard from again, asked again.
+    c.wait(lambda: c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 heard from again")
+    got, _ = finish(*c.start_reader(0, data))
+    assert got["sha256"] == expected["sha256"]
+
+
+def test_with_two_replicas_a_stopped_rank_costs_no_source_read(cluster, tmp_path):
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    small_files(data, n=60)
+    expected = direct(data)
+    total = sum(p.stat().st_size for p in files_under(data))
+    largest = max(p.stat().st_size for p in files_under(data))
+    c = cluster(data, extra=["--replicas", "2", "--peer-timeout", "500ms"])
+    c.wait(lambda: all(c.status(r)["cluster"]["copies_pending"] == 0 for r in range(3)),
+           "replicas copied", timeout=180)
+    # Every rank placed its first-owner share from the source and copied its replicas.
+    c.wait(lambda: all(sum(s["pending"] for s in c.status(r)["sources"]) == 0 for r in range(3)),
+           "placement settled")
+    for r in range(3):
+        assert abs(tier_bytes(c, r) - 2 * total / 3) <= 2 * largest, r
+    pfs_before = c.status(0)["cluster"]["peers"][0]["pfs_bytes"]
+    stopped = c.agent_pid(1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        c.wait(lambda: not c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 written off")
+        got, stats = finish(*c.start_reader(0, data))
+        assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
+        # Rank 1's files came from their other owner, not from the source.
+        assert stats["placement"]["remote_fallbacks"] == 0
+        assert c.status(0)["cluster"]["peers"][0]["pfs_bytes"] == pfs_before
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+
+
+def test_a_write_on_one_rank_is_seen_on_every_rank(cluster, tmp_path):
+    data = tmp_path / "pfs" / "data"
+    small_files(data, n=60)
+    c = cluster(data)
+    for got, _ in c.read_everywhere(data):
+        assert got["sha256"] == direct(data)["sha256"]
+    victim = sorted(p for p in files_under(data) if p.stat().st_size > 0)[7]
+    rel = str(victim.relative_to(data))
+    new = b"written on rank 1\n" * 1000
+    script = f"open({str(victim)!r}, 'wb').write({new!r}); open({str(victim.parent / 'added')!r}, 'wb').write(b'x')"
+    p = c.run(1, sys.executable, "-c", script)
+    assert p.returncode == 0, p.stderr
+    for r in (0, 2):
+        c.wait(lambda: c.status(r)["cluster"]["invalidations"] >= 2, f"rank {r} told")
+        got, stats = finish(*c.start_reader(r, data))
+        want = direct(data)
+        assert got["sha256"][rel] == want["sha256"][rel]
+        assert got["sha256"] == want["sha256"] and got["listing"] == want["listing"]
+
+
+def test_a_dataset_larger_than_the_nodes_comes_partly_from_the_source(cluster, tmp_path):
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    expected = direct(data)
+    total = sum(p.stat().st_size for p in files_under(data))
+    # Each rank's tier holds a sixth of the dataset: half of it is held nowhere.
+    c = cluster(data, tier_size=str(total // 6), staging_size="16M")
+    for r, (got, stats) in enumerate(c.read_everywhere(data)):
+        assert got["sha256"] == expected["sha256"], f"rank {r}"
+        assert stats["placement"]["failures"] == 0
+    st = c.status(0)["cluster"]
+    assert sum(p["bytes_held"] for p in st["peers"]) <= total // 2 + (16 << 20)
+
+
+def test_serve_refuses_what_it_cannot_do(tmp_path):
+    g = granary_bin()
+    for args, msg in [(["--pack", "/x"], "not served in cluster mode yet"),
+                      (["--replicate", "a["], "bad --replicate"),
+                      (["--replicas", "0"], "--replicas must be at least 1")]:
+        p = subprocess.run([g, "serve", "--source", str(tmp_path), *args], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2 and msg in p.stderr, p.stderr
+
+
+def test_attach_without_a_serving_agent_runs_the_program_without_granary(tmp_path):
+    env = {**os.environ, "GRANARY_RUNTIME_DIR": str(tmp_path / "rt")}
+    p = subprocess.run([granary_bin(), "run", "--attach", "--", "sh", "-c", "exit 7"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 7
+    assert "no granary agent runs on this node" in p.stderr
