@@ -19,7 +19,7 @@ import pytest
 from conftest import Granary, direct, granary_bin, source_meta, source_opens, tier_files
 from probes import wait_for
 from test_pack import make_odd_tree
-from test_source_device import loop_source  # noqa: F401 (fixture)
+from test_source_device import drop_caches, loop_source  # noqa: F401 (fixture)
 from test_waits import throttle  # noqa: F401 (fixture)
 
 # Every entry below the root, sorted: its lstat fields (atime aside), a directory's names, a
@@ -327,6 +327,8 @@ def test_agent_killed_mid_partition(tmp_path, loop_source, throttle, mode):
     pack(src, packed)
     os.sync()
     expected = read_tree(direct([*READ_TREE, src]).stdout)
+    # The agent reads the pack through the page cache: only what is not cached meets the throttle.
+    drop_caches()
     (tmp_path / "own").mkdir()
     g = Granary(tmp_path / "own")  # this agent gets throttled and killed: nobody else's
     tier = tmp_path / "tier"
