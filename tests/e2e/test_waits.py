@@ -20,7 +20,7 @@ import pytest
 
 from conftest import Granary
 from probes import fsprobe, run_job, wait_for
-from test_source_device import loop_source  # noqa: F401 (fixture)
+from test_source_device import drop_caches, loop_source  # noqa: F401 (fixture)
 
 BLKIO = pathlib.Path("/sys/fs/cgroup/blkio")
 SYS_NANOSLEEP = {"x86_64": 35, "aarch64": 101}.get(platform.machine())
@@ -70,7 +70,8 @@ def test_ctrl_c_reaches_a_read_waiting_for_the_agent(tmp_path, loop_source, thro
     size = 96 << 20
     with open(src / "big.bin", "wb") as f:
         f.write(os.urandom(size))
-    os.sync()
+    # The agent reads through the page cache: a cached file would never meet the throttle.
+    drop_caches()
     (tmp_path / "own-agent").mkdir()
     g = Granary(tmp_path / "own-agent")  # this agent gets throttled: nobody else's
     tier = tmp_path / "tier"

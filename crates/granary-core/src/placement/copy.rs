@@ -435,7 +435,10 @@ impl SourceReader {
     pub fn new_buffered(file: &File) -> SourceReader {
         // A descriptor the agent opened itself: never O_DIRECT, but say so explicitly.
         let _ = sys::set_direct(file, false);
-        sys::fadvise(file, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+        // No readahead: the agent asks for whole blocks itself, and pages the kernel read ahead
+        // for it would later pass for pages a program's reads brought in (`cached`), hiding
+        // source bytes from the counters and reading past what a partial fetch needs.
+        sys::fadvise(file, 0, 0, libc::POSIX_FADV_RANDOM);
         // The agent's reads must not make pages look used: a page it copies after a program
         // read it would be kept over pages read ahead of that program (Linux ≥ 6.3).
         sys::fadvise(file, 0, 0, libc::POSIX_FADV_NOREUSE);
