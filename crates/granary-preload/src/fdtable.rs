@@ -99,7 +99,7 @@ pub mod flag {
 const FLAGS_MASK: u64 = 0xff << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum FdKind {
     /// A catalogued regular file opened on the source (read-only).
     Source,
     /// A catalogued regular file served from tier `t`'s copy.
@@ -117,12 +117,12 @@ pub enum Kind {
 pub struct Tracked {
     /// Catalog entry; `u32::MAX` for `Other` files the catalog does not know.
     pub entry: u32,
-    pub kind: Kind,
+    pub kind: FdKind,
     pub flags: u64,
 }
 
 impl Tracked {
-    pub fn new(entry: u32, kind: Kind, flags: u64) -> Tracked {
+    pub fn new(entry: u32, kind: FdKind, flags: u64) -> Tracked {
         Tracked { entry, kind, flags }
     }
     pub fn has(&self, f: u64) -> bool {
@@ -132,22 +132,22 @@ impl Tracked {
 
 fn encode(t: Tracked) -> u64 {
     let (kind, tier) = match t.kind {
-        Kind::Source => (KIND_SOURCE, 0),
-        Kind::Tier(x) => (KIND_TIER, x as u64),
-        Kind::Dir => (KIND_DIR, 0),
-        Kind::Other => (KIND_OTHER, 0),
-        Kind::Pack => (KIND_PACK, 0),
+        FdKind::Source => (KIND_SOURCE, 0),
+        FdKind::Tier(x) => (KIND_TIER, x as u64),
+        FdKind::Dir => (KIND_DIR, 0),
+        FdKind::Other => (KIND_OTHER, 0),
+        FdKind::Pack => (KIND_PACK, 0),
     };
     (t.entry as u64) << 32 | (t.flags & FLAGS_MASK) | (tier & 0xff) << 8 | kind
 }
 
 fn decode(v: u64) -> Option<Tracked> {
     let kind = match v & KIND_MASK {
-        KIND_SOURCE => Kind::Source,
-        KIND_TIER => Kind::Tier((v >> 8) as u8),
-        KIND_DIR => Kind::Dir,
-        KIND_OTHER => Kind::Other,
-        KIND_PACK => Kind::Pack,
+        KIND_SOURCE => FdKind::Source,
+        KIND_TIER => FdKind::Tier((v >> 8) as u8),
+        KIND_DIR => FdKind::Dir,
+        KIND_OTHER => FdKind::Other,
+        KIND_PACK => FdKind::Pack,
         _ => return None,
     };
     Some(Tracked {
@@ -176,13 +176,13 @@ pub fn track(fd: i32, t: Tracked) -> bool {
     if !owned() {
         return false;
     }
-    if t.kind == Kind::Dir {
+    if t.kind == FdKind::Dir {
         let Some(pos) = usize::try_from(fd).ok().and_then(|i| DIR_POS.get(i)) else {
             return false;
         };
         pos.store(0, Ordering::Relaxed);
     }
-    if matches!(t.kind, Kind::Tier(_)) {
+    if matches!(t.kind, FdKind::Tier(_)) {
         if let (Some(a), Some(b)) = (PREAD_START_INV.get(fd as usize), PREAD_END.get(fd as usize)) {
             a.store(0, Ordering::Relaxed);
             b.store(0, Ordering::Relaxed);

@@ -15,7 +15,7 @@ use granary_shm::{parse_object_name, state, strip_root, Table};
 
 use crate::copies::ctime_ns;
 use crate::detour::{self, sys};
-use crate::fdtable::{self, flag, Kind, Tracked};
+use crate::fdtable::{self, flag, FdKind, Tracked};
 use crate::path::BUF;
 
 pub fn adopt(table: &Table) {
@@ -137,7 +137,7 @@ fn copy_entry(table: &Table, p: &[u8], st: &libc::stat) -> Option<Tracked> {
                 .tier_dir_id(tier)
                 .is_some_and(|(dev, _)| dev == st.st_dev)
         {
-            return Some(Tracked::new(idx, Kind::Tier(tier as u8), flag::SHARED));
+            return Some(Tracked::new(idx, FdKind::Tier(tier as u8), flag::SHARED));
         }
         return None;
     }
@@ -161,9 +161,9 @@ fn source_entry(table: &Table, p: &[u8], st: &libc::stat) -> Option<Tracked> {
         return None;
     }
     let kind = if e.stat.is_dir() {
-        Kind::Dir
+        FdKind::Dir
     } else {
-        Kind::Source
+        FdKind::Source
     };
     Some(Tracked::new(idx, kind, flag::SHARED | flag::PINNED))
 }

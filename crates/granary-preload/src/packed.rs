@@ -411,7 +411,7 @@ pub fn extract(g: &Guard, e: &EntryRec, loc: &Locator, flags: c_int) -> Result<c
     Ok(fd)
 }
 
-/// `st` (the kernel's answer for a tracked `Kind::Pack` fd) is still our memory file of `e`:
+/// `st` (the kernel's answer for a tracked `FdKind::Pack` fd) is still our memory file of `e`:
 /// an unlinked regular file of its size.
 pub fn is_extracted(st_nlink: u64, st_mode: u32, st_size: i64, e: &EntryRec) -> bool {
     st_nlink == 0 && st_mode & libc::S_IFMT == libc::S_IFREG && st_size as u64 == e.stat.size

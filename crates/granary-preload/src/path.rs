@@ -16,7 +16,7 @@ use core::sync::atomic::{AtomicU8, Ordering};
 use granary_shm::{strip_root, Table};
 
 use crate::detour::sys;
-use crate::fdtable::{self, Kind};
+use crate::fdtable::{self, FdKind};
 
 pub const BUF: usize = libc::PATH_MAX as usize + 1;
 
@@ -232,7 +232,7 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut
             }
         } else {
             match fdtable::get(dirfd) {
-                Some(t) if t.kind == Kind::Dir => {
+                Some(t) if t.kind == FdKind::Dir => {
                     if dir_base(table, t.entry, &mut n).is_none() {
                         return Loc::outside();
                     }

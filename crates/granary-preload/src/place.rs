@@ -19,9 +19,9 @@ use granary_shm::{
 
 use crate::copies::{self, Expect};
 use crate::detour::{self, sys, Guard, KeepErrno};
-use crate::fdtable::{flag, Kind, Tracked};
+use crate::fdtable::{flag, FdKind, Tracked};
 use crate::log;
-use crate::switch::{self, range, Fill, Serve, Served};
+use crate::switch::{self, range, ReadInto, Serve, Served};
 
 /// A waiting read gives up when progress stood still this long…
 const STALL_NS: u64 = 2_000_000_000;
@@ -43,7 +43,7 @@ const OPEN_STALL_NS: u64 = 10_000_000_000;
 pub enum Read {
     Served(isize),
     Failed(c_int),
-    Real(Kind),
+    Real(FdKind),
 }
 
 /// What `switch::serve` did, counted: tier bytes, or source bytes when it had to read the source.
@@ -72,12 +72,12 @@ pub fn on_read(
     t: Tracked,
     off: Option<i64>,
     len: u64,
-    f: &impl Fill,
+    f: &impl ReadInto,
 ) -> Read {
     let _keep = KeepErrno::new();
     let idx = t.entry;
     let Some(entry) = crate::entries::get(g.table, idx) else {
-        return Read::Real(Kind::Source);
+        return Read::Real(FdKind::Source);
     };
     let word = g.table.state(idx);
     match state::state_of(word) {
@@ -88,15 +88,15 @@ pub fn on_read(
         state::UNPLACED | state::QUEUED | state::PLACING
             if entry.stat.size >= g.table.prefetch_min_size() && g.table.locator(idx).is_none() => {
         }
-        _ => return Read::Real(Kind::Source),
+        _ => return Read::Real(FdKind::Source),
     }
     let Some((_, end)) = range(fd, off, len, entry.stat.size) else {
-        return Read::Real(Kind::Source);
+        return Read::Real(FdKind::Source);
     };
     let tier = match wait(g, idx, Some(end)) {
         Waited::Covered(tier) => tier,
         Waited::Placed => return placed(g, fd, t, &entry, off, len, f),
-        Waited::GiveUp => return Read::Real(Kind::Source),
+        Waited::GiveUp => return Read::Real(FdKind::Source),
     };
     let (ino, _) = g.table.copy_identity(idx);
     let expect = Expect {
@@ -134,7 +134,7 @@ pub fn on_read(
                 return placed(g, fd, t, &entry, off, len, f);
             }
             g.count(job::FALLBACKS, 1);
-            Read::Real(Kind::Source)
+            Read::Real(FdKind::Source)
         }
     }
 }
@@ -147,19 +147,19 @@ fn placed(
     e: &EntryRec,
     off: Option<i64>,
     len: u64,
-    f: &impl Fill,
+    f: &impl ReadInto,
 ) -> Read {
     if !t.has(flag::PINNED) {
         if let Some(tier) = switch::to_copy(g, fd, t, e) {
-            return Read::Real(Kind::Tier(tier));
+            return Read::Real(FdKind::Tier(tier));
         }
     }
     if range(fd, off, len, e.stat.size).is_none() {
-        return Read::Real(Kind::Source);
+        return Read::Real(FdKind::Source);
     }
     let Some((file, tier, _)) = switch::open_copy(g, t.entry, e, libc::O_RDONLY | libc::O_CLOEXEC)
     else {
-        return Read::Real(Kind::Source);
+        return Read::Real(FdKind::Source);
     };
     let covered = |_: u64, _: u64| state::state_of(g.table.state(t.entry)) == state::PLACED;
     let how = Serve {
@@ -169,7 +169,8 @@ fn placed(
         covered: &covered,
         fallback: Some(fd),
     };
-    served(g, tier, switch::serve(fd, file, off, len, &how, f)).unwrap_or(Read::Real(Kind::Source))
+    served(g, tier, switch::serve(fd, file, off, len, &how, f))
+        .unwrap_or(Read::Real(FdKind::Source))
 }
 
 /// PARTIAL: the chunk file when every chunk of the range is present; else the source, and the
@@ -183,22 +184,22 @@ fn partial(
     word: u64,
     off: Option<i64>,
     len: u64,
-    f: &impl Fill,
+    f: &impl ReadInto,
 ) -> Read {
     let cs = g.table.chunk_size();
     let size = entry.stat.size;
     if cs == 0 {
-        return Read::Real(Kind::Source);
+        return Read::Real(FdKind::Source);
     }
     let Some((pos, end)) = range(fd, off, len, size) else {
-        return Read::Real(Kind::Source);
+        return Read::Real(FdKind::Source);
     };
     for k in pos / cs..=(end - 1) / cs {
         if !g.table.chunk_present(idx, k) {
             if k <= request::ARG_MAX as u64 {
                 g.table.push_request_arg(request::CHUNK, idx, k as u32);
             }
-            return Read::Real(Kind::Source);
+            return Read::Real(FdKind::Source);
         }
     }
     let tier = state::tier_of(word);
@@ -219,7 +220,7 @@ fn partial(
         Some(r) => r,
         None => {
             g.count(job::FALLBACKS, 1);
-            Read::Real(Kind::Source)
+            Read::Real(FdKind::Source)
         }
     }
 }
@@ -383,7 +384,7 @@ pub fn on_seek(g: &Guard, fd: c_int, t: Tracked) {
 /// A tracked fd went away (`release`): a small source file still waiting for placement has its
 /// pages in the page cache now, so the agent should copy it from there.
 pub fn on_release(t: Tracked) {
-    if t.kind != Kind::Source {
+    if t.kind != FdKind::Source {
         return;
     }
     let Some(table) = crate::config::table() else {

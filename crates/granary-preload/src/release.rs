@@ -15,7 +15,7 @@ use crate::fdtable::{self, Tracked};
 pub fn before(fd: c_int) -> Option<Tracked> {
     crate::copies::forget(fd);
     let t = fdtable::take(fd)?;
-    crate::residency::before_close(fd, t);
+    crate::pagedrop::before_close(fd, t);
     Some(t)
 }
 

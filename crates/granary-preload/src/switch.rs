@@ -16,14 +16,14 @@ use granary_shm::{job, object_name, state, EntryRec};
 
 use crate::copies::{self, Expect};
 use crate::detour::{self, sys, Guard, KeepErrno};
-use crate::fdtable::{self, flag, Kind, Tracked};
+use crate::fdtable::{self, flag, FdKind, Tracked};
 use crate::log;
 use crate::path::{self, Buf};
 
 /// Reads `want` bytes (fewer only at a short read) from `file` at `off` into the caller's
 /// buffers; -1 on error. The hook supplies it: `pread` into one buffer, or over an iovec.
-pub trait Fill {
-    fn fill(&self, file: c_int, off: u64, want: u64) -> isize;
+pub trait ReadInto {
+    fn read_into(&self, file: c_int, off: u64, want: u64) -> isize;
 }
 
 /// True if `t`'s open file description is this fd's alone, so switching it changes nothing for
@@ -163,7 +163,7 @@ pub fn to_copy(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> Option<u8> {
     let switched = replacement_flags(fd)
         .and_then(|fl| open_copy(g, t.entry, e, fl))
         .and_then(|(new, tier, added)| {
-            put_under(fd, new, Tracked::new(t.entry, Kind::Tier(tier), added)).then_some(tier)
+            put_under(fd, new, Tracked::new(t.entry, FdKind::Tier(tier), added)).then_some(tier)
         });
     match switched {
         Some(tier) => {
@@ -197,7 +197,7 @@ pub fn to_source(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> bool {
     }
     let ok = replacement_flags(fd)
         .and_then(|fl| open_source(g, t.entry, e, fl))
-        .is_some_and(|new| put_under(fd, new, Tracked::new(t.entry, Kind::Source, flag::PINNED)));
+        .is_some_and(|new| put_under(fd, new, Tracked::new(t.entry, FdKind::Source, flag::PINNED)));
     if ok && log::enabled() {
         log::line(&[b"moved to the source: ", rel(g, e)]);
     }
@@ -270,7 +270,7 @@ pub fn serve(
     off: Option<i64>,
     len: u64,
     how: &Serve,
-    f: &impl Fill,
+    f: &impl ReadInto,
 ) -> Served {
     let want = len.min(MAX_RW);
     let size = how.size;
@@ -282,9 +282,9 @@ pub fn serve(
         if !(how.covered)(p, end) {
             return -1;
         }
-        let n = f.fill(file, how.base + p, end - p);
+        let n = f.read_into(file, how.base + p, end - p);
         if how.transient && n > 0 {
-            crate::residency::drop_pages(file, how.base + p, n as u64);
+            crate::pagedrop::drop_pages(file, how.base + p, n as u64);
         }
         if exact && n >= 0 && n as u64 != end - p {
             return -1;
@@ -311,7 +311,7 @@ fn at_offset(
     size: u64,
     from_file: impl Fn(u64, u64) -> isize,
     fallback: Option<c_int>,
-    f: &impl Fill,
+    f: &impl ReadInto,
 ) -> Served {
     let now = sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR);
     if want == 0 || now < 0 || now as u64 >= size {
@@ -329,7 +329,7 @@ fn at_offset(
     let mut fell_back = false;
     if n < 0 {
         n = match fallback {
-            Some(src) => f.fill(src, p, end - p),
+            Some(src) => f.read_into(src, p, end - p),
             None => -1,
         };
         fell_back = true;

@@ -46,14 +46,14 @@ pub(super) enum CopyError {
 }
 
 /// An entry this worker owns (moved QUEUED → PLACING); its source not opened yet.
-pub(super) struct Begun {
+pub(super) struct Started {
     pub idx: u32,
     pub entry: EntryRec,
     pub path: PathBuf,
 }
 
 /// An entry this worker owns, with its source open.
-pub(super) struct Claimed {
+pub(super) struct Opened {
     pub idx: u32,
     pub entry: EntryRec,
     pub path: PathBuf,
@@ -62,7 +62,7 @@ pub(super) struct Claimed {
     pub extents: Vec<(u64, u64)>,
 }
 
-impl Claimed {
+impl Opened {
     /// True if the source has holes the copy must keep.
     pub fn sparse(&self) -> bool {
         self.extents.as_slice() != [(0, self.entry.stat.size)]
@@ -79,7 +79,7 @@ pub(super) struct Written {
 /// Moves `idx` QUEUED → PLACING. Touches nothing on the source: the caller reserves room
 /// first, so a file that cannot be placed costs the source no open (a metadata operation on
 /// a PFS). `Err` when there is nothing to do (the outcome says why; the state is final).
-pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Begun, PlaceOutcome> {
+pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Started, PlaceOutcome> {
     let t = &ctx.table;
     let cell = EntryCell { table: t, idx };
     if ctx.retired.load(Ordering::Acquire) {
@@ -97,7 +97,7 @@ pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Begun, PlaceOutcome> {
         return Err(PlaceOutcome::SourceOnly);
     };
     let path = ctx.source_real.join(std::ffi::OsStr::from_bytes(&rel));
-    Ok(Begun { idx, entry, path })
+    Ok(Started { idx, entry, path })
 }
 
 /// Opens the source of an entry the caller owns, read-only, never through a symlink and never
@@ -113,7 +113,7 @@ pub(super) fn open_source(ctx: &SourceCtx, path: &std::path::Path) -> std::io::R
 }
 
 /// Opens the source of a begun entry and checks it still matches the catalog.
-pub(super) fn claim(ctx: &SourceCtx, b: Begun) -> Result<Claimed, PlaceOutcome> {
+pub(super) fn open_started(ctx: &SourceCtx, b: Started) -> Result<Opened, PlaceOutcome> {
     let src = match open_source(ctx, &b.path) {
         Ok(f) => f,
         Err(err) => {
@@ -126,7 +126,7 @@ pub(super) fn claim(ctx: &SourceCtx, b: Begun) -> Result<Claimed, PlaceOutcome> 
         return Err(stale(ctx, b.idx));
     }
     let extents = sys::data_extents(&src, b.entry.stat.size);
-    Ok(Claimed {
+    Ok(Opened {
         idx: b.idx,
         entry: b.entry,
         path: b.path,
@@ -203,10 +203,10 @@ pub(super) fn source_only(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
 /// marked transient (`residency`), so the writer knows whether to keep its pages.
 pub(super) fn place_on_tiers(
     ctx: &SourceCtx,
-    cl: &mut Claimed,
+    cl: &mut Opened,
     order: &[usize],
     first: Reservation<'_>,
-    write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<Written, CopyError>,
+    write: impl FnMut(&mut Opened, usize, &OwnedFd) -> Result<Written, CopyError>,
 ) -> PlaceOutcome {
     let size = cl.entry.stat.size;
     let resident = ctx.residency.admit(size);
@@ -220,10 +220,10 @@ pub(super) fn place_on_tiers(
 
 fn write_and_publish(
     ctx: &SourceCtx,
-    cl: &mut Claimed,
+    cl: &mut Opened,
     order: &[usize],
     first: Reservation<'_>,
-    mut write: impl FnMut(&mut Claimed, usize, &OwnedFd) -> Result<Written, CopyError>,
+    mut write: impl FnMut(&mut Opened, usize, &OwnedFd) -> Result<Written, CopyError>,
 ) -> PlaceOutcome {
     let idx = cl.idx;
     let size = cl.entry.stat.size;

@@ -16,8 +16,8 @@ use granary_shm::lifecycle;
 use granary_shm::part_name;
 
 use super::copy::{
-    aligned, begin, claim, place_on_tiers, reserve_on, still_ours, write_all_at, Claimed,
-    CopyError, SourceReader, Written, DIRECT_ALIGN, SETTLE,
+    aligned, begin, open_started, place_on_tiers, reserve_on, still_ours, write_all_at, CopyError,
+    Opened, SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
 use super::fetch_order::{Next, Order};
 use super::pool::Shared;
@@ -48,7 +48,7 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
     // best, and the cap keeps many workers (and nodes) from hammering it. A program may be
     // waiting on this fetch: it never backs off.
     let _stream = sh.stream_for(ctx, true);
-    let mut cl = match claim(ctx, b) {
+    let mut cl = match open_started(ctx, b) {
         Ok(cl) => cl,
         Err(out) => return out,
     };
@@ -70,7 +70,7 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
 
 fn copy_part(
     ctx: &SourceCtx,
-    cl: &mut Claimed,
+    cl: &mut Opened,
     reader: &mut SourceReader,
     tier: usize,
     dir: &OwnedFd,

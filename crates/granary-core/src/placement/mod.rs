@@ -1,7 +1,7 @@
 //! Placement: copying files from the source into a tier in the background (docs/placement.md).
 //!
 //! A request (a client opened an unplaced file) moves the entry UNPLACED → QUEUED and becomes a
-//! `Job`: a file at least as large as the table's whole-fetch size (`prefetch_min_size`, or less
+//! `CopyTask`: a file at least as large as the table's whole-fetch size (`prefetch_min_size`, or less
 //! on a source whose readahead makes the program's own reads cost more requests: `whole_fetch`)
 //! is fetched whole by the agent at once (`fetch`), a smaller one is copied from the page cache
 //! once the program closed it (`small`). A worker
@@ -34,7 +34,7 @@ pub use partial::{adopt_charges, copies_now, release_partial_charges, Partials};
 pub use policy::{
     free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy,
 };
-pub use pool::{default_workers, Held, Job, Kind, Pool, Shared, Stream, Streams};
+pub use pool::{default_workers, CopyMethod, CopyTask, Held, Pool, Shared, Stream, Streams};
 pub use requests::handle_request;
 pub use small::copy_small;
 pub use whole_fetch::SourceRequests;

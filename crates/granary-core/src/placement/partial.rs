@@ -20,10 +20,10 @@ use granary_shm::{chunks_name, state, EntryRec};
 
 use super::chunks::{self, ChunkFile, ChunkGeometry};
 use super::copy::{
-    align_up, aligned, matches_catalog, no_room, open_source, source_only, tier_failed, Begun,
-    SourceReader, DIRECT_ALIGN,
+    align_up, aligned, matches_catalog, no_room, open_source, source_only, tier_failed,
+    SourceReader, Started, DIRECT_ALIGN,
 };
-use super::pool::{Job, Kind, Pool, Shared};
+use super::pool::{CopyMethod, CopyTask, Pool, Shared};
 use super::{free_space, PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
 use crate::sys;
@@ -100,7 +100,7 @@ fn slot(ctx: &SourceCtx, idx: u32) -> Option<Arc<Mutex<Slot>>> {
 /// chunks from the start; otherwise SOURCE_ONLY (`no_room`).
 pub(super) fn no_room_for_whole(
     ctx: &SourceCtx,
-    b: Begun,
+    b: Started,
     sh: &Shared,
     buf: &mut Vec<u8>,
 ) -> PlaceOutcome {
@@ -183,10 +183,10 @@ pub fn request_chunk(ctx: &Arc<SourceCtx>, idx: u32, k: u64, pool: &Pool) {
     }
     g.busy[k as usize] = true;
     drop(g);
-    pool.submit(Job {
+    pool.submit(CopyTask {
         ctx: ctx.clone(),
         entry: idx,
-        kind: Kind::Chunk {
+        method: CopyMethod::Chunk {
             first: k as u32,
             requested: true,
         },

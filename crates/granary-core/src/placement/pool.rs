@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::{Params, Policy, SourceCtx};
 
-/// What a job does with its entry.
+/// How a copy task copies its entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum CopyMethod {
     /// Whole-file fetch of a large file by the agent (`fetch::fetch_large`): a program may be
     /// waiting on its progress, so it goes first.
     Fetch,
@@ -24,10 +24,10 @@ pub enum Kind {
     Chunk { first: u32, requested: bool },
 }
 
-pub struct Job {
+pub struct CopyTask {
     pub ctx: Arc<SourceCtx>,
     pub entry: u32,
-    pub kind: Kind,
+    pub method: CopyMethod,
     /// The job slot of the client whose request this is (0: nobody's), credited with the copy.
     pub slot: u32,
 }
@@ -76,8 +76,8 @@ impl Drop for Stream<'_> {
 
 #[derive(Default)]
 struct Queue {
-    high: VecDeque<Job>,
-    low: VecDeque<Job>,
+    high: VecDeque<CopyTask>,
+    low: VecDeque<CopyTask>,
     closed: bool,
 }
 
@@ -87,7 +87,7 @@ pub struct Shared {
     ready: Condvar,
     /// Small files opened and not yet closed: copied when CLOSED arrives (`promote`) or when the
     /// deadline passes. Keyed by (table, entry).
-    delayed: Mutex<HashMap<(usize, u32), (Instant, Job)>>,
+    delayed: Mutex<HashMap<(usize, u32), (Instant, CopyTask)>>,
     pub streams: Streams,
     /// One stream: what source-reading work nobody waits on holds, besides its stream, while
     /// the program's own source reads are moving (`stream_for`).
@@ -117,7 +117,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn key(job: &Job) -> (usize, u32) {
+fn key(job: &CopyTask) -> (usize, u32) {
     (Arc::as_ptr(&job.ctx) as usize, job.entry)
 }
 
@@ -161,14 +161,14 @@ impl Pool {
     }
 
     /// Queues a job now: fetches before small copies.
-    pub fn submit(&self, job: Job) {
+    pub fn submit(&self, job: CopyTask) {
         job.ctx.inflight.fetch_add(1, Ordering::AcqRel);
         enqueue(&self.shared, job);
     }
 
     /// Queues a small copy for later: `promote` (the program closed the file) or the deadline
     /// (`small_copy_delay`; no close came, e.g. the program keeps it open) releases it.
-    pub fn submit_delayed(&self, job: Job) {
+    pub fn submit_delayed(&self, job: CopyTask) {
         job.ctx.inflight.fetch_add(1, Ordering::AcqRel);
         let at = Instant::now() + self.shared.params.small_copy_delay;
         let k = key(&job);
@@ -184,7 +184,7 @@ impl Pool {
         let job = lock(&self.shared.delayed).remove(&k);
         match job {
             Some((_, mut job)) => {
-                job.kind = Kind::Small { closed: true };
+                job.method = CopyMethod::Small { closed: true };
                 enqueue(&self.shared, job);
                 true
             }
@@ -231,14 +231,14 @@ impl Shared {
     }
 }
 
-fn enqueue(sh: &Shared, job: Job) {
+fn enqueue(sh: &Shared, job: CopyTask) {
     let mut q = lock(&sh.queue);
-    match job.kind {
-        Kind::Fetch
-        | Kind::Chunk {
+    match job.method {
+        CopyMethod::Fetch
+        | CopyMethod::Chunk {
             requested: true, ..
         } => q.high.push_back(job),
-        Kind::Small { .. } | Kind::Chunk { .. } => q.low.push_back(job),
+        CopyMethod::Small { .. } | CopyMethod::Chunk { .. } => q.low.push_back(job),
     }
     drop(q);
     sh.ready.notify_one();
@@ -264,19 +264,19 @@ fn worker(sh: &Shared) {
                 q = sh.ready.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let out = match job.kind {
+        let out = match job.method {
             // Cluster mode: another node may hold the file (`incoming::Remote`).
-            Kind::Fetch => match job.ctx.remote.get() {
+            CopyMethod::Fetch => match job.ctx.remote.get() {
                 Some(r) => match r.fetch(&job.ctx, job.entry, job.slot) {
                     Some(out) => out,
                     None => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
                 },
                 None => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
             },
-            Kind::Small { closed } => {
+            CopyMethod::Small { closed } => {
                 super::small::copy_small(&job.ctx, job.entry, sh, &mut buf, closed)
             }
-            Kind::Chunk { first, requested } => super::partial::chunk_job(
+            CopyMethod::Chunk { first, requested } => super::partial::chunk_job(
                 &job.ctx,
                 job.entry,
                 sh,
@@ -285,7 +285,11 @@ fn worker(sh: &Shared) {
                 &mut buf,
             ),
         };
-        tracing::trace!("placement of entry {} ({:?}): {out:?}", job.entry, job.kind);
+        tracing::trace!(
+            "placement of entry {} ({:?}): {out:?}",
+            job.entry,
+            job.method
+        );
         if let super::PlaceOutcome::Placed { tier, bytes } = out {
             job.ctx
                 .counters
@@ -304,7 +308,7 @@ fn timer(sh: &Shared) {
             return;
         }
         let now = Instant::now();
-        let due: Vec<Job> = {
+        let due: Vec<CopyTask> = {
             let mut d = lock(&sh.delayed);
             let keys: Vec<_> = d
                 .iter()

@@ -5,7 +5,7 @@ use granary_shm::{object_name, request, state};
 use granary_shm::lifecycle::{self, EntryCell};
 
 use super::states;
-use super::{Job, Kind, Pool, SourceCtx};
+use super::{CopyMethod, CopyTask, Pool, SourceCtx};
 use crate::sys;
 
 /// Acts on one request from a table's ring. Requests are hints from untrusted-but-same-user
@@ -36,19 +36,19 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
     match kind {
         request::OPEN_UNPLACED => {
             if e.stat.is_file() && lifecycle::claim(&EntryCell { table: t, idx }) {
-                let job = |kind| Job {
+                let job = |method| CopyTask {
                     ctx: ctx.clone(),
                     entry: idx,
-                    kind,
+                    method,
                     slot: arg,
                 };
                 if whole {
                     // The agent is the one reader of a file it fetches whole: start now, the
                     // program's reads are served from the partial copy.
-                    pool.submit(job(Kind::Fetch));
+                    pool.submit(job(CopyMethod::Fetch));
                 } else {
                     // The program reads it itself; copy its pages once it is done with them.
-                    pool.submit_delayed(job(Kind::Small { closed: false }));
+                    pool.submit_delayed(job(CopyMethod::Small { closed: false }));
                 }
             }
         }
@@ -60,10 +60,10 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
                 && lifecycle::claim(&EntryCell { table: t, idx })
             {
                 // Its OPEN_UNPLACED was lost (full ring): the close is enough to act on.
-                pool.submit(Job {
+                pool.submit(CopyTask {
                     ctx: ctx.clone(),
                     entry: idx,
-                    kind: Kind::Small { closed: true },
+                    method: CopyMethod::Small { closed: true },
                     slot: arg,
                 });
             }

@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::copy::{
-    begin, claim, hash_zeros, place_on_tiers, reserve_on, write_all_at, Claimed, CopyError,
+    begin, hash_zeros, open_started, place_on_tiers, reserve_on, write_all_at, CopyError, Opened,
     Written, SETTLE,
 };
 use super::pool::{Held, Shared};
@@ -41,7 +41,7 @@ pub fn copy_small(
     let Some(res) = reserve_on(ctx, &order, size) else {
         return super::partial::no_room_for_whole(ctx, b, sh, buf);
     };
-    let mut cl = match claim(ctx, b) {
+    let mut cl = match open_started(ctx, b) {
         Ok(cl) => cl,
         Err(out) => return out,
     };
@@ -59,7 +59,7 @@ pub fn copy_small(
 
 fn copy_tmp<'s>(
     ctx: &SourceCtx,
-    cl: &mut Claimed,
+    cl: &mut Opened,
     dir: &OwnedFd,
     buf: &mut [u8],
     sh: &'s Shared,

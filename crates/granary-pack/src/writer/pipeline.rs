@@ -48,7 +48,8 @@ pub struct Written {
     pub files: Vec<File>,
 }
 
-struct Job {
+/// One piece of one file for a worker to read, checksum and encode.
+struct PieceTask {
     seq: u64,
     item: u32,
     piece: u64,
@@ -120,7 +121,13 @@ fn check_same(path: &Path, walked: &Stat, now: &Stat) -> Result<()> {
     }
 }
 
-fn work(src: &Source, items: &[Item], job: &Job, enc: &mut Encoder, block: u32) -> Result<Done> {
+fn work(
+    src: &Source,
+    items: &[Item],
+    job: &PieceTask,
+    enc: &mut Encoder,
+    block: u32,
+) -> Result<Done> {
     let it = &items[job.item as usize];
     let path = src.path_of(&it.rel);
     let io = |e| PackError::io(&path, e);
@@ -213,7 +220,7 @@ pub fn run(
         used: Mutex::new(0),
         freed: Condvar::new(),
     };
-    let (job_tx, job_rx) = bounded::<Job>(threads * 2);
+    let (job_tx, job_rx) = bounded::<PieceTask>(threads * 2);
     let (done_tx, done_rx) = unbounded::<Result<Done>>();
     let total_raw: u64 = items
         .iter()
@@ -238,7 +245,7 @@ pub fn run(
                     if !budget.take(len, feeder_stop) {
                         return;
                     }
-                    let job = Job {
+                    let job = PieceTask {
                         seq,
                         item: i as u32,
                         piece,

@@ -12,7 +12,7 @@ use granary_shm::{job, state};
 use super::{find, locate};
 use crate::config;
 use crate::detour::{self, real, KeepErrno};
-use crate::fdtable::{self, Kind, MAX_DIR_FDS};
+use crate::fdtable::{self, FdKind, MAX_DIR_FDS};
 use crate::path::Buf;
 
 type OpendirFn = unsafe extern "C" fn(*const c_char) -> *mut libc::DIR;
@@ -135,7 +135,7 @@ fn readdir_impl(
     let Some(t) = fdtable::get(fd) else {
         return pass();
     };
-    if t.kind != Kind::Dir {
+    if t.kind != FdKind::Dir {
         return pass();
     }
     let Some(g) = detour::enter_any_creds() else {
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn closedir(dirp: *mut libc::DIR) -> c_int {
 
 fn tracked_dir(dirp: *mut libc::DIR) -> Option<c_int> {
     let fd = stream_fd(dirp);
-    (fdtable::get(fd)?.kind == Kind::Dir).then_some(fd)
+    (fdtable::get(fd)?.kind == FdKind::Dir).then_some(fd)
 }
 
 #[no_mangle]

@@ -62,7 +62,7 @@ fn close_range_impl(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     let mut closed = [None; 64];
     let mut n = 0;
     fdtable::take_range(first, last, |fd, t| {
-        crate::residency::before_close(fd, t);
+        crate::pagedrop::before_close(fd, t);
         match closed.get_mut(n) {
             Some(slot) => {
                 *slot = Some(t);

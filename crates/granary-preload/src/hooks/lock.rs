@@ -12,7 +12,7 @@
 use core::ffi::{c_char, c_int, c_void};
 
 use crate::detour::{self, real, sys, KeepErrno};
-use crate::fdtable::{self, Kind, Tracked};
+use crate::fdtable::{self, FdKind, Tracked};
 use crate::path::{self, Buf};
 use crate::switch;
 
@@ -33,7 +33,7 @@ pub fn is_lock(cmd: c_int) -> bool {
 /// Moves tier fd `fd` to the source if it is one; true if it now is a source fd (or never was a
 /// tier fd), false if it had to stay on the copy.
 fn onto_source(fd: c_int, t: Tracked) -> bool {
-    if !matches!(t.kind, Kind::Tier(_)) {
+    if !matches!(t.kind, FdKind::Tier(_)) {
         return true;
     }
     let Some(g) = detour::enter_any_creds() else {
@@ -47,7 +47,7 @@ fn onto_source(fd: c_int, t: Tracked) -> bool {
     }
     // Another thread may have moved it meanwhile.
     let moved = match fdtable::get(fd) {
-        Some(now) if matches!(now.kind, Kind::Tier(_)) => switch::to_source(&g, fd, now, &e),
+        Some(now) if matches!(now.kind, FdKind::Tier(_)) => switch::to_source(&g, fd, now, &e),
         _ => true,
     };
     fdtable::unlock(fd);
@@ -213,7 +213,7 @@ macro_rules! fstatfs_hook {
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut libc::statfs) -> c_int {
             let call = || real!($slot as FstatfsFn, (fd, buf) else sys!(libc::SYS_fstatfs, fd, buf) as c_int);
             match fdtable::get(fd) {
-                Some(t) if matches!(t.kind, Kind::Tier(_)) => {
+                Some(t) if matches!(t.kind, FdKind::Tier(_)) => {
                     let mut pbuf = Buf::new();
                     match crate::config::table().and_then(|tb| path::entry_path(tb, t.entry, &mut pbuf)) {
                         Some(p) => sys!(libc::SYS_statfs, p, buf) as c_int,

@@ -9,7 +9,7 @@ use granary_shm::{job, request, state};
 
 use super::{find, locate, mutate, Found};
 use crate::detour::{self, real, set_errno, Guard, KeepErrno};
-use crate::fdtable::{self, flag, Kind, Tracked};
+use crate::fdtable::{self, flag, FdKind, Tracked};
 use crate::path::{Buf, Loc};
 use crate::{log, release, switch};
 
@@ -49,7 +49,7 @@ enum Plan {
 }
 
 fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
-    let other = Tracked::new(u32::MAX, Kind::Other, initial_flags(flags));
+    let other = Tracked::new(u32::MAX, FdKind::Other, initial_flags(flags));
     if flags & libc::O_TMPFILE == libc::O_TMPFILE || flags & libc::O_PATH != 0 {
         return Plan::Real(None);
     }
@@ -65,7 +65,7 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
         if mount {
             return packed_dir(g, idx, flags);
         }
-        return Plan::Real(Some(Tracked::new(idx, Kind::Dir, fl)));
+        return Plan::Real(Some(Tracked::new(idx, FdKind::Dir, fl)));
     }
     if !entry.stat.is_file() || flags & libc::O_DIRECTORY != 0 {
         return Plan::Real(None);
@@ -83,7 +83,7 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
     }
     match (mount, loc) {
         (true, Some(loc)) => extracted(g, idx, &entry, &loc, flags),
-        _ => Plan::Real(Some(Tracked::new(idx, Kind::Source, fl))),
+        _ => Plan::Real(Some(Tracked::new(idx, FdKind::Source, fl))),
     }
 }
 
@@ -118,7 +118,7 @@ fn extracted(
             crate::copies::forget(fd);
             // Untrackable (a vfork child, an fd beyond the table): the bytes are still right,
             // only its `fstat` is the memory file's. Nothing else could serve the open.
-            fdtable::track(fd, Tracked::new(idx, Kind::Pack, initial_flags(flags)));
+            fdtable::track(fd, Tracked::new(idx, FdKind::Pack, initial_flags(flags)));
             g.count(job::OPENS, 1);
             g.count(job::FALLBACKS, 1);
             Plan::Done(fd)
@@ -168,7 +168,7 @@ fn source_opened(g: &Guard, idx: u32) {
 fn copy_fd(g: &Guard, idx: u32, entry: &granary_shm::EntryRec, flags: c_int) -> Option<c_int> {
     let (fd, tier, added) = switch::open_copy(g, idx, entry, flags)?;
     let fl = initial_flags(flags) | added;
-    if !fdtable::track(fd, Tracked::new(idx, Kind::Tier(tier), fl)) {
+    if !fdtable::track(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {
         // Untrackable fd number: fstat could not be answered consistently, use the source.
         let _keep = KeepErrno::new();
         detour::raw_close(fd);
@@ -187,7 +187,7 @@ fn copy_fd(g: &Guard, idx: u32, entry: &granary_shm::EntryRec, flags: c_int) -> 
 /// then comes from the source).
 pub fn track_dir(fd: c_int, idx: u32, flags: c_int) -> bool {
     fdtable::can_track_dir(fd)
-        && fdtable::track(fd, Tracked::new(idx, Kind::Dir, initial_flags(flags)))
+        && fdtable::track(fd, Tracked::new(idx, FdKind::Dir, initial_flags(flags)))
 }
 
 /// A known-order agent follows the program's position through every open, placed files
@@ -208,13 +208,13 @@ fn opened(g: Option<&Guard>, fd: c_int, t: Option<Tracked>) {
     fdtable::take(fd);
     crate::copies::forget(fd);
     if let (Some(g), Some(t)) = (g, t) {
-        if t.kind == Kind::Source {
+        if t.kind == FdKind::Source {
             source_opened(g, t.entry);
         }
     }
     if let Some(t) = t {
         let ok = match t.kind {
-            Kind::Dir => fdtable::can_track_dir(fd) && fdtable::track(fd, t),
+            FdKind::Dir => fdtable::can_track_dir(fd) && fdtable::track(fd, t),
             _ => fdtable::track(fd, t),
         };
         if !ok {
@@ -237,7 +237,7 @@ fn write_open(fd: c_int) {
         return;
     };
     if let Some(entry) = mutate::opened_for_writing(&g, fd) {
-        fdtable::track(fd, Tracked::new(entry, Kind::Other, flag::SHARED));
+        fdtable::track(fd, Tracked::new(entry, FdKind::Other, flag::SHARED));
     }
 }
 

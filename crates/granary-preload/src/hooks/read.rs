@@ -14,9 +14,9 @@ use core::ffi::{c_int, c_void};
 use granary_shm::{job, state};
 
 use crate::detour::{self, real, sys, Guard};
-use crate::fdtable::{self, Kind, Tracked};
+use crate::fdtable::{self, FdKind, Tracked};
 use crate::place::{self, Read};
-use crate::switch::{self, Fill, Serve, Served};
+use crate::switch::{self, ReadInto, Serve, Served};
 use crate::usermem;
 
 type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, usize) -> isize;
@@ -34,8 +34,8 @@ type LseekFn = unsafe extern "C" fn(c_int, libc::off_t, c_int) -> libc::off_t;
 /// One buffer of the caller's.
 struct Buf(*mut c_void);
 
-impl Fill for Buf {
-    fn fill(&self, file: c_int, off: u64, want: u64) -> isize {
+impl ReadInto for Buf {
+    fn read_into(&self, file: c_int, off: u64, want: u64) -> isize {
         pread_all(file, self.0.cast(), want, off)
     }
 }
@@ -44,8 +44,8 @@ impl Fill for Buf {
 /// table vouches for, whatever lies beyond it in the file).
 struct Iov<'a>(&'a [libc::iovec]);
 
-impl Fill for Iov<'_> {
-    fn fill(&self, file: c_int, off: u64, want: u64) -> isize {
+impl ReadInto for Iov<'_> {
+    fn read_into(&self, file: c_int, off: u64, want: u64) -> isize {
         let mut done = 0u64;
         for v in self.0 {
             let n = (v.iov_len as u64).min(want - done);
@@ -98,17 +98,17 @@ fn pread_all(file: c_int, buf: *mut u8, want: u64, off: u64) -> isize {
 
 /// What a read on a tracked fd returned, counted by where the bytes came from.
 #[inline]
-fn count(kind: Kind, n: isize) -> isize {
+fn count(kind: FdKind, n: isize) -> isize {
     if n > 0 {
         if let Some(table) = crate::config::table() {
             let slot = crate::config::job_slot();
             match kind {
-                Kind::Source | Kind::Other => {
+                FdKind::Source | FdKind::Other => {
                     table.count(slot, job::SOURCE_READS, 1);
                     table.count(slot, job::SOURCE_BYTES, n as u64);
                 }
-                Kind::Tier(x) => table.count(slot, job::TIER_BYTES + x as usize, n as u64),
-                Kind::Dir | Kind::Pack => {}
+                FdKind::Tier(x) => table.count(slot, job::TIER_BYTES + x as usize, n as u64),
+                FdKind::Dir | FdKind::Pack => {}
             }
         }
     }
@@ -118,14 +118,14 @@ fn count(kind: Kind, n: isize) -> isize {
 /// True if the entry of tier fd `t` was changed in place by the program: its reads go to the
 /// source.
 fn stale(t: &Tracked) -> bool {
-    matches!(t.kind, Kind::Tier(_))
+    matches!(t.kind, FdKind::Tier(_))
         && crate::config::table()
             .is_some_and(|tb| state::state_of(tb.state(t.entry)) == state::STALE)
 }
 
 /// True if a read on `t` may be served by granary (and so needs the caller's buffers).
 fn may_serve(t: &Tracked) -> bool {
-    t.kind == Kind::Source || stale(t)
+    t.kind == FdKind::Source || stale(t)
 }
 
 /// Shared body of the read family. `len` is the request's total length (`None`: unknown, pass
@@ -135,13 +135,13 @@ fn read_family(
     fd: c_int,
     off: Option<i64>,
     len: Option<u64>,
-    f: &impl Fill,
+    f: &impl ReadInto,
     real: impl FnOnce() -> isize,
 ) -> isize {
     let Some(t) = fdtable::get(fd) else {
         return real();
     };
-    if t.kind == Kind::Dir {
+    if t.kind == FdKind::Dir {
         return real();
     }
     if off.is_some() && !may_serve(&t) {
@@ -155,8 +155,8 @@ fn read_family(
     // Another thread may have switched the fd while we waited.
     let t = fdtable::get(fd).unwrap_or(t);
     let out = match (t.kind, len) {
-        (Kind::Source, Some(len)) => place::on_read(&g, fd, t, off, len, f),
-        (Kind::Tier(_), Some(len)) if stale(&t) => stale_read(&g, fd, t, off, len, f),
+        (FdKind::Source, Some(len)) => place::on_read(&g, fd, t, off, len, f),
+        (FdKind::Tier(_), Some(len)) if stale(&t) => stale_read(&g, fd, t, off, len, f),
         (k, _) => Read::Real(k),
     };
     let n = match out {
@@ -173,9 +173,9 @@ fn read_family(
     n
 }
 
-fn real_read(fd: c_int, kind: Kind, off: Option<i64>, real: impl FnOnce() -> isize) -> isize {
+fn real_read(fd: c_int, kind: FdKind, off: Option<i64>, real: impl FnOnce() -> isize) -> isize {
     let n = real();
-    if let (Kind::Tier(_), Some(o)) = (kind, off) {
+    if let (FdKind::Tier(_), Some(o)) = (kind, off) {
         if n > 0 {
             fdtable::note_pread(fd, o as u64, n as u64);
         }
@@ -186,13 +186,20 @@ fn real_read(fd: c_int, kind: Kind, off: Option<i64>, real: impl FnOnce() -> isi
 /// A read of a copy whose file the program changed in place: from the source, as a direct
 /// reader (same inode) would see it. The fd moves to the source when nobody shares its OFD;
 /// otherwise this one read is served from the source.
-fn stale_read(g: &Guard, fd: c_int, t: Tracked, off: Option<i64>, len: u64, f: &impl Fill) -> Read {
+fn stale_read(
+    g: &Guard,
+    fd: c_int,
+    t: Tracked,
+    off: Option<i64>,
+    len: u64,
+    f: &impl ReadInto,
+) -> Read {
     let _keep = detour::KeepErrno::new();
     let Some(e) = crate::entries::get(g.table, t.entry) else {
         return Read::Real(t.kind);
     };
     if switch::to_source(g, fd, t, &e) {
-        return Read::Real(Kind::Source);
+        return Read::Real(FdKind::Source);
     }
     let Some(file) = switch::open_source(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC) else {
         return Read::Real(t.kind);
@@ -207,7 +214,7 @@ fn stale_read(g: &Guard, fd: c_int, t: Tracked, off: Option<i64>, len: u64, f: &
         fallback: None,
     };
     match switch::serve(fd, file, off, len, &how, f) {
-        Served::Bytes(n, _) => Read::Served(count(Kind::Source, n)),
+        Served::Bytes(n, _) => Read::Served(count(FdKind::Source, n)),
         Served::Failed(e) => Read::Failed(e),
         Served::No => Read::Real(t.kind),
     }
@@ -377,9 +384,9 @@ fn map(
         return real(fd);
     };
     match t.kind {
-        Kind::Source => {
+        FdKind::Source => {
             if fdtable::lock(fd) {
-                if let Some(now) = fdtable::get(fd).filter(|n| n.kind == Kind::Source) {
+                if let Some(now) = fdtable::get(fd).filter(|n| n.kind == FdKind::Source) {
                     place::on_map(&g, fd, now);
                 }
                 fdtable::unlock(fd);
@@ -390,14 +397,14 @@ fn map(
                 return p;
             }
             let p = real(fd);
-            if let Some(now) = fdtable::get(fd).filter(|n| n.kind == Kind::Source) {
+            if let Some(now) = fdtable::get(fd).filter(|n| n.kind == FdKind::Source) {
                 if p != libc::MAP_FAILED {
                     crate::mapping::source_mapped(&g, fd, now, p, len, prot, flags, off);
                 }
             }
             p
         }
-        Kind::Tier(_) if stale(&t) => stale_map(&g, fd, t, prot, flags, real),
+        FdKind::Tier(_) if stale(&t) => stale_map(&g, fd, t, prot, flags, real),
         _ => real(fd),
     }
 }
@@ -412,7 +419,7 @@ fn map_copy(
     flags: c_int,
     real: &impl Fn(c_int) -> *mut c_void,
 ) -> Option<*mut c_void> {
-    let t = fdtable::get(fd).filter(|n| n.kind == Kind::Source)?;
+    let t = fdtable::get(fd).filter(|n| n.kind == FdKind::Source)?;
     if prot & libc::PROT_WRITE != 0 && flags & libc::MAP_SHARED != 0 {
         return None;
     }
@@ -488,14 +495,14 @@ mmap_hook!(mmap64, MMAP64);
 /// `lseek` of a source fd whose file is placed: the fd moves to the copy first (once nobody
 /// shares it), so later reads need no hook work.
 fn seek(fd: c_int) {
-    let Some(t) = fdtable::get(fd).filter(|t| t.kind == Kind::Source) else {
+    let Some(t) = fdtable::get(fd).filter(|t| t.kind == FdKind::Source) else {
         return;
     };
     let Some(g) = detour::enter_any_creds() else {
         return;
     };
     if switch::exclusive(&t) && fdtable::lock(fd) {
-        if let Some(now) = fdtable::get(fd).filter(|n| n.kind == Kind::Source) {
+        if let Some(now) = fdtable::get(fd).filter(|n| n.kind == FdKind::Source) {
             place::on_seek(&g, fd, now);
         }
         fdtable::unlock(fd);
@@ -549,7 +556,7 @@ fn kernel_reads(
         let _keep = detour::KeepErrno::new();
         let moved = fdtable::lock(fd_in) && {
             let now = fdtable::get(fd_in).unwrap_or(t);
-            let m = now.kind == Kind::Source || switch::to_source(&g, fd_in, now, &e);
+            let m = now.kind == FdKind::Source || switch::to_source(&g, fd_in, now, &e);
             fdtable::unlock(fd_in);
             m
         };
@@ -561,7 +568,7 @@ fn kernel_reads(
     };
     let Some(src) = src else {
         // On the source now (or the source cannot be opened: the real call, as it would be).
-        return count(Kind::Source, call(fd_in, off));
+        return count(FdKind::Source, call(fd_in, off));
     };
     let n = if off.is_null() {
         let want = len.min(0x7fff_f000) as i64;
@@ -583,7 +590,7 @@ fn kernel_reads(
     };
     let _keep = detour::KeepErrno::new();
     detour::raw_close(src);
-    count(Kind::Source, n)
+    count(FdKind::Source, n)
 }
 
 #[no_mangle]

@@ -10,9 +10,9 @@ use granary_shm::{job, state, EntryRec, StatRec};
 
 use super::{find, locate};
 use crate::detour::{self, real, Guard};
-use crate::fdtable::{self, Kind, Tracked};
+use crate::fdtable::{self, FdKind, Tracked};
 use crate::path::Buf;
-use crate::{fill, usermem};
+use crate::{statbuf, usermem};
 
 /// Where an answer goes.
 #[derive(Clone, Copy)]
@@ -24,17 +24,17 @@ enum Out {
 impl Out {
     /// Writes the catalog's answer into the program's buffer, as the kernel would: a buffer that
     /// is not writable is not a crash but a pass-through (the kernel then says EFAULT).
-    fn fill(self, s: &StatRec) -> bool {
+    fn store(self, s: &StatRec) -> bool {
         match self {
             Out::Stat(p) => {
                 let mut st = detour::empty_stat();
-                fill::stat(s, &mut st);
+                statbuf::stat(s, &mut st);
                 usermem::write_value(p, &st)
             }
             Out::Statx(mask, p) => {
                 // SAFETY: `struct statx` is plain integers; all-zero is a valid value.
                 let mut sx: libc::statx = unsafe { core::mem::zeroed() };
-                fill::statx(s, mask, &mut sx);
+                statbuf::statx(s, mask, &mut sx);
                 usermem::write_value(p, &sx)
             }
         }
@@ -71,8 +71,8 @@ impl Out {
         // SAFETY: `kernel_answer` succeeded on this very buffer: it is mapped and writable.
         unsafe {
             match self {
-                Out::Stat(p) => fill::stat(s, &mut *p),
-                Out::Statx(mask, p) => fill::statx(s, mask, &mut *p),
+                Out::Stat(p) => statbuf::stat(s, &mut *p),
+                Out::Statx(mask, p) => statbuf::statx(s, mask, &mut *p),
             }
         }
     }
@@ -85,10 +85,10 @@ impl Out {
 fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
     let t = fdtable::get(fd)?;
     match t.kind {
-        Kind::Tier(_) => {}
-        Kind::Pack => return extracted_answer(g, fd, t, out),
+        FdKind::Tier(_) => {}
+        FdKind::Pack => return extracted_answer(g, fd, t, out),
         // A tree that exists only in the pack: the directory fd is a stand-in.
-        Kind::Dir if g.table.pack_mount() => {
+        FdKind::Dir if g.table.pack_mount() => {
             let entry = g.table.entry(t.entry)?;
             if let Err(r) = out.kernel_answer(fd) {
                 return Some(r);
@@ -181,7 +181,7 @@ fn stat_impl(
         return pass(dirfd, path);
     }
     if let Some(f) = find(&g, &loc, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
-        if out.fill(&f.entry.stat) {
+        if out.store(&f.entry.stat) {
             g.count(job::CATALOG_META, 1);
             return 0;
         }

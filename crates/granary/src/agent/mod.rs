@@ -3,7 +3,7 @@
 
 mod mappings;
 pub mod protocol;
-mod residency;
+mod residency_keeper;
 mod ring;
 pub(crate) mod server;
 mod source;
@@ -357,7 +357,7 @@ pub fn spawn_threads(started: &Started) -> Result<()> {
         let a = agent.clone();
         std::thread::Builder::new()
             .name("residency".into())
-            .spawn(move || residency::keep(a))?;
+            .spawn(move || residency_keeper::keep(a))?;
     }
     {
         let a = agent.clone();

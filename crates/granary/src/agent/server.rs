@@ -372,7 +372,7 @@ fn attach(
             progress,
             &mut notes,
         )?;
-        super::residency::rebalance(agent);
+        super::residency_keeper::rebalance(agent);
         // A kept table keeps its known-order thread; a new one gets its own (and a packed
         // one its partition streamers).
         if origin != super::source::Origin::Kept {
@@ -423,7 +423,7 @@ fn attach(
         ));
     }
     notes.extend(inner.order_note.clone());
-    let slot = src.claim_slot(pid);
+    let slot = src.take_job_slot(pid);
     inner.jobs += 1;
     src.jobs_now.store(inner.jobs, Ordering::Release);
     agent.jobs.fetch_add(1, Ordering::AcqRel);
@@ -463,7 +463,7 @@ fn refuse_tiers_inside(src: &SourceState, specs: &[granary_core::tiers::TierSpec
 }
 
 fn detach(agent: &Agent, l: Lease) {
-    l.source.free_slot(l.slot);
+    l.source.free_job_slot(l.slot);
     let mut inner = l.source.inner.lock().unwrap_or_else(|e| e.into_inner());
     inner.jobs = inner.jobs.saturating_sub(1);
     l.source.jobs_now.store(inner.jobs, Ordering::Release);

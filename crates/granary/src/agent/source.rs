@@ -590,7 +590,7 @@ impl SourceState {
     }
 
     /// A free job slot (1..), its counters zeroed, owned by `pid`.
-    pub fn claim_slot(&self, pid: u32) -> u32 {
+    pub fn take_job_slot(&self, pid: u32) -> u32 {
         let Some(ctx) = self.ctx() else { return 0 };
         let t = &ctx.table;
         for slot in 1..t.job_slots() {
@@ -613,7 +613,7 @@ impl SourceState {
         0
     }
 
-    pub fn free_slot(&self, slot: u32) {
+    pub fn free_job_slot(&self, slot: u32) {
         if slot == 0 {
             return;
         }

@@ -20,7 +20,8 @@ use super::transport::{Event, Landing};
 use super::wire::{Answer, Msg};
 use super::Node;
 
-pub struct Job {
+/// A file some other node holds, to copy here over MPI.
+pub struct RemoteFetch {
     pub ctx: Arc<SourceCtx>,
     pub idx: u32,
     /// The job slot the copy is credited to (0: nobody's, e.g. a replica copied at start).
@@ -31,7 +32,7 @@ pub struct Job {
 
 /// Fetcher threads: each takes jobs until the node stops. A job holds one `ctx.inflight`
 /// count, given back when it is done.
-pub fn spawn(node: &Arc<Node>, jobs: Receiver<Job>, threads: usize) -> std::io::Result<()> {
+pub fn spawn(node: &Arc<Node>, jobs: Receiver<RemoteFetch>, threads: usize) -> std::io::Result<()> {
     for k in 0..threads {
         let (node, jobs) = (node.clone(), jobs.clone());
         std::thread::Builder::new()
@@ -66,7 +67,7 @@ enum Got {
     Source,
 }
 
-fn place(node: &Node, job: &Job, buf: &mut Vec<u8>) -> PlaceOutcome {
+fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
     let (ctx, idx) = (&job.ctx, job.idx);
     let Some(e) = ctx.table.entry(idx) else {
         return PlaceOutcome::Skipped;

@@ -82,8 +82,8 @@ pub struct Node {
     pub staging_tier: Option<usize>,
     /// How long a rank waits for another's next message.
     pub timeout: Duration,
-    fetch_q: Sender<fetch::Job>,
-    provide_q: Sender<provide::Job>,
+    fetch_q: Sender<fetch::RemoteFetch>,
+    provide_q: Sender<provide::PeerRequest>,
     /// Transfers a requester gave up on (provider side), until the provider sees it.
     cancelled: Mutex<HashSet<(u32, i32)>>,
     /// Copies of other ranks' files (replicas, `--replicate`) still to be made.
@@ -283,7 +283,7 @@ impl Node {
             });
             if claimed {
                 self.ctx.inflight.fetch_add(1, Ordering::AcqRel);
-                let job = fetch::Job {
+                let job = fetch::RemoteFetch {
                     ctx: self.ctx.clone(),
                     idx,
                     slot: 0,
@@ -368,7 +368,7 @@ impl Remote for Node {
             return None;
         }
         ctx.inflight.fetch_add(1, Ordering::AcqRel);
-        let job = fetch::Job {
+        let job = fetch::RemoteFetch {
             ctx: ctx.clone(),
             idx,
             slot,
@@ -411,7 +411,7 @@ impl Inbox for Node {
                 object,
                 size,
             } => {
-                let _ = self.provide_q.send(provide::Job {
+                let _ = self.provide_q.send(provide::PeerRequest {
                     from,
                     tag,
                     idx,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use granary_core::placement::{Job as PoolJob, Kind};
+use granary_core::placement::{CopyMethod, CopyTask};
 use granary_core::stats::AgentCounters;
 use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{object_name, state};
@@ -19,7 +19,8 @@ use super::transport::{Payload, PIECE};
 use super::wire::{Answer, Msg};
 use super::Node;
 
-pub struct Job {
+/// A peer's request for a copy this node holds, queued for the provider threads.
+pub struct PeerRequest {
     pub from: u32,
     pub tag: i32,
     pub idx: u32,
@@ -30,7 +31,7 @@ pub struct Job {
 /// How often a provider still placing a file tells its requester to keep waiting.
 const KEEPALIVE: Duration = Duration::from_millis(200);
 
-pub fn spawn(node: &Arc<Node>, jobs: Receiver<Job>, threads: usize) -> std::io::Result<()> {
+pub fn spawn(node: &Arc<Node>, jobs: Receiver<PeerRequest>, threads: usize) -> std::io::Result<()> {
     for k in 0..threads {
         let (node, jobs) = (node.clone(), jobs.clone());
         std::thread::Builder::new()
@@ -45,7 +46,7 @@ pub fn spawn(node: &Arc<Node>, jobs: Receiver<Job>, threads: usize) -> std::io::
     Ok(())
 }
 
-fn serve(node: &Node, job: &Job) {
+fn serve(node: &Node, job: &PeerRequest) {
     let ctx = &node.ctx;
     let t = &ctx.table;
     let idx = job.idx;
@@ -81,10 +82,10 @@ fn serve(node: &Node, job: &Job) {
                         reply(Answer::NotHeld);
                         return;
                     };
-                    setup.pool.submit(PoolJob {
+                    setup.pool.submit(CopyTask {
                         ctx: ctx.clone(),
                         entry: idx,
-                        kind: Kind::Fetch,
+                        method: CopyMethod::Fetch,
                         slot: 0,
                     });
                 }

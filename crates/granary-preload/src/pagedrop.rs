@@ -14,11 +14,11 @@ use core::ffi::c_int;
 use granary_shm::job;
 
 use crate::detour::{self, sys, KeepErrno};
-use crate::fdtable::{self, Kind, Tracked};
+use crate::fdtable::{self, FdKind, Tracked};
 
 /// Called before the real close of a tracked fd. Advisory: errno is kept, failures ignored.
 pub fn before_close(fd: c_int, t: Tracked) {
-    if !matches!(t.kind, Kind::Tier(_)) {
+    if !matches!(t.kind, FdKind::Tier(_)) {
         return;
     }
     let Some(g) = detour::enter_any_creds() else {
