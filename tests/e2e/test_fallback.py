@@ -172,3 +172,23 @@ def test_two_jobs_at_once_share_one_agent(granary, dataset, tier):
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err.decode(errors="replace")
     assert len(granary.agent_pids()) == 1
+
+
+@pytest.mark.parametrize("how", ["inside", "symlink-to-inside"])
+def test_a_tier_inside_the_source_is_refused(granary, dataset, tmp_path, how):
+    """A tier inside the dataset would show the cache in the dataset's own listings: refused
+    with the fix, the program runs on the source, and nothing is created in the dataset."""
+    before = sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*"))
+    if how == "inside":
+        tier = dataset / ".granary-cache"
+    else:
+        tier = tmp_path / "tier-link"
+        tier.symlink_to(dataset)
+        tier = tier / "cache"
+    cmd = ["sh", "-c", f"cd {dataset} && find . -type f -print0 | sort -z | xargs -0 sha256sum"]
+    want = direct(cmd)
+    proc, _ = granary.run(dataset, cmd, tier=tier, check=False)
+    assert proc.returncode == want.returncode == 0, proc.stderr.decode(errors="replace")
+    assert proc.stdout == want.stdout
+    assert b"inside the source" in proc.stderr, proc.stderr.decode(errors="replace")
+    assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*")) == before

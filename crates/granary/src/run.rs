@@ -104,6 +104,35 @@ pub fn tier_configs(args: &TierArgs, cfg: &Config) -> Result<Vec<TierConfig>> {
     Ok(cfg.tiers.clone())
 }
 
+/// Why a tier of the job (flag, config or default) lies inside `source` — following symlinks
+/// on the part of its path that exists — if one does.
+fn tier_inside(args: &TierArgs, cfg: &Config, source: &Path) -> Option<String> {
+    let mut tiers = tier_configs(args, cfg).ok()?;
+    if tiers.is_empty() {
+        tiers.push(default_tier().ok()?);
+    }
+    let source_real = std::fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
+    tiers.iter().find_map(|t| {
+        let path = granary_core::source::normalize(&t.path).ok()?;
+        // The deepest ancestor that exists, resolved; the rest appended as written.
+        let mut real = path.clone();
+        let mut rest = Vec::new();
+        while !real.exists() {
+            rest.push(real.file_name()?.to_owned());
+            real = real.parent()?.to_path_buf();
+        }
+        let mut real = std::fs::canonicalize(&real).unwrap_or(real);
+        real.extend(rest.iter().rev());
+        (real.starts_with(&source_real) || path.starts_with(source)).then(|| {
+            format!(
+                "tier {} is inside the source {}: choose a tier outside the dataset",
+                t.path.display(),
+                source.display()
+            )
+        })
+    })
+}
+
 /// The tiers for a job: flags, config, or the default (announced on stderr).
 pub fn job_tiers(args: &TierArgs, cfg: &Config, quiet: bool) -> Result<Vec<TierSpec>> {
     let mut tcfg = tier_configs(args, cfg)?;
@@ -221,6 +250,14 @@ pub fn run(args: RunArgs) -> Result<i32> {
     // job (here or below), the program runs as if granary were absent, and the report says why.
     // With `--mount` only the pack exists: the path names nothing on purpose.
     if let Some(why) = unusable_source(&source).filter(|_| args.mount.is_none()) {
+        say(format!(
+            "granary: {why}; running the program without granary"
+        ));
+        return run_plain(&args, &mut cmd, prog, &source, started, why);
+    }
+    // Checked before any tier directory is made: a cache created inside the dataset would show
+    // in its listings even though the agent then refuses the tier.
+    if let Some(why) = tier_inside(&args.tiers, &cfg, &source) {
         say(format!(
             "granary: {why}; running the program without granary"
         ));

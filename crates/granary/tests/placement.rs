@@ -532,8 +532,8 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
 
 /// (g) On a real block device (a loop-mounted ext4 image, page cache dropped, the run inside a
 /// 64 MiB memory cgroup): the whole-file fetch costs the device the file's bytes and a few KiB
-/// of metadata, nothing more (O_DIRECT reads: no readahead past what is needed, nothing
-/// reclaimed and read again). Needs root (losetup, mount, cgroup v1 memory); skipped otherwise.
+/// of metadata, nothing more (no readahead past what is needed, nothing reclaimed and read
+/// again). Needs root (losetup, mount, cgroup v1 memory); skipped otherwise.
 #[test]
 fn fetch_reads_the_device_once() {
     let e = Env::new();

@@ -424,9 +424,10 @@ pub(super) fn aligned(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
     &mut buf[at..at + len]
 }
 
-/// The agent's reads of a source file: through the page cache, with
-/// `POSIX_FADV_SEQUENTIAL`, in large reads (the kernel issues them as requests of its largest
-/// size). Not `O_DIRECT`: a program that maps the file faults the source's pages itself and
+/// The agent's reads of a source file: through the page cache, with `POSIX_FADV_RANDOM` (no
+/// kernel readahead: the agent's own block-sized reads are the requests, and every byte the
+/// device gives it is counted as a source byte), in large reads (the kernel issues them as
+/// requests of its largest size). Not `O_DIRECT`: a program that maps the file faults the source's pages itself and
 /// must find the ones the agent read (or is reading) in the page cache, or every such byte is
 /// read twice; the callers drop what they read behind them when no program maps the file.
 pub(super) struct SourceReader;

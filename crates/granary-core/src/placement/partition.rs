@@ -467,7 +467,7 @@ fn create(ctx: &SourceCtx, o: &mut Out<'_>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Reads `[start, end)` of the partition in block reads (aligned for `O_DIRECT`) and feeds
+/// Reads `[start, end)` of the partition in block reads (page-aligned buffers) and feeds
 /// every file its stored bytes as they arrive.
 #[allow(clippy::too_many_arguments)]
 fn stream(

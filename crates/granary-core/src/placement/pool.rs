@@ -245,7 +245,8 @@ fn enqueue(sh: &Shared, job: CopyTask) {
 }
 
 fn worker(sh: &Shared) {
-    // With slack for an aligned block inside (`copy::aligned`, for O_DIRECT reads).
+    // With slack for an aligned block inside (`copy::aligned`: page-aligned, huge-page backed
+    // where it can be, so large reads and tier writes move whole pages).
     let mut buf = super::copy::worker_buffer(sh.params.block_size);
     loop {
         let job = {
