@@ -215,7 +215,10 @@ def strace_reattach(g: Granary, src, tier, ndirs, restart, immutable, work):
     return sum(count_source_metadata(f, str(src)) for f in work.glob(log.name + ".*"))
 
 
-def hot_path(g: Granary, src, tier, files_list: pathlib.Path, reps=7, rounds=3):
+def hot_path(g: Granary, src, tier, files_list: pathlib.Path, reps=7, rounds=5):
+    """Per-file cost, direct and under granary, in alternating rounds. The ratio is of the
+    fastest passes: other load on the machine only ever adds time, so the minimum is the cost
+    of the code itself; the medians are kept beside it."""
     direct, granary = [], []
     for _ in range(rounds):
         p = subprocess.run([sys.executable, "-c", HOT, str(files_list), str(reps)],
@@ -223,8 +226,10 @@ def hot_path(g: Granary, src, tier, files_list: pathlib.Path, reps=7, rounds=3):
         direct += json.loads(p.stdout)
         _, p = g.run(src, tier, [sys.executable, "-c", HOT, files_list, reps])
         granary += json.loads(p.stdout)
-    d, gr = statistics.median(direct), statistics.median(granary)
-    return {"direct_us": d * 1e6, "granary_us": gr * 1e6, "ratio": gr / d}
+    d, gr = min(direct), min(granary)
+    dm, gm = statistics.median(direct), statistics.median(granary)
+    return {"direct_us": d * 1e6, "granary_us": gr * 1e6, "ratio": gr / d,
+            "median_direct_us": dm * 1e6, "median_granary_us": gm * 1e6, "median_ratio": gm / dm}
 
 
 def main():
@@ -238,6 +243,9 @@ def main():
     ap.add_argument("--granary", type=pathlib.Path, default=REPO / "target/release/granary")
     ap.add_argument("--no-strace", action="store_true", help="skip the metadata-call counts")
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "results/scale")
+    ap.add_argument("--steady-only", action="store_true",
+                    help="re-measure only the steady-state rows, on the workdir of an earlier run, "
+                         "into its results")
     args = ap.parse_args()
     if not args.granary.exists():
         sh(["cargo", "build", "--release", "--workspace"], cwd=REPO)
@@ -252,6 +260,10 @@ def main():
     g.stop()
     shutil.rmtree(tier, ignore_errors=True)
     shutil.rmtree(g.rt, ignore_errors=True)
+    if args.steady_only:
+        res = json.loads((args.out / "results.json").read_text())
+        steady_state(g, src, tier, work, res)
+        return write(args.out, res)
     res = {"files": args.files, "dirs": args.dirs, "size": args.size}
     status_cmd = f"{g.bin} status --json"
 
@@ -286,8 +298,24 @@ def main():
                 print(key, "(under strace: slow)")
                 res[key] = strace_reattach(g, src, tier, args.subset_dirs, restart, immutable, work)
 
-    # Steady state: placed 1 KiB files (from the subset), 110 KiB files, and paths outside.
+    steady_state(g, src, tier, work, res)
+    write(args.out, res)
+
+
+def write(out: pathlib.Path, res):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / "report.md").write_text(report(res))
+    print((out / "report.md").read_text())
+
+
+def steady_state(g: Granary, src, tier, work: pathlib.Path, res):
+    """Placed 1 KiB files (from the subset job 1 placed), 110 KiB files, and paths outside."""
     print("steady-state open+read+close")
+    # An agent whose background validation is done (a fresh one, with --steady-only, walks
+    # nothing but validates a million entries: not while measuring).
+    g.run(src, tier, ["true"])
+    g.wait_validated(timeout=3600)
     small = work / "small.list"
     small.write_text("\n".join(str(p) for d in sorted(x for x in os.listdir(src) if not x.startswith("."))[:10]
                                for p in sorted((src / d).iterdir())) + "\n")
@@ -309,11 +337,6 @@ def main():
     outside.write_text("\n".join(str(p) for p in sorted((mid_src / "d").iterdir())[:2000]) + "\n")
     res["hot_outside"] = hot_path(g, src, tier, outside)
     g.stop()
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
-    (args.out / "report.md").write_text(report(res))
-    print((args.out / "report.md").read_text())
 
 
 def report(r):
@@ -343,7 +366,9 @@ def report(r):
     for k, what, bar in (("hot_1k", "placed 1 KiB files", 1.10), ("hot_110k", "placed 110 KiB files", 1.03),
                          ("hot_outside", "paths outside the source", 1.02)):
         h = r[k]
-        row(f"open+read+close, {what} ÷ direct", f"{h['ratio']:.3f} ({h['granary_us']:.2f} vs {h['direct_us']:.2f} µs)",
+        median = f"; medians {h['median_ratio']:.3f}" if "median_ratio" in h else ""
+        row(f"open+read+close, {what} ÷ direct (fastest pass)",
+            f"{h['ratio']:.3f} ({h['granary_us']:.2f} vs {h['direct_us']:.2f} µs{median})",
             f"≤ {bar}", h["ratio"] <= bar)
     row("table bytes per entry", f"{r['table_bytes_per_entry']:.1f}", "≤ 160", r["table_bytes_per_entry"] <= 160)
     row("agent memory beside the table, bytes per entry", f"{r['agent_anon_bytes_per_entry']:.1f}", "≤ 64",
