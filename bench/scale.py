@@ -303,6 +303,9 @@ def main():
 
 
 def write(out: pathlib.Path, res):
+    commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+                            capture_output=True, text=True).stdout.strip()
+    res.setdefault("commits", []).append(commit or "unknown")
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "report.md").write_text(report(res))
@@ -377,6 +380,7 @@ def report(r):
     head = (f"# ImageNet-scale bar\n\n{r['files']:,} files of {r['size']} B in {r['dirs']:,} directories; "
             f"job 1: walk {j1['walk_s']:.1f} s, passes over {j1['files']:,} files "
             f"{', '.join(f'{p:.2f}' for p in j1['passes_s'])} s.\n\n"
+            f"Measured at {', then '.join(r.get('commits', ['(commit not recorded)']))}.\n\n"
             "| what | measured | bar | |\n|---|---|---|---|\n")
     return head + "\n".join(rows) + "\n"
 
