@@ -9,6 +9,10 @@
 //! (`request`) moves its segment to the front: the next read of any streamer is the region the
 //! program waits on, and the sweep then goes on where it was.
 //!
+//! In cluster mode (`granary serve`) each node streams only the files it owns (`restrict`):
+//! its segments of the pack, each read once for the whole job; it reads another file of the
+//! pack only when the nodes that own it cannot send it (`adopt`).
+//!
 //! Per segment, room comes first: each file that still needs a copy is claimed and reserved on
 //! the policy's tiers before a byte is read (a file no tier can take becomes SOURCE_ONLY, and a
 //! segment nobody can take is never read). Its stored bytes are decoded (`unpack`) into a
@@ -71,6 +75,9 @@ pub struct Streamer {
     members: Vec<u32>,
     /// Segment of each table entry (`NONE`: not packed).
     segment_of: Vec<u32>,
+    /// Per table entry: this node streams it (every packed file on one node; in cluster mode
+    /// the files it owns, and those it took over from nodes that could not send them).
+    mine: Vec<AtomicBool>,
     seg_state: Vec<AtomicU8>,
     /// Each partition's segments, and the next one its sweep looks at.
     parts: Vec<Range<u32>>,
@@ -138,6 +145,7 @@ impl Streamer {
             segments,
             members,
             segment_of,
+            mine: (0..n).map(|_| AtomicBool::new(true)).collect(),
             cursor: parts
                 .iter()
                 .map(|r| AtomicUsize::new(r.start as usize))
@@ -157,6 +165,45 @@ impl Streamer {
     /// Segments in all (for the log).
     pub fn segments(&self) -> usize {
         self.segments.len()
+    }
+
+    /// The pack's partitions as this streamer opens and checks them.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Cluster mode, before `spawn`: this node streams only the entries `mine` says it owns;
+    /// segments without one are never read here.
+    pub fn restrict(&self, mine: impl Fn(u32) -> bool) {
+        for (i, m) in self.mine.iter().enumerate() {
+            m.store(mine(i as u32), Ordering::Release);
+        }
+        for (k, s) in self.segments.iter().enumerate() {
+            let members = &self.members[s.members.start as usize..s.members.end as usize];
+            if !members.iter().any(|&i| self.streams(i))
+                && self.seg_state[k]
+                    .compare_exchange(TODO, DONE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                self.remaining.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// True if this node streams entry `idx` itself.
+    pub fn streams(&self, idx: u32) -> bool {
+        self.mine
+            .get(idx as usize)
+            .is_some_and(|m| m.load(Ordering::Acquire))
+    }
+
+    /// Cluster mode: packed entry `idx`, another node's, could not be had from it; this node
+    /// reads it from its partition after all (only its stored bytes) and keeps the copy.
+    pub fn adopt(&self, ctx: &SourceCtx, idx: u32) {
+        if let Some(m) = self.mine.get(idx as usize) {
+            m.store(true, Ordering::Release);
+            self.request(ctx, idx);
+        }
     }
 
     /// A program opened packed entry `idx` and waits for its copy: its segment goes first. A
@@ -287,15 +334,20 @@ pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> std::io::Result<()> {
     if st.remaining.load(Ordering::Acquire) > 0 {
         st.hold(&ctx);
     }
+    let todo = |r: &Range<u32>| {
+        r.clone()
+            .any(|k| st.seg_state[k as usize].load(Ordering::Acquire) == TODO)
+    };
     let threads = sh
         .params
         .max_source_streams
-        .min(st.parts.iter().filter(|r| r.start < r.end).count())
+        .min(st.parts.iter().filter(|r| todo(r)).count())
         .max(1);
     tracing::info!(
-        "{}: streaming {} partitions ({} segments) with {threads} streams",
+        "{}: streaming {} partitions ({} of {} segments here) with {threads} streams",
         ctx.source_real.display(),
         st.parts.len(),
+        st.remaining.load(Ordering::Acquire),
         st.segments.len()
     );
     for i in 0..threads {
@@ -368,6 +420,9 @@ fn segment(
     let block = t.pack_block_size();
     let mut outs: Vec<Out<'_>> = Vec::new();
     for &idx in &st.members[s.members.start as usize..s.members.end as usize] {
+        if !st.streams(idx) {
+            continue; // another node's (cluster mode)
+        }
         let cell = EntryCell { table: t, idx };
         let (Some(entry), Some(loc)) = (t.entry(idx), t.locator(idx)) else {
             continue;

@@ -11,12 +11,12 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use granary_core::packed::{self, Pack};
+use granary_core::packed::{self, Layout, Pack};
 use granary_core::placement::partition::Streamer;
 use granary_core::Tiers;
 use granary_shm::{lifecycle, PackSpec};
 
-use super::{prev_of, spawn_sweep, write_table, Inner, Origin, SourceState, WalkOpts};
+use super::{prev_of, spawn_sweep, write_table, Broadcast, Inner, Origin, SourceState, WalkOpts};
 
 /// The pack a source is served from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,6 +98,9 @@ impl SourceState {
     ) -> Result<Origin> {
         let started = Instant::now();
         let conf = self.pack.clone().context("not a packed source")?;
+        if let Some(b) = opts.image {
+            return self.adopt_packed(inner, tiers, rt_dir, generation, opts, notes, (&conf, b));
+        }
         let pack = Pack::open(&conf.dir)?;
         let dirs = self.open_tier_dirs(&tiers);
         let mut spec = self.spec(&tiers, &dirs, opts.params, 0);
@@ -181,6 +184,75 @@ impl SourceState {
         );
         granary_core::sys::trim_heap();
         Ok(Origin::Walked)
+    }
+
+    /// Cluster mode, every rank but 0: rank 0's table of the pack (its index read and the tree
+    /// checked there, once for the job) made this rank's, and the pack's partition table from
+    /// it: this rank reads neither the index nor the tree.
+    #[allow(clippy::too_many_arguments)]
+    fn adopt_packed(
+        &self,
+        inner: &mut Inner,
+        tiers: Arc<Tiers>,
+        rt_dir: &granary_core::runtime::Runtime,
+        generation: u64,
+        opts: &WalkOpts<'_>,
+        notes: &mut Vec<String>,
+        (conf, b): (&PackConf, &Broadcast),
+    ) -> Result<Origin> {
+        let started = Instant::now();
+        let layout = Layout::decode(&conf.dir, &b.layout)
+            .context("rank 0's partition table of the pack is damaged")?;
+        let dirs = self.open_tier_dirs(&tiers);
+        let mut spec = self.spec(&tiers, &dirs, opts.params, 0);
+        let h = layout.header;
+        spec.pack = Some(PackSpec {
+            dir: conf.dir.as_os_str().as_bytes().to_vec(),
+            empty_dir: rt_dir.shadow_dir().as_os_str().as_bytes().to_vec(),
+            block_size: h.block_size,
+            partitions: h.partition_count,
+            id: h.pack_id,
+            mount: conf.mount,
+        });
+        let table_path = rt_dir.table(&self.id, generation);
+        let last_tiers: Vec<PathBuf> = self
+            .ctx()
+            .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
+            .unwrap_or_default();
+        let loaded = {
+            let mut img = b.image.lock().unwrap_or_else(|e| e.into_inner());
+            granary_core::catalog::adopt(&mut img, &spec, &table_path)
+                .context("adopting rank 0's catalog")?
+        };
+        let streamer = Arc::new(Streamer::new(&loaded.table, layout, opts.params.block_size));
+        let mut stats = super::catalog_stats(&loaded.table);
+        stats.pack_files = (0..loaded.table.entry_count())
+            .filter(|&i| loaded.table.locator(i).is_some())
+            .count() as u64;
+        stats.pack_source_files = stats.files - stats.pack_files;
+        self.forget_tiers(&last_tiers, &tiers, notes);
+        self.retire(inner, false);
+        let ctx = self.publish(inner, loaded.table, loaded.mapping, tiers, dirs, opts)?;
+        let _ = ctx.pack.set(streamer);
+        let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
+        stats.reused_files = files;
+        stats.reused_bytes = bytes;
+        stats.walk_s = started.elapsed().as_secs_f64();
+        inner.catalog = stats;
+        inner.table_path = Some(table_path);
+        spawn_sweep(&ctx, opts.verify);
+        inner.spec = Some(spec);
+        tracing::info!(
+            "catalog of {} from pack {}, adopted from rank 0: {} files ({} from the pack), {} \
+             bytes ({:.2} s)",
+            self.source.display(),
+            conf.dir.display(),
+            inner.catalog.files,
+            inner.catalog.pack_files,
+            inner.catalog.bytes,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(Origin::Adopted)
     }
 
     /// A job joins the packed table other jobs hold: the original tree checked again per
