@@ -477,22 +477,34 @@ fn segment(
             o.failed = Some(Failed::Tier(e));
         }
     }
-    // Only the stored bytes of the files that need them (a partly placed segment reads less).
-    let start = outs.iter().map(|o| o.loc.offset).min().unwrap_or(s.start);
-    let end = outs
-        .iter()
-        .map(|o| o.loc.offset + o.loc.stored_len)
-        .max()
-        .unwrap_or(s.end);
-    if let Err(e) = stream(ctx, sh, st, &file, start, end, buf, scratch, &mut outs) {
-        for o in outs.iter_mut() {
-            o.failed
-                .get_or_insert(Failed::Source(std::io::Error::new(e.kind(), e.to_string())));
+    // Only the stored bytes of the files that need them, in runs without gaps: what lies
+    // between is placed already or another node's (cluster mode), which reads it itself.
+    for (start, end) in runs(&outs) {
+        if let Err(e) = stream(ctx, sh, st, &file, start, end, buf, scratch, &mut outs) {
+            for o in outs.iter_mut() {
+                o.failed
+                    .get_or_insert(Failed::Source(std::io::Error::new(e.kind(), e.to_string())));
+            }
+            break;
         }
     }
     for o in outs {
         publish(ctx, o);
     }
+}
+
+/// The stored byte ranges of `outs` (in data order), merged where one starts in the page the
+/// previous one ends in (reads are page-aligned: that page is read once either way).
+fn runs(outs: &[Out<'_>]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for o in outs {
+        let (start, end) = (o.loc.offset, o.loc.offset + o.loc.stored_len);
+        match runs.last_mut() {
+            Some(last) if start <= align_up(last.1) => last.1 = last.1.max(end),
+            _ => runs.push((start, end)),
+        }
+    }
+    runs
 }
 
 /// The copy's temporary file in the reserved tier, with the file's length when it may have

@@ -23,6 +23,7 @@ use granary_core::runtime::Runtime;
 use granary_core::tiers::{TierRegistry, TierSpec};
 
 use crate::cli::AgentArgs;
+#[cfg(feature = "mpi")]
 pub(crate) use source::Broadcast;
 use source::SourceState;
 

@@ -10,15 +10,19 @@
 //! ranks hold a file too; `--replicate GLOB` files are held by every rank (read from the source
 //! once, by their first owner, and copied to the others).
 //!
-//! A pack's files (`granary serve --pack`) are dealt out as **runs**: the packed files in the
-//! order their bytes lie in the pack (partition, offset) are cut into one contiguous stretch per
-//! rank, each holding its share of the bytes within one file (a file belongs to the rank whose
-//! stretch holds its middle byte). Each rank then reads its stretch from the PFS in large
-//! sequential reads, each byte of the pack once for the job, whatever the pack's partition
-//! count — one partition, or fewer than the ranks, balance as well as a pack cut per node; a
-//! pack of P × N equal partitions gives each rank P of them. Files served from the source
-//! (changed since packing) are then dealt as files onto the least loaded rank; files the pack
-//! marks `--replicate` are held by every rank, read by the rank whose stretch they lie in.
+//! A pack's files (`granary serve --pack`) are dealt out in **units**: runs of consecutive
+//! files in the order their bytes lie in the pack (partition, offset), each run at most
+//! `unit_size` bytes (a larger file is a unit of its own), in pack order each to the rank holding
+//! the fewest bytes so far. A unit is what a rank's partition streamer reads from the PFS in
+//! a few large requests; every byte of the pack is read once for the job, by its unit's rank.
+//! Units rather than whole partitions or one stretch per rank: a pack lays files out in path
+//! order, so a directory (a class, one of FanStore's file sizes) is one stretch of it; dealt in
+//! stretches, one rank would hold — and serve every other rank — all of it. Units of about a
+//! sixteenth of a rank's share spread every directory over every rank, whatever the pack's
+//! partition count (one partition, or fewer than the ranks, balance alike), and each rank
+//! holds its share of the bytes within one unit. Files served from the source (changed since
+//! packing) are then dealt as files onto the least loaded rank; files the pack marks
+//! `--replicate` are held by every rank, read by the rank of the unit they lie in.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -71,14 +75,8 @@ impl Ownership {
                 None => dealt.push((Reverse(e.stat.size), e.object, i)),
             }
         }
-        deal_runs(&mut packed, ranks, &mut primary);
+        let held = deal_units(&mut packed, ranks, &mut primary);
         dealt.sort_unstable();
-        let mut held = vec![0u64; ranks as usize];
-        for &(_, _, i, size, all) in &packed {
-            if !all {
-                held[primary[i as usize] as usize] += size;
-            }
-        }
         let mut load: BinaryHeap<Reverse<(u64, u32)>> =
             (0..ranks).map(|r| Reverse((held[r as usize], r))).collect();
         for (Reverse(size), _, i) in dealt {
@@ -141,28 +139,57 @@ impl Ownership {
     }
 }
 
-/// The packed files (sorted here into the pack's order) cut into `ranks` contiguous runs of
-/// equal bytes: each file's rank into `primary`. A file held everywhere adds nothing to a run
-/// and goes to the run it lies in.
-fn deal_runs(packed: &mut [(u32, u64, u32, u64, bool)], ranks: u32, primary: &mut [u16]) {
+/// Units per rank a pack is cut into (module comment), unless they would be smaller than
+/// `MIN_UNIT`: one read of the PFS at the default block size.
+const UNITS_PER_RANK: u64 = 16;
+const MIN_UNIT: u64 = 8 << 20;
+
+/// The largest run of consecutive packed files that makes one unit, for `total` bytes dealt
+/// out to `ranks` ranks.
+pub fn unit_size(total: u64, ranks: u32) -> u64 {
+    (total / (ranks.max(1) as u64 * UNITS_PER_RANK)).max(MIN_UNIT)
+}
+
+/// The packed files (`(partition, offset, entry, size, held everywhere)`, sorted here into the
+/// pack's order) cut into units and dealt out: each file's rank into `primary`. Returns the
+/// bytes each rank holds. A file held everywhere weighs nothing in its unit's size.
+fn deal_units(
+    packed: &mut [(u32, u64, u32, u64, bool)],
+    ranks: u32,
+    primary: &mut [u16],
+) -> Vec<u64> {
     packed.sort_unstable();
-    let total: u128 = packed.iter().filter(|f| !f.4).map(|f| f.3 as u128).sum();
-    let mut before = 0u128;
-    for &(_, _, i, size, all) in packed.iter() {
-        let middle = if all {
-            before
-        } else {
-            before + size as u128 / 2
-        };
-        let r = (middle * ranks as u128)
-            .checked_div(total)
-            .unwrap_or(0)
-            .min(ranks as u128 - 1);
-        primary[i as usize] = r as u16;
-        if !all {
-            before += size as u128;
+    let weight = |f: &(u32, u64, u32, u64, bool)| if f.4 { 0 } else { f.3 };
+    let unit = unit_size(packed.iter().map(weight).sum(), ranks);
+    // The least loaded rank, the lowest of equals: equal units go round the ranks.
+    let mut load: BinaryHeap<Reverse<(u64, u32)>> =
+        (0..ranks).map(|r| Reverse((0u64, r))).collect();
+    let mut deal = |files: &[(u32, u64, u32, u64, bool)]| {
+        if let Some(Reverse((held, r))) = load.pop() {
+            for f in files {
+                primary[f.2 as usize] = r as u16;
+            }
+            load.push(Reverse((held + files.iter().map(weight).sum::<u64>(), r)));
         }
+    };
+    let (mut from, mut bytes) = (0, 0);
+    for k in 0..packed.len() {
+        let f = &packed[k];
+        let other_partition = k > from && packed[k - 1].0 != f.0;
+        if k > from && (other_partition || bytes + weight(f) > unit) {
+            deal(&packed[from..k]);
+            (from, bytes) = (k, 0);
+        }
+        bytes += weight(f);
     }
+    if from < packed.len() {
+        deal(&packed[from..]);
+    }
+    let mut held = vec![0u64; ranks as usize];
+    for Reverse((bytes, r)) in load {
+        held[r as usize] = bytes;
+    }
+    held
 }
 
 #[cfg(test)]
@@ -174,6 +201,11 @@ mod tests {
     use proptest::prelude::*;
     use std::os::fd::AsRawFd;
 
+    /// Where a file lies in a pack: (partition, offset, locator flags).
+    type Loc = Option<(u32, u64, u8)>;
+    /// A packed dataset: its files and where each lies.
+    type Packed = (Vec<(String, u64)>, Box<dyn Fn(&[u8]) -> Loc>);
+
     fn table(sizes: &[(String, u64)]) -> (Mapping, Table, tempfile::NamedTempFile) {
         packed_table(sizes, &|_| None)
     }
@@ -182,7 +214,7 @@ mod tests {
     /// for a file served from the source.
     fn packed_table(
         sizes: &[(String, u64)],
-        loc: &dyn Fn(&[u8]) -> Option<(u32, u64, u8)>,
+        loc: &dyn Fn(&[u8]) -> Loc,
     ) -> (Mapping, Table, tempfile::NamedTempFile) {
         let dir = |ino| StatRec {
             mode: libc::S_IFDIR | 0o755,
@@ -317,57 +349,91 @@ mod tests {
         assert_eq!(Ownership::assign(&t, 2, 5, |_| false).owners(1).len(), 2);
     }
 
-    /// Each rank's packed files, in the pack's order, are one contiguous stretch.
-    fn contiguous(o: &Ownership, t: &Table) -> bool {
-        let mut order: Vec<(u32, u64, u32)> = (0..t.entry_count())
-            .filter_map(|i| t.locator(i).map(|l| (l.partition, l.offset, i)))
+    /// FanStore's set at 1/64 (2048 × 128K … 32 × 8M, 1 GiB), laid out in the pack by path
+    /// (each size one stretch, as `granary pack` lays out a tree), in `parts` partitions.
+    fn fanstore_pack(parts: u64) -> Packed {
+        let mut files = Vec::new();
+        for (n, size) in [
+            (2048, 128 << 10),
+            (512, 512 << 10),
+            (128, 2 << 20),
+            (32, 8 << 20),
+        ] {
+            for i in 0..n {
+                files.push((format!("s{size:08}/f{i:06}"), size));
+            }
+        }
+        let mut at = 0u64;
+        let pos: std::collections::HashMap<Vec<u8>, u64> = files
+            .iter()
+            .map(|(name, size)| {
+                at += size;
+                (name.as_bytes().to_vec(), at - size)
+            })
             .collect();
-        order.sort_unstable();
-        let ranks: Vec<u32> = order.iter().filter_map(|&(_, _, i)| o.primary(i)).collect();
-        ranks.windows(2).all(|w| w[0] <= w[1])
+        let part = at.div_ceil(parts);
+        let loc = move |name: &[u8]| {
+            let off = *pos.get(name)?;
+            Some(((off / part) as u32, off % part, 0))
+        };
+        (files, Box::new(loc))
     }
 
     #[test]
-    fn a_pack_is_dealt_in_contiguous_runs_of_equal_bytes() {
-        let files = fanstore();
-        let total: u64 = files.iter().map(|f| f.1).sum();
-        let largest = files.iter().map(|f| f.1).max().unwrap();
-        // The pack's order is not the names' (the packer's), in one partition or three.
-        for parts in [1u32, 3] {
-            let pos = |name: &[u8]| {
-                let k = files.iter().position(|f| f.0.as_bytes() == name)? as u64;
-                let h = k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
-                Some(((h % parts as u64) as u32, h << 12, 0))
-            };
-            let (_m, t, _f) = packed_table(&files, &pos);
+    fn a_pack_is_dealt_in_units_that_spread_every_directory_over_every_rank() {
+        for parts in [1, 3] {
+            let (files, loc) = fanstore_pack(parts);
+            let (_m, t, _f) = packed_table(&files, &*loc);
+            let total: u64 = files.iter().map(|f| f.1).sum();
             for ranks in [1, 2, 3, 5, 8] {
                 let o = Ownership::assign(&t, ranks, 1, |_| false);
-                assert!(contiguous(&o, &t), "{parts} partitions, {ranks} ranks");
+                let unit = unit_size(total, ranks);
                 for r in 0..ranks {
                     let h = held(&o, &t, r);
                     assert!(
-                        h.abs_diff(total / ranks as u64) <= largest,
-                        "{parts} partitions, {ranks} ranks, rank {r}: {h}"
+                        h.abs_diff(total / ranks as u64) <= unit.max(8 << 20),
+                        "{parts} partitions, {ranks} ranks, rank {r}: {h} of {total}"
                     );
+                }
+                // Every size (a directory) on every rank: no rank serves all of one.
+                for size in [128 << 10, 512 << 10, 2 << 20, 8 << 20] {
+                    let of_size: Vec<u32> = (1..t.entry_count())
+                        .filter(|&i| t.entry(i).is_some_and(|e| e.stat.size == size))
+                        .collect();
+                    let bytes = of_size.len() as u64 * size;
+                    if bytes < 2 * ranks as u64 * unit.max(size) {
+                        continue; // fewer units of this size than ranks
+                    }
+                    for r in 0..ranks {
+                        let n = of_size.iter().filter(|&&i| o.holds(r, i)).count();
+                        assert!(
+                            n > 0,
+                            "{ranks} ranks: rank {r} holds no file of size {size}"
+                        );
+                    }
                 }
             }
         }
     }
 
     #[test]
-    fn a_pack_cut_for_the_job_gives_each_rank_whole_partitions() {
-        // 6 partitions of 8 equal files: with 3 ranks each streams 2 partitions, alone.
-        let files: Vec<(String, u64)> = (0..48).map(|i| (format!("f{i:02}"), 1 << 20)).collect();
+    fn a_unit_is_a_run_of_the_pack_within_one_partition() {
+        // 40 files of 1 MiB in 2 partitions, 2 ranks: units of 8 MiB (the smallest), never
+        // across the partitions' boundary, going round the ranks.
+        let files: Vec<(String, u64)> = (0..40).map(|i| (format!("f{i:02}"), 1 << 20)).collect();
         let pos = |name: &[u8]| {
             let k: u64 = std::str::from_utf8(name.get(1..)?).ok()?.parse().ok()?;
-            Some(((k / 8) as u32, (k % 8) << 20, 0))
+            Some(((k / 20) as u32, (k % 20) << 20, 0))
         };
         let (_m, t, _f) = packed_table(&files, &pos);
-        let o = Ownership::assign(&t, 3, 1, |_| false);
-        for i in 1..t.entry_count() {
-            let l = t.locator(i).unwrap();
-            assert_eq!(o.primary(i), Some(l.partition / 2), "entry {i}");
-        }
+        let o = Ownership::assign(&t, 2, 1, |_| false);
+        let rank_of = |k: usize| o.primary(t.lookup(files[k].0.as_bytes()).unwrap()).unwrap();
+        let ranks: Vec<u32> = (0..40).map(rank_of).collect();
+        let want: Vec<u32> = [(8, 0), (8, 1), (4, 0), (8, 1), (8, 0), (4, 1)]
+            .iter()
+            .flat_map(|&(n, r)| std::iter::repeat_n(r, n))
+            .collect();
+        assert_eq!(ranks, want);
     }
 
     #[test]
@@ -387,11 +453,7 @@ mod tests {
         let o = Ownership::assign(&t, 3, 1, |_| false);
         let val = t.lookup(b"val-a").unwrap();
         assert!(o.everywhere(val) && o.owners(val).len() == 3);
-        assert_eq!(
-            o.primary(val),
-            Some(2),
-            "read by the rank whose stretch it ends"
-        );
+        assert!(o.primary(val).is_some(), "read by the rank of its unit");
         // Served from the source: dealt as a file, onto a least loaded rank.
         let changed = t.lookup(b"changed").unwrap();
         assert!(t.locator(changed).is_none() && o.owners(changed).len() == 1);
@@ -400,7 +462,6 @@ mod tests {
             let h = held(&o, &t, r) - (3 << 20);
             assert!(h.abs_diff(total / 3) <= 8 << 20, "rank {r}: {h}");
         }
-        assert!(contiguous(&o, &t));
     }
 
     proptest! {
