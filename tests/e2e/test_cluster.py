@@ -12,6 +12,7 @@ import math
 import os
 import pathlib
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,13 +92,19 @@ def stored_bytes(root: pathlib.Path) -> int:
 
 class Cluster:
     def __init__(self, tmp: pathlib.Path, source: pathlib.Path, ranks: int = 3, extra=(),
-                 mpirun=(), wrap=(), tier_size="2G", staging_size="2G"):
+                 mpirun=(), wrap=(), tier_size="2G", staging_size="2G", pack=None,
+                 mount=False):
+        """Serves `source`; from `pack` if given, with the tree at `source` or (`mount`) the
+        pack alone, the programs expecting the tree at `source`."""
         self.tmp, self.source, self.ranks = tmp, source, ranks
         self.bin = granary_bin()
         tmp.mkdir(parents=True, exist_ok=True)
         self.log = tmp / "mpirun.log"
+        what = ["--source", source]
+        if pack is not None:
+            what = ["--pack", pack, "--mount" if mount else "--source", source]
         cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", *mpirun, *wrap, self.bin, "serve",
-               "--source", source, "--tier", f"{tmp}/t{{rank}}={tier_size}",
+               *what, "--tier", f"{tmp}/t{{rank}}={tier_size}",
                "--staging", f"{tmp}/s{{rank}}={staging_size}", *extra]
         env = {**os.environ, **MPI_ENV, "GRANARY_RUNTIME_DIR": f"{tmp}/rt{{rank}}"}
         with open(self.log, "wb") as log:
@@ -186,10 +193,17 @@ def cluster(tmp_path):
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="a loop-mounted source needs root")
 
 
+def tier_copies(c: Cluster, r: int):
+    """Complete copies in rank r's own tier (its share; staging not included)."""
+    return [p for p in (c.tmp / f"t{r}").glob("*/objects/*") if p.is_file() and "." not in p.name]
+
+
 def tier_bytes(c: Cluster, r: int) -> int:
-    """Bytes of complete copies in rank r's own tier (its share; staging not included)."""
-    return sum(p.stat().st_size for p in (c.tmp / f"t{r}").glob("*/objects/*")
-               if p.is_file() and "." not in p.name)
+    return sum(p.stat().st_size for p in tier_copies(c, r))
+
+
+def tier_count(c: Cluster, r: int) -> int:
+    return len(tier_copies(c, r))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,14 +416,203 @@ def test_a_dataset_larger_than_the_nodes_comes_partly_from_the_source(cluster, t
     assert sum(p["bytes_held"] for p in st["peers"]) <= total // 2 + (16 << 20)
 
 
+# ---------------------------------------------------------------------------------------------
+# Packs (`granary serve --pack`): rank 0 reads the index, each rank streams its units of the pack
+
+def pack(src: pathlib.Path, out: pathlib.Path, *args) -> None:
+    p = subprocess.run([granary_bin(), "pack", str(src), str(out), "-q", *map(str, args)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+
+
+def unit(total: int, ranks: int) -> int:
+    """The most a rank's share of a pack may be off by: one unit (cluster/ownership.rs), at
+    least 8 MiB, or the largest file."""
+    return max(total // (ranks * 16), 8 << 20)
+
+
+def settled(c: Cluster) -> bool:
+    return all(sum(s["pending"] for s in c.status(r)["sources"]) == 0 for r in range(c.ranks))
+
+
+@needs_root
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_pack_is_read_on_every_rank_each_of_its_bytes_once(loop_source, cluster, ranks):
+    # (loop_source first: torn down after the serve, which holds the partitions open, stops.)
+    dev, mnt = loop_source
+    data = mnt / "data"
+    fanstore(data)
+    small_files(data)
+    packed = mnt / "data.granary"
+    pack(data, packed, "--partitions", "2")
+    expected = direct(data)
+    files = files_under(data)
+    nonempty = [p for p in files if p.stat().st_size > 0]
+    total = sum(p.stat().st_size for p in files)
+    largest = max(p.stat().st_size for p in files)
+    drop_caches()
+    before = device_reads(dev)[1]
+    c = cluster(data, ranks=ranks, pack=packed)
+    results = c.read_everywhere(data)
+    c.wait(lambda: settled(c), "placement settled")
+    pfs = (device_reads(dev)[1] - before) * 512
+    statuses = [c.status(r)["cluster"] for r in range(ranks)]
+    held = [tier_bytes(c, r) for r in range(ranks)]
+    for r, (got, stats) in enumerate(results):
+        assert got["listing"] == expected["listing"], f"rank {r}: listing differs"
+        assert got["sha256"] == expected["sha256"], f"rank {r}: bytes differ"
+        # Every file from this node's tiers; the program touched the tree not once.
+        assert stats["source_io"] == {"opens": 0, "reads": 0, "bytes": 0, "metadata_calls": 0}, stats
+        assert stats["files_served_from_tiers"] == len(files), stats
+        assert stats["cluster"] == {"rank": r, "ranks": ranks}
+        # Whatever this rank does not hold came from the rank that does, none from the pack.
+        mine = tier_count(c, r) - (len(files) - len(nonempty))
+        assert stats["placement"]["remote_files"] == len(nonempty) - mine, (r, stats["placement"])
+        assert stats["placement"]["remote_fallbacks"] == 0
+        assert abs(held[r] - total / ranks) <= max(unit(total, ranks), largest), \
+            f"rank {r} holds {held[r]} of {total}"
+        print(f"rank {r}: holds {held[r]} of {total} bytes (share {total / ranks:.0f}), "
+              f"{stats['placement']['remote_files']} of {len(nonempty)} files from other ranks")
+    stored = stored_bytes(packed)
+    agent_pfs = sum(s["peers"][s["rank"]]["pfs_bytes"] for s in statuses)
+    print(f"source device: {pfs} bytes read for a pack of {stored} stored ({total} in files); "
+          f"the agents read {agent_pfs}")
+    # Each byte of every partition (and the index) read once for the job, not once per rank.
+    assert total <= agent_pfs <= 1.01 * total, agent_pfs
+    assert pfs <= 1.01 * stored, f"{pfs} bytes read from the source device for {stored}"
+
+
+def test_a_pack_costs_the_tree_one_rank_s_calls_and_the_programs_none(cluster, tmp_path):
+    """strace of the serving ranks (every call naming the tree) and of each rank's program: the
+    tree is checked per directory once for the job, by rank 0; the programs name it only in
+    their own opens of the directories they list (real directory fds, preload rule 16)."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    data = tmp_path / "pfs" / "data"
+    small_files(data, n=240)
+    fanstore(data, scale=4096)
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed)
+    expected = direct(data)
+    dirs = sum(1 for p in data.rglob("*") if p.is_dir()) + 1
+    calls = {}
+    for ranks in (1, 3):
+        trace = tmp_path / f"strace-{ranks}" / "t"
+        trace.parent.mkdir()
+        c = cluster(data, ranks=ranks, pack=packed,
+                    wrap=["strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=%file",
+                          "-ff", "-o", trace])
+        for r in range(ranks):
+            log = tmp_path / f"strace-{ranks}" / f"program-{r}.log"
+            stats_path = tmp_path / f"strace-{ranks}" / f"stats-{r}.json"
+            p = subprocess.run(
+                ["strace", "-f", "-qq", "-s", "4096", "-e", "trace=%file", "-o", log,
+                 c.bin, "run", "--attach", "-q", "--stats-json", stats_path, "--",
+                 sys.executable, READER, data, "--seed", str(r)],
+                capture_output=True, env=c.env(r), timeout=600)
+            assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
+            got = json.loads(p.stdout.decode().splitlines()[-1])
+            assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
+            lines = log.read_text(errors="replace").splitlines()
+            start = next(i for i, l in enumerate(lines) if f'execve("{sys.executable}"' in l)
+            after = [l for l in lines[start + 1:] if f'"{data}"' in l or f'"{data}/' in l]
+            dir_opens = [l for l in after if "openat(" in l and "O_DIRECTORY" in l]
+            assert [l for l in after if l not in dir_opens] == [], after[:20]
+            assert len(dir_opens) <= 2 * dirs, dir_opens
+            stats = json.loads(stats_path.read_text())
+            assert stats["source_io"] == {"opens": 0, "reads": 0, "bytes": 0,
+                                          "metadata_calls": 0}, stats
+        c.stop()
+        lines = [l for f in trace.parent.glob("t.*") for l in f.read_text(errors="replace").splitlines()]
+        calls[ranks] = sum(1 for l in lines if f'"{data}"' in l or f'"{data}/' in l)
+        index = [l for l in lines if f'"{packed}/index"' in l and "open" in l and "= -1" not in l]
+        assert len(index) == 1, index
+    print(f"calls naming the tree: 1 rank {calls[1]}, 3 ranks {calls[3]} ({dirs} directories)")
+    assert calls[1] > 0
+    assert calls[3] <= 1.05 * calls[1], calls
+
+
+def test_a_pack_alone_is_served_where_the_tree_was(cluster, tmp_path):
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    small_files(data, n=60)
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed, "--compress", "zstd:1")
+    expected = direct(data)
+    files = files_under(data)
+    os.rename(data, tmp_path / "pfs" / "gone")
+    c = cluster(data, pack=packed, mount=True)
+    for r, (got, stats) in enumerate(c.read_everywhere(data)):
+        assert got["listing"] == expected["listing"], f"rank {r}"
+        assert got["sha256"] == expected["sha256"], f"rank {r}"
+        assert stats["files_served_from_tiers"] == len(files), stats
+        assert stats["source_io"]["opens"] == 0 and stats["placement"]["remote_fallbacks"] == 0
+    assert c.status(1)["cluster"]["mount"] is True
+
+
+@pytest.mark.parametrize("mode,mpirun", [("source", []), ("mount", ["--enable-recovery"])],
+                         ids=["tree-default", "mount-recovery"])
+def test_a_rank_killed_mid_epoch_costs_no_reader_of_a_pack(cluster, tmp_path, mode, mpirun):
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed, "--partitions", "3")
+    expected = direct(data)
+    if mode == "mount":
+        os.rename(data, tmp_path / "pfs" / "gone")
+    c = cluster(data, mpirun=mpirun, pack=packed, mount=mode == "mount")
+    readers = [c.start_reader(r, data, every=5) for r in range(3)]
+    assert first_progress(readers[0][0]) == 5
+    os.kill(c.agent_pid(1), signal.SIGKILL)
+    for r, (p, stats) in enumerate(readers):
+        got, _ = finish(p, stats)
+        assert got["sha256"] == expected["sha256"], f"rank {r}"
+        assert got["listing"] == expected["listing"], f"rank {r}"
+    if mpirun:
+        # The job survived: the others wrote rank 1 off and read its units from the pack.
+        c.wait(lambda: not c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 written off")
+        got, stats = finish(*c.start_reader(2, data))
+        assert got["sha256"] == expected["sha256"]
+        assert stats["source_io"]["opens"] == 0, json.dumps(stats)
+
+
+@pytest.mark.parametrize("mode", ["source", "mount"])
+def test_a_rank_stopped_mid_epoch_costs_no_reader_of_a_pack(cluster, tmp_path, mode):
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed, "--partitions", "3")
+    expected = direct(data)
+    if mode == "mount":
+        os.rename(data, tmp_path / "pfs" / "gone")
+    c = cluster(data, extra=["--peer-timeout", "500ms"], pack=packed, mount=mode == "mount")
+    readers = [c.start_reader(r, data, every=5) for r in range(3)]
+    assert first_progress(readers[0][0]) == 5
+    stopped = c.agent_pid(1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        for r, (p, stats) in enumerate(readers):
+            got, _ = finish(p, stats)
+            assert got["sha256"] == expected["sha256"], f"rank {r}"
+            assert got["listing"] == expected["listing"], f"rank {r}"
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    c.wait(lambda: c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 heard from again")
+    got, _ = finish(*c.start_reader(0, data))
+    assert got["sha256"] == expected["sha256"]
+
+
 def test_serve_refuses_what_it_cannot_do(tmp_path):
     g = granary_bin()
-    for args, msg in [(["--pack", "/x"], "not served in cluster mode yet"),
-                      (["--replicate", "a["], "bad --replicate"),
-                      (["--replicas", "0"], "--replicas must be at least 1")]:
-        p = subprocess.run([g, "serve", "--source", str(tmp_path), *args], capture_output=True,
-                           text=True, timeout=60)
-        assert p.returncode == 2 and msg in p.stderr, p.stderr
+    src = ["--source", str(tmp_path)]
+    for args, msg in [([*src, "--pack", "/x"], "pack /x: no index"),
+                      ([*src, "--replicate", "a["], "bad --replicate"),
+                      ([*src, "--replicas", "0"], "--replicas must be at least 1"),
+                      (["--mount", str(tmp_path / "m")], "--pack <PACK>"),
+                      ([*src, "--pack", str(tmp_path), "--mount", "/m"], "cannot be used with"),
+                      (["--pack", str(tmp_path), "--mount", "/"], "--mount /")]:
+        p = subprocess.run([g, "serve", *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and msg in p.stderr, (args, p.stderr)
 
 
 def test_attach_without_a_serving_agent_runs_the_program_without_granary(tmp_path):

@@ -828,6 +828,17 @@ pub fn rebase(img: &mut [u8], spec: &TableSpec) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// The source root's resolved path in a table image (`SLOT_SOURCE_REAL`), read without
+/// mapping it (cluster mode: another rank's image, before it is adopted).
+pub fn image_source_real(img: &[u8]) -> Option<Vec<u8>> {
+    let off = PATHS_OFF + SLOT_SOURCE_REAL * PATH_SLOT_LEN;
+    let len = u32::from_ne_bytes(img.get(off..off + 4)?.try_into().ok()?) as usize;
+    if len > PATH_MAX_LEN {
+        return None;
+    }
+    img.get(off + 8..off + 8 + len).map(|p| p.to_vec())
+}
+
 /// `rebase` of the pack section (`layout::pack`).
 fn rebase_pack(img: &mut [u8], spec: &TableSpec) -> Result<(), BuildError> {
     let at = |off: usize, n: usize| img.get(off..off + n);

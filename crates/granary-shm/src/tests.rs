@@ -195,6 +195,11 @@ fn an_adopted_pack_table_gets_this_nodes_empty_dir_and_serves_the_same_pack() {
         empty_dir: b"/dev/shm/r1/empty".to_vec(),
         ..ps.clone()
     });
+    assert_eq!(
+        crate::image_source_real(&img).as_deref(),
+        Some(&spec.source_real[..])
+    );
+    assert_eq!(crate::image_source_real(&img[..100]), None);
     let mut adopted = img.clone();
     rebase(&mut adopted, &mine).unwrap();
     let (_m, t, _f) = map_image(&adopted);

@@ -48,6 +48,8 @@ use crate::tiers::Reservation;
 const TODO: u8 = 0;
 const TAKEN: u8 = 1;
 const DONE: u8 = 2;
+/// Taken, and asked for again meanwhile (a file it did not place then): streamed once more.
+const AGAIN: u8 = 3;
 const NONE: u32 = u32::MAX;
 
 struct Segment {
@@ -224,18 +226,36 @@ impl Streamer {
             state::state_of(ctx.table.state(idx)),
             state::UNPLACED | state::QUEUED
         );
-        if unplaced
-            && st
-                .compare_exchange(DONE, TODO, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            && self.remaining.fetch_add(1, Ordering::AcqRel) == 0
-        {
-            self.hold(ctx);
+        loop {
+            let now = st.load(Ordering::Acquire);
+            let next = match now {
+                TODO => break,
+                DONE if unplaced => TODO,
+                // Being streamed: it may have passed this file over (not this node's then, or
+                // not yet asked for), so once done it is streamed again.
+                TAKEN if unplaced => AGAIN,
+                _ => return,
+            };
+            if st
+                .compare_exchange(now, next, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            if next == AGAIN {
+                return;
+            }
+            if self.remaining.fetch_add(1, Ordering::AcqRel) == 0 {
+                self.hold(ctx);
+            }
+            break;
         }
-        if st.load(Ordering::Acquire) == TODO {
-            lock(&self.urgent).push_back(seg);
-            self.wake.notify_all();
-        }
+        self.urge(seg);
+    }
+
+    fn urge(&self, seg: u32) {
+        lock(&self.urgent).push_back(seg);
+        self.wake.notify_all();
     }
 
     fn hold(&self, ctx: &SourceCtx) {
@@ -261,7 +281,23 @@ impl Streamer {
     }
 
     fn done(&self, ctx: &SourceCtx, seg: u32) {
-        self.seg_state[seg as usize].store(DONE, Ordering::Release);
+        let st = &self.seg_state[seg as usize];
+        loop {
+            let cas = |from, to| {
+                st.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            };
+            if cas(AGAIN, TODO) {
+                self.urge(seg);
+                return;
+            }
+            if cas(TAKEN, DONE) {
+                break;
+            }
+            if !matches!(st.load(Ordering::Acquire), TAKEN | AGAIN) {
+                return; // not taken (cannot happen): nothing to count
+            }
+        }
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.unhold(ctx);
         }
@@ -305,7 +341,15 @@ impl Streamer {
         }
         let path = self.layout.partition_path(n);
         let rec = self.layout.partitions.get(n as usize).copied()?;
-        match granary_pack::partition::open(&path, n, &self.layout.header, &rec) {
+        // No readahead from the first read on (the header's): a window the kernel opened
+        // then goes on reading ahead of later reads whatever they advise, past the runs this
+        // node reads — into other nodes' bytes, in cluster mode (`SourceReader`).
+        let opened = File::open(&path).map_err(|e| granary_pack::PackError::io(&path, e));
+        let checked = opened.and_then(|f| {
+            sys::fadvise(&f, 0, 0, libc::POSIX_FADV_RANDOM);
+            granary_pack::partition::check(f, &path, n, &self.layout.header, &rec)
+        });
+        match checked {
             Ok(p) => {
                 AgentCounters::add(&ctx.counters.source_opens, 1);
                 let file = Arc::new(p.file);

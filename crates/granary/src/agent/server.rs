@@ -2,7 +2,9 @@
 //! job's lease: when it closes (the job ended or died), the job is detached.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -324,7 +326,15 @@ fn attach(
             Some(s) => s.clone(),
             None => {
                 let s = Arc::new(match pack {
-                    Some(p) => SourceState::new_packed(path, p, mount)?,
+                    Some(p) => {
+                        // Adopting rank 0's table: the tree as rank 0 resolved it.
+                        let known = image.and_then(|b| {
+                            let img = b.image.lock().unwrap_or_else(|e| e.into_inner());
+                            granary_shm::image_source_real(&img)
+                                .map(|r| PathBuf::from(std::ffi::OsString::from_vec(r)))
+                        });
+                        SourceState::new_packed(path, p, mount, known)?
+                    }
                     None => SourceState::new(path)?,
                 });
                 map.insert(key, s.clone());

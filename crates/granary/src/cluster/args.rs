@@ -94,14 +94,7 @@ impl ServeArgs {
                 p.display()
             );
         }
-        if self.mount.is_none() && !path.is_dir() {
-            anyhow::bail!(
-                "source {} is not a directory; to serve the pack alone there, use --mount {} \
-                 instead of --source",
-                path.display(),
-                path.display()
-            );
-        }
+        // (Whether --source is a directory is rank 0's to check: the others never look at it.)
         Ok((path, Some((p, self.mount.is_some()))))
     }
 }

@@ -45,11 +45,20 @@ pub fn source_key(source: &Path, pack: Option<&Path>) -> PathBuf {
 
 impl SourceState {
     /// A packed source. With `mount` the path may name nothing (only the pack exists), so
-    /// nothing of it is read; otherwise it must be the original tree's directory.
-    pub fn new_packed(source: PathBuf, pack: &Path, mount: bool) -> Result<SourceState> {
+    /// nothing of it is read; otherwise it must be the original tree's directory — unless its
+    /// resolved path is `known`: rank 0 of a serving job checked it for the job (cluster mode),
+    /// and this rank makes no call on it.
+    pub fn new_packed(
+        source: PathBuf,
+        pack: &Path,
+        mount: bool,
+        known: Option<PathBuf>,
+    ) -> Result<SourceState> {
         let dir =
             std::fs::canonicalize(pack).with_context(|| format!("pack {}", pack.display()))?;
-        let source_real = if mount {
+        let source_real = if let Some(real) = known {
+            real
+        } else if mount {
             // Where the program expects the tree; its parent resolved if it exists.
             match (source.parent(), source.file_name()) {
                 (Some(parent), Some(name)) => std::fs::canonicalize(parent)
