@@ -550,6 +550,61 @@ def test_a_pack_alone_is_served_where_the_tree_was(cluster, tmp_path):
     assert c.status(1)["cluster"]["mount"] is True
 
 
+def test_a_pack_larger_than_the_nodes_is_read_from_its_partitions(cluster, tmp_path):
+    """Only the pack exists and the ranks hold a third of it: a file nobody can hold is
+    extracted from its partition by the program itself (by its offset, checked)."""
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed, "--partitions", "2")
+    expected = direct(data)
+    total = sum(p.stat().st_size for p in files_under(data))
+    os.rename(data, tmp_path / "pfs" / "gone")
+    c = cluster(data, tier_size=str(total // 9), staging_size="16M", pack=packed, mount=True)
+    extracted = 0
+    for r, (got, stats) in enumerate(c.read_everywhere(data)):
+        assert got["sha256"] == expected["sha256"], f"rank {r}"
+        assert got["listing"] == expected["listing"], f"rank {r}"
+        assert stats["placement"]["failures"] == 0
+        extracted += stats["source_io"]["opens"]
+    assert extracted > 0, "every file was held somewhere: the test is broken"
+    st = c.status(0)["cluster"]
+    assert sum(p["bytes_held"] for p in st["peers"]) <= total // 3 + (16 << 20)
+
+
+@pytest.mark.parametrize("mode", ["source", "mount"])
+def test_a_damaged_file_of_a_pack_is_never_served_on_any_rank(cluster, tmp_path, mode):
+    data = tmp_path / "pfs" / "data"
+    small_files(data, n=60)
+    victim = max(files_under(data), key=lambda p: p.stat().st_size)
+    rel = str(victim.relative_to(data))
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed)
+    part = packed / "part-00000"
+    blob = part.read_bytes()
+    at = blob.index(victim.read_bytes()) + 777
+    with open(part, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([blob[at] ^ 0x5A]))
+    expected = direct(data)
+    if mode == "mount":
+        os.rename(data, tmp_path / "pfs" / "gone")
+    c = cluster(data, pack=packed, mount=mode == "mount")
+    for r in range(3):
+        p = c.run(r, sys.executable, "-c", f"open({str(data / rel)!r}, 'rb').read()")
+        if mode == "mount":
+            # Nothing else to read it from: the open fails, on every rank, never wrong bytes.
+            assert p.returncode != 0 and b"Errno 5" in p.stderr, p.stderr
+        else:
+            assert p.returncode == 0, p.stderr
+    if mode == "mount":
+        return
+    for r, (got, stats) in enumerate(c.read_everywhere(data)):
+        assert got["sha256"] == expected["sha256"], f"rank {r}"
+        # The damaged file from the tree, everything else from the tiers.
+        assert stats["source_io"]["opens"] == 1, stats["source_io"]
+
+
 @pytest.mark.parametrize("mode,mpirun", [("source", []), ("mount", ["--enable-recovery"])],
                          ids=["tree-default", "mount-recovery"])
 def test_a_rank_killed_mid_epoch_costs_no_reader_of_a_pack(cluster, tmp_path, mode, mpirun):
