@@ -283,7 +283,9 @@ def test_source_metadata_calls_with_three_ranks_are_those_of_one(cluster, tmp_pa
 
 
 @needs_root
-def test_a_replicated_directory_is_on_every_rank_read_once(cluster, loop_source):
+@pytest.mark.parametrize("packed", [False, True], ids=["tree", "pack"])
+def test_a_replicated_directory_is_on_every_rank_read_once(loop_source, cluster, packed):
+    """With a pack, the directory is marked at packing (`granary pack --replicate`)."""
     dev, mnt = loop_source
     data = mnt / "data"
     for i in range(12):
@@ -294,9 +296,18 @@ def test_a_replicated_directory_is_on_every_rank_read_once(cluster, loop_source)
         write(data, f"val/b/w{i:03d}", os.urandom(2 << 20))
     val = data / "val"
     expected = direct(val)
+    # With a pack every rank streams its units at start, the training set's too: each byte of
+    # the pack once.
+    stored = stored_bytes(val)
+    if packed:
+        pack(data, mnt / "data.granary", "--replicate", "val/**")
+        stored = stored_bytes(mnt / "data.granary")
     drop_caches()
     before = device_reads(dev)[1]
-    c = cluster(data, extra=["--replicate", "val/**"])
+    if packed:
+        c = cluster(data, pack=mnt / "data.granary")
+    else:
+        c = cluster(data, extra=["--replicate", "val/**"])
     c.wait(lambda: all(c.status(r)["cluster"]["copies_pending"] == 0 for r in range(3)),
            "copies of the replicated directory", timeout=120)
     results = c.read_everywhere(val)
@@ -305,9 +316,8 @@ def test_a_replicated_directory_is_on_every_rank_read_once(cluster, loop_source)
         assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
         assert stats["placement"]["remote_files"] == 0, f"rank {r} read remotely"
         assert stats["files_served_from_tiers"] == len(expected["sha256"])
-    print(f"replicated directory: {pfs} bytes read from the source device, {stored_bytes(val)} "
-          f"stored")
-    assert pfs <= 1.01 * stored_bytes(val), f"{pfs} bytes read for {stored_bytes(val)}"
+    print(f"replicated directory: {pfs} bytes read from the source device, {stored} stored")
+    assert pfs <= 1.01 * stored, f"{pfs} bytes read for {stored}"
 
 
 @pytest.mark.parametrize("mpirun", [[], ["--enable-recovery"]], ids=["default", "recovery"])
@@ -353,14 +363,19 @@ def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path):
     assert got["sha256"] == expected["sha256"]
 
 
-def test_with_two_replicas_a_stopped_rank_costs_no_source_read(cluster, tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["tree", "pack"])
+def test_with_two_replicas_a_stopped_rank_costs_no_source_read(cluster, tmp_path, packed):
     data = tmp_path / "pfs" / "data"
     fanstore(data)
     small_files(data, n=60)
     expected = direct(data)
     total = sum(p.stat().st_size for p in files_under(data))
     largest = max(p.stat().st_size for p in files_under(data))
-    c = cluster(data, extra=["--replicas", "2", "--peer-timeout", "500ms"])
+    extra = {}
+    if packed:
+        pack(data, tmp_path / "pfs" / "data.granary")
+        extra = {"pack": tmp_path / "pfs" / "data.granary"}
+    c = cluster(data, extra=["--replicas", "2", "--peer-timeout", "500ms"], **extra)
     c.wait(lambda: all(c.status(r)["cluster"]["copies_pending"] == 0 for r in range(3)),
            "replicas copied", timeout=180)
     # Every rank placed its first-owner share from the source and copied its replicas.
@@ -382,10 +397,15 @@ def test_with_two_replicas_a_stopped_rank_costs_no_source_read(cluster, tmp_path
         os.kill(stopped, signal.SIGCONT)
 
 
-def test_a_write_on_one_rank_is_seen_on_every_rank(cluster, tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["tree", "pack"])
+def test_a_write_on_one_rank_is_seen_on_every_rank(cluster, tmp_path, packed):
     data = tmp_path / "pfs" / "data"
     small_files(data, n=60)
-    c = cluster(data)
+    extra = {}
+    if packed:
+        pack(data, tmp_path / "pfs" / "data.granary")
+        extra = {"pack": tmp_path / "pfs" / "data.granary"}
+    c = cluster(data, **extra)
     for got, _ in c.read_everywhere(data):
         assert got["sha256"] == direct(data)["sha256"]
     victim = sorted(p for p in files_under(data) if p.stat().st_size > 0)[7]
