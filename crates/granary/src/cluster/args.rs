@@ -13,7 +13,7 @@ Examples (one serving rank per node, then the program on every node):
   srun granary run --attach -- python train.py
   mpirun -np 8 --map-by ppr:1:node granary serve --source /pfs/imagenet --replicas 2 &
 
-A pack (granary pack): rank 0 reads its index, each rank streams its stretch of the pack:
+A pack (granary pack): rank 0 reads its index, each rank streams its share of the pack:
   srun --ntasks-per-node=1 granary serve --source /pfs/imagenet --pack /pfs/imagenet.granary &
   srun --ntasks-per-node=1 granary serve --pack /pfs/imagenet.granary --mount /data/imagenet &
 
@@ -47,7 +47,8 @@ pub struct ServeArgs {
     pub replicas: u32,
     /// Files every node holds (a validation set): a glob relative to --source, or a
     /// directory, e.g. 'val/**' or val. Read from the source once, copied to every node at
-    /// start. Repeatable.
+    /// start. Repeatable. (A pack's files marked by `granary pack --replicate` are held by
+    /// every node too.)
     #[arg(long, value_name = "GLOB")]
     pub replicate: Vec<String>,
     /// How long a node waits for another node's next message before it reads the source
@@ -59,9 +60,10 @@ pub struct ServeArgs {
     pub immutable: bool,
     /// Serve the dataset from this pack (made by `granary pack`, at the same path on every
     /// node): rank 0 reads its index (with --source, the tree is checked against it per
-    /// directory), every rank gets the catalog, and each rank streams its own stretch of the
-    /// pack's partitions from the shared file system — every byte once for the job — and sends
-    /// its files to the others. Files changed since packing are read from --source.
+    /// directory), every rank gets the catalog, and each rank streams its share of the pack
+    /// (runs of consecutive files spread over the ranks) from the shared file system — every
+    /// byte once for the job — and sends those files to the others. Files changed since
+    /// packing are read from --source.
     #[arg(long, value_name = "PACK")]
     pub pack: Option<PathBuf>,
     /// Only the pack exists: PATH is where the programs expect the tree, served from the pack
