@@ -221,9 +221,11 @@ pub fn run(args: RunArgs) -> Result<i32> {
     // job (here or below), the program runs as if granary were absent, and the report says why.
     // With `--mount` only the pack exists: the path names nothing on purpose (so with a serving
     // agent that serves it so).
-    let mounted = args.mount.is_some()
-        || args.attach && served_source().is_ok_and(|(s, mount)| mount && s == source);
-    if let Some(why) = unusable_source(&source).filter(|_| !mounted) {
+    let mounted = || {
+        args.mount.is_some()
+            || args.attach && served_source().is_ok_and(|(s, mount)| mount && s == source)
+    };
+    if let Some(why) = unusable_source(&source).filter(|_| !mounted()) {
         say(format!(
             "granary: {why}; running the program without granary"
         ));
