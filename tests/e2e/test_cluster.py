@@ -320,12 +320,27 @@ def test_a_replicated_directory_is_on_every_rank_read_once(loop_source, cluster,
     assert pfs <= 1.01 * stored, f"{pfs} bytes read for {stored}"
 
 
-@pytest.mark.parametrize("mpirun", [[], ["--enable-recovery"]], ids=["default", "recovery"])
-def test_a_rank_killed_mid_epoch_costs_no_reader(cluster, tmp_path, mpirun):
+def served_as(data: pathlib.Path, how: str) -> dict:
+    """cluster() arguments serving `data` as `how`: the tree itself ("tree"), a pack of it
+    beside the tree ("pack"), or the pack alone where the tree was ("pack-mount": the tree is
+    moved away)."""
+    if how == "tree":
+        return {}
+    packed = data.parent / "data.granary"
+    pack(data, packed, "--partitions", "3")
+    if how == "pack-mount":
+        os.rename(data, data.parent / "gone")
+    return {"pack": packed, "mount": how == "pack-mount"}
+
+
+@pytest.mark.parametrize("how,mpirun", [("tree", []), ("tree", ["--enable-recovery"]),
+                                        ("pack", []), ("pack-mount", ["--enable-recovery"])],
+                         ids=["default", "recovery", "pack-default", "pack-mount-recovery"])
+def test_a_rank_killed_mid_epoch_costs_no_reader(cluster, tmp_path, how, mpirun):
     data = tmp_path / "pfs" / "data"
     fanstore(data)
     expected = direct(data)
-    c = cluster(data, mpirun=mpirun)
+    c = cluster(data, mpirun=mpirun, **served_as(data, how))
     readers = [c.start_reader(r, data, every=5) for r in range(3)]
     # Mid-epoch: rank 0's reader has read some files, and none has finished.
     assert first_progress(readers[0][0]) == 5
@@ -335,17 +350,21 @@ def test_a_rank_killed_mid_epoch_costs_no_reader(cluster, tmp_path, mpirun):
         assert got["sha256"] == expected["sha256"], f"rank {r}"
         assert got["listing"] == expected["listing"], f"rank {r}"
     if mpirun:
-        # The job survived: the others wrote rank 1 off and still serve.
+        # The job survived: the others wrote rank 1 off and still serve (a pack: they read its
+        # units from the pack themselves and keep them).
         c.wait(lambda: not c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 written off")
-        got, _ = finish(*c.start_reader(2, data))
+        got, stats = finish(*c.start_reader(2, data))
         assert got["sha256"] == expected["sha256"]
+        if how != "tree":
+            assert stats["source_io"]["opens"] == 0, json.dumps(stats)
 
 
-def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path):
+@pytest.mark.parametrize("how", ["tree", "pack", "pack-mount"])
+def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path, how):
     data = tmp_path / "pfs" / "data"
     fanstore(data)
     expected = direct(data)
-    c = cluster(data, extra=["--peer-timeout", "500ms"])
+    c = cluster(data, extra=["--peer-timeout", "500ms"], **served_as(data, how))
     readers = [c.start_reader(r, data, every=5) for r in range(3)]
     assert first_progress(readers[0][0]) == 5
     stopped = c.agent_pid(1)
@@ -623,58 +642,6 @@ def test_a_damaged_file_of_a_pack_is_never_served_on_any_rank(cluster, tmp_path,
         assert got["sha256"] == expected["sha256"], f"rank {r}"
         # The damaged file from the tree, everything else from the tiers.
         assert stats["source_io"]["opens"] == 1, stats["source_io"]
-
-
-@pytest.mark.parametrize("mode,mpirun", [("source", []), ("mount", ["--enable-recovery"])],
-                         ids=["tree-default", "mount-recovery"])
-def test_a_rank_killed_mid_epoch_costs_no_reader_of_a_pack(cluster, tmp_path, mode, mpirun):
-    data = tmp_path / "pfs" / "data"
-    fanstore(data)
-    packed = tmp_path / "pfs" / "data.granary"
-    pack(data, packed, "--partitions", "3")
-    expected = direct(data)
-    if mode == "mount":
-        os.rename(data, tmp_path / "pfs" / "gone")
-    c = cluster(data, mpirun=mpirun, pack=packed, mount=mode == "mount")
-    readers = [c.start_reader(r, data, every=5) for r in range(3)]
-    assert first_progress(readers[0][0]) == 5
-    os.kill(c.agent_pid(1), signal.SIGKILL)
-    for r, (p, stats) in enumerate(readers):
-        got, _ = finish(p, stats)
-        assert got["sha256"] == expected["sha256"], f"rank {r}"
-        assert got["listing"] == expected["listing"], f"rank {r}"
-    if mpirun:
-        # The job survived: the others wrote rank 1 off and read its units from the pack.
-        c.wait(lambda: not c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 written off")
-        got, stats = finish(*c.start_reader(2, data))
-        assert got["sha256"] == expected["sha256"]
-        assert stats["source_io"]["opens"] == 0, json.dumps(stats)
-
-
-@pytest.mark.parametrize("mode", ["source", "mount"])
-def test_a_rank_stopped_mid_epoch_costs_no_reader_of_a_pack(cluster, tmp_path, mode):
-    data = tmp_path / "pfs" / "data"
-    fanstore(data)
-    packed = tmp_path / "pfs" / "data.granary"
-    pack(data, packed, "--partitions", "3")
-    expected = direct(data)
-    if mode == "mount":
-        os.rename(data, tmp_path / "pfs" / "gone")
-    c = cluster(data, extra=["--peer-timeout", "500ms"], pack=packed, mount=mode == "mount")
-    readers = [c.start_reader(r, data, every=5) for r in range(3)]
-    assert first_progress(readers[0][0]) == 5
-    stopped = c.agent_pid(1)
-    os.kill(stopped, signal.SIGSTOP)
-    try:
-        for r, (p, stats) in enumerate(readers):
-            got, _ = finish(p, stats)
-            assert got["sha256"] == expected["sha256"], f"rank {r}"
-            assert got["listing"] == expected["listing"], f"rank {r}"
-    finally:
-        os.kill(stopped, signal.SIGCONT)
-    c.wait(lambda: c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 heard from again")
-    got, _ = finish(*c.start_reader(0, data))
-    assert got["sha256"] == expected["sha256"]
 
 
 def test_serve_refuses_what_it_cannot_do(tmp_path):

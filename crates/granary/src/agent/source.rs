@@ -211,10 +211,7 @@ impl SourceState {
         } else {
             let saved = self.catalog_file(&tiers);
             let last_saved = self.ctx().map(|c| self.catalog_file(&c.tiers));
-            let last_tiers: Vec<PathBuf> = self
-                .ctx()
-                .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
-                .unwrap_or_default();
+            let last_tiers = self.tier_paths();
             let table_path = rt_dir.table(&self.id, generation);
             let mut origin = Origin::Walked;
             let mut published = None;
@@ -325,6 +322,13 @@ impl SourceState {
             && t.agent_creds() == spec.creds
             && t.job_slots() == spec.job_slots
             && !(0..t.entry_count()).any(|i| state::is_void(state::state_of(t.state(i))))
+    }
+
+    /// The current table's tiers (none before the first).
+    fn tier_paths(&self) -> Vec<PathBuf> {
+        self.ctx()
+            .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
+            .unwrap_or_default()
     }
 
     /// Each tier's object directory for this source, opened and verified (`None`: unusable).
