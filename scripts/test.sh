@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 for pair in fio:fio strace:strace mkfs.ext4:e2fsprogs losetup:mount setpriv:util-linux \
             pgrep:procps diff:diffutils cc:gcc setfacl:acl sqlite3:sqlite3 bwrap:bubblewrap \
-            objdump:binutils mpirun:openmpi-bin mpicc:libopenmpi-dev; do
+            objdump:binutils mpirun:openmpi-bin mpicc:libopenmpi-dev \
+            java:default-jdk-headless; do
     command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/lmdb.h ] || need_apt+=(liblmdb-dev)

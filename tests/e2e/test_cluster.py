@@ -12,6 +12,7 @@ import math
 import os
 import pathlib
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,13 +92,19 @@ def stored_bytes(root: pathlib.Path) -> int:
 
 class Cluster:
     def __init__(self, tmp: pathlib.Path, source: pathlib.Path, ranks: int = 3, extra=(),
-                 mpirun=(), wrap=(), tier_size="2G", staging_size="2G"):
+                 mpirun=(), wrap=(), tier_size="2G", staging_size="2G", pack=None,
+                 mount=False):
+        """Serves `source`; from `pack` if given, with the tree at `source` or (`mount`) the
+        pack alone, the programs expecting the tree at `source`."""
         self.tmp, self.source, self.ranks = tmp, source, ranks
         self.bin = granary_bin()
         tmp.mkdir(parents=True, exist_ok=True)
         self.log = tmp / "mpirun.log"
+        what = ["--source", source]
+        if pack is not None:
+            what = ["--pack", pack, "--mount" if mount else "--source", source]
         cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", *mpirun, *wrap, self.bin, "serve",
-               "--source", source, "--tier", f"{tmp}/t{{rank}}={tier_size}",
+               *what, "--tier", f"{tmp}/t{{rank}}={tier_size}",
                "--staging", f"{tmp}/s{{rank}}={staging_size}", *extra]
         env = {**os.environ, **MPI_ENV, "GRANARY_RUNTIME_DIR": f"{tmp}/rt{{rank}}"}
         with open(self.log, "wb") as log:
@@ -186,10 +193,17 @@ def cluster(tmp_path):
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="a loop-mounted source needs root")
 
 
+def tier_copies(c: Cluster, r: int):
+    """Complete copies in rank r's own tier (its share; staging not included)."""
+    return [p for p in (c.tmp / f"t{r}").glob("*/objects/*") if p.is_file() and "." not in p.name]
+
+
 def tier_bytes(c: Cluster, r: int) -> int:
-    """Bytes of complete copies in rank r's own tier (its share; staging not included)."""
-    return sum(p.stat().st_size for p in (c.tmp / f"t{r}").glob("*/objects/*")
-               if p.is_file() and "." not in p.name)
+    return sum(p.stat().st_size for p in tier_copies(c, r))
+
+
+def tier_count(c: Cluster, r: int) -> int:
+    return len(tier_copies(c, r))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +283,9 @@ def test_source_metadata_calls_with_three_ranks_are_those_of_one(cluster, tmp_pa
 
 
 @needs_root
-def test_a_replicated_directory_is_on_every_rank_read_once(cluster, loop_source):
+@pytest.mark.parametrize("packed", [False, True], ids=["tree", "pack"])
+def test_a_replicated_directory_is_on_every_rank_read_once(loop_source, cluster, packed):
+    """With a pack, the directory is marked at packing (`granary pack --replicate`)."""
     dev, mnt = loop_source
     data = mnt / "data"
     for i in range(12):
@@ -280,9 +296,18 @@ def test_a_replicated_directory_is_on_every_rank_read_once(cluster, loop_source)
         write(data, f"val/b/w{i:03d}", os.urandom(2 << 20))
     val = data / "val"
     expected = direct(val)
+    # With a pack every rank streams its units at start, the training set's too: each byte of
+    # the pack once.
+    stored = stored_bytes(val)
+    if packed:
+        pack(data, mnt / "data.granary", "--replicate", "val/**")
+        stored = stored_bytes(mnt / "data.granary")
     drop_caches()
     before = device_reads(dev)[1]
-    c = cluster(data, extra=["--replicate", "val/**"])
+    if packed:
+        c = cluster(data, pack=mnt / "data.granary")
+    else:
+        c = cluster(data, extra=["--replicate", "val/**"])
     c.wait(lambda: all(c.status(r)["cluster"]["copies_pending"] == 0 for r in range(3)),
            "copies of the replicated directory", timeout=120)
     results = c.read_everywhere(val)
@@ -291,17 +316,31 @@ def test_a_replicated_directory_is_on_every_rank_read_once(cluster, loop_source)
         assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
         assert stats["placement"]["remote_files"] == 0, f"rank {r} read remotely"
         assert stats["files_served_from_tiers"] == len(expected["sha256"])
-    print(f"replicated directory: {pfs} bytes read from the source device, {stored_bytes(val)} "
-          f"stored")
-    assert pfs <= 1.01 * stored_bytes(val), f"{pfs} bytes read for {stored_bytes(val)}"
+    print(f"replicated directory: {pfs} bytes read from the source device, {stored} stored")
+    assert pfs <= 1.01 * stored, f"{pfs} bytes read for {stored}"
 
 
-@pytest.mark.parametrize("mpirun", [[], ["--enable-recovery"]], ids=["default", "recovery"])
-def test_a_rank_killed_mid_epoch_costs_no_reader(cluster, tmp_path, mpirun):
+def served_as(data: pathlib.Path, how: str) -> dict:
+    """cluster() arguments serving `data` as `how`: the tree itself ("tree"), a pack of it
+    beside the tree ("pack"), or the pack alone where the tree was ("pack-mount": the tree is
+    moved away)."""
+    if how == "tree":
+        return {}
+    packed = data.parent / "data.granary"
+    pack(data, packed, "--partitions", "3")
+    if how == "pack-mount":
+        os.rename(data, data.parent / "gone")
+    return {"pack": packed, "mount": how == "pack-mount"}
+
+
+@pytest.mark.parametrize("how,mpirun", [("tree", []), ("tree", ["--enable-recovery"]),
+                                        ("pack", []), ("pack-mount", ["--enable-recovery"])],
+                         ids=["default", "recovery", "pack-default", "pack-mount-recovery"])
+def test_a_rank_killed_mid_epoch_costs_no_reader(cluster, tmp_path, how, mpirun):
     data = tmp_path / "pfs" / "data"
     fanstore(data)
     expected = direct(data)
-    c = cluster(data, mpirun=mpirun)
+    c = cluster(data, mpirun=mpirun, **served_as(data, how))
     readers = [c.start_reader(r, data, every=5) for r in range(3)]
     # Mid-epoch: rank 0's reader has read some files, and none has finished.
     assert first_progress(readers[0][0]) == 5
@@ -311,17 +350,21 @@ def test_a_rank_killed_mid_epoch_costs_no_reader(cluster, tmp_path, mpirun):
         assert got["sha256"] == expected["sha256"], f"rank {r}"
         assert got["listing"] == expected["listing"], f"rank {r}"
     if mpirun:
-        # The job survived: the others wrote rank 1 off and still serve.
+        # The job survived: the others wrote rank 1 off and still serve (a pack: they read its
+        # units from the pack themselves and keep them).
         c.wait(lambda: not c.status(0)["cluster"]["peers"][1]["alive"], "rank 1 written off")
-        got, _ = finish(*c.start_reader(2, data))
+        got, stats = finish(*c.start_reader(2, data))
         assert got["sha256"] == expected["sha256"]
+        if how != "tree":
+            assert stats["source_io"]["opens"] == 0, json.dumps(stats)
 
 
-def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path):
+@pytest.mark.parametrize("how", ["tree", "pack", "pack-mount"])
+def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path, how):
     data = tmp_path / "pfs" / "data"
     fanstore(data)
     expected = direct(data)
-    c = cluster(data, extra=["--peer-timeout", "500ms"])
+    c = cluster(data, extra=["--peer-timeout", "500ms"], **served_as(data, how))
     readers = [c.start_reader(r, data, every=5) for r in range(3)]
     assert first_progress(readers[0][0]) == 5
     stopped = c.agent_pid(1)
@@ -339,14 +382,19 @@ def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path):
     assert got["sha256"] == expected["sha256"]
 
 
-def test_with_two_replicas_a_stopped_rank_costs_no_source_read(cluster, tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["tree", "pack"])
+def test_with_two_replicas_a_stopped_rank_costs_no_source_read(cluster, tmp_path, packed):
     data = tmp_path / "pfs" / "data"
     fanstore(data)
     small_files(data, n=60)
     expected = direct(data)
     total = sum(p.stat().st_size for p in files_under(data))
     largest = max(p.stat().st_size for p in files_under(data))
-    c = cluster(data, extra=["--replicas", "2", "--peer-timeout", "500ms"])
+    extra = {}
+    if packed:
+        pack(data, tmp_path / "pfs" / "data.granary")
+        extra = {"pack": tmp_path / "pfs" / "data.granary"}
+    c = cluster(data, extra=["--replicas", "2", "--peer-timeout", "500ms"], **extra)
     c.wait(lambda: all(c.status(r)["cluster"]["copies_pending"] == 0 for r in range(3)),
            "replicas copied", timeout=180)
     # Every rank placed its first-owner share from the source and copied its replicas.
@@ -368,10 +416,15 @@ def test_with_two_replicas_a_stopped_rank_costs_no_source_read(cluster, tmp_path
         os.kill(stopped, signal.SIGCONT)
 
 
-def test_a_write_on_one_rank_is_seen_on_every_rank(cluster, tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["tree", "pack"])
+def test_a_write_on_one_rank_is_seen_on_every_rank(cluster, tmp_path, packed):
     data = tmp_path / "pfs" / "data"
     small_files(data, n=60)
-    c = cluster(data)
+    extra = {}
+    if packed:
+        pack(data, tmp_path / "pfs" / "data.granary")
+        extra = {"pack": tmp_path / "pfs" / "data.granary"}
+    c = cluster(data, **extra)
     for got, _ in c.read_everywhere(data):
         assert got["sha256"] == direct(data)["sha256"]
     victim = sorted(p for p in files_under(data) if p.stat().st_size > 0)[7]
@@ -402,14 +455,206 @@ def test_a_dataset_larger_than_the_nodes_comes_partly_from_the_source(cluster, t
     assert sum(p["bytes_held"] for p in st["peers"]) <= total // 2 + (16 << 20)
 
 
+# ---------------------------------------------------------------------------------------------
+# Packs (`granary serve --pack`): rank 0 reads the index, each rank streams its units of the pack
+
+def pack(src: pathlib.Path, out: pathlib.Path, *args) -> None:
+    p = subprocess.run([granary_bin(), "pack", str(src), str(out), "-q", *map(str, args)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+
+
+def unit(total: int, ranks: int) -> int:
+    """The most a rank's share of a pack may be off by: one unit (cluster/ownership.rs), at
+    least 8 MiB, or the largest file."""
+    return max(total // (ranks * 16), 8 << 20)
+
+
+def settled(c: Cluster) -> bool:
+    return all(sum(s["pending"] for s in c.status(r)["sources"]) == 0 for r in range(c.ranks))
+
+
+@needs_root
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_pack_is_read_on_every_rank_each_of_its_bytes_once(loop_source, cluster, ranks):
+    # (loop_source first: torn down after the serve, which holds the partitions open, stops.)
+    dev, mnt = loop_source
+    data = mnt / "data"
+    fanstore(data)
+    small_files(data)
+    packed = mnt / "data.granary"
+    pack(data, packed, "--partitions", "2")
+    expected = direct(data)
+    files = files_under(data)
+    nonempty = [p for p in files if p.stat().st_size > 0]
+    total = sum(p.stat().st_size for p in files)
+    largest = max(p.stat().st_size for p in files)
+    drop_caches()
+    before = device_reads(dev)[1]
+    c = cluster(data, ranks=ranks, pack=packed)
+    results = c.read_everywhere(data)
+    c.wait(lambda: settled(c), "placement settled")
+    pfs = (device_reads(dev)[1] - before) * 512
+    statuses = [c.status(r)["cluster"] for r in range(ranks)]
+    held = [tier_bytes(c, r) for r in range(ranks)]
+    for r, (got, stats) in enumerate(results):
+        assert got["listing"] == expected["listing"], f"rank {r}: listing differs"
+        assert got["sha256"] == expected["sha256"], f"rank {r}: bytes differ"
+        # Every file from this node's tiers; the program touched the tree not once.
+        assert stats["source_io"] == {"opens": 0, "reads": 0, "bytes": 0, "metadata_calls": 0}, stats
+        assert stats["files_served_from_tiers"] == len(files), stats
+        assert stats["cluster"] == {"rank": r, "ranks": ranks}
+        # Whatever this rank does not hold came from the rank that does, none from the pack.
+        mine = tier_count(c, r) - (len(files) - len(nonempty))
+        assert stats["placement"]["remote_files"] == len(nonempty) - mine, (r, stats["placement"])
+        assert stats["placement"]["remote_fallbacks"] == 0
+        assert abs(held[r] - total / ranks) <= max(unit(total, ranks), largest), \
+            f"rank {r} holds {held[r]} of {total}"
+        print(f"rank {r}: holds {held[r]} of {total} bytes (share {total / ranks:.0f}), "
+              f"{stats['placement']['remote_files']} of {len(nonempty)} files from other ranks")
+    stored = stored_bytes(packed)
+    agent_pfs = sum(s["peers"][s["rank"]]["pfs_bytes"] for s in statuses)
+    print(f"source device: {pfs} bytes read for a pack of {stored} stored ({total} in files); "
+          f"the agents read {agent_pfs}")
+    # Each byte of every partition (and the index) read once for the job, not once per rank.
+    assert total <= agent_pfs <= 1.01 * total, agent_pfs
+    assert pfs <= 1.01 * stored, f"{pfs} bytes read from the source device for {stored}"
+
+
+def test_a_pack_costs_the_tree_one_rank_s_calls_and_the_programs_none(cluster, tmp_path):
+    """strace of the serving ranks (every call naming the tree) and of each rank's program: the
+    tree is checked per directory once for the job, by rank 0; the programs name it only in
+    their own opens of the directories they list (real directory fds, preload rule 16)."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    data = tmp_path / "pfs" / "data"
+    small_files(data, n=240)
+    fanstore(data, scale=4096)
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed)
+    expected = direct(data)
+    dirs = sum(1 for p in data.rglob("*") if p.is_dir()) + 1
+    calls = {}
+    for ranks in (1, 3):
+        trace = tmp_path / f"strace-{ranks}" / "t"
+        trace.parent.mkdir()
+        c = cluster(data, ranks=ranks, pack=packed,
+                    wrap=["strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=%file",
+                          "-ff", "-o", trace])
+        for r in range(ranks):
+            log = tmp_path / f"strace-{ranks}" / f"program-{r}.log"
+            stats_path = tmp_path / f"strace-{ranks}" / f"stats-{r}.json"
+            p = subprocess.run(
+                ["strace", "-f", "-qq", "-s", "4096", "-e", "trace=%file", "-o", log,
+                 c.bin, "run", "--attach", "-q", "--stats-json", stats_path, "--",
+                 sys.executable, READER, data, "--seed", str(r)],
+                capture_output=True, env=c.env(r), timeout=600)
+            assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
+            got = json.loads(p.stdout.decode().splitlines()[-1])
+            assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
+            lines = log.read_text(errors="replace").splitlines()
+            start = next(i for i, l in enumerate(lines) if f'execve("{sys.executable}"' in l)
+            after = [l for l in lines[start + 1:] if f'"{data}"' in l or f'"{data}/' in l]
+            dir_opens = [l for l in after if "openat(" in l and "O_DIRECTORY" in l]
+            assert [l for l in after if l not in dir_opens] == [], after[:20]
+            assert len(dir_opens) <= 2 * dirs, dir_opens
+            stats = json.loads(stats_path.read_text())
+            assert stats["source_io"] == {"opens": 0, "reads": 0, "bytes": 0,
+                                          "metadata_calls": 0}, stats
+        c.stop()
+        lines = [l for f in trace.parent.glob("t.*") for l in f.read_text(errors="replace").splitlines()]
+        calls[ranks] = sum(1 for l in lines if f'"{data}"' in l or f'"{data}/' in l)
+        index = [l for l in lines if f'"{packed}/index"' in l and "open" in l and "= -1" not in l]
+        assert len(index) == 1, index
+    print(f"calls naming the tree: 1 rank {calls[1]}, 3 ranks {calls[3]} ({dirs} directories)")
+    assert calls[1] > 0
+    assert calls[3] <= 1.05 * calls[1], calls
+
+
+def test_a_pack_alone_is_served_where_the_tree_was(cluster, tmp_path):
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    small_files(data, n=60)
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed, "--compress", "zstd:1")
+    expected = direct(data)
+    files = files_under(data)
+    os.rename(data, tmp_path / "pfs" / "gone")
+    c = cluster(data, pack=packed, mount=True)
+    for r, (got, stats) in enumerate(c.read_everywhere(data)):
+        assert got["listing"] == expected["listing"], f"rank {r}"
+        assert got["sha256"] == expected["sha256"], f"rank {r}"
+        assert stats["files_served_from_tiers"] == len(files), stats
+        assert stats["source_io"]["opens"] == 0 and stats["placement"]["remote_fallbacks"] == 0
+    assert c.status(1)["cluster"]["mount"] is True
+
+
+def test_a_pack_larger_than_the_nodes_is_read_from_its_partitions(cluster, tmp_path):
+    """Only the pack exists and the ranks hold a third of it: a file nobody can hold is
+    extracted from its partition by the program itself (by its offset, checked)."""
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed, "--partitions", "2")
+    expected = direct(data)
+    total = sum(p.stat().st_size for p in files_under(data))
+    os.rename(data, tmp_path / "pfs" / "gone")
+    c = cluster(data, tier_size=str(total // 9), staging_size="16M", pack=packed, mount=True)
+    extracted = 0
+    for r, (got, stats) in enumerate(c.read_everywhere(data)):
+        assert got["sha256"] == expected["sha256"], f"rank {r}"
+        assert got["listing"] == expected["listing"], f"rank {r}"
+        assert stats["placement"]["failures"] == 0
+        extracted += stats["source_io"]["opens"]
+    assert extracted > 0, "every file was held somewhere: the test is broken"
+    st = c.status(0)["cluster"]
+    assert sum(p["bytes_held"] for p in st["peers"]) <= total // 3 + (16 << 20)
+
+
+@pytest.mark.parametrize("mode", ["source", "mount"])
+def test_a_damaged_file_of_a_pack_is_never_served_on_any_rank(cluster, tmp_path, mode):
+    data = tmp_path / "pfs" / "data"
+    small_files(data, n=60)
+    victim = max(files_under(data), key=lambda p: p.stat().st_size)
+    rel = str(victim.relative_to(data))
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(data, packed)
+    part = packed / "part-00000"
+    blob = part.read_bytes()
+    at = blob.index(victim.read_bytes()) + 777
+    with open(part, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([blob[at] ^ 0x5A]))
+    expected = direct(data)
+    if mode == "mount":
+        os.rename(data, tmp_path / "pfs" / "gone")
+    c = cluster(data, pack=packed, mount=mode == "mount")
+    for r in range(3):
+        p = c.run(r, sys.executable, "-c", f"open({str(data / rel)!r}, 'rb').read()")
+        if mode == "mount":
+            # Nothing else to read it from: the open fails, on every rank, never wrong bytes.
+            assert p.returncode != 0 and b"Errno 5" in p.stderr, p.stderr
+        else:
+            assert p.returncode == 0, p.stderr
+    if mode == "mount":
+        return
+    for r, (got, stats) in enumerate(c.read_everywhere(data)):
+        assert got["sha256"] == expected["sha256"], f"rank {r}"
+        # The damaged file from the tree, everything else from the tiers.
+        assert stats["source_io"]["opens"] == 1, stats["source_io"]
+
+
 def test_serve_refuses_what_it_cannot_do(tmp_path):
     g = granary_bin()
-    for args, msg in [(["--pack", "/x"], "not served in cluster mode yet"),
-                      (["--replicate", "a["], "bad --replicate"),
-                      (["--replicas", "0"], "--replicas must be at least 1")]:
-        p = subprocess.run([g, "serve", "--source", str(tmp_path), *args], capture_output=True,
-                           text=True, timeout=60)
-        assert p.returncode == 2 and msg in p.stderr, p.stderr
+    src = ["--source", str(tmp_path)]
+    for args, msg in [([*src, "--pack", "/x"], "pack /x: no index"),
+                      ([*src, "--replicate", "a["], "bad --replicate"),
+                      ([*src, "--replicas", "0"], "--replicas must be at least 1"),
+                      (["--mount", str(tmp_path / "m")], "--pack <PACK>"),
+                      ([*src, "--pack", str(tmp_path), "--mount", "/m"], "cannot be used with"),
+                      (["--pack", str(tmp_path), "--mount", "/"], "--mount /")]:
+        p = subprocess.run([g, "serve", *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and msg in p.stderr, (args, p.stderr)
 
 
 def test_attach_without_a_serving_agent_runs_the_program_without_granary(tmp_path):

@@ -24,6 +24,18 @@ pub fn open(
     rec: &PartitionRec,
 ) -> Result<Partition> {
     let file = File::open(path).map_err(|e| PackError::io(path, e))?;
+    check(file, path, number, index, rec)
+}
+
+/// `open` of a file the caller opened at `path` (e.g. to advise the kernel on it before the
+/// header is read).
+pub fn check(
+    file: File,
+    path: &Path,
+    number: u32,
+    index: &IndexHeader,
+    rec: &PartitionRec,
+) -> Result<Partition> {
     let len = file.metadata().map_err(|e| PackError::io(path, e))?.len();
     let mut head = vec![0u8; PARTITION_HEADER_LEN];
     read_exact_at(&file, &mut head, 0, path)?;

@@ -754,7 +754,10 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
 /// agent pid are replaced by `spec`'s. Everything the layout depends on — version, job slots,
 /// ring size, whole-fetch size, chunk size — and what the catalog answers for — the source and
 /// the credentials it was walked with — must already be `spec`'s, or the image is refused.
-/// Entry words are left alone (`lifecycle::forget_placement` clears them once mapped).
+/// A table serving a pack must serve `spec`'s pack (directory, id, partitions, mount); its
+/// empty stand-in directory becomes `spec`'s (it lives in each node's runtime directory) and
+/// its streamed-bytes counter starts over. Entry words are left alone
+/// (`lifecycle::forget_placement` clears them once mapped).
 pub fn rebase(img: &mut [u8], spec: &TableSpec) -> Result<(), BuildError> {
     if spec.tier_dirs.len() > MAX_TIERS {
         return Err(BuildError::TooManyTiers(spec.tier_dirs.len()));
@@ -806,6 +809,7 @@ pub fn rebase(img: &mut [u8], spec: &TableSpec) -> Result<(), BuildError> {
     if creds != spec.creds {
         return Err(BuildError::Foreign("user or groups"));
     }
+    rebase_pack(img, spec)?;
     let mut out = Image(img);
     out.put_u32(H_TIER_COUNT, spec.tier_dirs.len() as u32);
     out.put_u32(H_AGENT_PID, spec.agent_pid);
@@ -821,5 +825,60 @@ pub fn rebase(img: &mut [u8], spec: &TableSpec) -> Result<(), BuildError> {
         out.put_u64(H_TIER_DIR_IDS + 16 * t, dev);
         out.put_u64(H_TIER_DIR_IDS + 16 * t + 8, ino);
     }
+    Ok(())
+}
+
+/// The source root's resolved path in a table image (`SLOT_SOURCE_REAL`), read without
+/// mapping it (cluster mode: another rank's image, before it is adopted).
+pub fn image_source_real(img: &[u8]) -> Option<Vec<u8>> {
+    let off = PATHS_OFF + SLOT_SOURCE_REAL * PATH_SLOT_LEN;
+    let len = u32::from_ne_bytes(img.get(off..off + 4)?.try_into().ok()?) as usize;
+    if len > PATH_MAX_LEN {
+        return None;
+    }
+    img.get(off + 8..off + 8 + len).map(|p| p.to_vec())
+}
+
+/// `rebase` of the pack section (`layout::pack`).
+fn rebase_pack(img: &mut [u8], spec: &TableSpec) -> Result<(), BuildError> {
+    let at = |off: usize, n: usize| img.get(off..off + n);
+    let u64_at =
+        |off: usize| at(off, 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+    let u32_at =
+        |off: usize| at(off, 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or_default()));
+    let off = u64_at(H_PACK_OFF).unwrap_or(0) as usize;
+    let Some(ps) = &spec.pack else {
+        return if off == 0 {
+            Ok(())
+        } else {
+            Err(BuildError::Foreign("pack (the image serves one)"))
+        };
+    };
+    if off == 0
+        || off
+            .checked_add(pack::HEADER_LEN)
+            .is_none_or(|e| e > img.len())
+    {
+        return Err(BuildError::Foreign("pack (the image serves none)"));
+    }
+    let path_at = |f: usize| {
+        let len = (u32_at(off + f).unwrap_or(0) as usize).min(PATH_MAX_LEN);
+        at(off + f + 8, len).map(|b| b.to_vec())
+    };
+    let flags = if ps.mount { pack::FLAG_MOUNT } else { 0 };
+    let same = u64_at(off + pack::F_MAGIC) == Some(pack::MAGIC)
+        && u32_at(off + pack::F_FLAGS) == Some(flags)
+        && u32_at(off + pack::F_PARTITIONS) == Some(ps.partitions)
+        && u32_at(off + pack::F_BLOCK) == Some(ps.block_size)
+        && at(off + pack::F_ID, 16) == Some(&ps.id[..])
+        && path_at(pack::F_DIR).as_deref() == Some(&ps.dir[..]);
+    if !same {
+        return Err(BuildError::Foreign("pack"));
+    }
+    let mut out = Image(img);
+    let slot = off + pack::F_EMPTY;
+    out.0[slot..slot + PATH_SLOT_LEN].fill(0);
+    out.put_path_at(slot, &ps.empty_dir)?;
+    out.put_u64(off + pack::F_STREAMED, 0);
     Ok(())
 }

@@ -139,6 +139,9 @@ pub mod pack {
     pub const LOC_PACKED: u8 = 1;
     /// Locator flag: the file has holes (its copy keeps them).
     pub const LOC_SPARSE: u8 = 2;
+    /// Locator flag: packed with `granary pack --replicate`: in cluster mode every node holds
+    /// a copy (`granary serve`, like its own `--replicate`).
+    pub const LOC_REPLICATE: u8 = 4;
 }
 
 /// Where a packed file's stored bytes are (`pack::LOCATOR_LEN` bytes in the table).

@@ -13,8 +13,8 @@ mod ring;
 pub mod table;
 
 pub use build::{
-    build, build_catalog, build_into, image_len, rebase, BuildError, Catalog, CatalogEntry, Node,
-    PackSpec, TableSpec,
+    build, build_catalog, build_into, image_len, image_source_real, rebase, BuildError, Catalog,
+    CatalogEntry, Node, PackSpec, TableSpec,
 };
 pub use layout::{
     chunk_count, chunk_data_offset, chunks_name, groups_hash, job, object_id, object_name,

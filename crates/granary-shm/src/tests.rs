@@ -161,6 +161,73 @@ fn pack_section_round_trips() {
 }
 
 #[test]
+fn an_adopted_pack_table_gets_this_nodes_empty_dir_and_serves_the_same_pack() {
+    let mut m = Model::new();
+    m.add(0, "a", stat(libc::S_IFREG | 0o644, 3, 10), "");
+    let mut cat = Catalog::from_entries(&m.entries).unwrap();
+    let a = (0..cat.len()).find(|&i| cat.name(i) == b"a").unwrap();
+    cat.locators = vec![Locator::default(); cat.len()];
+    cat.locators[a] = Locator {
+        offset: 4096,
+        stored_len: 10,
+        checksum: 5,
+        partition: 1,
+        codec: 0,
+        flags: layout::pack::LOC_PACKED | layout::pack::LOC_REPLICATE,
+    };
+    let ps = PackSpec {
+        dir: b"/pfs/data.granary".to_vec(),
+        empty_dir: b"/dev/shm/rank0-with-a-longer-name/empty".to_vec(),
+        block_size: 1 << 20,
+        partitions: 2,
+        id: [7; 16],
+        mount: true,
+    };
+    let mut spec = Model::spec();
+    spec.pack = Some(ps.clone());
+    let img = build_catalog(&spec, &cat).unwrap();
+    {
+        let (_m, t, _f) = map_image(&img);
+        t.add_pack_streamed(77);
+    }
+    let mut mine = spec.clone();
+    mine.pack = Some(PackSpec {
+        empty_dir: b"/dev/shm/r1/empty".to_vec(),
+        ..ps.clone()
+    });
+    assert_eq!(
+        crate::image_source_real(&img).as_deref(),
+        Some(&spec.source_real[..])
+    );
+    assert_eq!(crate::image_source_real(&img[..100]), None);
+    let mut adopted = img.clone();
+    rebase(&mut adopted, &mine).unwrap();
+    let (_m, t, _f) = map_image(&adopted);
+    assert_eq!(t.pack_empty_dir(), Some(&b"/dev/shm/r1/empty"[..]));
+    assert_eq!(t.pack_dir(), Some(&b"/pfs/data.granary"[..]));
+    assert_eq!(t.pack_streamed(), 0, "this node has streamed nothing yet");
+    assert_eq!(t.locator(a as u32), Some(cat.locators[a]));
+    // Another pack, another mode, or none at all: refused.
+    let refused = |edit: &dyn Fn(&mut TableSpec)| {
+        let mut s = mine.clone();
+        edit(&mut s);
+        matches!(rebase(&mut img.clone(), &s), Err(BuildError::Foreign(_)))
+    };
+    assert!(refused(&|s| s.pack.as_mut().unwrap().id = [8; 16]));
+    assert!(refused(
+        &|s| s.pack.as_mut().unwrap().dir = b"/pfs/other".to_vec()
+    ));
+    assert!(refused(&|s| s.pack.as_mut().unwrap().mount = false));
+    assert!(refused(&|s| s.pack.as_mut().unwrap().partitions = 3));
+    assert!(refused(&|s| s.pack = None));
+    let plain = build(&Model::spec(), &m.entries).unwrap();
+    assert!(matches!(
+        rebase(&mut plain.clone(), &mine),
+        Err(BuildError::Foreign(_))
+    ));
+}
+
+#[test]
 fn report_opens_flag_is_independent_of_valid() {
     let mut m = Model::new();
     m.add(0, "a", stat(libc::S_IFREG | 0o644, 3, 10), "");

@@ -229,7 +229,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     cmd.args(prog_args);
     let source = match (&args.source, args.attach) {
         (None, true) => match served_source() {
-            Ok(s) => s,
+            Ok((s, _)) => s,
             Err(e) => {
                 let why = format!("{e:#}");
                 say(format!(
@@ -248,8 +248,13 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     // granary may make a job slower, never failed: whatever keeps granary from serving the
     // job (here or below), the program runs as if granary were absent, and the report says why.
-    // With `--mount` only the pack exists: the path names nothing on purpose.
-    if let Some(why) = unusable_source(&source).filter(|_| args.mount.is_none()) {
+    // With `--mount` only the pack exists: the path names nothing on purpose (so with a serving
+    // agent that serves it so).
+    let mounted = || {
+        args.mount.is_some()
+            || args.attach && served_source().is_ok_and(|(s, mount)| mount && s == source)
+    };
+    if let Some(why) = unusable_source(&source).filter(|_| !mounted()) {
         say(format!(
             "granary: {why}; running the program without granary"
         ));
@@ -627,15 +632,16 @@ struct AgentStats {
     cluster: Option<granary_core::stats::ClusterReport>,
 }
 
-/// `--attach` without `--source`: the source the running agent serves.
-fn served_source() -> Result<PathBuf> {
+/// `--attach`: the source the running agent serves, and whether it exists only in a pack
+/// (`granary serve --mount`).
+fn served_source() -> Result<(PathBuf, bool)> {
     let rt = Runtime::open()?;
     let mut c = crate::client::connect(&rt)?
         .context("no granary agent runs on this node (--attach starts none)")?;
     match c.ask(&Request::Status)? {
         Reply::Status(s) => match (s.cluster, s.sources.as_slice()) {
-            (Some(c), _) => Ok(c.source),
-            (None, [one]) => Ok(one.source.clone()),
+            (Some(c), _) => Ok((c.source, c.mount)),
+            (None, [one]) => Ok((one.source.clone(), false)),
             _ => bail!("the agent serves several sources (or none): name one with --source"),
         },
         other => bail!("unexpected reply {other:?}"),

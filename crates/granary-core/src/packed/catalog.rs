@@ -21,7 +21,7 @@ use granary_pack::format::entry::flags as pflags;
 use granary_pack::format::header::info;
 use granary_pack::format::EntryRec as PackEntry;
 use granary_pack::Index;
-use granary_shm::layout::pack::{LOC_PACKED, LOC_SPARSE};
+use granary_shm::layout::pack::{LOC_PACKED, LOC_REPLICATE, LOC_SPARSE};
 use granary_shm::{object_id, state, Catalog, Locator, Node, StatRec};
 
 use crate::catalog::Prev;
@@ -232,6 +232,11 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
             flags: LOC_PACKED
                 | if e.flags & pflags::SPARSE != 0 {
                     LOC_SPARSE
+                } else {
+                    0
+                }
+                | if e.flags & pflags::REPLICATE != 0 {
+                    LOC_REPLICATE
                 } else {
                     0
                 },

@@ -15,6 +15,7 @@ pub mod check;
 
 use std::path::{Path, PathBuf};
 
+use granary_pack::format::header::{INDEX_HEADER_LEN, PARTITION_REC_LEN};
 use granary_pack::format::{partition_file, IndexHeader, PartitionRec, INDEX_FILE};
 use granary_pack::Index;
 
@@ -59,5 +60,34 @@ pub struct Layout {
 impl Layout {
     pub fn partition_path(&self, n: u32) -> PathBuf {
         self.dir.join(partition_file(n))
+    }
+
+    /// The index header and partition table as bytes (cluster mode: rank 0 sends them with
+    /// its catalog, so no other rank reads the index).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = self.header.encode().to_vec();
+        for p in &self.partitions {
+            b.extend_from_slice(&p.encode());
+        }
+        b
+    }
+
+    /// `encode`'s bytes for the pack at `dir`: the header checked (its checksum) and a record
+    /// for each of its partitions, else `None`.
+    pub fn decode(dir: &Path, b: &[u8]) -> Option<Layout> {
+        let head = b.get(..INDEX_HEADER_LEN)?;
+        let header = IndexHeader::decode(head, &dir.join(INDEX_FILE)).ok()?;
+        let recs = &b[INDEX_HEADER_LEN..];
+        if recs.len() != header.partition_count as usize * PARTITION_REC_LEN {
+            return None;
+        }
+        Some(Layout {
+            dir: dir.to_path_buf(),
+            header,
+            partitions: recs
+                .chunks_exact(PARTITION_REC_LEN)
+                .map(PartitionRec::decode)
+                .collect(),
+        })
     }
 }

@@ -5,7 +5,8 @@
 //! preload library serves them as any copy (a real local fd, checked at every open).
 //!
 //! The other side of a cluster is reached through `Remote`, which the pool asks before it reads
-//! the source for a fetch (`pool::worker`) and tells of every entry a client voided.
+//! the source for a fetch (`pool::worker`), the ring consumer for a packed file another node
+//! streams (`requests::handle_request`), and which is told of every entry a client voided.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -23,8 +24,9 @@ use crate::tiers::Reservation;
 
 /// Cluster mode's hook into placement (one per table, `SourceCtx::remote`).
 pub trait Remote: Send + Sync {
-    /// A worker took a fetch of entry `idx` (QUEUED), asked for by job slot `slot`. `None`:
-    /// read the source as on one node (a file this node owns, or nobody else can serve).
+    /// A worker took a fetch of entry `idx` (QUEUED), asked for by job slot `slot` (or the ring
+    /// consumer, for a packed file this node does not stream). `None`: read the source as on
+    /// one node (a file this node owns, or nobody else can serve).
     /// `Some(outcome)`: handled — placed from a peer, decided, or handed to another thread
     /// (`Skipped`), which then holds its own `ctx.inflight` count until it is done.
     fn fetch(&self, ctx: &Arc<SourceCtx>, idx: u32, slot: u32) -> Option<PlaceOutcome>;

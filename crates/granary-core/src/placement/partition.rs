@@ -9,6 +9,10 @@
 //! (`request`) moves its segment to the front: the next read of any streamer is the region the
 //! program waits on, and the sweep then goes on where it was.
 //!
+//! In cluster mode (`granary serve`) each node streams only the files it owns (`restrict`):
+//! its segments of the pack, each read once for the whole job; it reads another file of the
+//! pack only when the nodes that own it cannot send it (`adopt`).
+//!
 //! Per segment, room comes first: each file that still needs a copy is claimed and reserved on
 //! the policy's tiers before a byte is read (a file no tier can take becomes SOURCE_ONLY, and a
 //! segment nobody can take is never read). Its stored bytes are decoded (`unpack`) into a
@@ -44,6 +48,8 @@ use crate::tiers::Reservation;
 const TODO: u8 = 0;
 const TAKEN: u8 = 1;
 const DONE: u8 = 2;
+/// Taken, and asked for again meanwhile (a file it did not place then): streamed once more.
+const AGAIN: u8 = 3;
 const NONE: u32 = u32::MAX;
 
 struct Segment {
@@ -71,6 +77,9 @@ pub struct Streamer {
     members: Vec<u32>,
     /// Segment of each table entry (`NONE`: not packed).
     segment_of: Vec<u32>,
+    /// Per table entry: this node streams it (every packed file on one node; in cluster mode
+    /// the files it owns, and those it took over from nodes that could not send them).
+    mine: Vec<AtomicBool>,
     seg_state: Vec<AtomicU8>,
     /// Each partition's segments, and the next one its sweep looks at.
     parts: Vec<Range<u32>>,
@@ -138,6 +147,7 @@ impl Streamer {
             segments,
             members,
             segment_of,
+            mine: (0..n).map(|_| AtomicBool::new(true)).collect(),
             cursor: parts
                 .iter()
                 .map(|r| AtomicUsize::new(r.start as usize))
@@ -159,6 +169,45 @@ impl Streamer {
         self.segments.len()
     }
 
+    /// The pack's partitions as this streamer opens and checks them.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Cluster mode, before `spawn`: this node streams only the entries `mine` says it owns;
+    /// segments without one are never read here.
+    pub fn restrict(&self, mine: impl Fn(u32) -> bool) {
+        for (i, m) in self.mine.iter().enumerate() {
+            m.store(mine(i as u32), Ordering::Release);
+        }
+        for (k, s) in self.segments.iter().enumerate() {
+            let members = &self.members[s.members.start as usize..s.members.end as usize];
+            if !members.iter().any(|&i| self.streams(i))
+                && self.seg_state[k]
+                    .compare_exchange(TODO, DONE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                self.remaining.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// True if this node streams entry `idx` itself.
+    pub fn streams(&self, idx: u32) -> bool {
+        self.mine
+            .get(idx as usize)
+            .is_some_and(|m| m.load(Ordering::Acquire))
+    }
+
+    /// Cluster mode: packed entry `idx`, another node's, could not be had from it; this node
+    /// reads it from its partition after all (only its stored bytes) and keeps the copy.
+    pub fn adopt(&self, ctx: &SourceCtx, idx: u32) {
+        if let Some(m) = self.mine.get(idx as usize) {
+            m.store(true, Ordering::Release);
+            self.request(ctx, idx);
+        }
+    }
+
     /// A program opened packed entry `idx` and waits for its copy: its segment goes first. A
     /// segment already streamed is streamed again if the entry lost its copy since (withdrawn
     /// as damaged).
@@ -177,18 +226,36 @@ impl Streamer {
             state::state_of(ctx.table.state(idx)),
             state::UNPLACED | state::QUEUED
         );
-        if unplaced
-            && st
-                .compare_exchange(DONE, TODO, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            && self.remaining.fetch_add(1, Ordering::AcqRel) == 0
-        {
-            self.hold(ctx);
+        loop {
+            let now = st.load(Ordering::Acquire);
+            let next = match now {
+                TODO => break,
+                DONE if unplaced => TODO,
+                // Being streamed: it may have passed this file over (not this node's then, or
+                // not yet asked for), so once done it is streamed again.
+                TAKEN if unplaced => AGAIN,
+                _ => return,
+            };
+            if st
+                .compare_exchange(now, next, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            if next == AGAIN {
+                return;
+            }
+            if self.remaining.fetch_add(1, Ordering::AcqRel) == 0 {
+                self.hold(ctx);
+            }
+            break;
         }
-        if st.load(Ordering::Acquire) == TODO {
-            lock(&self.urgent).push_back(seg);
-            self.wake.notify_all();
-        }
+        self.urge(seg);
+    }
+
+    fn urge(&self, seg: u32) {
+        lock(&self.urgent).push_back(seg);
+        self.wake.notify_all();
     }
 
     fn hold(&self, ctx: &SourceCtx) {
@@ -214,7 +281,23 @@ impl Streamer {
     }
 
     fn done(&self, ctx: &SourceCtx, seg: u32) {
-        self.seg_state[seg as usize].store(DONE, Ordering::Release);
+        let st = &self.seg_state[seg as usize];
+        loop {
+            let cas = |from, to| {
+                st.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            };
+            if cas(AGAIN, TODO) {
+                self.urge(seg);
+                return;
+            }
+            if cas(TAKEN, DONE) {
+                break;
+            }
+            if !matches!(st.load(Ordering::Acquire), TAKEN | AGAIN) {
+                return; // not taken (cannot happen): nothing to count
+            }
+        }
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.unhold(ctx);
         }
@@ -258,7 +341,15 @@ impl Streamer {
         }
         let path = self.layout.partition_path(n);
         let rec = self.layout.partitions.get(n as usize).copied()?;
-        match granary_pack::partition::open(&path, n, &self.layout.header, &rec) {
+        // No readahead from the first read on (the header's): a window the kernel opened
+        // then goes on reading ahead of later reads whatever they advise, past the runs this
+        // node reads — into other nodes' bytes, in cluster mode (`SourceReader`).
+        let opened = File::open(&path).map_err(|e| granary_pack::PackError::io(&path, e));
+        let checked = opened.and_then(|f| {
+            sys::fadvise(&f, 0, 0, libc::POSIX_FADV_RANDOM);
+            granary_pack::partition::check(f, &path, n, &self.layout.header, &rec)
+        });
+        match checked {
             Ok(p) => {
                 AgentCounters::add(&ctx.counters.source_opens, 1);
                 let file = Arc::new(p.file);
@@ -287,15 +378,20 @@ pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> std::io::Result<()> {
     if st.remaining.load(Ordering::Acquire) > 0 {
         st.hold(&ctx);
     }
+    let todo = |r: &Range<u32>| {
+        r.clone()
+            .any(|k| st.seg_state[k as usize].load(Ordering::Acquire) == TODO)
+    };
     let threads = sh
         .params
         .max_source_streams
-        .min(st.parts.iter().filter(|r| r.start < r.end).count())
+        .min(st.parts.iter().filter(|r| todo(r)).count())
         .max(1);
     tracing::info!(
-        "{}: streaming {} partitions ({} segments) with {threads} streams",
+        "{}: streaming {} partitions ({} of {} segments here) with {threads} streams",
         ctx.source_real.display(),
         st.parts.len(),
+        st.remaining.load(Ordering::Acquire),
         st.segments.len()
     );
     for i in 0..threads {
@@ -368,6 +464,9 @@ fn segment(
     let block = t.pack_block_size();
     let mut outs: Vec<Out<'_>> = Vec::new();
     for &idx in &st.members[s.members.start as usize..s.members.end as usize] {
+        if !st.streams(idx) {
+            continue; // another node's (cluster mode)
+        }
         let cell = EntryCell { table: t, idx };
         let (Some(entry), Some(loc)) = (t.entry(idx), t.locator(idx)) else {
             continue;
@@ -422,22 +521,34 @@ fn segment(
             o.failed = Some(Failed::Tier(e));
         }
     }
-    // Only the stored bytes of the files that need them (a partly placed segment reads less).
-    let start = outs.iter().map(|o| o.loc.offset).min().unwrap_or(s.start);
-    let end = outs
-        .iter()
-        .map(|o| o.loc.offset + o.loc.stored_len)
-        .max()
-        .unwrap_or(s.end);
-    if let Err(e) = stream(ctx, sh, st, &file, start, end, buf, scratch, &mut outs) {
-        for o in outs.iter_mut() {
-            o.failed
-                .get_or_insert(Failed::Source(std::io::Error::new(e.kind(), e.to_string())));
+    // Only the stored bytes of the files that need them, in runs without gaps: what lies
+    // between is placed already or another node's (cluster mode), which reads it itself.
+    for (start, end) in runs(&outs) {
+        if let Err(e) = stream(ctx, sh, st, &file, start, end, buf, scratch, &mut outs) {
+            for o in outs.iter_mut() {
+                o.failed
+                    .get_or_insert(Failed::Source(std::io::Error::new(e.kind(), e.to_string())));
+            }
+            break;
         }
     }
     for o in outs {
         publish(ctx, o);
     }
+}
+
+/// The stored byte ranges of `outs` (in data order), merged where one starts in the page the
+/// previous one ends in (reads are page-aligned: that page is read once either way).
+fn runs(outs: &[Out<'_>]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for o in outs {
+        let (start, end) = (o.loc.offset, o.loc.offset + o.loc.stored_len);
+        match runs.last_mut() {
+            Some(last) if start <= align_up(last.1) => last.1 = last.1.max(end),
+            _ => runs.push((start, end)),
+        }
+    }
+    runs
 }
 
 /// The copy's temporary file in the reserved tier, with the file's length when it may have

@@ -27,6 +27,18 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
     }
     if let (Some(pack), request::OPEN_UNPLACED | request::CLOSED) = (ctx.pack.get(), kind) {
         if t.locator(idx).is_some() {
+            if !pack.streams(idx) {
+                // Cluster mode: another node streams it and sends it here; if none can, this
+                // node reads it from the pack itself.
+                if kind == request::OPEN_UNPLACED && lifecycle::claim(&EntryCell { table: t, idx })
+                {
+                    let handed = ctx.remote.get().and_then(|r| r.fetch(ctx, idx, arg));
+                    if handed.is_none() {
+                        pack.adopt(ctx, idx);
+                    }
+                }
+                return;
+            }
             // A packed file's bytes come from its partition, never from the source's file: the
             // program waits for this copy, so its segment is streamed next.
             pack.request(ctx, idx);

@@ -76,7 +76,8 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
         crate::packed::wait(g, idx);
     }
     let st = state::state_of(g.table.state(idx));
-    if st == state::PLACED || cluster_wait(g, idx, &entry, st) {
+    // (A packed file was waited for just now, in cluster mode too: no second wait.)
+    if st == state::PLACED || loc.is_none() && cluster_wait(g, idx, &entry, st) {
         if let Some(fd) = copy_fd(g, idx, &entry, flags) {
             return Plan::Done(fd);
         }

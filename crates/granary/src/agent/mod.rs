@@ -23,6 +23,8 @@ use granary_core::runtime::Runtime;
 use granary_core::tiers::{TierRegistry, TierSpec};
 
 use crate::cli::AgentArgs;
+#[cfg(feature = "mpi")]
+pub(crate) use source::Broadcast;
 use source::SourceState;
 
 /// How long a starting agent waits for the previous one to let go of `agent.alive`.
@@ -79,8 +81,13 @@ pub struct Agent {
 
 /// A serving rank's part of the agent (crates/granary/src/cluster).
 pub struct Serving {
-    /// The served source (normalized): jobs may attach to it only, once `node` is set.
+    /// The served source (normalized): jobs may attach to it only, once `node` is set. With
+    /// `mount`, where the programs expect the tree that exists only in the pack.
     pub source: std::path::PathBuf,
+    /// The pack it is served from (`--pack`, absolute), and whether only the pack exists
+    /// (`--mount`): a job attaching to the source is served from it.
+    pub pack: Option<std::path::PathBuf>,
+    pub mount: bool,
     pub rank: u32,
     pub ranks: u32,
     pub node: OnceLock<Arc<crate::cluster::Node>>,
@@ -90,9 +97,17 @@ pub struct Serving {
 
 impl Serving {
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub fn new(source: std::path::PathBuf, rank: u32, ranks: u32) -> Serving {
+    pub fn new(
+        source: std::path::PathBuf,
+        pack: Option<(std::path::PathBuf, bool)>,
+        rank: u32,
+        ranks: u32,
+    ) -> Serving {
+        let mount = pack.as_ref().is_some_and(|p| p.1);
         Serving {
             source,
+            pack: pack.map(|p| p.0),
+            mount,
             rank,
             ranks,
             node: OnceLock::new(),

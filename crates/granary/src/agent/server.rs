@@ -2,7 +2,9 @@
 //! job's lease: when it closes (the job ended or died), the job is detached.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use granary_core::catalog::Progress;
 
 use super::protocol::{AgentStatus, PageCacheStatus, PoolStatus, Reply, Request, SourceStatus};
-use super::source::SourceState;
+use super::source::{Broadcast, SourceState};
 use super::{Agent, PoolWishes};
 
 pub fn accept_loop(agent: Arc<Agent>, listener: UnixListener) {
@@ -104,8 +106,8 @@ struct SourceWishes<'a> {
     /// The pack to serve, and whether only the pack exists.
     pack: Option<&'a std::path::Path>,
     mount: bool,
-    /// Cluster mode: rank 0's table image, adopted instead of a walk (`granary serve`).
-    image: Option<&'a Mutex<Vec<u8>>>,
+    /// Cluster mode: rank 0's catalog, adopted instead of a walk (`granary serve`).
+    image: Option<&'a Broadcast>,
 }
 
 /// Threads of an attach's background validation: enough to keep a network file system's
@@ -118,21 +120,22 @@ pub(crate) struct Lease {
 }
 
 /// `granary serve`'s own attach to its source, before any job: rank 0 walks (or loads) it,
-/// the other ranks adopt rank 0's `image`. Never detached.
+/// or loads the pack's index, the other ranks adopt rank 0's `image`. Never detached.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn attach_serving(
     agent: &Arc<Agent>,
     source: &std::path::Path,
     immutable: bool,
-    image: Option<&Mutex<Vec<u8>>>,
+    image: Option<&Broadcast>,
 ) -> Result<Lease> {
     let progress = Progress::default();
+    let serving = agent.serving.as_ref().context("not a serving agent")?;
     let wishes = SourceWishes {
         tiers: &[],
         order: None,
         immutable,
-        pack: None,
-        mount: false,
+        pack: serving.pack.as_deref(),
+        mount: serving.mount,
         image,
     };
     let pool = PoolWishes {
@@ -270,6 +273,7 @@ fn find_source(
     source: &std::path::Path,
     pack: Option<&std::path::Path>,
 ) -> Option<Arc<SourceState>> {
+    let (pack, _) = served_pack(agent, pack, false);
     let key = super::source::source_key(&granary_core::source::normalize(source).ok()?, pack);
     agent
         .sources
@@ -277,6 +281,19 @@ fn find_source(
         .unwrap_or_else(|e| e.into_inner())
         .get(&key)
         .cloned()
+}
+
+/// The pack a job's source is served from: a serving rank's own (a job attaching to it names
+/// none), else the job's.
+fn served_pack<'a>(
+    agent: &'a Agent,
+    pack: Option<&'a std::path::Path>,
+    mount: bool,
+) -> (Option<&'a std::path::Path>, bool) {
+    match &agent.serving {
+        Some(c) => (c.pack.as_deref(), c.mount),
+        None => (pack, mount),
+    }
 }
 
 fn attach(
@@ -301,6 +318,7 @@ fn attach(
     if let Some(c) = &agent.serving {
         crate::cluster::admit(agent, c, &path, pid)?;
     }
+    let (pack, mount) = served_pack(agent, pack, mount);
     let key = super::source::source_key(&path, pack);
     let src = {
         let mut map = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
@@ -308,7 +326,15 @@ fn attach(
             Some(s) => s.clone(),
             None => {
                 let s = Arc::new(match pack {
-                    Some(p) => SourceState::new_packed(path, p, mount)?,
+                    Some(p) => {
+                        // Adopting rank 0's table: the tree as rank 0 resolved it.
+                        let known = image.and_then(|b| {
+                            let img = b.image.lock().unwrap_or_else(|e| e.into_inner());
+                            granary_shm::image_source_real(&img)
+                                .map(|r| PathBuf::from(std::ffi::OsString::from_vec(r)))
+                        });
+                        SourceState::new_packed(path, p, mount, known)?
+                    }
                     None => SourceState::new(path)?,
                 });
                 map.insert(key, s.clone());
@@ -378,7 +404,11 @@ fn attach(
         if origin != super::source::Origin::Kept {
             if let Some(ctx) = src.ctx() {
                 granary_core::placement::prefetch::spawn(ctx.clone(), setup.pool.shared().clone())?;
-                granary_core::placement::partition::spawn(ctx, setup.pool.shared().clone())?;
+                // A serving rank streams only its share of a pack: its node starts the
+                // streamers once the pack is dealt out (`cluster::Node::start`).
+                if agent.serving.is_none() {
+                    granary_core::placement::partition::spawn(ctx, setup.pool.shared().clone())?;
+                }
             }
         }
     } else if agent.serving.is_none() {

@@ -28,8 +28,8 @@ const _: () = assert!(JOB_SLOTS as usize <= granary_core::stats::MAX_JOB_SLOTS);
 /// How an attach to an idle source prepares its table: walk threads, the placement parameters
 /// the table advertises, how reused copies are verified, and the attach's validation.
 pub struct WalkOpts<'a> {
-    /// Cluster mode: another rank's table image to adopt instead of walking (`granary serve`).
-    pub image: Option<&'a Mutex<Vec<u8>>>,
+    /// Cluster mode: another rank's catalog to adopt instead of walking (`granary serve`).
+    pub image: Option<&'a Broadcast>,
     pub threads: usize,
     pub params: &'a Params,
     pub verify: Verify,
@@ -40,6 +40,15 @@ pub struct WalkOpts<'a> {
     pub immutable: bool,
     /// Threads of the background validation.
     pub validate_threads: usize,
+}
+
+/// Cluster mode: what rank 0 sends every other rank instead of a walk (`granary serve`).
+pub struct Broadcast {
+    /// Its table image, made this rank's in place (`catalog::adopt`).
+    pub image: Mutex<Vec<u8>>,
+    /// A packed source's index header and partition table (`packed::Layout::encode`), so no
+    /// other rank reads the index; empty otherwise.
+    pub layout: Vec<u8>,
 }
 
 /// How the table of an attach came to be (for the log and the job's report).
@@ -202,15 +211,12 @@ impl SourceState {
         } else {
             let saved = self.catalog_file(&tiers);
             let last_saved = self.ctx().map(|c| self.catalog_file(&c.tiers));
-            let last_tiers: Vec<PathBuf> = self
-                .ctx()
-                .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
-                .unwrap_or_default();
+            let last_tiers = self.tier_paths();
             let table_path = rt_dir.table(&self.id, generation);
             let mut origin = Origin::Walked;
             let mut published = None;
-            if let Some(img) = opts.image {
-                let mut img = img.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(b) = opts.image {
+                let mut img = b.image.lock().unwrap_or_else(|e| e.into_inner());
                 published = Some(
                     catalog::adopt(&mut img, &spec, &table_path)
                         .context("adopting rank 0's catalog")?,
@@ -316,6 +322,13 @@ impl SourceState {
             && t.agent_creds() == spec.creds
             && t.job_slots() == spec.job_slots
             && !(0..t.entry_count()).any(|i| state::is_void(state::state_of(t.state(i))))
+    }
+
+    /// The current table's tiers (none before the first).
+    fn tier_paths(&self) -> Vec<PathBuf> {
+        self.ctx()
+            .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
+            .unwrap_or_default()
     }
 
     /// Each tier's object directory for this source, opened and verified (`None`: unusable).

@@ -13,6 +13,10 @@ Examples (one serving rank per node, then the program on every node):
   srun granary run --attach -- python train.py
   mpirun -np 8 --map-by ppr:1:node granary serve --source /pfs/imagenet --replicas 2 &
 
+A pack (granary pack): rank 0 reads its index, each rank streams its share of the pack:
+  srun --ntasks-per-node=1 granary serve --source /pfs/imagenet --pack /pfs/imagenet.granary &
+  srun --ntasks-per-node=1 granary serve --pack /pfs/imagenet.granary --mount /data/imagenet &
+
 On one machine (tests), `{rank}` in $GRANARY_RUNTIME_DIR, --tier and --staging is the MPI rank:
   GRANARY_RUNTIME_DIR=/tmp/g/rt{rank} mpirun -np 3 --oversubscribe granary serve \\
        --source /data --tier /tmp/g/t{rank}=4G &
@@ -23,8 +27,13 @@ On one machine (tests), `{rank}` in $GRANARY_RUNTIME_DIR, --tier and --staging i
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// The dataset directory, at the same path on every node (the shared file system).
-    #[arg(long, value_name = "DIR")]
-    pub source: PathBuf,
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "mount",
+        conflicts_with = "mount"
+    )]
+    pub source: Option<PathBuf>,
     #[command(flatten)]
     pub tiers: TierArgs,
     /// Where copies of files other nodes hold go when a program here opens them: PATH[=SIZE].
@@ -38,7 +47,8 @@ pub struct ServeArgs {
     pub replicas: u32,
     /// Files every node holds (a validation set): a glob relative to --source, or a
     /// directory, e.g. 'val/**' or val. Read from the source once, copied to every node at
-    /// start. Repeatable.
+    /// start. Repeatable. (A pack's files marked by `granary pack --replicate` are held by
+    /// every node too.)
     #[arg(long, value_name = "GLOB")]
     pub replicate: Vec<String>,
     /// How long a node waits for another node's next message before it reads the source
@@ -48,9 +58,47 @@ pub struct ServeArgs {
     /// Declare the dataset immutable: rank 0 checks a saved catalog by directory only.
     #[arg(long)]
     pub immutable: bool,
-    /// A packed dataset (granary pack): not served in cluster mode yet.
+    /// Serve the dataset from this pack (made by `granary pack`, at the same path on every
+    /// node): rank 0 reads its index (with --source, the tree is checked against it per
+    /// directory), every rank gets the catalog, and each rank streams its share of the pack
+    /// (runs of consecutive files spread over the ranks) from the shared file system — every
+    /// byte once for the job — and sends those files to the others. Files changed since
+    /// packing are read from --source.
     #[arg(long, value_name = "PACK")]
     pub pack: Option<PathBuf>,
+    /// Only the pack exists: PATH is where the programs expect the tree, served from the pack
+    /// alone (see `granary run --mount`).
+    #[arg(long, value_name = "PATH", requires = "pack")]
+    pub mount: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// The path the programs read (normalized), and the pack serving it (absolute) with
+    /// whether only the pack exists; checked before MPI starts.
+    pub fn served(&self) -> anyhow::Result<(PathBuf, Option<(PathBuf, bool)>)> {
+        let path = match (&self.source, &self.mount) {
+            (_, Some(m)) => granary_core::source::normalize(m)?,
+            (Some(s), None) => granary_core::source::normalize(s)?,
+            (None, None) => anyhow::bail!("--source DIR or --pack PACK --mount PATH is required"),
+        };
+        if self.mount.is_some() && path == std::path::Path::new("/") {
+            anyhow::bail!("--mount /: choose the directory where the programs expect the dataset");
+        }
+        let Some(p) = &self.pack else {
+            return Ok((path, None));
+        };
+        let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        let index = p.join(granary_pack::format::INDEX_FILE);
+        if !index.is_file() {
+            anyhow::bail!(
+                "pack {}: no index (make one with `granary pack SRC {}`)",
+                p.display(),
+                p.display()
+            );
+        }
+        // (Whether --source is a directory is rank 0's to check: the others never look at it.)
+        Ok((path, Some((p, self.mount.is_some()))))
+    }
 }
 
 /// `{rank}` replaced by `rank` (several "nodes" on one machine).

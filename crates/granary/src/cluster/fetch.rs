@@ -4,7 +4,8 @@
 //! asks the file's owners in turn and writes what arrives through the ordinary publication path
 //! (`placement::incoming`). Every wait is bounded by the peer timeout: an owner that is silent
 //! that long (stopped, dead, hung) is written off (`Peers::failed`) and the next owner, or
-//! finally the source, serves the file. Fetchers never wait for this node's placement pool, and
+//! finally the source, serves the file — a packed file is then read from the pack by this
+//! node's partition streamer (only its stored bytes, by its partition offset). Fetchers never wait for this node's placement pool, and
 //! the pool never waits for a peer, so two ranks asking each other cannot deadlock.
 
 use std::sync::atomic::Ordering;
@@ -92,6 +93,11 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
         Got::Placed(out) | Got::Outcome(out) => out,
         Got::Source => {
             AgentCounters::add(&ctx.counters.remote_fallbacks, 1);
+            if let (Some(st), Some(_)) = (ctx.pack.get(), ctx.table.locator(idx)) {
+                // The entry is QUEUED: the streamer takes it as this node's from now on.
+                st.adopt(ctx, idx);
+                return PlaceOutcome::Skipped;
+            }
             let Some(setup) = node.agent.setup.get() else {
                 return PlaceOutcome::Skipped;
             };
@@ -137,6 +143,9 @@ fn remote(
         let started = std::time::Instant::now();
         match transfer(node, &mut rx, owner, idx, e) {
             Ok(sum) => {
+                // A packed file is checked against the index's checksum itself, not only the
+                // owner's word for it.
+                let sum = ctx.table.locator(idx).map_or(sum, |l| l.checksum.max(1));
                 return match rx.finish(sum) {
                     Ok(out) => {
                         tracing::debug!(
@@ -246,9 +255,11 @@ fn transfer(
                 Ok(Event::Landed { off, len }) => {
                     rx.landed(landing.landed(off, len))
                         .map_err(Failure::Local)?;
+                    arrived(node, idx, len as u64);
                 }
                 Ok(Event::Data(buf)) => {
                     let r = rx.append(&buf);
+                    arrived(node, idx, buf.len() as u64);
                     node.comm.bufs.put(buf);
                     r.map_err(Failure::Local)?;
                 }
@@ -264,4 +275,14 @@ fn transfer(
         node.comm.ctrl(owner, &Msg::Cancel { tag });
     }
     res
+}
+
+/// `n` bytes of entry `idx` arrived. A program waiting for a packed file watches the pack's
+/// stream on its node (docs/pack-format.md, "Serving a pack"): bytes of the pack arriving from
+/// another node move it as the node's own partition reads do.
+fn arrived(node: &Node, idx: u32, n: u64) {
+    let t = &node.ctx.table;
+    if t.locator(idx).is_some() {
+        t.add_pack_streamed(n);
+    }
 }

@@ -4,7 +4,9 @@
 //! - One catalog per job: rank 0 walks (or loads) the source, and its table image reaches every
 //!   rank (`mpi::Mpi::broadcast`), which adopts it without a call on the source.
 //! - One source read per byte: every file has owners (`ownership`); the first one reads it from
-//!   the source (through the ordinary placement pool) and serves it to the others.
+//!   the source (through the ordinary placement pool) and serves it to the others. A pack's
+//!   files are dealt out in contiguous stretches of the pack, which each rank's partition
+//!   streamer reads in large sequential reads (`placement::partition`).
 //! - Remote reads: a program opening a file another rank holds waits (the table's cluster flag)
 //!   while a fetcher (`fetch`) gets it from an owner's provider (`provide`) into this node's
 //!   staging tier (`staging`); then it opens a real local copy, as on one node.
@@ -157,6 +159,7 @@ impl Node {
         let hook: Arc<dyn Remote> = node.clone();
         let _ = ctx.remote.set(hook);
         ctx.table.set_cluster(true);
+        node.stream_pack()?;
         {
             let n = node.clone();
             std::thread::Builder::new()
@@ -170,6 +173,21 @@ impl Node {
                 .spawn(move || n.copy_others())?;
         }
         Ok(node)
+    }
+
+    /// A pack: this rank's partition streamers, reading its own stretch of the pack only.
+    fn stream_pack(&self) -> Result<()> {
+        let (Some(st), Some(setup)) = (self.ctx.pack.get(), self.agent.setup.get()) else {
+            return Ok(());
+        };
+        st.restrict(|idx| self.own.primary(idx) == Some(self.rank));
+        granary_core::placement::partition::spawn(self.ctx.clone(), setup.pool.shared().clone())?;
+        Ok(())
+    }
+
+    /// True if `idx` is a packed file this rank reads from the pack itself.
+    fn streams(&self, ctx: &SourceCtx, idx: u32) -> bool {
+        ctx.table.locator(idx).is_some() && ctx.pack.get().is_some_and(|st| st.streams(idx))
     }
 
     /// Empty files are placed here at once: their copy needs no byte from anyone, and a
@@ -331,6 +349,8 @@ impl Node {
             ranks: self.ranks,
             ready: true,
             source: serving.source.clone(),
+            pack: serving.pack.clone(),
+            mount: serving.mount,
             replicas: self.replicas,
             replicate: self.replicate.clone(),
             copies_pending: self.copies_pending.load(Ordering::Acquire),
@@ -363,9 +383,16 @@ fn replicated(set: &globset::GlobSet, rel: &[u8]) -> bool {
 
 impl Remote for Node {
     fn fetch(&self, ctx: &Arc<SourceCtx>, idx: u32, slot: u32) -> Option<PlaceOutcome> {
-        // The first owner reads the source (so does anyone, for a file nobody owns).
+        // The first owner reads the source (so does anyone, for a file nobody owns); a packed
+        // file, from its partition.
         if self.own.primary(idx).is_none_or(|p| p == self.rank) {
-            return None;
+            return match (ctx.pack.get(), ctx.table.locator(idx)) {
+                (Some(st), Some(_)) => {
+                    st.adopt(ctx, idx);
+                    Some(PlaceOutcome::Skipped)
+                }
+                _ => None,
+            };
         }
         ctx.inflight.fetch_add(1, Ordering::AcqRel);
         let job = fetch::RemoteFetch {
@@ -487,6 +514,8 @@ pub fn status(serving: &Serving) -> status::ClusterStatus {
             rank: serving.rank,
             ranks: serving.ranks,
             source: serving.source.clone(),
+            pack: serving.pack.clone(),
+            mount: serving.mount,
             ..Default::default()
         },
     }

@@ -10,11 +10,24 @@
 //! ranks hold a file too; `--replicate GLOB` files are held by every rank (read from the source
 //! once, by their first owner, and copied to the others).
 //!
-//! For packs (not served in cluster mode yet), the unit is a partition instead of a file.
+//! A pack's files (`granary serve --pack`) are dealt out in **units**: runs of consecutive
+//! files in the order their bytes lie in the pack (partition, offset), each run at most
+//! `unit_size` bytes (a larger file is a unit of its own), in pack order each to the rank holding
+//! the fewest bytes so far. A unit is what a rank's partition streamer reads from the PFS in
+//! a few large requests; every byte of the pack is read once for the job, by its unit's rank.
+//! Units rather than whole partitions or one stretch per rank: a pack lays files out in path
+//! order, so a directory (a class, one of FanStore's file sizes) is one stretch of it; dealt in
+//! stretches, one rank would hold — and serve every other rank — all of it. Units of about a
+//! sixteenth of a rank's share spread every directory over every rank, whatever the pack's
+//! partition count (one partition, or fewer than the ranks, balance alike), and each rank
+//! holds its share of the bytes within one unit. Files served from the source (changed since
+//! packing) are then dealt as files onto the least loaded rank; files the pack marks
+//! `--replicate` are held by every rank, read by the rank of the unit they lie in.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use granary_shm::layout::pack::LOC_REPLICATE;
 use granary_shm::{state, Table};
 
 /// No rank: not a regular file (or an empty one), or void.
@@ -44,6 +57,8 @@ impl Ownership {
         let mut everywhere = vec![false; n];
         let mut dealt = Vec::new();
         let mut spread = Vec::new();
+        // Packed files: (partition, offset, entry, size, held everywhere).
+        let mut packed = Vec::new();
         for i in 0..t.entry_count() {
             let Some(e) = t.entry(i) else { continue };
             if !e.stat.is_file() || e.stat.size == 0 || state::is_void(state::state_of(t.state(i)))
@@ -51,16 +66,19 @@ impl Ownership {
                 continue;
             }
             let rel = t.rel_path_vec(i).unwrap_or_default();
-            if replicate(&rel) {
-                everywhere[i as usize] = true;
-                spread.push((e.object, i));
-            } else {
-                dealt.push((Reverse(e.stat.size), e.object, i));
+            let loc = t.locator(i);
+            let all = replicate(&rel) || loc.is_some_and(|l| l.flags & LOC_REPLICATE != 0);
+            everywhere[i as usize] = all;
+            match loc {
+                Some(l) => packed.push((l.partition, l.offset, i, e.stat.size, all)),
+                None if all => spread.push((e.object, i)),
+                None => dealt.push((Reverse(e.stat.size), e.object, i)),
             }
         }
+        let held = deal_units(&mut packed, ranks, &mut primary);
         dealt.sort_unstable();
         let mut load: BinaryHeap<Reverse<(u64, u32)>> =
-            (0..ranks).map(|r| Reverse((0u64, r))).collect();
+            (0..ranks).map(|r| Reverse((held[r as usize], r))).collect();
         for (Reverse(size), _, i) in dealt {
             if let Some(Reverse((bytes, r))) = load.pop() {
                 primary[i as usize] = r as u16;
@@ -80,7 +98,8 @@ impl Ownership {
         }
     }
 
-    /// The rank that reads `idx` from the source (`None`: nobody holds it).
+    /// The rank that reads `idx` from the source — from the pack, for a packed file (`None`:
+    /// nobody holds it).
     pub fn primary(&self, idx: u32) -> Option<u32> {
         match self.primary.get(idx as usize) {
             Some(&r) if r != NONE => Some(r as u32),
@@ -120,14 +139,83 @@ impl Ownership {
     }
 }
 
+/// Units per rank a pack is cut into (module comment), unless they would be smaller than
+/// `MIN_UNIT`: one read of the PFS at the default block size.
+const UNITS_PER_RANK: u64 = 16;
+const MIN_UNIT: u64 = 8 << 20;
+
+/// The largest run of consecutive packed files that makes one unit, for `total` bytes dealt
+/// out to `ranks` ranks.
+pub fn unit_size(total: u64, ranks: u32) -> u64 {
+    (total / (ranks.max(1) as u64 * UNITS_PER_RANK)).max(MIN_UNIT)
+}
+
+/// The packed files (`(partition, offset, entry, size, held everywhere)`, sorted here into the
+/// pack's order) cut into units and dealt out: each file's rank into `primary`. Returns the
+/// bytes each rank holds. A file held everywhere weighs nothing in its unit's size.
+fn deal_units(
+    packed: &mut [(u32, u64, u32, u64, bool)],
+    ranks: u32,
+    primary: &mut [u16],
+) -> Vec<u64> {
+    packed.sort_unstable();
+    let weight = |f: &(u32, u64, u32, u64, bool)| if f.4 { 0 } else { f.3 };
+    let unit = unit_size(packed.iter().map(weight).sum(), ranks);
+    // The least loaded rank, the lowest of equals: equal units go round the ranks.
+    let mut load: BinaryHeap<Reverse<(u64, u32)>> =
+        (0..ranks).map(|r| Reverse((0u64, r))).collect();
+    let mut deal = |files: &[(u32, u64, u32, u64, bool)]| {
+        if let Some(Reverse((held, r))) = load.pop() {
+            for f in files {
+                primary[f.2 as usize] = r as u16;
+            }
+            load.push(Reverse((held + files.iter().map(weight).sum::<u64>(), r)));
+        }
+    };
+    let (mut from, mut bytes) = (0, 0);
+    for k in 0..packed.len() {
+        let f = &packed[k];
+        let other_partition = k > from && packed[k - 1].0 != f.0;
+        if k > from && (other_partition || bytes + weight(f) > unit) {
+            deal(&packed[from..k]);
+            (from, bytes) = (k, 0);
+        }
+        bytes += weight(f);
+    }
+    if from < packed.len() {
+        deal(&packed[from..]);
+    }
+    let mut held = vec![0u64; ranks as usize];
+    for Reverse((bytes, r)) in load {
+        held[r as usize] = bytes;
+    }
+    held
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use granary_shm::{build, CatalogEntry, Mapping, StatRec, TableSpec};
+    use granary_shm::layout::pack::LOC_PACKED;
+    use granary_shm::{build_catalog, Catalog, CatalogEntry, Locator, Mapping, PackSpec};
+    use granary_shm::{StatRec, TableSpec};
     use proptest::prelude::*;
     use std::os::fd::AsRawFd;
 
+    /// Where a file lies in a pack: (partition, offset, locator flags).
+    type Loc = Option<(u32, u64, u8)>;
+    /// A packed dataset: its files and where each lies.
+    type Packed = (Vec<(String, u64)>, Box<dyn Fn(&[u8]) -> Loc>);
+
     fn table(sizes: &[(String, u64)]) -> (Mapping, Table, tempfile::NamedTempFile) {
+        packed_table(sizes, &|_| None)
+    }
+
+    /// A table serving a pack: `loc(name)` is a file's (partition, offset, flags) in it, `None`
+    /// for a file served from the source.
+    fn packed_table(
+        sizes: &[(String, u64)],
+        loc: &dyn Fn(&[u8]) -> Loc,
+    ) -> (Mapping, Table, tempfile::NamedTempFile) {
         let dir = |ino| StatRec {
             mode: libc::S_IFDIR | 0o755,
             ino,
@@ -159,7 +247,27 @@ mod tests {
             job_slots: 2,
             ..Default::default()
         };
-        let img = build(&spec, &entries).unwrap();
+        let mut cat = Catalog::from_entries(&entries).unwrap();
+        cat.locators = (0..cat.len())
+            .map(|i| match loc(cat.name(i)) {
+                Some((partition, offset, flags)) if i > 0 => Locator {
+                    partition,
+                    offset,
+                    flags: LOC_PACKED | flags,
+                    ..Default::default()
+                },
+                _ => Locator::default(),
+            })
+            .collect();
+        let mut spec = spec;
+        if cat.locators.iter().any(|l| l.is_packed()) {
+            spec.pack = Some(PackSpec {
+                dir: b"/s.granary".to_vec(),
+                partitions: 8,
+                ..Default::default()
+            });
+        }
+        let img = build_catalog(&spec, &cat).unwrap();
         let mut f = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut f, &img).unwrap();
         let (m, t) = Mapping::map(f.as_file().as_raw_fd(), img.len()).unwrap();
@@ -239,6 +347,121 @@ mod tests {
         );
         // Replicas cannot exceed the ranks.
         assert_eq!(Ownership::assign(&t, 2, 5, |_| false).owners(1).len(), 2);
+    }
+
+    /// FanStore's set at 1/64 (2048 × 128K … 32 × 8M, 1 GiB), laid out in the pack by path
+    /// (each size one stretch, as `granary pack` lays out a tree), in `parts` partitions.
+    fn fanstore_pack(parts: u64) -> Packed {
+        let mut files = Vec::new();
+        for (n, size) in [
+            (2048, 128 << 10),
+            (512, 512 << 10),
+            (128, 2 << 20),
+            (32, 8 << 20),
+        ] {
+            for i in 0..n {
+                files.push((format!("s{size:08}/f{i:06}"), size));
+            }
+        }
+        let mut at = 0u64;
+        let pos: std::collections::HashMap<Vec<u8>, u64> = files
+            .iter()
+            .map(|(name, size)| {
+                at += size;
+                (name.as_bytes().to_vec(), at - size)
+            })
+            .collect();
+        let part = at.div_ceil(parts);
+        let loc = move |name: &[u8]| {
+            let off = *pos.get(name)?;
+            Some(((off / part) as u32, off % part, 0))
+        };
+        (files, Box::new(loc))
+    }
+
+    #[test]
+    fn a_pack_is_dealt_in_units_that_spread_every_directory_over_every_rank() {
+        for parts in [1, 3] {
+            let (files, loc) = fanstore_pack(parts);
+            let (_m, t, _f) = packed_table(&files, &*loc);
+            let total: u64 = files.iter().map(|f| f.1).sum();
+            for ranks in [1, 2, 3, 5, 8] {
+                let o = Ownership::assign(&t, ranks, 1, |_| false);
+                let unit = unit_size(total, ranks);
+                for r in 0..ranks {
+                    let h = held(&o, &t, r);
+                    assert!(
+                        h.abs_diff(total / ranks as u64) <= unit.max(8 << 20),
+                        "{parts} partitions, {ranks} ranks, rank {r}: {h} of {total}"
+                    );
+                }
+                // Every size (a directory) on every rank: no rank serves all of one.
+                for size in [128 << 10, 512 << 10, 2 << 20, 8 << 20] {
+                    let of_size: Vec<u32> = (1..t.entry_count())
+                        .filter(|&i| t.entry(i).is_some_and(|e| e.stat.size == size))
+                        .collect();
+                    let bytes = of_size.len() as u64 * size;
+                    if bytes < 2 * ranks as u64 * unit.max(size) {
+                        continue; // fewer units of this size than ranks
+                    }
+                    for r in 0..ranks {
+                        let n = of_size.iter().filter(|&&i| o.holds(r, i)).count();
+                        assert!(
+                            n > 0,
+                            "{ranks} ranks: rank {r} holds no file of size {size}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_unit_is_a_run_of_the_pack_within_one_partition() {
+        // 40 files of 1 MiB in 2 partitions, 2 ranks: units of 8 MiB (the smallest), never
+        // across the partitions' boundary, going round the ranks.
+        let files: Vec<(String, u64)> = (0..40).map(|i| (format!("f{i:02}"), 1 << 20)).collect();
+        let pos = |name: &[u8]| {
+            let k: u64 = std::str::from_utf8(name.get(1..)?).ok()?.parse().ok()?;
+            Some(((k / 20) as u32, (k % 20) << 20, 0))
+        };
+        let (_m, t, _f) = packed_table(&files, &pos);
+        let o = Ownership::assign(&t, 2, 1, |_| false);
+        let rank_of = |k: usize| o.primary(t.lookup(files[k].0.as_bytes()).unwrap()).unwrap();
+        let ranks: Vec<u32> = (0..40).map(rank_of).collect();
+        let want: Vec<u32> = [(8, 0), (8, 1), (4, 0), (8, 1), (8, 0), (4, 1)]
+            .iter()
+            .flat_map(|&(n, r)| std::iter::repeat_n(r, n))
+            .collect();
+        assert_eq!(ranks, want);
+    }
+
+    #[test]
+    fn replicated_and_changed_files_of_a_pack() {
+        let mut files = fanstore();
+        files.push(("val-a".into(), 3 << 20));
+        files.push(("changed".into(), 5 << 20));
+        let pos = |name: &[u8]| match name {
+            b"changed" => None,
+            b"val-a" => Some((0, 1 << 40, LOC_REPLICATE)),
+            _ => {
+                let k = files.iter().position(|f| f.0.as_bytes() == name)? as u64;
+                Some((0, k << 20, 0))
+            }
+        };
+        let (_m, t, _f) = packed_table(&files, &pos);
+        let o = Ownership::assign(&t, 3, 1, |_| false);
+        let val = t.lookup(b"val-a").unwrap();
+        assert!(o.everywhere(val) && o.owners(val).len() == 3);
+        assert!(o.primary(val).is_some(), "read by the rank of its unit");
+        // Served from the source: dealt as a file, onto a least loaded rank.
+        let changed = t.lookup(b"changed").unwrap();
+        assert!(t.locator(changed).is_none() && o.owners(changed).len() == 1);
+        let total: u64 = files.iter().map(|f| f.1).sum::<u64>() - (3 << 20);
+        for r in 0..3 {
+            let h = held(&o, &t, r) - (3 << 20);
+            assert!(h.abs_diff(total / 3) <= 8 << 20, "rank {r}: {h}");
+        }
     }
 
     proptest! {

@@ -1,7 +1,8 @@
 //! The serving side: another rank asks for a file this rank holds. A provider thread makes sure
 //! the copy exists — placing it from the source through this node's ordinary placement pool if
 //! no one has yet (the pool's source-stream cap staggers those reads), saying `Wait` every
-//! `KEEPALIVE` meanwhile — then sends it in `PIECE`s from the copy, checked against the identity
+//! `KEEPALIVE` meanwhile; a packed file this rank streams goes to the front of its partition
+//! streamer's queue instead — then sends it in `PIECE`s from the copy, checked against the identity
 //! recorded at placement like any client open. A requester that gave up (`Cancel`) or went
 //! silent gets nothing more.
 
@@ -69,6 +70,8 @@ fn serve(node: &Node, job: &PeerRequest) {
     let gone = || node.cancelled(job.from, job.tag, true) || !node.peers.alive(job.from);
     let mut keepalive = Instant::now();
     let mut nap = Duration::from_micros(100);
+    let streams = node.streams(ctx, idx);
+    let mut asked: Option<Instant> = None;
     let word = loop {
         if gone() {
             return;
@@ -76,6 +79,15 @@ fn serve(node: &Node, job: &PeerRequest) {
         let w = t.state(idx);
         match state::state_of(w) {
             state::PLACED => break w,
+            // Asked again now and then: a sweep may have passed it meanwhile (a lost race).
+            state::UNPLACED | state::QUEUED if streams => {
+                if asked.is_none_or(|at| at.elapsed() >= KEEPALIVE) {
+                    if let Some(st) = ctx.pack.get() {
+                        st.request(ctx, idx);
+                    }
+                    asked = Some(Instant::now());
+                }
+            }
             state::UNPLACED if node.own.holds(node.rank, idx) => {
                 if lifecycle::claim(&EntryCell { table: t, idx }) {
                     let Some(setup) = node.agent.setup.get() else {

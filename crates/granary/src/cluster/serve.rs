@@ -10,19 +10,14 @@ use granary_core::size::format_size;
 use super::args::{for_rank, replicate_set, ServeArgs};
 use super::transport::{Comm, Inbox};
 use super::{mpi, Node, Setup};
-use crate::agent::{self, Options, Serving};
+
+use crate::agent::{self, Broadcast, Options, Serving};
 
 /// Placement workers of a serving rank when not configured: its pool reads the files it owns
 /// for every rank (the source-stream cap still bounds the reads in flight).
 const SERVE_WORKERS: usize = 8;
 
 pub fn main(args: ServeArgs) -> Result<i32> {
-    if args.pack.is_some() {
-        bail!(
-            "--pack: packed datasets are not served in cluster mode yet; serve the unpacked \
-             directory with --source"
-        );
-    }
     // Checked before MPI starts: every rank refuses a bad flag alike, none waits for another.
     let replicate = replicate_set(&args.replicate)?;
     let timeout = granary_core::size::parse_duration(&args.peer_timeout)
@@ -36,15 +31,16 @@ pub fn main(args: ServeArgs) -> Result<i32> {
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
     }
-    let source = granary_core::source::normalize(&args.source)?;
+    let (source, pack) = args.served()?;
 
     let mpi = mpi::init()?;
     let (rank, ranks) = (mpi.rank, mpi.ranks);
-    let prepared = prepare(&args, rank, ranks, &source);
-    let (started, lease0, image) = match prepared {
+    let prepared = prepare(&args, rank, ranks, &source, pack);
+    let (started, lease0, image, layout) = match prepared {
         Ok(p) => p,
         Err(e) => {
-            // Every rank takes part in the broadcast whatever happened here.
+            // Every rank takes part in the broadcasts whatever happened here.
+            let _ = mpi.broadcast(Vec::new());
             let _ = mpi.broadcast(Vec::new());
             return Err(e);
         }
@@ -52,6 +48,8 @@ pub fn main(args: ServeArgs) -> Result<i32> {
     let agent = started.agent.clone();
     let serving = agent.serving.as_ref().context("serving agent")?;
     let image = mpi.broadcast(image)?;
+    // A pack's partition table (rank 0 read its index): no other rank reads it.
+    let layout = mpi.broadcast(layout)?;
     if image.is_empty() {
         let why = "rank 0 could not catalog the source (see its agent.log)".to_string();
         let _ = serving.failed.set(why.clone());
@@ -61,8 +59,11 @@ pub fn main(args: ServeArgs) -> Result<i32> {
     let lease = match lease0 {
         Some(l) => l,
         None => {
-            let img = Mutex::new(image);
-            crate::agent::server::attach_serving(&agent, &source, args.immutable, Some(&img))
+            let b = Broadcast {
+                image: Mutex::new(image),
+                layout,
+            };
+            crate::agent::server::attach_serving(&agent, &source, args.immutable, Some(&b))
                 .context("adopting rank 0's catalog")?
         }
     };
@@ -116,11 +117,23 @@ pub fn main(args: ServeArgs) -> Result<i32> {
     Ok(0)
 }
 
-type Prepared = (agent::Started, Option<crate::agent::server::Lease>, Vec<u8>);
+type Prepared = (
+    agent::Started,
+    Option<crate::agent::server::Lease>,
+    Vec<u8>,
+    Vec<u8>,
+);
 
 /// This rank's agent; on rank 0 also the catalog (walked or loaded, and checked against the
-/// source) and its image for the others.
-fn prepare(args: &ServeArgs, rank: u32, ranks: u32, source: &std::path::Path) -> Result<Prepared> {
+/// source; or a pack's index, the tree checked per directory) and its image for the others,
+/// with the pack's partition table.
+fn prepare(
+    args: &ServeArgs,
+    rank: u32,
+    ranks: u32,
+    source: &std::path::Path,
+    pack: Option<(std::path::PathBuf, bool)>,
+) -> Result<Prepared> {
     let rt = match std::env::var("GRANARY_RUNTIME_DIR") {
         Ok(d) if !d.is_empty() => Runtime::at(for_rank(&d, rank).into())?,
         _ => Runtime::open()?,
@@ -160,7 +173,7 @@ fn prepare(args: &ServeArgs, rank: u32, ranks: u32, source: &std::path::Path) ->
         rt,
         &tier_args,
         Options {
-            serving: Some(Serving::new(source.to_path_buf(), rank, ranks)),
+            serving: Some(Serving::new(source.to_path_buf(), pack, rank, ranks)),
             tiers: Some(tiers),
             no_idle_exit: true,
             log_file: Some(log),
@@ -171,7 +184,7 @@ fn prepare(args: &ServeArgs, rank: u32, ranks: u32, source: &std::path::Path) ->
     // Status answers from now on; jobs attaching wait for the catalog (`cluster::admit`).
     agent::spawn_threads(&started)?;
     if rank != 0 {
-        return Ok((started, None, Vec::new()));
+        return Ok((started, None, Vec::new(), Vec::new()));
     }
     let agent = started.agent.clone();
     let lease = crate::agent::server::attach_serving(&agent, source, args.immutable, None)?;
@@ -191,5 +204,10 @@ fn prepare(args: &ServeArgs, rank: u32, ranks: u32, source: &std::path::Path) ->
         std::thread::sleep(Duration::from_millis(20));
     }
     let image = granary_core::catalog::image_bytes(&ctx.table);
-    Ok((started, Some(lease), image))
+    let layout = ctx
+        .pack
+        .get()
+        .map(|st| st.layout().encode())
+        .unwrap_or_default();
+    Ok((started, Some(lease), image, layout))
 }

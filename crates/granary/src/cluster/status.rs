@@ -11,6 +11,12 @@ pub struct ClusterStatus {
     /// The catalog arrived and requests are served (jobs attaching before wait for it).
     pub ready: bool,
     pub source: std::path::PathBuf,
+    /// The pack the source is served from (`--pack`), if any.
+    #[serde(default)]
+    pub pack: Option<std::path::PathBuf>,
+    /// Only the pack exists: `source` is where the programs expect the tree (`--mount`).
+    #[serde(default)]
+    pub mount: bool,
     /// `--replicas`: ranks holding each file.
     pub replicas: u32,
     /// `--replicate` globs: files every rank holds.
@@ -64,10 +70,15 @@ pub struct Beat {
 /// `granary status`'s lines for the cluster.
 pub fn print(c: &ClusterStatus, out: &mut dyn FnMut(&str)) {
     out(&format!(
-        "cluster: rank {} of {} serving {}{}; held here: {} files ({}); replicas {}{}{}",
+        "cluster: rank {} of {} serving {}{}{}; held here: {} files ({}); replicas {}{}{}",
         c.rank,
         c.ranks,
         c.source.display(),
+        match &c.pack {
+            Some(p) if c.mount => format!(" from pack {} (only the pack exists)", p.display()),
+            Some(p) => format!(" from pack {}", p.display()),
+            None => String::new(),
+        },
         if c.ready {
             ""
         } else {
