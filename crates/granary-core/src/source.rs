@@ -26,6 +26,30 @@ pub fn normalize(path: &Path) -> std::io::Result<PathBuf> {
     Ok(out)
 }
 
+/// True if `path` lies inside the source `source` (normalized) whose real path is
+/// `source_real`: as written, or once the part of it that exists is resolved (a symlink leading
+/// into the dataset counts), so a tier that does not exist yet can be judged before it is made.
+pub fn contains(source: &Path, source_real: &Path, path: &Path) -> bool {
+    let Ok(path) = normalize(path) else {
+        return false;
+    };
+    if path.starts_with(source) {
+        return true;
+    }
+    let mut base = path.as_path();
+    let mut rest = Vec::new();
+    while !base.exists() {
+        let (Some(name), Some(parent)) = (base.file_name(), base.parent()) else {
+            return false;
+        };
+        rest.push(name);
+        base = parent;
+    }
+    let mut real = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
+    real.extend(rest.iter().rev());
+    real.starts_with(source_real)
+}
+
 /// `<sanitized basename>-<xxh3 of the canonical path, 16 hex digits>`: readable in `ls`, unique
 /// per canonical source path.
 pub fn source_id(canonical: &Path) -> String {

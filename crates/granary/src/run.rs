@@ -104,33 +104,23 @@ pub fn tier_configs(args: &TierArgs, cfg: &Config) -> Result<Vec<TierConfig>> {
     Ok(cfg.tiers.clone())
 }
 
-/// Why a tier of the job (flag, config or default) lies inside `source` — following symlinks
-/// on the part of its path that exists — if one does.
+/// Why a tier of the job (flag, config or default) lies inside `source`, if one does.
 fn tier_inside(args: &TierArgs, cfg: &Config, source: &Path) -> Option<String> {
     let mut tiers = tier_configs(args, cfg).ok()?;
     if tiers.is_empty() {
         tiers.push(default_tier().ok()?);
     }
     let source_real = std::fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
-    tiers.iter().find_map(|t| {
-        let path = granary_core::source::normalize(&t.path).ok()?;
-        // The deepest ancestor that exists, resolved; the rest appended as written.
-        let mut real = path.clone();
-        let mut rest = Vec::new();
-        while !real.exists() {
-            rest.push(real.file_name()?.to_owned());
-            real = real.parent()?.to_path_buf();
-        }
-        let mut real = std::fs::canonicalize(&real).unwrap_or(real);
-        real.extend(rest.iter().rev());
-        (real.starts_with(&source_real) || path.starts_with(source)).then(|| {
+    tiers
+        .iter()
+        .find(|t| granary_core::source::contains(source, &source_real, &t.path))
+        .map(|t| {
             format!(
                 "tier {} is inside the source {}: choose a tier outside the dataset",
                 t.path.display(),
                 source.display()
             )
         })
-    })
 }
 
 /// The tiers for a job: flags, config, or the default (announced on stderr).

@@ -254,13 +254,7 @@ pub fn load(saved: &Path, dest: &Path, expect: &Expect<'_>) -> Result<Loaded, Lo
         std::io::copy(&mut src, f)?;
         Ok(())
     })?;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dest)?;
-    let res = (|| {
-        let (m, t) = Mapping::map(f.as_raw_fd(), len).map_err(LoadError::Table)?;
+    take_over(dest, len, |t| {
         if t.agent_creds() != expect.creds {
             return Err(LoadError::Creds);
         }
@@ -277,9 +271,29 @@ pub fn load(saved: &Path, dest: &Path, expect: &Expect<'_>) -> Result<Loaded, Lo
         if !same_tiers {
             return Err(LoadError::Tiers);
         }
-        sanitize(&t);
-        let rejected = unseal_partials(&t);
+        sanitize(t);
+        let rejected = unseal_partials(t);
         t.set_agent_pid(std::process::id());
+        Ok(rejected)
+    })
+}
+
+/// Maps the table just written to `dest` (`len` bytes, opened read-write, never through a
+/// link) and makes it this agent's with `ready`, which returns the chunk files it rejected;
+/// `dest` is removed if either fails, so no half-taken table is left for clients.
+fn take_over(
+    dest: &Path,
+    len: usize,
+    ready: impl FnOnce(&Table) -> Result<u64, LoadError>,
+) -> Result<Loaded, LoadError> {
+    let res = (|| {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(dest)?;
+        let (m, t) = Mapping::map(f.as_raw_fd(), len).map_err(LoadError::Table)?;
+        let rejected = ready(&t)?;
         Ok(Loaded {
             mapping: m,
             table: t,
@@ -336,23 +350,9 @@ pub fn adopt(
 ) -> Result<Loaded, LoadError> {
     granary_shm::rebase(img, spec).map_err(LoadError::Foreign)?;
     write_atomic(dest, img)?;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dest)?;
-    let res = (|| {
-        let (m, t) = Mapping::map(f.as_raw_fd(), img.len()).map_err(LoadError::Table)?;
-        clear_run_words(&t);
-        lifecycle::forget_placement(&t);
-        Ok(Loaded {
-            mapping: m,
-            table: t,
-            rejected: 0,
-        })
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(dest);
-    }
-    res
+    take_over(dest, img.len(), |t| {
+        clear_run_words(t);
+        lifecycle::forget_placement(t);
+        Ok(0)
+    })
 }

@@ -480,8 +480,7 @@ fn attach(
 /// of copies): refused, with the fix.
 fn refuse_tiers_inside(src: &SourceState, specs: &[granary_core::tiers::TierSpec]) -> Result<()> {
     for t in specs {
-        let real = std::fs::canonicalize(&t.path).unwrap_or_else(|_| t.path.clone());
-        if real.starts_with(&src.source_real) || t.path.starts_with(&src.source) {
+        if granary_core::source::contains(&src.source, &src.source_real, &t.path) {
             bail!(
                 "tier {} is inside the source {}: choose a tier outside the dataset",
                 t.path.display(),
