@@ -328,6 +328,46 @@ fn immutable_validation_checks_directories() {
     );
 }
 
+/// The validator never checks an entry a client is checking at that moment (the source would
+/// see two calls for it): it leaves the file to the client and waits for the client's verdict on
+/// a directory; a claim left behind by a client that never finished does not stop the rest.
+#[test]
+fn the_validator_leaves_an_entry_a_client_is_checking() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("src");
+    tree(&root);
+    let (_m, table, _) = table_of(&root, t.path(), None);
+    let epoch = lifecycle::new_attach(&table, false);
+    let idx = |p: &str| table.lookup(p.as_bytes()).unwrap();
+    let lifecycle::Check::Mine(file) = lifecycle::claim_check(&table, idx("a/f1")) else {
+        panic!("a fresh attach: the first party claims")
+    };
+    let lifecycle::Check::Mine(dir) = lifecycle::claim_check(&table, idx("b")) else {
+        panic!("a fresh attach: the first party claims")
+    };
+    let v = catalog::Validation::new(&table, epoch, false);
+    std::thread::scope(|s| {
+        let client = s.spawn(|| {
+            // The client's `statx` of the directory takes a while; the validator waits for it.
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            dir.finish(lifecycle::Verdict::Same)
+        });
+        catalog::validate::run(&table, &root, &AtomicBool::new(false), &v);
+        assert!(client.join().unwrap());
+    });
+    assert!(!table.is_validated(idx("a/f1")), "left to the client");
+    assert!(table.is_validated(idx("b")) && table.is_validated(idx("b/f3")));
+    assert_eq!(
+        v.dirs_checked.load(Relaxed),
+        3,
+        "root, a, c: b was the client's"
+    );
+    assert_eq!(v.files_checked.load(Relaxed), 14);
+    assert!(file.finish(lifecycle::Verdict::Same));
+    assert!(table.is_validated(idx("a/f1")));
+}
+
 /// A saved catalog comes back as it was saved, minus what belongs to one run; it is refused for
 /// another source, other credentials or other tiers.
 #[test]

@@ -2,9 +2,11 @@
 //! itself before the catalog answers for it (`lifecycle`): one `statx` of the entry — or, where
 //! the source is declared immutable, of its directory, which then vouches for its files — the
 //! same call the validator would have made, so the source sees no more than one per entry and
-//! attach. The agent is told which directory the program is in, to validate it next.
+//! attach. The agent is told which directory the program is in, to validate it next. A party
+//! that finds the entry being checked by another (`lifecycle::claim_check`) waits for that check
+//! rather than making a second call.
 
-use granary_shm::lifecycle::{self, Verdict};
+use granary_shm::lifecycle::{self, Check, Verdict};
 use granary_shm::{request, EntryRec, StatRec, Table};
 
 use crate::detour::{self, sys, KeepErrno};
@@ -51,8 +53,7 @@ pub fn check(table: &Table, idx: u32, e: &EntryRec) -> bool {
         if !lifecycle::is_validated(table, e.parent) {
             if let Some(d) = table.entry(e.parent) {
                 if d.stat.is_dir() && !granary_shm::state::is_void(state_of(table, e.parent)) {
-                    let v = verdict(table, e.parent, &d);
-                    lifecycle::apply(table, e.parent, v);
+                    check_once(table, e.parent, &d);
                 }
             }
         }
@@ -60,11 +61,51 @@ pub fn check(table: &Table, idx: u32, e: &EntryRec) -> bool {
             return true;
         }
     }
-    let ok = lifecycle::apply(table, idx, verdict(table, idx, e));
+    let ok = check_once(table, idx, e);
     // The validator has not reached this directory: point it there.
     let dir = if e.stat.is_dir() { idx } else { e.parent };
     table.push_request(request::VALIDATE, dir);
     ok
+}
+
+/// How long a check another party holds is waited for: a `statx` on a loaded network file
+/// system, with room. Past it (a holder stopped or killed mid-check) this process asks itself.
+const OTHERS_CHECK_NS: u64 = 50_000_000;
+
+/// Entry `idx` checked once in this attach, by whoever claims it first; true if the catalog
+/// may answer for it.
+fn check_once(table: &Table, idx: u32, e: &EntryRec) -> bool {
+    match lifecycle::claim_check(table, idx) {
+        Check::Validated => true,
+        Check::Mine(claim) => claim.finish(verdict(table, idx, e)),
+        Check::Busy => {
+            if wait_for_other_check(table, idx) {
+                if lifecycle::is_validated(table, idx) {
+                    return true;
+                }
+                if granary_shm::state::is_void(state_of(table, idx)) {
+                    return false;
+                }
+            }
+            // The other party's source could not say, or it never finished: ask ourselves.
+            lifecycle::apply(table, idx, verdict(table, idx, e))
+        }
+    }
+}
+
+/// Waits (bounded, a signal ends it) until nobody holds entry `idx`'s check; false if it is
+/// still held.
+fn wait_for_other_check(table: &Table, idx: u32) -> bool {
+    let start = crate::place::now_ns();
+    let mut sleep = 2_000;
+    while lifecycle::is_being_checked(table, idx) {
+        if crate::place::now_ns() - start > OTHERS_CHECK_NS
+            || !crate::place::nap(&mut sleep, 1_000_000)
+        {
+            return false;
+        }
+    }
+    true
 }
 
 fn state_of(table: &Table, idx: u32) -> u8 {

@@ -447,7 +447,8 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     let chunks_len = 8 + bitmap_words * 8;
     let transient_off = chunks_off + align8(chunks_len);
     let valid_off = transient_off + words * 8;
-    let classes_off = valid_off + words * 8;
+    // Validated bits, then being-checked bits.
+    let classes_off = valid_off + 2 * words * 8;
     let classes_end = classes_off + cat.classes.len() * CLASS_LEN;
     let (pack_off, locators_off, end) = match &spec.pack {
         Some(ps) => {

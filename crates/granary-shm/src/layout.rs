@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 6.
+//! The on-memory layout of a catalog table, version 7.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -18,8 +18,9 @@
 //! chunks_off     chunks_len bytes                 chunk bitmaps of files larger than a chunk
 //! transient_off  ⌈entry_count / 64⌉ × u64         one bit per entry: its copy's pages are dropped
 //!                                                  after use (`residency`)
-//! valid_off      ⌈entry_count / 64⌉ × u64         one bit per entry: checked against the source
-//!                                                  in this attach (`lifecycle::validated`)
+//! valid_off      2 × ⌈entry_count / 64⌉ × u64     one bit per entry: checked against the source
+//!                                                  in this attach (`lifecycle::validated`); then
+//!                                                  one bit per entry: being checked now (`lifecycle::claim_check`)
 //! classes_off    class_count × StatClass (56 B)   the stat fields entries share (mode, owner,
 //!                                                  device, block size, …), interned
 //! ```
@@ -37,8 +38,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
 /// validation bits, progress and chunk bitmaps only for large files. Version 6: per-job words for
 /// container visibility (`SEEN`, `EXECS`) and mapping traffic (`MAP_*`). Tables of earlier versions
-/// are rejected (`TableError::BadVersion`): the agent then walks the source again.
-pub const VERSION: u32 = 6;
+/// Version 7: a second bit per entry beside the validation bit, set while one process checks
+/// the entry against the source, so an entry costs the source one call per attach even when the
+/// program and a validator reach it at once. Tables of earlier versions are rejected
+/// (`TableError::BadVersion`): the agent then walks the source again.
+pub const VERSION: u32 = 7;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -88,7 +92,8 @@ pub const H_CLASS_COUNT: usize = 200;
 pub const H_CHECKSUMS_OFF: usize = 208;
 pub const H_LARGE_OFF: usize = 216;
 pub const H_LARGE_COUNT: usize = 224;
-/// Bitmap of entries validated in the current attach (`lifecycle::validated`).
+/// Bitmap of entries validated in the current attach (`lifecycle::validated`), followed by the
+/// bitmap of entries being checked (`lifecycle::claim_check`), as long.
 pub const H_VALID_OFF: usize = 232;
 /// `AtomicU64`: the attach epoch, bumped each time a job attaches to an idle source and the
 /// validation bits start over (diagnostics and tests).

@@ -404,8 +404,63 @@ pub fn is_validated(table: &Table, idx: u32) -> bool {
     table.is_validated(idx)
 }
 
+/// Who checks an entry against the source (`claim_check`).
+pub enum Check<'a> {
+    /// Already checked in this attach: nothing to do.
+    Validated,
+    /// This caller checks it: make the one call, then `CheckClaim::finish`.
+    Mine(CheckClaim<'a>),
+    /// Another process or thread is checking it now: wait (bounded) for `is_being_checked` to
+    /// clear rather than asking the source a second time.
+    Busy,
+}
+
+/// The right to make entry `idx`'s one check of this attach. Dropped without `finish` (an
+/// unknown verdict, a panic), the claim is released and the entry left unchecked.
+pub struct CheckClaim<'a> {
+    table: &'a Table,
+    idx: u32,
+}
+
+impl CheckClaim<'_> {
+    /// Applies the verdict (`apply`), then releases the claim; true if the catalog may answer.
+    pub fn finish(self, v: Verdict) -> bool {
+        apply(self.table, self.idx, v)
+    }
+}
+
+impl Drop for CheckClaim<'_> {
+    fn drop(&mut self) {
+        self.table.release_check(self.idx);
+    }
+}
+
+/// Claims entry `idx`'s check in this attach, so that the program and the validators reaching
+/// it at the same instant cost the source one call, not two. A claim a dead process left is
+/// cleared by the next attach; until then, waiters give up after their bound and check anyway.
+pub fn claim_check(table: &Table, idx: u32) -> Check<'_> {
+    if table.is_validated(idx) {
+        return Check::Validated;
+    }
+    if !table.try_claim_check(idx) {
+        return Check::Busy;
+    }
+    // Validated between the first look and the claim: the claim is not needed.
+    if table.is_validated(idx) {
+        table.release_check(idx);
+        return Check::Validated;
+    }
+    Check::Mine(CheckClaim { table, idx })
+}
+
+/// True while some party holds entry `idx`'s check claim.
+#[inline]
+pub fn is_being_checked(table: &Table, idx: u32) -> bool {
+    table.is_being_checked(idx)
+}
+
 /// Agent side: a job attaches to an idle source — every entry is to be checked again
-/// (`immutable`: by directory). Returns the new attach epoch.
+/// (`immutable`: by directory); no claim survives. Returns the new attach epoch.
 pub fn new_attach(table: &Table, immutable: bool) -> u64 {
     table.clear_validated();
     table.set_immutable(immutable);

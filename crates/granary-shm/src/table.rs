@@ -187,7 +187,7 @@ impl Table {
         let valid_off = section(
             &region,
             u64_at(H_VALID_OFF)? as usize,
-            words,
+            2 * words,
             8,
             "validation bitmap",
         )?;
@@ -796,9 +796,36 @@ impl Table {
         }
     }
 
-    /// Agent side: a new attach starts — nothing is validated (`lifecycle::new_attach`).
+    /// Entry `idx`'s being-checked bit: the word after the validation bitmap's last.
+    fn checking_word(&self, idx: u32) -> Option<(&AtomicU64, u64)> {
+        let words = bitmap_words(self.entry_count as usize);
+        self.bit(self.valid_off + words * 8, idx)
+    }
+
+    /// Sets entry `idx`'s being-checked bit; true if this call set it (no one else holds it).
+    pub(crate) fn try_claim_check(&self, idx: u32) -> bool {
+        self.checking_word(idx)
+            .is_some_and(|(w, bit)| w.fetch_or(bit, Ordering::AcqRel) & bit == 0)
+    }
+
+    /// Clears entry `idx`'s being-checked bit. Release: the verdict's effects are visible to
+    /// whoever sees it clear.
+    pub(crate) fn release_check(&self, idx: u32) {
+        if let Some((w, bit)) = self.checking_word(idx) {
+            w.fetch_and(!bit, Ordering::Release);
+        }
+    }
+
+    /// True while some process checks entry `idx` against the source.
+    pub fn is_being_checked(&self, idx: u32) -> bool {
+        self.checking_word(idx)
+            .is_some_and(|(w, bit)| w.load(Ordering::Acquire) & bit != 0)
+    }
+
+    /// Agent side: a new attach starts — nothing is validated, nothing is being checked
+    /// (`lifecycle::new_attach`).
     pub(crate) fn clear_validated(&self) {
-        for k in 0..bitmap_words(self.entry_count as usize) {
+        for k in 0..2 * bitmap_words(self.entry_count as usize) {
             if let Some(w) = self.region.atomic_u64(self.valid_off + k * 8) {
                 w.store(0, Ordering::Release);
             }

@@ -598,7 +598,7 @@ fn earlier_versions_are_rejected_cleanly() {
     let mut m = Model::new();
     m.add(0, "f", stat(libc::S_IFREG | 0o644, 2, 10), "");
     let mut img = build(&Model::spec(), &m.entries).unwrap();
-    for old in [1u32, 2, 3, 4, 5] {
+    for old in [1u32, 2, 3, 4, 5, 6] {
         img[H_VERSION..H_VERSION + 4].copy_from_slice(&old.to_ne_bytes());
         let mut file = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut file, &img).unwrap();
@@ -741,6 +741,59 @@ fn validation_bits_start_over_each_attach() {
     assert!(!t.immutable());
     t.set_immutable(true);
     assert!(t.immutable() && t.is_valid());
+}
+
+#[test]
+fn an_entry_is_checked_by_one_party_per_attach() {
+    use crate::lifecycle::{self, Check, Verdict};
+    let mut m = Model::new();
+    for i in 0..130 {
+        m.add(
+            0,
+            &format!("f{i}"),
+            stat(libc::S_IFREG | 0o644, 2 + i, 10),
+            "",
+        );
+    }
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let n = t.entry_count();
+    // The claim bits are their own bitmap: claiming never validates, even at word edges.
+    let edge = [1u32, 63, 64, 127, n - 1];
+    let claims: Vec<_> = edge
+        .iter()
+        .map(|&i| match lifecycle::claim_check(&t, i) {
+            Check::Mine(c) => c,
+            _ => panic!("entry {i}: the first party must get the claim"),
+        })
+        .collect();
+    for &i in &edge {
+        assert!(lifecycle::is_being_checked(&t, i));
+        assert!(
+            matches!(lifecycle::claim_check(&t, i), Check::Busy),
+            "entry {i}"
+        );
+        assert!(!t.is_validated(i));
+    }
+    assert!(!lifecycle::is_being_checked(&t, 2) && !lifecycle::is_being_checked(&t, 65));
+    let mut it = claims.into_iter();
+    // Finished `Same`: validated, released; a later party has nothing to do.
+    assert!(it.next().unwrap().finish(Verdict::Same));
+    assert!(!lifecycle::is_being_checked(&t, 1) && t.is_validated(1));
+    assert!(matches!(lifecycle::claim_check(&t, 1), Check::Validated));
+    // Finished `Unknown`: released, not validated: the next party checks.
+    assert!(!it.next().unwrap().finish(Verdict::Unknown));
+    assert!(matches!(lifecycle::claim_check(&t, 63), Check::Mine(_)));
+    // Dropped unfinished (a panic): released.
+    drop(it.next());
+    assert!(!lifecycle::is_being_checked(&t, 64));
+    // A claim left behind (its holder died) does not survive the next attach.
+    let left: Vec<_> = it.collect();
+    std::mem::forget(left);
+    assert!(lifecycle::is_being_checked(&t, 127));
+    lifecycle::new_attach(&t, false);
+    assert!((0..n).all(|i| !lifecycle::is_being_checked(&t, i) && !t.is_validated(i)));
+    assert!(matches!(lifecycle::claim_check(&t, 127), Check::Mine(_)));
 }
 
 #[test]

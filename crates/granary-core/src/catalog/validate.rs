@@ -18,8 +18,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use granary_shm::lifecycle::{self, Verdict};
+use granary_shm::lifecycle::{self, Check, Verdict};
 use granary_shm::Table;
 
 use crate::placement::SourceCtx;
@@ -188,21 +189,37 @@ fn check_dir(ctx: &Target<'_>, v: &Validation, d: u32) {
     let Some(e) = t.entry(d) else { return };
     let void = granary_shm::state::is_void(granary_shm::state::state_of(t.state(d)));
     let mut vouched = false;
-    if !void && !t.is_validated(d) {
-        let verdict = check(ctx, d);
-        v.dirs_checked.fetch_add(1, Ordering::Relaxed);
-        if verdict != Verdict::Same && verdict != Verdict::Unknown {
-            v.changed.fetch_add(1, Ordering::Relaxed);
+    if !void {
+        let claim = match lifecycle::claim_check(t, d) {
+            Check::Busy => {
+                // A client checks it right now: its verdict is ours.
+                wait_for_other_check(t, d);
+                lifecycle::claim_check(t, d)
+            }
+            c => c,
+        };
+        match claim {
+            Check::Mine(claim) => {
+                let verdict = check(ctx, d);
+                v.dirs_checked.fetch_add(1, Ordering::Relaxed);
+                if verdict != Verdict::Same && verdict != Verdict::Unknown {
+                    v.changed.fetch_add(1, Ordering::Relaxed);
+                }
+                if verdict == Verdict::Gone {
+                    // Everything below passes through now.
+                    claim.finish(verdict);
+                    return;
+                }
+                vouched = claim.finish(verdict) && v.immutable;
+            }
+            Check::Validated => {
+                vouched = v.immutable;
+                lifecycle::mark_validated(t, d);
+            }
+            // Still held after the wait (a client stopped mid-check): its children are checked
+            // one by one below.
+            Check::Busy => {}
         }
-        if verdict == Verdict::Gone {
-            // Everything below passes through now.
-            lifecycle::apply(t, d, verdict);
-            return;
-        }
-        vouched = lifecycle::apply(t, d, verdict) && v.immutable;
-    } else if !void {
-        vouched = v.immutable;
-        lifecycle::mark_validated(t, d);
     }
     if vouched {
         return;
@@ -218,11 +235,27 @@ fn check_dir(ctx: &Target<'_>, v: &Validation, d: u32) {
         if granary_shm::state::is_void(granary_shm::state::state_of(t.state(c))) {
             continue;
         }
+        // A client checking it now makes the entry's one call; one that stopped mid-check
+        // leaves it to the next client that needs it.
+        let Check::Mine(claim) = lifecycle::claim_check(t, c) else {
+            continue;
+        };
         let verdict = check(ctx, c);
         v.files_checked.fetch_add(1, Ordering::Relaxed);
         if matches!(verdict, Verdict::Changed | Verdict::Gone) {
             v.changed.fetch_add(1, Ordering::Relaxed);
         }
-        lifecycle::apply(t, c, verdict);
+        claim.finish(verdict);
+    }
+}
+
+/// How long a directory check a client holds is waited for (a `statx` on a loaded server).
+const OTHERS_CHECK: Duration = Duration::from_millis(50);
+
+/// Waits (bounded) until nobody holds entry `idx`'s check.
+fn wait_for_other_check(t: &Table, idx: u32) {
+    let start = Instant::now();
+    while lifecycle::is_being_checked(t, idx) && start.elapsed() < OTHERS_CHECK {
+        std::thread::sleep(Duration::from_micros(20));
     }
 }
