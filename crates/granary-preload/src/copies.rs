@@ -4,8 +4,8 @@
 //! - only through a directory fd of the tier's object directory that this process verified once
 //!   (a directory owned by us, closed to group and other, whose device and inode are the ones the
 //!   agent recorded in the table), so no path component can be swapped under us;
-//! - with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` (or `O_NOFOLLOW` on kernels without
-//!   it) and `O_NONBLOCK`, so a symlink is never followed and a FIFO never blocks;
+//! - by a single name of our making with `O_NOFOLLOW` and `O_NONBLOCK`, so a symlink is never
+//!   followed and a FIFO never blocks;
 //! - and the opened fd is checked with `fstat`: a regular file, owned by us, mode 0600, on the
 //!   tier's device, with the inode (and for a complete copy the ctime and size) the agent
 //!   recorded when it wrote it. A copy damaged, truncated or replaced after placement fails this.
@@ -143,7 +143,7 @@ pub fn forget_range(first: u32, last: u32) {
 /// Opens `name` in tier `tier`'s object directory with the caller's `flags` (read-only), and
 /// returns the fd only if it is the file the agent wrote (see the module comment). Never
 /// blocks, never follows a link, never changes errno. The second value is the status flags
-/// granary added to the caller's (`O_NONBLOCK`, and `O_NOFOLLOW` without `openat2`): they stay
+/// granary added to the caller's (`O_NONBLOCK`, `O_NOFOLLOW`): they stay
 /// on the fd — neither changes how a regular file on a local tier reads — and
 /// `fcntl(F_GETFL)` hides them.
 pub fn open(
@@ -158,14 +158,12 @@ pub fn open(
         return None;
     }
     let dir = dir_fd(table, tier)?;
-    let mut cname = [0u8; 32];
-    cname.get_mut(..name.len())?.copy_from_slice(name);
     let nonblock_added = if flags & libc::O_NONBLOCK == 0 {
         libc::O_NONBLOCK
     } else {
         0
     };
-    let (fd, nofollow_added) = open_beneath(dir, cname.as_ptr().cast(), flags | libc::O_NONBLOCK);
+    let (fd, nofollow_added) = open_beneath(dir, name, flags | libc::O_NONBLOCK);
     if fd < 0 {
         recheck_dir(table, tier, dir);
         return None;
@@ -191,9 +189,7 @@ pub fn open(
 pub fn open_own(table: &Table, tier: u8, name: &[u8], flags: c_int) -> Option<c_int> {
     let _keep = KeepErrno::new();
     let dir = dir_fd(table, tier)?;
-    let mut cname = [0u8; 40];
-    cname.get_mut(..name.len())?.copy_from_slice(name);
-    let (fd, _) = open_beneath_mode(dir, cname.as_ptr().cast(), flags | libc::O_NOFOLLOW, 0o600);
+    let (fd, _) = open_beneath_mode(dir, name, flags | libc::O_NOFOLLOW, 0o600);
     if fd < 0 {
         recheck_dir(table, tier, dir);
         return None;
@@ -225,46 +221,30 @@ pub fn ctime_ns(st: &libc::stat) -> u64 {
         .wrapping_add(st.st_ctime_nsec as u64)
 }
 
-/// `openat2(dir, name, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`; `O_NOFOLLOW` on kernels without
-/// `openat2` (the name is a single component, so that forbids every symlink too).
-fn open_beneath(dir: c_int, name: *const libc::c_char, flags: c_int) -> (c_int, bool) {
+/// Opens `name` in `dir` without following a link. `name` is one component of our own making
+/// (an object name), neither `.` nor `..`: `openat` with `O_NOFOLLOW` then resolves nothing but
+/// that entry of the verified directory and refuses it if it is a symlink, which is all
+/// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` would add for such a name — at 0.2 µs less
+/// per open. Anything else is refused (-1). The flag is true if `O_NOFOLLOW` was added to
+/// the caller's.
+fn open_beneath(dir: c_int, name: &[u8], flags: c_int) -> (c_int, bool) {
     open_beneath_mode(dir, name, flags, 0)
 }
 
-fn open_beneath_mode(
-    dir: c_int,
-    name: *const libc::c_char,
-    flags: c_int,
-    mode: libc::mode_t,
-) -> (c_int, bool) {
-    #[repr(C)]
-    struct OpenHow {
-        flags: u64,
-        mode: u64,
-        resolve: u64,
-    }
-    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-    const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-    const RESOLVE_BENEATH: u64 = 0x08;
-    let how = OpenHow {
-        flags: flags as u32 as u64,
-        mode: mode as u64,
-        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
-    };
-    let fd = sys!(
-        libc::SYS_openat2,
-        dir,
-        name,
-        &how as *const OpenHow,
-        core::mem::size_of::<OpenHow>()
-    );
-    if fd >= 0 {
-        return (fd as c_int, false);
-    }
-    if detour::errno() != libc::ENOSYS {
+fn open_beneath_mode(dir: c_int, name: &[u8], flags: c_int, mode: libc::mode_t) -> (c_int, bool) {
+    let single = !name.is_empty()
+        && name != b"."
+        && name != b".."
+        && !name.contains(&b'/')
+        && !name.contains(&0);
+    let mut cname = [0u8; 48];
+    if !single || name.len() >= cname.len() {
         return (-1, false);
     }
-    let fd = detour::raw_openat(dir, name, flags | libc::O_NOFOLLOW, mode);
+    if let Some(slot) = cname.get_mut(..name.len()) {
+        slot.copy_from_slice(name);
+    }
+    let fd = detour::raw_openat(dir, cname.as_ptr().cast(), flags | libc::O_NOFOLLOW, mode);
     (fd, flags & libc::O_NOFOLLOW == 0)
 }
 

@@ -64,7 +64,7 @@ pub mod flag {
     pub const SHARED: u64 = 1 << 17;
     /// Keeps a switch apart from this process's other reads of the fd.
     pub const BUSY: u64 = 1 << 18;
-    /// A tier fd opened with `O_NOFOLLOW` added by granary (only without `openat2`): hidden
+    /// A tier fd opened with `O_NOFOLLOW` added by granary: hidden
     /// from `fcntl(F_GETFL)`.
     pub const NOFOLLOW_ADDED: u64 = 1 << 19;
     /// A tier fd opened with `O_NONBLOCK` added by granary (so a FIFO planted in place of a
