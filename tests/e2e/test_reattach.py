@@ -122,6 +122,62 @@ def test_a_damaged_copy_is_never_served(granary, tmp_path):
     assert tier_files(stats) == 15, stats
 
 
+# How a program first uses an fd of a copy: the copy's identity is checked at that first use
+# (`open` with O_CLOEXEC defers it), whichever call it is.
+FIRST_USES = {
+    "fstat": "with open(p, 'rb') as f: data = f.read()",
+    "read": "fd = os.open(p, os.O_RDONLY)\ndata = b''.join(iter(lambda: os.read(fd, 700), b''))\n"
+            "os.close(fd)",
+    "pread": "fd = os.open(p, os.O_RDONLY); data = os.pread(fd, 1 << 20, 0); os.close(fd)",
+    "dup": "fd = os.open(p, os.O_RDONLY); fd2 = os.dup(fd); os.close(fd)\n"
+           "data = os.read(fd2, 1 << 20); os.close(fd2)",
+    "sendfile": "fd = os.open(p, os.O_RDONLY); r, w = os.pipe()\n"
+                "n = os.sendfile(w, fd, None, 1 << 15); data = os.read(r, 1 << 16)\n"
+                "os.close(fd); os.close(r); os.close(w)",
+    "mmap": "import mmap\nfd = os.open(p, os.O_RDONLY)\n"
+            "m = mmap.mmap(fd, 0, prot=mmap.PROT_READ); data = bytes(m); m.close(); os.close(fd)",
+    # A forked child shares the fd before anybody used it: the copy cannot be swapped under a
+    # shared offset, so the parent's reads are served from the source call by call.
+    "fork": "fd = os.open(p, os.O_RDONLY); pid = os.fork()\nif pid == 0: os._exit(0)\n"
+            "os.waitpid(pid, 0)\ndata = b''.join(iter(lambda: os.read(fd, 700), b''))\nos.close(fd)",
+}
+
+
+@pytest.mark.parametrize("first_use", FIRST_USES)
+def test_a_copy_damaged_before_its_first_use_is_never_served(granary, tmp_path, first_use):
+    """A copy is checked against what the agent recorded before the first byte or stat of it
+    reaches the program, whether the program's first call on the fd is an `fstat` (CPython's
+    `open`, where the check rides on it), a read, a positioned read, a `dup`, a `sendfile` or
+    an `mmap`, or a `fork` shared it first."""
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    cfg = config(tmp_path, validate_threads=0)
+    extra = ["--config", str(cfg)]
+    granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
+    granary.settle(src)
+    granary.stop()
+    objects = sorted(p for p in tier.rglob("*") if p.is_file() and p.parent.name == "objects")
+    assert len(objects) == 18
+    data = bytearray(objects[0].read_bytes())
+    data[10] ^= 0xFF
+    objects[0].write_bytes(bytes(data))
+    with open(objects[1], "r+b") as f:
+        f.truncate(5)
+    objects[2].unlink()
+    os.mkfifo(objects[2], 0o600)
+    prog = [sys.executable, "-c", "import hashlib, os, sys\nroot = sys.argv[1]\n"
+            "for d, dirs, files in sorted(os.walk(root)):\n    dirs.sort()\n"
+            "    for f in sorted(files):\n        p = os.path.join(d, f)\n"
+            + "".join("        " + line + "\n" for line in FIRST_USES[first_use].split("\n"))
+            + "        print(os.path.relpath(p, root), len(data), hashlib.sha256(data).hexdigest())\n",
+            src]
+    proc, stats = granary.run(src, prog, tier=tier, extra=extra)
+    want = direct(prog).stdout
+    assert want.count(b"\n") == 18
+    assert proc.stdout == want
+    assert tier_files(stats) == 15, stats
+
+
 def test_immutable_validates_directories_only(granary, tmp_path):
     """Declared immutable: a directory whose identity holds vouches for its files, so a job
     re-attaching makes one metadata call per directory; names added, removed or replaced (the

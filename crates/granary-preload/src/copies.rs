@@ -169,10 +169,7 @@ pub fn open(
         return None;
     }
     let mut st = detour::empty_stat();
-    let ok = ours(table, tier, fd, &mut st)
-        && st.st_ino == expect.ino
-        && (expect.ctime_ns == 0 || ctime_ns(&st) == expect.ctime_ns)
-        && expect.size.is_none_or(|s| st.st_size as u64 == s);
+    let ok = detour::raw_fstat(fd, &mut st) == 0 && is_copy(table, tier, &st, expect);
     if !ok {
         detour::raw_close(fd);
         recheck_dir(table, tier, dir);
@@ -180,6 +177,40 @@ pub fn open(
     }
     let nofollow = if nofollow_added { libc::O_NOFOLLOW } else { 0 };
     Some((fd, nonblock_added | nofollow))
+}
+
+/// `open` without the check of what was opened: the caller checks the fd's first `fstat` with
+/// `is_copy` before any of its bytes or metadata reach the program. Same directory fd, same
+/// single name, same flags.
+pub fn open_unchecked(
+    table: &Table,
+    tier: u8,
+    name: &[u8],
+    flags: c_int,
+) -> Option<(c_int, c_int)> {
+    let _keep = KeepErrno::new();
+    let dir = dir_fd(table, tier)?;
+    let nonblock_added = if flags & libc::O_NONBLOCK == 0 {
+        libc::O_NONBLOCK
+    } else {
+        0
+    };
+    let (fd, nofollow_added) = open_beneath(dir, name, flags | libc::O_NONBLOCK);
+    if fd < 0 {
+        recheck_dir(table, tier, dir);
+        return None;
+    }
+    let nofollow = if nofollow_added { libc::O_NOFOLLOW } else { 0 };
+    Some((fd, nonblock_added | nofollow))
+}
+
+/// `st`, an `fstat` of an fd opened in tier `tier`, is the file the agent wrote as `expect`.
+pub fn is_copy(table: &Table, tier: u8, st: &libc::stat, expect: &Expect) -> bool {
+    expect.ino != 0
+        && is_ours(table, tier, st)
+        && st.st_ino == expect.ino
+        && (expect.ctime_ns == 0 || ctime_ns(st) == expect.ctime_ns)
+        && expect.size.is_none_or(|s| st.st_size as u64 == s)
 }
 
 /// Opens (creating it 0600 if `flags` say so) `name` in tier `tier`'s object directory for the
@@ -205,11 +236,14 @@ pub fn open_own(table: &Table, tier: u8, name: &[u8], flags: c_int) -> Option<c_
 /// `fd` (its `fstat` into `st`) is a regular file of ours, closed to others, on tier `tier`'s
 /// device.
 fn ours(table: &Table, tier: u8, fd: c_int, st: &mut libc::stat) -> bool {
+    detour::raw_fstat(fd, st) == 0 && is_ours(table, tier, st)
+}
+
+fn is_ours(table: &Table, tier: u8, st: &libc::stat) -> bool {
     let Some((dev, _)) = table.tier_dir_id(tier as u32) else {
         return false;
     };
-    detour::raw_fstat(fd, st) == 0
-        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
         && st.st_mode & 0o077 == 0
         && st.st_uid == our_euid(table)
         && st.st_dev == dev

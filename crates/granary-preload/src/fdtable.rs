@@ -71,6 +71,13 @@ pub mod flag {
     /// copy never blocks the open): hidden from `fcntl(F_GETFL)` until the program sets the
     /// status flags itself.
     pub const NONBLOCK_ADDED: u64 = 1 << 20;
+    /// A tier fd whose copy was opened without its identity check: the check comes with the
+    /// fd's first use (`switch::confirm`), merged into the program's own `fstat` when that is
+    /// the first (CPython's open). Only close-on-exec fds, so no other program gets one.
+    pub const UNCHECKED: u64 = 1 << 21;
+    /// A tier fd whose copy failed that check: its bytes and metadata come from the source, as
+    /// for a copy the program changed in place.
+    pub const DAMAGED: u64 = 1 << 22;
 
     /// The fd flags that record the open flags `copies::open` added.
     pub fn added(open_flags: core::ffi::c_int) -> u64 {
@@ -161,8 +168,21 @@ fn cell(fd: i32) -> Option<&'static AtomicU64> {
     FDS.get(usize::try_from(fd).ok()?)
 }
 
+/// What `fd` is, its copy checked first if that was left for its first use: every hook that
+/// acts on a tracked fd asks this, so no byte of an unchecked copy reaches the program through
+/// libc.
 #[inline]
 pub fn get(fd: i32) -> Option<Tracked> {
+    let t = peek(fd)?;
+    if t.flags & flag::UNCHECKED != 0 {
+        return crate::switch::confirm(fd, t);
+    }
+    Some(t)
+}
+
+/// What `fd` is, as recorded (an `UNCHECKED` copy stays unchecked).
+#[inline]
+pub fn peek(fd: i32) -> Option<Tracked> {
     decode(cell(fd)?.load(Ordering::Acquire))
 }
 

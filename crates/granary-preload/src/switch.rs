@@ -12,7 +12,7 @@
 
 use core::ffi::c_int;
 
-use granary_shm::{job, object_name, state, EntryRec};
+use granary_shm::{job, object_name, state, EntryRec, Table};
 
 use crate::copies::{self, Expect};
 use crate::detour::{self, sys, Guard, KeepErrno};
@@ -40,12 +40,7 @@ pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_i
         return None;
     }
     let tier = state::tier_of(word);
-    let (ino, ctime_ns) = g.table.copy_identity(idx);
-    let expect = Expect {
-        ino,
-        ctime_ns,
-        size: Some(e.stat.size),
-    };
+    let expect = recorded(g.table, idx, e);
     let opened = copies::open(g.table, tier, &object_name(e.object), flags, &expect);
     if opened.is_none() {
         // Gone, damaged, replaced: the agent drops it and places it again.
@@ -61,13 +56,141 @@ pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_i
     opened.map(|(fd, added)| (fd, tier, flag::added(added)))
 }
 
+/// What the agent recorded when it placed entry `idx`'s complete copy.
+fn recorded(table: &Table, idx: u32, e: &EntryRec) -> Expect {
+    let (ino, ctime_ns) = table.copy_identity(idx);
+    Expect {
+        ino,
+        ctime_ns,
+        size: Some(e.stat.size),
+    }
+}
+
+/// `open_copy` for an fd tracked at once and closed on exec, with the identity check left to
+/// the fd's first use (`confirm`): CPython's `open` calls `fstat` next, which then makes the
+/// check (one system call instead of two). The fd's flags carry `UNCHECKED`.
+pub fn open_copy_unchecked(
+    g: &Guard,
+    idx: u32,
+    e: &EntryRec,
+    flags: c_int,
+) -> Option<(c_int, u8, u64)> {
+    let word = g.table.state(idx);
+    if state::state_of(word) != state::PLACED || flags & libc::O_CLOEXEC == 0 {
+        return open_copy(g, idx, e, flags);
+    }
+    let tier = state::tier_of(word);
+    match copies::open_unchecked(g.table, tier, &object_name(e.object), flags) {
+        Some((fd, added)) => Some((fd, tier, flag::added(added) | flag::UNCHECKED)),
+        // Gone: the checked open reports it.
+        None => open_copy(g, idx, e, flags),
+    }
+}
+
+/// The deferred check of tier fd `fd` (`flag::UNCHECKED`): its `fstat`, then `confirm_with`.
+/// `None` if the number is not open any more (closed behind our back): it is forgotten.
+pub fn confirm(fd: c_int, t: Tracked) -> Option<Tracked> {
+    let _keep = KeepErrno::new();
+    let mut st = detour::empty_stat();
+    if detour::raw_fstat(fd, &mut st) != 0 {
+        fdtable::take(fd);
+        return None;
+    }
+    Some(confirm_with(fd, t, &st))
+}
+
+/// The deferred check of tier fd `fd`, given `st`, its `fstat` just now: the same check
+/// `copies::open` makes. A copy that fails it is `DAMAGED`: its reads, mappings and `fstat`
+/// come from the source from now on (as for a copy changed in place), and the agent is told
+/// unless the copy under that name now passes (the agent replaced the file since the open).
+pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Tracked {
+    let _keep = KeepErrno::new();
+    let mut now = Tracked {
+        flags: t.flags & !flag::UNCHECKED,
+        ..t
+    };
+    let FdKind::Tier(tier) = t.kind else {
+        return now;
+    };
+    let table = crate::config::table();
+    let word = table.map_or(0, |tb| tb.state(t.entry));
+    let entry = table.and_then(|tb| tb.entry(t.entry));
+    let ok = match (table, &entry) {
+        (Some(tb), Some(e)) => {
+            state::state_of(word) == state::PLACED
+                && state::tier_of(word) == tier
+                && copies::is_copy(tb, tier, st, &recorded(tb, t.entry, e))
+        }
+        _ => false,
+    };
+    if ok {
+        fdtable::clear_flag(fd, flag::UNCHECKED);
+        return now;
+    }
+    now.flags |= flag::DAMAGED;
+    fdtable::set_flag(fd, flag::DAMAGED);
+    fdtable::clear_flag(fd, flag::UNCHECKED);
+    if let (Some(tb), Some(e)) = (table, &entry) {
+        // Nothing was read through the fd yet, so its offset is 0 — even where the opened
+        // thing (a FIFO planted in place of the copy) has none: the source goes under it now.
+        // The flags granary added at the open stay on the replacement (`replacement_flags`),
+        // hidden from `F_GETFL` as before.
+        let added = t.flags & (flag::NONBLOCK_ADDED | flag::NOFOLLOW_ADDED);
+        let to = Tracked::new(t.entry, FdKind::Source, flag::PINNED | added);
+        // A shared fd keeps its file so its sharers keep one offset — unless what was opened is
+        // no regular file (a FIFO): no offset to share, and no byte of it may be read.
+        let not_a_file = st.st_mode & libc::S_IFMT != libc::S_IFREG;
+        let may_move = exclusive(&now) || (not_a_file && fdtable::owned());
+        let moved = may_move
+            && replacement_flags(fd)
+                .and_then(|fl| open_source_in(tb, t.entry, e, fl))
+                .is_some_and(|new| put_under_at(fd, new, to, 0));
+        if moved {
+            now = to;
+        }
+        // Counted as a tier file at the open; its bytes come from the source.
+        let slot = crate::config::job_slot();
+        tb.uncount(slot, job::TIER_FILES + tier as usize, 1);
+        tb.count(slot, job::SOURCE_OPENS, 1);
+        tb.count(slot, job::FALLBACKS, 1);
+        if state::state_of(word) == state::PLACED {
+            let expect = recorded(tb, t.entry, e);
+            match copies::open(
+                tb,
+                tier,
+                &object_name(e.object),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+                &expect,
+            ) {
+                Some((cfd, _)) => {
+                    detour::raw_close(cfd);
+                }
+                None => {
+                    tb.push_request(granary_shm::request::DAMAGED, t.entry);
+                }
+            }
+        }
+        if log::enabled() {
+            log::line(&[
+                b"cached copy unusable after its open, using the source: ",
+                tb.name(e).unwrap_or(b"?"),
+            ]);
+        }
+    }
+    now
+}
+
 /// Opens the entry's file on the source, read-only with `flags`, if it is still the inode the
 /// catalog describes (a program that changed the file in place keeps its inode). Never changes
 /// errno.
 pub fn open_source(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<c_int> {
+    open_source_in(g.table, idx, e, flags)
+}
+
+fn open_source_in(table: &Table, idx: u32, e: &EntryRec, flags: c_int) -> Option<c_int> {
     let _keep = KeepErrno::new();
     let mut buf = Buf::new();
-    let p = path::entry_path(g.table, idx, &mut buf)?;
+    let p = path::entry_path(table, idx, &mut buf)?;
     let fd = detour::raw_openat(
         libc::AT_FDCWD,
         p,
@@ -114,8 +237,13 @@ fn replacement_flags(fd: c_int) -> Option<c_int> {
 /// FD_CLOEXEC, and tracks it as `to`. The caller holds `fd`'s `BUSY` lock and checked
 /// `exclusive`. `new` is always closed.
 fn put_under(fd: c_int, new: c_int, to: Tracked) -> bool {
-    let fdfl = sys!(libc::SYS_fcntl, fd, libc::F_GETFD);
     let pos = sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR);
+    put_under_at(fd, new, to, pos)
+}
+
+/// `put_under` at offset `pos`.
+fn put_under_at(fd: c_int, new: c_int, to: Tracked, pos: libc::c_long) -> bool {
+    let fdfl = sys!(libc::SYS_fcntl, fd, libc::F_GETFD);
     let cloexec = if fdfl >= 0 && fdfl as c_int & libc::FD_CLOEXEC != 0 {
         libc::O_CLOEXEC
     } else {

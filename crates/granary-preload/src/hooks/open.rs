@@ -48,7 +48,15 @@ enum Plan {
     Failed(c_int),
 }
 
-fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
+/// How a placed copy's identity is checked: at the open, or at the fd's first use (`open`
+/// and `openat` with `O_CLOEXEC`: every later call on the fd reaches a hook that checks first).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CheckCopy {
+    AtOpen,
+    AtFirstUse,
+}
+
+fn plan(g: &Guard, loc: &Loc, flags: c_int, check: CheckCopy) -> Plan {
     let other = Tracked::new(u32::MAX, FdKind::Other, initial_flags(flags));
     if flags & libc::O_TMPFILE == libc::O_TMPFILE || flags & libc::O_PATH != 0 {
         return Plan::Real(None);
@@ -78,7 +86,7 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int) -> Plan {
     let st = state::state_of(g.table.state(idx));
     // (A packed file was waited for just now, in cluster mode too: no second wait.)
     if st == state::PLACED || loc.is_none() && cluster_wait(g, idx, &entry, st) {
-        if let Some(fd) = copy_fd(g, idx, &entry, flags) {
+        if let Some(fd) = copy_fd(g, idx, &entry, flags, check) {
             return Plan::Done(fd);
         }
     }
@@ -166,8 +174,17 @@ fn source_opened(g: &Guard, idx: u32) {
 }
 
 /// The placed copy opened and tracked, or `None` (the source is opened instead).
-fn copy_fd(g: &Guard, idx: u32, entry: &granary_shm::EntryRec, flags: c_int) -> Option<c_int> {
-    let (fd, tier, added) = switch::open_copy(g, idx, entry, flags)?;
+fn copy_fd(
+    g: &Guard,
+    idx: u32,
+    entry: &granary_shm::EntryRec,
+    flags: c_int,
+    check: CheckCopy,
+) -> Option<c_int> {
+    let (fd, tier, added) = match check {
+        CheckCopy::AtOpen => switch::open_copy(g, idx, entry, flags)?,
+        CheckCopy::AtFirstUse => switch::open_copy_unchecked(g, idx, entry, flags)?,
+    };
     let fl = initial_flags(flags) | added;
     if !fdtable::track(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {
         // Untrackable fd number: fstat could not be answered consistently, use the source.
@@ -268,7 +285,7 @@ fn open_impl(
     let mut buf = Buf::new();
     let loc = locate(&g, dirfd, path, &mut buf);
     let plan = if loc.rel.is_some() {
-        plan(&g, &loc, flags)
+        plan(&g, &loc, flags, CheckCopy::AtFirstUse)
     } else {
         Plan::Real(None)
     };
@@ -436,8 +453,9 @@ fn fopen_impl(
     };
     let mut buf = Buf::new();
     let loc = locate(&g, libc::AT_FDCWD, path, &mut buf);
+    // stdio reads inside libc, where no hook sees them: the copy is checked now.
     let plan = if loc.rel.is_some() {
-        plan(&g, &loc, flags)
+        plan(&g, &loc, flags, CheckCopy::AtOpen)
     } else {
         Plan::Real(None)
     };

@@ -115,12 +115,13 @@ fn count(kind: FdKind, n: isize) -> isize {
     n
 }
 
-/// True if the entry of tier fd `t` was changed in place by the program: its reads go to the
-/// source.
+/// True if the entry of tier fd `t` was changed in place by the program, or its copy failed the
+/// check after its open (`flag::DAMAGED`): its reads go to the source.
 fn stale(t: &Tracked) -> bool {
     matches!(t.kind, FdKind::Tier(_))
-        && crate::config::table()
-            .is_some_and(|tb| state::state_of(tb.state(t.entry)) == state::STALE)
+        && (t.has(crate::fdtable::flag::DAMAGED)
+            || crate::config::table()
+                .is_some_and(|tb| state::state_of(tb.state(t.entry)) == state::STALE))
 }
 
 /// True if a read on `t` may be served by granary (and so needs the caller's buffers).

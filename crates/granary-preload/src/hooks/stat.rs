@@ -10,7 +10,7 @@ use granary_shm::{job, state, EntryRec, StatRec};
 
 use super::{find, locate};
 use crate::detour::{self, real, Guard};
-use crate::fdtable::{self, FdKind, Tracked};
+use crate::fdtable::{self, flag, FdKind, Tracked};
 use crate::path::Buf;
 use crate::{statbuf, usermem};
 
@@ -83,7 +83,13 @@ impl Out {
 /// directory fds included). A copy of a file the program has since changed in place is
 /// described by the source: the fd moves there, or the source path is asked.
 fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
-    let t = fdtable::get(fd)?;
+    let mut t = fdtable::peek(fd)?;
+    // A copy opened unchecked: `fstat` fills what the check needs (it is made below, with the
+    // kernel's answer); a `statx` may not, so it checks first.
+    let check_after = t.has(flag::UNCHECKED) && matches!(out, Out::Stat(_));
+    if t.has(flag::UNCHECKED) && !check_after {
+        t = crate::switch::confirm(fd, t)?;
+    }
     match t.kind {
         FdKind::Tier(_) => {}
         FdKind::Pack => return extracted_answer(g, fd, t, out),
@@ -100,13 +106,24 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
         _ => return None,
     }
     let entry = crate::entries::get(g.table, t.entry)?;
-    if state::state_of(g.table.state(t.entry)) == state::STALE {
+    let stale = |t: &Tracked| {
+        t.has(flag::DAMAGED) || state::state_of(g.table.state(t.entry)) == state::STALE
+    };
+    if !check_after && stale(&t) {
         return stale_answer(g, fd, t, &entry, out);
     }
     let ino = match out.kernel_answer(fd) {
         Ok(ino) => ino,
         Err(r) => return Some(r),
     };
+    if let (true, Out::Stat(p)) = (check_after, out) {
+        // SAFETY: the kernel just wrote the whole struct there, so it is mapped and readable.
+        let st = unsafe { *p };
+        t = crate::switch::confirm_with(fd, t, &st);
+        if stale(&t) {
+            return stale_answer(g, fd, t, &entry, out);
+        }
+    }
     let (copy_ino, _) = g.table.copy_identity(t.entry);
     if ino != copy_ino {
         // Not our copy any more (the number was closed and reused behind our back).
