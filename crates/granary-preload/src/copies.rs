@@ -204,6 +204,36 @@ pub fn open_unchecked(
     Some((fd, nonblock_added | nofollow))
 }
 
+/// `st` (an `fstat`) is the file that has name `name` in tier `tier`'s object directory now,
+/// or one that looks like the agent's (`is_ours`): what a copy's fd can name. Anything else —
+/// a socket, another user's file — means the fd's number was closed behind our back and reused.
+pub fn could_be_copy(table: &Table, tier: u8, name: &[u8], st: &libc::stat) -> bool {
+    if is_ours(table, tier, st) {
+        return true;
+    }
+    let _keep = KeepErrno::new();
+    let Some(dir) = dir_fd(table, tier) else {
+        return false;
+    };
+    let mut cname = [0u8; 48];
+    let Some(slot) = cname.get_mut(..name.len()) else {
+        return false;
+    };
+    slot.copy_from_slice(name);
+    if name.len() >= cname.len() {
+        return false;
+    }
+    let mut now = detour::empty_stat();
+    detour::raw_newfstatat(
+        dir,
+        cname.as_ptr().cast(),
+        (&mut now as *mut libc::stat).cast(),
+        libc::AT_SYMLINK_NOFOLLOW,
+    ) == 0
+        && now.st_dev == st.st_dev
+        && now.st_ino == st.st_ino
+}
+
 /// `st`, an `fstat` of an fd opened in tier `tier`, is the file the agent wrote as `expect`.
 pub fn is_copy(table: &Table, tier: u8, st: &libc::stat, expect: &Expect) -> bool {
     expect.ino != 0

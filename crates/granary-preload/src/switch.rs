@@ -96,21 +96,23 @@ pub fn confirm(fd: c_int, t: Tracked) -> Option<Tracked> {
         fdtable::take(fd);
         return None;
     }
-    Some(confirm_with(fd, t, &st))
+    confirm_with(fd, t, &st)
 }
 
 /// The deferred check of tier fd `fd`, given `st`, its `fstat` just now: the same check
 /// `copies::open` makes. A copy that fails it is `DAMAGED`: its reads, mappings and `fstat`
 /// come from the source from now on (as for a copy changed in place), and the agent is told
 /// unless the copy under that name now passes (the agent replaced the file since the open).
-pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Tracked {
+/// `None` if the fd's number names something no copy can be (closed behind our back and
+/// reused): it is forgotten, the kernel's to describe.
+pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
     let _keep = KeepErrno::new();
     let mut now = Tracked {
         flags: t.flags & !flag::UNCHECKED,
         ..t
     };
     let FdKind::Tier(tier) = t.kind else {
-        return now;
+        return Some(now);
     };
     let table = crate::config::table();
     let word = table.map_or(0, |tb| tb.state(t.entry));
@@ -125,7 +127,15 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Tracked {
     };
     if ok {
         fdtable::clear_flag(fd, flag::UNCHECKED);
-        return now;
+        return Some(now);
+    }
+    let copy_like = match (table, &entry) {
+        (Some(tb), Some(e)) => copies::could_be_copy(tb, tier, &object_name(e.object), st),
+        _ => false,
+    };
+    if !copy_like {
+        fdtable::take(fd);
+        return None;
     }
     now.flags |= flag::DAMAGED;
     fdtable::set_flag(fd, flag::DAMAGED);
@@ -177,7 +187,7 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Tracked {
             ]);
         }
     }
-    now
+    Some(now)
 }
 
 /// Opens the entry's file on the source, read-only with `flags`, if it is still the inode the

@@ -119,7 +119,11 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
     if let (true, Out::Stat(p)) = (check_after, out) {
         // SAFETY: the kernel just wrote the whole struct there, so it is mapped and readable.
         let st = unsafe { *p };
-        t = crate::switch::confirm_with(fd, t, &st);
+        // `None`: the number names something else now; the kernel's answer stands.
+        let Some(now) = crate::switch::confirm_with(fd, t, &st) else {
+            return Some(0);
+        };
+        t = now;
         if stale(&t) {
             return stale_answer(g, fd, t, &entry, out);
         }
