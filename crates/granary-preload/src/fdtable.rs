@@ -190,12 +190,13 @@ pub fn peek(fd: i32) -> Option<Tracked> {
 /// (out of range, a directory beyond the cursor array, or not our table: a vfork child), in
 /// which case the caller must not rely on it.
 pub fn track(fd: i32, t: Tracked) -> bool {
+    owned() && store(fd, t)
+}
+
+fn store(fd: i32, t: Tracked) -> bool {
     let Some(c) = cell(fd) else {
         return false;
     };
-    if !owned() {
-        return false;
-    }
     if t.kind == FdKind::Dir {
         let Some(pos) = usize::try_from(fd).ok().and_then(|i| DIR_POS.get(i)) else {
             return false;
@@ -215,6 +216,28 @@ pub fn track(fd: i32, t: Tracked) -> bool {
         match c.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => return true,
             Err(v) => cur = v,
+        }
+    }
+}
+
+/// `track` for a copy this very call opened unchecked (`flag::UNCHECKED`), without asking
+/// whose table this is: in a vfork child (which may only `exec` or `_exit`) the entry would land
+/// in the parent's table under a number that is free there — and whatever the parent later gets
+/// under that number is checked before any use and forgotten when it names no copy
+/// (`switch::confirm_with`). Saves the `getpid` of a placed open.
+pub fn track_unchecked_copy(fd: i32, t: Tracked) -> bool {
+    if t.flags & flag::UNCHECKED == 0 || !matches!(t.kind, FdKind::Tier(_)) {
+        return track(fd, t);
+    }
+    store(fd, t)
+}
+
+/// Clears `f` on a tracked fd, whichever process's table it is: for a fact about the open file
+/// itself (its copy passed the check), true for every fd that shares it.
+pub fn clear_file_flag(fd: i32, f: u64) {
+    if let Some(c) = cell(fd) {
+        if c.load(Ordering::Relaxed) & KIND_MASK != 0 {
+            c.fetch_and(!f, Ordering::AcqRel);
         }
     }
 }

@@ -126,7 +126,7 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
         _ => false,
     };
     if ok {
-        fdtable::clear_flag(fd, flag::UNCHECKED);
+        fdtable::clear_file_flag(fd, flag::UNCHECKED);
         return Some(now);
     }
     let copy_like = match (table, &entry) {

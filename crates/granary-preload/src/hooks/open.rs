@@ -186,7 +186,7 @@ fn copy_fd(
         CheckCopy::AtFirstUse => switch::open_copy_unchecked(g, idx, entry, flags)?,
     };
     let fl = initial_flags(flags) | added;
-    if !fdtable::track(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {
+    if !fdtable::track_unchecked_copy(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {
         // Untrackable fd number: fstat could not be answered consistently, use the source.
         let _keep = KeepErrno::new();
         detour::raw_close(fd);

@@ -280,7 +280,7 @@ pub unsafe extern "C" fn statx(
 }
 
 fn fstat_impl(fd: c_int, buf: *mut libc::stat, pass: impl FnOnce() -> c_int) -> c_int {
-    if fdtable::get(fd).is_none() {
+    if fdtable::peek(fd).is_none() {
         return pass();
     }
     let Some(g) = detour::enter_any_creds() else {
