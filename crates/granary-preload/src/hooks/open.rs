@@ -86,6 +86,9 @@ fn plan(g: &Guard, loc: &Loc, flags: c_int, check: CheckCopy) -> Plan {
     let st = state::state_of(g.table.state(idx));
     // (A packed file was waited for just now, in cluster mode too: no second wait.)
     if st == state::PLACED || loc.is_none() && cluster_wait(g, idx, &entry, st) {
+        // A tree that exists only in the pack has no file to put under a damaged copy's fd: the
+        // copy is checked now, and the pack serves it otherwise.
+        let check = if mount { CheckCopy::AtOpen } else { check };
         if let Some(fd) = copy_fd(g, idx, &entry, flags, check) {
             return Plan::Done(fd);
         }
