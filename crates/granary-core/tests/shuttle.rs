@@ -250,3 +250,74 @@ fn opens_and_invalidation_race() {
         ITERATIONS,
     );
 }
+
+/// One entry's validation bits over Shuttle's atomics, and how many times its source was asked.
+struct ModelBits {
+    validated: Arc<AtomicU64>,
+    checking: Arc<AtomicU64>,
+}
+
+impl lifecycle::CheckBits for ModelBits {
+    fn validated(&self) -> bool {
+        self.validated.load(Ordering::Acquire) != 0
+    }
+    fn try_claim(&self) -> bool {
+        self.checking.fetch_or(1, Ordering::AcqRel) == 0
+    }
+    fn release(&self) {
+        self.checking.store(0, Ordering::Release);
+    }
+    fn apply(&self, v: lifecycle::Verdict) -> bool {
+        let same = v == lifecycle::Verdict::Same;
+        if same {
+            self.validated.store(1, Ordering::Release);
+        }
+        same
+    }
+}
+
+/// The program (two threads) and two validator threads reach one unchecked entry at once,
+/// through the production claim (`lifecycle::claim_check_of`): the source is asked exactly
+/// once, and every party ends up seeing the entry validated. (Waits are unbounded here; in
+/// production a waiter gives up after its bound and asks itself.)
+#[test]
+fn an_entry_is_checked_once_however_parties_race() {
+    shuttle::check_random(
+        || {
+            let validated = Arc::new(AtomicU64::new(0));
+            let checking = Arc::new(AtomicU64::new(0));
+            let asked = Arc::new(AtomicUsize::new(0));
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    let (validated, checking, asked) =
+                        (validated.clone(), checking.clone(), asked.clone());
+                    thread::spawn(move || {
+                        let bits = ModelBits {
+                            validated: validated.clone(),
+                            checking: checking.clone(),
+                        };
+                        match lifecycle::claim_check_of(bits) {
+                            lifecycle::Check::Validated => {}
+                            lifecycle::Check::Mine(claim) => {
+                                asked.fetch_add(1, Ordering::AcqRel);
+                                assert!(claim.finish(lifecycle::Verdict::Same));
+                            }
+                            lifecycle::Check::Busy => {
+                                while checking.load(Ordering::Acquire) != 0 {
+                                    thread::yield_now();
+                                }
+                            }
+                        }
+                        assert_eq!(validated.load(Ordering::Acquire), 1, "seen unvalidated");
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap();
+            }
+            assert_eq!(asked.load(Ordering::Acquire), 1, "the source asked twice");
+            assert_eq!(checking.load(Ordering::Acquire), 0, "a claim left behind");
+        },
+        ITERATIONS,
+    );
+}

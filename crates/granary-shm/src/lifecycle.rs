@@ -404,53 +404,90 @@ pub fn is_validated(table: &Table, idx: u32) -> bool {
     table.is_validated(idx)
 }
 
+/// An entry's two validation bits, as the check claim uses them: the shared table's
+/// (`EntryBits`) in production, Shuttle's atomics in the concurrency tests.
+pub trait CheckBits {
+    fn validated(&self) -> bool;
+    /// Sets the being-checked bit; true if this call set it.
+    fn try_claim(&self) -> bool;
+    fn release(&self);
+    /// Applies a verdict (`apply`); true if the catalog may now answer.
+    fn apply(&self, v: Verdict) -> bool;
+}
+
+/// Entry `idx` of a mapped table.
+#[derive(Clone, Copy)]
+pub struct EntryBits<'a> {
+    pub table: &'a Table,
+    pub idx: u32,
+}
+
+impl CheckBits for EntryBits<'_> {
+    fn validated(&self) -> bool {
+        self.table.is_validated(self.idx)
+    }
+    fn try_claim(&self) -> bool {
+        self.table.try_claim_check(self.idx)
+    }
+    fn release(&self) {
+        self.table.release_check(self.idx)
+    }
+    fn apply(&self, v: Verdict) -> bool {
+        apply(self.table, self.idx, v)
+    }
+}
+
 /// Who checks an entry against the source (`claim_check`).
-pub enum Check<'a> {
+pub enum Check<B: CheckBits> {
     /// Already checked in this attach: nothing to do.
     Validated,
     /// This caller checks it: make the one call, then `CheckClaim::finish`.
-    Mine(CheckClaim<'a>),
+    Mine(CheckClaim<B>),
     /// Another process or thread is checking it now: wait (bounded) for `is_being_checked` to
     /// clear rather than asking the source a second time.
     Busy,
 }
 
-/// The right to make entry `idx`'s one check of this attach. Dropped without `finish` (an
-/// unknown verdict, a panic), the claim is released and the entry left unchecked.
-pub struct CheckClaim<'a> {
-    table: &'a Table,
-    idx: u32,
+/// The right to make an entry's one check of this attach. Dropped without `finish` (a panic),
+/// the claim is released and the entry left unchecked.
+pub struct CheckClaim<B: CheckBits> {
+    bits: B,
 }
 
-impl CheckClaim<'_> {
-    /// Applies the verdict (`apply`), then releases the claim; true if the catalog may answer.
+impl<B: CheckBits> CheckClaim<B> {
+    /// Applies the verdict, then releases the claim; true if the catalog may answer.
     pub fn finish(self, v: Verdict) -> bool {
-        apply(self.table, self.idx, v)
+        self.bits.apply(v)
     }
 }
 
-impl Drop for CheckClaim<'_> {
+impl<B: CheckBits> Drop for CheckClaim<B> {
     fn drop(&mut self) {
-        self.table.release_check(self.idx);
+        self.bits.release();
     }
 }
 
 /// Claims entry `idx`'s check in this attach, so that the program and the validators reaching
 /// it at the same instant cost the source one call, not two. A claim a dead process left is
 /// cleared by the next attach; until then, waiters give up after their bound and check anyway.
-pub fn claim_check(table: &Table, idx: u32) -> Check<'_> {
-    if table.is_validated(idx) {
+pub fn claim_check(table: &Table, idx: u32) -> Check<EntryBits<'_>> {
+    claim_check_of(EntryBits { table, idx })
+}
+
+/// `claim_check` on any entry's bits.
+pub fn claim_check_of<B: CheckBits>(bits: B) -> Check<B> {
+    if bits.validated() {
         return Check::Validated;
     }
-    if !table.try_claim_check(idx) {
+    if !bits.try_claim() {
         return Check::Busy;
     }
     // Validated between the first look and the claim: the claim is not needed.
-    if table.is_validated(idx) {
-        table.release_check(idx);
+    if bits.validated() {
+        bits.release();
         return Check::Validated;
     }
-    Check::Mine(CheckClaim { table, idx })
+    Check::Mine(CheckClaim { bits })
 }
 
 /// True while some party holds entry `idx`'s check claim.
