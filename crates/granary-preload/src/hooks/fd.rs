@@ -250,6 +250,9 @@ fn mark_sent(msg: *const libc::msghdr) {
             let data = &ctl[off + hdr_len..off + clen];
             for fd in data.chunks_exact(4) {
                 let fd = c_int::from_ne_bytes([fd[0], fd[1], fd[2], fd[3]]);
+                // A copy not yet checked is checked before it leaves (`get`): the receiver's
+                // reads are out of our sight.
+                let _ = fdtable::get(fd);
                 fdtable::set_flag(fd, flag::SHARED);
             }
         }
