@@ -176,7 +176,9 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
                     detour::raw_close(cfd);
                 }
                 None => {
+                    // As an open that finds the copy damaged: withdrawn, then placed again.
                     tb.push_request(granary_shm::request::DAMAGED, t.entry);
+                    tb.push_request_arg(granary_shm::request::OPEN_UNPLACED, t.entry, slot);
                 }
             }
         }
