@@ -124,12 +124,13 @@ impl Flight {
         piece_for(self.cap())
     }
 
-    /// What may be in flight while `readers` readers wait for read-ahead: at least two pieces
-    /// each, so that a reader that reaches the piece it waited for finds the next one issued
+    /// What may be in flight while readers wait for read-ahead that want `pieces` pieces in
+    /// flight between them (at least two each, more for a reader that outran its read-ahead:
+    /// `mod.rs`), so that a reader that reaches the piece it waited for finds the next one issued
     /// (else it faults the source itself, in the kernel's small requests).
-    pub fn cap_for_readers(&self, readers: u64) -> u64 {
+    pub fn cap_for_readers(&self, pieces: u64) -> u64 {
         let cap = self.cap();
-        cap.max(readers * 2 * piece_for(cap))
+        cap.max(pieces * piece_for(cap))
     }
 
     /// Bytes in flight now.
@@ -137,12 +138,13 @@ impl Flight {
         self.sync.load(Ordering::Relaxed) + lock(&self.pieces).bytes
     }
 
-    /// Room for read-ahead for `readers` readers now: what may still be issued. Some is always
-    /// allowed while no read-ahead is in flight (a fetch's reads do not starve the readers).
-    pub fn room(&self, readers: u64) -> u64 {
+    /// Room for read-ahead now, readers wanting `pieces` pieces in flight: what may still be
+    /// issued. Some is always allowed while no read-ahead is in flight (a fetch's reads do not
+    /// starve the readers).
+    pub fn room(&self, pieces: u64) -> u64 {
         let p = lock(&self.pieces);
         let used = self.sync.load(Ordering::Relaxed) + p.bytes;
-        let cap = self.cap_for_readers(readers);
+        let cap = self.cap_for_readers(pieces);
         if p.bytes == 0 {
             cap.saturating_sub(used).max(piece_for(cap))
         } else {
@@ -270,13 +272,13 @@ mod tests {
         let f = Flight::default();
         let cap = f.cap();
         let g = f.sync_read(cap * 2);
-        assert_eq!(f.room(1), f.piece());
+        assert_eq!(f.room(2), f.piece());
         f.issued(piece(0, Instant::now()));
-        assert_eq!(f.room(1), 0);
+        assert_eq!(f.room(2), 0);
         drop(g);
-        assert_eq!(f.room(1), cap - MB);
-        // Many readers: two pieces each.
-        assert_eq!(f.room(8), 16 * f.piece() - MB);
+        assert_eq!(f.room(2), cap - MB);
+        // Many readers: the pieces they want.
+        assert_eq!(f.room(16), 16 * f.piece() - MB);
     }
 
     #[test]

@@ -212,6 +212,11 @@ struct Reader {
     /// Where the run of pages it read since it was last found elsewhere starts (at or before
     /// `win.start`: the pages it touched on its way there in the same look).
     run_from: u64,
+    /// Read-ahead pieces it may have in flight (`LEAD_MIN` doubling up to `LEAD_MAX` each
+    /// time it is found past what was issued for it: it faulted the source itself), and where
+    /// what was issued (or found local or cached) for it ends.
+    lead: u64,
+    issued_to: u64,
 }
 
 /// The agent's handle on a source file it reads ahead.
@@ -449,6 +454,8 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
                     win_wanted: 0,
                     win_issued: 0,
                     run_from: 0,
+                    lead: LEAD_MIN,
+                    issued_to: 0,
                 }
             }
         };
@@ -483,6 +490,17 @@ fn follow(
         account(ctx, pr.slot, r, &look, files, block);
         if look.hot_new > 0 || look.jump.is_some() {
             r.moved_at = Instant::now();
+        }
+        // Past what was issued for it, into pages the mapping takes from the source, while its
+        // window was still being issued: the source's bursts outran the pieces in flight.
+        if prefetch
+            && look.hot_new > 0
+            && r.issued_to > 0
+            && look.hot_end > r.issued_to
+            && r.pending.is_some()
+            && takes_source(r, r.issued_to, look.hot_end)
+        {
+            r.lead = (r.lead * 2).min(LEAD_MAX);
         }
         let ahead = if look.hot_new > 0 {
             moved = true;
@@ -568,11 +586,12 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
             .copied()
             .unwrap_or(u64::MAX)
     };
-    let waiting = procs
+    let waiting: u64 = procs
         .values()
         .flat_map(|pr| pr.readers.iter())
         .filter(|r| r.pending.is_some())
-        .count() as u64;
+        .map(|r| r.lead)
+        .sum();
     let mut room = flight.room(waiting);
     while room > 0 {
         let next = procs
@@ -613,12 +632,36 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
         r.win_wanted += wanted;
         r.win_issued += issued;
         r.pending = (end < b).then_some((end, b));
+        r.issued_to = end;
         room = room.saturating_sub(issued);
         if issued == 0 && wanted == 0 && files.get(&r.m.idx).is_none() {
             // The source cannot be opened: nothing to read ahead for this reader.
             r.pending = None;
         }
     }
+}
+
+/// Read-ahead pieces a reader may have in flight: at first, and at most.
+const LEAD_MIN: u64 = 2;
+const LEAD_MAX: u64 = 16;
+
+/// True if the mapping of `r` takes some of `[a, b)` from the source (not from a tier).
+fn takes_source(r: &Reader, a: u64, b: u64) -> bool {
+    let mut at = a;
+    let mut local: Vec<(u64, u64)> =
+        r.m.local
+            .iter()
+            .copied()
+            .filter(|&(s, e)| s < b && a < e)
+            .collect();
+    local.sort_unstable();
+    for (s, e) in local {
+        if s > at {
+            return true;
+        }
+        at = at.max(e);
+    }
+    at < b
 }
 
 /// A reader that read this far from where it started started a run there; one that read this
