@@ -176,10 +176,21 @@ def main():
     ap.add_argument("--read-iops", type=int, default=150)
     ap.add_argument("--granary", default=None, help="granary binary (default target/release)")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated groups to run (default all): records (with PFS-direct "
+                    "and Local), first (granary's records runs only: first record, source "
+                    "bytes), half, rand, three (3 processes), three1 (its two one-pass granary runs only), "
+                    "cached; a subset's report goes "
+                    "to <out>-only-<groups> unless --out is given")
     a = ap.parse_args()
     p = PRESETS[a.size]
     k = SimpleNamespace(**p)
-    k.out = a.out or p["out"]
+    groups = ["records", "half", "rand", "three", "cached"]
+    k.only = groups if a.only is None else a.only.split(",")
+    bad = set(k.only) - set(groups) - {"first", "three1"}
+    if bad:
+        sys.exit(f"--only: unknown groups {sorted(bad)} (known: {groups + ['first']})")
+    k.out = a.out or (p["out"] if a.only is None else f"{p['out']}-only-{'-'.join(k.only)}")
     k.pairs = a.pairs or p["pairs"]
     k.workdir, k.read_bps, k.read_iops, k.readahead_kb = a.workdir, a.read_bps, a.read_iops, 128
     if os.geteuid() != 0:
@@ -263,24 +274,41 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
     half_lmdb = f"{data_mdb // 2 // MIB}M"
 
     # -- records through mmap: the file is being fetched when it is mapped ---------------------
+    if "records" in k.only or "first" in k.only:
+        measure_records(b, k, rows, mount, records, fresh, fits_rec, rec_stored)
+    if "half" in k.only or "rand" in k.only:
+        measure_half(b, k, rows, mount, lmdb, lmdb_dir, fresh, half_lmdb, data_mdb, bw)
+    if "three" in k.only or "three1" in k.only:
+        measure_three(b, k, rows, mount, lmdb, lmdb_dir, fresh, fits_lmdb, data_mdb)
+    if "cached" in k.only:
+        measure_cached(b, k, rows, emu, lmdb, lmdb_dir, fresh, data_mdb)
+    return {"rows": [dict(zip(("criterion", "workload", "measured", "bar", "numbers"), r[:5]),
+                          passed=bool(r[5](r[2]))) for r in rows]}
+
+
+def measure_records(b, k, rows, mount, records, fresh, fits_rec, rec_stored):
     log("records through mmap (epoch 1: every shard mapped while the agent fetches it)")
     pairs, firsts, src_ratios = [], [], []
+    only_first = "records" not in k.only
 
     def rec_run(s):
         root = os.path.join(mount, "records")
         if s == "pfs":
             return b.run("records", "pfs", mount, records(root, 1))
         return b.run("records", "granary", mount, records(root, 3), fresh("rec"), fits_rec)
-    for got in paired(k.pairs, ["pfs", "granary"], rec_run):
-        pairs.append((epoch1(got["granary"]), epoch1(got["pfs"])))
+    for got in paired(k.pairs, ["granary"] if only_first else ["pfs", "granary"], rec_run):
+        if not only_first:
+            pairs.append((epoch1(got["granary"]), epoch1(got["pfs"])))
         firsts += [f["after_mmap_s"] for f in got["granary"]["first_record"] if f["epoch"] == 1]
         src_ratios.append(got["granary"]["device_bytes"] / rec_stored)
-    local = b.run("records", "local", mount, records(b.local_copy(os.path.join(mount, "records")), 3))
     rows.append(("first record of a mapping of a file being fetched, after the mmap (s)",
                  "records", max(firsts) if firsts else float("nan"), "≤ 0.15",
                  f"max over {len(firsts)} epoch-1 mappings, median {statistics.median(firsts):.3f} s"
                  if firsts else "no data", lambda v: v <= 0.15))
-    rows.append(("epoch 1 / PFS-direct epoch 1", "records", median_ratio(pairs), "≤ 0.20",
+    if not only_first:
+        local = b.run("records", "local", mount,
+                      records(b.local_copy(os.path.join(mount, "records")), 3))
+        rows.append(("epoch 1 / PFS-direct epoch 1", "records", median_ratio(pairs), "≤ 0.20",
                  "median of paired runs: " + ", ".join(f"{a:.2f}/{c:.2f} s" for a, c in pairs)
                  + f"; Local epoch 1 {epoch1(local):.2f} s", lambda v: v <= 0.20))
     rows.append(("source bytes over 3 epochs / dataset as stored", "records",
@@ -288,16 +316,31 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
                  f"{rec_stored / 1e6:.1f} MB stored; each run: "
                  + ", ".join(f"{x:.3f}" for x in src_ratios), lambda v: v <= 1.01))
 
-    # -- LMDB larger than the page cache, tier holding half: sequential epoch 1 -----------------
-    log("LMDB, sequential, tier holding half (a first job fills it), prefetch off vs on")
-    pairs, streamed, faulted = [], [], []
 
+def measure_half(b, k, rows, mount, lmdb, lmdb_dir, fresh, half_lmdb, data_mdb, bw):
+    # -- LMDB larger than the page cache, tier holding half: sequential epoch 1 -----------------
     def half(label, *args):
         def one(s):
             t = fresh("half")
             b.run("fill", "granary", mount, lmdb(lmdb_dir, 1), t, half_lmdb, quiet=True)
             return b.run(label, s, mount, lmdb(lmdb_dir, 1, *args), t, half_lmdb)
         return one
+    if "half" in k.only:
+        measure_seq_half(b, k, rows, mount, lmdb, lmdb_dir, half, data_mdb, bw)
+    if "rand" in k.only:
+        # -- random gets: never slower than prefetch off --------------------------------------
+        log("LMDB, random gets, tier holding half")
+        pairs = [(epoch1(got["granary"]), epoch1(got["granary-off"]))
+                 for got in paired(k.pairs, ["granary-off", "granary"],
+                                   half("lmdb-rand half", "--access", "random"))]
+        rows.append(("random gets, prefetch / prefetch off", "lmdb-rand half",
+                     median_ratio(pairs), "≤ 1.02", "median of paired runs: "
+                     + ", ".join(f"{a:.2f}/{c:.2f} s" for a, c in pairs), lambda v: v <= 1.02))
+
+
+def measure_seq_half(b, k, rows, mount, lmdb, lmdb_dir, half, data_mdb, bw):
+    log("LMDB, sequential, tier holding half (a first job fills it), prefetch off vs on")
+    pairs, streamed, faulted = [], [], []
     for got in paired(k.pairs, ["granary-off", "granary"], half("lmdb-seq half", "--lock")):
         pairs.append((epoch1(got["granary"]), epoch1(got["granary-off"])))
         r = got["granary"]
@@ -325,15 +368,8 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
                  + ", ".join(f"{x / MIB:.2f}" for x in faulted),
                  lambda v: v <= (distance + 128 * 1024) / MIB))
 
-    # -- random gets: never slower than prefetch off ------------------------------------------
-    log("LMDB, random gets, tier holding half")
-    pairs = [(epoch1(got["granary"]), epoch1(got["granary-off"]))
-             for got in paired(k.pairs, ["granary-off", "granary"],
-                               half("lmdb-rand half", "--access", "random"))]
-    rows.append(("random gets, prefetch / prefetch off", "lmdb-rand half", median_ratio(pairs),
-                 "≤ 1.02", "median of paired runs: "
-                 + ", ".join(f"{a:.2f}/{c:.2f} s" for a, c in pairs), lambda v: v <= 1.02))
 
+def measure_three(b, k, rows, mount, lmdb, lmdb_dir, fresh, fits_lmdb, data_mdb):
     # -- 3 processes mapping one LMDB, tier fits it: source bytes and the lock file -------------
     log("LMDB, 3 processes (contiguous shares), tier holds it, lock=True and lock=False")
     trace = os.path.join(k.workdir, "trace")
@@ -350,11 +386,13 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
             rows.append(("3 processes, lock=True: write-opens of the source's lock.mdb",
                          "lmdb-seq 3 procs", opens, "0",
                          "strace of the job (PFS-direct: {pfs_opens})", lambda v: v == 0))
+    if "three" not in k.only:
+        return
     pfs3 = b.run("lmdb-seq 3 procs lock=True", "pfs", mount,
                  lmdb(lmdb_dir, 1, "--procs", "3", "--lock"), trace=trace)
     pfs_opens = count_lock_opens(trace, lmdb_dir)
-    rows = [(c, w, m, bar, n.replace("{pfs_opens}", str(pfs_opens)), f)
-            for c, w, m, bar, n, f in rows]
+    rows[:] = [(c, w, m, bar, n.replace("{pfs_opens}", str(pfs_opens)), f)
+               for c, w, m, bar, n, f in rows]
     # Two passes in one environment: the mapping made while the file was fetched keeps the
     # source behind what was not local yet (docs/placement.md, "Mappings": not done).
     two = b.run("lmdb-seq 3 procs lock=True, 2 passes", "granary", mount,
@@ -364,6 +402,9 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
                  f"PFS-direct one pass: {epoch1(pfs3):.2f} s, "
                  f"{pfs3['device_bytes'] / data_mdb:.3f} × the file", lambda v: True))
 
+
+def measure_cached(b, k, rows, emu, lmdb, lmdb_dir, fresh, data_mdb):
+    mount = emu.mount
     # -- nothing to gain: everything in the page cache, watched vs unwatched ---------------------
     log("LMDB in the page cache, nothing to gain: watched vs unwatched")
     cap = emu.memory.read("memory.limit_in_bytes").strip()
@@ -386,8 +427,6 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
                      + ", ".join(f"{a:.3f}/{c:.3f} s" for a, c in pairs), lambda v: v <= 1.02))
     finally:
         emu.memory.write("memory.limit_in_bytes", cap)
-    return {"rows": [dict(zip(("criterion", "workload", "measured", "bar", "numbers"), r[:5]),
-                          passed=bool(r[5](r[2]))) for r in rows]}
 
 
 def count_lock_opens(trace_prefix, lmdb_dir):

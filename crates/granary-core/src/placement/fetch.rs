@@ -120,7 +120,16 @@ fn copy_part(
                 steer.as_ref().map_or((&[][..], 0, 0, false), |s| {
                     (&s.readers[..], s.window, s.lead, s.idle)
                 });
-            let next = order.next(readers, window, lead, idle, ramp as u64);
+            // While programs map this source's files, reads are short: a program's fault (or a
+            // new mapping's first one) waits at the source behind what the agent has in flight
+            // there (`mapping::flight`).
+            let flight = ctx.mappings.flight();
+            let max = if ctx.mappings.followed() > 0 {
+                (ramp as u64).min(flight.piece())
+            } else {
+                ramp as u64
+            };
+            let next = order.next(readers, window, lead, idle, max);
             if !matches!(next, Next::Wait) {
                 tracing::trace!("entry {idx}: {next:?} for readers {readers:?} (idle {idle})");
             }
@@ -159,6 +168,7 @@ fn copy_part(
                 let r = if i + h == j {
                     0
                 } else {
+                    let _in_flight = flight.sync_read((j - i - h) as u64);
                     match reader.read_exact_at(&cl.src, &mut b[i + h..j], s + h as u64, j - i - h) {
                         Ok(_) => j - i - h,
                         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -174,6 +184,9 @@ fn copy_part(
                 got = j;
             }
             b[got..].fill(0);
+            if hit < n {
+                tracing::trace!("entry {idx}: [{off}, +{len}): {hit} bytes cached, the rest read");
+            }
             AgentCounters::add(&c.page_cache_bytes, hit as u64);
             ramp = (ramp * 2).min(buf.len());
             if off == hashed {

@@ -28,6 +28,7 @@
 //! serve regular files' pages.
 
 mod config;
+pub mod flight;
 mod maps;
 pub mod window;
 
@@ -117,8 +118,8 @@ const STALL_LOOKS: u32 = 3;
 /// `CACHED_EVERY` ticks only (until a window finds something to read).
 const CACHED_WINDOWS: u32 = 2;
 const CACHED_EVERY: u32 = 8;
-/// One `readahead(2)` call: the kernel caps each at its largest request.
-const RA_PIECE: u64 = 1 << 20;
+/// One `readahead(2)` call at most: the kernel caps each at its largest request.
+const RA_PIECE: u64 = flight::MAX_PIECE;
 /// Mappings are read again this often (unmapped, exited, exec'd).
 const MAPS_EVERY: Duration = Duration::from_secs(1);
 
@@ -147,6 +148,8 @@ pub struct Mappings {
     state: Mutex<State>,
     /// The read-ahead window last used (logged when it changes).
     last_size: std::sync::atomic::AtomicU64,
+    /// What the agent has in flight at this source, and may have (`flight`).
+    flight: flight::Flight,
 }
 
 /// The readers of one entry, for its whole-file fetch.
@@ -168,6 +171,9 @@ const IDLE_AFTER: Duration = Duration::from_secs(1);
 struct State {
     procs: HashMap<u32, Proc>,
     files: HashMap<u32, Source>,
+    /// Per entry, where readers started reading in sequence (kept after they end, until a
+    /// reader reads through: `issue`).
+    starts: HashMap<u32, Vec<u64>>,
 }
 
 #[derive(Debug)]
@@ -198,6 +204,19 @@ struct Reader {
     /// first followed.
     cached_windows: u32,
     ticks: u32,
+    /// What is left to read ahead of the last window (issued a piece at a time as the source
+    /// has room: `flight`), and what that window wanted from the source and issued so far.
+    pending: Option<(u64, u64)>,
+    win_wanted: u64,
+    win_issued: u64,
+    /// Where the run of pages it read since it was last found elsewhere starts (at or before
+    /// `win.start`: the pages it touched on its way there in the same look).
+    run_from: u64,
+    /// Read-ahead pieces it may have in flight (`LEAD_MIN` doubling up to `LEAD_MAX` each
+    /// time it is found past what was issued for it: it faulted the source itself), and where
+    /// what was issued (or found local or cached) for it ends.
+    lead: u64,
+    issued_to: u64,
 }
 
 /// The agent's handle on a source file it reads ahead.
@@ -250,6 +269,11 @@ impl Mappings {
         lock(&self.state).procs.len()
     }
 
+    /// What the agent has in flight at this source (a whole-file fetch counts its reads).
+    pub fn flight(&self) -> &flight::Flight {
+        &self.flight
+    }
+
     /// One round: new processes, mappings re-read when due, every reader looked at and read
     /// ahead of. Returns true if some reader moved (the caller ticks again soon).
     /// `room`: what the page cache can hold (read-ahead is sized to it); `block`: the size of
@@ -293,9 +317,33 @@ impl Mappings {
                 size,
                 threshold_pct: p.threshold_pct,
             };
-            let State { procs, files } = &mut *st;
-            for pr in procs.values_mut() {
-                moved |= follow(ctx, pr, files, &shape, p.mode == Mode::Prefetch, block);
+            {
+                let State { procs, files, .. } = &mut *st;
+                // What completed since the last tick leaves room at the source.
+                self.flight.retire(now, |pc| {
+                    let mut res = Vec::new();
+                    let last = (pc.off + pc.len - 1) / PAGE * PAGE;
+                    files
+                        .get(&pc.idx)
+                        .and_then(|s| s.cache.as_ref())
+                        .is_none_or(|c| {
+                            c.resident(last, PAGE, &mut res).is_err()
+                                || res.first().is_some_and(|&m| m & 1 == 1)
+                        })
+                });
+                for pr in procs.values_mut() {
+                    moved |= follow(ctx, pr, files, &shape, p.mode == Mode::Prefetch, block);
+                }
+            }
+            if p.mode == Mode::Prefetch {
+                issue(ctx, &mut st, &self.flight);
+                let f = &self.flight;
+                tracing::trace!(
+                    "mappings: source at {} B/s, {} of {} in flight",
+                    f.bps(),
+                    f.in_flight(),
+                    f.cap()
+                );
             }
         }
         // What a reader read stays cached about this long behind it: half of what the page
@@ -329,6 +377,7 @@ impl Mappings {
             s.idle &= now.duration_since(r.moved_at) >= IDLE_AFTER;
         }
         st.files.retain(|idx, _| steer.contains_key(idx));
+        st.starts.retain(|idx, _| steer.contains_key(idx));
         *lock(&self.steer) = steer;
         moved
     }
@@ -401,6 +450,12 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
                     moved_at: now,
                     cached_windows: 0,
                     ticks: 0,
+                    pending: None,
+                    win_wanted: 0,
+                    win_issued: 0,
+                    run_from: 0,
+                    lead: LEAD_MIN,
+                    issued_to: 0,
                 }
             }
         };
@@ -436,29 +491,185 @@ fn follow(
         if look.hot_new > 0 || look.jump.is_some() {
             r.moved_at = Instant::now();
         }
+        // Past what was issued for it, into pages the mapping takes from the source, while its
+        // window was still being issued: the source's bursts outran the pieces in flight.
+        if prefetch
+            && look.hot_new > 0
+            && r.issued_to > 0
+            && look.hot_end > r.issued_to
+            && r.pending.is_some()
+            && takes_source(r, r.issued_to, look.hot_end)
+        {
+            r.lead = (r.lead * 2).min(LEAD_MAX);
+        }
         let ahead = if look.hot_new > 0 {
             moved = true;
             r.win.advance(look.hot_end, look.hot_new, r.len, shape)
         } else if let Some((at, new)) = look.jump {
             moved = true;
+            r.run_from = look.jump_from.min(at);
             r.win.jump(at);
             r.win.advance(at, new, r.len, shape)
         } else {
             None
         };
+        if look.jump.is_some() && look.hot_new == 0 {
+            // Found elsewhere: what was left for where it was is not wanted any more.
+            r.pending = None;
+        }
         if let (true, Some((a, b))) = (prefetch, ahead) {
-            let (wanted, issued) = read_ahead(ctx, r, files, a, b);
-            if wanted > 0 {
-                r.cached_windows = if issued == 0 {
+            // The last window, judged: everything it wanted was cached.
+            if r.win_wanted > 0 {
+                r.cached_windows = if r.win_issued == 0 {
                     r.cached_windows.saturating_add(1)
                 } else {
                     0
                 };
             }
+            r.win_wanted = 0;
+            r.win_issued = 0;
+            tracing::debug!(
+                "mmap read-ahead of entry {}: [{a}, {b}) for a reader at {}: issued a piece at a \
+                 time as the source has room",
+                r.m.idx,
+                r.win.pos
+            );
+            // Windows follow each other without gaps; what is left of the last one is read
+            // first.
+            r.pending = match r.pending {
+                Some((x, y)) if x <= a && a <= y => Some((x, b.max(y))),
+                _ => Some((a, b)),
+            };
         }
     }
     moved
 }
+
+/// Issues read-ahead pieces for the readers' pending windows while the source has room
+/// (`flight`): the piece nearest ahead of its reader first, so a reader about to wait is served
+/// before one that has a lead.
+///
+/// A window stops where another reader of the file started reading in sequence (`stop`):
+/// readers of contiguous shares (MPI-Caffe's ranks, `--procs 3`) each read up to the next
+/// one's start, and what lies past it that reader already read — cached still, or evicted and
+/// then not worth reading again for a reader that most likely stops there (measured: 2–3 % of
+/// the file read twice, all of it at the shares' starts). A reader that does go on is read
+/// ahead of again once it passed that start.
+fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
+    let State {
+        procs,
+        files,
+        starts,
+    } = st;
+    let piece = flight.piece();
+    // A reader that read on for a while started a run; a reader that read through a start
+    // (a reader that did not stop there) makes it no start any more.
+    for r in procs.values().flat_map(|pr| pr.readers.iter()) {
+        if r.win.phase == window::Phase::Unseen {
+            continue;
+        }
+        let (from, pos) = (r.run_from.min(r.win.start), r.win.pos);
+        let s = starts.entry(r.m.idx).or_default();
+        s.retain(|&x| !(from < x && pos > x.saturating_add(THROUGH)));
+        if pos >= from.saturating_add(THROUGH) && !s.iter().any(|&x| x.abs_diff(from) < THROUGH) {
+            s.push(from);
+        }
+    }
+    let stop = |r: &Reader| {
+        starts
+            .get(&r.m.idx)
+            .into_iter()
+            .flatten()
+            // At or past where it is: a reader that reached another's start has read its share.
+            .filter(|&&from| from >= r.win.pos)
+            .min()
+            .copied()
+            .unwrap_or(u64::MAX)
+    };
+    let waiting: u64 = procs
+        .values()
+        .flat_map(|pr| pr.readers.iter())
+        .filter(|r| r.pending.is_some())
+        .map(|r| r.lead)
+        .sum();
+    let mut room = flight.room(waiting);
+    while room > 0 {
+        let next = procs
+            .values_mut()
+            .flat_map(|pr| pr.readers.iter_mut())
+            .filter_map(|r| {
+                let (a, b) = r.pending?;
+                // What the reader already passed it faulted itself.
+                let a = a.max(r.win.pos / PAGE * PAGE);
+                if a >= b.min(r.len) {
+                    r.pending = None;
+                    return None;
+                }
+                r.pending = Some((a, b));
+                let stop = stop(r);
+                (a < stop).then_some((a - r.win.pos.min(a), stop, r))
+            })
+            .min_by_key(|(lead, _, _)| *lead);
+        let Some((_, stop, r)) = next else {
+            break;
+        };
+        let Some((a, b)) = r.pending else {
+            break;
+        };
+        let end = (a + piece.min(room.max(MIN_ISSUE))).min(b).min(stop);
+        tracing::trace!(
+            "entry {}: reader [{}, {}) run from {}, piece [{a}, {end}) of [{a}, {b}), starts {:?}",
+            r.m.idx,
+            r.win.start,
+            r.win.pos,
+            r.run_from,
+            starts.get(&r.m.idx)
+        );
+        let (wanted, issued) = read_ahead(ctx, r, files, flight, a, end);
+        if r.win_issued == 0 && issued > 0 {
+            AgentCounters::add(&ctx.counters.mmap_windows, 1);
+        }
+        r.win_wanted += wanted;
+        r.win_issued += issued;
+        r.pending = (end < b).then_some((end, b));
+        r.issued_to = end;
+        room = room.saturating_sub(issued);
+        if issued == 0 && wanted == 0 && files.get(&r.m.idx).is_none() {
+            // The source cannot be opened: nothing to read ahead for this reader.
+            r.pending = None;
+        }
+    }
+}
+
+/// Read-ahead pieces a reader may have in flight: at first, and at most.
+const LEAD_MIN: u64 = 2;
+const LEAD_MAX: u64 = 16;
+
+/// True if the mapping of `r` takes some of `[a, b)` from the source (not from a tier).
+fn takes_source(r: &Reader, a: u64, b: u64) -> bool {
+    let mut at = a;
+    let mut local: Vec<(u64, u64)> =
+        r.m.local
+            .iter()
+            .copied()
+            .filter(|&(s, e)| s < b && a < e)
+            .collect();
+    local.sort_unstable();
+    for (s, e) in local {
+        if s > at {
+            return true;
+        }
+        at = at.max(e);
+    }
+    at < b
+}
+
+/// A reader that read this far from where it started started a run there; one that read this
+/// far past another's start did not stop there.
+const THROUGH: u64 = 1 << 20;
+
+/// The smallest piece issued when the source has little room left.
+const MIN_ISSUE: u64 = flight::MIN_PIECE;
 
 /// What one look at a reader's page tables found.
 struct Look {
@@ -466,8 +677,10 @@ struct Look {
     /// touched since the last look.
     hot_end: u64,
     hot_new: u64,
-    /// Elsewhere: the furthest newly touched page of the sweep slice, and the new bytes there.
+    /// Elsewhere: the furthest newly touched page of the sweep slice, and the new bytes there;
+    /// and where the run of touched pages that ends there starts (`jump_from`).
     jump: Option<(u64, u64)>,
+    jump_from: u64,
     /// Pages that became present (file offsets), for the counters.
     new_pages: Vec<u64>,
 }
@@ -513,6 +726,7 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
         hot_end: r.win.pos,
         hot_new: 0,
         jump: None,
+        jump_from: 0,
         new_pages: Vec::new(),
     };
     // Follow the reader from where it was: pages it touched since the last look extend its
@@ -574,6 +788,19 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
     // A few pages touched elsewhere (a B-tree page read again) do not move a reader.
     if out.hot_new == 0 && (far_new >= JUMP_MIN_PAGES * PAGE || unseen && far_new > 0) {
         out.jump = Some((far_end, far_new));
+        // Back from there over touched pages (gaps of a few allowed): where that run starts.
+        let mut k = ((far_end - PAGE - from) / PAGE) as usize;
+        let (mut lo, mut gap) = (k, 0);
+        while k > 0 && gap <= GAP_PAGES {
+            k -= 1;
+            if bits[k] {
+                lo = k;
+                gap = 0;
+            } else {
+                gap += 1;
+            }
+        }
+        out.jump_from = from + lo as u64 * PAGE;
     }
     Some(out)
 }
@@ -615,6 +842,7 @@ fn account(
     t.count(slot, job::MAP_LOCAL_BYTES, local);
     t.count(slot, job::MAP_SOURCE_BYTES, source);
     t.count(slot, job::MAP_FAULTED_BYTES, faulted);
+    ctx.mappings.flight().observed(faulted);
 }
 
 /// Reads `[a, b)` of the reader's file ahead, where the mapping takes it from the source and
@@ -625,6 +853,7 @@ fn read_ahead(
     ctx: &SourceCtx,
     r: &Reader,
     files: &mut HashMap<u32, Source>,
+    flight: &flight::Flight,
     a: u64,
     b: u64,
 ) -> (u64, u64) {
@@ -691,6 +920,12 @@ fn read_ahead(
                 if sys::readahead(&src.file, p, n).is_err() {
                     break;
                 }
+                flight.issued(flight::Piece {
+                    idx,
+                    off: p,
+                    len: n,
+                    at: Instant::now(),
+                });
                 issued += n;
                 let mut q = p;
                 while q < p + n {
@@ -701,18 +936,16 @@ fn read_ahead(
             }
         }
     }
-    tracing::debug!(
-        "mmap read-ahead of entry {idx}: [{a}, {b}) for a reader at {}: {issued} bytes issued \
-         in {:?}",
+    tracing::trace!(
+        "mmap read-ahead piece of entry {idx}: [{a}, {b}) for a reader at {}: {issued} bytes issued \
+         in {:?}, {} in flight",
         r.win.pos,
-        t0.elapsed()
+        t0.elapsed(),
+        flight.in_flight()
     );
     let c = &ctx.counters;
     AgentCounters::add(&c.mmap_read_ahead, issued);
     AgentCounters::add(&c.source_bytes, issued);
-    if issued > 0 {
-        AgentCounters::add(&c.mmap_windows, 1);
-    }
     (wanted, issued)
 }
 
