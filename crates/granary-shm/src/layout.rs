@@ -647,6 +647,9 @@ pub mod request {
 /// Ring layout: consumer index at +0, producer index at +64 (own cache lines), slots from +128,
 /// each slot `[sequence: AtomicU64, value: AtomicU64]`.
 pub const RING_HEAD: usize = 0;
+/// The consumer's doorbell (u32, in the head's cache line, zero in tables that predate it): 1
+/// while the agent sleeps on it (futex), so a producer that sees 1 after pushing wakes it.
+pub const RING_BELL: usize = 8;
 pub const RING_TAIL: usize = 64;
 pub const RING_SLOTS: usize = 128;
 pub const RING_SLOT_LEN: usize = 16;
