@@ -9,7 +9,9 @@
 
 use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
-use crate::layout::{RING_BELL, RING_HEAD, RING_SLOTS, RING_SLOT_LEN, RING_TAIL};
+use crate::layout::{
+    RING_BELL, RING_HEAD, RING_PLACED, RING_PLACED_WAITERS, RING_SLOTS, RING_SLOT_LEN, RING_TAIL,
+};
 use crate::region::Region;
 
 pub(crate) struct Ring<'a> {
@@ -63,8 +65,46 @@ impl<'a> Ring<'a> {
             std::thread::sleep(timeout);
             return;
         }
-        crate::region::futex_wait(b, 1, timeout);
+        let _ = crate::region::futex_wait(b, 1, timeout);
         b.store(0, Ordering::Relaxed);
+    }
+
+    /// Agent: a copy was published; wakes the clients waiting for one.
+    pub(crate) fn notify_placed(&self) {
+        let (Some(n), Some(w)) = (
+            self.region.atomic_u32(self.off + RING_PLACED),
+            self.region.atomic_u32(self.off + RING_PLACED_WAITERS),
+        ) else {
+            return;
+        };
+        n.fetch_add(1, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        if w.load(Ordering::Relaxed) != 0 {
+            crate::region::futex_wake_all(n);
+        }
+    }
+
+    /// Client: the count of published copies (to wait on with `wait_placed`).
+    pub(crate) fn placed_count(&self) -> u32 {
+        self.region
+            .atomic_u32(self.off + RING_PLACED)
+            .map_or(0, |n| n.load(Ordering::Acquire))
+    }
+
+    /// Client: sleeps until a copy is published after `seen` was read (`placed_count`), or
+    /// `timeout` passes; true if a signal ended the wait.
+    pub(crate) fn wait_placed(&self, seen: u32, timeout: core::time::Duration) -> bool {
+        let (Some(n), Some(w)) = (
+            self.region.atomic_u32(self.off + RING_PLACED),
+            self.region.atomic_u32(self.off + RING_PLACED_WAITERS),
+        ) else {
+            return false;
+        };
+        w.fetch_add(1, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        let interrupted = crate::region::futex_wait(n, seen, timeout);
+        w.fetch_sub(1, Ordering::AcqRel);
+        interrupted
     }
 
     fn tail(&self) -> Option<&AtomicU64> {

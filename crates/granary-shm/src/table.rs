@@ -931,6 +931,23 @@ impl Table {
         pushed
     }
 
+    /// Agent side: a copy was just published (PLACED); clients waiting for one wake up.
+    pub fn notify_placed(&self) {
+        self.ring().notify_placed();
+    }
+
+    /// Client side: how many copies were published so far (wrapping); read before looking at
+    /// the entries waited for, then `wait_placed` sleeps only if none was published since.
+    pub fn placed_count(&self) -> u32 {
+        self.ring().placed_count()
+    }
+
+    /// Client side: sleeps until the agent publishes a copy after `seen` (`placed_count`), or
+    /// `timeout` passes. True if a signal ended the wait.
+    pub fn wait_placed(&self, seen: u32, timeout: std::time::Duration) -> bool {
+        self.ring().wait_placed(seen, timeout)
+    }
+
     /// Agent side, with the ring empty: sleeps until a client pushes a request or `timeout`
     /// passes (a client that pushes while it sleeps wakes it: no polling delay on an open).
     pub fn wait_for_requests(&self, timeout: std::time::Duration) {
