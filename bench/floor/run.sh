@@ -14,5 +14,8 @@ mpicc -O2 -o "$out/mpi_latency" mpi_latency.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
 for n in 2097152 8388608; do "$out/pages" "$n" /dev/shm; done
 for n in 2097152 8388608; do mpirun -np 2 --oversubscribe "$out/mpi_copy" "$n" 20; done
-for nap in 0 20 100; do mpirun -np 2 --oversubscribe "$out/mpi_latency" "$nap"; done
+mpirun -np 2 --oversubscribe "$out/mpi_latency" 0 1
+for nap in 20 100; do for probes in 1 2; do
+    mpirun -np 2 --oversubscribe "$out/mpi_latency" "$nap" "$probes"
+done; done
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
