@@ -197,11 +197,10 @@ impl Staging {
             .min_by_key(|(_, x)| x.slot.map.len())
             .map(|(k, _)| k);
         let got = best.map(|k| f.files.swap_remove(k));
+        // One made again per copy that asked (taken or missing): the reserve follows the sizes
+        // in demand without the filler doing more than the copies it stands in for.
         if size <= RESERVE_FILE_MAX {
             f.wanted.push_back(size);
-            if got.is_none() {
-                f.wanted.push_back(size);
-            }
             while f.wanted.len() > 64 {
                 f.wanted.pop_front();
             }
