@@ -248,8 +248,10 @@ impl Staging {
     }
 
     /// The filler: keeps free files ready (up to `RESERVE_MAX` bytes or an eighth of the tier)
-    /// while the tier has room, of the sizes copies just needed — at start, of the sizes of the
-    /// files other ranks hold, by bytes. Removes every free file when the node stops.
+    /// while the tier has room: at start, of the sizes of the files other ranks hold (drawn by
+    /// bytes), then one again of the size of each copy that asked for one (taken or missing),
+    /// while the reserve has room (free files are never dropped to make room: the reserve keeps
+    /// the dataset's mix of sizes). Removes every free file when the node stops.
     pub fn fill(
         &self,
         ctx: &SourceCtx,
@@ -275,21 +277,6 @@ impl Staging {
                 };
                 match size {
                     Some(s) if f.bytes + s <= target => Some(s),
-                    Some(s) if next.is_some() => {
-                        // Wanted now: make room by dropping a free file of another size.
-                        let other = f.files.iter().position(|x| x.slot.map.len() as u64 != s);
-                        match other {
-                            Some(k) => {
-                                let old = f.files.swap_remove(k);
-                                f.bytes = f.bytes.saturating_sub(old.charge);
-                                drop(f);
-                                ctx.tiers.release(staging_tier, old.charge);
-                                remove(ctx, staging_tier, &old.name);
-                                Some(s)
-                            }
-                            None => None,
-                        }
-                    }
                     _ => {
                         started = true;
                         let _ = self
