@@ -185,15 +185,20 @@ impl Staging {
     }
 
     /// A free file for a copy of `size` bytes (its charge given back to the tier: the copy's
-    /// reservation takes it again), if one whose mapping is large enough is ready: the same
-    /// size first, else the smallest larger one. The filler is told either way.
+    /// reservation takes it again), if one whose mapping is large enough but at most twice the
+    /// size is ready: the same size first, else the smallest larger one. The filler is told
+    /// either way.
     pub fn take(&self, ctx: &SourceCtx, staging_tier: usize, size: u64) -> Option<Free> {
         let mut f = self.free_lock();
         let best = f
             .files
             .iter()
             .enumerate()
-            .filter(|(_, x)| x.slot.map.len() as u64 >= size)
+            // At most twice its size: a small copy must not take (and cut) a large file.
+            .filter(|(_, x)| {
+                let len = x.slot.map.len() as u64;
+                len >= size && len <= size.saturating_mul(2)
+            })
             .min_by_key(|(_, x)| x.slot.map.len())
             .map(|(k, _)| k);
         let got = best.map(|k| f.files.swap_remove(k));
