@@ -455,6 +455,56 @@ def test_a_dataset_larger_than_the_nodes_comes_partly_from_the_source(cluster, t
     assert sum(p["bytes_held"] for p in st["peers"]) <= total // 2 + (16 << 20)
 
 
+HOLDER = r"""
+import hashlib, json, mmap, os, sys, time
+root = sys.argv[1]
+files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+sha = lambda b: hashlib.sha256(b).hexdigest()
+# Copies this process keeps open (an fd, or only a mapping) while the staging tier drops and
+# reuses copies around them.
+held = [(p, open(p, "rb")) for p in files[:6]]
+maps = []
+for p in files[6:10]:
+    with open(p, "rb") as f:
+        maps.append((p, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)))
+got = {}
+for _ in range(3):
+    time.sleep(0.3)  # older than the recycling age
+    for p in files[10:]:
+        with open(p, "rb") as f:
+            got[p] = sha(f.read())
+        time.sleep(0.02)
+for p, f in held:
+    got[p] = sha(f.read())
+for p, m in maps:
+    got[p] = sha(m[:])
+for p in files:  # and each once more, through new opens
+    with open(p, "rb") as f:
+        assert sha(f.read()) == got[p], p
+print(json.dumps({os.path.relpath(p, root): h for p, h in got.items()}))
+"""
+
+
+def test_a_staged_copy_a_program_holds_is_never_reused(cluster, tmp_path):
+    """Dropped staging copies are reused (their pages, for the next copy) only when no process
+    has them open: a program holding some by fd or by mapping reads its bytes intact while the
+    staging tier, a few files large, drops and reuses every other copy several times over."""
+    data = tmp_path / "pfs" / "data"
+    rng = random.Random(13)
+    for i in range(48):
+        write(data, f"d/f{i:02d}", rng.randbytes(1 << 20))
+    expected = direct(data)
+    c = cluster(data, ranks=2, staging_size="6M")
+    p = c.run(0, sys.executable, "-c", HOLDER, data)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
+    got = json.loads(p.stdout.decode().splitlines()[-1])
+    assert got == expected["sha256"]
+    st = c.status(0)
+    assert st["cluster"]["staging_recycled"] > 0, st["cluster"]
+    placement = st["sources"][0]["placement"]
+    assert placement["remote_files"] > 24 and placement["failures"] == 0, placement
+
+
 # ---------------------------------------------------------------------------------------------
 # Packs (`granary serve --pack`): rank 0 reads the index, each rank streams its units of the pack
 

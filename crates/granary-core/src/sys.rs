@@ -118,6 +118,47 @@ pub fn open_read_at(dir: &OwnedFd, name: &[u8]) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// Opens `name` in `dir` for reading and writing, never through a symlink (a copy of the
+/// agent's own, to be reused: `nobody_else_has_open`).
+pub fn open_rw_at(dir: &OwnedFd, name: &[u8]) -> io::Result<File> {
+    let c = cstr(name)?;
+    // SAFETY: as in create_excl_at.
+    let fd = check(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    })?;
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// True if no open file description other than `f` refers to `f`'s file (no fd of any process,
+/// no mapping, however inherited): the kernel grants a write lease only then. The lease is given
+/// back at once. `f` must be open for writing, and the file owned by this user. A process that
+/// opens the file in between (it would block until the lease is given back) is told apart by the
+/// caller (the name it opened by is gone first). The lease-break signal (SIGIO) must be ignored:
+/// `ignore_lease_breaks`.
+pub fn nobody_else_has_open(f: &File) -> bool {
+    // SAFETY: fcntl on an open fd; no memory involved.
+    let got = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) } == 0;
+    if got {
+        // SAFETY: as above: gives the lease back.
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    }
+    got
+}
+
+/// Ignores SIGIO in this process: a lease taken by `nobody_else_has_open` that another process
+/// breaks in the microseconds it is held signals its holder, and SIGIO's default is to die.
+pub fn ignore_lease_breaks() {
+    // SAFETY: sets a signal's disposition to ignore; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGIO, libc::SIG_IGN);
+    }
+}
+
 pub fn rename_at(dir: &OwnedFd, from: &[u8], to: &[u8]) -> io::Result<()> {
     let (f, t) = (cstr(from)?, cstr(to)?);
     // SAFETY: both names are NUL-terminated and relative to the same open directory.

@@ -275,17 +275,25 @@ pub fn now_ns() -> u64 {
 /// delivered meanwhile ends the wait at once (the read then goes to the source), so the program's
 /// handler runs as promptly as without granary.
 fn wait(g: &Guard, idx: u32, end: Option<u64>) -> Waited {
-    wait_with(g, idx, end, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS)
+    wait_with(g, idx, end, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS, false)
 }
 
 /// `wait`, napping from `naps.0` doubling up to `naps.1` nanoseconds, giving up when progress
 /// stood still for `stall` nanoseconds.
-fn wait_with(g: &Guard, idx: u32, end: Option<u64>, naps: (i64, i64), stall: u64) -> Waited {
+fn wait_with(
+    g: &Guard,
+    idx: u32,
+    end: Option<u64>,
+    naps: (i64, i64),
+    stall: u64,
+    woken: bool,
+) -> Waited {
     let mut start = 0;
     let mut moved = 0;
     let mut last = 0;
     let mut sleep = naps.0;
     loop {
+        let seen = g.table.placed_count();
         let word = g.table.state(idx);
         let st = state::state_of(word);
         if st == state::PLACED {
@@ -319,7 +327,14 @@ fn wait_with(g: &Guard, idx: u32, end: Option<u64>, naps: (i64, i64), stall: u64
         if unclaimed || now - moved > stall || now - start > WAIT_MAX_NS {
             return give_up(b"the copy does not progress");
         }
-        if !nap(&mut sleep, naps.1) {
+        let interrupted = if woken {
+            let t = core::time::Duration::from_nanos(sleep as u64);
+            sleep = (sleep * 2).min(naps.1);
+            g.table.wait_placed(seen, t)
+        } else {
+            !nap(&mut sleep, naps.1)
+        };
+        if interrupted {
             return give_up(b"a signal arrived");
         }
     }
@@ -338,10 +353,15 @@ pub fn nap(sleep: &mut i64, max: i64) -> bool {
     !interrupted
 }
 
-/// Waits (as `wait` does) until the copy of `idx` is complete; false when it gave up.
+/// Waits (as `wait` does) until the copy of `idx` is complete; false when it gave up. Between
+/// looks it sleeps on the table's count of published copies (the agent wakes it when it
+/// publishes one), each sleep bounded as `wait`'s naps are.
 pub fn wait_placed(g: &Guard, idx: u32) -> bool {
     let naps = (OPEN_SLEEP_MIN_NS, OPEN_SLEEP_MAX_NS);
-    matches!(wait_with(g, idx, None, naps, OPEN_STALL_NS), Waited::Placed)
+    matches!(
+        wait_with(g, idx, None, naps, OPEN_STALL_NS, true),
+        Waited::Placed
+    )
 }
 
 fn give_up(why: &[u8]) -> Waited {

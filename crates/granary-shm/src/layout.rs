@@ -652,6 +652,14 @@ pub mod request {
 /// Ring layout: consumer index at +0, producer index at +64 (own cache lines), slots from +128,
 /// each slot `[sequence: AtomicU64, value: AtomicU64]`.
 pub const RING_HEAD: usize = 0;
+/// The consumer's doorbell (u32, in the head's cache line, zero in tables that predate it): 1
+/// while the agent sleeps on it (futex), so a producer that sees 1 after pushing wakes it.
+pub const RING_BELL: usize = 8;
+/// Copies published (u32, wrapping; zero in older tables), and clients sleeping on it (u32):
+/// a client waiting for a copy sleeps on the count (futex) and the agent wakes it when it
+/// publishes one (`Table::notify_placed`), instead of the client polling.
+pub const RING_PLACED: usize = 12;
+pub const RING_PLACED_WAITERS: usize = 16;
 pub const RING_TAIL: usize = 64;
 pub const RING_SLOTS: usize = 128;
 pub const RING_SLOT_LEN: usize = 16;

@@ -97,3 +97,47 @@ impl Region {
         Some(unsafe { core::slice::from_raw_parts(self.base.add(off), len) })
     }
 }
+
+/// Wakes one process sleeping in `futex_wait` on `word` (a word of a shared mapping: the futex
+/// is keyed by the page, so processes mapping the table at other addresses meet on it).
+/// Async-signal-safe: one system call, no allocation.
+pub fn futex_wake(word: &core::sync::atomic::AtomicU32) {
+    // SAFETY: FUTEX_WAKE reads no memory but the word's address, which is valid (a reference).
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1);
+    }
+}
+
+/// Wakes every process sleeping in `futex_wait` on `word`.
+pub fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
+    // SAFETY: as in `futex_wake`.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// Sleeps while `word` holds `expected`, until woken (`futex_wake`), `timeout` passes or a
+/// signal arrives (whichever first; spurious returns are the caller's to handle). True if a
+/// signal ended it (EINTR). Async-signal-safe; errno is the caller's to keep.
+pub fn futex_wait(
+    word: &core::sync::atomic::AtomicU32,
+    expected: u32,
+    timeout: core::time::Duration,
+) -> bool {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: the word is valid (a reference) and 4-aligned; `ts` lives across the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        )
+    };
+    // SAFETY: reads this thread's errno.
+    r < 0 && unsafe { *libc::__errno_location() } == libc::EINTR
+}

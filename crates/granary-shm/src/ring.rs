@@ -7,9 +7,11 @@
 //! step over such a slot after a grace period. A late producer then loses its CAS and its request
 //! is dropped — requests are hints, never facts the agent trusts without checking.
 
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
-use crate::layout::{RING_HEAD, RING_SLOTS, RING_SLOT_LEN, RING_TAIL};
+use crate::layout::{
+    RING_BELL, RING_HEAD, RING_PLACED, RING_PLACED_WAITERS, RING_SLOTS, RING_SLOT_LEN, RING_TAIL,
+};
 use crate::region::Region;
 
 pub(crate) struct Ring<'a> {
@@ -29,6 +31,80 @@ impl<'a> Ring<'a> {
 
     fn head(&self) -> Option<&AtomicU64> {
         self.region.atomic_u64(self.off + RING_HEAD)
+    }
+
+    fn bell(&self) -> Option<&AtomicU32> {
+        self.region.atomic_u32(self.off + RING_BELL)
+    }
+
+    /// Producer, after a push: wakes the consumer if it sleeps on the doorbell (one system
+    /// call then; a load otherwise).
+    pub(crate) fn ring_bell(&self) {
+        let Some(b) = self.bell() else { return };
+        // Pairs with the fence in `sleep`: either the consumer sees our request before it
+        // sleeps, or we see its 1 and wake it.
+        fence(Ordering::SeqCst);
+        if b.load(Ordering::Relaxed) != 0 && b.swap(0, Ordering::AcqRel) != 0 {
+            crate::region::futex_wake(b);
+        }
+    }
+
+    /// Consumer, with nothing to pop: sleeps until a producer rings or `timeout` passes. Returns
+    /// at once if a request is pushed (or being pushed) already.
+    pub(crate) fn sleep(&self, timeout: core::time::Duration) {
+        let Some(b) = self.bell() else {
+            std::thread::sleep(timeout);
+            return;
+        };
+        b.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if self.backlog() > 0 {
+            // A producer between its claim and its publication (or one that died there, until
+            // the consumer skips its slot): nap instead of spinning on it.
+            b.store(0, Ordering::Relaxed);
+            std::thread::sleep(timeout);
+            return;
+        }
+        let _ = crate::region::futex_wait(b, 1, timeout);
+        b.store(0, Ordering::Relaxed);
+    }
+
+    /// Agent: a copy was published; wakes the clients waiting for one.
+    pub(crate) fn notify_placed(&self) {
+        let (Some(n), Some(w)) = (
+            self.region.atomic_u32(self.off + RING_PLACED),
+            self.region.atomic_u32(self.off + RING_PLACED_WAITERS),
+        ) else {
+            return;
+        };
+        n.fetch_add(1, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        if w.load(Ordering::Relaxed) != 0 {
+            crate::region::futex_wake_all(n);
+        }
+    }
+
+    /// Client: the count of published copies (to wait on with `wait_placed`).
+    pub(crate) fn placed_count(&self) -> u32 {
+        self.region
+            .atomic_u32(self.off + RING_PLACED)
+            .map_or(0, |n| n.load(Ordering::Acquire))
+    }
+
+    /// Client: sleeps until a copy is published after `seen` was read (`placed_count`), or
+    /// `timeout` passes; true if a signal ended the wait.
+    pub(crate) fn wait_placed(&self, seen: u32, timeout: core::time::Duration) -> bool {
+        let (Some(n), Some(w)) = (
+            self.region.atomic_u32(self.off + RING_PLACED),
+            self.region.atomic_u32(self.off + RING_PLACED_WAITERS),
+        ) else {
+            return false;
+        };
+        w.fetch_add(1, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        let interrupted = crate::region::futex_wait(n, seen, timeout);
+        w.fetch_sub(1, Ordering::AcqRel);
+        interrupted
     }
 
     fn tail(&self) -> Option<&AtomicU64> {

@@ -940,12 +940,45 @@ impl Table {
     /// Asks the agent for something (`request::*`). Never blocks; returns false if the ring is
     /// full — requests are hints, and the next open will ask again.
     pub fn push_request(&self, kind: u8, entry: u32) -> bool {
-        self.ring().push(request::encode(kind, entry))
+        let r = self.ring();
+        let pushed = r.push(request::encode(kind, entry));
+        if pushed {
+            r.ring_bell();
+        }
+        pushed
     }
 
     /// A request with an argument (24 bits; see `request::encode_arg`).
     pub fn push_request_arg(&self, kind: u8, entry: u32, arg: u32) -> bool {
-        self.ring().push(request::encode_arg(kind, entry, arg))
+        let r = self.ring();
+        let pushed = r.push(request::encode_arg(kind, entry, arg));
+        if pushed {
+            r.ring_bell();
+        }
+        pushed
+    }
+
+    /// Agent side: a copy was just published (PLACED); clients waiting for one wake up.
+    pub fn notify_placed(&self) {
+        self.ring().notify_placed();
+    }
+
+    /// Client side: how many copies were published so far (wrapping); read before looking at
+    /// the entries waited for, then `wait_placed` sleeps only if none was published since.
+    pub fn placed_count(&self) -> u32 {
+        self.ring().placed_count()
+    }
+
+    /// Client side: sleeps until the agent publishes a copy after `seen` (`placed_count`), or
+    /// `timeout` passes. True if a signal ended the wait.
+    pub fn wait_placed(&self, seen: u32, timeout: std::time::Duration) -> bool {
+        self.ring().wait_placed(seen, timeout)
+    }
+
+    /// Agent side, with the ring empty: sleeps until a client pushes a request or `timeout`
+    /// passes (a client that pushes while it sleeps wakes it: no polling delay on an open).
+    pub fn wait_for_requests(&self, timeout: std::time::Duration) {
+        self.ring().sleep(timeout);
     }
 
     /// Agent side: empties the ring (a saved table's, before another agent uses it).

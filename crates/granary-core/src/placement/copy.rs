@@ -305,6 +305,7 @@ pub(super) fn publish(
         || sys::unlink_at(dir, names.1).is_ok(),
     );
     if let Finish::Placed { .. } = out {
+        t.notify_placed();
         let c = &ctx.counters;
         AgentCounters::add(&c.files_placed, 1);
         AgentCounters::add(&c.bytes_placed, size);

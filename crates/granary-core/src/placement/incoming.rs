@@ -57,6 +57,8 @@ pub struct Receiving<'a> {
     part: Option<File>,
     written: u64,
     hasher: xxhash_rust::xxh3::Xxh3,
+    /// The published copy's file, once `finish` placed it.
+    kept: Option<File>,
 }
 
 /// Takes entry `idx` (QUEUED → PLACING) and reserves room for it on the first of `tiers` that
@@ -80,6 +82,7 @@ pub fn receive<'a>(
         part: None,
         written: 0,
         hasher: xxhash_rust::xxh3::Xxh3::new(),
+        kept: None,
     })
 }
 
@@ -154,6 +157,38 @@ impl Receiving<'_> {
         self.part.as_ref().ok_or(ReceiveError::Lost)
     }
 
+    /// The part file made of `file`, a file of the agent's own named `from` in this copy's tier
+    /// directory that nobody else has open (a recycled copy, `evict_to`, or one made ahead):
+    /// renamed to the part's name, cut or grown to the copy's size, and announced. Its pages
+    /// are reused as they are (every byte is written before the copy is published).
+    pub fn part_from(&mut self, file: File, from: &[u8]) -> Result<&File, ReceiveError> {
+        if self.part.is_some() {
+            return Err(ReceiveError::Lost);
+        }
+        let dir = self.dir().ok_or(ReceiveError::Lost)?;
+        let name = part_name(self.entry.object);
+        let _ = sys::unlink_at(dir, &name);
+        sys::rename_at(dir, from, &name).map_err(ReceiveError::Tier)?;
+        let len = file.metadata().map_err(ReceiveError::Tier)?.len();
+        // Cut to the copy's size; or grown, its new pages allocated in one call if it can be.
+        let grown = len < self.size() && sys::allocate(&file, self.size()).is_ok();
+        if len != self.size() && !grown {
+            file.set_len(self.size()).map_err(ReceiveError::Tier)?;
+        }
+        let (ino, _) = sys::copy_identity(&file).map_err(ReceiveError::Tier)?;
+        self.part = Some(file);
+        if !lifecycle::announce_part(&self.ctx.table, self.idx, self.tier() as u8, ino) {
+            return Err(ReceiveError::Lost);
+        }
+        self.part.as_ref().ok_or(ReceiveError::Lost)
+    }
+
+    /// After `finish` placed the copy: its file, still open for reading and writing (for a
+    /// caller that recycles copies' pages).
+    pub fn take_file(&mut self) -> Option<File> {
+        self.kept.take()
+    }
+
     /// The next piece is in the part file already (written through a mapping of `part_file`):
     /// these are its bytes, as written. Publishes them (progress).
     pub fn landed(&mut self, bytes: &[u8]) -> Result<(), ReceiveError> {
@@ -214,10 +249,13 @@ impl Receiving<'_> {
         let file = self.part.take().ok_or(ReceiveError::Lost)?;
         let (part, name) = (part_name(self.entry.object), object_name(self.entry.object));
         match publish(ctx, idx, res, dir, (&part, &name), &file, sum) {
-            Finish::Placed { .. } => Ok(PlaceOutcome::Placed {
-                tier,
-                bytes: self.size(),
-            }),
+            Finish::Placed { .. } => {
+                self.kept = Some(file);
+                Ok(PlaceOutcome::Placed {
+                    tier,
+                    bytes: self.size(),
+                })
+            }
             Finish::RenameFailed => {
                 let _ = sys::unlink_at(dir, &part);
                 Err(ReceiveError::Tier(std::io::Error::other("rename failed")))
@@ -301,6 +339,32 @@ pub fn evict(ctx: &SourceCtx, idx: u32) -> Option<usize> {
         });
     }
     Some(tier)
+}
+
+/// Evicts the complete copy of `idx` as `evict` does, but renames its file to `keep` (in the
+/// same directory) instead of removing it, for its pages to be reused: its space is given back
+/// to the tier all the same. `None` if the entry was not PLACED any more; else its tier and
+/// whether the file was kept (else it was removed). Clients that opened it keep their fd: the
+/// caller must not write into the file before it knows nobody else has it open
+/// (`sys::nobody_else_has_open`); the rename changes its ctime, so a client that opens the old
+/// name in that instant rejects it (the identity recorded at placement no longer matches).
+pub fn evict_to(ctx: &SourceCtx, idx: u32, keep: &[u8]) -> Option<(usize, bool)> {
+    let t = &ctx.table;
+    let w = t.state(idx);
+    let e = t.entry(idx)?;
+    if !lifecycle::withdraw(&EntryCell { table: t, idx }, w) {
+        return None;
+    }
+    let tier = state::tier_of(w) as usize;
+    let mut kept = false;
+    if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
+        let name = object_name(e.object);
+        states::drop_object(&ctx.tiers, tier, e.stat.size, || {
+            kept = sys::rename_at(dir, &name, keep).is_ok();
+            kept || sys::unlink_at(dir, &name).is_ok()
+        });
+    }
+    Some((tier, kept))
 }
 
 /// Drops every copy of a void entry on this node (another node told us the file changed).

@@ -55,6 +55,13 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
                     slot: arg,
                 };
                 if whole {
+                    // Cluster mode: a file another node holds goes to a fetcher at once (the
+                    // pool's worker would only hand it on: one thread hand-off less).
+                    if let Some(r) = ctx.remote.get() {
+                        if r.fetch(ctx, idx, arg).is_some() {
+                            return;
+                        }
+                    }
                     // The agent is the one reader of a file it fetches whole: start now, the
                     // program's reads are served from the partial copy.
                     pool.submit(job(CopyMethod::Fetch));

@@ -17,6 +17,7 @@ use granary_core::placement::{fetch_large, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
 use granary_shm::{state, EntryRec};
 
+use super::staging::{Evicted, Free, Slot};
 use super::transport::{Event, Landing};
 use super::wire::{Answer, Msg};
 use super::Node;
@@ -127,21 +128,52 @@ fn remote(
     owners: &[u32],
 ) -> Got {
     let staging = node.staging_tier.filter(|st| tiers == [*st]);
+    let size = e.stat.size;
+    // A staging file ready for reuse (its pages allocated and mapped), if there is one.
+    let mut free = staging.and_then(|st| node.staging.take(ctx, st, size));
+    let give_back = |free: Option<Free>| {
+        if let (Some(st), Some(f)) = (staging, free) {
+            node.staging.give_back(ctx, st, f);
+        }
+    };
     let mut rx = loop {
         match incoming::receive(ctx, idx, tiers) {
             Ok(rx) => break rx,
-            Err(NotStarted::Skipped(o)) => return Got::Outcome(o),
-            Err(NotStarted::NoRoom) => match staging {
-                Some(st) if node.staging.evict_oldest(ctx, st) => continue,
-                // Larger than the staging tier (or no room for a replica): the source.
-                _ => return Got::Source,
-            },
+            Err(NotStarted::Skipped(o)) => {
+                give_back(free);
+                return Got::Outcome(o);
+            }
+            Err(NotStarted::NoRoom) => {
+                let Some(st) = staging else {
+                    // No room for a replica: the source.
+                    return Got::Source;
+                };
+                let want = free.is_none().then_some(size);
+                match node.staging.evict_oldest(ctx, st, want) {
+                    Evicted::Dropped => continue,
+                    Evicted::Recycled(f) => {
+                        if free.is_none() && f.slot.map.len() as u64 >= size {
+                            free = Some(f);
+                        } else {
+                            node.staging.give_back(ctx, st, f);
+                        }
+                        continue;
+                    }
+                    // Larger than the staging tier: the source.
+                    Evicted::Nothing => {
+                        give_back(free);
+                        return Got::Source;
+                    }
+                }
+            }
         }
     };
     let mut not_held = 0;
+    // The mapping the copy landed in, kept with its file for reuse once staged.
+    let mut mapped = None;
     for &owner in owners {
         let started = std::time::Instant::now();
-        match transfer(node, &mut rx, owner, idx, e) {
+        match transfer(node, &mut rx, owner, idx, e, &mut free, &mut mapped) {
             Ok(sum) => {
                 // A packed file is checked against the index's checksum itself, not only the
                 // owner's word for it.
@@ -158,7 +190,11 @@ fn remote(
                         AgentCounters::add(&c.remote_bytes, e.stat.size);
                         if let (Some(st), PlaceOutcome::Placed { tier, .. }) = (staging, &out) {
                             if *tier == st {
-                                node.staging.push(idx);
+                                let slot = rx
+                                    .take_file()
+                                    .zip(mapped.take())
+                                    .map(|(file, map)| Slot { file, map });
+                                node.staging.push(idx, slot);
                             }
                         }
                         Got::Placed(out)
@@ -191,6 +227,7 @@ fn remote(
             }
         }
     }
+    give_back(free.take());
     if not_held == owners.len() {
         // Held nowhere (the dataset exceeds the nodes' room): the program reads the source, as
         // on one node, and this node keeps no copy either.
@@ -211,6 +248,8 @@ fn transfer(
     owner: u32,
     idx: u32,
     e: &EntryRec,
+    free: &mut Option<Free>,
+    mapped: &mut Option<Arc<memmap2::MmapRaw>>,
 ) -> Result<u64, Failure> {
     let Some(tag) = node.tags.take(owner) else {
         return Err(Failure::Silent);
@@ -229,11 +268,11 @@ fn transfer(
     let res = (|| {
         // While the owner answers: the part file, allocated and mapped, where the pieces land
         // straight from the owner's copy (the first ones wait for it, matched, not received).
-        let landing = match rx.part_file().map(Landing::over) {
-            Ok(Ok(l)) => Arc::new(l),
-            Ok(Err(e)) => return Err(Failure::Local(ReceiveError::Tier(e))),
+        let landing = match land(node, rx, free) {
+            Ok(l) => Arc::new(l),
             Err(e) => return Err(Failure::Local(e)),
         };
+        *mapped = Some(landing.map());
         node.comm.land(owner, tag, landing.clone());
         let sum = loop {
             match events.recv_timeout(node.timeout) {
@@ -275,6 +314,33 @@ fn transfer(
         node.comm.ctrl(owner, &Msg::Cancel { tag });
     }
     res
+}
+
+/// Where the pieces land: a free staging file made part file (its pages reused, mapped
+/// already), else a new part file, allocated and mapped.
+fn land(
+    node: &Node,
+    rx: &mut Receiving<'_>,
+    free: &mut Option<Free>,
+) -> Result<Landing, ReceiveError> {
+    if let Some(f) = free.take() {
+        let size = rx.size() as usize;
+        let Free { slot, name, .. } = f;
+        match rx.part_from(slot.file, &name) {
+            Ok(_) => {
+                if let Some(l) = Landing::on(slot.map, size) {
+                    return Ok(l);
+                }
+            }
+            Err(why) => {
+                tracing::debug!("reusing a staging file: {why}");
+                if let Some(Some(dir)) = node.ctx.object_dirs.get(rx.tier()) {
+                    let _ = granary_core::sys::unlink_at(dir, &name);
+                }
+            }
+        }
+    }
+    Landing::over(rx.part_file()?).map_err(ReceiveError::Tier)
 }
 
 /// `n` bytes of entry `idx` arrived. A program waiting for a packed file watches the pack's

@@ -172,6 +172,21 @@ impl Node {
                 .name("cluster-copies".into())
                 .spawn(move || n.copy_others())?;
         }
+        if let Some(st) = node.staging_tier {
+            // Staging files are recycled (staging.rs): leases tell when nobody else has one open.
+            granary_core::sys::ignore_lease_breaks();
+            let n = node.clone();
+            std::thread::Builder::new()
+                .name("cluster-stage".into())
+                .spawn(move || {
+                    // Made ahead with spare cycles only: never in the way of a transfer or a
+                    // program.
+                    granary_core::sys::sched_idle();
+                    let sample = n.others_sizes();
+                    let stopping = || n.agent.stopping.load(Ordering::Acquire);
+                    n.staging.fill(&n.ctx, st, sample, &stopping);
+                })?;
+        }
         Ok(node)
     }
 
@@ -219,6 +234,34 @@ impl Node {
         }
         if n > 0 {
             tracing::info!("{n} empty files placed");
+        }
+    }
+
+    /// Draws sizes of the files other ranks hold, each file weighted by its bytes (what this
+    /// node's staging tier will receive): what the staging filler makes ahead first.
+    fn others_sizes(&self) -> impl FnMut() -> Option<u64> {
+        let t = &self.ctx.table;
+        let mut sizes = Vec::new();
+        let mut total = 0u64;
+        for idx in 0..t.entry_count() {
+            let Some(e) = t.entry(idx) else { continue };
+            if e.stat.is_file() && e.stat.size > 0 && !self.own.holds(self.rank, idx) {
+                total += e.stat.size;
+                sizes.push((total, e.stat.size));
+            }
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(self.rank);
+        move || {
+            if total == 0 {
+                return None;
+            }
+            // xorshift: any spread will do.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let at = x % total;
+            let k = sizes.partition_point(|&(cum, _)| cum <= at);
+            sizes.get(k).map(|&(_, s)| s)
         }
     }
 
@@ -344,6 +387,7 @@ impl Node {
             }
         }
         self.peers.beat(self.rank, self.beat());
+        let free = self.staging.free();
         status::ClusterStatus {
             rank: self.rank,
             ranks: self.ranks,
@@ -355,6 +399,9 @@ impl Node {
             replicate: self.replicate.clone(),
             copies_pending: self.copies_pending.load(Ordering::Acquire),
             invalidations: self.invalidations.load(Ordering::Acquire),
+            staging_recycled: self.staging.recycled(),
+            staging_free_files: free.0,
+            staging_free_bytes: free.1,
             files_owned: files,
             bytes_owned: bytes,
             peers: (0..self.ranks)
@@ -438,13 +485,16 @@ impl Inbox for Node {
                 object,
                 size,
             } => {
-                let _ = self.provide_q.send(provide::PeerRequest {
+                let req = provide::PeerRequest {
                     from,
                     tag,
                     idx,
                     object,
                     size,
-                });
+                };
+                if !provide::serve_now(self, &req) {
+                    let _ = self.provide_q.send(req);
+                }
             }
             Msg::Cancel { tag } => {
                 self.cancelled

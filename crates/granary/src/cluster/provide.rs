@@ -174,6 +174,69 @@ fn serve(node: &Node, job: &PeerRequest) {
     AgentCounters::add(&c.peer_bytes, size);
 }
 
+/// Files up to this size are sent by the communication thread itself when their copy is here
+/// (`serve_now`).
+const AT_ONCE: u64 = 4 * PIECE as u64;
+
+/// Serves `job` from the communication thread, as it arrives, when the copy is here (PLACED)
+/// and the in-flight budget has room for all of it now: the reply and the pieces are queued
+/// without waking a provider thread (two thread hand-offs less on the requester's critical
+/// path). The copy is mapped without populating it: the transport faults its pages in as it
+/// reads them. False: a provider serves it (not placed yet, stale, cancelled, no room, large).
+pub fn serve_now(node: &Node, job: &PeerRequest) -> bool {
+    let ctx = &node.ctx;
+    let t = &ctx.table;
+    let idx = job.idx;
+    let Some(e) = t
+        .entry(idx)
+        .filter(|e| e.object == job.object && e.stat.size == job.size && e.stat.is_file())
+    else {
+        return false;
+    };
+    let w = t.state(idx);
+    let size = e.stat.size;
+    if state::state_of(w) != state::PLACED || size == 0 || size > AT_ONCE {
+        return false;
+    }
+    if node.cancelled(job.from, job.tag, true) || !node.comm.budget.acquire(size, Instant::now()) {
+        return false;
+    }
+    let tier = state::tier_of(w) as usize;
+    let map = open_copy(node, idx, tier, e.object, size).and_then(|f| {
+        memmap2::MmapOptions::new()
+            .len(size as usize)
+            .map_raw_read_only(&f)
+            .ok()
+            .map(Arc::new)
+    });
+    let Some(map) = map else {
+        node.comm.budget.release(size);
+        return false;
+    };
+    node.comm.ctrl(
+        job.from,
+        &Msg::Reply {
+            tag: job.tag,
+            answer: Answer::Coming {
+                sum: t.checksum(idx),
+            },
+        },
+    );
+    let mut off = 0u64;
+    while off < size {
+        let n = (size - off).min(PIECE as u64);
+        match Payload::mapped(&map, off as usize, n as usize) {
+            Some(p) => node.comm.data(job.from, job.tag, p, n),
+            None => node.comm.budget.release(n),
+        }
+        off += n;
+    }
+    let c = &ctx.counters;
+    AgentCounters::add(&c.peer_files, 1);
+    AgentCounters::add(&c.peer_bytes, size);
+    true
+}
+
 /// The complete copy of `idx` on `tier`, opened and checked: a regular file of the catalog's
 /// size with the identity recorded when it was placed.
 fn open_copy(node: &Node, idx: u32, tier: usize, object: u64, size: u64) -> Option<std::fs::File> {

@@ -28,6 +28,15 @@ pub struct ClusterStatus {
     /// there), dropped here.
     #[serde(default)]
     pub invalidations: u64,
+    /// Staged copies dropped whose file (pages and mapping) was kept for the next copy, nobody
+    /// else having it open (cluster/staging.rs).
+    #[serde(default)]
+    pub staging_recycled: u64,
+    /// Staging files made ahead and ready for a copy now, and their bytes.
+    #[serde(default)]
+    pub staging_free_files: u64,
+    #[serde(default)]
+    pub staging_free_bytes: u64,
     /// Files and bytes this rank holds of the dataset (as first owner or replica), all ranks
     /// together: the dataset as dealt out.
     pub files_owned: u64,

@@ -68,19 +68,36 @@ impl Payload {
 /// while a receive into it is in flight, so a transfer given up early never leaves MPI writing
 /// into memory that is gone.
 pub struct Landing {
-    map: memmap2::MmapRaw,
+    map: Arc<memmap2::MmapRaw>,
+    /// The copy's size (the mapping may be longer: a recycled file's).
+    len: usize,
 }
 
 impl Landing {
-    /// Maps `file` (already its final length), its pages populated at once.
+    /// Maps `file` (already its final length).
     pub fn over(file: &std::fs::File) -> std::io::Result<Landing> {
         let map = memmap2::MmapOptions::new().map_raw(file)?;
-        Ok(Landing { map })
+        let len = map.len();
+        Ok(Landing {
+            map: Arc::new(map),
+            len,
+        })
+    }
+
+    /// The first `len` bytes of `map`, a mapping of the part file (a recycled file's, its pages
+    /// mapped already: no fault per page as the pieces land).
+    pub fn on(map: Arc<memmap2::MmapRaw>, len: usize) -> Option<Landing> {
+        (len <= map.len()).then_some(Landing { map, len })
+    }
+
+    /// The mapping (kept with the copy's file for its pages to be reused).
+    pub fn map(&self) -> Arc<memmap2::MmapRaw> {
+        self.map.clone()
     }
 
     /// Where `len` bytes at `off` go (`None` beyond the end).
     pub fn dest(&self, off: usize, len: usize) -> Option<*mut u8> {
-        (off.checked_add(len)? <= self.map.len()).then(|| self.map.as_mut_ptr().wrapping_add(off))
+        (off.checked_add(len)? <= self.len).then(|| self.map.as_mut_ptr().wrapping_add(off))
     }
 
     /// The bytes that landed at `[off, off + len)` — only after `Event::Landed` for that range,
