@@ -37,6 +37,7 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
     let _keep = KeepErrno::new();
     let (mut start, mut moved, mut asked, mut last) = (0, 0, 0, 0);
     let mut sleep = SLEEP_MIN_NS;
+    let gate = crate::place::Gate::hold();
     loop {
         let st = state::state_of(g.table.state(idx));
         if st == state::PLACED {
@@ -66,7 +67,7 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
         if now - moved > STALL_NS || too_long {
             return give_up(b"the pack's stream does not progress");
         }
-        if !crate::place::nap(&mut sleep, SLEEP_MAX_NS) {
+        if !gate.nap(&mut sleep, SLEEP_MAX_NS) {
             return give_up(b"a signal arrived");
         }
     }

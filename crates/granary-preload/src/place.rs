@@ -292,6 +292,8 @@ fn wait_with(
     let mut moved = 0;
     let mut last = 0;
     let mut sleep = naps.0;
+    // A futex sleep cannot let signals in atomically: the woken wait leaves the mask alone.
+    let gate = (!woken).then(Gate::hold);
     loop {
         let seen = g.table.placed_count();
         let word = g.table.state(idx);
@@ -332,7 +334,7 @@ fn wait_with(
             sleep = (sleep * 2).min(naps.1);
             g.table.wait_placed(seen, t)
         } else {
-            !nap(&mut sleep, naps.1)
+            !gate.as_ref().is_some_and(|gt| gt.nap(&mut sleep, naps.1))
         };
         if interrupted {
             return give_up(b"a signal arrived");
@@ -340,17 +342,89 @@ fn wait_with(
     }
 }
 
-/// Sleeps `sleep` ns, then doubles it up to `max`; false if a signal interrupted the sleep
-/// (a wait on the agent then ends, so the program's handler runs at once).
-pub fn nap(sleep: &mut i64, max: i64) -> bool {
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: *sleep,
-    };
-    let interrupted = sys!(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize) < 0
-        && detour::errno() == libc::EINTR;
-    *sleep = (*sleep * 2).min(max);
-    !interrupted
+/// A wait's hold on the program's signals: held back while the wait looks at the table, let
+/// in only while it sleeps (`ppoll` swaps the mask for the sleep atomically). A signal that
+/// arrives between two naps is then not handled unseen — the wait going on for seconds while
+/// the program's Ctrl-C handler already ran — but interrupts the next nap at once. Faults
+/// (`SIGSEGV`, `SIGBUS`, …) and glibc's internal signals are never held. The program's own
+/// mask comes back when the gate is dropped.
+pub struct Gate {
+    /// The thread's mask before the gate (a kernel `sigset_t`, 64 signals); `None`: the mask
+    /// could not be changed, naps are plain sleeps.
+    orig: Option<u64>,
+}
+
+/// Signals a wait never holds back: synchronous faults (blocked, the kernel kills the
+/// process), the two that cannot be blocked, and glibc's cancellation and set*id signals (32,
+/// 33: another thread's `setuid` waits for every thread to take one).
+const NEVER_HELD: u64 = sig_bit(libc::SIGSEGV)
+    | sig_bit(libc::SIGBUS)
+    | sig_bit(libc::SIGFPE)
+    | sig_bit(libc::SIGILL)
+    | sig_bit(libc::SIGTRAP)
+    | sig_bit(libc::SIGSYS)
+    | sig_bit(libc::SIGKILL)
+    | sig_bit(libc::SIGSTOP)
+    | sig_bit(32)
+    | sig_bit(33);
+
+const fn sig_bit(sig: i32) -> u64 {
+    1u64 << (sig - 1)
+}
+
+impl Gate {
+    pub fn hold() -> Gate {
+        let block: u64 = !NEVER_HELD;
+        let mut orig: u64 = 0;
+        let r = sys!(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            &block as *const u64,
+            &mut orig as *mut u64,
+            8usize
+        );
+        Gate {
+            orig: (r == 0).then_some(orig),
+        }
+    }
+
+    /// Sleeps `sleep` ns with the program's signals let in, then doubles `sleep` up to `max`;
+    /// false if a signal came (now, or while the wait looked at the table).
+    pub fn nap(&self, sleep: &mut i64, max: i64) -> bool {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: *sleep,
+        };
+        let r = match &self.orig {
+            Some(orig) => sys!(
+                libc::SYS_ppoll,
+                core::ptr::null_mut::<libc::pollfd>(),
+                0usize,
+                &ts as *const libc::timespec,
+                orig as *const u64,
+                8usize
+            ),
+            None => sys!(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize),
+        };
+        let interrupted = r < 0 && detour::errno() == libc::EINTR;
+        *sleep = (*sleep * 2).min(max);
+        !interrupted
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if let Some(orig) = &self.orig {
+            let _keep = KeepErrno::new();
+            sys!(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                orig as *const u64,
+                core::ptr::null_mut::<u64>(),
+                8usize
+            );
+        }
+    }
 }
 
 /// Waits (as `wait` does) until the copy of `idx` is complete; false when it gave up. Between

@@ -100,10 +100,9 @@ fn check_once(table: &Table, idx: u32, e: &EntryRec) -> bool {
 fn wait_for_other_check(table: &Table, idx: u32) -> bool {
     let start = crate::place::now_ns();
     let mut sleep = 2_000;
+    let gate = crate::place::Gate::hold();
     while lifecycle::is_being_checked(table, idx) {
-        if crate::place::now_ns() - start > OTHERS_CHECK_NS
-            || !crate::place::nap(&mut sleep, 1_000_000)
-        {
+        if crate::place::now_ns() - start > OTHERS_CHECK_NS || !gate.nap(&mut sleep, 200_000) {
             return false;
         }
     }
