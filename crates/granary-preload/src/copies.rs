@@ -157,26 +157,16 @@ pub fn open(
     if expect.ino == 0 {
         return None;
     }
-    let dir = dir_fd(table, tier)?;
-    let nonblock_added = if flags & libc::O_NONBLOCK == 0 {
-        libc::O_NONBLOCK
-    } else {
-        0
-    };
-    let (fd, nofollow_added) = open_beneath(dir, name, flags | libc::O_NONBLOCK);
-    if fd < 0 {
-        recheck_dir(table, tier, dir);
-        return None;
-    }
+    let (fd, added) = open_unchecked(table, tier, name, flags)?;
     let mut st = detour::empty_stat();
-    let ok = detour::raw_fstat(fd, &mut st) == 0 && is_copy(table, tier, &st, expect);
-    if !ok {
+    if detour::raw_fstat(fd, &mut st) != 0 || !is_copy(table, tier, &st, expect) {
         detour::raw_close(fd);
-        recheck_dir(table, tier, dir);
+        if let Some(dir) = dir_fd(table, tier) {
+            recheck_dir(table, tier, dir);
+        }
         return None;
     }
-    let nofollow = if nofollow_added { libc::O_NOFOLLOW } else { 0 };
-    Some((fd, nonblock_added | nofollow))
+    Some((fd, added))
 }
 
 /// `open` without the check of what was opened: the caller checks the fd's first `fstat` with
