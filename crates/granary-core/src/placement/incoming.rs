@@ -325,20 +325,7 @@ impl Drop for Receiving<'_> {
 /// Clients that opened it keep reading their fd. Returns the tier it was on, or `None` if the
 /// entry was not PLACED any more.
 pub fn evict(ctx: &SourceCtx, idx: u32) -> Option<usize> {
-    let t = &ctx.table;
-    let w = t.state(idx);
-    let e = t.entry(idx)?;
-    if !lifecycle::withdraw(&EntryCell { table: t, idx }, w) {
-        return None;
-    }
-    let tier = state::tier_of(w) as usize;
-    if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
-        let name = object_name(e.object);
-        states::drop_object(&ctx.tiers, tier, e.stat.size, || {
-            sys::unlink_at(dir, &name).is_ok()
-        });
-    }
-    Some(tier)
+    withdraw_object(ctx, idx, |dir, name| sys::unlink_at(dir, name).is_ok())
 }
 
 /// Evicts the complete copy of `idx` as `evict` does, but renames its file to `keep` (in the
@@ -349,6 +336,21 @@ pub fn evict(ctx: &SourceCtx, idx: u32) -> Option<usize> {
 /// (`sys::nobody_else_has_open`); the rename changes its ctime, so a client that opens the old
 /// name in that instant rejects it (the identity recorded at placement no longer matches).
 pub fn evict_to(ctx: &SourceCtx, idx: u32, keep: &[u8]) -> Option<(usize, bool)> {
+    let mut kept = false;
+    let tier = withdraw_object(ctx, idx, |dir, name| {
+        kept = sys::rename_at(dir, name, keep).is_ok();
+        kept || sys::unlink_at(dir, name).is_ok()
+    })?;
+    Some((tier, kept))
+}
+
+/// PLACED → UNPLACED for `idx`, then `gone(object dir, object name)` takes the file away and
+/// its space is given back (`states::drop_object`). The tier, or `None` if it was not PLACED.
+fn withdraw_object(
+    ctx: &SourceCtx,
+    idx: u32,
+    gone: impl FnOnce(&std::os::fd::OwnedFd, &[u8]) -> bool,
+) -> Option<usize> {
     let t = &ctx.table;
     let w = t.state(idx);
     let e = t.entry(idx)?;
@@ -356,15 +358,11 @@ pub fn evict_to(ctx: &SourceCtx, idx: u32, keep: &[u8]) -> Option<(usize, bool)>
         return None;
     }
     let tier = state::tier_of(w) as usize;
-    let mut kept = false;
     if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
         let name = object_name(e.object);
-        states::drop_object(&ctx.tiers, tier, e.stat.size, || {
-            kept = sys::rename_at(dir, &name, keep).is_ok();
-            kept || sys::unlink_at(dir, &name).is_ok()
-        });
+        states::drop_object(&ctx.tiers, tier, e.stat.size, || gone(dir, &name));
     }
-    Some((tier, kept))
+    Some(tier)
 }
 
 /// Drops every copy of a void entry on this node (another node told us the file changed).
