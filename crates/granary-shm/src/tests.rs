@@ -15,6 +15,20 @@ fn map_image(img: &[u8]) -> (Mapping, Table, tempfile::NamedTempFile) {
     (m, t, f)
 }
 
+/// A mapped table of `files` regular files `f0..` in the root (for per-entry bitmaps).
+fn flat_table(files: u64) -> (Mapping, Table, tempfile::NamedTempFile) {
+    let mut m = Model::new();
+    for i in 0..files {
+        m.add(
+            0,
+            &format!("f{i}"),
+            stat(libc::S_IFREG | 0o644, 2 + i, 10),
+            "",
+        );
+    }
+    map_image(&build(&Model::spec(), &m.entries).unwrap())
+}
+
 fn stat(mode: u32, ino: u64, size: u64) -> StatRec {
     StatRec {
         mode,
@@ -557,17 +571,7 @@ fn chunk_bitmaps_exist_for_large_files_only() {
 #[test]
 fn transient_bits_are_per_entry() {
     // 130 files: the bitmap spans three words, and the last entry sits in the last one.
-    let mut m = Model::new();
-    for i in 0..130 {
-        m.add(
-            0,
-            &format!("f{i}"),
-            stat(libc::S_IFREG | 0o644, 2 + i, 10),
-            "",
-        );
-    }
-    let img = build(&Model::spec(), &m.entries).unwrap();
-    let (_m, t, _f) = map_image(&img);
+    let (_m, t, _f) = flat_table(130);
     let n = t.entry_count();
     assert_eq!(n, 131);
     assert!((0..n).all(|i| !t.is_transient(i)), "resident by default");
@@ -709,17 +713,7 @@ fn derived_object_names() {
 
 #[test]
 fn validation_bits_start_over_each_attach() {
-    let mut m = Model::new();
-    for i in 0..200 {
-        m.add(
-            0,
-            &format!("f{i}"),
-            stat(libc::S_IFREG | 0o644, 2 + i, 10),
-            "",
-        );
-    }
-    let img = build(&Model::spec(), &m.entries).unwrap();
-    let (_m, t, _f) = map_image(&img);
+    let (_m, t, _f) = flat_table(200);
     let n = t.entry_count();
     assert!((0..n).all(|i| !t.is_validated(i)));
     let mut model = vec![false; n as usize];
@@ -746,17 +740,7 @@ fn validation_bits_start_over_each_attach() {
 #[test]
 fn an_entry_is_checked_by_one_party_per_attach() {
     use crate::lifecycle::{self, Check, Verdict};
-    let mut m = Model::new();
-    for i in 0..130 {
-        m.add(
-            0,
-            &format!("f{i}"),
-            stat(libc::S_IFREG | 0o644, 2 + i, 10),
-            "",
-        );
-    }
-    let img = build(&Model::spec(), &m.entries).unwrap();
-    let (_m, t, _f) = map_image(&img);
+    let (_m, t, _f) = flat_table(130);
     let n = t.entry_count();
     // The claim bits are their own bitmap: claiming never validates, even at word edges.
     let edge = [1u32, 63, 64, 127, n - 1];
