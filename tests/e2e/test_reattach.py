@@ -99,17 +99,18 @@ def test_changes_between_jobs_are_never_served(granary, tmp_path, restart, threa
     assert tier_files(stats) >= 12, stats
 
 
-def test_a_damaged_copy_is_never_served(granary, tmp_path):
+def three_damaged_copies(granary, tmp_path):
+    """The tree placed by a job, the agent stopped, then three of its 18 copies damaged behind
+    granary's back: same size with a flipped byte, truncated, replaced by a FIFO. Returns the
+    source, the tier and the job arguments (no background validation)."""
     src = tree(tmp_path / "pfs" / "src")
     tier = tmp_path / "tier"
-    cfg = config(tmp_path, validate_threads=0)
-    extra = ["--config", str(cfg)]
+    extra = ["--config", str(config(tmp_path, validate_threads=0))]
     granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
     granary.settle(src)
     granary.stop()
-    objects = [p for p in tier.rglob("*") if p.is_file() and p.parent.name == "objects"]
+    objects = sorted(p for p in tier.rglob("*") if p.is_file() and p.parent.name == "objects")
     assert len(objects) == 18
-    # Same size, a flipped byte; another truncated; another replaced by a FIFO.
     data = bytearray(objects[0].read_bytes())
     data[10] ^= 0xFF
     objects[0].write_bytes(bytes(data))
@@ -117,6 +118,11 @@ def test_a_damaged_copy_is_never_served(granary, tmp_path):
         f.truncate(5)
     objects[2].unlink()
     os.mkfifo(objects[2], 0o600)
+    return src, tier, extra
+
+
+def test_a_damaged_copy_is_never_served(granary, tmp_path):
+    src, tier, extra = three_damaged_copies(granary, tmp_path)
     proc, stats = granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
     assert proc.stdout == direct([*READ_ALL, src]).stdout
     assert tier_files(stats) == 15, stats
@@ -149,22 +155,7 @@ def test_a_copy_damaged_before_its_first_use_is_never_served(granary, tmp_path, 
     reaches the program, whether the program's first call on the fd is an `fstat` (CPython's
     `open`, where the check rides on it), a read, a positioned read, a `dup`, a `sendfile` or
     an `mmap`, or a `fork` shared it first."""
-    src = tree(tmp_path / "pfs" / "src")
-    tier = tmp_path / "tier"
-    cfg = config(tmp_path, validate_threads=0)
-    extra = ["--config", str(cfg)]
-    granary.run(src, [*READ_ALL, src], tier=tier, extra=extra)
-    granary.settle(src)
-    granary.stop()
-    objects = sorted(p for p in tier.rglob("*") if p.is_file() and p.parent.name == "objects")
-    assert len(objects) == 18
-    data = bytearray(objects[0].read_bytes())
-    data[10] ^= 0xFF
-    objects[0].write_bytes(bytes(data))
-    with open(objects[1], "r+b") as f:
-        f.truncate(5)
-    objects[2].unlink()
-    os.mkfifo(objects[2], 0o600)
+    src, tier, extra = three_damaged_copies(granary, tmp_path)
     prog = [sys.executable, "-c", "import hashlib, os, sys\nroot = sys.argv[1]\n"
             "for d, dirs, files in sorted(os.walk(root)):\n    dirs.sort()\n"
             "    for f in sorted(files):\n        p = os.path.join(d, f)\n"
