@@ -205,14 +205,9 @@ pub fn could_be_copy(table: &Table, tier: u8, name: &[u8], st: &libc::stat) -> b
     let Some(dir) = dir_fd(table, tier) else {
         return false;
     };
-    let mut cname = [0u8; 48];
-    let Some(slot) = cname.get_mut(..name.len()) else {
+    let Some(cname) = one_name(name) else {
         return false;
     };
-    slot.copy_from_slice(name);
-    if name.len() >= cname.len() {
-        return false;
-    }
     let mut now = detour::empty_stat();
     detour::raw_newfstatat(
         dir,
@@ -286,6 +281,16 @@ fn open_beneath(dir: c_int, name: &[u8], flags: c_int) -> (c_int, bool) {
 }
 
 fn open_beneath_mode(dir: c_int, name: &[u8], flags: c_int, mode: libc::mode_t) -> (c_int, bool) {
+    let Some(cname) = one_name(name) else {
+        return (-1, false);
+    };
+    let fd = detour::raw_openat(dir, cname.as_ptr().cast(), flags | libc::O_NOFOLLOW, mode);
+    (fd, flags & libc::O_NOFOLLOW == 0)
+}
+
+/// `name` NUL-terminated, if it is one component of ours: not empty, `.` or `..`, no `/` or
+/// NUL, short enough for the buffer (object, part, chunk and lock names are).
+fn one_name(name: &[u8]) -> Option<[u8; 48]> {
     let single = !name.is_empty()
         && name != b"."
         && name != b".."
@@ -293,13 +298,10 @@ fn open_beneath_mode(dir: c_int, name: &[u8], flags: c_int, mode: libc::mode_t) 
         && !name.contains(&0);
     let mut cname = [0u8; 48];
     if !single || name.len() >= cname.len() {
-        return (-1, false);
+        return None;
     }
-    if let Some(slot) = cname.get_mut(..name.len()) {
-        slot.copy_from_slice(name);
-    }
-    let fd = detour::raw_openat(dir, cname.as_ptr().cast(), flags | libc::O_NOFOLLOW, mode);
-    (fd, flags & libc::O_NOFOLLOW == 0)
+    cname.get_mut(..name.len())?.copy_from_slice(name);
+    Some(cname)
 }
 
 /// After a failed open or check: is our directory fd still the verified directory? If not (the
