@@ -124,6 +124,10 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
             return Some(0);
         };
         t = now;
+        if !matches!(t.kind, FdKind::Tier(_)) {
+            // The copy failed and the source was put under the fd: the kernel describes it.
+            return None;
+        }
         if stale(&t) {
             return stale_answer(g, fd, t, &entry, out);
         }
