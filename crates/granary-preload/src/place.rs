@@ -38,12 +38,17 @@ const OPEN_SLEEP_MAX_NS: i64 = 250_000;
 /// (heartbeat), and a loaded node can take a few seconds before the copy's first byte.
 const OPEN_STALL_NS: u64 = 10_000_000_000;
 
-/// Outcome of `on_read`: served (bytes), failed after the fd's offset moved (errno), or run the
-/// real call and count it as this kind.
+/// Outcome of `on_read`: served (bytes), failed after the fd's offset moved (errno), run the
+/// real call and count it as this kind, or run it on the source and then ask the agent for a
+/// missing chunk.
 pub enum Read {
     Served(isize),
     Failed(c_int),
     Real(FdKind),
+    /// Entry and chunk. The request follows the read so that the agent finds the bytes this read
+    /// brought into the page cache and copies them from there: asked first, it raced the read to
+    /// a cold page and read the chunk from the source itself.
+    SourceThenChunk(u32, u32),
 }
 
 /// What `switch::serve` did, counted: tier bytes, or source bytes when it had to read the source.
@@ -197,7 +202,7 @@ fn partial(
     for k in pos / cs..=(end - 1) / cs {
         if !g.table.chunk_present(idx, k) {
             if k <= request::ARG_MAX as u64 {
-                g.table.push_request_arg(request::CHUNK, idx, k as u32);
+                return Read::SourceThenChunk(idx, k as u32);
             }
             return Read::Real(FdKind::Source);
         }

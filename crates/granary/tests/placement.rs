@@ -443,6 +443,8 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
     // Read twice in one program: the second pass finds chunks placed during the first.
     e.files.push(e.files[0].clone());
     let cfg_arg = format!("--config={}", cfg.display());
+    // From the device, as a PFS file is: only the pages the program's reads bring in are cached.
+    common::evict(&e.files[0].0);
     let (o, _) = e.run_reader(&[&cfg_arg]);
     ok(&o);
     let src = e.settle();
@@ -450,9 +452,9 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
     assert_eq!(p["files_placed"], 0, "it never fits whole: {src}");
     assert_eq!(p["no_room"], 1, "{src}");
     assert_eq!(p["failures"], 0, "{src}");
-    // A requested chunk is copied from the page cache the program's read just filled; only
-    // what is not cached any more (how much depends on memory pressure, so no exact bound) is
-    // read from the source again — never all of it.
+    // A requested chunk is copied from the page cache the program's read just filled (the
+    // request follows that read); only what is not cached (the rest of the chunk, past the
+    // read and the kernel's readahead) is read from the source again — never all of it.
     let (cached, dup) = (
         p["page_cache_bytes"].as_u64().unwrap(),
         p["duplicate_bytes"].as_u64().unwrap(),
@@ -537,58 +539,24 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
 #[test]
 fn fetch_reads_the_device_once() {
     let e = Env::new();
-    let sh = |script: &str| {
-        Command::new("sh")
-            .args(["-ec", script])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
     let mem = Path::new("/sys/fs/cgroup/memory");
     if granary_core::sys::uid() != 0 || !mem.join("cgroup.procs").exists() {
         eprintln!("SKIPPED fetch_reads_the_device_once: needs root and cgroup v1 memory");
         return;
     }
     let d = e.dir.path();
-    let (img, mnt) = (d.join("img"), d.join("mnt"));
-    std::fs::create_dir_all(&mnt).unwrap();
-    let out = Command::new("sh")
-        .arg("-ec")
-        .arg(format!(
-            "truncate -s 160M {i}; mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 {i}; \
-             l=$(losetup -f --show --direct-io=on {i}); mount -o noatime $l {m}; echo $l",
-            i = img.display(),
-            m = mnt.display()
-        ))
-        .output();
-    let Some(dev) = out
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    else {
+    let Some(fs) = common::LoopFs::new(d, 160) else {
         eprintln!("SKIPPED fetch_reads_the_device_once: cannot set up a loop device");
         return;
     };
-    struct Loop(PathBuf, String);
-    impl Drop for Loop {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-            let _ = Command::new("losetup").arg("-d").arg(&self.1).status();
-        }
-    }
-    let _l = Loop(mnt.clone(), dev.clone());
-    let name = Path::new(&dev)
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .to_string();
-    let src = mnt.join("src");
+    let name = fs.name();
+    let src = fs.mnt.join("src");
     std::fs::create_dir_all(&src).unwrap();
     let size = 96 * MIB + 12345;
     let file = src.join("data.rec");
     std::fs::write(&file, pattern(7, size as usize)).unwrap();
-    assert!(sh(&format!(
-        "echo 128 > /sys/block/{name}/queue/read_ahead_kb; sync; echo 3 > /proc/sys/vm/drop_caches"
-    )));
+    fs.set_readahead_kb(128);
+    fs.drop_cache();
     let cg = Group::new("mem", 64 * MIB);
     let sectors = || -> u64 {
         let s = std::fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap();

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{drop_caches, ensure_preload, granary_cmd, ok, pattern, sha256_hex, LoopFs};
+use common::{ensure_preload, granary_cmd, ok, pattern, sha256_hex, LoopFs};
 
 use std::process::Command;
 
@@ -63,7 +63,7 @@ fn mid_size_files_are_fetched_whole_in_fewer_requests() {
     fs.set_readahead_kb(128);
 
     // The program alone: readahead-sized requests.
-    drop_caches();
+    fs.drop_cache();
     let before = fs.reads();
     ok(&Command::new("python3")
         .arg(&reader)
@@ -75,7 +75,7 @@ fn mid_size_files_are_fetched_whole_in_fewer_requests() {
     // Under granary.
     let rt = d.path().join("rt");
     let stats = d.path().join("stats.json");
-    drop_caches();
+    fs.drop_cache();
     let before = fs.reads();
     let o = granary_cmd(&rt)
         .arg("run")

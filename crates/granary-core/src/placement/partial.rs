@@ -339,7 +339,7 @@ fn fetch_runs(
         drop(res);
         unbusy(s, k0, n);
         match r {
-            Ok(()) => {}
+            Ok(()) => drop_behind(ctx, idx, f, &geo, k0, got),
             Err(err) => {
                 if matches!(
                     err.raw_os_error(),
@@ -354,13 +354,6 @@ fn fetch_runs(
             }
         }
         cursor = k0 + got;
-    }
-    if let Some((f, _)) = &src {
-        // A program mapping the file still faults these pages from the source: they stay.
-        if !ctx.mappings.is_mapped(idx) {
-            // The chunk file has the bytes now; the source's pages are not ours to keep.
-            sys::fadvise(f, 0, 0, libc::POSIX_FADV_DONTNEED);
-        }
     }
     if placed > 0 {
         PlaceOutcome::Placed {
@@ -421,6 +414,20 @@ fn fetch_run(
         done(k);
     }
     Ok(())
+}
+
+/// The chunk file has the bytes of chunks `k0..k0 + n` now: the source's pages of that range
+/// are not ours to keep. Only that range: the program may be reading the next chunk from the
+/// source right now, and its pages are what the agent copies when asked for that chunk (dropping
+/// the whole file here made every later request read its chunk from the source again). A
+/// program mapping the file still faults these pages from the source: they stay then.
+fn drop_behind(ctx: &SourceCtx, idx: u32, f: &std::fs::File, geo: &ChunkGeometry, k0: u64, n: u64) {
+    if n == 0 || ctx.mappings.is_mapped(idx) {
+        return;
+    }
+    let (start, _) = geo.range(k0);
+    let (last, len) = geo.range(k0 + n - 1);
+    sys::fadvise(f, start, last + len - start, libc::POSIX_FADV_DONTNEED);
 }
 
 fn unbusy(s: &Mutex<Slot>, k0: u64, n: u64) {

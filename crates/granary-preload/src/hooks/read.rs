@@ -11,7 +11,7 @@
 
 use core::ffi::{c_int, c_void};
 
-use granary_shm::{job, state};
+use granary_shm::{job, request, state};
 
 use crate::detour::{self, real, sys, Guard};
 use crate::fdtable::{self, FdKind, Tracked};
@@ -167,6 +167,12 @@ fn read_family(
             -1
         }
         Read::Real(kind) => real_read(fd, kind, off, real),
+        Read::SourceThenChunk(idx, k) => {
+            let n = real_read(fd, FdKind::Source, off, real);
+            let _keep = detour::KeepErrno::new();
+            g.table.push_request_arg(request::CHUNK, idx, k);
+            n
+        }
     };
     if locked {
         fdtable::unlock(fd);

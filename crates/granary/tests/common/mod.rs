@@ -144,6 +144,21 @@ impl LoopFs {
             .to_string()
     }
 
+    /// Empties the page cache of this file system alone (unmount writes it back and drops
+    /// it; the mount comes back at the same place): its next reads come from the device.
+    pub fn drop_cache(&self) {
+        let ok = Command::new("sh")
+            .arg("-ec")
+            .arg(format!(
+                "umount {m}; mount -o noatime {d} {m}",
+                m = self.mnt.display(),
+                d = self.dev
+            ))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "remounting {} failed", self.mnt.display());
+    }
+
     pub fn set_readahead_kb(&self, kb: u64) {
         let p = format!("/sys/block/{}/queue/read_ahead_kb", self.name());
         std::fs::write(&p, kb.to_string()).unwrap_or_else(|e| panic!("writing {p}: {e}"));
@@ -167,11 +182,12 @@ impl Drop for LoopFs {
     }
 }
 
-/// Writes dirty pages back and drops the page cache: the next reads come from the devices.
-pub fn drop_caches() {
-    let ok = Command::new("sh")
-        .args(["-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "dropping the page cache failed");
+/// Writes `path`'s dirty pages back and drops them from the page cache: its next reads come
+/// from the device. This file only: a global `drop_caches` empties the cache under the tests
+/// running beside this one (it made a chunk test that counts page-cache hits fail in CI, where
+/// the `sync` before it took long enough to land mid-run).
+pub fn evict(path: &Path) {
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.sync_all().unwrap();
+    granary_core::sys::fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
 }
