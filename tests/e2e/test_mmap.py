@@ -394,3 +394,48 @@ def test_a_mapping_of_a_file_being_fetched_is_usable_at_once(own, loop_source, t
     again, stats = run_job(own, src, cmd, tier)
     assert again.stdout == want.stdout
     assert stats["files_served_from_tiers"] >= 1, stats
+
+
+MAP_EACH = r"""
+import hashlib, mmap, os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY)  # the open starts the fetch; the mapping follows at once
+    m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    print(os.path.basename(p), hashlib.sha256(m).hexdigest())
+    m.close()
+    os.close(fd)
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root (a loop device)")
+def test_mid_size_files_mapped_while_fetched_are_read_once(own, loop_source, tmp_path):
+    """Files past one readahead window and up to 1 MiB are fetched whole in one direct read,
+    which shares no pages with a mapping of the source. A program that maps each file the moment
+    it opened it (the fetch just started) waits for the copy instead, gets the source's bytes,
+    and the device delivers each byte once (mapping the source, its faults and the agent's
+    read would each read it)."""
+    dev, mnt = loop_source
+    pathlib.Path(f"/sys/block/{os.path.basename(dev)}/queue/read_ahead_kb").write_text("128\n")
+    src = mnt / "data"
+    src.mkdir()
+    files = []
+    for i in range(24):
+        p = src / f"s{i:02}.npz"
+        p.write_bytes(os.urandom(700_000 + 977 * i))
+        files.append(p)
+    cmd = [sys.executable, "-c", MAP_EACH, *files]
+    want = direct(cmd)
+    assert want.returncode == 0, want.stderr
+    for p in files:
+        evict(p)
+    before = device_reads(dev)
+    got, stats = run_job(own, src, cmd, tmp_path / "tier")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout
+    own.settle(src)
+    after = device_reads(dev)
+    data = sum(p.stat().st_size for p in files)
+    device = (after[1] - before[1]) * 512
+    assert data <= device <= data + (1 << 20), f"{device} bytes read for {data}"
+    # Every mapping was of the copy.
+    assert stats["files_served_from_tiers"] == len(files), stats

@@ -454,16 +454,44 @@ fn give_up(why: &[u8]) -> Waited {
     Waited::GiveUp
 }
 
-/// `mmap` of a tracked source fd: a complete copy is switched to first. A file still being
-/// fetched is not waited for: it is mapped from the source at once (`mapping`).
+/// `mmap` of a tracked source fd: a complete copy is switched to first. A larger file still
+/// being fetched is not waited for: it is mapped from the source at once (`mapping`). A
+/// mid-size one (`fetched_direct`) is: its fetch is one direct read that shares no pages with a
+/// mapping of the source, so mapping the source would read its bytes twice; the wait is that
+/// one read, and gives up (mapping the source) as a read's wait does.
 pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
     let _keep = KeepErrno::new();
-    if t.has(flag::PINNED) || state::state_of(g.table.state(t.entry)) != state::PLACED {
+    if t.has(flag::PINNED) {
         return;
     }
-    if let Some(entry) = crate::entries::get(g.table, t.entry) {
-        switch::to_copy(g, fd, t, &entry);
+    let Some(entry) = crate::entries::get(g.table, t.entry) else {
+        return;
+    };
+    if state::state_of(g.table.state(t.entry)) != state::PLACED
+        && !(fetched_direct(g, t.entry, &entry) && wait_mapped(g, t.entry))
+    {
+        return;
     }
+    switch::to_copy(g, fd, t, &entry);
+}
+
+/// True if the agent fetches entry `idx` whole in one direct read and has not placed it yet.
+fn fetched_direct(g: &Guard, idx: u32, entry: &EntryRec) -> bool {
+    let size = entry.stat.size;
+    matches!(
+        state::state_of(g.table.state(idx)),
+        state::UNPLACED | state::QUEUED | state::PLACING
+    ) && size >= g.table.prefetch_min_size()
+        && size <= granary_shm::DIRECT_FETCH_MAX
+        && g.table.locator(idx).is_none()
+}
+
+/// Waits for the copy of `idx` as a read does, woken when the agent publishes a copy.
+fn wait_mapped(g: &Guard, idx: u32) -> bool {
+    matches!(
+        wait_with(g, idx, None, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS, true),
+        Waited::Placed
+    )
 }
 
 /// `lseek` (and anything else that only needs the fd on the copy once there is one).

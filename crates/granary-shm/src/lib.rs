@@ -25,5 +25,11 @@ pub use mapping::{MapError, Mapping};
 pub use resolve::{resolve, strip_root, Resolved};
 pub use table::{Request, Table, TableError};
 
+/// The largest file the agent fetches whole in one direct read, not through the page cache (a
+/// mid-size file: one device request instead of one per `max_segments` scattered pages). A
+/// program mapping such a file while it is fetched would fault the source's pages itself, so the
+/// library's `mmap` waits for its copy (one request long) instead of mapping the source.
+pub const DIRECT_FETCH_MAX: u64 = 1 << 20;
+
 #[cfg(test)]
 mod tests;

@@ -19,6 +19,7 @@ use super::copy::{
     aligned, begin, open_started, place_on_tiers, reserve_on, still_ours, write_all_at, CopyError,
     Opened, SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
+use super::fetch_direct;
 use super::fetch_order::{Next, Order};
 use super::pool::Shared;
 use super::{PlaceOutcome, SourceCtx};
@@ -58,8 +59,9 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
     // copy took is dropped behind it (`copy_part`) unless a program maps the file.
     let block = (sh.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
     let mut reader = SourceReader::new_buffered(&cl.src);
+    let direct = fetch_direct::wanted(ctx, idx, size);
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
-        copy_part(ctx, cl, &mut reader, tier, dir, buf, block)
+        copy_part(ctx, cl, &mut reader, tier, dir, buf, block, direct)
     });
     if !ctx.mappings.is_mapped(idx) {
         tracing::trace!("entry {idx}: fetch done, the source's pages dropped");
@@ -68,6 +70,7 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn copy_part(
     ctx: &SourceCtx,
     cl: &mut Opened,
@@ -76,6 +79,7 @@ fn copy_part(
     dir: &OwnedFd,
     buf: &mut Vec<u8>,
     block: usize,
+    direct: bool,
 ) -> Result<Written, CopyError> {
     let buf = aligned(buf, block);
     let t = &ctx.table;
@@ -101,6 +105,20 @@ fn copy_part(
         let memory = sys::is_memory_fs(&out);
         let c = &ctx.counters;
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        if direct {
+            if let Some(n) = fetch_direct::read_whole(ctx, cl, reader, buf)? {
+                write_all_at(&out, &buf[..n], 0).map_err(CopyError::Tier)?;
+                hasher.update(&buf[..n]);
+                lifecycle::progress(t, idx, size);
+                if !memory {
+                    settle(ctx, idx, &out, 0, size);
+                }
+                if !still_ours(ctx, idx) {
+                    return Err(CopyError::Lost);
+                }
+                return Ok(hasher.digest().max(1));
+            }
+        }
         let mut hashed = 0u64;
         let mut last: Option<(u64, u64)> = None;
         // Read, and not needed by a program that maps the file (yet): dropped once the next

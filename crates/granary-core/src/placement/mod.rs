@@ -12,6 +12,7 @@
 pub mod chunks;
 mod copy;
 mod fetch;
+mod fetch_direct;
 pub mod fetch_order;
 pub mod incoming;
 pub mod mapping;
