@@ -76,7 +76,7 @@ def log(*a):
 
 
 class Serve:
-    def __init__(self, g, source, work, tier_root):
+    def __init__(self, g, source, work, tier_root, pack=None):
         self.g, self.work = g, work
         self.rt = work / "rt"
         self.tiers = tier_root / f"granary-cluster-bench-{os.getpid()}"
@@ -86,6 +86,8 @@ class Serve:
         env = {**os.environ, **MPI_ENV, "GRANARY_RUNTIME_DIR": f"{self.rt}/{{rank}}"}
         cmd = ["mpirun", "-np", "2", "--oversubscribe", g, "serve", "--source", source,
                "--tier", f"{self.tiers}/t{{rank}}=4G", "--staging", f"{self.tiers}/s{{rank}}=4G"]
+        if pack:
+            cmd += ["--pack", str(pack)]
         self.log = open(work / "mpirun.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env,
                                      start_new_session=True)
@@ -221,6 +223,9 @@ def main():
     ap.add_argument("--compare", metavar="BIN",
                     help="a second granary binary, run in every pair too (alternating which goes "
                          "first): setups compared in the same run, under the same load")
+    ap.add_argument("--pack", action="store_true",
+                    help="serve a pack of the dataset (`granary pack`, made once) instead of the tree: "
+                         "each rank streams its units of the pack, remote reads as for a tree")
     ap.add_argument("--out", default=str(REPO / "results" / "cluster"))
     args = ap.parse_args()
     bins = [args.granary] + ([args.compare] if args.compare else [])
@@ -235,6 +240,13 @@ def main():
     source = work / "source"
     log(f"dataset: {counts} in {source}")
     sums = make_dataset(source, counts)
+    pack = None
+    if args.pack:
+        pack = work / "source.granary"
+        p = subprocess.run([bins[0], "pack", str(source), str(pack)], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"granary pack failed: {p.stderr[-2000:]}")
+        log(f"pack: {pack}")
     everything = work / "all.txt"
     everything.write_text("\n".join(sorted(sums.values())))
     threads = [int(t) for t in args.threads.split(",")]
@@ -243,15 +255,15 @@ def main():
     for k in range(args.pairs):
         # With --compare, both binaries in every pair, alternating which goes first.
         for b in (range(len(bins)) if k % 2 == 0 else reversed(range(len(bins)))):
-            one_pair(bins[b], b, k, args, source, work, sums, everything, threads, modes, rows)
+            one_pair(bins[b], b, k, args, source, pack, work, sums, everything, threads, modes, rows)
         log(f"pair {k + 1}/{args.pairs} done")
     report(rows, args, counts, bins)
 
 
-def one_pair(g, b, k, args, source, work, sums, everything, threads, modes, rows):
+def one_pair(g, b, k, args, source, pack, work, sums, everything, threads, modes, rows):
     """One fresh serve of binary `g` (number `b`): rank 1 reads everything, then rank 0 reads
     remote and local files of every size, alternating which goes first."""
-    serve = Serve(g, source, work, pathlib.Path(args.tier_root))
+    serve = Serve(g, source, work, pathlib.Path(args.tier_root), pack)
     try:
         serve.read(1, str(everything), 4, "read", 8 << 20)
         serve.settle()
@@ -291,7 +303,7 @@ def report(rows, args, counts, bins):
         raw[f"{b}/{d}/{t}/{m}/{what}" if len(bins) > 1 else f"{d}/{t}/{m}/{what}"] = rs
     lines = ["# Cluster mode: remote reads against local tier reads (this machine)", "",
              f"`python3 bench/cluster.py {' '.join(sys.argv[1:])}`: 2 ranks, shared-memory "
-             f"transport, tiers under {args.tier_root}"
+             f"transport, {'a pack of the dataset (`--pack`), ' if args.pack else ''}tiers under {args.tier_root}"
              f"{' (their pages dropped before every read)' if args.cold else ''}, {args.pairs} pairs, medians; "
              f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."]
     combos = sorted({k[1:4] for k in rows}, key=lambda c: (list(SIZES).index(c[0]), c[1], c[2]))
@@ -352,7 +364,7 @@ def report(rows, args, counts, bins):
                          f"{statistics.median(per_file(y) / per_file(x) for x, y in zip(ra, rb)):.2f} | "
                          f"{statistics.median(per_file(y) / per_file(x) for x, y in zip(la, lb)):.2f} | "
                          f"{lat(ra).split(',')[0]} / {lat(rb).split(',')[0]} |")
-    name = "report-cold" if args.cold else "report"
+    name = "report" + ("-pack" if args.pack else "") + ("-cold" if args.cold else "")
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     model = models[0] if len(bins) == 1 else {"A": models[0], "B": models[1], "bins": bins}
     (out / f"{name}.json").write_text(json.dumps({"raw": raw, "model": model, "counts": counts}, indent=1))
