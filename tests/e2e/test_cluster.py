@@ -732,3 +732,45 @@ def test_attach_without_a_serving_agent_runs_the_program_without_granary(tmp_pat
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 7
     assert "no granary agent runs on this node" in p.stderr
+
+
+def cpus_of_threads(pid: int, prefix: str) -> list:
+    """The CPUs each thread of `pid` whose name starts with `prefix` may run on."""
+    out = []
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().strip().startswith(prefix):
+            line = next(l for l in (task / "status").read_text().splitlines()
+                        if l.startswith("Cpus_allowed_list:"))
+            out.append(line.split(":", 1)[1].strip())
+    return out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.parametrize("keep", [False, True], ids=["default", "keep-binding"])
+def test_the_serving_agent_is_not_held_to_the_launchers_binding(cluster, tmp_path, keep):
+    """OpenMPI binds each of two ranks to one core: every thread of a node's agent on it, and a
+    program woken on that core waited for them (docs/cluster.md, "The agent's CPUs"). The agent
+    runs on every CPU the test may use; with --keep-binding, where the launcher put it."""
+    data = tmp_path / "pfs" / "data"
+    small_files(data, n=20)
+    c = cluster(data, ranks=2, extra=["--keep-binding"] if keep else [])
+    ours = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    for r in range(2):
+        fetchers = cpus_of_threads(c.agent_pid(r), "fetch-")
+        assert fetchers, "no fetcher threads"
+        bound = {f for f in fetchers if f != ours and "-" not in f}
+        if keep and not hydra():
+            # OpenMPI's default for two ranks: one core each.
+            assert bound and len(set(fetchers)) == 1, fetchers
+        elif not keep:
+            assert not bound and all(len(cpus(f)) == len(os.sched_getaffinity(0))
+                                     for f in fetchers), fetchers
+
+
+def cpus(spec: str) -> set:
+    """A Cpus_allowed_list ("0-3,8") as a set of CPU numbers."""
+    out = set()
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
