@@ -295,12 +295,19 @@ def one_pair(g, b, k, args, source, pack, work, sums, everything, threads, modes
         serve.stop()
 
 
+def lat_summary(lat):
+    return {"lat_median": lat[len(lat) // 2], "lat_p90": lat[int(len(lat) * 0.9)]} if lat else {}
+
+
 def report(rows, args, counts, bins):
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     raw = {}
     for (b, d, t, m, what), rs in sorted(rows.items()):
-        raw[f"{b}/{d}/{t}/{m}/{what}" if len(bins) > 1 else f"{d}/{t}/{m}/{what}"] = rs
+        # Each file's time is summed up per run (median, 90th percentile), not kept.
+        raw[f"{b}/{d}/{t}/{m}/{what}" if len(bins) > 1 else f"{d}/{t}/{m}/{what}"] = [
+            {**{k: v for k, v in x.items() if k != "lat"}, **lat_summary(x.get("lat", []))}
+            for x in rs]
     lines = ["# Cluster mode: remote reads against local tier reads (this machine)", "",
              f"`python3 bench/cluster.py {' '.join(sys.argv[1:])}`: 2 ranks, shared-memory "
              f"transport, {'a pack of the dataset (`--pack`), ' if args.pack else ''}tiers under {args.tier_root}"
