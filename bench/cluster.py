@@ -19,6 +19,8 @@ per-file overhead and per-byte cost of a remote read, which docs/cluster.md's sc
 
     python3 bench/cluster.py                 # ~3 minutes; results/cluster/report.md
     python3 bench/cluster.py --pairs 7 --tier-root /var/tmp   # tiers on disk instead of RAM
+    python3 bench/cluster.py --compare OTHER_BINARY            # both binaries in every pair
+    python3 bench/cluster.py --pack                            # a pack of the dataset served
 """
 import argparse
 import hashlib
