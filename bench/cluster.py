@@ -19,6 +19,8 @@ per-file overhead and per-byte cost of a remote read, which docs/cluster.md's sc
 
     python3 bench/cluster.py                 # ~3 minutes; results/cluster/report.md
     python3 bench/cluster.py --pairs 7 --tier-root /var/tmp   # tiers on disk instead of RAM
+    python3 bench/cluster.py --compare OTHER_BINARY            # both binaries in every pair
+    python3 bench/cluster.py --pack                            # a pack of the dataset served
 """
 import argparse
 import hashlib
@@ -40,7 +42,7 @@ READER = r'''
 import json, sys, threading, time
 files = [l for l in open(sys.argv[1]).read().split("\n") if l]
 threads, mode, size = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-it = iter(files); lock = threading.Lock(); total = [0]
+it = iter(files); lock = threading.Lock(); total = [0]; lat = []
 def work():
     buf = bytearray(size); view = memoryview(buf)
     while True:
@@ -48,6 +50,7 @@ def work():
             p = next(it, None)
         if p is None:
             return
+        t = time.perf_counter()
         with open(p, "rb", buffering=0) as f:
             if mode == "readinto":
                 n = 0
@@ -58,13 +61,15 @@ def work():
                     n += k
             else:
                 n = len(f.read())
+        t = time.perf_counter() - t
         with lock:
             total[0] += n
+            lat.append(t)
 t0 = time.perf_counter()
 ts = [threading.Thread(target=work) for _ in range(threads)]
 [t.start() for t in ts]; [t.join() for t in ts]
 s = time.perf_counter() - t0
-print(json.dumps({"files": len(files), "bytes": total[0], "s": s}))
+print(json.dumps({"files": len(files), "bytes": total[0], "s": s, "lat": sorted(lat)}))
 '''
 
 
@@ -73,7 +78,7 @@ def log(*a):
 
 
 class Serve:
-    def __init__(self, g, source, work, tier_root):
+    def __init__(self, g, source, work, tier_root, pack=None):
         self.g, self.work = g, work
         self.rt = work / "rt"
         self.tiers = tier_root / f"granary-cluster-bench-{os.getpid()}"
@@ -83,6 +88,8 @@ class Serve:
         env = {**os.environ, **MPI_ENV, "GRANARY_RUNTIME_DIR": f"{self.rt}/{{rank}}"}
         cmd = ["mpirun", "-np", "2", "--oversubscribe", g, "serve", "--source", source,
                "--tier", f"{self.tiers}/t{{rank}}=4G", "--staging", f"{self.tiers}/s{{rank}}=4G"]
+        if pack:
+            cmd += ["--pack", str(pack)]
         self.log = open(work / "mpirun.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env,
                                      start_new_session=True)
@@ -215,12 +222,19 @@ def main():
     ap.add_argument("--modes", default="read,readinto")
     ap.add_argument("--counts", default="128K=512,512K=192,2M=96,8M=48",
                     help="files per size (each rank holds about half)")
+    ap.add_argument("--compare", metavar="BIN",
+                    help="a second granary binary, run in every pair too (alternating which goes "
+                         "first): setups compared in the same run, under the same load")
+    ap.add_argument("--pack", action="store_true",
+                    help="serve a pack of the dataset (`granary pack`, made once) instead of the tree: "
+                         "each rank streams its units of the pack, remote reads as for a tree")
     ap.add_argument("--out", default=str(REPO / "results" / "cluster"))
     args = ap.parse_args()
-    g = args.granary
-    probe = subprocess.run([g, "serve", "--source", "/", "--peer-timeout", "x"], capture_output=True, text=True)
-    if "built without MPI" in probe.stderr:
-        raise SystemExit(f"{g} was built without the mpi feature: cargo build --release --workspace --features granary/mpi")
+    bins = [args.granary] + ([args.compare] if args.compare else [])
+    for g in bins:
+        probe = subprocess.run([g, "serve", "--source", "/", "--peer-timeout", "x"], capture_output=True, text=True)
+        if "built without MPI" in probe.stderr:
+            raise SystemExit(f"{g} was built without the mpi feature: cargo build --release --workspace --features granary/mpi")
     work = pathlib.Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -228,93 +242,142 @@ def main():
     source = work / "source"
     log(f"dataset: {counts} in {source}")
     sums = make_dataset(source, counts)
+    pack = None
+    if args.pack:
+        pack = work / "source.granary"
+        p = subprocess.run([bins[0], "pack", str(source), str(pack)], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"granary pack failed: {p.stderr[-2000:]}")
+        log(f"pack: {pack}")
     everything = work / "all.txt"
     everything.write_text("\n".join(sorted(sums.values())))
     threads = [int(t) for t in args.threads.split(",")]
     modes = args.modes.split(",")
     rows = {}
     for k in range(args.pairs):
-        serve = Serve(g, source, work, pathlib.Path(args.tier_root))
-        try:
-            serve.read(1, str(everything), 4, "read", 8 << 20)
-            serve.settle()
-            mine, theirs = split(serve, sums)
-            for d, size in SIZES.items():
-                rem = sorted(p for p in theirs if f"/{d}/" in p)
-                loc = sorted(p for p in mine if f"/{d}/" in p)
-                n = min(len(rem), len(loc))
-                # Each (threads, mode) reads its own slice of the remote files: every remote
-                # read is a first read.
-                combos = [(t, m) for t in threads for m in modes]
-                per = n // len(combos)
-                for j, (t, m) in enumerate(combos):
-                    r_list, l_list = rem[j * per:(j + 1) * per], loc[j * per:(j + 1) * per]
-                    if not r_list:
-                        continue
-                    (work / "r.txt").write_text("\n".join(r_list))
-                    (work / "l.txt").write_text("\n".join(l_list))
-                    # Alternate which goes first.
-                    order = [("remote", "r.txt"), ("local", "l.txt")]
-                    if k % 2:
-                        order.reverse()
-                    for what, f in order:
-                        if args.cold:
-                            uncache(serve.tiers)
-                        res = serve.read(0, str(work / f), t, m, size)
-                        rows.setdefault((d, t, m, what), []).append(res)
-            log(f"pair {k + 1}/{args.pairs} done")
-        finally:
-            serve.stop()
-    report(rows, args, counts)
+        # With --compare, both binaries in every pair, alternating which goes first.
+        for b in (range(len(bins)) if k % 2 == 0 else reversed(range(len(bins)))):
+            one_pair(bins[b], b, k, args, source, pack, work, sums, everything, threads, modes, rows)
+        log(f"pair {k + 1}/{args.pairs} done")
+    report(rows, args, counts, bins)
 
 
-def report(rows, args, counts):
+def one_pair(g, b, k, args, source, pack, work, sums, everything, threads, modes, rows):
+    """One fresh serve of binary `g` (number `b`): rank 1 reads everything, then rank 0 reads
+    remote and local files of every size, alternating which goes first."""
+    serve = Serve(g, source, work, pathlib.Path(args.tier_root), pack)
+    try:
+        serve.read(1, str(everything), 4, "read", 8 << 20)
+        serve.settle()
+        mine, theirs = split(serve, sums)
+        for d, size in SIZES.items():
+            rem = sorted(p for p in theirs if f"/{d}/" in p)
+            loc = sorted(p for p in mine if f"/{d}/" in p)
+            n = min(len(rem), len(loc))
+            # Each (threads, mode) reads its own slice of the remote files: every remote
+            # read is a first read.
+            combos = [(t, m) for t in threads for m in modes]
+            per = n // len(combos)
+            for j, (t, m) in enumerate(combos):
+                r_list, l_list = rem[j * per:(j + 1) * per], loc[j * per:(j + 1) * per]
+                if not r_list:
+                    continue
+                (work / "r.txt").write_text("\n".join(r_list))
+                (work / "l.txt").write_text("\n".join(l_list))
+                # Alternate which goes first.
+                order = [("remote", "r.txt"), ("local", "l.txt")]
+                if k % 2:
+                    order.reverse()
+                for what, f in order:
+                    if args.cold:
+                        uncache(serve.tiers)
+                    res = serve.read(0, str(work / f), t, m, size)
+                    rows.setdefault((b, d, t, m, what), []).append(res)
+    finally:
+        serve.stop()
+
+
+def lat_summary(lat):
+    return {"lat_median": lat[len(lat) // 2], "lat_p90": lat[int(len(lat) * 0.9)]} if lat else {}
+
+
+def report(rows, args, counts, bins):
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table, raw = [], {}
-    for (d, t, m, what), rs in sorted(rows.items()):
-        raw[f"{d}/{t}/{m}/{what}"] = rs
+    raw = {}
+    for (b, d, t, m, what), rs in sorted(rows.items()):
+        # Each file's time is summed up per run (median, 90th percentile), not kept.
+        raw[f"{b}/{d}/{t}/{m}/{what}" if len(bins) > 1 else f"{d}/{t}/{m}/{what}"] = [
+            {**{k: v for k, v in x.items() if k != "lat"}, **lat_summary(x.get("lat", []))}
+            for x in rs]
     lines = ["# Cluster mode: remote reads against local tier reads (this machine)", "",
              f"`python3 bench/cluster.py {' '.join(sys.argv[1:])}`: 2 ranks, shared-memory "
-             f"transport, tiers under {args.tier_root}"
+             f"transport, {'a pack of the dataset (`--pack`), ' if args.pack else ''}tiers under {args.tier_root}"
              f"{' (their pages dropped before every read)' if args.cold else ''}, {args.pairs} pairs, medians; "
-             f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.", "",
-             "| size | reader | threads | remote MB/s | local MB/s | remote / local | remote files/s | local files/s |",
-             "|---|---|---|---|---|---|---|---|"]
-    model = {}
-    for d in SIZES:
-        for t in sorted({k[1] for k in rows}):
-            for m in sorted({k[2] for k in rows}):
-                r, l = rows.get((d, t, m, "remote")), rows.get((d, t, m, "local"))
-                if not r or not l:
-                    continue
-                mb = lambda rs: statistics.median(x["bytes"] / x["s"] / 1e6 for x in rs)
-                fs = lambda rs: statistics.median(x["files"] / x["s"] for x in rs)
-                # Per pair: remote throughput over local (the same files per run).
-                ratio = statistics.median((b["s"] / b["files"]) / (a["s"] / a["files"])
-                                          for a, b in zip(r, l))
-                lines.append(f"| {d} | {m} | {t} | {mb(r):.0f} | {mb(l):.0f} | {ratio:.2f} | {fs(r):.0f} | {fs(l):.0f} |")
-                if t == 1 and m == "read":
-                    model[d] = {"remote_s_per_file": statistics.median(x["s"] / x["files"] for x in r),
-                                "local_s_per_file": statistics.median(x["s"] / x["files"] for x in l),
-                                "size": SIZES[d]}
-    # Remote read = local read + o + size / B: fitted on the single-thread `read` medians.
-    if len(model) >= 2:
-        xs = [v["size"] for v in model.values()]
-        ys = [v["remote_s_per_file"] - v["local_s_per_file"] for v in model.values()]
-        mx, my = statistics.mean(xs), statistics.mean(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        o = my - slope * mx
-        lines += ["", f"Remote read = local read + {o * 1e6:.0f} µs + size / {1 / slope / 1e9:.2f} GB/s "
-                  "(least squares over the single-thread `read` medians: the per-file overhead and "
-                  "the per-byte cost of the remote path on this machine)."]
-        model["fit"] = {"overhead_s": o, "bytes_per_s": 1 / slope}
-        lines += ["", *scaling(model, o, slope)]
-    name = "report-cold" if args.cold else "report"
+             f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."]
+    combos = sorted({k[1:4] for k in rows}, key=lambda c: (list(SIZES).index(c[0]), c[1], c[2]))
+    mb = lambda rs: statistics.median(x["bytes"] / x["s"] / 1e6 for x in rs)
+    fs = lambda rs: statistics.median(x["files"] / x["s"] for x in rs)
+
+    def lat(rs):
+        """Open-to-close time of each file, over every run: the median and 90th percentile."""
+        xs = sorted(v for x in rs for v in x.get("lat", []))
+        if not xs:
+            return "–"
+        return f"{xs[len(xs) // 2] * 1e3:.2f}, {xs[int(len(xs) * 0.9)] * 1e3:.2f}"
+    models = []
+    for b, g in enumerate(bins):
+        if len(bins) > 1:
+            lines += ["", f"## {'A' if b == 0 else 'B'}: `{g}`"]
+        lines += ["", "| size | reader | threads | remote MB/s | local MB/s | remote / local | remote files/s | local files/s | ms per file remote / local (median, p90) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        model = {}
+        for d, t, m in combos:
+            r, l = rows.get((b, d, t, m, "remote")), rows.get((b, d, t, m, "local"))
+            if not r or not l:
+                continue
+            # Per pair: remote throughput over local (the same files per run).
+            ratio = statistics.median((y["s"] / y["files"]) / (x["s"] / x["files"]) for x, y in zip(r, l))
+            lines.append(f"| {d} | {m} | {t} | {mb(r):.0f} | {mb(l):.0f} | {ratio:.2f} | {fs(r):.0f} | {fs(l):.0f} | "
+                         f"{lat(r)} / {lat(l)} |")
+            if t == 1 and m == "read":
+                model[d] = {"remote_s_per_file": statistics.median(x["s"] / x["files"] for x in r),
+                            "local_s_per_file": statistics.median(x["s"] / x["files"] for x in l),
+                            "size": SIZES[d]}
+        # Remote read = local read + o + size / B: fitted on the single-thread `read` medians.
+        if len(model) >= 2:
+            xs = [v["size"] for v in model.values()]
+            ys = [v["remote_s_per_file"] - v["local_s_per_file"] for v in model.values()]
+            mx, my = statistics.mean(xs), statistics.mean(ys)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+            o = my - slope * mx
+            lines += ["", f"Remote read = local read + {o * 1e6:.0f} µs + size / {1 / slope / 1e9:.2f} GB/s "
+                      "(least squares over the single-thread `read` medians: the per-file overhead and "
+                      "the per-byte cost of the remote path on this machine)."]
+            model["fit"] = {"overhead_s": o, "bytes_per_s": 1 / slope}
+            if b == 0:
+                lines += ["", *scaling(model, o, slope)]
+        models.append(model)
+    if len(bins) > 1:
+        lines += ["", "## B against A, pair by pair (the same pair's serves ran back to back)", "",
+                  "| size | reader | threads | remote / local A | remote / local B | remote s per file B / A | local s per file B / A | median remote ms per file A / B |",
+                  "|---|---|---|---|---|---|---|---|"]
+        per_file = lambda x: x["s"] / x["files"]
+        for d, t, m in combos:
+            ra, la = rows.get((0, d, t, m, "remote")), rows.get((0, d, t, m, "local"))
+            rb, lb = rows.get((1, d, t, m, "remote")), rows.get((1, d, t, m, "local"))
+            if not (ra and la and rb and lb):
+                continue
+            q = lambda r, l: statistics.median(per_file(y) / per_file(x) for x, y in zip(r, l))
+            lines.append(f"| {d} | {m} | {t} | {q(ra, la):.2f} | {q(rb, lb):.2f} | "
+                         f"{statistics.median(per_file(y) / per_file(x) for x, y in zip(ra, rb)):.2f} | "
+                         f"{statistics.median(per_file(y) / per_file(x) for x, y in zip(la, lb)):.2f} | "
+                         f"{lat(ra).split(',')[0]} / {lat(rb).split(',')[0]} |")
+    name = "report" + ("-pack" if args.pack else "") + ("-cold" if args.cold else "")
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    model = models[0] if len(bins) == 1 else {"A": models[0], "B": models[1], "bins": bins}
     (out / f"{name}.json").write_text(json.dumps({"raw": raw, "model": model, "counts": counts}, indent=1))
     print("\n".join(lines))
-
 
 if __name__ == "__main__":
     main()

@@ -11,9 +11,11 @@ trap 'rm -rf "$out"' EXIT
 cc -O2 -o "$out/pages" pages.c
 mpicc -O2 -o "$out/mpi_copy" mpi_copy.c
 mpicc -O2 -o "$out/mpi_latency" mpi_latency.c
+mpicc -O2 -o "$out/mpi_source_map" mpi_source_map.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
 for n in 2097152 8388608; do "$out/pages" "$n" /dev/shm; done
 for n in 2097152 8388608; do mpirun -np 2 --oversubscribe "$out/mpi_copy" "$n" 20; done
+for n in 2097152 8388608; do mpirun -np 2 --oversubscribe "$out/mpi_source_map" "$n" 30; done
 mpirun -np 2 --oversubscribe "$out/mpi_latency" 0 1
 for nap in 20 100; do for probes in 1 2; do
     mpirun -np 2 --oversubscribe "$out/mpi_latency" "$nap" "$probes"

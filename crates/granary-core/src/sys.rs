@@ -673,6 +673,39 @@ pub fn sched_idle() {
     }
 }
 
+/// CPUs the calling thread may run on.
+fn cpus_allowed() -> io::Result<usize> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `set` is a cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `set` was filled by sched_getaffinity.
+    Ok(unsafe { libc::CPU_COUNT(&set) } as usize)
+}
+
+/// Lets the calling thread, and the threads it starts from now on, run on every CPU the
+/// system allows it (the kernel keeps a cpuset's limit); returns the CPUs before and after.
+/// For a service started by an MPI launcher, which binds each rank to one core or socket as
+/// it would a compute process.
+pub fn unbind() -> io::Result<(usize, usize)> {
+    let before = cpus_allowed()?;
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for cpu in 0..libc::CPU_SETSIZE as usize {
+        // SAFETY: `cpu` is below CPU_SETSIZE, the set's size in bits.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((before, cpus_allowed()?))
+}
+
 /// Maps a file this process just created under a private name, read-write, to fill it in place
 /// (a table image of a million entries never needs a second copy on the heap).
 pub fn map_new_file(f: &File) -> io::Result<memmap2::MmapMut> {

@@ -58,6 +58,11 @@ pub struct ServeArgs {
     /// Declare the dataset immutable: rank 0 checks a saved catalog by directory only.
     #[arg(long)]
     pub immutable: bool,
+    /// Keep the CPU binding the MPI launcher gave this rank (by default the serving agent runs
+    /// on every CPU its node allows it: a launcher binds a rank as it would a compute process,
+    /// OpenMPI to one core when it starts two ranks or fewer).
+    #[arg(long)]
+    pub keep_binding: bool,
     /// Serve the dataset from this pack (made by `granary pack`, at the same path on every
     /// node): rank 0 reads its index (with --source, the tree is checked against it per
     /// directory), every rank gets the catalog, and each rank streams its share of the pack

@@ -35,6 +35,20 @@ pub fn main(args: ServeArgs) -> Result<i32> {
 
     let mpi = mpi::init()?;
     let (rank, ranks) = (mpi.rank, mpi.ranks);
+    // The launcher binds each rank as it would a compute process (OpenMPI: one core when it
+    // starts two ranks or fewer, else a socket): every thread of this node's agent would share
+    // it, and a program woken on that core waits for them. This agent is the node's service.
+    if !args.keep_binding {
+        match granary_core::sys::unbind() {
+            Ok((before, after)) if before != after => {
+                tracing::info!(
+                    "rank {rank}: runs on {after} CPUs (the launcher bound it to {before})"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!("rank {rank}: keeps the launcher's binding: {e}"),
+        }
+    }
     let prepared = prepare(&args, rank, ranks, &source, pack);
     let (started, lease0, image, layout) = match prepared {
         Ok(p) => p,
