@@ -373,6 +373,8 @@ impl Mappings {
                 from,
                 pos,
                 streaming: matches!(r.win.phase, window::Phase::Streaming { .. }),
+                // What was issued for it (not past one window: it may have jumped since).
+                ahead: r.issued_to.clamp(pos, pos.saturating_add(size)),
             });
             s.idle &= now.duration_since(r.moved_at) >= IDLE_AFTER;
         }
