@@ -132,6 +132,9 @@ fn copy_part(
         let mut ramp = RAMP_START.min(buf.len());
         let mut waited = 0u32;
         let began = std::time::Instant::now();
+        // Which of the source's pages are in the page cache (made when a reader is first seen).
+        let mut residency: Option<Option<sys::Residency>> = None;
+        let mut res = Vec::new();
         loop {
             let steer = ctx.mappings.steering(idx);
             let (readers, window, lead, idle) =
@@ -147,7 +150,22 @@ fn copy_part(
             } else {
                 ramp as u64
             };
-            let next = order.next(readers, window, lead, idle, max);
+            // Pages all in the page cache now (read ahead for a reader, or by it): copied first
+            // (`fetch_order`), while they cost the source nothing.
+            let mut cached = |off: u64, len: u64| {
+                if residency.is_none() {
+                    residency = Some(sys::Residency::of(&cl.src).ok());
+                }
+                residency
+                    .as_ref()
+                    .and_then(|c| c.as_ref())
+                    .is_some_and(|c| {
+                        c.resident(off, len, &mut res).is_ok()
+                            && !res.is_empty()
+                            && res.iter().all(|&m| m & 1 == 1)
+                    })
+            };
+            let next = order.next(readers, window, lead, idle, max, &mut cached);
             if !matches!(next, Next::Wait) {
                 tracing::trace!("entry {idx}: {next:?} for readers {readers:?} (idle {idle})");
             }

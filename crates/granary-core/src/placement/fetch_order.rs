@@ -13,8 +13,14 @@
 //!   pages most likely still cached: the copy costs the source nothing more), the reader with
 //!   the nearest such piece first — readers starting mid-file, or several readers in different
 //!   parts of the file (MPI-Caffe's contiguous shares), are each copied where they are;
-//! - nothing ahead of a reader, and nothing it did not read, is read by the fetch meanwhile:
-//!   what is read ahead of a reader is read once, for the reader, and copied after it passed;
+//! - but first, what is all in the page cache already around a reader — what the agent read ahead
+//!   of it, once it arrived, and what it read itself — is copied (`cached`): the copy costs the
+//!   source nothing while those pages are there, and under memory pressure the kernel evicts
+//!   read-ahead pages and pages a reader consumed within a second or two. A copy behind the
+//!   readers found them gone and read them again (measured: 6–15 % of a 384 MiB LMDB read by 3
+//!   processes under a 256 MiB cap);
+//! - nothing ahead of a reader that is not in the page cache, and nothing it did not read, is
+//!   read by the fetch meanwhile: what is read ahead of a reader is read once, for the reader;
 //! - when no reader moved for a while, the rest is read in sequence.
 
 /// A program reading the file through a mapping, as the agent follows it.
@@ -25,6 +31,8 @@ pub struct Reader {
     pub pos: u64,
     /// The agent reads ahead of it (it has read one distance in sequence).
     pub streaming: bool,
+    /// Where what the agent read ahead of it ends (`pos` when nothing was).
+    pub ahead: u64,
 }
 
 /// What to read next.
@@ -106,8 +114,17 @@ impl Order {
 
     /// The next read, given the readers, how far behind a reader its pages are still cached
     /// (`window`) and how far ahead of one that is not read ahead of yet the fetch reads for it
-    /// (`lead`), and whether they all stopped moving. `max`: the largest read.
-    pub fn next(&self, readers: &[Reader], window: u64, lead: u64, idle: bool, max: u64) -> Next {
+    /// (`lead`), and whether they all stopped moving. `max`: the largest read. `cached(off,
+    /// len)`: every page of `[off, off + len)` is in the page cache now.
+    pub fn next(
+        &self,
+        readers: &[Reader],
+        window: u64,
+        lead: u64,
+        idle: bool,
+        max: u64,
+        cached: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Next {
         if self.complete() {
             return Next::Done;
         }
@@ -122,6 +139,16 @@ impl Order {
                 off,
                 len,
                 keep: false,
+            };
+        }
+        // What is in the page cache first: a copy of it takes a moment, a read for a reader the
+        // source's time (measured: readers starting mid-file kept the fetch reading for them
+        // for 2 s, while a third one's read-ahead arrived, was passed, and left the window).
+        if let Some((off, len)) = self.arrived(readers, window, max, cached) {
+            return Next::Read {
+                off,
+                len,
+                keep: true,
             };
         }
         // A reader not read ahead of (yet: the agent waits until it has read one distance in
@@ -171,6 +198,48 @@ impl Order {
         }
     }
 
+    /// The missing pieces all in the page cache around the readers, from what it read lately
+    /// (two `window`s back) to where what was read ahead of it ends: the run (at most `max`)
+    /// that starts furthest behind its reader (the longest in the page cache, the first the
+    /// kernel evicts).
+    fn arrived(
+        &self,
+        readers: &[Reader],
+        window: u64,
+        max: u64,
+        cached: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Option<(u64, u64)> {
+        let unit_len =
+            |k: usize| ((k as u64 + 1) * self.unit).min(self.size) - k as u64 * self.unit;
+        let mut best: Option<(u64, usize)> = None;
+        for r in readers {
+            let lo = (r.from.max(r.pos.saturating_sub(2 * window)) / self.unit) as usize;
+            let hi = (r.ahead.max(r.pos).div_ceil(self.unit) as usize).min(self.done.len());
+            let Some(k) = (lo..hi)
+                .filter(|&k| !self.done[k])
+                .find(|&k| cached(k as u64 * self.unit, unit_len(k)))
+            else {
+                continue;
+            };
+            // How far behind its reader (ahead of it: the least).
+            let behind = r.pos.saturating_sub(k as u64 * self.unit);
+            if best.is_none_or(|(b, _)| behind > b) {
+                best = Some((behind, k));
+            }
+        }
+        let (_, k) = best?;
+        let mut end = k + 1;
+        while end < self.done.len()
+            && !self.done[end]
+            && ((end - k + 1) as u64) * self.unit <= max
+            && cached(end as u64 * self.unit, unit_len(end))
+        {
+            end += 1;
+        }
+        let off = k as u64 * self.unit;
+        Some((off, (end as u64 * self.unit).min(self.size) - off))
+    }
+
     /// `[off, off + len)` was read and written.
     pub fn mark(&mut self, off: u64, len: u64) {
         let first = (off / self.unit) as usize;
@@ -194,12 +263,19 @@ mod tests {
             from,
             pos,
             streaming: true,
+            ahead: pos,
         }
+    }
+
+    fn none(_: u64, _: u64) -> bool {
+        false
     }
 
     fn drive(o: &mut Order, readers: &[Reader], idle: bool) -> Vec<(u64, u64, bool)> {
         let mut out = vec![];
-        while let Next::Read { off, len, keep } = o.next(readers, 16 * MB, 8 * MB, idle, 8 * MB) {
+        while let Next::Read { off, len, keep } =
+            o.next(readers, 16 * MB, 8 * MB, idle, 8 * MB, &mut none)
+        {
             out.push((off, len, keep));
             o.mark(off, len);
         }
@@ -228,9 +304,10 @@ mod tests {
             from: 40 * MB,
             pos: 40 * MB,
             streaming: false,
+            ahead: 40 * MB,
         }];
         assert_eq!(
-            o.next(&fresh, 16 * MB, 2 * MB, false, 8 * MB),
+            o.next(&fresh, 16 * MB, 2 * MB, false, 8 * MB, &mut none),
             Next::Read {
                 off: 40 * MB,
                 len: 2 * MB,
@@ -238,12 +315,18 @@ mod tests {
             }
         );
         o.mark(40 * MB, 2 * MB);
-        assert_eq!(o.next(&fresh, 16 * MB, 2 * MB, false, 8 * MB), Next::Wait);
+        assert_eq!(
+            o.next(&fresh, 16 * MB, 2 * MB, false, 8 * MB, &mut none),
+            Next::Wait
+        );
         // Read ahead of now, at 45 MiB and a bit: what it read behind it, nothing before where
         // it started, nothing ahead.
         let at = [r(40 * MB, 45 * MB + 5)];
         assert_eq!(drive(&mut o, &at, false), vec![(42 * MB, 3 * MB, true)]);
-        assert_eq!(o.next(&at, 16 * MB, 8 * MB, false, 8 * MB), Next::Wait);
+        assert_eq!(
+            o.next(&at, 16 * MB, 8 * MB, false, 8 * MB, &mut none),
+            Next::Wait
+        );
         // Stopped for good: the rest in sequence.
         let rest = drive(&mut o, &at, true);
         assert_eq!(rest.first().map(|r| r.0), Some(45 * MB));
@@ -259,7 +342,7 @@ mod tests {
         let mut seen = vec![0u32; (size / MB) as usize];
         for _ in 0..400 {
             let readers: Vec<_> = starts.iter().zip(pos).map(|(&f, p)| r(f, p)).collect();
-            match o.next(&readers, 16 * MB, 8 * MB, false, 4 * MB) {
+            match o.next(&readers, 16 * MB, 8 * MB, false, 4 * MB, &mut none) {
                 Next::Read { off, len, .. } => {
                     for u in off / MB..(off + len).div_ceil(MB) {
                         seen[u as usize] += 1;
@@ -281,6 +364,54 @@ mod tests {
         }
         assert!(o.complete(), "{:?}", o.prefix_bytes());
         assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+    }
+
+    #[test]
+    fn what_is_in_the_page_cache_around_a_reader_is_copied_first() {
+        let mut o = Order::new(64 * MB, MB, &[(0, 64 * MB)]);
+        // One reader at 10 MiB, read ahead of up to 20 MiB, of which 12–16 MiB arrived; what it
+        // read is still cached. Another just found at 40 MiB, not read ahead of yet.
+        let readers = [
+            Reader {
+                from: 0,
+                pos: 10 * MB,
+                streaming: true,
+                ahead: 20 * MB,
+            },
+            Reader {
+                from: 40 * MB,
+                pos: 40 * MB,
+                streaming: false,
+                ahead: 40 * MB,
+            },
+        ];
+        let mut cached =
+            |off: u64, len: u64| off + len <= 10 * MB || (12 * MB <= off && off + len <= 16 * MB);
+        let mut reads = vec![];
+        while let Next::Read { off, len, keep } =
+            o.next(&readers, 16 * MB, 2 * MB, false, 8 * MB, &mut cached)
+        {
+            reads.push((off, len, keep));
+            o.mark(off, len);
+        }
+        // What it read first (the longest cached), then what arrived ahead of it, then the
+        // other reader's next pieces; nothing in flight, nothing past what was read ahead.
+        assert_eq!(
+            reads,
+            vec![
+                (0, 8 * MB, true),
+                (8 * MB, 2 * MB, true),
+                (12 * MB, 4 * MB, true),
+                (40 * MB, 2 * MB, true)
+            ]
+        );
+        // Nothing cached: no piece ahead of the streaming reader is read by the fetch.
+        let mut o = Order::new(64 * MB, MB, &[(0, 64 * MB)]);
+        o.mark(0, 10 * MB);
+        assert_eq!(
+            o.next(&readers[..1], 16 * MB, 2 * MB, false, 8 * MB, &mut none),
+            Next::Wait
+        );
     }
 
     #[test]

@@ -162,19 +162,22 @@ impl Flight {
     /// Retires the pieces that completed: `done(piece)` says whether its last page is in the
     /// page cache. The source serves its queue in order, so a piece seen complete completes
     /// every piece issued before it. Then updates the bandwidth estimate.
-    pub fn retire(&self, now: Instant, mut done: impl FnMut(&Piece) -> bool) {
+    pub fn retire(&self, now: Instant, mut done: impl FnMut(&Piece) -> bool) -> Vec<Piece> {
         let mut q = lock(&self.pieces);
         let newest_done =
             q.q.iter()
                 .rposition(|p| done(p) || now.duration_since(p.at) >= STALE);
+        let mut gone = Vec::new();
         if let Some(k) = newest_done {
-            let gone: u64 = q.q.drain(..=k).map(|p| p.len).sum();
-            q.bytes -= gone;
-            self.completed.fetch_add(gone, Ordering::Relaxed);
+            gone.extend(q.q.drain(..=k));
+            let bytes: u64 = gone.iter().map(|p| p.len).sum();
+            q.bytes -= bytes;
+            self.completed.fetch_add(bytes, Ordering::Relaxed);
         }
         let busy = q.bytes + self.sync.load(Ordering::Relaxed) > 0;
         drop(q);
         self.sample_at(now, busy);
+        gone
     }
 
     fn sample_at(&self, now: Instant, busy: bool) {
