@@ -264,6 +264,15 @@ pub fn run(args: RunArgs) -> Result<i32> {
         Err(e) if args.mount.is_some() => bail!("{e:#}"),
         Err(e) => {
             let why = format!("{e:#}");
+            // Only the serving agent's pack holds the dataset (the path names nothing): run
+            // without granary, the program would find no data there and "succeed" on none.
+            if unusable_source(&source).is_some() {
+                bail!(
+                    "{why}; {} exists only in the pack the serving agent served, so the \
+                     program was not run",
+                    source.display()
+                );
+            }
             say(format!("granary: {why}"));
             say("granary: running the program without granary");
             return run_plain(&args, &mut cmd, prog, &source, started, why);
