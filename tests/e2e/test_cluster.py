@@ -147,8 +147,10 @@ class Cluster:
         stats = self.tmp / f"stats-{r}-{time.monotonic_ns()}.json"
         cmd = [self.bin, "run", "--attach", "-q", "--stats-json", stats, "--", sys.executable,
                READER, root, "--seed", r, "--every", every]
+        # Unbuffered: `first_progress` reads one line and `finish` the rest through the fd; a
+        # buffered reader would keep what it read past that line (the final JSON) to itself.
         p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=self.env(r))
+                             stderr=subprocess.PIPE, env=self.env(r), bufsize=0)
         return p, stats
 
     def read_everywhere(self, root: pathlib.Path):
