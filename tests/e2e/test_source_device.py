@@ -29,6 +29,17 @@ def drop_caches():
     pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
+def unmount(mnt):
+    """A process of a failed test may still hold the mount for a moment: retry for a while, then
+    detach it lazily, so a loop mount never outlives the test (and its image never fills /tmp)."""
+    deadline = time.monotonic() + 10
+    while subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            subprocess.run(["umount", "-l", mnt], check=False)
+            return
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def loop_source(tmp_path):
     image = tmp_path / "pfs.img"
@@ -43,7 +54,7 @@ def loop_source(tmp_path):
         try:
             yield dev, mnt
         finally:
-            subprocess.run(["umount", mnt], check=False)
+            unmount(mnt)
     finally:
         subprocess.run(["losetup", "-d", dev], check=False)
 
