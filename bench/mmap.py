@@ -9,8 +9,11 @@ Workloads (every value and record checked against a manifest):
   records   the record shards walked through mmap (bench/clients/records.py --io mmap), 3 epochs
   lmdb-seq  an LMDB of 192 KiB values (python `lmdb`), cursor scans; 1 and 3 processes
   lmdb-rand the same LMDB, `get`s in a shuffled order
+  lmdb-keyorder an LMDB of the same values written in random key order (its values' pages
+            scattered over the file), cursor scans: granary with and without the record index
+            (`[mmap] lmdb_index`), no tier room (every page from the source)
 Setups: PFS-direct, Local (copied first), granary with prefetch off (`[mmap] mode = "watch"`:
-mappings followed, nothing read ahead), granary. "half": a tier holding half the LMDB (a first,
+mappings followed, nothing read ahead), granary, granary-noindex (`lmdb_index = false`). "half": a tier holding half the LMDB (a first,
 unmeasured job fills it); "fits": a tier holding everything. Ratios are medians of paired runs
 (alternating, caches dropped before each). A benchmark, not a test: it asserts nothing about
 time; it exits 1 only when a job fails or a byte is wrong.
@@ -57,11 +60,12 @@ class Bench:
         self.cfgdir = os.path.join(k.workdir, "configs")
         os.makedirs(self.cfgdir, exist_ok=True)
         self.configs = {}
-        for name, mode in (("granary-off", "watch"), ("granary", "prefetch"),
-                           ("unwatched", "off")):
+        for name, mode, index in (("granary-off", "watch", True), ("granary", "prefetch", True),
+                                  ("unwatched", "off", True),
+                                  ("granary-noindex", "prefetch", False)):
             p = os.path.join(self.cfgdir, f"{name}.toml")
             with open(p, "w") as f:
-                f.write(f'[mmap]\nmode = "{mode}"\n')
+                f.write(f'[mmap]\nmode = "{mode}"\nlmdb_index = {str(index).lower()}\n')
             self.configs[name] = p
 
     # ---- running one job ---------------------------------------------------
@@ -180,12 +184,13 @@ def main():
                     help="comma-separated groups to run (default all): records (with PFS-direct "
                     "and Local), first (granary's records runs only: first record, source "
                     "bytes), half, rand, three (3 processes), three1 (its two one-pass granary runs only), "
-                    "cached; a subset's report goes "
+                    "cached, keyorder (an LMDB in random key order, with and without the record "
+                    "index); a subset's report goes "
                     "to <out>-only-<groups> unless --out is given")
     a = ap.parse_args()
     p = PRESETS[a.size]
     k = SimpleNamespace(**p)
-    groups = ["records", "half", "rand", "three", "cached"]
+    groups = ["records", "half", "rand", "three", "cached", "keyorder"]
     k.only = groups if a.only is None else a.only.split(",")
     bad = set(k.only) - set(groups) - {"first", "three1"}
     if bad:
@@ -203,7 +208,7 @@ def main():
             stack.callback(shutil.rmtree, k.workdir, True)
         emu = pfs.EmulatedPFS(k, log)
         lmdb_bytes = k.values * (192 << 10) * 1.1
-        emu.setup(stack, int(k.shards * k.shard_max * MIB * 1.1 + lmdb_bytes * 2) + (256 << 20))
+        emu.setup(stack, int(k.shards * k.shard_max * MIB * 1.1 + lmdb_bytes * 3) + (256 << 20))
         log(f"generating datasets on {emu.mount}")
         rng = random.Random(1)
         manifests = os.path.join(k.workdir, "manifests")
@@ -215,6 +220,11 @@ def main():
         files, values = dataset.gen_lmdb(rng, os.path.join(emu.mount, "lmdb"), k.values, 192)
         with open(os.path.join(manifests, "lmdb.json"), "w") as f:
             json.dump({"name": "lmdb", "files": files, "values": values}, f)
+        if "keyorder" in k.only:
+            kfiles, kvalues = dataset.gen_lmdb(rng, os.path.join(emu.mount, "lmdb-keyorder"),
+                                               k.values, 192, shuffled=True)
+            with open(os.path.join(manifests, "lmdb-keyorder.json"), "w") as f:
+                json.dump({"name": "lmdb-keyorder", "files": kfiles, "values": kvalues}, f)
         probe = os.path.join(emu.mount, ".probe")
         with open(probe, "wb") as f:
             f.write(os.urandom(64 << 20))
@@ -259,9 +269,9 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
         return [sys.executable, os.path.join(CLIENTS, "records.py"), "--root", root,
                 "--manifest", man_rec, "--epochs", str(epochs), "--io", "mmap", "--workers", "2"]
 
-    def lmdb(root, epochs, *extra):
+    def lmdb(root, epochs, *extra, manifest=man_lmdb):
         return [sys.executable, os.path.join(CLIENTS, "lmdbread.py"), "--root", root,
-                "--manifest", man_lmdb, "--epochs", str(epochs), *extra]
+                "--manifest", manifest, "--epochs", str(epochs), *extra]
 
     def fresh(name):
         d = os.path.join(tiers, name)
@@ -282,6 +292,8 @@ def measure(b, k, emu, manifests, rec, lmdb_files):
         measure_three(b, k, rows, mount, lmdb, lmdb_dir, fresh, fits_lmdb, data_mdb)
     if "cached" in k.only:
         measure_cached(b, k, rows, emu, lmdb, lmdb_dir, fresh, data_mdb)
+    if "keyorder" in k.only:
+        measure_keyorder(b, k, rows, mount, lmdb, manifests, fresh, bw)
     return {"rows": [dict(zip(("criterion", "workload", "measured", "bar", "numbers"), r[:5]),
                           passed=bool(r[5](r[2]))) for r in rows]}
 
@@ -401,6 +413,40 @@ def measure_three(b, k, rows, mount, lmdb, lmdb_dir, fresh, fits_lmdb, data_mdb)
                  "lmdb-seq 3 procs", two["device_bytes"] / data_mdb, "–",
                  f"PFS-direct one pass: {epoch1(pfs3):.2f} s, "
                  f"{pfs3['device_bytes'] / data_mdb:.3f} × the file", lambda v: True))
+
+
+def measure_keyorder(b, k, rows, mount, lmdb, manifests, fresh, bw):
+    # -- an LMDB written in random key order: the record index ------------------------------
+    log("LMDB in random key order, sequential, no tier room: record index on vs off")
+    root = os.path.join(mount, "lmdb-keyorder")
+    size = os.path.getsize(os.path.join(root, "data.mdb"))
+    man = os.path.join(manifests, "lmdb-keyorder.json")
+    pairs, faulted, streamed = [], [], []
+
+    def one(s):
+        if s == "pfs":
+            return b.run("lmdb-keyorder", "pfs", mount, lmdb(root, 1, "--lock", manifest=man))
+        return b.run("lmdb-keyorder", s, mount, lmdb(root, 1, "--lock", manifest=man),
+                     fresh("none"), "4K")
+    for got in paired(k.pairs, ["granary-noindex", "granary"], one):
+        pairs.append((epoch1(got["granary"]), epoch1(got["granary-noindex"])))
+        r = got["granary"]
+        agent = r.get("stats", {}).get("placement", {}).get("agent_source_bytes", 0)
+        faulted.append(max(r["device_bytes"] - agent, 0))
+        streamed.append((epoch1(r), size / bw))
+    pfs_run = one("pfs")
+    rows.append(("random key order, sequential epoch 1, record index / no index (no bar)",
+                 "lmdb-keyorder", median_ratio(pairs), "–",
+                 "median of paired runs: " + ", ".join(f"{a:.2f}/{c:.2f} s" for a, c in pairs)
+                 + f"; PFS-direct {epoch1(pfs_run):.2f} s", lambda v: True))
+    rows.append(("random key order, with the index: epoch 1 / (file / source bandwidth) (no bar)",
+                 "lmdb-keyorder", median_ratio(streamed), "–",
+                 ", ".join(f"{a:.2f}/{c:.2f} s" for a, c in streamed)
+                 + f" ({size / 1e6:.0f} MB at {bw / 1e6:.1f} MB/s)", lambda v: True))
+    rows.append(("random key order, with the index: source bytes faulted by the program per "
+                 "pass (MiB; no bar)", "lmdb-keyorder", statistics.median(faulted) / MIB, "–",
+                 "device bytes of the job minus the agent's source bytes: "
+                 + ", ".join(f"{x / MIB:.2f}" for x in faulted), lambda v: True))
 
 
 def measure_cached(b, k, rows, emu, lmdb, lmdb_dir, fresh, data_mdb):

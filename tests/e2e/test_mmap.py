@@ -22,6 +22,7 @@ import pytest
 
 from conftest import CLIENTS, Granary
 from probes import direct, run_job, wait_for
+from test_source_device import device_reads, drop_caches, loop_source  # noqa: F401 (fixture)
 
 MAPPER = [sys.executable, str(CLIENTS / "mapper.py")]
 MIB = 1 << 20
@@ -32,7 +33,8 @@ def config(tmp_path, **mmap) -> pathlib.Path:
     """An agent configuration: debug log (read-ahead windows are logged), small read-ahead
     windows so small files show several."""
     lines = ["[agent]", 'log_level = "debug"', "[mmap]"]
-    lines += [f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v}" for k, v in mmap.items()]
+    lines += [f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {str(v).lower()}"
+              for k, v in mmap.items()]
     p = tmp_path / "granary.toml"
     p.write_text("\n".join(lines) + "\n")
     return p
@@ -217,13 +219,53 @@ def test_kill_9_of_the_agent_during_read_ahead(own, uncached, tmp_path):
 
 # -- LMDB ---------------------------------------------------------------------------------------
 
-def lmdb_env(tmp_path, n=200):
+def lmdb_env(tmp_path, n=200, shuffled=False, src=None):
     pytest.importorskip("lmdb", reason="the test command installs the python lmdb binding")
-    src = tmp_path / "pfs"
+    src = src or tmp_path / "pfs"
     src.mkdir()
-    subprocess.run([sys.executable, CLIENTS / "lmdb_reader.py", "make", src / "db", str(n)],
-                   check=True)
+    subprocess.run([sys.executable, CLIENTS / "lmdb_reader.py", "make", src / "db", str(n),
+                    *(["shuffled"] if shuffled else [])], check=True)
     return src
+
+
+def test_a_cursor_over_an_lmdb_in_random_key_order_is_read_ahead_in_key_order(tmp_path,
+                                                                             loop_source):
+    """An LMDB written in random key order: a cursor reads its values' pages in an order that
+    jumps around the file, which the follower, in file order, takes for scattered reads (the
+    program faults every value itself). With the record index (`lmdb_index`, the default) the
+    agent follows the cursor in key order and reads ahead of it. On a loop device whose
+    read-ahead is a PFS client's 128 KiB: the kernel reads that much around a fault (this
+    machine's disk, 8 MiB, reads the whole file for the program in a few faults)."""
+    dev, mnt = loop_source
+    pathlib.Path(f"/sys/block/{os.path.basename(dev)}/queue/read_ahead_kb").write_text("128\n")
+    src = lmdb_env(tmp_path, n=400, shuffled=True, src=mnt / "pfs")
+    data = src / "db" / "data.mdb"
+    cmd = [sys.executable, CLIENTS / "lmdb_reader.py", "read", src / "db", "nolock", "0.01"]
+    faulted = {}
+    for index in (False, True):
+        (tmp_path / f"agent-{index}").mkdir()
+        g = Granary(tmp_path / f"agent-{index}")
+        try:
+            cfg = config(tmp_path / f"agent-{index}", distance="1M", size="4M",
+                         lmdb_index=index)
+            evict(data)
+            got, stats = run_job(g, src, cmd, tmp_path / f"tier-{index}", tier_size="1M",
+                                 extra=("--config", str(cfg)))
+            assert got.returncode == 0, got.stderr
+            assert json.loads(got.stdout) == {"records": 400, "bad": 0}
+            m = stats["mmap"]
+            assert m["source_bytes"] > data.stat().st_size // 2, m
+            faulted[index] = m["faulted_bytes"]
+            followed = "followed in key order" in agent_log(g)
+            assert followed == index, agent_log(g)[-3000:]
+            if index:
+                assert m["read_ahead_bytes"] > data.stat().st_size // 2, m
+        finally:
+            g.stop()
+    # Without the index the program faulted most of the file itself; with it, about one
+    # distance before the first window, and what it outran.
+    assert faulted[False] > data.stat().st_size // 2, faulted
+    assert faulted[True] < faulted[False] // 3, faulted
 
 
 def test_read_only_lmdb_readers_never_open_the_source_lock_file(own, tmp_path):
@@ -344,7 +386,6 @@ def test_lmdb_with_a_writer_appearing_mid_job(own, tmp_path):
 
 # -- a file being fetched ------------------------------------------------------------------------
 
-from test_source_device import device_reads, drop_caches, loop_source  # noqa: E402,F401
 from test_waits import BLKIO, throttle  # noqa: E402,F401
 
 

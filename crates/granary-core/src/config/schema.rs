@@ -72,6 +72,7 @@ struct Mmap {
     distance: Option<Checked<MapSize>>,
     size: Option<Checked<MapSize>>,
     threshold: Option<Checked<Percent>>,
+    lmdb_index: Option<Checked<Bool>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -116,6 +117,7 @@ impl File {
                 distance: m.distance.map(|c| c.0),
                 size: m.size.map(|c| c.0),
                 threshold_pct: m.threshold.map(|c| c.0),
+                lmdb_index: m.lmdb_index.map(|c| c.0),
             }),
         }
     }

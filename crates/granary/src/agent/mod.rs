@@ -194,11 +194,13 @@ impl Agent {
             .or(job.mmap.unwrap_or_default())
             .resolve();
         tracing::info!(
-            "mappings: {:?}, distance {} bytes, read-ahead {} bytes, threshold {} %",
+            "mappings: {:?}, distance {} bytes, read-ahead {} bytes, threshold {} %, LMDB \
+             record index {}",
             mmap.mode,
             mmap.distance,
             mmap.size,
-            mmap.threshold_pct
+            mmap.threshold_pct,
+            if mmap.lmdb_index { "on" } else { "off" }
         );
         let _ = self.setup.set(Setup {
             pool,

@@ -7,6 +7,7 @@
 //! distance = "8M"     # a reader is read ahead of once it has read this much forward
 //! size = "50M"        # bytes read ahead at a time (less when memory is tight)
 //! threshold = 75      # percent of the last window passed before the next is read
+//! lmdb_index = true   # follow cursors over an LMDB in key order, not the file's page order
 //! ```
 //! Defaults are seed 000's best values (distance 8–10 MiB, size 50 MiB, threshold 75 %).
 
@@ -21,6 +22,7 @@ pub struct MmapConfig {
     pub distance: Option<u64>,
     pub size: Option<u64>,
     pub threshold_pct: Option<u64>,
+    pub lmdb_index: Option<bool>,
 }
 
 impl MmapConfig {
@@ -31,6 +33,7 @@ impl MmapConfig {
             distance: self.distance.or(under.distance),
             size: self.size.or(under.size),
             threshold_pct: self.threshold_pct.or(under.threshold_pct),
+            lmdb_index: self.lmdb_index.or(under.lmdb_index),
         }
     }
 
@@ -41,6 +44,7 @@ impl MmapConfig {
             distance: self.distance.unwrap_or(d.distance),
             size: self.size.unwrap_or(d.size),
             threshold_pct: self.threshold_pct.unwrap_or(d.threshold_pct),
+            lmdb_index: self.lmdb_index.unwrap_or(d.lmdb_index),
         }
     }
 }

@@ -29,6 +29,8 @@
 
 mod config;
 pub mod flight;
+pub mod layout;
+pub mod lmdb_index;
 mod maps;
 pub mod window;
 
@@ -37,12 +39,13 @@ pub use config::MmapConfig;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use granary_shm::{job, state};
 use serde::{Deserialize, Serialize};
 
+pub use layout::Layout;
 pub use window::{Shape, Window};
 
 use super::SourceCtx;
@@ -84,6 +87,9 @@ pub struct MmapParams {
     pub size: u64,
     /// Percent of the last window the reader passes before the next is read (seed 000: 75).
     pub threshold_pct: u64,
+    /// Readers of an LMDB whose pages are not in key order are followed in key order
+    /// (`lmdb_index`, `layout`).
+    pub lmdb_index: bool,
 }
 
 pub const DEFAULT_DISTANCE: u64 = 8 << 20;
@@ -97,6 +103,7 @@ impl Default for MmapParams {
             distance: DEFAULT_DISTANCE,
             size: DEFAULT_SIZE,
             threshold_pct: DEFAULT_THRESHOLD_PCT,
+            lmdb_index: true,
         }
     }
 }
@@ -150,6 +157,32 @@ pub struct Mappings {
     last_size: std::sync::atomic::AtomicU64,
     /// What the agent has in flight at this source, and may have (`flight`).
     flight: flight::Flight,
+    /// Per entry, its record order (`lmdb_index`), built once per version of the file.
+    orders: Arc<Mutex<HashMap<u32, Order>>>,
+}
+
+/// The record order of an entry: being built, or built for the file of `key` (`None`: it has
+/// none worth following — not an LMDB, or one in about its own order).
+#[derive(Debug, Clone)]
+enum Order {
+    Building,
+    Built {
+        key: FileKey,
+        layout: Option<Arc<Layout>>,
+    },
+}
+
+/// The version of a catalogued file an order was built for.
+type FileKey = (u64, u64, i64, u32);
+
+fn file_key(e: &granary_shm::EntryRec) -> FileKey {
+    (e.stat.ino, e.stat.size, e.stat.ctime.sec, e.stat.ctime.nsec)
+}
+
+/// Tree pages read to build an index, at most: a thirty-second of the file, between 1 and
+/// 16 MiB (4,096 random page reads: a few seconds on a PFS, ~80 GB of 192 KiB values).
+fn index_budget(len: u64) -> u64 {
+    (len / 32).clamp(1 << 20, 16 << 20)
 }
 
 /// The readers of one entry, for its whole-file fetch.
@@ -189,8 +222,14 @@ struct Proc {
 #[derive(Debug)]
 struct Reader {
     m: maps::Mapped,
-    /// The file's size: nothing past it is followed.
+    /// The file's size: nothing past it is followed (with a layout: its pages).
     len: u64,
+    /// The order it reads the file in, when not the file's (`layout`): then its positions,
+    /// windows and `seen` bits are offsets in that order, translated at the page tables, the
+    /// read-ahead and the counters. `order_known`: looked up (a mapping of the whole file
+    /// only; until its entry's order is built, it is followed in file order).
+    layout: Option<Arc<Layout>>,
+    order_known: bool,
     /// One bit per page of `[m.start, end)`: present at the last look.
     seen: Vec<u64>,
     win: Window,
@@ -297,6 +336,9 @@ impl Mappings {
         for pid in due {
             refresh(ctx, &mut st, pid, None, now);
         }
+        if p.mode != Mode::Off && p.lmdb_index {
+            self.apply_orders(ctx, &mut st, now);
+        }
         let mut moved = false;
         let readers: usize = st.procs.values().map(|pr| pr.readers.len()).sum();
         // Read-ahead that memory cannot hold until the reader gets there is read twice.
@@ -379,12 +421,23 @@ impl Mappings {
             } else {
                 (r.win.start, r.win.pos)
             };
-            s.readers.push(super::fetch_order::Reader {
-                from,
-                pos,
-                streaming: matches!(r.win.phase, window::Phase::Streaming { .. }),
-                // What was issued for it (not past one window: it may have jumped since).
-                ahead: r.issued_to.clamp(pos, pos.saturating_add(size)),
+            s.readers.push(if r.layout.is_some() {
+                // In file order it is where its current page is, not read ahead of.
+                let at = r.file_off(pos) / PAGE * PAGE;
+                super::fetch_order::Reader {
+                    from: at,
+                    pos: at,
+                    streaming: false,
+                    ahead: at,
+                }
+            } else {
+                super::fetch_order::Reader {
+                    from,
+                    pos,
+                    streaming: matches!(r.win.phase, window::Phase::Streaming { .. }),
+                    // What was issued for it (not past one window: it may have jumped since).
+                    ahead: r.issued_to.clamp(pos, pos.saturating_add(size)),
+                }
             });
             s.idle &= now.duration_since(r.moved_at) >= IDLE_AFTER;
         }
@@ -393,6 +446,123 @@ impl Mappings {
         *lock(&self.steer) = steer;
         moved
     }
+}
+
+impl Mappings {
+    /// Readers of whole-file mappings take their entry's record order once it is known; the
+    /// first reader of an entry has it built (on a thread of its own: it reads the tree's
+    /// pages from the source, which may be slow, and the follower must not wait for that).
+    fn apply_orders(&self, ctx: &SourceCtx, st: &mut State, now: Instant) {
+        let mut orders = lock(&self.orders);
+        let mut switched = Vec::new();
+        for r in st.procs.values_mut().flat_map(|pr| pr.readers.iter_mut()) {
+            if r.order_known {
+                continue;
+            }
+            let Some(e) = ctx.table.entry(r.m.idx) else {
+                r.order_known = true;
+                continue;
+            };
+            if r.m.start != 0 || r.m.end < e.stat.size {
+                // Part of the file: followed in file order.
+                r.order_known = true;
+                continue;
+            }
+            let key = file_key(&e);
+            match orders.get(&r.m.idx) {
+                Some(Order::Building) => {}
+                Some(Order::Built { key: k, layout }) if *k == key => {
+                    r.order_known = true;
+                    if let Some(l) = layout {
+                        // Followed in record order from now on; what it touched so far stays
+                        // seen (it is not counted again).
+                        let mut n = Reader::new(r.m.clone(), e.stat.size, now, Some(l.clone()));
+                        let pages = (r.m.end.min(r.len).saturating_sub(r.m.start)).div_ceil(PAGE);
+                        for k in 0..pages {
+                            if bit(&r.seen, k) {
+                                set_bit(&mut n.seen, l.to_virtual(k * PAGE) / PAGE, true);
+                            }
+                        }
+                        *r = n;
+                        switched.push(r.m.idx);
+                    }
+                }
+                _ => {
+                    let started = self.build_order(ctx, r.m.idx, e.stat.size, key);
+                    orders.insert(
+                        r.m.idx,
+                        if started {
+                            Order::Building
+                        } else {
+                            Order::Built { key, layout: None }
+                        },
+                    );
+                }
+            }
+        }
+        for idx in switched {
+            st.starts.remove(&idx);
+        }
+    }
+
+    /// Starts building entry `idx`'s order; false if no thread could be started.
+    fn build_order(&self, ctx: &SourceCtx, idx: u32, len: u64, key: FileKey) -> bool {
+        let orders = Arc::clone(&self.orders);
+        let counters = Arc::clone(&ctx.counters);
+        let file = open_source(ctx, idx).map(|s| s.file);
+        let built = std::thread::Builder::new()
+            .name("granary-index".into())
+            .spawn(move || {
+                let layout = file.and_then(|f| record_order(&f, idx, len, &counters));
+                let found = layout.is_some();
+                lock(&orders).insert(idx, Order::Built { key, layout });
+                if found {
+                    // Its readers change order at the next tick (no order: nothing changes,
+                    // the follower keeps its pace).
+                    wake();
+                }
+            });
+        built.is_ok()
+    }
+}
+
+/// The record order of entry `idx`'s file `f` (`lmdb_index`), if it is an LMDB whose pages are
+/// not in about key order already.
+fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Option<Arc<Layout>> {
+    let t0 = Instant::now();
+    // One page per read: the kernel's read-ahead around each would read 32 times more.
+    sys::fadvise(f, 0, 0, libc::POSIX_FADV_RANDOM);
+    let mut bytes = 0u64;
+    let built = lmdb_index::build(len, index_budget(len), |off, buf| {
+        bytes += buf.len() as u64;
+        f.read_exact_at(buf, off).is_ok()
+    });
+    AgentCounters::add(&counters.source_bytes, bytes);
+    let ix = match built {
+        Ok(ix) => ix,
+        Err(lmdb_index::NoIndex::NotLmdb) => return None,
+        Err(why) => {
+            tracing::info!("entry {idx}: an LMDB data file without a record index ({why:?})");
+            return None;
+        }
+    };
+    let per = ix.page_size / PAGE;
+    let extents: Vec<(u64, u64)> = ix
+        .extents
+        .iter()
+        .map(|&(p, n)| (p * per, n * per))
+        .collect();
+    let layout = Layout::new(&extents, len);
+    tracing::info!(
+        "entry {idx}: an LMDB data file, {} tree pages read in {:?}: {}",
+        ix.pages_read,
+        t0.elapsed(),
+        match &layout {
+            Some(l) => format!("followed in key order ({} runs)", l.extents()),
+            None => "its pages are in key order".to_string(),
+        }
+    );
+    layout.map(Arc::new)
 }
 
 /// (Re-)reads `pid`'s mappings; readers that are still mapped the same way keep their state.
@@ -451,27 +621,53 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
                     m.end,
                     m.local
                 );
-                let pages = (m.end.min(len).saturating_sub(m.start)).div_ceil(PAGE);
-                Reader {
-                    sweep: m.start,
-                    m,
-                    len,
-                    seen: vec![0; pages.div_ceil(64) as usize],
-                    win: Window::default(),
-                    stalled: 0,
-                    moved_at: now,
-                    cached_windows: 0,
-                    ticks: 0,
-                    pending: None,
-                    win_wanted: 0,
-                    win_issued: 0,
-                    run_from: 0,
-                    lead: LEAD_MIN,
-                    issued_to: 0,
-                }
+                Reader::new(m, len, now, None)
             }
         };
         pr.readers.push(r);
+    }
+}
+
+impl Reader {
+    fn new(m: maps::Mapped, len: u64, now: Instant, layout: Option<Arc<Layout>>) -> Reader {
+        let len = match &layout {
+            Some(_) => len.div_ceil(PAGE) * PAGE,
+            None => len,
+        };
+        let pages = (m.end.min(len).saturating_sub(m.start)).div_ceil(PAGE);
+        Reader {
+            sweep: m.start,
+            m,
+            len,
+            order_known: layout.is_some(),
+            layout,
+            seen: vec![0; pages.div_ceil(64) as usize],
+            win: Window::default(),
+            stalled: 0,
+            moved_at: now,
+            cached_windows: 0,
+            ticks: 0,
+            pending: None,
+            win_wanted: 0,
+            win_issued: 0,
+            run_from: 0,
+            lead: LEAD_MIN,
+            issued_to: 0,
+        }
+    }
+
+    /// The file offset of its offset `v`.
+    fn file_off(&self, v: u64) -> u64 {
+        self.layout.as_ref().map_or(v, |l| l.to_file(v))
+    }
+
+    /// The file ranges of its range `[a, b)`.
+    fn file_runs(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
+        match &self.layout {
+            Some(l) => l.file_runs(a, b),
+            None if a < b => vec![(a, b)],
+            None => Vec::new(),
+        }
     }
 }
 
@@ -490,6 +686,11 @@ fn follow(
     };
     let mut moved = false;
     for r in &mut pr.readers {
+        // A reader followed in record order is not read ahead of while a whole-file fetch
+        // reads its file (in file order: what the follower read ahead in record order would be
+        // read again by the fetch once evicted); the fetch serves it where it is.
+        let prefetch = prefetch
+            && !(r.layout.is_some() && state::state_of(ctx.table.state(r.m.idx)) == state::PLACING);
         // A reader whose last windows found everything cached has nothing to gain: it is
         // looked at less often (following costs the program a share of a CPU).
         r.ticks = r.ticks.wrapping_add(1);
@@ -667,8 +868,15 @@ fn stop_at(starts: &HashMap<u32, Vec<u64>>, r: &Reader) -> u64 {
 const LEAD_MIN: u64 = 2;
 const LEAD_MAX: u64 = 16;
 
-/// True if the mapping of `r` takes some of `[a, b)` from the source (not from a tier).
+/// True if the mapping of `r` takes some of `[a, b)` (in its order) from the source (not from a
+/// tier).
 fn takes_source(r: &Reader, a: u64, b: u64) -> bool {
+    r.file_runs(a, b)
+        .into_iter()
+        .any(|(a, b)| takes_source_in_file(r, a, b))
+}
+
+fn takes_source_in_file(r: &Reader, a: u64, b: u64) -> bool {
     let mut at = a;
     let mut local: Vec<(u64, u64)> =
         r.m.local
@@ -707,12 +915,30 @@ struct Look {
     new_pages: Vec<u64>,
 }
 
-/// Reads the present bits of file pages `[from, to)` of `r` into `out` (one bool per page).
+/// The present bits of pages `[from, to)` of `r` (in its order), one bool per page.
 fn present(pm: &File, r: &Reader, from: u64, to: u64, buf: &mut Vec<u8>) -> Option<Vec<bool>> {
     let to = to.min(r.m.end).min(r.len.div_ceil(PAGE) * PAGE);
-    if from >= to {
-        return Some(Vec::new());
+    let mut out = Vec::new();
+    for (a, b) in r.file_runs(from, to) {
+        let want = (b - a).div_ceil(PAGE) as usize;
+        let got = present_in_file(pm, r, a, b, buf)?;
+        let short = got.len() < want;
+        out.extend(got);
+        if short {
+            break;
+        }
     }
+    Some(out)
+}
+
+/// The present bits of file pages `[from, to)` of `r`'s mapping.
+fn present_in_file(
+    pm: &File,
+    r: &Reader,
+    from: u64,
+    to: u64,
+    buf: &mut Vec<u8>,
+) -> Option<Vec<bool>> {
     let pages = (to - from).div_ceil(PAGE);
     buf.resize(pages as usize * 8, 0);
     let va = r.m.base.wrapping_add(from);
@@ -849,8 +1075,10 @@ fn account(
     };
     let src = files.get(&r.m.idx);
     let (mut local, mut source, mut faulted) = (0u64, 0u64, 0u64);
-    for &off in &look.new_pages {
-        let n = PAGE.min(r.len.saturating_sub(off));
+    let len = r.layout.as_ref().map_or(r.len, |l| l.file_len());
+    for &v in &look.new_pages {
+        let off = r.file_off(v);
+        let n = PAGE.min(len.saturating_sub(off));
         if r.m.local.iter().any(|&(s, e)| (s..e).contains(&off)) {
             local += n;
         } else {
@@ -893,8 +1121,15 @@ fn read_ahead(
         },
     };
     let t0 = Instant::now();
-    // The parts of [a, b) the mapping takes from the source.
-    let mut runs = vec![(a, b)];
+    // The parts of [a, b) (in the reader's order: file ranges) the mapping takes from the
+    // source.
+    let flen = r.layout.as_ref().map_or(r.len, |l| l.file_len());
+    let mut runs: Vec<(u64, u64)> = r
+        .file_runs(a, b)
+        .into_iter()
+        .map(|(x, y)| (x, y.min(flen)))
+        .filter(|(x, y)| x < y)
+        .collect();
     for &(s, e) in &r.m.local {
         runs = runs
             .into_iter()
