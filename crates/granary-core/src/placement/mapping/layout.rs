@@ -103,6 +103,16 @@ impl Layout {
         }
     }
 
+    /// The virtual offset where the run holding virtual offset `v` ends (pages in order in
+    /// both the file and the reading order: one request can read it).
+    pub fn run_end(&self, v: u64) -> u64 {
+        let i = self.by_virtual.partition_point(|e| e.0 <= v / PAGE);
+        match i.checked_sub(1).map(|i| self.by_virtual[i]) {
+            Some((vs, _, n)) => (vs + n) * PAGE,
+            None => v,
+        }
+    }
+
     /// The file ranges `[a, b)` of virtual range `[va, vb)`, in virtual order (page-aligned
     /// ends are kept as given within each extent).
     pub fn file_runs(&self, va: u64, vb: u64) -> Vec<(u64, u64)> {
@@ -183,5 +193,8 @@ mod tests {
             assert!(w[1].0 < w[0].0, "records read last-first: {runs:?}");
         }
         assert!(l.file_runs(5 * PAGE, 5 * PAGE).is_empty());
+        // Records of 3 pages: the run holding virtual page 4 ends at page 6.
+        assert_eq!(l.run_end(4 * PAGE + 5), 6 * PAGE);
+        assert_eq!(l.run_end(6 * PAGE), 9 * PAGE);
     }
 }

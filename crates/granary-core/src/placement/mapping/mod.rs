@@ -819,7 +819,14 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
         let Some((a, b)) = r.pending else {
             break;
         };
-        let end = (a + piece.min(room.max(MIN_ISSUE))).min(b).min(stop);
+        let mut end = (a + piece.min(room.max(MIN_ISSUE))).min(b).min(stop);
+        if let Some(l) = &r.layout {
+            // Not a record cut in two requests: to the end of the run the piece ends in.
+            let e = l.run_end(end - 1).min(b).min(stop);
+            if e - end <= RA_PIECE / 2 {
+                end = e;
+            }
+        }
         tracing::trace!(
             "entry {}: reader [{}, {}) run from {}, piece [{a}, {end}) of [{a}, {b}), starts {:?}",
             r.m.idx,
@@ -1023,15 +1030,26 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
     let (mut far_new, mut far_end) = (0u64, 0u64);
     let near = r.win.pos.saturating_sub(GAP_PAGES * PAGE)..out.hot_end.max(r.win.pos) + PAGE;
     let unseen = r.win.phase == window::Phase::Unseen;
+    let mut far = Vec::new();
     for (i, &on) in bits.iter().enumerate() {
         let off = from + i as u64 * PAGE;
         if observe(r, off, on) {
             out.new_pages.push(off);
             if unseen || !near.contains(&off) {
-                far_new += PAGE;
-                far_end = far_end.max(off + PAGE);
+                far.push(off);
             }
         }
+    }
+    if r.layout.is_some() {
+        // In record order, a program's fault also maps pages of the records next to it in the
+        // file (the kernel maps the cached pages around a fault, up to 16, after reading
+        // 128 KiB around it): single clusters scattered over the record order, which are not
+        // where the reader is. Only a run of new pages longer than that is.
+        if let Some((end, n)) = last_run(&far, LAYOUT_JUMP_PAGES) {
+            (far_new, far_end) = (n * PAGE, end);
+        }
+    } else if let Some(&last) = far.last() {
+        (far_new, far_end) = (far.len() as u64 * PAGE, last + PAGE);
     }
     // A few pages touched elsewhere (a B-tree page read again) do not move a reader.
     if out.hot_new == 0 && (far_new >= JUMP_MIN_PAGES * PAGE || unseen && far_new > 0) {
@@ -1051,6 +1069,28 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
         out.jump_from = from + lo as u64 * PAGE;
     }
     Some(out)
+}
+
+/// Pages newly touched in one run (in record order) that make a jump for a reader with a
+/// layout: more than the kernel's fault-around maps at once (16 pages).
+const LAYOUT_JUMP_PAGES: u64 = 64;
+
+/// The last run of `pages` (ascending offsets; gaps of two pages allowed) of at least `min`
+/// pages: its end and its pages.
+fn last_run(pages: &[u64], min: u64) -> Option<(u64, u64)> {
+    let mut found = None;
+    let mut i = 0;
+    while i < pages.len() {
+        let mut j = i + 1;
+        while j < pages.len() && pages[j] - pages[j - 1] <= 3 * PAGE {
+            j += 1;
+        }
+        if (j - i) as u64 >= min {
+            found = Some((pages[j - 1] + PAGE, (j - i) as u64));
+        }
+        i = j;
+    }
+    found
 }
 
 /// Adds what a look found to the job's counters.
@@ -1269,4 +1309,26 @@ fn open_source(ctx: &SourceCtx, idx: u32) -> Option<Source> {
         cache,
         fetched: vec![0; pages.div_ceil(64) as usize],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jump_in_record_order_is_a_run_not_fault_around_clusters() {
+        let p = |v: &[u64]| v.iter().map(|&x| x * PAGE).collect::<Vec<_>>();
+        // Clusters of 16 pages (what one fault maps around it) are no run.
+        let clusters: Vec<u64> = (0..4).flat_map(|c| (c * 100..c * 100 + 16)).collect();
+        assert_eq!(last_run(&p(&clusters), LAYOUT_JUMP_PAGES), None);
+        // A reader's pages, with a page of padding skipped here and there, are; the last run
+        // is where it is.
+        let mut run: Vec<u64> = (1000..1080).filter(|x| x % 20 != 0).collect();
+        run.extend(2000..2070);
+        run.extend(3000..3010);
+        assert_eq!(
+            last_run(&p(&run), LAYOUT_JUMP_PAGES),
+            Some((2070 * PAGE, 70))
+        );
+    }
 }
