@@ -1319,7 +1319,7 @@ mod tests {
     fn a_jump_in_record_order_is_a_run_not_fault_around_clusters() {
         let p = |v: &[u64]| v.iter().map(|&x| x * PAGE).collect::<Vec<_>>();
         // Clusters of 16 pages (what one fault maps around it) are no run.
-        let clusters: Vec<u64> = (0..4).flat_map(|c| (c * 100..c * 100 + 16)).collect();
+        let clusters: Vec<u64> = (0..4).flat_map(|c| c * 100..c * 100 + 16).collect();
         assert_eq!(last_run(&p(&clusters), LAYOUT_JUMP_PAGES), None);
         // A reader's pages, with a page of padding skipped here and there, are; the last run
         // is where it is.
