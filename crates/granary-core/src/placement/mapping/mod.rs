@@ -179,6 +179,9 @@ fn file_key(e: &granary_shm::EntryRec) -> FileKey {
     (e.stat.ino, e.stat.size, e.stat.ctime.sec, e.stat.ctime.nsec)
 }
 
+/// Files smaller than this get no record index (looked for only in mappings of whole files).
+const INDEX_MIN: u64 = 4 << 20;
+
 /// Tree pages read to build an index, at most: a thirty-second of the file, between 1 and
 /// 16 MiB (4,096 random page reads: a few seconds on a PFS, ~80 GB of 192 KiB values).
 fn index_budget(len: u64) -> u64 {
@@ -463,8 +466,8 @@ impl Mappings {
                 r.order_known = true;
                 continue;
             };
-            if r.m.start != 0 || r.m.end < e.stat.size {
-                // Part of the file: followed in file order.
+            if r.m.start != 0 || r.m.end < e.stat.size || e.stat.size < INDEX_MIN {
+                // Part of the file, or a file one fetch request reads: followed in file order.
                 r.order_known = true;
                 continue;
             }
@@ -509,7 +512,7 @@ impl Mappings {
     fn build_order(&self, ctx: &SourceCtx, idx: u32, len: u64, key: FileKey) -> bool {
         let orders = Arc::clone(&self.orders);
         let counters = Arc::clone(&ctx.counters);
-        let file = open_source(ctx, idx).map(|s| s.file);
+        let file = open_catalogued(ctx, idx).map(|(f, _)| f);
         let built = std::thread::Builder::new()
             .name("granary-index".into())
             .spawn(move || {
@@ -1291,8 +1294,8 @@ fn touch(src: &Source, off: u64, len: u64, buf: &mut Vec<u8>) {
     }
 }
 
-/// Opens entry `idx` on the source for read-ahead, if it is still the catalogued file.
-fn open_source(ctx: &SourceCtx, idx: u32) -> Option<Source> {
+/// Opens entry `idx` on the source, if it is still the catalogued file.
+fn open_catalogued(ctx: &SourceCtx, idx: u32) -> Option<(File, granary_shm::EntryRec)> {
     use std::os::unix::ffi::OsStrExt;
     let e = ctx.table.entry(idx)?;
     let rel = ctx.table.rel_path_vec(idx)?;
@@ -1302,6 +1305,12 @@ fn open_source(ctx: &SourceCtx, idx: u32) -> Option<Source> {
         return None;
     }
     AgentCounters::add(&ctx.counters.source_opens, 1);
+    Some((file, e))
+}
+
+/// Opens entry `idx` on the source for read-ahead, if it is still the catalogued file.
+fn open_source(ctx: &SourceCtx, idx: u32) -> Option<Source> {
+    let (file, e) = open_catalogued(ctx, idx)?;
     let cache = sys::Residency::of(&file).ok();
     let pages = e.stat.size.div_ceil(PAGE);
     Some(Source {
