@@ -12,6 +12,7 @@ import os
 import pathlib
 import platform
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -64,6 +65,22 @@ def in_nanosleep(pid: int) -> bool:
         return False
 
 
+def where(pid: int) -> bytes:
+    """Where a program that did not answer is: its system call and kernel stack, and its
+    user stack (gdb, when installed), for the failure message."""
+    out = []
+    for name in ("syscall", "wchan", "stack", "status"):
+        try:
+            out.append(f"{name}: {pathlib.Path(f'/proc/{pid}/{name}').read_text()[:1500]}")
+        except OSError as e:
+            out.append(f"{name}: {e}")
+    if shutil.which("gdb"):
+        bt = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "bt"], capture_output=True,
+                            text=True, timeout=60)
+        out.append("gdb: " + bt.stdout[-3000:])
+    return "\n".join(out).encode()
+
+
 @pytest.mark.parametrize("how", ["pread", "mmap"])
 def test_ctrl_c_reaches_a_read_waiting_for_the_agent(tmp_path, loop_source, throttle, how):
     dev, mnt = loop_source
@@ -104,13 +121,14 @@ def test_ctrl_c_reaches_a_read_waiting_for_the_agent(tmp_path, loop_source, thro
             # What the program says when the interrupt reaches it (its stdout is the pipe's,
             # whatever `granary run` itself still waits for).
             ready, _, _ = select.select([proc.stdout], [], [], 20)
-            said = proc.stdout.readline() if ready else b"(nothing: still waiting)"
+            said = proc.stdout.readline() if ready else b"(nothing: still waiting) " + where(pid)
             throttle(None, dev, 0)
             out, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        assert said.startswith(b"{"), said.decode(errors="replace") + err.decode(errors="replace")
         assert json.loads(said) == {"interrupted": True}, err.decode(errors="replace")
         assert proc.returncode == 0, err.decode(errors="replace")
     finally:

@@ -297,8 +297,10 @@ fn wait_with(
     let mut moved = 0;
     let mut last = 0;
     let mut sleep = naps.0;
-    // A futex sleep cannot let signals in atomically: the woken wait leaves the mask alone.
-    let gate = (!woken).then(Gate::hold);
+    // Signals are held back while the wait looks at the table. A nap lets them in atomically
+    // (`ppoll`); a futex sleep cannot, so the woken wait sleeps with them held and looks for
+    // one pending before each sleep (each at most `naps.1`).
+    let gate = Gate::hold();
     loop {
         let seen = g.table.placed_count();
         let word = g.table.state(idx);
@@ -334,12 +336,16 @@ fn wait_with(
         if unclaimed || now - moved > stall || now - start > WAIT_MAX_NS {
             return give_up(b"the copy does not progress");
         }
-        let interrupted = if woken {
+        let interrupted = if woken && gate.holds() {
+            let t = core::time::Duration::from_nanos(sleep as u64);
+            sleep = (sleep * 2).min(naps.1);
+            gate.pending() || g.table.wait_placed(seen, t)
+        } else if woken {
             let t = core::time::Duration::from_nanos(sleep as u64);
             sleep = (sleep * 2).min(naps.1);
             g.table.wait_placed(seen, t)
         } else {
-            !gate.as_ref().is_some_and(|gt| gt.nap(&mut sleep, naps.1))
+            !gate.nap(&mut sleep, naps.1)
         };
         if interrupted {
             return give_up(b"a signal arrived");
@@ -391,6 +397,45 @@ impl Gate {
         Gate {
             orig: (r == 0).then_some(orig),
         }
+    }
+
+    /// True if the program's signals are held back (the mask could be changed).
+    pub fn holds(&self) -> bool {
+        self.orig.is_some()
+    }
+
+    /// True if a signal the gate holds back is pending and the program handles it (a handler
+    /// of its own, or a default that ends or stops it): the wait must end so that it runs.
+    /// Signals it ignores (`SIG_IGN`, or ignored by default: a child's `SIGCHLD`, `SIGWINCH`,
+    /// `SIGURG`, `SIGCONT`) do not end it.
+    pub fn pending(&self) -> bool {
+        let Some(orig) = self.orig else {
+            return false;
+        };
+        let mut set: u64 = 0;
+        if sys!(libc::SYS_rt_sigpending, &mut set as *mut u64, 8usize) != 0 {
+            return false;
+        }
+        let held = set & !orig & !NEVER_HELD;
+        (1..=64).filter(|&sig| held & sig_bit(sig) != 0).any(|sig| {
+            // The kernel's `struct sigaction` starts with the handler on every architecture;
+            // 4 words hold it whole (handler, flags, restorer, mask on x86-64).
+            let mut act = [0u64; 4];
+            let r = sys!(
+                libc::SYS_rt_sigaction,
+                sig,
+                core::ptr::null::<u64>(),
+                act.as_mut_ptr(),
+                8usize
+            );
+            let ignored_by_default = matches!(
+                sig,
+                libc::SIGCHLD | libc::SIGWINCH | libc::SIGURG | libc::SIGCONT
+            );
+            r != 0
+                || !(act[0] == libc::SIG_IGN as u64
+                    || act[0] == libc::SIG_DFL as u64 && ignored_by_default)
+        })
     }
 
     /// Sleeps `sleep` ns with the program's signals let in, then doubles `sleep` up to `max`;
