@@ -481,11 +481,18 @@ impl Drop for Gate {
 /// looks it sleeps on the table's count of published copies (the agent wakes it when it
 /// publishes one), each sleep bounded as `wait`'s naps are.
 pub fn wait_placed(g: &Guard, idx: u32) -> bool {
-    let naps = (OPEN_SLEEP_MIN_NS, OPEN_SLEEP_MAX_NS);
-    matches!(
-        wait_with(g, idx, None, naps, OPEN_STALL_NS, true),
-        Waited::Placed
+    woken_wait(
+        g,
+        idx,
+        (OPEN_SLEEP_MIN_NS, OPEN_SLEEP_MAX_NS),
+        OPEN_STALL_NS,
     )
+}
+
+/// Waits for the complete copy of `idx`, woken when the agent publishes a copy; false when it
+/// gave up.
+fn woken_wait(g: &Guard, idx: u32, naps: (i64, i64), stall: u64) -> bool {
+    matches!(wait_with(g, idx, None, naps, stall, true), Waited::Placed)
 }
 
 fn give_up(why: &[u8]) -> Waited {
@@ -513,7 +520,9 @@ pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
         return;
     };
     if state::state_of(g.table.state(t.entry)) != state::PLACED
-        && !(fetched_direct(g, t.entry, &entry) && wait_mapped(g, t.entry))
+        && !(fetched_direct(g, t.entry, &entry)
+            // As a read waits (its naps and stall), woken by the agent's publications.
+            && woken_wait(g, t.entry, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS))
     {
         return;
     }
@@ -529,14 +538,6 @@ fn fetched_direct(g: &Guard, idx: u32, entry: &EntryRec) -> bool {
     ) && size >= g.table.prefetch_min_size()
         && size <= granary_shm::DIRECT_FETCH_MAX
         && g.table.locator(idx).is_none()
-}
-
-/// Waits for the copy of `idx` as a read does, woken when the agent publishes a copy.
-fn wait_mapped(g: &Guard, idx: u32) -> bool {
-    matches!(
-        wait_with(g, idx, None, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS, true),
-        Waited::Placed
-    )
 }
 
 /// `lseek` (and anything else that only needs the fd on the copy once there is one).
