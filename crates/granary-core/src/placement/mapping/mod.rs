@@ -29,7 +29,9 @@
 
 mod config;
 pub mod flight;
+mod keep;
 mod maps;
+mod pace;
 pub mod window;
 
 pub use config::MmapConfig;
@@ -174,6 +176,8 @@ struct State {
     /// Per entry, where readers started reading in sequence (kept after they end, until a
     /// reader reads through: `issue`).
     starts: HashMap<u32, Vec<u64>>,
+    /// When what lies cached in the readers' way was last made to look used (`keep`).
+    kept_at: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -217,6 +221,8 @@ struct Reader {
     /// what was issued (or found local or cached) for it ends.
     lead: u64,
     issued_to: u64,
+    /// How fast it reads: read-ahead runs at most `pace::AHEAD` of it ahead (`issue`).
+    pace: pace::Pace,
 }
 
 /// The agent's handle on a source file it reads ahead.
@@ -347,6 +353,22 @@ impl Mappings {
             }
             if p.mode == Mode::Prefetch {
                 issue(ctx, &mut st, &self.flight);
+                if st
+                    .kept_at
+                    .is_none_or(|t| now.duration_since(t) >= keep::EVERY)
+                {
+                    st.kept_at = Some(now);
+                    let State {
+                        procs,
+                        files,
+                        starts,
+                        ..
+                    } = &*st;
+                    let kept = keep::round(procs, files, starts, &mut Vec::new());
+                    if kept > 0 {
+                        tracing::trace!("mappings: {kept} bytes in the readers' way kept cached");
+                    }
+                }
                 let f = &self.flight;
                 tracing::trace!(
                     "mappings: source at {} B/s, {} of {} in flight",
@@ -468,6 +490,7 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
                     run_from: 0,
                     lead: LEAD_MIN,
                     issued_to: 0,
+                    pace: pace::Pace::default(),
                 }
             }
         };
@@ -514,6 +537,7 @@ fn follow(
         {
             r.lead = (r.lead * 2).min(LEAD_MAX);
         }
+        let now = Instant::now();
         let ahead = if look.hot_new > 0 {
             moved = true;
             r.win.advance(look.hot_end, look.hot_new, r.len, shape)
@@ -521,10 +545,12 @@ fn follow(
             moved = true;
             r.run_from = look.jump_from.min(at);
             r.win.jump(at);
+            r.pace.jump(now, at);
             r.win.advance(at, new, r.len, shape)
         } else {
             None
         };
+        r.pace.observe(now, r.win.pos);
         if look.jump.is_some() && look.hot_new == 0 {
             // Found elsewhere: what was left for where it was is not wanted any more.
             r.pending = None;
@@ -572,6 +598,7 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
         procs,
         files,
         starts,
+        ..
     } = st;
     let piece = flight.piece();
     // A reader that read on for a while started a run; a reader that read through a start
@@ -609,7 +636,10 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
                 }
                 r.pending = Some((a, b));
                 let stop = stop(r);
-                (a < stop).then_some((a - r.win.pos.min(a), stop, r))
+                // Not more than its pace allows ahead of it: read-ahead waiting long in the page
+                // cache is what the kernel evicts first (`pace`). A whole piece once allowed.
+                let paced = r.win.pos.saturating_add(r.pace.ahead(piece));
+                (a < stop.min(paced)).then_some((a - r.win.pos.min(a), stop, r))
             })
             .min_by_key(|(lead, _, _)| *lead);
         let Some((_, stop, r)) = next else {
@@ -620,11 +650,13 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
         };
         let end = (a + piece.min(room.max(MIN_ISSUE))).min(b).min(stop);
         tracing::trace!(
-            "entry {}: reader [{}, {}) run from {}, piece [{a}, {end}) of [{a}, {b}), starts {:?}",
+            "entry {}: reader [{}, {}) run from {}, at {} B/s, piece [{a}, {end}) of [{a}, {b}), \
+             starts {:?}",
             r.m.idx,
             r.win.start,
             r.win.pos,
             r.run_from,
+            r.pace.rate(),
             starts.get(&r.m.idx)
         );
         let (wanted, issued) = read_ahead(ctx, r, files, flight, a, end);
