@@ -18,8 +18,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{stop_at, window, Proc, Source, CACHED_WINDOWS, PAGE, THROUGH};
-use crate::sys;
+use super::{cached_runs, make_used, stop_at, window, Proc, Source, CACHED_WINDOWS, PAGE, THROUGH};
 
 /// How often what lies cached in the readers' way is made to look used again.
 pub const EVERY: Duration = Duration::from_millis(250);
@@ -77,27 +76,18 @@ pub(super) fn round(
             if c.resident(at, n, &mut res).is_err() {
                 break;
             }
-            let mut i = 0;
-            while i < res.len() && left > 0 {
-                if res[i] & 1 == 0 {
-                    i += 1;
-                    continue;
-                }
-                let s = i;
-                while i < res.len() && res[i] & 1 == 1 {
-                    i += 1;
+            for (s, e) in cached_runs(&res) {
+                if left == 0 {
+                    break;
                 }
                 let a = at + s as u64 * PAGE;
-                let b = (at + i as u64 * PAGE).min(to).min(a + left);
+                let b = (at + e as u64 * PAGE).min(to).min(a + left);
                 // Only what the mapping takes from the source: a tier file's pages are not
                 // read again from the source.
                 if r.m.local.iter().any(|&(x, y)| x <= a && b <= y) || a >= b {
                     continue;
                 }
-                buf.resize((b - a) as usize, 0);
-                for _ in 0..2 {
-                    let _ = sys::pread_nowait(&src.file, buf, a);
-                }
+                make_used(src, a, b, buf);
                 kept += b - a;
                 left -= b - a;
             }
@@ -111,6 +101,7 @@ pub(super) fn round(
 mod tests {
     use super::super::{maps, Reader, Window};
     use super::*;
+    use crate::sys;
     use std::io::Write;
     use std::os::unix::fs::FileExt;
     use std::time::Instant;

@@ -1305,24 +1305,39 @@ fn touch(src: &Source, off: u64, len: u64, buf: &mut Vec<u8>) {
         return;
     }
     let base = off / PAGE * PAGE;
+    for (s, e) in cached_runs(&res) {
+        let (a, b) = (
+            base + s as u64 * PAGE,
+            (base + e as u64 * PAGE).min(off + len),
+        );
+        make_used(src, a, b, buf);
+    }
+}
+
+/// The runs `[s, e)` of cached pages in a `mincore` answer (bit 0 of each page's byte).
+fn cached_runs(res: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut i = 0;
-    while i < res.len() {
-        if res[i] & 1 == 0 {
+    std::iter::from_fn(move || {
+        while i < res.len() && res[i] & 1 == 0 {
             i += 1;
-            continue;
+        }
+        if i >= res.len() {
+            return None;
         }
         let s = i;
         while i < res.len() && res[i] & 1 == 1 {
             i += 1;
         }
-        let (a, b) = (
-            base + s as u64 * PAGE,
-            (base + i as u64 * PAGE).min(off + len),
-        );
-        buf.resize((b - a) as usize, 0);
-        for _ in 0..2 {
-            let _ = sys::pread_nowait(&src.file, buf, a);
-        }
+        Some((s, i))
+    })
+}
+
+/// Reads `[a, b)` of the source twice from the page cache, without waiting and never from the
+/// source (`RWF_NOWAIT`): the kernel moves those pages to its active list.
+fn make_used(src: &Source, a: u64, b: u64, buf: &mut Vec<u8>) {
+    buf.resize((b - a) as usize, 0);
+    for _ in 0..2 {
+        let _ = sys::pread_nowait(&src.file, buf, a);
     }
 }
 
