@@ -49,4 +49,6 @@ cargo test -p granary-core --features shuttle --test shuttle
 # The end-to-end tests drive target/debug/granary: built with MPI, so tests/e2e/test_cluster.py
 # runs its 3-rank jobs (it is skipped only when the binary lacks the feature).
 cargo build --workspace --features granary/mpi
-python3 -m pytest tests/e2e -v -p no:cacheprovider "$@"
+# Only failed tests keep their temporary directories: a passing run would leave ~11 GB (loop
+# images, datasets, tiers) in /tmp for each of the last three runs.
+python3 -m pytest tests/e2e -v -p no:cacheprovider -o tmp_path_retention_policy=failed "$@"
