@@ -16,7 +16,7 @@ const PAGE: u64 = 4096;
 pub struct Layout {
     /// `(virtual page, file page, pages)`, by virtual page, contiguous from 0.
     by_virtual: Vec<(u64, u64, u64)>,
-    /// The same extents by file page.
+    /// The same extents by file page, as `(file page, virtual page, pages)`.
     by_file: Vec<(u64, u64, u64)>,
     len: u64,
 }
@@ -64,8 +64,8 @@ impl Layout {
         if pages / (by_virtual.len() as u64).max(1) >= RUN_PAGES {
             return None;
         }
-        let mut by_file = by_virtual.clone();
-        by_file.sort_unstable_by_key(|e| e.1);
+        let mut by_file: Vec<_> = by_virtual.iter().map(|&(v, f, n)| (f, v, n)).collect();
+        by_file.sort_unstable();
         Some(Layout {
             by_virtual,
             by_file,
@@ -85,22 +85,12 @@ impl Layout {
 
     /// The file offset of virtual offset `v` (page-wise: the offset within a page is kept).
     pub fn to_file(&self, v: u64) -> u64 {
-        let vp = v / PAGE;
-        let i = self.by_virtual.partition_point(|e| e.0 <= vp);
-        match i.checked_sub(1).map(|i| self.by_virtual[i]) {
-            Some((vs, fs, n)) if vp < vs + n => (fs + vp - vs) * PAGE + v % PAGE,
-            _ => v,
-        }
+        translate(&self.by_virtual, v)
     }
 
     /// The virtual offset of file offset `f`.
     pub fn to_virtual(&self, f: u64) -> u64 {
-        let fp = f / PAGE;
-        let i = self.by_file.partition_point(|e| e.1 <= fp);
-        match i.checked_sub(1).map(|i| self.by_file[i]) {
-            Some((vs, fs, n)) if fp < fs + n => (vs + fp - fs) * PAGE + f % PAGE,
-            _ => f,
-        }
+        translate(&self.by_file, f)
     }
 
     /// The virtual offset where the run holding virtual offset `v` ends (pages in order in
@@ -135,6 +125,17 @@ impl Layout {
             }
         }
         out
+    }
+}
+
+/// Offset `x` through `(from page, to page, pages)` extents sorted by `from` (the offset within a
+/// page is kept; an offset no extent holds is its own image).
+fn translate(extents: &[(u64, u64, u64)], x: u64) -> u64 {
+    let p = x / PAGE;
+    let i = extents.partition_point(|e| e.0 <= p);
+    match i.checked_sub(1).map(|i| extents[i]) {
+        Some((from, to, n)) if p < from + n => (to + p - from) * PAGE + x % PAGE,
+        _ => x,
     }
 }
 
