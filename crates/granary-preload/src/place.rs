@@ -516,10 +516,18 @@ pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
     if t.has(flag::PINNED) {
         return;
     }
+    let st = state::state_of(g.table.state(t.entry));
+    if !matches!(
+        st,
+        state::PLACED | state::UNPLACED | state::QUEUED | state::PLACING
+    ) {
+        // No copy, none coming that a mapping waits for: nothing to look up.
+        return;
+    }
     let Some(entry) = crate::entries::get(g.table, t.entry) else {
         return;
     };
-    if state::state_of(g.table.state(t.entry)) != state::PLACED
+    if st != state::PLACED
         && !(fetched_direct(g, t.entry, &entry)
             // As a read waits (its naps and stall), woken by the agent's publications.
             && woken_wait(g, t.entry, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS))
