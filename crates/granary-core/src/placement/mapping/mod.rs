@@ -682,6 +682,11 @@ impl Reader {
         }
     }
 
+    /// The size of its file (`len` is its pages' with a layout).
+    fn file_len(&self) -> u64 {
+        self.layout.as_ref().map_or(self.len, |l| l.file_len())
+    }
+
     /// The file offset of its offset `v`.
     fn file_off(&self, v: u64) -> u64 {
         self.layout.as_ref().map_or(v, |l| l.to_file(v))
@@ -1150,7 +1155,7 @@ fn account(
     };
     let src = files.get(&r.m.idx);
     let (mut local, mut source, mut faulted) = (0u64, 0u64, 0u64);
-    let len = r.layout.as_ref().map_or(r.len, |l| l.file_len());
+    let len = r.file_len();
     for &v in &look.new_pages {
         let off = r.file_off(v);
         let n = PAGE.min(len.saturating_sub(off));
@@ -1198,7 +1203,7 @@ fn read_ahead(
     let t0 = Instant::now();
     // The parts of [a, b) (in the reader's order: file ranges) the mapping takes from the
     // source.
-    let flen = r.layout.as_ref().map_or(r.len, |l| l.file_len());
+    let flen = r.file_len();
     let mut runs: Vec<(u64, u64)> = r
         .file_runs(a, b)
         .into_iter()
