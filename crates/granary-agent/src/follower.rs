@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use granary_core::memlimit::Probe;
 use granary_core::placement::mapping;
 
-use super::Agent;
+use crate::agent::Agent;
 
 /// While some reader moves.
 const FAST: Duration = Duration::from_millis(10);

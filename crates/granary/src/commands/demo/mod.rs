@@ -21,7 +21,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use granary_core::size::{format_size, parse_size};
 
-use crate::cli::DemoArgs;
+use crate::flags::demo::DemoArgs;
 use crate::signals;
 use emulation::SlowSource;
 pub use reader::reader;
@@ -61,7 +61,7 @@ pub struct Run {
     pub device: Option<(u64, u64)>,
 }
 
-pub fn demo(a: DemoArgs) -> Result<i32> {
+pub fn main(a: DemoArgs) -> Result<i32> {
     let size = parse_size(&a.size)
         .filter(|s| (1..=1 << 30).contains(s))
         .with_context(|| format!("bad --size `{}`", a.size))? as usize;

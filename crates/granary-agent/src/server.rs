@@ -12,9 +12,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use granary_core::catalog::Progress;
 
-use super::protocol::{AgentStatus, PageCacheStatus, PoolStatus, Reply, Request, SourceStatus};
-use super::source::{Broadcast, SourceState};
-use super::{Agent, PoolWishes};
+use crate::agent::{Agent, PoolWishes};
+use crate::protocol::{AgentStatus, PageCacheStatus, PoolStatus, Reply, Request, SourceStatus};
+use crate::serving::Serving;
+use crate::source::{Broadcast, SourceState};
 
 pub fn accept_loop(agent: Arc<Agent>, listener: UnixListener) {
     for conn in listener.incoming() {
@@ -274,7 +275,7 @@ fn find_source(
     pack: Option<&std::path::Path>,
 ) -> Option<Arc<SourceState>> {
     let (pack, _) = served_pack(agent, pack, false);
-    let key = super::source::source_key(&granary_core::source::normalize(source).ok()?, pack);
+    let key = crate::source::source_key(&granary_core::source::normalize(source).ok()?, pack);
     agent
         .sources
         .lock()
@@ -316,10 +317,10 @@ fn attach(
     let setup = agent.setup(wishes)?;
     let path = granary_core::source::normalize(source)?;
     if let Some(c) = &agent.serving {
-        crate::cluster::admit(agent, c, &path, pid)?;
+        c.admit(&agent.stopping, &path, pid)?;
     }
     let (pack, mount) = served_pack(agent, pack, mount);
-    let key = super::source::source_key(&path, pack);
+    let key = crate::source::source_key(&path, pack);
     let src = {
         let mut map = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(&key) {
@@ -385,7 +386,7 @@ fn attach(
             src_tiers,
             &agent.rt,
             generation,
-            &super::source::WalkOpts {
+            &crate::source::WalkOpts {
                 image,
                 threads: walk_threads,
                 params: setup.pool.params(),
@@ -398,10 +399,10 @@ fn attach(
             progress,
             &mut notes,
         )?;
-        super::residency_keeper::rebalance(agent);
+        crate::residency_keeper::rebalance(agent);
         // A kept table keeps its known-order thread; a new one gets its own (and a packed
         // one its partition streamers).
-        if origin != super::source::Origin::Kept {
+        if origin != crate::source::Origin::Kept {
             if let Some(ctx) = src.ctx() {
                 granary_core::placement::prefetch::spawn(ctx.clone(), setup.pool.shared().clone())?;
                 // A serving rank streams only its share of a pack: its node starts the
@@ -523,7 +524,7 @@ fn status(agent: &Agent) -> AgentStatus {
             page_cache: Some(page_cache_status(&s.residency)),
         }),
         tiers: agent.registry.usage(),
-        cluster: agent.serving.as_ref().map(crate::cluster::status),
+        cluster: agent.serving.as_ref().map(Serving::status),
         sources: sources
             .iter()
             .map(|s| {
@@ -550,7 +551,7 @@ fn status(agent: &Agent) -> AgentStatus {
                         let v = c.validation.read().unwrap_or_else(|e| e.into_inner());
                         v.as_ref().map(|v| {
                             use std::sync::atomic::Ordering::Relaxed;
-                            super::protocol::ValidationStatus {
+                            crate::protocol::ValidationStatus {
                                 epoch: v.epoch,
                                 immutable: v.immutable,
                                 dirs_checked: v.dirs_checked.load(Relaxed),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use granary_core::placement::object_dir;
 
-use super::Agent;
+use crate::agent::Agent;
 
 /// How often the tier directories are checked.
 const PERIOD: Duration = Duration::from_secs(1);

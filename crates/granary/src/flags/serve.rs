@@ -1,10 +1,14 @@
-//! `granary serve`'s flags.
+//! `granary serve`'s flags, and the `ServeConfig` they make: checked before MPI starts, so
+//! every rank refuses a bad flag alike and none waits for another.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use granary_agent::cluster::{replicate_set, ServeConfig};
 
-use crate::cli::TierArgs;
+use super::tiers::TierArgs;
 
 pub const SERVE_EXAMPLES: &str = "\
 Examples (one serving rank per node, then the program on every node):
@@ -79,15 +83,15 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// The path the programs read (normalized), and the pack serving it (absolute) with
-    /// whether only the pack exists; checked before MPI starts.
-    pub fn served(&self) -> anyhow::Result<(PathBuf, Option<(PathBuf, bool)>)> {
+    /// whether only the pack exists.
+    fn served(&self) -> Result<(PathBuf, Option<(PathBuf, bool)>)> {
         let path = match (&self.source, &self.mount) {
             (_, Some(m)) => granary_core::source::normalize(m)?,
             (Some(s), None) => granary_core::source::normalize(s)?,
-            (None, None) => anyhow::bail!("--source DIR or --pack PACK --mount PATH is required"),
+            (None, None) => bail!("--source DIR or --pack PACK --mount PATH is required"),
         };
         if self.mount.is_some() && path == std::path::Path::new("/") {
-            anyhow::bail!("--mount /: choose the directory where the programs expect the dataset");
+            bail!("--mount /: choose the directory where the programs expect the dataset");
         }
         let Some(p) = &self.pack else {
             return Ok((path, None));
@@ -95,7 +99,7 @@ impl ServeArgs {
         let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
         let index = p.join(granary_pack::format::INDEX_FILE);
         if !index.is_file() {
-            anyhow::bail!(
+            bail!(
                 "pack {}: no index (make one with `granary pack SRC {}`)",
                 p.display(),
                 p.display()
@@ -104,43 +108,45 @@ impl ServeArgs {
         // (Whether --source is a directory is rank 0's to check: the others never look at it.)
         Ok((path, Some((p, self.mount.is_some()))))
     }
-}
 
-/// `{rank}` replaced by `rank` (several "nodes" on one machine).
-pub fn for_rank(s: &str, rank: u32) -> String {
-    s.replace("{rank}", &rank.to_string())
-}
-
-/// The `--replicate` globs, checked (before MPI starts, so every rank refuses alike).
-pub fn replicate_set(globs: &[String]) -> anyhow::Result<globset::GlobSet> {
-    let mut b = globset::GlobSetBuilder::new();
-    for g in globs {
-        let glob = globset::GlobBuilder::new(g.trim_end_matches('/'))
-            .literal_separator(true)
-            .build()
-            .map_err(|e| anyhow::anyhow!("bad --replicate `{g}`: {e}"))?;
-        b.add(glob);
-    }
-    b.build()
-        .map_err(|e| anyhow::anyhow!("bad --replicate: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn globs_match_paths_and_directories() {
-        let s = replicate_set(&["val/**".into(), "test".into(), "x/*.jpg".into()]).unwrap();
-        let m = |p: &str| super::super::replicated(&s, p.as_bytes());
-        assert!(m("val/a/b.jpg") && m("val/c"));
-        assert!(m("test/t1/img.png"), "a directory: everything under it");
-        assert!(
-            m("x/a.jpg") && !m("x/y/a.jpg"),
-            "* stays within a directory"
-        );
-        assert!(!m("train/val/a") && !m("validation/a"));
-        assert!(replicate_set(&["a[".into()]).is_err());
-        assert_eq!(for_rank("/t/rt{rank}/x{rank}", 12), "/t/rt12/x12");
+    /// One rank's configuration, `{rank}` still in its paths.
+    pub fn serve_config(&self) -> Result<ServeConfig> {
+        let replicate_set = replicate_set(&self.replicate)?;
+        let peer_timeout = granary_core::size::parse_duration(&self.peer_timeout)
+            .filter(|d| *d >= Duration::from_millis(50))
+            .with_context(|| {
+                format!(
+                    "bad --peer-timeout `{}`: a duration like 1s",
+                    self.peer_timeout
+                )
+            })?;
+        if self.replicas == 0 {
+            bail!("--replicas must be at least 1");
+        }
+        let (source, pack) = self.served()?;
+        let cfg = self.tiers.config()?;
+        let tiers = self.tiers.named(&cfg)?;
+        let staging = self
+            .staging
+            .as_deref()
+            .map(granary_core::config::parse_tier_flag)
+            .transpose()?;
+        Ok(ServeConfig {
+            source,
+            pack,
+            tiers,
+            staging,
+            runtime_dir: std::env::var("GRANARY_RUNTIME_DIR")
+                .ok()
+                .filter(|d| !d.is_empty()),
+            workers: self.tiers.workers,
+            replicas: self.replicas,
+            replicate: self.replicate.clone(),
+            replicate_set,
+            peer_timeout,
+            immutable: self.immutable,
+            keep_binding: self.keep_binding,
+            cfg,
+        })
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use granary_core::placement::handle_request;
 
-use super::Agent;
+use crate::agent::Agent;
 
 /// Naps of the consumer when its rings are empty: from `NAP_MIN` after a request, doubling up
 /// to `NAP_MAX`, so a program opening file after file is answered within tens of microseconds

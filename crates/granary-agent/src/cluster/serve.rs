@@ -7,38 +7,27 @@ use anyhow::{bail, Context, Result};
 use granary_core::runtime::Runtime;
 use granary_core::size::format_size;
 
-use super::args::{for_rank, replicate_set, ServeArgs};
+use super::config::{for_rank, path_for_rank, ServeConfig};
 use super::transport::{Comm, Inbox};
 use super::{mpi, Node, Setup};
 
-use crate::agent::{self, Broadcast, Options, Serving};
+use crate::config::{resolve_job_tiers, AgentConfig};
+use crate::daemon::{self, Started};
+use crate::server::{attach_serving, Lease};
+use crate::serving::Serving;
+use crate::source::Broadcast;
 
 /// Placement workers of a serving rank when not configured: its pool reads the files it owns
 /// for every rank (the source-stream cap still bounds the reads in flight).
 const SERVE_WORKERS: usize = 8;
 
-pub fn main(args: ServeArgs) -> Result<i32> {
-    // Checked before MPI starts: every rank refuses a bad flag alike, none waits for another.
-    let replicate = replicate_set(&args.replicate)?;
-    let timeout = granary_core::size::parse_duration(&args.peer_timeout)
-        .filter(|d| *d >= Duration::from_millis(50))
-        .with_context(|| {
-            format!(
-                "bad --peer-timeout `{}`: a duration like 1s",
-                args.peer_timeout
-            )
-        })?;
-    if args.replicas == 0 {
-        bail!("--replicas must be at least 1");
-    }
-    let (source, pack) = args.served()?;
-
+pub fn serve(config: ServeConfig) -> Result<()> {
     let mpi = mpi::init()?;
     let (rank, ranks) = (mpi.rank, mpi.ranks);
     // The launcher binds each rank as it would a compute process (OpenMPI: one core when it
     // starts two ranks or fewer, else a socket): every thread of this node's agent would share
     // it, and a program woken on that core waits for them. This agent is the node's service.
-    if !args.keep_binding {
+    if !config.keep_binding {
         match granary_core::sys::unbind() {
             Ok((before, after)) if before != after => {
                 tracing::info!(
@@ -49,7 +38,7 @@ pub fn main(args: ServeArgs) -> Result<i32> {
             Err(e) => tracing::debug!("rank {rank}: keeps the launcher's binding: {e}"),
         }
     }
-    let prepared = prepare(&args, rank, ranks, &source, pack);
+    let prepared = prepare(&config, rank, ranks);
     let (started, lease0, image, layout) = match prepared {
         Ok(p) => p,
         Err(e) => {
@@ -77,7 +66,7 @@ pub fn main(args: ServeArgs) -> Result<i32> {
                 image: Mutex::new(image),
                 layout,
             };
-            crate::agent::server::attach_serving(&agent, &source, args.immutable, Some(&b))
+            attach_serving(&agent, &config.source, config.immutable, Some(&b))
                 .context("adopting rank 0's catalog")?
         }
     };
@@ -89,10 +78,10 @@ pub fn main(args: ServeArgs) -> Result<i32> {
         Setup {
             rank,
             ranks,
-            replicas: args.replicas.min(ranks),
-            replicate: args.replicate.clone(),
-            replicate_set: replicate,
-            timeout,
+            replicas: config.replicas.min(ranks),
+            replicate: config.replicate.clone(),
+            replicate_set: config.replicate_set.clone(),
+            timeout: config.peer_timeout,
         },
         comm.clone(),
     )?;
@@ -108,7 +97,7 @@ pub fn main(args: ServeArgs) -> Result<i32> {
             })?;
     }
     let _ = serving.node.set(node.clone());
-    let st = super::status(serving);
+    let st = serving.status();
     let line =
         format!(
         "granary serve: rank {rank} of {ranks} ready: {} files ({}) in the catalog, {} of them \
@@ -121,45 +110,48 @@ pub fn main(args: ServeArgs) -> Result<i32> {
     );
     tracing::info!("{line}");
     eprintln!("{line}");
-    agent::main_loop(&agent);
+    daemon::main_loop(&agent);
     agent.shutdown();
     comm.stop();
     if done_rx.recv_timeout(Duration::from_secs(15)).is_err() {
         tracing::warn!("MPI did not finish in time (another rank is stopped or gone)");
     }
     drop(lease);
-    Ok(0)
+    Ok(())
 }
 
-type Prepared = (
-    agent::Started,
-    Option<crate::agent::server::Lease>,
-    Vec<u8>,
-    Vec<u8>,
-);
+type Prepared = (Started, Option<Lease>, Vec<u8>, Vec<u8>);
 
 /// This rank's agent; on rank 0 also the catalog (walked or loaded, and checked against the
 /// source; or a pack's index, the tree checked per directory) and its image for the others,
 /// with the pack's partition table.
-fn prepare(
-    args: &ServeArgs,
-    rank: u32,
-    ranks: u32,
-    source: &std::path::Path,
-    pack: Option<(std::path::PathBuf, bool)>,
-) -> Result<Prepared> {
-    let rt = match std::env::var("GRANARY_RUNTIME_DIR") {
-        Ok(d) if !d.is_empty() => Runtime::at(for_rank(&d, rank).into())?,
-        _ => Runtime::open()?,
+fn prepare(config: &ServeConfig, rank: u32, ranks: u32) -> Result<Prepared> {
+    let rt = match &config.runtime_dir {
+        Some(d) => Runtime::at(for_rank(d, rank).into())?,
+        None => Runtime::open()?,
     };
-    let mut tier_args = args.tiers.clone();
-    tier_args.tiers = tier_args.tiers.iter().map(|t| for_rank(t, rank)).collect();
-    tier_args.workers = tier_args.workers.or(Some(SERVE_WORKERS));
-    let cfg = crate::run::load_config(&tier_args)?;
-    let mut tiers = crate::run::job_tiers(&tier_args, &cfg, true)?;
-    let staging = match &args.staging {
+    let named: Vec<_> = config
+        .tiers
+        .iter()
+        .map(|t| granary_core::config::TierConfig {
+            path: path_for_rank(&t.path, rank),
+            ..t.clone()
+        })
+        .collect();
+    let resolved = resolve_job_tiers(&named)?;
+    for d in &resolved.dropped {
+        eprintln!("granary: {d}; not using this tier");
+    }
+    let mut tiers = resolved.specs;
+    if tiers.is_empty() {
+        bail!("no usable tier");
+    }
+    let staging = match &config.staging {
         Some(s) => {
-            let c = granary_core::config::parse_tier_flag(&for_rank(s, rank))?;
+            let c = granary_core::config::TierConfig {
+                path: path_for_rank(&s.path, rank),
+                ..s.clone()
+            };
             granary_core::config::resolve_tiers(&[c])?
                 .pop()
                 .context("staging tier")?
@@ -182,26 +174,35 @@ fn prepare(
         staging: true,
         ..staging
     });
-    let log = rt.log();
-    let started = agent::start(
+    let mut cfg = config.cfg.clone();
+    crate::logging::init(
+        Some(cfg.log_level.as_deref().unwrap_or("info")),
+        cfg.log_file.clone().or(Some(rt.log())),
+    );
+    // Every file is fetched whole by its owner, never read by the program itself.
+    cfg.prefetch_min_size = cfg.prefetch_min_size.or(Some(1));
+    let started = daemon::start(
         rt,
-        &tier_args,
-        Options {
-            serving: Some(Serving::new(source.to_path_buf(), pack, rank, ranks)),
-            tiers: Some(tiers),
-            no_idle_exit: true,
-            log_file: Some(log),
-            // Every file is fetched whole by its owner, never read by the program itself.
-            prefetch_min_size: Some(1),
+        AgentConfig {
+            cfg,
+            tiers,
+            workers: config.workers.or(Some(SERVE_WORKERS)),
+            idle_timeout: None,
+            serving: Some(Serving::new(
+                config.source.clone(),
+                config.pack.clone(),
+                rank,
+                ranks,
+            )),
         },
     )?;
-    // Status answers from now on; jobs attaching wait for the catalog (`cluster::admit`).
-    agent::spawn_threads(&started)?;
+    // Status answers from now on; jobs attaching wait for the catalog (`Serving::admit`).
+    daemon::spawn_threads(&started)?;
     if rank != 0 {
         return Ok((started, None, Vec::new(), Vec::new()));
     }
     let agent = started.agent.clone();
-    let lease = crate::agent::server::attach_serving(&agent, source, args.immutable, None)?;
+    let lease = attach_serving(&agent, &config.source, config.immutable, None)?;
     let ctx = lease.source.ctx().context("no table published")?;
     // A loaded catalog is checked against the source in the background: the image every rank
     // adopts carries its verdicts, so wait for them.

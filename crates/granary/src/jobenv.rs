@@ -13,12 +13,9 @@
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
-
-use crate::cli::TierArgs;
+use anyhow::{Context, Result};
 
 /// The variables a process of the job needs, as `granary run` gives them to the program.
 pub const JOB_VARS: [&str; 5] = [
@@ -114,110 +111,4 @@ pub fn launcher(program: &OsStr) -> Option<Launcher> {
         "env" => Launcher::Env,
         _ => return None,
     })
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Runtime {
-    Docker,
-    Podman,
-    Apptainer,
-}
-
-#[derive(Args, Debug)]
-pub struct FlagsArgs {
-    /// The container runtime the flags are for.
-    #[arg(long, value_enum, default_value = "docker")]
-    pub runtime: Runtime,
-    /// The dataset directory, as given to `granary run --source`.
-    #[arg(long, value_name = "DIR")]
-    pub source: PathBuf,
-    /// The tiers, as given to `granary run --tier` (default: the configuration's, else the
-    /// default tier).
-    #[arg(long = "tier", value_name = "PATH[=SIZE]")]
-    pub tiers: Vec<String>,
-    /// The configuration, as given to `granary run --config` (default: $GRANARY_CONFIG).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-}
-
-/// `granary container-flags`: one line of flags on stdout.
-pub fn flags(a: FlagsArgs) -> Result<i32> {
-    let targs = TierArgs {
-        tiers: a.tiers,
-        config: a.config,
-        ..TierArgs::default()
-    };
-    let cfg = crate::run::load_config(&targs)?;
-    let source = granary_core::source::normalize(&a.source)?;
-    let tiers = crate::run::job_tiers(&targs, &cfg, true)?;
-    let runtime = granary_core::runtime::Runtime::open()?.dir;
-    let preload = crate::run::find_preload()?;
-    let libdir = preload.parent().unwrap_or(Path::new("/")).to_path_buf();
-    let mut binds: Vec<(PathBuf, bool)> = vec![(source.clone(), false)];
-    if let Ok(real) = source.canonicalize() {
-        if real != source {
-            binds.push((real, false));
-        }
-    }
-    binds.extend(tiers.iter().map(|t| (t.path.clone(), false)));
-    binds.push((runtime, false));
-    binds.push((libdir, true));
-    for (p, _) in &binds {
-        let s = p
-            .to_str()
-            .with_context(|| format!("{} is not UTF-8", p.display()))?;
-        if s.contains([':', ',', ' ', '\t', '\n']) {
-            bail!(
-                "{} contains ':', ',' or white space, which bind flags cannot carry; \
-                 use a path without them",
-                p.display()
-            );
-        }
-    }
-    let line = render(a.runtime, &binds);
-    crate::output::out(&line);
-    Ok(0)
-}
-
-fn render(runtime: Runtime, binds: &[(PathBuf, bool)]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    match runtime {
-        Runtime::Docker | Runtime::Podman => {
-            let uid = granary_core::sys::uid();
-            if runtime == Runtime::Podman && uid != 0 {
-                // Rootless: the same uid inside, and the user's groups kept, so the catalog's
-                // permission answers (made with the user's credentials) hold inside.
-                out.push("--userns=keep-id".into());
-                out.push("--group-add=keep-groups".into());
-            } else {
-                let (_, gid, _) = granary_core::sys::creds();
-                out.push(format!("--user={uid}:{gid}"));
-                let mut groups = granary_core::sys::groups();
-                groups.sort_unstable();
-                groups.dedup();
-                for g in groups {
-                    out.push(format!("--group-add={g}"));
-                }
-            }
-            for (p, ro) in binds {
-                let p = p.display();
-                out.push(format!("--volume={p}:{p}{}", if *ro { ":ro" } else { "" }));
-            }
-            // Without a value: the value is taken from the environment `granary run` gives.
-            for v in JOB_VARS.iter().filter(|v| **v != "GRANARY_TABLE_FD") {
-                out.push(format!("--env={v}"));
-            }
-        }
-        Runtime::Apptainer => {
-            let list: Vec<String> = binds
-                .iter()
-                .map(|(p, ro)| {
-                    let p = p.display();
-                    format!("{p}:{p}{}", if *ro { ":ro" } else { "" })
-                })
-                .collect();
-            out.push(format!("--bind={}", list.join(",")));
-        }
-    }
-    out.join(" ")
 }

@@ -7,190 +7,17 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use granary_core::config::{default_tier, parse_tier_flag, resolve_tiers, Config, TierConfig};
+use granary_agent::client::{connect_or_spawn, replace_unresponsive, silent_pid, Conn};
+use granary_agent::protocol::{Reply, Request};
+use granary_core::config::Config;
+use granary_core::placement::prefetch::OrderSpec;
 use granary_core::runtime::Runtime;
 use granary_core::size::format_size;
 use granary_core::stats::{JobPlaced, JobReport, PlacementStats, SourceReport};
-use granary_core::tiers::TierSpec;
 use granary_shm::{job, layout::MAX_TIERS, Mapping};
 
-use granary_core::config::PolicyKind;
-use granary_core::placement::prefetch::OrderSpec;
-
-use crate::agent::protocol::{Reply, Request};
-use crate::cli::{RunArgs, TierArgs};
-use crate::client::{connect_or_spawn, replace_unresponsive, silent_pid, Conn};
+use crate::flags::run::RunArgs;
 use crate::output::{say, say_raw};
-
-/// `--config FILE`, else `$GRANARY_CONFIG`, else nothing; the placement flags
-/// (`--block-size`, `--max-source-streams`) override the file's values.
-pub fn load_config(args: &TierArgs) -> Result<Config> {
-    let file = args.config.clone().or_else(|| {
-        std::env::var_os("GRANARY_CONFIG")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
-    let mut cfg = match file {
-        Some(f) => Config::load(&f)?,
-        None => Config::default(),
-    };
-    if let Some(b) = &args.block_size {
-        let v = granary_core::size::parse_size(b)
-            .filter(|v| (4096..=1 << 30).contains(v))
-            .with_context(|| format!("bad --block-size `{b}`: expected a size 4K..1G like 8M"))?;
-        cfg.block_size = Some(v);
-    }
-    if let Some(n) = args.max_source_streams {
-        if !(1..=1024).contains(&n) {
-            bail!("bad --max-source-streams `{n}`: expected 1..1024");
-        }
-        cfg.max_source_streams = Some(n);
-    }
-    if let Some(p) = &args.page_cache {
-        let b = granary_core::placement::residency::Budget::parse(p).with_context(|| {
-            format!("bad --page-cache `{p}`: expected auto, off or a size like 200G")
-        })?;
-        cfg.page_cache = Some(b);
-    }
-    Ok(cfg)
-}
-
-/// The job's placement policy: `--access-order` (implies known-order) or the configuration's
-/// `[placement] policy`; `None` is fill-highest-first. Errors name the key or flag, in one line.
-pub fn order_spec(args: &RunArgs, cfg: &Config) -> Result<Option<OrderSpec>> {
-    let window = match &args.prefetch_window {
-        Some(w) => Some(
-            granary_core::size::parse_size(w)
-                .filter(|v| *v > 0)
-                .with_context(|| {
-                    format!("bad --prefetch-window `{w}`: expected a non-zero size like 2G")
-                })?,
-        ),
-        None => cfg.prefetch_window,
-    };
-    let file = match (&args.access_order, cfg.policy.unwrap_or_default()) {
-        (Some(f), _) => f.clone(),
-        (None, PolicyKind::KnownOrder) => cfg.access_order.clone().context(
-            "config: `placement.access_order` is required with policy = \"known-order\" \
-             (or pass --access-order FILE)",
-        )?,
-        (None, PolicyKind::FillHighestFirst) => {
-            if args.prefetch_window.is_some() {
-                bail!("--prefetch-window needs --access-order FILE (the known-order policy)");
-            }
-            return Ok(None);
-        }
-    };
-    // The agent reads it (it may run in another directory): absolute, and readable now, so a
-    // typo is the user's one-line error rather than a job silently run without granary.
-    let file = std::path::absolute(&file).unwrap_or(file);
-    std::fs::File::open(&file)
-        .with_context(|| format!("access order {} (placement.access_order)", file.display()))?;
-    Ok(Some(OrderSpec {
-        access_order: file,
-        prefetch_window: window,
-    }))
-}
-
-/// Tiers named by flags (which win) or the configuration; empty when neither names any.
-pub fn tier_configs(args: &TierArgs, cfg: &Config) -> Result<Vec<TierConfig>> {
-    if !args.tiers.is_empty() {
-        return args
-            .tiers
-            .iter()
-            .map(|t| parse_tier_flag(t).map_err(anyhow::Error::from))
-            .collect();
-    }
-    Ok(cfg.tiers.clone())
-}
-
-/// Why a tier of the job (flag, config or default) lies inside `source`, if one does.
-fn tier_inside(args: &TierArgs, cfg: &Config, source: &Path) -> Option<String> {
-    let mut tiers = tier_configs(args, cfg).ok()?;
-    if tiers.is_empty() {
-        tiers.push(default_tier().ok()?);
-    }
-    let source_real = std::fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
-    tiers
-        .iter()
-        .find(|t| granary_core::source::contains(source, &source_real, &t.path))
-        .map(|t| {
-            format!(
-                "tier {} is inside the source {}: choose a tier outside the dataset",
-                t.path.display(),
-                source.display()
-            )
-        })
-}
-
-/// The tiers for a job: flags, config, or the default (announced on stderr).
-pub fn job_tiers(args: &TierArgs, cfg: &Config, quiet: bool) -> Result<Vec<TierSpec>> {
-    let mut tcfg = tier_configs(args, cfg)?;
-    let defaulted = tcfg.is_empty();
-    if defaulted {
-        tcfg.push(default_tier().map_err(anyhow::Error::msg)?);
-    }
-    // An unusable tier (not creatable, not a directory) costs speed, never the job: drop it.
-    let mut resolved = Vec::new();
-    for t in &tcfg {
-        match resolve_tiers(std::slice::from_ref(t)) {
-            Ok(mut r) => resolved.append(&mut r),
-            Err(e) => say(format!("granary: {e}; not using this tier")),
-        }
-    }
-    if resolved.is_empty() {
-        bail!("no usable tier");
-    }
-    for (i, (t, cap_default)) in resolved.iter().enumerate() {
-        if (defaulted || *cap_default) && !quiet {
-            say(format!(
-                "granary: tier {i}: {} ({}{})",
-                t.path.display(),
-                format_size(t.capacity),
-                if *cap_default {
-                    ", 90% of free space"
-                } else {
-                    ""
-                }
-            ));
-        }
-    }
-    Ok(resolved.into_iter().map(|t| t.0).collect())
-}
-
-/// `libgranary_preload.so`: `$GRANARY_PRELOAD`, next to this executable, in `../lib`, or the
-/// copy a release build carries (`preload::embedded`).
-pub fn find_preload() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("GRANARY_PRELOAD").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        if p.is_file() {
-            return Ok(p);
-        }
-        bail!("GRANARY_PRELOAD={} does not exist", p.display());
-    }
-    let exe = std::env::current_exe().context("finding the granary executable")?;
-    let dir = exe.parent().unwrap_or(Path::new("/"));
-    let mut tried = Vec::new();
-    // Test binaries live in target/<profile>/deps; the library one level up.
-    for cand in [
-        dir.join("libgranary_preload.so"),
-        dir.join("../lib/libgranary_preload.so"),
-        dir.join("../libgranary_preload.so"),
-    ] {
-        if cand.is_file() {
-            return Ok(cand.canonicalize().unwrap_or(cand));
-        }
-        tried.push(cand.display().to_string());
-    }
-    if let Some(p) = crate::preload::embedded()? {
-        return Ok(p);
-    }
-    bail!(
-        "cannot find libgranary_preload.so (tried {}); build it with `cargo build --release` \
-         (the whole workspace) or set GRANARY_PRELOAD",
-        tried.join(", ")
-    )
-}
 
 fn exit_code(st: std::process::ExitStatus) -> i32 {
     match (st.code(), st.signal()) {
@@ -209,11 +36,11 @@ fn unusable_source(source: &Path) -> Option<String> {
     }
 }
 
-pub fn run(args: RunArgs) -> Result<i32> {
+pub fn main(args: RunArgs) -> Result<i32> {
     let started = Instant::now();
     // Bad flags or configuration are the user's to fix: refused before anything runs (rc 2).
-    let cfg = load_config(&args.tiers)?;
-    tier_configs(&args.tiers, &cfg)?;
+    let cfg = args.tiers.config()?;
+    args.tiers.named(&cfg)?;
     let (prog, prog_args) = args.program.split_first().context("no program given")?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(prog_args);
@@ -228,7 +55,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 return run_plain(&args, &mut cmd, prog, Path::new(""), started, why);
             }
         },
-        _ => crate::run_pack::target(&args)?,
+        _ => args.target()?,
     };
 
     // Same rule as the preload library: any value but empty or "0" turns granary off.
@@ -252,13 +79,13 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     // Checked before any tier directory is made: a cache created inside the dataset would show
     // in its listings even though the agent then refuses the tier.
-    if let Some(why) = tier_inside(&args.tiers, &cfg, &source) {
+    if let Some(why) = args.tier_inside(&cfg, &source) {
         say(format!(
             "granary: {why}; running the program without granary"
         ));
         return run_plain(&args, &mut cmd, prog, &source, started, why);
     }
-    let order = order_spec(&args, &cfg)?;
+    let order = args.order_spec(&cfg)?;
     let job = match attach(&args, &cfg, &source, order) {
         Ok(job) => job,
         Err(e) if args.mount.is_some() => bail!("{e:#}"),
@@ -297,14 +124,14 @@ pub fn run(args: RunArgs) -> Result<i32> {
         ld.push(old);
     }
     // The table also as an inherited fd: it reaches into containers with their own /dev/shm.
-    let handover = crate::container::Handover::open(&table_path)
+    let handover = crate::jobenv::Handover::open(&table_path)
         .map_err(|e| {
             say(format!(
                 "granary: {e:#}; the program gets the table by its path only"
             ))
         })
         .ok();
-    crate::container::job_env(&mut cmd, handover.as_ref(), prog, &ld, &table_path, slot);
+    crate::jobenv::job_env(&mut cmd, handover.as_ref(), prog, &ld, &table_path, slot);
     let st = spawn_and_wait(&mut cmd, prog)?;
     drop(handover);
     let exit_status = exit_code(st);
@@ -446,12 +273,12 @@ struct Attached {
 /// Any failure here is granary's, so the caller runs the program without granary instead.
 fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>) -> Result<Job> {
     // Attaching to a running agent: its tiers, unless the job names some.
-    let tiers = if args.attach && tier_configs(&args.tiers, cfg)?.is_empty() {
+    let tiers = if args.attach && args.tiers.named(cfg)?.is_empty() {
         Vec::new()
     } else {
-        job_tiers(&args.tiers, cfg, args.quiet)?
+        args.tiers.job_tiers(cfg, args.quiet)?
     };
-    let preload = find_preload()?;
+    let preload = crate::preload::find()?;
     let rt = Runtime::open()?;
     let mut agent_args = Vec::new();
     if let Some(c) = &args.tiers.config {
@@ -471,13 +298,13 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         page_cache: cfg.page_cache,
         order,
         immutable: args.immutable || cfg.immutable.unwrap_or(false),
-        pack: crate::run_pack::pack_dir(args)?,
+        pack: args.pack_dir()?,
         mount: args.mount.is_some(),
         mmap: cfg.mmap,
     };
     let try_once = || -> Result<(Conn, Attached)> {
         let mut conn = if args.attach {
-            crate::client::connect(&rt)?
+            granary_agent::client::connect(&rt)?
                 .context("no granary agent runs on this node (--attach starts none)")?
         } else {
             connect_or_spawn(&rt, &agent_args)?
@@ -635,7 +462,7 @@ struct AgentStats {
 /// (`granary serve --mount`).
 fn served_source() -> Result<(PathBuf, bool)> {
     let rt = Runtime::open()?;
-    let mut c = crate::client::connect(&rt)?
+    let mut c = granary_agent::client::connect(&rt)?
         .context("no granary agent runs on this node (--attach starts none)")?;
     match c.ask(&Request::Status)? {
         Reply::Status(s) => match (s.cluster, s.sources.as_slice()) {

@@ -17,7 +17,7 @@
 // Without the `mpi` feature only the flags, the status types and the tested logic are built.
 #![cfg_attr(not(feature = "mpi"), allow(dead_code))]
 
-pub mod args;
+mod config;
 mod fetch;
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -27,7 +27,6 @@ mod provide;
 #[cfg(feature = "mpi")]
 mod serve;
 mod staging;
-pub mod status;
 mod transport;
 mod wire;
 
@@ -36,31 +35,34 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use crossbeam_channel::Sender;
 use granary_core::placement::{PlaceOutcome, Remote, SourceCtx};
 use granary_shm::lifecycle::{self, EntryCell, Void};
 use granary_shm::state;
 
-use crate::agent::{Agent, Serving};
+use crate::agent::Agent;
+use crate::protocol::{ClusterStatus, PeerStatus};
+use crate::serving::{Serving, ServingNode};
 use ownership::Ownership;
 use peers::Peers;
 use staging::Staging;
 use transport::{Comm, Inbox, Tags};
 use wire::{Beat, Msg};
 
-pub use args::ServeArgs;
+use config::replicated;
+pub use config::{for_rank, replicate_set, ServeConfig};
 
-/// `granary serve`.
-pub fn main(args: ServeArgs) -> Result<i32> {
+/// `granary serve`: this process is one rank of the serving job, until it is stopped.
+pub fn serve(config: ServeConfig) -> Result<()> {
     #[cfg(feature = "mpi")]
     {
-        serve::main(args)
+        serve::serve(config)
     }
     #[cfg(not(feature = "mpi"))]
     {
-        let _ = args;
-        bail!(
+        let _ = config;
+        anyhow::bail!(
             "this granary was built without MPI: `granary serve` needs a build with the `mpi` \
              feature (`cargo build --release --features mpi`, with an MPI library such as \
              OpenMPI's libopenmpi-dev and libclang-dev installed)"
@@ -369,15 +371,16 @@ impl Node {
             c.remove(&(from, tag))
         }
     }
+}
 
-    /// `granary stop` here: every rank stops.
-    pub fn stop_all(&self) {
+impl ServingNode for Node {
+    fn stop_all(&self) {
         for r in (0..self.ranks).filter(|&r| r != self.rank) {
             self.comm.ctrl(r, &Msg::Stop);
         }
     }
 
-    fn status(&self, serving: &Serving) -> status::ClusterStatus {
+    fn status(&self, serving: &Serving) -> ClusterStatus {
         let t = &self.ctx.table;
         let (mut files, mut bytes) = (0, 0);
         for i in 0..t.entry_count() {
@@ -388,7 +391,7 @@ impl Node {
         }
         self.peers.beat(self.rank, self.beat());
         let free = self.staging.free();
-        status::ClusterStatus {
+        ClusterStatus {
             rank: self.rank,
             ranks: self.ranks,
             ready: true,
@@ -405,7 +408,7 @@ impl Node {
             files_owned: files,
             bytes_owned: bytes,
             peers: (0..self.ranks)
-                .map(|r| status::PeerStatus {
+                .map(|r| PeerStatus {
                     rank: r,
                     alive: self.peers.alive(r),
                     silent_ms: self.peers.silence(r).map(|d| d.as_millis() as u64),
@@ -414,18 +417,6 @@ impl Node {
                 .collect(),
         }
     }
-}
-
-/// True if `rel` (or a directory above it) matches a `--replicate` glob.
-fn replicated(set: &globset::GlobSet, rel: &[u8]) -> bool {
-    if set.is_empty() {
-        return false;
-    }
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(rel));
-    path.ancestors()
-        .filter(|p| !p.as_os_str().is_empty())
-        .any(|p| set.is_match(p))
 }
 
 impl Remote for Node {
@@ -525,48 +516,5 @@ impl Inbox for Node {
 
     fn failed(&self, rank: u32) {
         self.peers.failed(rank);
-    }
-}
-
-/// A job attaching to a serving agent: only to the served source, and only once the catalog
-/// is there (it waits, the client's keepalive running).
-pub fn admit(agent: &Agent, serving: &Serving, key: &std::path::Path, pid: u32) -> Result<()> {
-    if pid == std::process::id() {
-        return Ok(()); // the serve's own attach
-    }
-    if key != serving.source {
-        bail!(
-            "this node's granary agent serves {} only (granary serve, rank {} of {})",
-            serving.source.display(),
-            serving.rank,
-            serving.ranks
-        );
-    }
-    loop {
-        if serving.node.get().is_some() {
-            return Ok(());
-        }
-        if let Some(why) = serving.failed.get() {
-            bail!("the serving job has no catalog: {why}");
-        }
-        if agent.stopping.load(Ordering::Acquire) {
-            bail!("the serving agent is stopping");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// `granary status`'s `cluster`.
-pub fn status(serving: &Serving) -> status::ClusterStatus {
-    match serving.node.get() {
-        Some(n) => n.status(serving),
-        None => status::ClusterStatus {
-            rank: serving.rank,
-            ranks: serving.ranks,
-            source: serving.source.clone(),
-            pack: serving.pack.clone(),
-            mount: serving.mount,
-            ..Default::default()
-        },
     }
 }

@@ -24,7 +24,7 @@ pub enum Answer {
     Stale,
 }
 
-pub use super::status::Beat;
+pub use crate::protocol::Beat;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {

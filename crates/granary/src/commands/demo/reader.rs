@@ -13,7 +13,7 @@ use granary_shm::{job, layout::MAX_TIERS, Mapping};
 use serde::{Deserialize, Serialize};
 
 use super::dataset::{read_manifest, Rng};
-use crate::cli::DemoReaderArgs;
+use crate::flags::demo::DemoReaderArgs;
 
 /// The size of each `read` the reader makes.
 pub const PIECE: usize = 256 << 10;

@@ -16,10 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use granary_core::runtime::Runtime;
-use granary_core::size::format_size;
 
-use crate::agent::protocol::{Reply, Request};
-use crate::output::{out, say};
+use crate::protocol::{AgentStatus, Reply, Request};
 
 /// How long the agent may stay silent: `$GRANARY_AGENT_TIMEOUT` (seconds, or a duration like
 /// `500ms`), default 5 s, at least 0.5 s (five keepalives). Starting an agent and waiting for one
@@ -234,10 +232,12 @@ pub fn replace_unresponsive(rt: &Runtime, pid: Option<u32>) -> Result<()> {
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("killing the granary agent (pid {pid})")),
     }
-    say(format!(
+    // On stderr, errors ignored: a job's command must not fail for its messages.
+    let _ = writeln!(
+        std::io::stderr(),
         "granary: the granary agent (pid {pid}, {state}) did not answer within {} s; killed it",
         patience().as_secs_f64()
-    ));
+    );
     let deadline = Instant::now() + patience();
     while !gone(pid) {
         if Instant::now() > deadline {
@@ -358,41 +358,45 @@ pub fn connect_or_spawn(rt: &Runtime, agent_args: &[String]) -> Result<Conn> {
     }
 }
 
-pub fn stop() -> Result<i32> {
-    let rt = Runtime::open()?;
-    let conn = match connect(&rt) {
+/// What `stop` found.
+pub enum Stopped {
+    /// No agent was running.
+    NotRunning,
+    /// The agent stopped (it saved its catalogs), or one that did not answer was killed.
+    Stopped,
+}
+
+/// Asks the running agent to save its catalogs and exit, and waits until it is gone; an agent
+/// that does not answer is killed.
+pub fn stop(rt: &Runtime) -> Result<Stopped> {
+    let conn = match connect(rt) {
         Ok(c) => c,
         Err(e) if silent_pid(&e).is_some() => {
-            replace_unresponsive(&rt, silent_pid(&e).flatten())?;
-            say("granary: agent stopped");
-            return Ok(0);
+            replace_unresponsive(rt, silent_pid(&e).flatten())?;
+            return Ok(Stopped::Stopped);
         }
         Err(e) => return Err(e),
     };
     let Some(mut c) = conn else {
-        if alive_holder(&rt).is_none() {
-            say("granary: no agent running");
-            return Ok(0);
+        if alive_holder(rt).is_none() {
+            return Ok(Stopped::NotRunning);
         }
         // No socket, but an agent holds `alive`: it is shutting down (or stopped doing so).
-        wait_previous(&rt, Duration::from_secs(120))?;
-        say("granary: agent stopped");
-        return Ok(0);
+        wait_previous(rt, Duration::from_secs(120))?;
+        return Ok(Stopped::Stopped);
     };
     match c.ask(&Request::Stop) {
         Ok(_) => {}
         Err(e) if silent_pid(&e).is_some() => {
-            replace_unresponsive(&rt, c.agent_pid)?;
-            say("granary: agent stopped");
-            return Ok(0);
+            replace_unresponsive(rt, c.agent_pid)?;
+            return Ok(Stopped::Stopped);
         }
         Err(e) => return Err(e),
     }
     let pid = c.agent_pid;
     drop(c);
-    wait_gone(&rt, pid, Duration::from_secs(120))?;
-    say("granary: agent stopped");
-    Ok(0)
+    wait_gone(rt, pid, Duration::from_secs(120))?;
+    Ok(Stopped::Stopped)
 }
 
 /// Until the agent is gone: its socket refuses, then its `alive` lock is free (it has saved its
@@ -419,114 +423,14 @@ fn wait_gone(rt: &Runtime, pid: Option<u32>, limit: Duration) -> Result<()> {
     Ok(())
 }
 
-pub fn status(json: bool) -> Result<i32> {
-    let rt = Runtime::open()?;
-    let answer = connect(&rt).and_then(|c| match c {
-        Some(mut c) => c.ask(&Request::Status).map(Some),
-        None => Ok(None),
-    });
-    let s = match answer {
-        Ok(Some(Reply::Status(s))) => s,
-        Ok(Some(_)) => bail!("unexpected reply to status"),
-        Ok(None) => {
-            out(if json {
-                "null"
-            } else {
-                "granary: no agent running"
-            });
-            return Ok(0);
-        }
-        Err(e) if silent_pid(&e).is_some() => {
-            say(format!("granary: {e}; `granary stop` ends it"));
-            return Ok(1);
-        }
-        Err(e) => return Err(e),
+/// The running agent's status; `None` when no agent runs. An agent that does not answer is
+/// a `Silent` error (`silent_pid`).
+pub fn status(rt: &Runtime) -> Result<Option<AgentStatus>> {
+    let Some(mut c) = connect(rt)? else {
+        return Ok(None);
     };
-    if json {
-        out(&serde_json::to_string_pretty(&s)?);
-        return Ok(0);
+    match c.ask(&Request::Status)? {
+        Reply::Status(s) => Ok(Some(s)),
+        other => bail!("unexpected reply to status: {other:?}"),
     }
-    out(&format!(
-        "agent pid {}, up {:.0} s, {} job(s) attached, {}, runtime {}",
-        s.pid,
-        s.uptime_s,
-        s.jobs,
-        if s.cluster.is_some() {
-            "serving until stopped".to_string()
-        } else {
-            format!("idle timeout {:.0} s", s.idle_timeout_s)
-        },
-        s.runtime_dir.display()
-    ));
-    if let Some(c) = &s.cluster {
-        crate::cluster::status::print(c, &mut |l| out(l));
-    }
-    if let Some(p) = &s.placement {
-        out(&format!(
-            "placement: {} workers, source reads of {}{}",
-            p.workers,
-            format_size(p.block_size),
-            p.memory_limit
-                .map(|l| format!(" (sized for a memory cgroup limit of {})", format_size(l)))
-                .unwrap_or_default()
-        ));
-        if let Some(pc) = &p.page_cache {
-            out(&format!(
-                "page cache ({}): {} of copies resident, {}{}; {} demoted, {} promoted",
-                pc.budget,
-                format_size(pc.resident),
-                pc.target
-                    .map(|t| format!("{} may be", format_size(t)))
-                    .unwrap_or_else(|| "no limit".into()),
-                if pc.room > 0 {
-                    format!(" ({} of room for file pages)", format_size(pc.room))
-                } else {
-                    String::new()
-                },
-                pc.demoted,
-                pc.promoted
-            ));
-        }
-    }
-    // Tier numbers belong to a source (its table's tier t): the directories are listed by path.
-    for t in &s.tiers {
-        out(&format!(
-            "tier directory {}: {} used of {} ({} reserved)",
-            t.path.display(),
-            format_size(t.used),
-            format_size(t.capacity),
-            format_size(t.reserved)
-        ));
-    }
-    for src in &s.sources {
-        out(&format!(
-            "source {} ({}): {} files, {}; {} placed ({}), {} pending; {} job(s)",
-            src.source.display(),
-            src.id,
-            src.catalog.files,
-            format_size(src.catalog.bytes),
-            src.files_placed_now,
-            format_size(src.bytes_placed_now),
-            src.pending,
-            src.jobs
-        ));
-        for (i, t) in src.tiers.iter().enumerate() {
-            out(&format!("  tier {i}: {}", t.path.display()));
-        }
-        if let Some(v) = &src.validation {
-            out(&format!(
-                "  validation of attach {}{}: {} directories and {} files checked, {} changed{}",
-                v.epoch,
-                if v.immutable { " (immutable)" } else { "" },
-                v.dirs_checked,
-                v.files_checked,
-                v.changed,
-                if v.done { ", done" } else { ", running" }
-            ));
-        }
-        for w in &src.warnings {
-            out(&format!("  warning: {w}"));
-        }
-    }
-    Ok(0)
 }

@@ -10,7 +10,7 @@ use granary_core::placement::SourceCtx;
 use granary_core::sys;
 use granary_shm::{object_name, state};
 
-use super::Agent;
+use crate::agent::Agent;
 
 /// The keeper thread's loop.
 pub fn keep(agent: Arc<Agent>) {
