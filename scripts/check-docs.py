@@ -35,6 +35,7 @@ Usage:
     scripts/check-docs.py FILE.md …     check these files
     scripts/check-docs.py --list        also print every reference and what it resolved to
     scripts/check-docs.py --self-test   show that the check fails on names that do not exist
+                                        (with --list: each case and the errors it gives)
 
 For a path that resolves to nothing, the error lists defined paths with the same last segment
 ("did you mean …"), so renaming a module or moving it into another crate makes the docs' pass a
@@ -476,7 +477,8 @@ def cargo_names(text, sections=("dependencies", "dev-dependencies", "build-depen
         if m:
             section = m.group(1).strip()
             continue
-        if section in sections or (section and section.startswith("target.") and section.endswith("dependencies")):
+        target_deps = section and section.startswith("target.") and section.endswith("dependencies")
+        if section in sections or target_deps:
             m = re.match(r"\s*([A-Za-z0-9_\-]+)\s*[=.]", line)
             if m:
                 names.add(m.group(1).replace("-", "_"))
@@ -706,10 +708,11 @@ class Checker:
 
 
 def default_docs():
-    return ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    docs = glob.glob(os.path.join(ROOT, "docs", "*.md"))
+    return ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in docs)
 
 
-def self_test(checker):
+def self_test(checker, verbose):
     """The check must fail on what does not exist, and pass on what does."""
     cases = [
         ("`granary_shm::layout::VERSION` and `lifecycle::claim_check`", True),
@@ -725,17 +728,21 @@ def self_test(checker):
         ("[gone](docs/nowhere.md)", False),
         ("`a::b/c`", False),
     ]
-    ok = True
+    wrong = 0
     for text, should_pass in cases:
         checker.errors = []
         checker.check_doc("README.md", text)
         passed = not checker.errors
-        verdict = "ok" if passed == should_pass else "WRONG"
-        ok &= passed == should_pass
-        print(f"{verdict:5}  {'passes' if passed else 'fails '}  {text}")
-        for e in checker.errors:
-            print(f"         {e}")
-    return ok
+        if passed != should_pass or verbose:
+            verdict = "ok" if passed == should_pass else "WRONG"
+            print(f"{verdict:5}  {'passes' if passed else 'fails '}  {text}")
+            for e in checker.errors:
+                print(f"         {e}")
+        wrong += passed != should_pass
+    failing = sum(1 for _, p in cases if not p)
+    print(f"check-docs self-test: {len(cases)} cases, {len(cases) - wrong} as expected "
+          f"({failing} must fail)")
+    return wrong == 0
 
 
 def main():
@@ -747,7 +754,7 @@ def main():
 
     checker = Checker(build_index(), repo_files())
     if args.self_test:
-        return 0 if self_test(checker) else 1
+        return 0 if self_test(checker, args.list) else 1
     docs = args.docs or default_docs()
     for doc in docs:
         rel = os.path.relpath(os.path.abspath(doc), ROOT)
