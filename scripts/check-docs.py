@@ -24,6 +24,10 @@ What is checked, outside fenced code blocks (``` … ```, which hold commands an
    (`*` globs allowed; `<placeholder>` paths are skipped).
 4. A relative Markdown link `[text](path#anchor)` must reach an existing file and, with an
    anchor into a Markdown file, one of its headings.
+5. docs/configuration.md must name every `--flag` of the command line (clap `#[arg(long)]`
+   fields in crates/*/src, hidden ones aside), every key of the configuration file (the serde
+   schema, crates/granary-core/src/config/schema.rs; as `[section] key` or `key =` under its
+   section in a TOML block) and every `GRANARY_*` variable the code names.
 
 A code span holding white space is prose or a command and is not read as a path; one without
 white space that contains `::` but is not a path of rule 1 or 2 is an error (write it so the
@@ -707,6 +711,116 @@ class Checker:
         self.note(doc, line, target, "link ok")
 
 
+# ---------------------------------------------------------------------------------------------
+# docs/configuration.md lists every flag, configuration key and environment variable.
+
+def balanced(text, i):
+    """text[i] is `(`: the index after its matching `)`."""
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "(":
+            depth += 1
+        elif text[j] == ")":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return len(text)
+
+
+def cli_flags():
+    """Every `--flag` the command line accepts: clap `#[arg(long …)]` fields in crates/*/src,
+    less those of hidden commands and hidden arguments. Returns {flag: "file:line"}."""
+    flags = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "crates", "*", "src", "**", "*.rs"), recursive=True)):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        hidden = set(re.findall(r"#\[command\([^)]*hide\s*=\s*true[^)]*\)\]\s*\w+\((?:[\w:]+::)?(\w+)\)", text))
+        for m in re.finditer(r"#\[arg\(", text):
+            end = balanced(text, m.end() - 1)
+            attr = text[m.end():end - 1]
+            if not re.search(r"(^|[\s,])long\b", attr) or re.search(r"hide\s*=\s*true", attr):
+                continue
+            field = re.match(r"\)\]\s*(?:(?:#\[[^\n]*\]|///[^\n]*)\s*)*(?:pub(?:\([^)]*\))?\s+)?(\w+)\s*:",
+                             text[end - 1:])
+            if not field:
+                continue
+            structs = re.findall(r"\bstruct\s+(\w+)", text[:m.start()])
+            if structs and structs[-1] in hidden:
+                continue
+            named = re.search(r"\blong\s*=\s*\"([^\"]+)\"", attr)
+            flag = "--" + (named.group(1) if named else field.group(1).replace("_", "-"))
+            flags.setdefault(flag, f"{os.path.relpath(path, ROOT)}:{text[:m.start()].count(chr(10)) + 1}")
+    return flags
+
+
+def config_keys():
+    """Every (section, key) of the configuration file, from the serde schema's structs."""
+    path = os.path.join(ROOT, "crates", "granary-core", "src", "config", "schema.rs")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return set()
+    bodies = {name: body for name, body in re.findall(r"struct\s+(\w+)\s*\{(.*?)\n\}", text, re.S)}
+    keys = set()
+    for section, ty in re.findall(r"^\s*(?:pub\s+)?(\w+)\s*:\s*([\w<>]+),", bodies.get("File", ""), re.M):
+        inner = re.sub(r"^(?:Vec|Option)<(\w+)>$", r"\1", ty)
+        for key in re.findall(r"^\s*(?:pub\s+)?(\w+)\s*:", bodies.get(inner, ""), re.M):
+            keys.add((section, key))
+    return keys
+
+
+def env_vars():
+    """Every GRANARY_* variable the code names (crates/*/src, crates/*/build.rs)."""
+    names = set()
+    files = glob.glob(os.path.join(ROOT, "crates", "*", "src", "**", "*.rs"), recursive=True)
+    files += glob.glob(os.path.join(ROOT, "crates", "*", "build.rs"))
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            names |= set(re.findall(r"\bGRANARY_[A-Z0-9_]*[A-Z0-9]\b", f.read()))
+    return names
+
+
+def check_configuration(checker, doc="docs/configuration.md", text=None):
+    full = os.path.join(ROOT, doc)
+    if text is None:
+        if not os.path.exists(full):
+            checker.error(doc, 0, "missing: it must list every flag, configuration key and variable")
+            return
+        with open(full, encoding="utf-8") as f:
+            text = f.read()
+    spans = set(re.findall(r"`([^`\n]+)`", text))
+    words = set()
+    for s in spans:
+        words |= set(re.findall(r"--[\w-]+|GRANARY_[A-Z0-9_]+", s))
+    documented = set()  # (section, key): `[section] key` in the prose, or key = … in a TOML block
+    for sec, key in re.findall(r"`\[\[?(\w+)\]?\]\s+(\w+)", text):
+        documented.add((sec, key))
+    section = None
+    in_fence = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+            section = None
+            continue
+        if not in_fence:
+            continue
+        m = re.match(r"^\s*#?\s*\[\[?(\w+)\]?\]", line)
+        if m:
+            section = m.group(1)
+            continue
+        m = re.match(r"^\s*#?\s*(\w+)\s*=", line)
+        if m and section:
+            documented.add((section, m.group(1)))
+    for flag, where in sorted(cli_flags().items()):
+        if flag not in words:
+            checker.error(doc, 0, f"`{flag}` ({where}) is not documented")
+    for sec, key in sorted(config_keys() - documented):
+        checker.error(doc, 0, f"configuration key `[{sec}] {key}` is not documented")
+    for var in sorted(env_vars() - words):
+        checker.error(doc, 0, f"`{var}` (named in crates/) is not documented")
+
+
 def default_docs():
     docs = glob.glob(os.path.join(ROOT, "docs", "*.md"))
     return ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in docs)
@@ -739,6 +853,21 @@ def self_test(checker, verbose):
             for e in checker.errors:
                 print(f"         {e}")
         wrong += passed != should_pass
+    # Rule 5: the configuration page without one flag, one key and one variable.
+    with open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8") as f:
+        page = f.read()
+    for gone, what in (("`--keep-binding`", "a flag"), ("lmdb_index = true", "a key"),
+                       ("`GRANARY_AGENT_TIMEOUT`", "a variable")):
+        checker.errors = []
+        check_configuration(checker, text=page.replace(gone, "…"))
+        failed = any(gone.strip("`").split(" ")[0] in e for e in checker.errors)
+        cases.append((f"docs/configuration.md without {what} ({gone})", False))
+        if not failed or verbose:
+            print(f"{'ok' if failed else 'WRONG':5}  {'fails ' if failed else 'passes'}  "
+                  f"docs/configuration.md without {gone}")
+            for e in checker.errors:
+                print(f"         {e}")
+        wrong += not failed
     failing = sum(1 for _, p in cases if not p)
     print(f"check-docs self-test: {len(cases)} cases, {len(cases) - wrong} as expected "
           f"({failing} must fail)")
@@ -760,6 +889,8 @@ def main():
         rel = os.path.relpath(os.path.abspath(doc), ROOT)
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
             checker.check_doc(rel, f.read())
+    if not args.docs:
+        check_configuration(checker)
     if args.list:
         print("\n".join(checker.listing))
     for e in checker.errors:
