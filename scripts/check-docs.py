@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check that README.md and docs/*.md name only things that exist in the repository.
+"""Check that the docs (README.md, bench/README.md, docs/*.md) name only what exists.
 
 What is checked, outside fenced code blocks (``` … ```, which hold commands and output):
 
@@ -35,7 +35,8 @@ check can read it). Nothing is compiled: the Rust sources are read with a small 
 made by macros other than `macro_rules!` definitions are not seen.
 
 Usage:
-    scripts/check-docs.py               check README.md and docs/*.md; exit 1 on any problem
+    scripts/check-docs.py               check README.md, bench/README.md and docs/*.md; exit 1 on
+                                        any problem
     scripts/check-docs.py FILE.md …     check these files
     scripts/check-docs.py --list        also print every reference and what it resolved to
     scripts/check-docs.py --self-test   show that the check fails on names that do not exist
@@ -823,7 +824,7 @@ def check_configuration(checker, doc="docs/configuration.md", text=None):
 
 def default_docs():
     docs = glob.glob(os.path.join(ROOT, "docs", "*.md"))
-    return ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in docs)
+    return ["README.md", "bench/README.md"] + sorted(os.path.relpath(p, ROOT) for p in docs)
 
 
 def self_test(checker, verbose):
