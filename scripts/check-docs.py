@@ -28,6 +28,9 @@ What is checked, outside fenced code blocks (``` … ```, which hold commands an
    fields in crates/*/src, hidden ones aside), every key of the configuration file (the serde
    schema, crates/granary-core/src/config/schema.rs; as `[section] key` or `key =` under its
    section in a TOML block) and every `GRANARY_*` variable the code names.
+6. docs/troubleshooting.md quotes only messages the code prints: the first cell of each table
+   row is a code span whose pieces between `…` placeholders (those of 6 characters or more)
+   must occur in a string literal of crates/*/src.
 
 A code span holding white space is prose or a command and is not read as a path; one without
 white space that contains `::` but is not a path of rule 1 or 2 is an error (write it so the
@@ -822,6 +825,48 @@ def check_configuration(checker, doc="docs/configuration.md", text=None):
         checker.error(doc, 0, f"`{var}` (named in crates/) is not documented")
 
 
+# ---------------------------------------------------------------------------------------------
+# docs/troubleshooting.md quotes only messages the code prints.
+
+def code_strings():
+    """The text of every string literal in crates/*/src and crates/*/build.rs, with Rust's
+    line continuations (a backslash ending a line) joined as the compiler joins them."""
+    out = []
+    files = glob.glob(os.path.join(ROOT, "crates", "*", "src", "**", "*.rs"), recursive=True)
+    files += glob.glob(os.path.join(ROOT, "crates", "*", "build.rs"))
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            text = re.sub(r"'\\?\"'", "''", f.read())  # char literals '"' and '\\"'
+        for m in re.finditer(r'"((?:[^"\\]|\\.)*)"', text, re.S):
+            s = re.sub(r"\\\n\s*", "", m.group(1))
+            out.append(s.replace('\\"', '"').replace("{{", "{").replace("}}", "}"))
+    return "\n".join(out)
+
+
+def check_messages(checker, doc="docs/troubleshooting.md", text=None, corpus=None):
+    """The first cell of each table row is a message (or its start) the code prints: every
+    piece between `…` placeholders, of 6 characters or more, must occur in a string literal."""
+    if text is None:
+        full = os.path.join(ROOT, doc)
+        if not os.path.exists(full):
+            return
+        with open(full, encoding="utf-8") as f:
+            text = f.read()
+    corpus = code_strings() if corpus is None else corpus
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = re.match(r"^\|\s*(`+)(.+?)\1\s*\|", line)
+        if not m or set(m.group(2)) <= set("-: "):
+            continue
+        msg = m.group(2).strip()
+        pieces = [p.strip() for p in msg.split("…")]
+        missing = [p for p in pieces if len(p) >= 6 and p not in corpus]
+        if missing:
+            checker.error(doc, lineno, f"`{msg}`: the code prints no such message "
+                                       f"(not found: {', '.join(repr(p) for p in missing)})")
+        else:
+            checker.note(doc, lineno, msg, "printed by the code")
+
+
 def default_docs():
     docs = glob.glob(os.path.join(ROOT, "docs", "*.md"))
     return ["README.md", "bench/README.md"] + sorted(os.path.relpath(p, ROOT) for p in docs)
@@ -869,6 +914,18 @@ def self_test(checker, verbose):
             for e in checker.errors:
                 print(f"         {e}")
         wrong += not failed
+    # Rule 6: a message the code does not print.
+    checker.errors = []
+    check_messages(checker, text="| `the agent ran out of patience` | x | y |\n"
+                                 "| `no usable tier` | x | y |\n")
+    ok6 = len(checker.errors) == 1 and "patience" in checker.errors[0]
+    cases.append(("docs/troubleshooting.md quoting a message no code prints", False))
+    if not ok6 or verbose:
+        print(f"{'ok' if ok6 else 'WRONG':5}  {'fails ' if checker.errors else 'passes'}  "
+              "a troubleshooting row quoting a message no code prints")
+        for e in checker.errors:
+            print(f"         {e}")
+    wrong += not ok6
     failing = sum(1 for _, p in cases if not p)
     print(f"check-docs self-test: {len(cases)} cases, {len(cases) - wrong} as expected "
           f"({failing} must fail)")
@@ -892,6 +949,7 @@ def main():
             checker.check_doc(rel, f.read())
     if not args.docs:
         check_configuration(checker)
+        check_messages(checker)
     if args.list:
         print("\n".join(checker.listing))
     for e in checker.errors:
