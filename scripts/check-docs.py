@@ -735,10 +735,15 @@ def cli_flags():
     """Every `--flag` the command line accepts: clap `#[arg(long …)]` fields in crates/*/src,
     less those of hidden commands and hidden arguments. Returns {flag: "file:line"}."""
     flags = {}
+    sources = {}
     for path in sorted(glob.glob(os.path.join(ROOT, "crates", "*", "src", "**", "*.rs"), recursive=True)):
         with open(path, encoding="utf-8") as f:
-            text = f.read()
-        hidden = set(re.findall(r"#\[command\([^)]*hide\s*=\s*true[^)]*\)\]\s*\w+\((?:[\w:]+::)?(\w+)\)", text))
+            sources[path] = f.read()
+    hidden = set()  # argument structs of hidden subcommands, wherever they are declared
+    for text in sources.values():
+        hidden |= set(re.findall(r"#\[command\([^)]*hide\s*=\s*true[^)]*\)\]\s*\w+\((?:[\w:]+::)?(\w+)\)",
+                                 text))
+    for path, text in sources.items():
         for m in re.finditer(r"#\[arg\(", text):
             end = balanced(text, m.end() - 1)
             attr = text[m.end():end - 1]
