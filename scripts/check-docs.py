@@ -5,8 +5,9 @@ What is checked, outside fenced code blocks (``` … ```, which hold commands an
 
 1. A code span that is a Rust path, `a::b` (optionally `a::b::{c, d}`, a trailing `!` or
    `(…)`; a bare a::b in the prose counts as a code span), must name something defined in the
-   workspace: a crate, module, fn, struct, enum,
-   variant, trait, type, const, static or macro, or an associated item (`Type::method`).
+   workspace: a crate, module, fn, struct, enum, variant, trait, type, const, static or macro,
+   or an associated item (`Type::method`); items of `#[cfg(test)]` modules and integration tests
+   (crates/*/tests/*.rs, each a crate named after its file) count.
    - `granary_core::placement::pool` (first segment a workspace crate, `-` written `_`) must
      be that exact path, re-exports (`pub use`) included.
    - Any other path is relative: it must be the tail of a defined path, whole segments, e.g.
@@ -939,7 +940,8 @@ def self_test(checker, verbose):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("docs", nargs="*", help="Markdown files (default: README.md and docs/*.md)")
+    ap.add_argument("docs", nargs="*", help="Markdown files (default: README.md, bench/README.md, "
+                                            "docs/*.md; rules 5 and 6 only with the default)")
     ap.add_argument("--list", action="store_true", help="print every reference and what it resolved to")
     ap.add_argument("--self-test", action="store_true", help="show that the check fails on bad names")
     args = ap.parse_args()
