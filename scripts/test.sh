@@ -30,6 +30,8 @@ fi
 py_missing=()
 python3 -c "import pytest" 2>/dev/null || py_missing+=(pytest)
 python3 -c "import lmdb" 2>/dev/null || py_missing+=(lmdb)
+# The metrics file's test parses it as a collector would.
+python3 -c "import prometheus_client" 2>/dev/null || py_missing+=(prometheus_client)
 # The wheel test (tests/e2e/test_wheel.py) builds a manylinux_2_28 wheel with zig.
 command -v maturin >/dev/null || py_missing+=(maturin)
 python3 -c "import ziglang" 2>/dev/null || py_missing+=(ziglang)

@@ -10,7 +10,8 @@
 //!   node's tiers become one cache of the dataset (MPI with the `mpi` feature only).
 //! - The client side (`client`): connecting to the agent (starting it, or replacing one that
 //!   does not answer), `stop`, `status`.
-//! - `logging`: `GRANARY_LOG`, shared by the agent and the commands.
+//! - `logging`: `GRANARY_LOG`, shared by the agent and the commands; `metrics`: the agent's
+//!   status as metrics text (Prometheus format).
 
 pub mod agent;
 pub mod client;
@@ -19,6 +20,7 @@ pub mod config;
 pub mod daemon;
 mod follower;
 pub mod logging;
+pub mod metrics;
 pub mod protocol;
 mod residency_keeper;
 mod ring;

@@ -96,6 +96,9 @@ pub enum Reply {
         /// Cluster mode: this node's place in the serving job.
         #[serde(default)]
         cluster: Option<granary_core::stats::ClusterReport>,
+        /// Files of the source the agent is still placing (queued or being copied).
+        #[serde(default)]
+        pending: u64,
     },
     Status(AgentStatus),
     Stopping,
@@ -181,6 +184,45 @@ pub struct SourceStatus {
     /// What is wrong with its tiers (refused at the walk, lost since), as jobs are told.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// What the programs of every job on this source read, since the agent started.
+    #[serde(default)]
+    pub served: Served,
+}
+
+/// The programs' opens of a source's files and the bytes they read, by where they were served
+/// from, summed over jobs (`granary status`, the metrics file).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Served {
+    pub opens: u64,
+    pub tier_opens: u64,
+    pub tier_bytes: u64,
+    pub source_opens: u64,
+    pub source_bytes: u64,
+}
+
+impl Served {
+    /// A job's counters, from its slot of the table.
+    pub fn of_slot(t: &granary_shm::Table, slot: u32) -> Served {
+        use granary_shm::job;
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = |w: usize| t.counter(slot, w).map_or(0, |c| c.load(Relaxed));
+        let tiers = 0..granary_shm::layout::MAX_TIERS;
+        Served {
+            opens: c(job::OPENS),
+            tier_opens: tiers.clone().map(|i| c(job::TIER_FILES + i)).sum(),
+            tier_bytes: tiers.map(|i| c(job::TIER_BYTES + i)).sum(),
+            source_opens: c(job::SOURCE_OPENS),
+            source_bytes: c(job::SOURCE_BYTES),
+        }
+    }
+
+    pub fn add(&mut self, o: &Served) {
+        self.opens += o.opens;
+        self.tier_opens += o.tier_opens;
+        self.tier_bytes += o.tier_bytes;
+        self.source_opens += o.source_opens;
+        self.source_bytes += o.source_bytes;
+    }
 }
 
 /// Progress of an attach's validation (`catalog::validate`).

@@ -242,6 +242,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                                     ranks: c.ranks,
                                 }
                             }),
+                            pending: s.snapshot().pending,
                         },
                         None => Reply::Error {
                             message: format!("no such source: {}", source.display()),
@@ -562,6 +563,7 @@ fn status(agent: &Agent) -> AgentStatus {
                         })
                     }),
                     warnings: s.warnings(),
+                    served: s.served(),
                 }
             })
             .collect(),

@@ -85,6 +85,8 @@ pub struct SourceState {
     warnings: Mutex<Vec<String>>,
     /// Served from a pack (`granary run --pack`): its catalog is the pack's index.
     pub pack: Option<PackConf>,
+    /// What the programs of the jobs that detached read (`served`).
+    served_done: Mutex<crate::protocol::Served>,
 }
 
 #[derive(Default)]
@@ -146,6 +148,7 @@ impl SourceState {
             dev,
             warnings: Mutex::default(),
             pack,
+            served_done: Mutex::default(),
         }
     }
 
@@ -632,9 +635,31 @@ impl SourceState {
         }
         if let Some(ctx) = self.ctx() {
             if let Some(owner) = ctx.table.counter(slot, job::OWNER) {
+                let done = crate::protocol::Served::of_slot(&ctx.table, slot);
+                self.served_done
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .add(&done);
                 owner.store(0, Ordering::Release);
             }
         }
+    }
+
+    /// What the programs of every job on this source read: the jobs gone, and those attached.
+    pub fn served(&self) -> crate::protocol::Served {
+        let mut s = *self.served_done.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ctx) = self.ctx() {
+            let t = &ctx.table;
+            for slot in 1..t.job_slots() {
+                let owned = t
+                    .counter(slot, job::OWNER)
+                    .is_some_and(|o| o.load(Ordering::Acquire) != 0);
+                if owned {
+                    s.add(&crate::protocol::Served::of_slot(t, slot));
+                }
+            }
+        }
+        s
     }
 
     /// The current table at a glance, in one pass over its state words.

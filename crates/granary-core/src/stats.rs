@@ -444,6 +444,16 @@ pub struct JobReport {
     /// missing source, an agent that could not be reached, … `None` when granary served it.
     #[serde(default)]
     pub fallback: Option<String>,
+    /// With `fallback`: what to do so that the next job is served.
+    #[serde(default)]
+    pub fix: Option<String>,
+    /// Files the agent was still placing when the job ended (a first run: the next job finds
+    /// them in the tiers).
+    #[serde(default)]
+    pub placing: u64,
+    /// The pack the job was served from (`--pack`), if any.
+    #[serde(default)]
+    pub pack: Option<String>,
     /// What kept granary from serving all of the job, each with its cause and its fix: inside
     /// granary (a tier refused or lost, an agent that stopped answering) or around it (no
     /// process of the program loaded the library, a container hid a tier, the source or the
@@ -481,82 +491,111 @@ impl JobReport {
             .collect()
     }
 
-    /// The short table `granary run` prints on stderr.
+    /// The short table `granary run` prints on stderr: a first line that says whether granary
+    /// served the job, then where the program's opens were served from (the rows add up to
+    /// `opens`, but for opens that moved from the source to a copy as it landed), what was
+    /// placed, and the catalog. Sizes in binary units throughout (`format_size`).
     pub fn render(&self) -> String {
         use crate::size::format_size as sz;
         let mut s = String::new();
-        s.push_str(&format!(
-            "granary: {} — exit {} in {:.2} s{}\n",
-            self.source,
-            self.exit_status,
-            self.wall_time_s,
-            match (&self.fallback, self.disabled) {
-                (Some(why), _) => format!(" (without granary: {why})"),
-                (None, true) => " (without granary)".to_string(),
-                (None, false) => String::new(),
-            }
-        ));
+        let source = if self.source.is_empty() {
+            "(no source: no agent served one)"
+        } else {
+            &self.source
+        };
         if self.disabled {
+            s.push_str(&format!(
+                "granary: NOT SERVED — {}{}\n",
+                self.fallback.as_deref().unwrap_or("granary was disabled"),
+                self.fix
+                    .as_deref()
+                    .map(|f| format!("; fix: {f}"))
+                    .unwrap_or_default()
+            ));
+            s.push_str(&format!(
+                "granary: {source} — exit {} in {:.2} s, read directly by the program\n",
+                self.exit_status, self.wall_time_s
+            ));
             self.render_warnings(&mut s);
             return s;
         }
         s.push_str(&format!(
-            "  {:<28} {:>10} {:>12} {:>10} {:>12}\n",
-            "where", "files", "bytes", "placed", "bytes placed"
+            "granary: {source} — exit {} in {:.2} s; {} opens of dataset files\n",
+            self.exit_status, self.wall_time_s, self.opens
+        ));
+        s.push_str(&format!(
+            "  {:<40} {:>9} {:>11}\n",
+            "served from", "opens", "bytes read"
         ));
         for t in &self.tiers {
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12} {:>10} {:>12}\n",
-                format!("tier {} ({})", t.index, sz(t.capacity)),
+                "  {:<40} {:>9} {:>11}\n",
+                format!("tier {} {} ({})", t.index, t.path, sz(t.capacity)),
                 t.files_served,
-                sz(t.bytes_served),
-                t.files_placed,
-                sz(t.bytes_placed)
+                sz(t.bytes_served)
             ));
         }
+        let origin = match &self.pack {
+            Some(_) => "the source or the pack".to_string(),
+            None => format!("the source {source}"),
+        };
         s.push_str(&format!(
-            "  {:<28} {:>10} {:>12}   reads {}, metadata calls {}\n",
-            "source (program)",
+            "  {:<40} {:>9} {:>11}   {} reads, {} metadata calls\n",
+            origin,
             self.source_io.opens,
             sz(self.source_io.bytes),
             self.source_io.reads,
             self.source_io.metadata_calls
         ));
+        let p = &self.placement;
         s.push_str(&format!(
-            "  {:<28} {:>10} {:>12}   placement failures {}\n",
-            "source (agent copies)",
-            self.placement.agent_source_opens,
-            sz(self.placement.agent_source_bytes),
-            self.placement.failures
+            "  placed for this job: {} files, {}",
+            p.files_placed,
+            sz(p.bytes_placed)
         ));
-        s.push_str(&format!(
-            "  {:<28} {:>10} {:>12}   duplicate source bytes {}\n",
-            "bytes from page cache",
-            "",
-            sz(self.placement.page_cache_bytes),
-            sz(self.placement.duplicate_bytes)
-        ));
-        if self.placement.prefetched + self.placement.evictions > 0 {
+        if self.placing > 0 {
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12}   evictions {}\n",
-                "prefetched (known order)", self.placement.prefetched, "", self.placement.evictions
+                "; {} files still being placed in the background (the next job finds them \
+                 in the tiers)",
+                self.placing
             ));
         }
+        s.push('\n');
         s.push_str(&format!(
-            "  {:<28} {:>10} {:>12}   no room {}, backoffs {}\n",
-            "chunks placed (partial)",
-            self.placement.chunks_placed,
-            sz(self.placement.chunk_bytes_placed),
-            self.placement.no_room,
-            self.placement.backoffs
+            "  read by the agent from {}: {} files, {}; {} taken from the page cache, {} read \
+             twice, {} failures\n",
+            if self.pack.is_some() {
+                "the pack"
+            } else {
+                "the source"
+            },
+            p.agent_source_opens,
+            sz(p.agent_source_bytes),
+            sz(p.page_cache_bytes),
+            sz(p.duplicate_bytes),
+            p.failures
         ));
+        if p.prefetched + p.evictions > 0 {
+            s.push_str(&format!(
+                "  known order: {} files placed ahead of the program, {} evicted\n",
+                p.prefetched, p.evictions
+            ));
+        }
+        if p.chunks_placed + p.no_room + p.backoffs > 0 {
+            s.push_str(&format!(
+                "  files larger than the room left: {} chunks placed ({}); {} files with no \
+                 room; {} backoffs\n",
+                p.chunks_placed,
+                sz(p.chunk_bytes_placed),
+                p.no_room,
+                p.backoffs
+            ));
+        }
         let m = &self.mmap;
         if m.tier_bytes + m.source_bytes + m.read_ahead_bytes + m.lmdb_local_locks > 0 {
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12}   from the source {} (faulted by the program {}), \
-                 read ahead {} in {} windows\n",
-                "mapped, from tiers",
-                "",
+                "  mapped: {} from tiers, {} from the source ({} faulted by the program), {} \
+                 read ahead in {} windows\n",
                 sz(m.tier_bytes),
                 sz(m.source_bytes),
                 sz(m.faulted_bytes),
@@ -571,10 +610,11 @@ impl JobReport {
             ));
         }
         if let Some(c) = &self.cluster {
-            let p = &self.placement;
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12}   sent to other nodes {} ({}), from the source instead {}\n",
-                format!("other nodes (rank {} of {})", c.rank, c.ranks),
+                "  other nodes (rank {} of {}): {} files ({}) received, {} ({}) sent, {} read \
+                 from the source instead\n",
+                c.rank,
+                c.ranks,
                 p.remote_files,
                 sz(p.remote_bytes),
                 p.peer_files,
@@ -582,9 +622,7 @@ impl JobReport {
                 p.remote_fallbacks
             ));
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12}   (program {} + agent {})\n",
-                "PFS bytes on this node",
-                "",
+                "  PFS bytes on this node: {} (program {} + agent {})\n",
                 sz(self.source_io.bytes + p.agent_source_bytes),
                 sz(self.source_io.bytes),
                 sz(p.agent_source_bytes)

@@ -44,6 +44,16 @@ pub fn may_list(path: &Path) -> bool {
     unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::R_OK | libc::X_OK, 0) == 0 }
 }
 
+/// These credentials may create files in directory `path` (the kernel decides, ACLs and
+/// read-only mounts included).
+pub fn may_write_in(path: &Path) -> bool {
+    let Ok(c) = cstr(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated path; faccessat only reads it.
+    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK | libc::X_OK, 0) == 0 }
+}
+
 /// The same record for an open file: what the fd holds (to compare with the catalog).
 pub fn statx_fd(f: &impl AsRawFd) -> io::Result<StatRec> {
     statx_at(f.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
@@ -214,6 +224,16 @@ pub fn free_space(path: &Path) -> io::Result<u64> {
     // SAFETY: NUL-terminated path, writable out-buffer.
     check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// The size of the file system holding `path`, all of it.
+pub fn fs_size(path: &Path) -> io::Result<u64> {
+    let c = cstr(path.as_os_str().as_bytes())?;
+    // SAFETY: zeroed statvfs is a valid out-buffer.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: NUL-terminated path, writable out-buffer.
+    check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    Ok(st.f_blocks as u64 * st.f_frsize as u64)
 }
 
 /// The login name of this process's uid (`getpwuid_r`), for default cache directory names;

@@ -3,7 +3,7 @@
 //! tool is the tool; `granary pack create SRC OUT` packs a source that happens to be named
 //! like one.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -33,11 +33,40 @@ pub fn main(a: PackArgs) -> anyhow::Result<i32> {
     }
 }
 
-fn show_progress(quiet: bool) -> bool {
-    !quiet && std::io::stderr().is_terminal()
+/// Shows `progress` until `done` is set: a bar on a terminal, else (a batch job's log) a line
+/// every `output::batch_every()`.
+fn show_progress(progress: &Progress, done: &AtomicBool) {
+    if crate::output::stderr_is_terminal() {
+        progress_bar(progress, done);
+        return;
+    }
+    let mut ticker = crate::output::Ticker::new();
+    let started = std::time::Instant::now();
+    while !done.load(Ordering::Relaxed) {
+        if ticker.due() {
+            let files = progress.files_total.load(Ordering::Relaxed);
+            let line = match progress.phase.load(Ordering::Relaxed) {
+                phase::WALKING => format!(
+                    "walking: {} directories, {files} files",
+                    progress.dirs.load(Ordering::Relaxed)
+                ),
+                _ => format!(
+                    "packed {} of {} ({} of {files} files)",
+                    format_size(progress.bytes_done.load(Ordering::Relaxed)),
+                    format_size(progress.bytes_total.load(Ordering::Relaxed)),
+                    progress.files_done.load(Ordering::Relaxed)
+                ),
+            };
+            crate::output::say(format!(
+                "granary pack: {line} after {:.0} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
-/// Draws `progress` until `done` is set.
+/// Draws `progress` on a terminal until `done` is set.
 fn progress_bar(progress: &Progress, done: &AtomicBool) {
     let bar = ProgressBar::new_spinner();
     let bytes_style = ProgressStyle::with_template(
@@ -101,8 +130,8 @@ fn create(c: CreateArgs) -> anyhow::Result<i32> {
     let progress = Progress::default();
     let done = AtomicBool::new(false);
     let summary = std::thread::scope(|s| {
-        if show_progress(c.quiet) {
-            s.spawn(|| progress_bar(&progress, &done));
+        if !c.quiet {
+            s.spawn(|| show_progress(&progress, &done));
         }
         let r = granary_pack::pack(&src, &out, &opts, &progress);
         done.store(true, Ordering::Relaxed);
@@ -141,7 +170,7 @@ fn verify(v: VerifyArgs) -> anyhow::Result<i32> {
     let done = AtomicBool::new(false);
     let total = pack.index().header().raw_bytes;
     let report = std::thread::scope(|s| {
-        if show_progress(v.quiet) {
+        if !v.quiet && crate::output::stderr_is_terminal() {
             s.spawn(|| {
                 let bar = ProgressBar::new(total);
                 if let Ok(st) = ProgressStyle::with_template(

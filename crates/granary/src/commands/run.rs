@@ -36,23 +36,51 @@ fn unusable_source(source: &Path) -> Option<String> {
     }
 }
 
+/// `granary run --strict` (or `GRANARY_STRICT=1`) refusing a job granary cannot serve: the
+/// program was not started (EX_UNAVAILABLE of sysexits.h: a service the job needs is not there).
+pub const STRICT_EXIT: i32 = 69;
+
+/// Why granary cannot serve a job, and what the user can do about it.
+struct Unserved {
+    why: String,
+    fix: String,
+}
+
+impl Unserved {
+    fn new(why: impl Into<String>, fix: impl Into<String>) -> Unserved {
+        Unserved {
+            why: why.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
 pub fn main(args: RunArgs) -> Result<i32> {
     let started = Instant::now();
-    // Bad flags or configuration are the user's to fix: refused before anything runs (rc 2).
+    // Bad flags, configuration or output paths are the user's to fix: refused before anything
+    // runs (rc 2).
     let cfg = args.tiers.config()?;
     args.tiers.named(&cfg)?;
+    args.tiers.idle_timeout()?;
+    if let Some(p) = &args.stats_json {
+        crate::preflight::check_output("--stats-json", p)?;
+    }
+    let strict = args.strict || crate::preflight::strict_env();
     let (prog, prog_args) = args.program.split_first().context("no program given")?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(prog_args);
+    let decline = |cmd: &mut std::process::Command, source: &Path, u: Unserved| {
+        decline(&args, strict, cmd, prog, source, started, u)
+    };
     let source = match (&args.source, args.attach) {
         (None, true) => match served_source() {
             Ok((s, _)) => s,
             Err(e) => {
-                let why = format!("{e:#}");
-                say(format!(
-                    "granary: {why}; running the program without granary"
-                ));
-                return run_plain(&args, &mut cmd, prog, Path::new(""), started, why);
+                let u = Unserved::new(
+                    format!("{e:#}"),
+                    "start `granary serve` on this node first, or run without --attach",
+                );
+                return decline(&mut cmd, Path::new(""), u);
             }
         },
         _ => args.target()?,
@@ -60,11 +88,12 @@ pub fn main(args: RunArgs) -> Result<i32> {
 
     // Same rule as the preload library: any value but empty or "0" turns granary off.
     if std::env::var_os("GRANARY_DISABLE").is_some_and(|v| !v.is_empty() && v != "0") {
-        let why = "GRANARY_DISABLE is set".to_string();
-        return run_plain(&args, &mut cmd, prog, &source, started, why);
+        let u = Unserved::new("GRANARY_DISABLE is set", "unset GRANARY_DISABLE");
+        return decline(&mut cmd, &source, u);
     }
     // granary may make a job slower, never failed: whatever keeps granary from serving the
-    // job (here or below), the program runs as if granary were absent, and the report says why.
+    // job (here or below), the program runs as if granary were absent, and the report says why
+    // (with --strict, it does not run).
     // With `--mount` only the pack exists: the path names nothing on purpose (so with a serving
     // agent that serves it so).
     let mounted = || {
@@ -72,21 +101,20 @@ pub fn main(args: RunArgs) -> Result<i32> {
             || args.attach && served_source().is_ok_and(|(s, mount)| mount && s == source)
     };
     if let Some(why) = unusable_source(&source).filter(|_| !mounted()) {
-        say(format!(
-            "granary: {why}; running the program without granary"
-        ));
-        return run_plain(&args, &mut cmd, prog, &source, started, why);
+        let u = Unserved::new(
+            why,
+            "give --source the dataset's directory, as the program reads it",
+        );
+        return decline(&mut cmd, &source, u);
     }
     // Checked before any tier directory is made: a cache created inside the dataset would show
     // in its listings even though the agent then refuses the tier.
     if let Some(why) = args.tier_inside(&cfg, &source) {
-        say(format!(
-            "granary: {why}; running the program without granary"
-        ));
-        return run_plain(&args, &mut cmd, prog, &source, started, why);
+        let u = Unserved::new(why, "choose a tier outside the dataset (--tier DIR)");
+        return decline(&mut cmd, &source, u);
     }
     let order = args.order_spec(&cfg)?;
-    let job = match attach(&args, &cfg, &source, order) {
+    let job = match attach(&args, &cfg, &source, order, strict) {
         Ok(job) => job,
         Err(e) if args.mount.is_some() => bail!("{e:#}"),
         Err(e) => {
@@ -100,9 +128,14 @@ pub fn main(args: RunArgs) -> Result<i32> {
                     source.display()
                 );
             }
-            say(format!("granary: {why}"));
-            say("granary: running the program without granary");
-            return run_plain(&args, &mut cmd, prog, &source, started, why);
+            let fix = match Runtime::open() {
+                Ok(rt) => format!(
+                    "see the agent's log {} (GRANARY_LOG=debug for more)",
+                    rt.log().display()
+                ),
+                Err(_) => "run with GRANARY_LOG=debug for more".to_string(),
+            };
+            return decline(&mut cmd, &source, Unserved::new(why, fix));
         }
     };
     let Job {
@@ -141,7 +174,7 @@ pub fn main(args: RunArgs) -> Result<i32> {
             .counter(slot, w)
             .map_or(0, |c| c.load(Ordering::Relaxed))
     };
-    let (delta, usage, mine, cluster) =
+    let (delta, usage, mine, cluster, placing) =
         match agent_stats(&mut conn, &source, slot, args.pack.as_deref()) {
             Ok(AgentStats {
                 placement,
@@ -149,6 +182,7 @@ pub fn main(args: RunArgs) -> Result<i32> {
                 warnings: now,
                 job,
                 cluster,
+                pending,
             }) => {
                 for w in now {
                     if !warnings.contains(&w) {
@@ -156,7 +190,7 @@ pub fn main(args: RunArgs) -> Result<i32> {
                         warnings.push(w);
                     }
                 }
-                (placement.since(&before), tiers, job, cluster)
+                (placement.since(&before), tiers, job, cluster, pending)
             }
             Err(e) => {
                 // The program is done; the agent's figures are not worth a hung job.
@@ -168,6 +202,7 @@ pub fn main(args: RunArgs) -> Result<i32> {
                     tier_usage,
                     JobPlaced::default(),
                     None,
+                    0,
                 )
             }
         };
@@ -233,6 +268,13 @@ pub fn main(args: RunArgs) -> Result<i32> {
         placement,
         transient_drops: c(job::TRANSIENT_DROPS),
         fallback: None,
+        fix: None,
+        placing,
+        pack: args
+            .pack
+            .as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+            .map(|p| p.display().to_string()),
         warnings,
         mmap,
         cluster,
@@ -271,12 +313,20 @@ struct Attached {
 
 /// Everything granary needs before the program starts: tiers, preload library, agent, table.
 /// Any failure here is granary's, so the caller runs the program without granary instead.
-fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>) -> Result<Job> {
+/// With `strict`, a tier dropped or refused (the job would be served by fewer tiers than it
+/// named) is a failure too.
+fn attach(
+    args: &RunArgs,
+    cfg: &Config,
+    source: &Path,
+    order: Option<OrderSpec>,
+    strict: bool,
+) -> Result<Job> {
     // Attaching to a running agent: its tiers, unless the job names some.
-    let tiers = if args.attach && args.tiers.named(cfg)?.is_empty() {
-        Vec::new()
+    let (tiers, announce): (Vec<_>, Vec<_>) = if args.attach && args.tiers.named(cfg)?.is_empty() {
+        (Vec::new(), Vec::new())
     } else {
-        args.tiers.job_tiers(cfg, args.quiet)?
+        args.tiers.job_tiers(cfg, strict)?.into_iter().unzip()
     };
     let preload = crate::preload::find()?;
     let rt = Runtime::open()?;
@@ -292,7 +342,7 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         source: source.to_path_buf(),
         pid: std::process::id(),
         tiers: tiers.clone(),
-        workers: args.tiers.workers.or(cfg.workers),
+        workers: args.tiers.workers.map(usize::from).or(cfg.workers),
         block_size: cfg.block_size,
         max_source_streams: cfg.max_source_streams,
         page_cache: cfg.page_cache,
@@ -321,6 +371,26 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         }
         r => r?,
     };
+    if strict {
+        if let Some(w) = a.warnings.first() {
+            bail!("{w}");
+        }
+    }
+    // The tiers the user did not size, as the agent uses them (their capacity is a share of
+    // the free space, which the agent measured).
+    if !args.quiet {
+        for (i, t) in a.tiers.iter().enumerate() {
+            if announce.get(i).copied().unwrap_or(false)
+                && tiers.get(i).is_some_and(|s| s.path == t.path)
+            {
+                say(format!(
+                    "granary: tier {i}: {} ({}, 90% of free space)",
+                    t.path.display(),
+                    format_size(t.capacity)
+                ));
+            }
+        }
+    }
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -365,6 +435,8 @@ fn attach_on(conn: &mut Conn, request: &Request, quiet: bool, source: &Path) -> 
     conn.send(request)?;
     let walk_started = Instant::now();
     let mut bar: Option<indicatif::ProgressBar> = None;
+    let terminal = crate::output::stderr_is_terminal();
+    let mut ticker = crate::output::Ticker::new();
     loop {
         match conn.recv()? {
             Reply::Progress { files, dirs, bytes } => {
@@ -372,13 +444,21 @@ fn attach_on(conn: &mut Conn, request: &Request, quiet: bool, source: &Path) -> 
                     && walk_started.elapsed() > Duration::from_secs(1)
                     && files + dirs > 0
                     && !quiet
-                    && std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && terminal
                 {
                     bar = Some(walk_bar(source));
                 }
                 if let Some(b) = &bar {
                     b.set_position(files);
                     b.set_message(format!("{dirs} dirs, {}", format_size(bytes)));
+                } else if !terminal && !quiet && files + dirs > 0 && ticker.due() {
+                    // A batch job's log: where the walk is, every few seconds.
+                    say(format!(
+                        "granary: cataloguing {}: {files} files, {dirs} dirs, {} after {:.0} s",
+                        source.display(),
+                        format_size(bytes),
+                        walk_started.elapsed().as_secs_f64()
+                    ));
                 }
             }
             Reply::Attached {
@@ -425,16 +505,29 @@ fn attach_on(conn: &mut Conn, request: &Request, quiet: bool, source: &Path) -> 
     }
 }
 
-/// Runs the program without interception and reports it as such, with the reason; the exit
-/// status is the program's.
-fn run_plain(
+/// A job granary cannot serve: with `strict`, refused before the program starts (the cause and
+/// its fix, exit `STRICT_EXIT`); else the program runs without interception and the report's
+/// first line says so, why, and how to fix it. The exit status is then the program's.
+fn decline(
     args: &RunArgs,
+    strict: bool,
     cmd: &mut std::process::Command,
     prog: &std::ffi::OsStr,
     source: &Path,
     started: Instant,
-    why: String,
+    u: Unserved,
 ) -> Result<i32> {
+    if strict {
+        say(format!(
+            "granary: cannot serve this job: {}; fix: {}. The program was not run (--strict).",
+            u.why, u.fix
+        ));
+        return Ok(STRICT_EXIT);
+    }
+    say(format!(
+        "granary: {}; running the program without granary (fix: {})",
+        u.why, u.fix
+    ));
     let st = spawn_and_wait(cmd, prog)?;
     let report = JobReport {
         version: 1,
@@ -442,7 +535,8 @@ fn run_plain(
         exit_status: exit_code(st),
         wall_time_s: started.elapsed().as_secs_f64(),
         disabled: true,
-        fallback: Some(why),
+        fallback: Some(u.why),
+        fix: Some(u.fix),
         ..Default::default()
     };
     finish(args, &report)?;
@@ -456,6 +550,7 @@ struct AgentStats {
     warnings: Vec<String>,
     job: JobPlaced,
     cluster: Option<granary_core::stats::ClusterReport>,
+    pending: u64,
 }
 
 /// `--attach`: the source the running agent serves, and whether it exists only in a pack
@@ -492,12 +587,14 @@ fn agent_stats(
             warnings,
             job,
             cluster,
+            pending,
         } => Ok(AgentStats {
             placement,
             tiers,
             warnings,
             job,
             cluster,
+            pending,
         }),
         other => bail!("unexpected reply {other:?}"),
     }

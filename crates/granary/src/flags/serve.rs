@@ -139,7 +139,7 @@ impl ServeArgs {
             runtime_dir: std::env::var("GRANARY_RUNTIME_DIR")
                 .ok()
                 .filter(|d| !d.is_empty()),
-            workers: self.tiers.workers,
+            workers: self.tiers.workers.map(usize::from),
             replicas: self.replicas,
             replicate: self.replicate.clone(),
             replicate_set,
