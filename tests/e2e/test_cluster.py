@@ -732,11 +732,42 @@ def test_serve_refuses_what_it_cannot_do(tmp_path):
 
 
 def test_attach_without_a_serving_agent_runs_the_program_without_granary(tmp_path):
-    env = {**os.environ, "GRANARY_RUNTIME_DIR": str(tmp_path / "rt")}
-    p = subprocess.run([granary_bin(), "run", "--attach", "--", "sh", "-c", "exit 7"],
+    """It waits for the node's agent first (bounded: --attach-wait, GRANARY_ATTACH_WAIT)."""
+    env = {**os.environ, "GRANARY_RUNTIME_DIR": str(tmp_path / "rt"), "GRANARY_ATTACH_WAIT": "1s"}
+    for flags, waits in [([], True), (["--attach-wait", "0"], False)]:
+        p = subprocess.run([granary_bin(), "run", "--attach", *flags, "--", "sh", "-c", "exit 7"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 7
+        assert "no granary agent runs on this node" in p.stderr
+        assert ("waiting for this node's granary agent" in p.stderr) == waits, p.stderr
+    p = subprocess.run([granary_bin(), "run", "--attach", "--attach-wait", "soon", "--", "true"],
                        capture_output=True, text=True, env=env, timeout=60)
-    assert p.returncode == 7
-    assert "no granary agent runs on this node" in p.stderr
+    assert p.returncode == 2 and "bad --attach-wait `soon`" in p.stderr, p.stderr
+
+
+def test_an_attach_started_before_its_rank_waits_for_it(tmp_path):
+    """`granary run --attach` started before the serving job: it waits until its node's rank
+    has started, then the program reads everything through granary."""
+    data = tmp_path / "pfs" / "data"
+    small_files(data, n=40)
+    expected = direct(data)
+    rt = tmp_path / "c" / "rt1"
+    rt.parent.mkdir()
+    stats = tmp_path / "stats.json"
+    reader = subprocess.Popen(
+        [granary_bin(), "run", "--attach", "-q", "--stats-json", stats, "--", sys.executable,
+         READER, data], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "GRANARY_RUNTIME_DIR": str(rt), "GRANARY_ATTACH_WAIT": "600s"})
+    first = reader.stderr.readline().decode()
+    assert "waiting for this node's granary agent" in first, first
+    c = Cluster(tmp_path / "c", data, ranks=2)
+    try:
+        got, st = finish(reader, stats)
+    finally:
+        c.stop()
+    assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
+    assert st["disabled"] is False and st["cluster"] == {"rank": 1, "ranks": 2}, st
+    assert st["source_io"]["opens"] == 0, st["source_io"]
 
 
 def cpus_of_threads(pid: int, prefix: str) -> list:

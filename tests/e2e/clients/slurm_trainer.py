@@ -4,7 +4,7 @@
 (cluster_reader.read_tree), then waits, bounded, until SIGUSR1 has arrived (Slurm's
 `--signal=B:USR1@T`, passed on by the job script, srun and `granary run`) and until the test
 has looked at the serving ranks (the file --hold names exists). Writes what it saw to
-OUT/<host name>.json: listing and digests, whether it ran under granary, when USR1 came.
+OUT/<host name>.read.json once read and OUT/<host name>.done.json at the end: listing and digests, whether it ran under granary, when USR1 came.
 """
 import argparse
 import json
@@ -46,7 +46,7 @@ def main() -> None:
     result["usr1"] = bool(usr1_at)
     with open(tmp, "w") as f:
         json.dump(result, f)
-    os.rename(tmp, os.path.join(args.out, f"{host}.json"))
+    os.rename(tmp, os.path.join(args.out, f"{host}.done.json"))
     sys.exit(1 if errors else 0)
 
 
