@@ -234,3 +234,46 @@ def test_a_cancelled_job_stops_its_serve(cluster, tmp_path):
     # TERM, then KILL after KillWait (5 s here).
     slurm.wait_for(lambda: not granary_processes(c) and not c.stepds(),
                    "every process of the job gone", 60)
+
+
+def agent_pid(c: slurm.Cluster, node: str) -> int:
+    """The pid of `node`'s serving agent (its runtime directory, in the node's /dev/shm)."""
+    root = pathlib.Path(f"/proc/{c.procs[f'slurmd-{node}'].pid}/root")
+    return int((root / f"dev/shm/granary-{os.getuid()}/agent.alive").read_text())
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a loop-mounted source needs root")
+def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_path):
+    """Issue 25's bar: under Slurm, a rank killed mid-epoch costs the PFS that rank's share at
+    most once more. The programs finish byte-exact either way (asserted); the PFS bar is not met
+    yet (a dead rank ends the serving job everywhere): then the test is an expected failure with
+    what was measured."""
+    dev, mnt = loop_source
+    data = mnt / "data"
+    fanstore(data)
+    expected = direct(data)
+    stored = sum(p.lstat().st_blocks * 512 for p in [data, *data.rglob("*")])
+    drop_caches()
+    before = device_reads(dev)[1]
+    c = cluster()
+    job = Job(c, tmp_path / "job", data, ["--time=10"],
+              trainer_args=["--every", "5", "--wait", "0"])
+    job.hold.touch()
+    job.wait_for(lambda: all(f"rank {r} of {NODES} ready" in job.text() for r in range(NODES))
+                 and job.text().count('"progress"') >= NODES, "the programs reading")
+    assert not results(job, "read.json"), "a program finished before the kill: too little data"
+    os.kill(agent_pid(c, "n1"), signal.SIGKILL)
+    j = job.finish()
+    pfs = (device_reads(dev)[1] - before) * 512
+    got = results(job, "done.json")
+    assert sorted(got) == c.names, (j, job.text()[-5000:])
+    for node, r in got.items():
+        assert r["errors"] == [], (node, r["errors"][:5])
+        assert r["sha256"] == expected["sha256"] and r["listing"] == expected["listing"], node
+    bar = stored + stored / NODES
+    print(f"job {j['JobState']}: {pfs} bytes read from the source device, {stored} stored, "
+          f"bar {bar:.0f}")
+    if pfs > bar:
+        pytest.xfail(f"a rank killed under Slurm cost the PFS {pfs / stored:.2f} × the dataset "
+                     f"(bar: 1 + 1/{NODES}); the serving job does not outlive a rank (issue 25, "
+                     "item 4)")
