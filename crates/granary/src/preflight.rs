@@ -14,7 +14,7 @@ use crate::output::say;
 /// Every variable granary reads, with the form it accepts (shown in errors and docs).
 /// `GRANARY_TABLE*`, `GRANARY_JOB_SLOT` and `GRANARY_MNT_NS` are set by `granary run` for the
 /// program; the rest are the user's.
-const KNOWN: [(&str, &str); 16] = [
+const KNOWN: [(&str, &str); 17] = [
     (
         "GRANARY_LOG",
         "a level (error, warn, info, debug, trace, off), optionally `:FILE`",
@@ -26,6 +26,10 @@ const KNOWN: [(&str, &str); 16] = [
     (
         "GRANARY_CACHE_DIR",
         "a writable directory (where the default tier goes)",
+    ),
+    (
+        "GRANARY_ATTACH_WAIT",
+        "a duration, like 120s (0: do not wait)",
     ),
     ("GRANARY_CONFIG", "a TOML configuration file"),
     (
@@ -90,6 +94,9 @@ fn check_value(name: &str, value: &OsStr) -> Result<(), String> {
             }
         }
         "GRANARY_CACHE_DIR" => writable_dir(Path::new(v)),
+        "GRANARY_ATTACH_WAIT" => granary_core::size::parse_duration(v)
+            .map(|_| ())
+            .ok_or_else(|| "not a duration".into()),
         "GRANARY_STRICT" => strict_value(v).map(|_| ()),
         "GRANARY_CONFIG" | "GRANARY_PRELOAD" if !v.is_empty() => match std::fs::metadata(v) {
             Ok(m) if m.is_file() => Ok(()),

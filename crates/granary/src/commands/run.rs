@@ -72,8 +72,9 @@ pub fn main(args: RunArgs) -> Result<i32> {
     let decline = |cmd: &mut std::process::Command, source: &Path, u: Unserved| {
         decline(&args, strict, cmd, prog, source, started, u)
     };
-    let source = match (&args.source, args.attach) {
-        (None, true) => match served_source() {
+    let attach_wait = args.attach_wait()?;
+    let source = match (&args.source, attach_wait) {
+        (None, Some(wait)) => match served_source(wait) {
             Ok((s, _)) => s,
             Err(e) => {
                 let u = Unserved::new(
@@ -98,7 +99,8 @@ pub fn main(args: RunArgs) -> Result<i32> {
     // agent that serves it so).
     let mounted = || {
         args.mount.is_some()
-            || args.attach && served_source().is_ok_and(|(s, mount)| mount && s == source)
+            || attach_wait
+                .is_some_and(|w| served_source(w).is_ok_and(|(s, mount)| mount && s == source))
     };
     if let Some(why) = unusable_source(&source).filter(|_| !mounted()) {
         let u = Unserved::new(
@@ -114,7 +116,7 @@ pub fn main(args: RunArgs) -> Result<i32> {
         return decline(&mut cmd, &source, u);
     }
     let order = args.order_spec(&cfg)?;
-    let job = match attach(&args, &cfg, &source, order, strict) {
+    let job = match attach(&args, &cfg, &source, order, attach_wait, strict) {
         Ok(job) => job,
         Err(e) if args.mount.is_some() => bail!("{e:#}"),
         Err(e) => {
@@ -320,6 +322,7 @@ fn attach(
     cfg: &Config,
     source: &Path,
     order: Option<OrderSpec>,
+    attach_wait: Option<Duration>,
     strict: bool,
 ) -> Result<Job> {
     // Attaching to a running agent: its tiers, unless the job names some.
@@ -353,18 +356,17 @@ fn attach(
         mmap: cfg.mmap,
     };
     let try_once = || -> Result<(Conn, Attached)> {
-        let mut conn = if args.attach {
-            granary_agent::client::connect(&rt)?
-                .context("no granary agent runs on this node (--attach starts none)")?
-        } else {
-            connect_or_spawn(&rt, &agent_args)?
+        let mut conn = match attach_wait {
+            Some(wait) => connect_attached(&rt, wait)?,
+            None => connect_or_spawn(&rt, &agent_args)?,
         };
         let a = attach_on(&mut conn, &request, args.quiet, source)?;
         Ok((conn, a))
     };
     // An agent that does not answer is replaced once; a second silence is the job's fallback.
+    // Never one a job attaches to: it did not start it (a serving rank, maybe busy).
     let (conn, a) = match try_once() {
-        Err(e) if silent_pid(&e).is_some() => {
+        Err(e) if silent_pid(&e).is_some() && attach_wait.is_none() => {
             say(format!("granary: {e}"));
             replace_unresponsive(&rt, silent_pid(&e).flatten())?;
             try_once()?
@@ -438,6 +440,11 @@ fn attach_on(conn: &mut Conn, request: &Request, quiet: bool, source: &Path) -> 
     let terminal = crate::output::stderr_is_terminal();
     let mut ticker = crate::output::Ticker::new();
     loop {
+        // Ctrl-C while the signals are held for the program (`connect_attached` waited): the
+        // program runs, without granary, and gets it.
+        if crate::signals::interrupted() {
+            bail!("interrupted");
+        }
         match conn.recv()? {
             Reply::Progress { files, dirs, bytes } => {
                 if bar.is_none()
@@ -553,12 +560,54 @@ struct AgentStats {
     pending: u64,
 }
 
+/// `granary run --attach`: this node's agent (`granary serve`'s rank here), waited for up to
+/// `wait` while it is not up yet — its socket not made yet, or made but not answering yet (an
+/// attach never replaces an agent: it did not start it). The steps of a Slurm job start
+/// together, and a program started before its node's rank has made its socket would otherwise
+/// run without granary. Says once that it waits. Signals that arrive while it waits are held
+/// for the program (Slurm's `--signal`, `scancel`), as while the program starts; a SIGINT,
+/// SIGTERM or SIGHUP also ends the wait. Err: none by then.
+fn connect_attached(rt: &Runtime, wait: Duration) -> Result<Conn> {
+    let deadline = Instant::now() + wait;
+    let mut said = false;
+    loop {
+        let why = match granary_agent::client::connect(rt) {
+            Ok(Some(c)) => return Ok(c),
+            Ok(None) => "no granary agent runs on this node (--attach starts none)".to_string(),
+            Err(e) if silent_pid(&e).is_some() => format!("this node's granary agent: {e}"),
+            Err(e) => return Err(e),
+        };
+        if crate::signals::interrupted() {
+            bail!("{why}; interrupted while waiting for it");
+        }
+        if Instant::now() >= deadline {
+            if said {
+                bail!("{why}; waited {} (--attach-wait)", seconds(wait));
+            }
+            bail!("{why}");
+        }
+        if !said {
+            crate::signals::install();
+            say(format!(
+                "granary: waiting for this node's granary agent (granary serve) to start: at \
+                 most {} (--attach-wait, GRANARY_ATTACH_WAIT)",
+                seconds(wait)
+            ));
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{} s", (d.as_secs_f64() * 10.0).round() / 10.0)
+}
+
 /// `--attach`: the source the running agent serves, and whether it exists only in a pack
-/// (`granary serve --mount`).
-fn served_source() -> Result<(PathBuf, bool)> {
+/// (`granary serve --mount`); the agent waited for up to `wait` (`connect_attached`).
+fn served_source(wait: Duration) -> Result<(PathBuf, bool)> {
     let rt = Runtime::open()?;
-    let mut c = granary_agent::client::connect(&rt)?
-        .context("no granary agent runs on this node (--attach starts none)")?;
+    let mut c = connect_attached(&rt, wait)?;
     match c.ask(&Request::Status)? {
         Reply::Status(s) => match (s.cluster, s.sources.as_slice()) {
             (Some(c), _) => Ok((c.source, c.mount)),

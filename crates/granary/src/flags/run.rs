@@ -89,6 +89,18 @@ pub struct RunArgs {
         help_heading = "Packs and cluster mode"
     )]
     pub attach: bool,
+    /// With --attach: how long to wait for this node's agent to start (default 120s).
+    ///
+    /// The steps of a Slurm job start together: the program waits (bounded) until its node's
+    /// serving rank is ready, then runs without granary. Default `$GRANARY_ATTACH_WAIT`, else
+    /// 120s; 0 does not wait.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        requires = "attach",
+        help_heading = "Packs and cluster mode"
+    )]
+    pub attach_wait: Option<String>,
     /// The order the program will open its files (a file list): placed ahead of it.
     ///
     /// One path per line, relative to --source or absolute under it, `#` comments; list one
@@ -119,6 +131,22 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// With --attach, how long to wait for the node's agent: `--attach-wait`, else
+    /// `$GRANARY_ATTACH_WAIT`, else 120 s; `None` without --attach.
+    pub fn attach_wait(&self) -> Result<Option<std::time::Duration>> {
+        if !self.attach {
+            return Ok(None);
+        }
+        let (v, from) = match (&self.attach_wait, std::env::var("GRANARY_ATTACH_WAIT")) {
+            (Some(v), _) => (v.clone(), "--attach-wait"),
+            (None, Ok(v)) if !v.is_empty() => (v, "GRANARY_ATTACH_WAIT"),
+            _ => return Ok(Some(std::time::Duration::from_secs(120))),
+        };
+        granary_core::size::parse_duration(&v)
+            .map(Some)
+            .with_context(|| format!("bad {from} `{v}`: a duration like 120s or 5m"))
+    }
+
     /// The path the program reads: `--source` (a directory that must exist) or `--mount` (where
     /// the program expects a tree that exists only in the pack), lexically normalised.
     pub fn target(&self) -> Result<PathBuf> {
