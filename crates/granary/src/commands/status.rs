@@ -162,7 +162,7 @@ fn print_cluster(c: &ClusterStatus) {
         let p = &p.numbers;
         out(&format!(
             "  rank {}: {}, holds {} files ({}), staged {}; from others {} ({}), to others {} \
-             ({}); PFS {}, from the source instead {}; {} job(s)",
+             ({}); PFS {}, from the source instead {}; through buffers {}; {} job(s)",
             p_rank,
             match (alive, silent) {
                 (true, _) => "alive".to_string(),
@@ -178,6 +178,7 @@ fn print_cluster(c: &ClusterStatus) {
             format_size(p.peer_bytes),
             format_size(p.pfs_bytes),
             p.fallbacks,
+            format_size(p.bounce_bytes),
             p.jobs
         ));
     }
