@@ -788,10 +788,14 @@ def cpus_of_threads(pid: int, prefix: str) -> list:
     """The CPUs each thread of `pid` whose name starts with `prefix` may run on."""
     out = []
     for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
-        if (task / "comm").read_text().strip().startswith(prefix):
-            line = next(l for l in (task / "status").read_text().splitlines()
-                        if l.startswith("Cpus_allowed_list:"))
-            out.append(line.split(":", 1)[1].strip())
+        try:  # a thread may end between the listing and the read (a connection's)
+            if not (task / "comm").read_text().strip().startswith(prefix):
+                continue
+            status = (task / "status").read_text()
+        except FileNotFoundError:
+            continue
+        line = next(l for l in status.splitlines() if l.startswith("Cpus_allowed_list:"))
+        out.append(line.split(":", 1)[1].strip())
     return out
 
 
