@@ -153,6 +153,8 @@ struct Send {
     credit: u64,
     to: u32,
     since: Instant,
+    /// Liveness traffic: its completion is not activity.
+    quiet: bool,
 }
 
 struct Expecting {
@@ -242,9 +244,9 @@ impl Loop {
                 tag,
                 data,
                 credit,
-            } => self.send(to, tag, data, credit),
+            } => self.send(to, tag, data, credit, false),
             Cmd::Quiet { to, data } => {
-                self.send(to, CTRL, Payload::Owned(data), 0);
+                self.send(to, CTRL, Payload::Owned(data), 0, true);
                 return false;
             }
             Cmd::Expect { from, tag, sink } => {
@@ -277,7 +279,7 @@ impl Loop {
         true
     }
 
-    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64) {
+    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64, quiet: bool) {
         let mut req = null_request();
         let (ptr, len) = data.bytes();
         // SAFETY: the bytes belong to `data` (a buffer, or a mapping held by its Arc), which
@@ -306,6 +308,7 @@ impl Loop {
             credit,
             to,
             since: Instant::now(),
+            quiet,
         });
     }
 
@@ -436,7 +439,7 @@ impl Loop {
     }
 
     /// Tests receives and sends in flight; delivers completed data in order. True if any
-    /// completed.
+    /// completed (but liveness traffic).
     fn progress(&mut self) -> bool {
         let mut any = false;
         let mut failed = Vec::new();
@@ -487,7 +490,7 @@ impl Loop {
                 true
             }
             Ok(true) => {
-                any = true;
+                any |= !s.quiet;
                 budget.release(s.credit);
                 if let Payload::Owned(b) = &mut s.data {
                     bufs.put(std::mem::take(b));
