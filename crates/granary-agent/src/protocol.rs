@@ -272,6 +272,15 @@ pub struct ClusterStatus {
     pub staging_free_files: u64,
     #[serde(default)]
     pub staging_free_bytes: u64,
+    /// Bytes of copies received here and checksummed, and the time the checksums took on one
+    /// thread (`hashing_ns / hashed_bytes`: the checksum's cost per byte on this node).
+    #[serde(default)]
+    pub hashed_bytes: u64,
+    #[serde(default)]
+    pub hashing_ns: u64,
+    /// Mappings of this rank's own copies kept for sending from (`cluster::maps`).
+    #[serde(default)]
+    pub maps_kept: u64,
     /// Files and bytes this rank holds of the dataset (as first owner or replica), all ranks
     /// together: the dataset as dealt out.
     pub files_owned: u64,
@@ -309,4 +318,9 @@ pub struct Beat {
     /// Files another rank was to send it that it read from the source instead.
     pub fallbacks: u64,
     pub jobs: u64,
+    /// Bytes of copies that went through a buffer on this rank instead of straight between
+    /// the owner's copy and the receiving one (a piece read into a buffer by the owner, or
+    /// received into one): 0 on the normal path.
+    #[serde(default)]
+    pub bounce_bytes: u64,
 }

@@ -188,7 +188,7 @@ fn print_cluster(c: &ClusterStatus) {
         let p = &p.numbers;
         out(&format!(
             "  rank {}: {}, holds {} files ({}), staged {}; from others {} ({}), to others {} \
-             ({}); PFS {}, from the source instead {}; {} job(s)",
+             ({}); PFS {}, from the source instead {}; through buffers {}; {} job(s)",
             p_rank,
             match (alive, silent) {
                 (true, _) => "alive".to_string(),
@@ -204,6 +204,7 @@ fn print_cluster(c: &ClusterStatus) {
             format_size(p.peer_bytes),
             format_size(p.pfs_bytes),
             p.fallbacks,
+            format_size(p.bounce_bytes),
             p.jobs
         ));
     }
