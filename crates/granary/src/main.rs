@@ -1,7 +1,7 @@
 //! `granary`: the command line. Each command turns its flags (`flags`) into the typed
 //! configuration of the library that does the work (`granary_agent`, `granary_pack`) and calls
 //! it (`commands`); what they share to talk to the user and start the program is beside them
-//! (`output`, `signals`, `preload`, `jobenv`, `report`).
+//! (`output`, `signals`, `preload`, `jobenv`, `preflight`).
 
 mod commands;
 mod flags;
@@ -9,7 +9,6 @@ mod jobenv;
 mod output;
 mod preflight;
 mod preload;
-mod report;
 mod signals;
 
 use clap::Parser;

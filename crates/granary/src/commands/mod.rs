@@ -1,5 +1,5 @@
 //! One module per command. A command may use the binary's shared pieces (`crate::output`,
-//! `signals`, `preload`, `jobenv`, `report`) and the flags, never another command.
+//! `signals`, `preload`, `jobenv`, `preflight`) and the flags, never another command.
 
 pub mod agent;
 pub mod container_flags;

@@ -1,20 +1,18 @@
 //! `granary run`: attach to the agent, run the program with the preload library, report.
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use granary_agent::client::{connect_or_spawn, replace_unresponsive, silent_pid, Conn};
+use granary_agent::job::{Ended, Job};
 use granary_agent::protocol::{Reply, Request};
 use granary_core::config::Config;
 use granary_core::placement::prefetch::OrderSpec;
 use granary_core::runtime::Runtime;
 use granary_core::size::format_size;
-use granary_core::stats::{JobPlaced, JobReport, PlacementStats, SourceReport};
-use granary_shm::{job, layout::MAX_TIERS, Mapping};
+use granary_core::stats::JobReport;
 
 use crate::flags::run::RunArgs;
 use crate::output::{say, say_raw};
@@ -116,8 +114,8 @@ pub fn main(args: RunArgs) -> Result<i32> {
         return decline(&mut cmd, &source, u);
     }
     let order = args.order_spec(&cfg)?;
-    let job = match attach(&args, &cfg, &source, order, attach_wait, strict) {
-        Ok(job) => job,
+    let (job, preload) = match attach(&args, &cfg, &source, order, attach_wait, strict) {
+        Ok(attached) => attached,
         Err(e) if args.mount.is_some() => bail!("{e:#}"),
         Err(e) => {
             let why = format!("{e:#}");
@@ -140,177 +138,48 @@ pub fn main(args: RunArgs) -> Result<i32> {
             return decline(&mut cmd, &source, Unserved::new(why, fix));
         }
     };
-    let Job {
-        mut conn,
-        table_path,
-        slot,
-        tier_usage,
-        catalog,
-        before,
-        preload,
-        _mapping,
-        table,
-        runtime,
-        mut warnings,
-    } = job;
     let mut ld = preload.as_os_str().to_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         ld.push(":");
         ld.push(old);
     }
     // The table also as an inherited fd: it reaches into containers with their own /dev/shm.
-    let handover = crate::jobenv::Handover::open(&table_path)
+    let handover = crate::jobenv::Handover::open(&job.table_path)
         .map_err(|e| {
             say(format!(
                 "granary: {e:#}; the program gets the table by its path only"
             ))
         })
         .ok();
-    crate::jobenv::job_env(&mut cmd, handover.as_ref(), prog, &ld, &table_path, slot);
+    crate::jobenv::job_env(
+        &mut cmd,
+        handover.as_ref(),
+        prog,
+        &ld,
+        &job.table_path,
+        job.slot,
+    );
     let st = spawn_and_wait(&mut cmd, prog)?;
     drop(handover);
-    let exit_status = exit_code(st);
-
-    let c = |w: usize| {
-        table
-            .counter(slot, w)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
-    };
-    let (delta, usage, mine, cluster, placing) =
-        match agent_stats(&mut conn, &source, slot, args.pack.as_deref()) {
-            Ok(AgentStats {
-                placement,
-                tiers,
-                warnings: now,
-                job,
-                cluster,
-                pending,
-            }) => {
-                for w in now {
-                    if !warnings.contains(&w) {
-                        say(format!("granary: {w}"));
-                        warnings.push(w);
-                    }
-                }
-                (placement.since(&before), tiers, job, cluster, pending)
-            }
-            Err(e) => {
-                // The program is done; the agent's figures are not worth a hung job.
-                let w = format!("{e:#}; the report lacks the agent's figures");
-                say(format!("granary: {w}"));
-                warnings.push(w);
-                (
-                    PlacementStats::default(),
-                    tier_usage,
-                    JobPlaced::default(),
-                    None,
-                    0,
-                )
-            }
-        };
-    let mut tiers_rep = JobReport::tier_reports(&usage);
-    for (i, t) in tiers_rep.iter_mut().enumerate().take(MAX_TIERS) {
-        t.files_served = c(job::TIER_FILES + i);
-        t.bytes_served = c(job::TIER_BYTES + i);
-        t.files_placed = mine.files.get(i).copied().unwrap_or(0);
-        t.bytes_placed = mine.bytes.get(i).copied().unwrap_or(0);
-    }
-    let mmap = granary_core::stats::MmapReport {
-        tier_bytes: c(job::MAP_LOCAL_BYTES),
-        source_bytes: c(job::MAP_SOURCE_BYTES),
-        faulted_bytes: c(job::MAP_FAULTED_BYTES),
-        read_ahead_bytes: delta.mmap_read_ahead,
-        windows: delta.mmap_windows,
-        lmdb_local_locks: delta.lmdb_local_locks,
-    };
-    for w in crate::report::warnings::of(&crate::report::warnings::Job {
-        table: &table,
-        slot,
+    let reported = job.report(&Ended {
+        source: &source,
+        pack: args.pack.as_deref(),
         program: prog,
         args: prog_args,
-        source: &source,
-        tiers: &tiers_rep,
-        runtime: &runtime,
         preload: &preload,
-    }) {
-        if args.quiet {
+        exit_status: exit_code(st),
+        wall_time_s: started.elapsed().as_secs_f64(),
+    });
+    for w in &reported.agent_warnings {
+        say(format!("granary: {w}"));
+    }
+    if args.quiet {
+        for w in &reported.program_warnings {
             say(format!("granary: warning: {w}"));
         }
-        warnings.push(w);
     }
-    // The copies are this job's; the rest of `placement` is the agent's work on the source.
-    let placement = PlacementStats {
-        files_placed: mine.files.iter().sum(),
-        bytes_placed: mine.bytes.iter().sum(),
-        tier_files_placed: mine.files.clone(),
-        tier_bytes_placed: mine.bytes.clone(),
-        ..delta
-    };
-    let report = JobReport {
-        version: 1,
-        source: source.display().to_string(),
-        exit_status,
-        wall_time_s: started.elapsed().as_secs_f64(),
-        disabled: false,
-        job_slot: slot,
-        catalog,
-        opens: c(job::OPENS),
-        catalog_metadata_calls: c(job::CATALOG_META),
-        fallbacks: c(job::FALLBACKS),
-        source_io: SourceReport {
-            opens: c(job::SOURCE_OPENS),
-            reads: c(job::SOURCE_READS),
-            bytes: c(job::SOURCE_BYTES),
-            metadata_calls: c(job::SOURCE_META),
-        },
-        files_served_from_tiers: tiers_rep.iter().map(|t| t.files_served).sum(),
-        bytes_served_from_tiers: tiers_rep.iter().map(|t| t.bytes_served).sum(),
-        bytes_placed: placement.bytes_placed,
-        tiers: tiers_rep,
-        placement,
-        transient_drops: c(job::TRANSIENT_DROPS),
-        fallback: None,
-        fix: None,
-        placing,
-        pack: args
-            .pack
-            .as_ref()
-            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
-            .map(|p| p.display().to_string()),
-        warnings,
-        mmap,
-        cluster,
-    };
-    drop(conn);
-    finish(&args, &report)?;
-    Ok(exit_status)
-}
-
-/// A job attached to the agent: its table mapped, its counter slot, the agent's counters at start.
-struct Job {
-    conn: Conn,
-    table_path: PathBuf,
-    slot: u32,
-    tier_usage: Vec<granary_core::tiers::TierUsage>,
-    catalog: granary_core::stats::CatalogStats,
-    before: PlacementStats,
-    preload: PathBuf,
-    _mapping: Mapping,
-    table: granary_shm::Table,
-    /// The agent's runtime directory (the table's).
-    runtime: PathBuf,
-    /// What the agent warned about at attach.
-    warnings: Vec<String>,
-}
-
-/// What the agent answered to `attach`.
-struct Attached {
-    table: PathBuf,
-    slot: u32,
-    tiers: Vec<granary_core::tiers::TierUsage>,
-    catalog: granary_core::stats::CatalogStats,
-    placement: PlacementStats,
-    warnings: Vec<String>,
+    finish(&args, &reported.report)?;
+    Ok(reported.report.exit_status)
 }
 
 /// Everything granary needs before the program starts: tiers, preload library, agent, table.
@@ -324,7 +193,7 @@ fn attach(
     order: Option<OrderSpec>,
     attach_wait: Option<Duration>,
     strict: bool,
-) -> Result<Job> {
+) -> Result<(Job, PathBuf)> {
     // Attaching to a running agent: its tiers, unless the job names some.
     let (tiers, announce): (Vec<_>, Vec<_>) = if args.attach && args.tiers.named(cfg)?.is_empty() {
         (Vec::new(), Vec::new())
@@ -355,17 +224,16 @@ fn attach(
         mount: args.mount.is_some(),
         mmap: cfg.mmap,
     };
-    let try_once = || -> Result<(Conn, Attached)> {
-        let mut conn = match attach_wait {
+    let try_once = || -> Result<Job> {
+        let conn = match attach_wait {
             Some(wait) => connect_attached(&rt, wait)?,
             None => connect_or_spawn(&rt, &agent_args)?,
         };
-        let a = attach_on(&mut conn, &request, args.quiet, source)?;
-        Ok((conn, a))
+        attach_on(conn, &request, args.quiet, source, rt.dir.clone())
     };
     // An agent that does not answer is replaced once; a second silence is the job's fallback.
     // Never one a job attaches to: it did not start it (a serving rank, maybe busy).
-    let (conn, a) = match try_once() {
+    let job = match try_once() {
         Err(e) if silent_pid(&e).is_some() && attach_wait.is_none() => {
             say(format!("granary: {e}"));
             replace_unresponsive(&rt, silent_pid(&e).flatten())?;
@@ -374,14 +242,14 @@ fn attach(
         r => r?,
     };
     if strict {
-        if let Some(w) = a.warnings.first() {
+        if let Some(w) = job.warnings.first() {
             bail!("{w}");
         }
     }
     // The tiers the user did not size, as the agent uses them (their capacity is a share of
     // the free space, which the agent measured).
     if !args.quiet {
-        for (i, t) in a.tiers.iter().enumerate() {
+        for (i, t) in job.tiers.iter().enumerate() {
             if announce.get(i).copied().unwrap_or(false)
                 && tiers.get(i).is_some_and(|s| s.path == t.path)
             {
@@ -393,29 +261,7 @@ fn attach(
             }
         }
     }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&a.table)
-        .with_context(|| format!("opening table {}", a.table.display()))?;
-    let len = f.metadata()?.len() as usize;
-    let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
-        .with_context(|| format!("mapping table {}", a.table.display()))?;
-    drop(f);
-    Ok(Job {
-        conn,
-        table_path: a.table,
-        slot: a.slot,
-        tier_usage: a.tiers,
-        catalog: a.catalog,
-        before: a.placement,
-        preload,
-        _mapping: mapping,
-        table,
-        runtime: rt.dir.clone(),
-        warnings: a.warnings,
-    })
+    Ok((job, preload))
 }
 
 /// The walk's progress line on a terminal: files, directories and bytes so far, rate, time.
@@ -431,85 +277,70 @@ fn walk_bar(source: &Path) -> indicatif::ProgressBar {
     b
 }
 
-/// Sends the attach request and waits for the table, showing the walk's progress on a
-/// terminal; the agent's notes are printed unless `quiet`, its warnings always.
-fn attach_on(conn: &mut Conn, request: &Request, quiet: bool, source: &Path) -> Result<Attached> {
-    conn.send(request)?;
+/// Attaches on `conn`, showing the walk's progress (a bar on a terminal, a line every few
+/// seconds in a log); the agent's notes are printed unless `quiet`, its warnings always.
+fn attach_on(
+    conn: Conn,
+    request: &Request,
+    quiet: bool,
+    source: &Path,
+    runtime: PathBuf,
+) -> Result<Job> {
     let walk_started = Instant::now();
     let mut bar: Option<indicatif::ProgressBar> = None;
     let terminal = crate::output::stderr_is_terminal();
     let mut ticker = crate::output::Ticker::new();
-    loop {
+    let job = granary_agent::job::attach(conn, request, runtime, &mut |w| {
         // Ctrl-C while the signals are held for the program (`connect_attached` waited): the
         // program runs, without granary, and gets it.
         if crate::signals::interrupted() {
             bail!("interrupted");
         }
-        match conn.recv()? {
-            Reply::Progress { files, dirs, bytes } => {
-                if bar.is_none()
-                    && walk_started.elapsed() > Duration::from_secs(1)
-                    && files + dirs > 0
-                    && !quiet
-                    && terminal
-                {
-                    bar = Some(walk_bar(source));
-                }
-                if let Some(b) = &bar {
-                    b.set_position(files);
-                    b.set_message(format!("{dirs} dirs, {}", format_size(bytes)));
-                } else if !terminal && !quiet && files + dirs > 0 && ticker.due() {
-                    // A batch job's log: where the walk is, every few seconds.
-                    say(format!(
-                        "granary: cataloguing {}: {files} files, {dirs} dirs, {} after {:.0} s",
-                        source.display(),
-                        format_size(bytes),
-                        walk_started.elapsed().as_secs_f64()
-                    ));
-                }
-            }
-            Reply::Attached {
-                table,
-                job_slot,
-                tiers,
-                notes,
-                warnings,
-                catalog,
-                placement,
-                ..
-            } => {
-                let shown = bar.take().map(|b| b.finish_and_clear()).is_some();
-                if shown || (walk_started.elapsed() > Duration::from_secs(1) && !quiet) {
-                    say(format!(
-                        "granary: catalogued {}: {} files, {} dirs, {} in {:.1} s",
-                        source.display(),
-                        catalog.files,
-                        catalog.dirs,
-                        format_size(catalog.bytes),
-                        catalog.walk_s
-                    ));
-                }
-                if !quiet {
-                    for n in notes {
-                        say(format!("granary: {n}"));
-                    }
-                }
-                for w in &warnings {
-                    say(format!("granary: {w}"));
-                }
-                return Ok(Attached {
-                    table,
-                    slot: job_slot,
-                    tiers,
-                    catalog,
-                    placement,
-                    warnings,
-                });
-            }
-            Reply::Error { message } => bail!("agent: {message}"),
-            other => bail!("unexpected reply from the agent: {other:?}"),
+        let (files, dirs, bytes) = (w.files, w.dirs, w.bytes);
+        if bar.is_none()
+            && walk_started.elapsed() > Duration::from_secs(1)
+            && files + dirs > 0
+            && !quiet
+            && terminal
+        {
+            bar = Some(walk_bar(source));
+        }
+        if let Some(b) = &bar {
+            b.set_position(files);
+            b.set_message(format!("{dirs} dirs, {}", format_size(bytes)));
+        } else if !terminal && !quiet && files + dirs > 0 && ticker.due() {
+            // A batch job's log: where the walk is, every few seconds.
+            say(format!(
+                "granary: cataloguing {}: {files} files, {dirs} dirs, {} after {:.0} s",
+                source.display(),
+                format_size(bytes),
+                walk_started.elapsed().as_secs_f64()
+            ));
+        }
+        Ok(())
+    });
+    let shown = bar.take().map(|b| b.finish_and_clear()).is_some();
+    let job = job?;
+    let c = &job.catalog;
+    if shown || (walk_started.elapsed() > Duration::from_secs(1) && !quiet) {
+        say(format!(
+            "granary: catalogued {}: {} files, {} dirs, {} in {:.1} s",
+            source.display(),
+            c.files,
+            c.dirs,
+            format_size(c.bytes),
+            c.walk_s
+        ));
+    }
+    if !quiet {
+        for n in &job.notes {
+            say(format!("granary: {n}"));
         }
     }
+    for w in &job.warnings {
+        say(format!("granary: {w}"));
+    }
+    Ok(job)
 }
 
 /// A job granary cannot serve: with `strict`, refused before the program starts (the cause and
@@ -548,16 +379,6 @@ fn decline(
     };
     finish(args, &report)?;
     Ok(report.exit_status)
-}
-
-/// The agent's answer to `stats` at the end of a job.
-struct AgentStats {
-    placement: PlacementStats,
-    tiers: Vec<granary_core::tiers::TierUsage>,
-    warnings: Vec<String>,
-    job: JobPlaced,
-    cluster: Option<granary_core::stats::ClusterReport>,
-    pending: u64,
 }
 
 /// `granary run --attach`: this node's agent (`granary serve`'s rank here), waited for up to
@@ -614,37 +435,6 @@ fn served_source(wait: Duration) -> Result<(PathBuf, bool)> {
             (None, [one]) => Ok((one.source.clone(), false)),
             _ => bail!("the agent serves several sources (or none): name one with --source"),
         },
-        other => bail!("unexpected reply {other:?}"),
-    }
-}
-
-fn agent_stats(
-    conn: &mut Conn,
-    source: &Path,
-    slot: u32,
-    pack: Option<&Path>,
-) -> Result<AgentStats> {
-    let req = Request::Stats {
-        source: source.to_path_buf(),
-        slot,
-        pack: pack.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())),
-    };
-    match conn.ask(&req)? {
-        Reply::Stats {
-            placement,
-            tiers,
-            warnings,
-            job,
-            cluster,
-            pending,
-        } => Ok(AgentStats {
-            placement,
-            tiers,
-            warnings,
-            job,
-            cluster,
-            pending,
-        }),
         other => bail!("unexpected reply {other:?}"),
     }
 }
