@@ -138,6 +138,8 @@ def _estimate_bytes(k):
         small += k.npz_files * (k.npz_kb + 4) * 1024
     if any(w.split(":")[0] == "dlio" for w in k.workloads):
         small += k.dlio_files * (k.dlio_record_length + 8192)
+    if any(w.split(":")[0] == "hfds" for w in k.workloads):
+        small += k.hfds_rows * (k.hfds_kb + 8) * 1024 * 1.2
     records = k.record_shards * k.record_max_mb * (1 << 20)
     fan = sum(n * s for n, s in ((k.fanstore_counts.get(d, 0), b)
                                  for d, b in dataset.FANSTORE_SIZES.items()))

@@ -23,10 +23,13 @@ WORKLOADS = {
     # A real client: DLIO 2.0.0's PyTorch loader and npz reader (bench/clients/dlio_client.py),
     # on the npz files DLIO generates itself; installed by the bench (clientenv.py).
     "dlio": ("dlio", "dlio_client.py", [], False),
+    # A real client: Hugging Face `datasets` (load_from_disk, shuffle, every row; the Arrow
+    # shards are memory-mapped). NAME:CAP runs it under memory cap CAP (`hfds:768M`).
+    "hfds": ("hfds", "hfds_client.py", [], False),
 }
 # Real clients, each in a Python environment the bench installs (clientenv.py): workload ->
 # the requirements file's name in bench/clients/requirements/.
-CLIENT_ENVS = {"dlio": "dlio"}
+CLIENT_ENVS = {"dlio": "dlio", "hfds": "hfds"}
 SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half", "granary-packed",
           "granary-packed-zstd"]
 # Not run unless asked for (--setups): the compressed pack only matters for `fanstorez`.
@@ -72,6 +75,12 @@ class Knobs:
     dlio_epochs: int = 1
     dlio_mem_cap: int = 1024 * MIB
     clients_dir: str = "/var/tmp/granary-bench-clients"
+    # Hugging Face datasets (a real client): rows of log-normal random bytes around hfds_kb,
+    # written by save_to_disk in shards of at most hfds_shard, the setups it runs under
+    hfds_rows: int = 600
+    hfds_kb: int = 100
+    hfds_shard: str = "64MB"
+    hfds_setups: list = field(default_factory=lambda: ["pfs", "local", "granary-full"])
     # emulated PFS
     read_bps: int = 64 * MIB
     read_iops: int = 150
@@ -112,6 +121,7 @@ PRESETS = {
         fanstore_counts={"128K": 1024, "512K": 256, "2M": 64, "8M": 16},
         npz_files=2400,
         dlio_files=1200,
+        hfds_rows=3200,
         mem_cap=256 * MIB,
         workloads=["small:lenet", "small:resnet", "records:lenet", "mmap:lenet", "fanstore",
                    "npz:lenet", "dlio"],
@@ -166,6 +176,11 @@ Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
                 installed by the bench into --clients-dir (pip, pinned: ~6.7 GB with torch,
                 once); every byte its reader reads checked; one epoch under --dlio-setups,
                 granary-full --epoch1-pairs times (its bar: epoch 1 / (dataset / bandwidth))
+  hfds:CAP      a real client: Hugging Face datasets 4.4.1, load_from_disk of shards
+                save_to_disk wrote (--hfds-rows, --hfds-shard), .shuffle(seed), every row
+                iterated through the memory-mapped Arrow files and checked; one epoch under
+                --hfds-setups with memory cap CAP (e.g. hfds:768M, the mapped set fits, and
+                hfds:256M, it does not); not by default
 """
 
 
@@ -195,6 +210,10 @@ def parse_args(argv=None):
                    help=f"files DLIO generates (quick {d.dlio_files}, full 1200)")
     g.add_argument("--dlio-record-length", type=int,
                    help="DLIO's record_length: its arrays are sqrt(this)^2 bytes (716800)")
+    g.add_argument("--hfds-rows", type=int,
+                   help=f"rows of the Hugging Face dataset (quick {d.hfds_rows}, full 3200: "
+                        "~320 MB)")
+    g.add_argument("--hfds-shard", help="save_to_disk's max_shard_size (64MB)")
     g.add_argument("--clients-dir", help="where the real clients' Python environments are "
                                          f"installed and kept ({d.clients_dir})")
     g = p.add_argument_group("emulated PFS")
@@ -226,6 +245,8 @@ def parse_args(argv=None):
                         "report has per-epoch data, otherwise just the total time.")
     g.add_argument("--dlio-setups", type=lambda s: s.split(","),
                    help=f"setups the dlio workload runs under ({','.join(d.dlio_setups)})")
+    g.add_argument("--hfds-setups", type=lambda s: s.split(","),
+                   help=f"setups the hfds workload runs under ({','.join(d.hfds_setups)})")
     g.add_argument("--dlio-read-threads", type=int, help="DLIO's read_threads (1)")
     g.add_argument("--dlio-batch", type=int, help="DLIO's batch_size (4)")
     g.add_argument("--dlio-computation-time", type=float,
@@ -290,7 +311,7 @@ def parse_args(argv=None):
     for w in k.workloads:
         if w.split(":")[0] not in WORKLOADS:
             p.error(f"unknown workload {w}")
-    for s in k.setups + k.npz_setups + k.dlio_setups:
+    for s in k.setups + k.npz_setups + k.dlio_setups + k.hfds_setups:
         if s not in SETUPS:
             p.error(f"unknown setup {s}")
     return k

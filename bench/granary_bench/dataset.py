@@ -211,6 +211,10 @@ def generate(knobs, source_root, manifest_dir, names, clients=None):
                                        os.path.join(knobs.workdir, "dlio-generate"),
                                        lambda m: print(m, flush=True))
             extra = {"record_length": knobs.dlio_record_length, "npz": npz}
+        elif name == "hfds":
+            from . import hfds
+            files, extra = hfds.generate(clients["hfds"]["python"], base, knobs,
+                                         os.path.join(knobs.workdir, "hfds-generate"))
         else:
             raise ValueError(f"unknown dataset {name}")
         manifest = os.path.join(manifest_dir, f"{name}.json")

@@ -213,13 +213,15 @@ def measured_bar(data):
             rows += _epoch1_rows(data, wl, {"granary-full": full, "local": local, "pfs": pfs},
                                  size, bw, (("granary-full", 1.05), ("local", None),
                                             ("pfs", None)))
+        if wl.startswith("hfds-"):
+            rows += _hfds_rows(wl, full, local, pfs, size, bw, e1)
         if wl.startswith("small"):
             x = g1 / p1 if g1 is not None and p1 else None
             rows.append(["epoch 1 / PFS epoch 1", wl, "granary-full", _f2(x), "≤ 1.00",
                          verdict(x, 1.00), f"{_s(g1)} s vs {_s(p1)} s"])
         x, how = _steady_state(data, wl, full, local)
-        # DLIO's jobs run one epoch by default (--dlio-epochs): its bar is epoch 1.
-        if x is not None or wl != "dlio":
+        # DLIO's and HF datasets' jobs run one epoch by default: their bars are epoch 1.
+        if x is not None or not (wl == "dlio" or wl.startswith("hfds")):
             rows.append(["mean of epochs ≥ 2 / Local's", wl, "granary-full", _f2(x), "≤ 1.05",
                          verdict(x, 1.05), how])
         for name, r in (("granary-full", full), ("granary-half", half)):
@@ -257,6 +259,35 @@ def measured_bar(data):
             rows.append(["epoch 1: 2nd-half / 1st-half throughput", wl, "granary-full", "–",
                          "≥ 0.90", "n/a", "no timeline"])
     return rows
+
+
+def _hfds_rows(wl, full, local, pfs, size, bw, e1):
+    """Hugging Face datasets under memory cap CAP (`hfds-CAP`): where the mapped shards fit
+    (CAP above the dataset), epoch 1 ≤ 1.2 × max(dataset ÷ bandwidth, Local's epoch 1); where
+    they do not, epoch 1 ≤ PFS-direct's."""
+    from .config import parse_size
+    cap = parse_size(wl.split("-", 1)[1])
+    g1, l1, p1 = e1(full), e1(local), e1(pfs)
+    crit = "epoch 1 / max(dataset / bandwidth, Local epoch 1)"
+    if not (size and bw):
+        return [[crit, wl, "granary-full", "–", "≤ 1.20", "n/a", "no source bandwidth"]]
+    if cap > size:
+        if g1 is None or l1 is None:
+            return [[crit, wl, "granary-full", "–", "≤ 1.20", "n/a", "no granary or Local run"]]
+        ref = max(size / bw, l1)
+        x = g1 / ref
+        return [[crit, wl, "granary-full", f"{x:.2f}", "≤ 1.20",
+                 "**pass**" if x <= 1.2 else "**FAIL**",
+                 f"{g1:.1f} s; dataset / bandwidth {size / bw:.1f} s, Local {l1:.1f} s, "
+                 f"PFS-direct {_s(p1)} s; cap {cap >> 20} MiB holds the {size / 1e6:.0f} MB"]]
+    if g1 is None or p1 is None:
+        return [["epoch 1 / PFS epoch 1", wl, "granary-full", "–", "≤ 1.00", "n/a",
+                 "no granary or PFS-direct run"]]
+    x = g1 / p1
+    return [["epoch 1 / PFS epoch 1", wl, "granary-full", f"{x:.2f}", "≤ 1.00",
+             "**pass**" if x <= 1.0 else "**FAIL**",
+             f"{g1:.1f} s vs {p1:.1f} s; Local {_s(l1)} s; cap {cap >> 20} MiB < the "
+             f"{size / 1e6:.0f} MB mapped"]]
 
 
 def _median(xs):

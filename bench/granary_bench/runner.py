@@ -41,6 +41,8 @@ class Job:
         # FanStore's benchmark only reads: no model step unless asked for. DLIO has its own
         # (--dlio-computation-time).
         compute = compute or ("" if name.startswith("fanstore") or name == "dlio" else "lenet")
+        if name == "hfds" and not compute[:1].isdigit():
+            raise ValueError("hfds needs a memory cap: hfds:768M")
         return cls(name, compute, dataset, script, args, cacheable)
 
 
@@ -77,10 +79,13 @@ class Bench:
                                            epochs=epochs, workers=self.k.workers,
                                            cache_dir=shlex.quote(cache_dir or ""))
             return ["sh", "-c", cmd]
-        argv = [sys.executable, os.path.join(CLIENTS, job.script), "--root", root,
+        python = sys.executable
+        if job.workload in config.CLIENT_ENVS:
+            python = self.clients[job.workload].get("python", sys.executable)
+        argv = [python, os.path.join(CLIENTS, job.script), "--root", root,
                 "--manifest", ds.manifest, "--epochs", str(epochs),
                 "--workers", str(self.k.workers), "--seed", str(self.k.seed), *job.args]
-        if job.compute:
+        if job.compute and job.workload != "hfds":  # hfds: the compute slot is its cap
             argv += ["--compute", job.compute]
         if job.workload in ("small", "npz"):
             argv += ["--batch", str(self.k.batch)]
@@ -216,6 +221,8 @@ class Bench:
                 made = [s for s in made if s.name in self.k.npz_setups]
             if job.workload == "dlio":
                 made = [s for s in made if s.name in self.k.dlio_setups]
+            if job.workload == "hfds":
+                made = [s for s in made if s.name in self.k.hfds_setups]
             by = {}
             with self.memory_cap(job):
                 for setup in made:
@@ -223,6 +230,8 @@ class Bench:
                     epochs = 1 if epoch1 and setup.name == "pfs" else None
                     if job.workload == "dlio":
                         epochs = 1 if setup.name == "pfs" else self.k.dlio_epochs
+                    if job.workload == "hfds":
+                        epochs = 1
                     by[setup.name] = self.run_job(job, setup, epochs)
                     results.append(by[setup.name])
                 repeats += self.repeat_pairs(job, made, by)
@@ -235,11 +244,14 @@ class Bench:
         """DLIO's jobs run under --dlio-mem-cap: its interpreter with torch and tensorflow
         imported holds more than the other clients' whole cap."""
         mem = self.pfs.memory
-        if job.workload != "dlio" or mem is None or self.k.dlio_mem_cap == self.k.mem_cap:
+        cap = {"dlio": self.k.dlio_mem_cap,
+               "hfds": config.parse_size(job.compute) if job.workload == "hfds" else 0
+               }.get(job.workload)
+        if not cap or mem is None or cap == self.k.mem_cap:
             yield
             return
-        self.log(f"  memory cap {self.k.dlio_mem_cap >> 20} MiB for {job.key}")
-        mem.write("memory.limit_in_bytes", self.k.dlio_mem_cap)
+        self.log(f"  memory cap {cap >> 20} MiB for {job.key}")
+        mem.write("memory.limit_in_bytes", cap)
         try:
             yield
         finally:
