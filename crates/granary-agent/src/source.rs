@@ -497,6 +497,7 @@ impl SourceState {
             pack: Default::default(),
             mappings: Default::default(),
             remote: Default::default(),
+            ahead: Default::default(),
         });
         // Beaten before any job has it: a client never takes a new table's agent for dead.
         ctx.table.beat(granary_core::sys::monotonic_ns());

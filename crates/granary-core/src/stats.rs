@@ -34,6 +34,9 @@ pub struct AgentCounters {
     /// files placed ahead of the program.
     pub evictions: AtomicU64,
     pub prefetched: AtomicU64,
+    /// Files fetched ahead of a program reading their directory in name order
+    /// (`placement::ahead`).
+    pub read_ahead: AtomicU64,
     /// Files no tier had room for (SOURCE_ONLY or PARTIAL without a source call): not failures.
     pub no_room: AtomicU64,
     /// Chunks of PARTIAL files written to a tier, and their bytes.
@@ -176,6 +179,7 @@ impl AgentCounters {
             duplicate_bytes: l(&self.duplicate_bytes),
             evictions: l(&self.evictions),
             prefetched: l(&self.prefetched),
+            read_ahead: l(&self.read_ahead),
             no_room: l(&self.no_room),
             chunks_placed: l(&self.chunks_placed),
             chunk_bytes_placed: l(&self.chunk_bytes_placed),
@@ -216,6 +220,9 @@ pub struct PlacementStats {
     pub evictions: u64,
     #[serde(default)]
     pub prefetched: u64,
+    /// See `AgentCounters::read_ahead`.
+    #[serde(default)]
+    pub read_ahead: u64,
     /// See the `AgentCounters` fields of the same names.
     #[serde(default)]
     pub no_room: u64,
@@ -278,6 +285,7 @@ impl PlacementStats {
             duplicate_bytes: self.duplicate_bytes.saturating_sub(before.duplicate_bytes),
             evictions: self.evictions.saturating_sub(before.evictions),
             prefetched: self.prefetched.saturating_sub(before.prefetched),
+            read_ahead: self.read_ahead.saturating_sub(before.read_ahead),
             no_room: self.no_room.saturating_sub(before.no_room),
             chunks_placed: self.chunks_placed.saturating_sub(before.chunks_placed),
             chunk_bytes_placed: self
@@ -579,6 +587,12 @@ impl JobReport {
             s.push_str(&format!(
                 "  known order: {} files placed ahead of the program, {} evicted\n",
                 p.prefetched, p.evictions
+            ));
+        }
+        if p.read_ahead > 0 {
+            s.push_str(&format!(
+                "  read ahead in name order: {} files placed before the program opened them\n",
+                p.read_ahead
             ));
         }
         if p.chunks_placed + p.no_room + p.backoffs > 0 {
