@@ -98,6 +98,12 @@ fn check_value(name: &str, value: &OsStr) -> Result<(), String> {
             .map(|_| ())
             .ok_or_else(|| "not a duration".into()),
         "GRANARY_STRICT" => strict_value(v).map(|_| ()),
+        // May not exist yet (the agent makes it) and may hold `{rank}`: only what is there is
+        // checked.
+        "GRANARY_RUNTIME_DIR" => match std::fs::metadata(v) {
+            Ok(m) if !m.is_dir() => Err("exists and is not a directory".into()),
+            _ => Ok(()),
+        },
         "GRANARY_CONFIG" | "GRANARY_PRELOAD" if !v.is_empty() => match std::fs::metadata(v) {
             Ok(m) if m.is_file() => Ok(()),
             Ok(_) => Err("not a regular file".into()),
