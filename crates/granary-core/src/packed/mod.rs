@@ -12,6 +12,7 @@
 
 pub mod catalog;
 pub mod check;
+pub mod damage;
 
 use std::path::{Path, PathBuf};
 
