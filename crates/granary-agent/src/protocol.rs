@@ -99,11 +99,18 @@ pub enum Reply {
         /// Files of the source the agent is still placing (queued or being copied).
         #[serde(default)]
         pending: u64,
+        /// A packed source: what of the pack was found damaged (partitions refused, files
+        /// whose bytes failed their checksum).
+        #[serde(default)]
+        pack_damage: Option<granary_core::stats::PackDamage>,
     },
     Status(AgentStatus),
     Stopping,
     Error {
         message: String,
+        /// The attach failed because the pack's index is damaged: what the job's report says.
+        #[serde(default)]
+        pack_damage: Option<granary_core::stats::PackDamage>,
     },
 }
 

@@ -163,6 +163,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                         &w,
                         &Reply::Error {
                             message: format!("bad request: {e}"),
+                            pack_damage: None,
                         },
                     )?;
                     continue;
@@ -188,11 +189,15 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                             &w,
                             &Reply::Error {
                                 message: "already attached".into(),
+                                pack_damage: None,
                             },
                         )?;
                         continue;
                     }
                     let progress = Progress::default();
+                    let pack_dir = pack
+                        .as_deref()
+                        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()));
                     let res = with_keepalive(&w, &progress, || {
                         attach(
                             agent,
@@ -225,6 +230,10 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                             &w,
                             &Reply::Error {
                                 message: format!("{e:#}"),
+                                pack_damage: pack_dir.as_deref().and_then(|dir| {
+                                    let pe = e.chain().find_map(|c| c.downcast_ref())?;
+                                    granary_core::packed::damage::of_open_error(dir, pe)
+                                }),
                             },
                         )?,
                     }
@@ -243,9 +252,13 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                                 }
                             }),
                             pending: s.snapshot().pending,
+                            pack_damage: s
+                                .ctx()
+                                .and_then(|c| c.pack.get().and_then(|st| st.damage())),
                         },
                         None => Reply::Error {
                             message: format!("no such source: {}", source.display()),
+                            pack_damage: None,
                         },
                     };
                     send(&w, &reply)?;

@@ -414,7 +414,12 @@ pub struct MmapReport {
 ///   "files_served_from_tiers": 0, "bytes_served_from_tiers": 0, "bytes_placed": 0,
 ///   "transient_drops": 0, "fallback": null, "warnings": [],
 ///   "mmap": {"tier_bytes": 0, "source_bytes": 0, "faulted_bytes": 0, "read_ahead_bytes": 0,
-///            "windows": 0, "lmdb_local_locks": 0}
+///            "windows": 0, "lmdb_local_locks": 0},
+///   "cluster": null,
+///   "pack_damage": null | {"pack": "/pfs/imagenet.granary", "files": 302,
+///                          "problems": ["…/part-00000: corrupt pack: … (truncated): 302 files in it"],
+///                          "index": false, "refused_opens": 0,
+///                          "verify": "granary pack verify /pfs/imagenet.granary"}
 /// }
 /// ```
 /// `opens` counts the program's opens of catalogued regular files; `source_io` what it did on
@@ -473,6 +478,95 @@ pub struct JobReport {
     /// Cluster mode: which node of the serving job this job ran on (`None` on one node).
     #[serde(default)]
     pub cluster: Option<ClusterReport>,
+    /// The pack served to the job (`--pack`) turned out damaged (also one of `warnings`).
+    #[serde(default)]
+    pub pack_damage: Option<PackDamage>,
+}
+
+/// A pack served to the job (`--pack`) that turned out damaged: which, how many of its files
+/// could not be served from it, what is wrong, and the command that names every damaged file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackDamage {
+    /// The pack directory.
+    pub pack: String,
+    /// Files of the pack that cannot be served from it (found so far: the agent streams the
+    /// pack in the background): every file of a partition it refused (missing, cut, another
+    /// pack's, its header damaged) and each file whose bytes failed their checksum. With the
+    /// original tree they come from the source; with the pack alone (`--mount`) opening one
+    /// fails with EIO — never wrong bytes.
+    pub files: u64,
+    /// What is wrong: refused partitions first, then damaged files (the first few).
+    pub problems: Vec<String>,
+    /// The index is damaged: no file can be served from the pack (`files` is every file when
+    /// the index's header still says how many).
+    #[serde(default)]
+    pub index: bool,
+    /// The job's opens of packed files that failed with EIO because the pack's bytes could not
+    /// be checked (pack alone).
+    #[serde(default)]
+    pub refused_opens: u64,
+    /// The command that names every damaged file.
+    pub verify: String,
+}
+
+impl PackDamage {
+    pub fn new(pack: &std::path::Path) -> PackDamage {
+        PackDamage {
+            pack: pack.display().to_string(),
+            verify: format!("granary pack verify {}", pack.display()),
+            ..Default::default()
+        }
+    }
+
+    /// The job's warning: `mount` when only the pack holds the tree.
+    pub fn warning(&self, mount: bool) -> String {
+        let (it, they) = if self.files == 1 {
+            ("it", "it")
+        } else {
+            ("them", "they")
+        };
+        let what = match (self.index, self.files, mount) {
+            (true, _, false) => {
+                "its index cannot be read, so no file can be served from it: every file came \
+                 from the source (slower)"
+                    .to_string()
+            }
+            (true, _, true) => "its index cannot be read, so no file can be served".to_string(),
+            (false, n, true) => {
+                let opens = match self.refused_opens {
+                    0 => String::new(),
+                    1 => " (1 open failed)".to_string(),
+                    n => format!(" ({n} opens failed)"),
+                };
+                format!(
+                    "{} cannot be read from it: opening {it} fails with EIO{opens}",
+                    count(n)
+                )
+            }
+            (false, n, false) => format!(
+                "{} could not be read from it: {they} came from the source (slower)",
+                count(n)
+            ),
+        };
+        let first = self
+            .problems
+            .first()
+            .map(|p| format!(" [{p}]"))
+            .unwrap_or_default();
+        format!(
+            "pack {} is damaged: {what}{first}; `{}` names every damaged file; pack the source \
+             again",
+            self.pack, self.verify
+        )
+    }
+}
+
+fn count(files: u64) -> String {
+    match files {
+        0 => "some of its files".to_string(),
+        1 => "1 file".to_string(),
+        n => format!("{n} files"),
+    }
 }
 
 /// The node of a cluster-mode job a `granary run` attached to; the traffic between nodes is in
@@ -658,8 +752,13 @@ impl JobReport {
         ));
         let c = &self.catalog;
         if c.pack_files + c.pack_dirs_checked > 0 {
+            let damaged = match &self.pack_damage {
+                Some(d) => format!("; DAMAGED: {} of its files cannot be read from it", d.files),
+                None => String::new(),
+            };
             s.push_str(&format!(
-                "  pack: {} files from the pack, {} from the source; {} dirs checked, {} changed\n",
+                "  pack: {} files from the pack, {} from the source; {} dirs checked, {} \
+                 changed{damaged}\n",
                 c.pack_files, c.pack_source_files, c.pack_dirs_checked, c.pack_dirs_changed
             ));
         }

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{bail, Context, Result};
 use granary_core::stats::{
-    CatalogStats, JobPlaced, JobReport, MmapReport, PlacementStats, SourceReport,
+    CatalogStats, JobPlaced, JobReport, MmapReport, PackDamage, PlacementStats, SourceReport,
 };
 use granary_core::tiers::TierUsage;
 use granary_shm::{job, layout::MAX_TIERS, Mapping, Table};
@@ -88,11 +88,36 @@ pub fn attach(
                     notes,
                 });
             }
-            Reply::Error { message } => bail!("agent: {message}"),
+            Reply::Error {
+                message,
+                pack_damage,
+            } => {
+                return Err(Refused {
+                    message,
+                    pack_damage,
+                }
+                .into())
+            }
             other => bail!("unexpected reply from the agent: {other:?}"),
         }
     }
 }
+
+/// The agent refused the attach: its message, and the damage of the pack (`--pack`) when that
+/// was the cause (its index is damaged), for the report of the job run without granary.
+#[derive(Debug)]
+pub struct Refused {
+    pub message: String,
+    pub pack_damage: Option<PackDamage>,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "agent: {}", self.message)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 fn map_table(path: &Path) -> Result<(Mapping, Table)> {
     let f = std::fs::OpenOptions::new()
@@ -111,6 +136,8 @@ pub struct Ended<'a> {
     pub source: &'a Path,
     /// The pack the job was served from (`--pack`), as given.
     pub pack: Option<&'a Path>,
+    /// Only the pack holds the tree (`--mount`).
+    pub mount: bool,
     pub program: &'a OsStr,
     pub args: &'a [OsString],
     /// The preload library the program was given.
@@ -120,7 +147,8 @@ pub struct Ended<'a> {
 }
 
 /// A job's report, with the warnings that came up since the attach: from the agent (a tier
-/// lost during the job), and about the program's processes (`warnings::of`).
+/// lost during the job), and about the program's processes (`warnings::of`) and the pack it
+/// was served from (damaged: `PackDamage::warning`).
 pub struct Reported {
     pub report: JobReport,
     pub agent_warnings: Vec<String>,
@@ -146,7 +174,7 @@ impl Job {
             slot: self.slot,
             pack: pack.clone(),
         };
-        let (delta, usage, mine, cluster, placing) = match self.conn.ask(&req) {
+        let (delta, usage, mine, cluster, placing, mut pack_damage) = match self.conn.ask(&req) {
             Ok(Reply::Stats {
                 placement,
                 tiers,
@@ -154,6 +182,7 @@ impl Job {
                 job,
                 cluster,
                 pending,
+                pack_damage,
             }) => {
                 for w in now {
                     if !warnings.contains(&w) {
@@ -161,7 +190,14 @@ impl Job {
                         warnings.push(w);
                     }
                 }
-                (placement.since(&self.before), tiers, job, cluster, pending)
+                (
+                    placement.since(&self.before),
+                    tiers,
+                    job,
+                    cluster,
+                    pending,
+                    pack_damage,
+                )
             }
             other => {
                 let e = match other {
@@ -177,6 +213,7 @@ impl Job {
                     JobPlaced::default(),
                     None,
                     0,
+                    None,
                 )
             }
         };
@@ -205,6 +242,18 @@ impl Job {
             runtime: &self.runtime,
             preload: end.preload,
         });
+        let mut program_warnings = program_warnings;
+        // The program's own refusals (the pack alone: the agent gone, or it found the damage).
+        let refused = c(job::PACK_REFUSED);
+        if let (true, Some(dir)) = (refused > 0, &pack) {
+            let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone());
+            pack_damage
+                .get_or_insert_with(|| PackDamage::new(&dir))
+                .refused_opens = refused;
+        }
+        if let Some(d) = &pack_damage {
+            program_warnings.push(d.warning(end.mount));
+        }
         warnings.extend(program_warnings.iter().cloned());
         // The copies are this job's; the rest of `placement` is the agent's work on the source.
         let placement = PlacementStats {
@@ -244,6 +293,7 @@ impl Job {
             warnings,
             mmap,
             cluster,
+            pack_damage,
         };
         Reported {
             report,

@@ -169,7 +169,19 @@ impl SourceState {
         rt_dir: &granary_core::runtime::Runtime,
         path: &Path,
     ) -> Result<Made> {
-        let pack = Pack::open(&conf.dir)?;
+        let pack = Pack::open(&conf.dir).map_err(|e| {
+            let damaged = e.is_damage();
+            let e = anyhow::Error::new(e);
+            if damaged {
+                e.context(format!(
+                    "pack {} is damaged (`granary pack verify {}` says what is wrong)",
+                    conf.dir.display(),
+                    conf.dir.display()
+                ))
+            } else {
+                e
+            }
+        })?;
         // Copies of an earlier table: the agent's own, else the catalog saved beside the cache.
         let current = self.ctx();
         let saved = current

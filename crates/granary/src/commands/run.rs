@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use granary_agent::client::{connect_or_spawn, replace_unresponsive, silent_pid, Conn};
-use granary_agent::job::{Ended, Job};
+use granary_agent::job::{Ended, Job, Refused};
 use granary_agent::protocol::{Reply, Request};
 use granary_core::config::Config;
 use granary_core::placement::prefetch::OrderSpec;
 use granary_core::runtime::Runtime;
 use granary_core::size::format_size;
-use granary_core::stats::JobReport;
+use granary_core::stats::{JobReport, PackDamage};
 
 use crate::flags::run::RunArgs;
 use crate::output::{say, say_raw};
@@ -42,6 +42,8 @@ pub const STRICT_EXIT: i32 = 69;
 struct Unserved {
     why: String,
     fix: String,
+    /// The cause is the pack's damaged index.
+    pack_damage: Option<PackDamage>,
 }
 
 impl Unserved {
@@ -49,6 +51,7 @@ impl Unserved {
         Unserved {
             why: why.into(),
             fix: fix.into(),
+            pack_damage: None,
         }
     }
 }
@@ -128,14 +131,24 @@ pub fn main(args: RunArgs) -> Result<i32> {
                     source.display()
                 );
             }
-            let fix = match Runtime::open() {
-                Ok(rt) => format!(
+            let pack_damage = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<Refused>())
+                .and_then(|r| r.pack_damage.clone());
+            let fix = match (&pack_damage, Runtime::open()) {
+                // The reason names the pack and `granary pack verify` already.
+                (Some(_), _) => "pack the source again".to_string(),
+                (None, Ok(rt)) => format!(
                     "see the agent's log {} (GRANARY_LOG=debug for more)",
                     rt.log().display()
                 ),
-                Err(_) => "run with GRANARY_LOG=debug for more".to_string(),
+                (None, Err(_)) => "run with GRANARY_LOG=debug for more".to_string(),
             };
-            return decline(&mut cmd, &source, Unserved::new(why, fix));
+            let u = Unserved {
+                pack_damage,
+                ..Unserved::new(why, fix)
+            };
+            return decline(&mut cmd, &source, u);
         }
     };
     let mut ld = preload.as_os_str().to_os_string();
@@ -164,6 +177,7 @@ pub fn main(args: RunArgs) -> Result<i32> {
     let reported = job.report(&Ended {
         source: &source,
         pack: args.pack.as_deref(),
+        mount: args.mount.is_some(),
         program: prog,
         args: prog_args,
         preload: &preload,
@@ -375,6 +389,7 @@ fn decline(
         disabled: true,
         fallback: Some(u.why),
         fix: Some(u.fix),
+        pack_damage: u.pack_damage,
         ..Default::default()
     };
     finish(args, &report)?;
