@@ -58,6 +58,13 @@ pub enum Request {
     },
     Status,
     Stop,
+    /// `granary cache`: record every source's copies as they are now, then take away each
+    /// source directory (`<tier root>/<source id>`) in `clean` that no job uses — renamed to
+    /// trash in its tier root, which the caller deletes.
+    Cache {
+        #[serde(default)]
+        clean: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -102,9 +109,35 @@ pub enum Reply {
     },
     Status(AgentStatus),
     Stopping,
+    Cache {
+        /// Sources jobs are attached to now.
+        in_use: Vec<CacheInUse>,
+        taken: Vec<CacheTaken>,
+        refused: Vec<CacheRefused>,
+    },
     Error {
         message: String,
     },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheInUse {
+    pub id: String,
+    pub source: PathBuf,
+    pub jobs: usize,
+}
+
+/// A source directory taken away: now at `trash`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheTaken {
+    pub dir: PathBuf,
+    pub trash: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheRefused {
+    pub dir: PathBuf,
+    pub reason: String,
 }
 
 /// `granary status --json`.

@@ -251,6 +251,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     send(&w, &reply)?;
                 }
                 Request::Status => send(&w, &Reply::Status(status(agent)))?,
+                Request::Cache { clean } => send(&w, &crate::cache::serve(agent, &clean))?,
                 Request::Stop => {
                     tracing::info!("stop requested");
                     // A serving rank stops the whole job's serve: every rank leaves together.
@@ -380,7 +381,9 @@ fn attach(
             );
         }
         let src_tiers = Arc::new(src_tiers);
+        remember_tiers(&src_tiers);
         let generation = agent.generation.fetch_add(1, Ordering::AcqRel);
+        let release = |id: &str| crate::cache::release(agent, &src, id);
         let walk_threads = (setup.workers * 2).clamp(4, 32);
         let origin = src.prepare(
             &mut inner,
@@ -396,6 +399,11 @@ fn attach(
                 residency: &setup.residency,
                 immutable: immutable || agent.cfg.immutable.unwrap_or(false),
                 validate_threads: agent.cfg.validate_threads.unwrap_or(VALIDATE_THREADS),
+                // A serving rank's copies are dealt out by the job (cluster mode).
+                release: agent
+                    .serving
+                    .is_none()
+                    .then_some(&release as &dyn Fn(&str) -> bool),
             },
             progress,
             &mut notes,
@@ -476,6 +484,15 @@ fn attach(
     };
     drop(inner);
     Ok((reply, Lease { source: src, slot }))
+}
+
+/// Adds the tiers' roots to the user's list of tiers used (`granary cache` finds copies there
+/// when no flag names them), off the attach's path: the list is in the home directory.
+fn remember_tiers(tiers: &granary_core::Tiers) {
+    let roots: Vec<PathBuf> = tiers.specs().into_iter().map(|t| t.path).collect();
+    let _ = std::thread::Builder::new()
+        .name("tier-list".into())
+        .spawn(move || granary_core::cache::registry::record(&roots));
 }
 
 /// A tier inside the source would put the cache into the dataset's own listings (and copies

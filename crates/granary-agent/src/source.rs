@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use granary_core::cache::{adopt, copies};
 use granary_core::catalog::{self, Progress};
 use granary_core::config::Verify;
 use granary_core::placement::residency::Residency;
@@ -40,6 +41,10 @@ pub struct WalkOpts<'a> {
     pub immutable: bool,
     /// Threads of the background validation.
     pub validate_threads: usize,
+    /// Asked before copies are taken from another source id's directories (the same dataset
+    /// served another way, `cache::adopt::siblings`): true once no table holds them. `None`:
+    /// none are taken (cluster mode).
+    pub release: Option<&'a dyn Fn(&str) -> bool>,
 }
 
 /// Cluster mode: what rank 0 sends every other rank instead of a walk (`granary serve`).
@@ -212,9 +217,13 @@ impl SourceState {
             inner.catalog.reuse_rejected = 0;
             Origin::Kept
         } else {
+            // A table kept for other tiers (or parameters) records its copies for whichever
+            // table uses its tiers next, and is withdrawn before this one takes anything over.
+            let old = self.ctx();
+            if old.is_some() {
+                self.retire(inner, true);
+            }
             let saved = self.catalog_file(&tiers);
-            let last_saved = self.ctx().map(|c| self.catalog_file(&c.tiers));
-            let last_tiers = self.tier_paths();
             let table_path = rt_dir.table(&self.id, generation);
             let mut origin = Origin::Walked;
             let mut published = None;
@@ -225,7 +234,7 @@ impl SourceState {
                         .context("adopting rank 0's catalog")?,
                 );
                 origin = Origin::Adopted;
-            } else if self.ctx().is_none() {
+            } else {
                 let expect = catalog::Expect {
                     source_real: self.source_real.as_os_str().as_bytes(),
                     creds: spec.creds,
@@ -258,10 +267,13 @@ impl SourceState {
                     stats.reuse_rejected = l.rejected;
                     (l.mapping, l.table, stats)
                 }
-                None => self.walk_into(&tiers, &spec, &table_path, last_saved, progress, opts)?,
+                None => self.walk_into(&tiers, &spec, &table_path, old.as_ref(), progress, opts)?,
             };
-            self.forget_tiers(&last_tiers, &tiers, notes);
-            self.retire(inner, false);
+            if origin != Origin::Adopted {
+                self.take_recorded_copies(&table, &tiers, &dirs, opts);
+            }
+            self.note_tiers_left(old.as_deref(), &tiers, notes);
+            drop(old);
             let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
             let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
             let mut stats = stats;
@@ -327,13 +339,6 @@ impl SourceState {
             && !(0..t.entry_count()).any(|i| state::is_void(state::state_of(t.state(i))))
     }
 
-    /// The current table's tiers (none before the first).
-    fn tier_paths(&self) -> Vec<PathBuf> {
-        self.ctx()
-            .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
-            .unwrap_or_default()
-    }
-
     /// Each tier's object directory for this source, opened and verified (`None`: unusable).
     fn open_tier_dirs(&self, tiers: &Tiers) -> TierDirs {
         let mut d = TierDirs::default();
@@ -397,13 +402,14 @@ impl SourceState {
         tiers: &Tiers,
         spec: &TableSpec,
         table_path: &std::path::Path,
-        last_saved: Option<PathBuf>,
+        old: Option<&Arc<SourceCtx>>,
         progress: &Progress,
         opts: &WalkOpts<'_>,
     ) -> Result<(Mapping, Table, CatalogStats)> {
-        // The earlier knowledge: the agent's own table, else the catalog saved beside the cache
-        // (of this source's last first tier, or of the new one).
-        let current = self.ctx();
+        // The earlier knowledge: the agent's own last table, else the catalog saved beside the
+        // cache (of this source's last first tier, or of the new one).
+        let current = old;
+        let last_saved = old.map(|c| self.catalog_file(&c.tiers));
         let saved = current
             .is_none()
             .then(|| self.saved_catalog(tiers, spec, last_saved.as_deref()))
@@ -520,33 +526,72 @@ impl SourceState {
         }
     }
 
-    /// Tiers this source used before and does not any more (a job asked for others): their
-    /// copies could never be reused (the next walk only looks in the source's tiers), so they
-    /// are removed rather than left on disk, uncounted. Only this source's own directory, and
-    /// only in a tier root that is still ours.
-    fn forget_tiers(&self, old: &[PathBuf], now: &Tiers, notes: &mut Vec<String>) {
+    /// Takes over the copies recorded in this source's directories of the new tiers, then
+    /// those of the same dataset served another way (`granary_core::cache::adopt`), into
+    /// `table` before it is published.
+    fn take_recorded_copies(
+        &self,
+        table: &Table,
+        tiers: &Tiers,
+        dirs: &TierDirs,
+        opts: &WalkOpts<'_>,
+    ) {
+        let stores: Vec<adopt::Store<'_>> = dirs
+            .fds
+            .iter()
+            .enumerate()
+            .filter_map(|(t, fd)| {
+                Some(adopt::Store {
+                    tier: t as u8,
+                    dir: tiers.spec(t).path.join(&self.id),
+                    objects: fd.as_ref()?,
+                })
+            })
+            .collect();
+        let own = adopt::own(table, &stores);
+        let other = opts
+            .release
+            .map(|r| adopt::siblings(table, &self.id, &stores, r))
+            .unwrap_or_default();
+        tracing::info!(
+            "{}: {} recorded copies taken over ({} bytes), {} moved from the same dataset served \
+             another way ({} bytes)",
+            self.source.display(),
+            own.files,
+            own.bytes,
+            other.files,
+            other.bytes
+        );
+    }
+
+    /// The source moved to other tiers: its copies in the ones it left stay, for a later job
+    /// there (or `granary cache clean`); the job is told once.
+    fn note_tiers_left(&self, old: Option<&SourceCtx>, now: &Tiers, notes: &mut Vec<String>) {
+        let Some(old) = old else { return };
         let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
         let current: Vec<PathBuf> = (0..now.len()).map(|t| canon(&now.spec(t).path)).collect();
-        for root in old {
-            if current.contains(&canon(root)) || tierdir::open_root(root).is_err() {
+        for t in 0..old.tiers.len() {
+            let root = old.tiers.spec(t).path.clone();
+            if current.contains(&canon(&root)) {
                 continue;
             }
-            let dir = root.join(&self.id);
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {
-                    tracing::info!(
-                        "{}: copies in {} removed",
-                        self.source.display(),
-                        dir.display()
-                    );
-                    notes.push(format!(
-                        "{} no longer uses tier {}: its copies there were removed",
-                        self.source.display(),
-                        root.display()
-                    ));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!("cannot remove {}: {e}", dir.display()),
+            let (files, bytes) = (0..old.table.entry_count())
+                .filter(|&i| {
+                    let w = old.table.state(i);
+                    state::state_of(w) == state::PLACED && state::tier_of(w) as usize == t
+                })
+                .fold((0u64, 0u64), |(f, b), i| {
+                    (f + 1, b + old.table.entry(i).map_or(0, |e| e.stat.size))
+                });
+            if files > 0 {
+                notes.push(format!(
+                    "{} moved from tier {}: its {files} copies there ({}) are kept for a later \
+                     job on that tier (`granary cache` lists them, `granary cache clean` removes \
+                     them)",
+                    self.source.display(),
+                    root.display(),
+                    granary_core::size::format_size(bytes)
+                ));
             }
         }
     }
@@ -560,6 +605,25 @@ impl SourceState {
         match catalog::save(&file, &ctx.table) {
             Ok(()) => tracing::debug!("saved catalog {}", file.display()),
             Err(e) => tracing::warn!("cannot save catalog {}: {e}", file.display()),
+        }
+        self.save_records(&ctx);
+    }
+
+    /// Records the current table's copies beside them, in each of its tiers
+    /// (`granary_core::cache::copies`): whatever table uses a tier next takes them over.
+    pub fn save_records(&self, ctx: &SourceCtx) {
+        for t in 0..ctx.tiers.len() {
+            if ctx.object_dirs.get(t).is_none_or(|d| d.is_none()) {
+                continue;
+            }
+            let dir = ctx.tiers.spec(t).path.join(&self.id);
+            let rec = copies::Copies::of_table(&ctx.table, t as u32);
+            match copies::save(&dir, &rec) {
+                Ok(()) => {
+                    tracing::debug!("recorded {} copies in {}", rec.records.len(), dir.display())
+                }
+                Err(e) => tracing::warn!("cannot record the copies in {}: {e}", dir.display()),
+            }
         }
     }
 
