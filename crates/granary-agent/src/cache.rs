@@ -23,7 +23,7 @@ pub(crate) fn serve(agent: &Agent, clean: &[PathBuf]) -> Reply {
     }
     let in_use = sources
         .iter()
-        .filter(|s| s.jobs_now.load(Ordering::Acquire) > 0)
+        .filter(|s| s.ctx().is_some())
         .map(|s| CacheInUse {
             id: s.id.clone(),
             source: s.source.clone(),
@@ -48,6 +48,7 @@ pub(crate) fn serve(agent: &Agent, clean: &[PathBuf]) -> Reply {
         in_use,
         taken,
         refused,
+        tiers: agent.registry.usage().into_iter().map(|t| t.path).collect(),
     }
 }
 
@@ -73,28 +74,47 @@ fn take(agent: &Agent, dir: &Path) -> Result<Option<PathBuf>, String> {
                 s.source.display()
             )
         };
+        // A job joining a source keeps its tiers: one whose table lives in other tiers is no
+        // obstacle.
+        let uses = uses_root(s, root);
         if s.jobs_now.load(Ordering::Acquire) > 0 {
-            return Err(busy());
+            if uses {
+                return Err(busy());
+            }
+            continue;
         }
         // A job attaching holds this lock for its whole attach: busy too.
         let mut g = s.inner.try_lock().map_err(|_| busy())?;
         if g.jobs > 0 {
-            return Err(busy());
+            if uses {
+                return Err(busy());
+            }
+            continue;
         }
-        s.retire(&mut g, false);
+        if uses {
+            s.retire(&mut g, false);
+        }
         guards.push(g);
     }
     // New sources are made under the map's lock: with it held and every holder's lock, no job
     // can start a table of this id before the directory is gone.
     let map = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
     let now: Vec<_> = map.values().filter(|s| s.id == id).cloned().collect();
-    if now.len() != mine.len() || now.iter().any(|s| !mine.iter().any(|m| Arc::ptr_eq(m, s))) {
+    if now.iter().any(|s| !mine.iter().any(|m| Arc::ptr_eq(m, s))) {
         return Err("a job is starting on it; run the clean again".into());
     }
     let r = remove::take_away(root, id).map_err(|e| e.to_string());
     drop(map);
     drop(guards);
     r
+}
+
+/// True if `s`'s current table has a tier at `root`.
+fn uses_root(s: &SourceState, root: &Path) -> bool {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let root = canon(root);
+    s.ctx()
+        .is_some_and(|c| (0..c.tiers.len()).any(|t| canon(&c.tiers.spec(t).path) == root))
 }
 
 /// `SourceWishes`' release for the same dataset served another way: the source directories of

@@ -110,10 +110,13 @@ pub enum Reply {
     Status(AgentStatus),
     Stopping,
     Cache {
-        /// Sources jobs are attached to now.
+        /// Sources the agent holds a table of, and their jobs now.
         in_use: Vec<CacheInUse>,
         taken: Vec<CacheTaken>,
         refused: Vec<CacheRefused>,
+        /// Every tier directory its sources use.
+        #[serde(default)]
+        tiers: Vec<PathBuf>,
     },
     Error {
         message: String,

@@ -251,7 +251,13 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     send(&w, &reply)?;
                 }
                 Request::Status => send(&w, &Reply::Status(status(agent)))?,
-                Request::Cache { clean } => send(&w, &crate::cache::serve(agent, &clean))?,
+                Request::Cache { clean } => {
+                    // Withdrawing an idle table waits for its copies in flight: keep talking.
+                    let reply = with_keepalive(&w, &Progress::default(), || {
+                        crate::cache::serve(agent, &clean)
+                    });
+                    send(&w, &reply)?
+                }
                 Request::Stop => {
                     tracing::info!("stop requested");
                     // A serving rank stops the whole job's serve: every rank leaves together.

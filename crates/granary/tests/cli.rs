@@ -551,7 +551,11 @@ fn each_source_uses_its_own_tiers() {
     assert_eq!(o.stdout.len(), 6 * 3000);
     let a = wait_settled(&e, &src_a);
     assert_eq!(a["catalog"]["reused_files"], 6, "{a}");
-    assert_eq!(a["placement"]["files_placed"], 6 + 6, "nothing placed again: {a}");
+    assert_eq!(
+        a["placement"]["files_placed"],
+        6 + 6,
+        "nothing placed again: {a}"
+    );
 }
 
 /// `pending` counts work not yet decided and returns to 0 once every opened file is placed.

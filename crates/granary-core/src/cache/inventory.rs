@@ -90,7 +90,7 @@ pub fn store(root: &Path, id: &str) -> Option<Store> {
         }
         None => describe_from_catalog(&dir, &mut s),
     }
-    count_files(&dirs, &dir, rec.as_ref(), &mut s);
+    count_files(&dirs, rec.as_ref(), &mut s);
     s.source_present = s.source.as_ref().map(|src| {
         let p = match (&s.pack, s.mount) {
             (Some(pack), true) => pack,
@@ -118,7 +118,7 @@ fn describe_from_catalog(dir: &Path, s: &mut Store) {
 
 /// Counts the directory's files: its own (catalog, record) and its copies, checked against the
 /// record.
-fn count_files(source_dir: &OwnedFd, dir: &Path, rec: Option<&Copies>, s: &mut Store) {
+fn count_files(source_dir: &OwnedFd, rec: Option<&Copies>, s: &mut Store) {
     for name in list(source_dir) {
         if name.as_bytes() == b"objects" {
             continue;
@@ -160,7 +160,6 @@ fn count_files(source_dir: &OwnedFd, dir: &Path, rec: Option<&Copies>, s: &mut S
         }
     }
     s.missing = recorded.len() as u64 - seen;
-    let _ = dir;
 }
 
 /// Names in a directory, through a fresh fd of the verified one.
