@@ -33,8 +33,11 @@ pub struct Store {
     /// Copies nobody recorded (a killed agent's last ones, or placed since the agent's last
     /// save while it still runs): no table vouches for them; the source's next job removes them.
     pub unrecorded: u64,
-    /// Recorded copies that are gone or not the file recorded.
+    /// Recorded copies that are gone.
     pub missing: u64,
+    /// Recorded copies written, replaced or damaged since they were placed (their inode, ctime
+    /// or size is not the one recorded): never served, replaced at the source's next job.
+    pub changed: u64,
     /// Partial copies, temporaries and lock files.
     pub other_files: u64,
     /// Everything in the directory, as allocated on the tier.
@@ -154,7 +157,8 @@ fn count_files(source_dir: &OwnedFd, rec: Option<&Copies>, s: &mut Store) {
                 seen += 1;
             }
             Some(_) => {
-                s.unrecorded += 1;
+                s.changed += 1;
+                seen += 1;
             }
             None => s.unrecorded += 1,
         }

@@ -149,6 +149,12 @@ fn state(s: &inventory::Store, jobs: Option<usize>) -> String {
     if s.missing > 0 {
         wrong.push(format!("{} recorded but gone", s.missing));
     }
+    if s.changed > 0 {
+        wrong.push(format!(
+            "{} changed since placed (never served; replaced at the source's next job)",
+            s.changed
+        ));
+    }
     let mut v = if wrong.is_empty() {
         vec![if s.files > 0 { "valid" } else { "empty" }.to_string()]
     } else {
