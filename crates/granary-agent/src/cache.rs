@@ -17,7 +17,9 @@ use crate::source::SourceState;
 pub(crate) fn serve(agent: &Agent, clean: &[PathBuf]) -> Reply {
     let sources = agent.source_states();
     for s in &sources {
-        if let Some(ctx) = s.ctx() {
+        // Under the source's lock, as every other save: one attaching (a walk may take
+        // minutes) saves its records itself when it is done.
+        if let (Ok(_g), Some(ctx)) = (s.inner.try_lock(), s.ctx()) {
             s.save_records(&ctx);
         }
     }

@@ -352,6 +352,7 @@ fn attach(
         }
     };
     let mut inner = src.inner.lock().unwrap_or_else(|e| e.into_inner());
+    src.used_now();
     let mut notes = Vec::new();
     if inner.jobs == 0 || src.ctx().is_none() {
         // First job on this source (again): its tiers become the source's, and walk, so changes
@@ -521,6 +522,7 @@ fn detach(agent: &Agent, l: Lease) {
     let mut inner = l.source.inner.lock().unwrap_or_else(|e| e.into_inner());
     inner.jobs = inner.jobs.saturating_sub(1);
     l.source.jobs_now.store(inner.jobs, Ordering::Release);
+    l.source.used_now();
     agent.jobs.fetch_sub(1, Ordering::AcqRel);
     agent.touch();
     tracing::info!(

@@ -80,6 +80,8 @@ pub struct SourceState {
     /// `inner.jobs`, readable without the lock (another source's attach asks whether a tier
     /// is in use while this one may hold its lock for a long walk).
     pub jobs_now: AtomicUsize,
+    /// When a job last attached or detached (Unix ns): the last use its records carry.
+    pub last_use: std::sync::atomic::AtomicU64,
     /// The source root's record read when this source became known, for the first attach.
     fresh_root: Mutex<Option<granary_shm::StatRec>>,
     /// The source root's device (major, minor), for what its requests cost
@@ -149,6 +151,7 @@ impl SourceState {
             inner: Mutex::default(),
             current: RwLock::default(),
             jobs_now: AtomicUsize::new(0),
+            last_use: std::sync::atomic::AtomicU64::new(copies::now_ns()),
             fresh_root: Mutex::new(fresh_root),
             dev,
             warnings: Mutex::default(),
@@ -617,7 +620,11 @@ impl SourceState {
                 continue;
             }
             let dir = ctx.tiers.spec(t).path.join(&self.id);
-            let rec = copies::Copies::of_table(&ctx.table, t as u32);
+            let used = match self.jobs_now.load(Ordering::Acquire) {
+                0 => self.last_use.load(Ordering::Relaxed),
+                _ => copies::now_ns(),
+            };
+            let rec = copies::Copies::of_table(&ctx.table, t as u32, used);
             match copies::save(&dir, &rec) {
                 Ok(()) => {
                     tracing::debug!("recorded {} copies in {}", rec.records.len(), dir.display())
@@ -668,6 +675,11 @@ impl SourceState {
         if let Some(p) = inner.table_path.take() {
             let _ = std::fs::remove_file(p);
         }
+    }
+
+    /// A job attaches or detaches now (the last use the records carry).
+    pub fn used_now(&self) {
+        self.last_use.store(copies::now_ns(), Ordering::Relaxed);
     }
 
     /// A free job slot (1..), its counters zeroed, owned by `pid`.

@@ -13,8 +13,10 @@
 //!   have the pack's checksum), is moved into this table's directory (a rename) and dropped
 //!   from the other record. One copy per file, whichever way the last job read it.
 //!
-//! Every copy taken is checked first: a regular file of the user's, of the recorded size, whose
-//! inode and ctime are the ones recorded — the file the placement wrote, never another.
+//! A copy taken from another way's directory is checked before it is moved: a regular file of
+//! the user's, of the recorded size, whose inode and ctime are the ones recorded — the file the
+//! placement wrote, never another. Copies in the table's own directories are taken on their
+//! record's word, as a saved catalog's always were: every open checks the copy's identity.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -63,12 +65,14 @@ pub fn own(t: &Table, stores: &[Store<'_>]) -> Taken {
             }
         };
         forget_tier(t, s.tier);
+        // Taken on the record's word, as a saved catalog's copies are (no call per copy: a
+        // re-attach to a million files stays quick): every open checks the copy's identity, a
+        // mismatch is withdrawn and placed again, and the sweep withdraws copies that are gone.
         for r in &rec.records {
-            if let Some(idx) = wanted(t, r) {
-                if take_in_place(t, idx, r, s) {
-                    taken.files += 1;
-                    taken.bytes += r.size;
-                }
+            let Some(idx) = wanted(t, r) else { continue };
+            if lifecycle::adopt_placed(t, idx, s.tier, r.checksum, r.copy.0, r.copy.1) {
+                taken.files += 1;
+                taken.bytes += r.size;
             }
         }
     }

@@ -16,7 +16,7 @@
 //! | 8 | 4 | version (1) |
 //! | 12 | 4 | record length (80) |
 //! | 16 | 8 | record count *n* |
-//! | 24 | 8 | saved at: Unix time in ns (the source's last use on this tier) |
+//! | 24 | 8 | the source's last use (a job attached or detached): Unix time in ns |
 //! | 32 | 4 | uid of the agent that saved it |
 //! | 36 | 4 | mount (1: only the pack exists, the source path is where programs read it) |
 //! | 40 | 16 | the dataset's root: device major, minor (u32), inode (u64) |
@@ -70,6 +70,7 @@ impl RootId {
 /// Whom the copies are of.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Header {
+    /// When a job last used the source (Unix ns): attached, or detached.
     pub saved_ns: u64,
     pub uid: u32,
     pub root: RootId,
@@ -140,10 +141,11 @@ pub struct Copies {
 }
 
 impl Copies {
-    /// The copies `t` holds on tier `tier`, as of now.
-    pub fn of_table(t: &Table, tier: u32) -> Copies {
+    /// The copies `t` holds on tier `tier`, as of now; a job last used the source at
+    /// `last_use_ns` (Unix ns).
+    pub fn of_table(t: &Table, tier: u32, last_use_ns: u64) -> Copies {
         let header = Header {
-            saved_ns: now_ns(),
+            saved_ns: last_use_ns,
             uid: crate::sys::uid(),
             root: RootId::of(t),
             source: path_of(t.source_real_root()),
@@ -275,9 +277,27 @@ fn decode_header(b: &[u8]) -> Result<Header, Error> {
 }
 
 /// Saves `c` as the record of the source directory `dir` (`<tier>/<source id>`): a temporary
-/// file, then rename.
+/// file of its own (two threads may save one record at once), synced, then renamed.
 pub fn save(dir: &Path, c: &Copies) -> io::Result<()> {
-    crate::catalog::persist::write_atomic(&dir.join(FILE), &c.encode())
+    use std::io::Write;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".tmp-{FILE}-{}-{n}", std::process::id()));
+    let res = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(&c.encode())?;
+            f.sync_data()
+        })
+        .and_then(|()| std::fs::rename(&tmp, dir.join(FILE)));
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
 }
 
 /// The record of the source directory `dir`, if it has one: a regular file of the user's,
