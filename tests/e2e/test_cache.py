@@ -156,6 +156,33 @@ def test_one_copy_per_file_whatever_the_mode(g, tmp_path):
     assert {s["source"] for s in listed} == {str(src), str(elsewhere)}, listed
 
 
+def test_a_copy_goes_to_another_mode_only_for_the_same_file(g, tmp_path):
+    """A file changed after packing: the plain run's copy holds its new bytes, the pack its old
+    ones. The mounted pack takes every other copy, never that one: its program reads the
+    pack's bytes, and the new copy stays where it was."""
+    src = dataset(tmp_path / "pfs" / "data")
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(src, packed)
+    elsewhere = tmp_path / "mnt" / "data"
+    as_packed = direct([*DIGEST, src]).stdout
+    changed = src / "class2" / "img5.bin"
+    changed.write_bytes(os.urandom(changed.stat().st_size))
+    n = len(files_of(src))
+    tier = tmp_path / "tier"
+    proc, _ = run_quiet(g, ["--source", src], [*DIGEST, src], tier)
+    assert proc.stdout == direct([*DIGEST, src]).stdout
+    g.settle(src)
+    proc, stats = run_quiet(g, ["--pack", packed, "--mount", elsewhere], [*DIGEST, elsewhere], tier)
+    assert proc.stdout == as_packed, "a byte that is not the pack's"
+    assert stats["catalog"]["reused_files"] == n - 1, stats["catalog"]
+    g.settle(elsewhere)
+    by_source = {s["source"]: s for s in listing(g, "--tier", tier)["sources"]}
+    assert by_source[str(src)]["files"] == 1, by_source
+    assert by_source[str(elsewhere)]["files"] == n, by_source
+    kept = [p for p in copies_in(tier) if p.parent.parent.name == by_source[str(src)]["id"]]
+    assert [sha(p) for p in kept] == [sha(changed)]
+
+
 def test_granary_cache_lists_and_verifies_with_and_without_an_agent(g, tmp_path):
     src = dataset(tmp_path / "pfs" / "data")
     files = files_of(src)
