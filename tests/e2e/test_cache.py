@@ -253,6 +253,9 @@ def test_clean_never_removes_what_a_job_is_served_from(g, tmp_path):
     assert len(copies_in(tier)) == 2 * len(files_of(a))
     job = hold(g, a, tier)
     try:
+        held = {s["source"]: s["jobs"] for s in listing(g, "--tier", tier)["sources"]}
+        assert held == {str(a): 1, str(b): 0}, held
+        assert "in use by 1 job(s)" in cache(g, "--tier", tier).stdout.decode()
         proc = cache(g, "clean", "--all", "--tier", tier, check=False)
         assert proc.returncode == 1, proc
         err = proc.stderr.decode()

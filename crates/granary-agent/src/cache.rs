@@ -25,11 +25,14 @@ pub(crate) fn serve(agent: &Agent, clean: &[PathBuf]) -> Reply {
     }
     let in_use = sources
         .iter()
-        .filter(|s| s.ctx().is_some())
-        .map(|s| CacheInUse {
-            id: s.id.clone(),
-            source: s.source.clone(),
-            jobs: s.jobs_now.load(Ordering::Acquire),
+        .filter_map(|s| {
+            let ctx = s.ctx()?;
+            Some(CacheInUse {
+                id: s.id.clone(),
+                source: s.source.clone(),
+                jobs: s.jobs_now.load(Ordering::Acquire),
+                tiers: ctx.tiers.specs().into_iter().map(|t| t.path).collect(),
+            })
         })
         .collect();
     let (mut taken, mut refused) = (Vec::new(), Vec::new());

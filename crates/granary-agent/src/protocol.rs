@@ -128,6 +128,9 @@ pub struct CacheInUse {
     pub id: String,
     pub source: PathBuf,
     pub jobs: usize,
+    /// The tier roots of its table.
+    #[serde(default)]
+    pub tiers: Vec<PathBuf>,
 }
 
 /// A source directory taken away: now at `trash`.

@@ -176,13 +176,14 @@ fn list(a: &CacheArgs, rt: &Runtime) -> Result<i32> {
     let agent = ask_agent(rt, Vec::new())?;
     let roots = roots(a, agent.as_ref())?;
     let stores = stores(&roots);
-    let jobs = |id: &str| -> Option<usize> {
+    // The agent's jobs on a table of this directory's source id with a tier at its root.
+    let jobs = |s: &inventory::Store| -> Option<usize> {
         let held: Vec<usize> = agent
             .as_ref()
             .map(|ans| {
                 ans.in_use
                     .iter()
-                    .filter(|u| u.id == id)
+                    .filter(|u| u.id == s.id && dedup(u.tiers.clone()).contains(&s.tier))
                     .map(|u| u.jobs)
                     .collect()
             })
@@ -195,7 +196,7 @@ fn list(a: &CacheArgs, rt: &Runtime) -> Result<i32> {
             "tiers": roots,
             "sources": stores.iter().map(|s| {
                 let mut j = serde_json::to_value(s).unwrap_or_default();
-                j["jobs"] = jobs(&s.id).unwrap_or(0).into();
+                j["jobs"] = jobs(s).unwrap_or(0).into();
                 j["dir"] = serde_json::to_value(s.dir()).unwrap_or_default();
                 j
             }).collect::<Vec<_>>(),
@@ -236,7 +237,7 @@ fn list(a: &CacheArgs, rt: &Runtime) -> Result<i32> {
                 s.files,
                 format_size(s.bytes),
                 ago(s.last_use),
-                state(s, jobs(&s.id))
+                state(s, jobs(s))
             ));
             files += s.files;
             bytes += s.bytes;
