@@ -183,6 +183,35 @@ def test_a_copy_goes_to_another_mode_only_for_the_same_file(g, tmp_path):
     assert [sha(p) for p in kept] == [sha(changed)]
 
 
+def test_two_ways_at_once_each_keep_a_copy_until_the_next_job(g, tmp_path):
+    """A plain job is running when a job of the same dataset's pack starts: the plain copies are
+    in use, so the pack places its own. The next job to start after both ended keeps one copy
+    of each file."""
+    src = dataset(tmp_path / "pfs" / "data")
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(src, packed)
+    n = len(files_of(src))
+    tier = tmp_path / "tier"
+    want = direct([*DIGEST, src]).stdout
+    run_quiet(g, ["--source", src], [*DIGEST, src], tier)
+    g.settle(src)
+    job = hold(g, src, tier)
+    try:
+        proc, stats = run_quiet(g, ["--source", src, "--pack", packed], [*DIGEST, src], tier)
+        assert proc.stdout == want
+        assert stats["catalog"]["reused_files"] == 0, stats["catalog"]
+        g.settle(src)
+        assert len(copies_in(tier)) == 2 * n
+    finally:
+        job.stdin.close()
+        assert job.wait(timeout=60) == 0
+    proc, stats = run_quiet(g, ["--source", src], [*DIGEST, src], tier)
+    assert proc.stdout == want
+    assert tier_files(stats) == n and source_reads(stats) == 0, stats
+    g.settle(src)
+    assert_copies_are_the_source(tier, src, n)
+
+
 def test_granary_cache_lists_and_verifies_with_and_without_an_agent(g, tmp_path):
     src = dataset(tmp_path / "pfs" / "data")
     files = files_of(src)

@@ -212,6 +212,7 @@ impl SourceState {
         let origin = if let Some(ctx) = self.ctx().filter(|c| self.reusable(&c.table, &spec)) {
             tracing::info!("{}: re-attach with the kept catalog", self.source.display());
             self.set_policy(inner, &ctx, opts)?;
+            self.drop_second_copies(&ctx, opts);
             let (files, bytes) = granary_core::placement::copies_now(&ctx);
             inner.catalog.walk_s = 0.0;
             inner.catalog.carried = ctx.table.entry_count() as u64;
@@ -554,17 +555,44 @@ impl SourceState {
         let own = adopt::own(table, &stores);
         let other = opts
             .release
-            .map(|r| adopt::siblings(table, &self.id, &stores, r))
+            .map(|r| adopt::siblings(table, &self.id, &stores, r, true))
             .unwrap_or_default();
         tracing::info!(
             "{}: {} recorded copies taken over ({} bytes), {} moved from the same dataset served \
-             another way ({} bytes)",
+             another way ({} bytes), {} second copies of it removed",
             self.source.display(),
             own.files,
             own.bytes,
             other.files,
-            other.bytes
+            other.bytes,
+            other.duplicates
         );
+    }
+
+    /// A kept table's files that another way of serving the dataset also placed in the same
+    /// tier roots while this one was in use (two jobs at once): their second copies go.
+    fn drop_second_copies(&self, ctx: &SourceCtx, opts: &WalkOpts<'_>) {
+        let Some(release) = opts.release else { return };
+        let stores: Vec<adopt::Store<'_>> = ctx
+            .object_dirs
+            .iter()
+            .enumerate()
+            .filter_map(|(t, fd)| {
+                Some(adopt::Store {
+                    tier: t as u8,
+                    dir: ctx.tiers.spec(t).path.join(&self.id),
+                    objects: fd.as_ref()?,
+                })
+            })
+            .collect();
+        let d = adopt::siblings(&ctx.table, &self.id, &stores, release, false).duplicates;
+        if d > 0 {
+            tracing::info!(
+                "{}: {d} second copies removed (the same files, placed by another way of \
+                 serving the dataset)",
+                self.source.display()
+            );
+        }
     }
 
     /// The source moved to other tiers: its copies in the ones it left stay, for a later job

@@ -11,7 +11,8 @@
 //!   one directory per tier each. A copy another way recorded in the same tier root, of a file
 //!   this table holds in the same version (and, for a file served from the pack, whose bytes
 //!   have the pack's checksum), is moved into this table's directory (a rename) and dropped
-//!   from the other record. One copy per file, whichever way the last job read it.
+//!   from the other record; a second copy of a file the table holds in that root already (two
+//!   ways ran at once) is removed. One copy per file, whichever way the last job read it.
 //!
 //! A copy taken from another way's directory is checked before it is moved: a regular file of
 //! the user's, of the recorded size, whose inode and ctime are the ones recorded — the file the
@@ -40,12 +41,16 @@ pub struct Store<'a> {
 pub struct Taken {
     pub files: u64,
     pub bytes: u64,
+    /// Another way's second copies of files the table holds in the same directory root,
+    /// removed (the bytes stay cached, once).
+    pub duplicates: u64,
 }
 
 impl std::ops::AddAssign for Taken {
     fn add_assign(&mut self, o: Taken) {
         self.files += o.files;
         self.bytes += o.bytes;
+        self.duplicates += o.duplicates;
     }
 }
 
@@ -82,11 +87,14 @@ pub fn own(t: &Table, stores: &[Store<'_>]) -> Taken {
 /// Copies of the same dataset that other ways of serving it recorded in the tier roots of
 /// `stores` (see the module comment). `release(id)` is asked before anything is taken from the
 /// directories of source id `id`: false means a table in use holds them (they are left alone).
+/// With `moving` false (a live table, whose charges are already counted), only second copies
+/// are removed.
 pub fn siblings(
     t: &Table,
     id: &str,
     stores: &[Store<'_>],
     release: &dyn Fn(&str) -> bool,
+    moving: bool,
 ) -> Taken {
     let mut taken = Taken::default();
     let root_id = RootId::of(t);
@@ -100,7 +108,11 @@ pub fn siblings(
                 continue;
             }
             let sib_dir = root.join(&sib);
-            let mine = |c: &Copies| c.records.iter().any(|r| wanted(t, r).is_some());
+            let mine = |c: &Copies| {
+                c.records
+                    .iter()
+                    .any(|r| (moving && wanted(t, r).is_some()) || is_duplicate(t, r, s.tier))
+            };
             // The header first: another dataset's record is not read further.
             let same = copies::read_header(&sib_dir)
                 .is_some_and(|h| h.uid == sys::uid() && h.root == root_id);
@@ -120,14 +132,22 @@ pub fn siblings(
             let Ok(Some(rec)) = copies::read(&sib_dir) else {
                 continue;
             };
-            taken += take_from(t, s, root, &sib, rec);
+            taken += take_from(t, s, root, &sib, rec, moving);
         }
     }
     taken
 }
 
-/// Moves what `rec` (source id `sib` in `root`) holds for `t` into `s`'s directory.
-fn take_from(t: &Table, s: &Store<'_>, root: &Path, sib: &str, mut rec: Copies) -> Taken {
+/// Moves what `rec` (source id `sib` in `root`) holds for `t` into `s`'s directory (with
+/// `moving`), and removes its second copies of what `t` holds there.
+fn take_from(
+    t: &Table,
+    s: &Store<'_>,
+    root: &Path,
+    sib: &str,
+    mut rec: Copies,
+    moving: bool,
+) -> Taken {
     let mut taken = Taken::default();
     let sib_dirs = match crate::tierdir::open_existing(root, sib) {
         Ok(Some(d)) => d,
@@ -139,7 +159,13 @@ fn take_from(t: &Table, s: &Store<'_>, root: &Path, sib: &str, mut rec: Copies) 
     };
     let before = rec.records.len();
     rec.records.retain(|r| {
-        let Some(idx) = wanted(t, r) else {
+        // Two ways read the dataset at once and each placed its copy: one goes.
+        if is_duplicate(t, r, s.tier) && is_the_copy(&sib_dirs.objects, r) {
+            let gone = sys::unlink_at(&sib_dirs.objects, &object_name(r.object)).is_ok();
+            taken.duplicates += gone as u64;
+            return !gone;
+        }
+        let Some(idx) = wanted(t, r).filter(|_| moving) else {
             return true;
         };
         let name = object_name(r.object);
@@ -169,9 +195,11 @@ fn take_from(t: &Table, s: &Store<'_>, root: &Path, sib: &str, mut rec: Copies) 
     });
     if rec.records.len() != before {
         tracing::info!(
-            "{} copies moved from {} (the same files, served another way)",
-            before - rec.records.len(),
-            sib_dirs.objects_path.display()
+            "{} copies moved from {} (the same files, served another way), {} second copies \
+             removed there",
+            before as u64 - rec.records.len() as u64 - taken.duplicates,
+            sib_dirs.objects_path.display(),
+            taken.duplicates
         );
         if let Err(e) = copies::save(&root.join(sib), &rec) {
             tracing::warn!(
@@ -198,6 +226,19 @@ fn wanted(t: &Table, r: &Record) -> Option<u32> {
         }
     }
     Some(idx)
+}
+
+/// True if `t` holds a copy of the very file `r` is a copy of, with the same bytes, in the
+/// directory of tier `tier` (the same tier root as `r`'s).
+fn is_duplicate(t: &Table, r: &Record, tier: u8) -> bool {
+    let Some(idx) = t.lookup_object(r.object) else {
+        return false;
+    };
+    let w = t.state(idx);
+    state::state_of(w) == state::PLACED
+        && state::tier_of(w) == tier
+        && t.checksum(idx) == r.checksum
+        && t.entry(idx).is_some_and(|e| r.is_copy_of(&e.stat))
 }
 
 /// True if the copy `r` records is in `dir` as recorded.

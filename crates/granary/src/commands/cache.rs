@@ -305,7 +305,7 @@ fn clean(a: &CacheArgs, c: &CleanArgs, rt: &Runtime) -> Result<i32> {
     if c.dry_run {
         for s in &chosen {
             out(&format!(
-                "would remove {} ({}{}, {} files, {})",
+                "would remove {}: copies of {}{}, {} files, {}",
                 s.dir().display(),
                 source_name(s),
                 served_as(s),
@@ -328,7 +328,7 @@ fn clean(a: &CacheArgs, c: &CleanArgs, rt: &Runtime) -> Result<i32> {
                 if let Some(s) = chosen.iter().find(|s| &s.dir() == dir) {
                     freed += s.disk_bytes;
                     out(&format!(
-                        "removed {} ({}{}): {} files, {}",
+                        "removed {}: copies of {}{}, {} files, {}",
                         dir.display(),
                         source_name(s),
                         served_as(s),
