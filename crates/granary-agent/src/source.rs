@@ -540,18 +540,7 @@ impl SourceState {
         dirs: &TierDirs,
         opts: &WalkOpts<'_>,
     ) {
-        let stores: Vec<adopt::Store<'_>> = dirs
-            .fds
-            .iter()
-            .enumerate()
-            .filter_map(|(t, fd)| {
-                Some(adopt::Store {
-                    tier: t as u8,
-                    dir: tiers.spec(t).path.join(&self.id),
-                    objects: fd.as_ref()?,
-                })
-            })
-            .collect();
+        let stores = self.stores(tiers, &dirs.fds);
         let own = adopt::own(table, &stores);
         let other = opts
             .release
@@ -569,22 +558,30 @@ impl SourceState {
         );
     }
 
-    /// A kept table's files that another way of serving the dataset also placed in the same
-    /// tier roots while this one was in use (two jobs at once): their second copies go.
-    fn drop_second_copies(&self, ctx: &SourceCtx, opts: &WalkOpts<'_>) {
-        let Some(release) = opts.release else { return };
-        let stores: Vec<adopt::Store<'_>> = ctx
-            .object_dirs
+    /// This source's directory in each usable tier, with its verified `objects` fd.
+    fn stores<'a>(
+        &self,
+        tiers: &Tiers,
+        objects: &'a [Option<std::os::fd::OwnedFd>],
+    ) -> Vec<adopt::Store<'a>> {
+        objects
             .iter()
             .enumerate()
             .filter_map(|(t, fd)| {
                 Some(adopt::Store {
                     tier: t as u8,
-                    dir: ctx.tiers.spec(t).path.join(&self.id),
+                    dir: tiers.spec(t).path.join(&self.id),
                     objects: fd.as_ref()?,
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    /// A kept table's files that another way of serving the dataset also placed in the same
+    /// tier roots while this one was in use (two jobs at once): their second copies go.
+    fn drop_second_copies(&self, ctx: &SourceCtx, opts: &WalkOpts<'_>) {
+        let Some(release) = opts.release else { return };
+        let stores = self.stores(&ctx.tiers, &ctx.object_dirs);
         let d = adopt::siblings(&ctx.table, &self.id, &stores, release, false).duplicates;
         if d > 0 {
             tracing::info!(
