@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Result;
 use granary_core::size::format_size;
 
-use super::{emulation, Run};
+use crate::{emulation, Run};
 
 pub enum Mode {
     /// An emulated slow source, described.

@@ -12,8 +12,7 @@ use anyhow::{bail, Context, Result};
 use granary_shm::{job, layout::MAX_TIERS, Mapping};
 use serde::{Deserialize, Serialize};
 
-use super::dataset::{read_manifest, Rng};
-use crate::flags::demo::DemoReaderArgs;
+use crate::dataset::{read_manifest, Rng};
 
 /// The size of each `read` the reader makes.
 pub const PIECE: usize = 256 << 10;
@@ -90,7 +89,19 @@ fn read_in_pieces(path: &std::path::Path, buf: &mut Vec<u8>) -> std::io::Result<
     }
 }
 
-pub fn reader(a: DemoReaderArgs) -> Result<i32> {
+/// The reader's run: the dataset (its manifest is beside it), epochs, shuffle seed, and where
+/// its per-epoch timings go (JSON).
+#[derive(Debug, Clone)]
+pub struct ReaderConfig {
+    pub dataset: std::path::PathBuf,
+    pub epochs: usize,
+    pub seed: u64,
+    pub out: std::path::PathBuf,
+}
+
+/// Reads every file of the dataset once per epoch in a new shuffled order, checking each
+/// against the manifest, and writes the timings (and, under granary, where reads came from).
+pub fn read(a: &ReaderConfig) -> Result<i32> {
     let mut files = read_manifest(&a.dataset.join("../manifest.txt"))?;
     let counters = Counters::open();
     let mut out = ReaderOut {

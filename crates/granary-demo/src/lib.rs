@@ -1,4 +1,4 @@
-//! `granary demo`: a self-contained before/after comparison on a generated dataset.
+//! The demo behind `granary demo`: a self-contained before/after comparison on a generated dataset.
 //!
 //! Where it can (root, cgroup v1 blkio and memory, loop devices) the dataset lives on an
 //! emulated slow source, as in the benchmark (`emulation`); otherwise on the local disk, and
@@ -19,12 +19,34 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use granary_core::size::{format_size, parse_size};
+use granary_core::size::format_size;
 
-use crate::flags::demo::DemoArgs;
-use crate::signals;
 use emulation::SlowSource;
-pub use reader::reader;
+pub use reader::{read, ReaderConfig};
+
+/// What the demo generates and how it reads it.
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    /// Number of files.
+    pub files: usize,
+    /// Size of each file, 1 B ..= 1 GiB.
+    pub size: usize,
+    /// Epochs per reader run.
+    pub epochs: usize,
+    /// Read a local directory even where a slow source could be emulated.
+    pub no_emulation: bool,
+    /// Directory for the dataset and the demo's tier; `None`: a temporary directory.
+    pub dir: Option<PathBuf>,
+    /// The granary binary: it runs the reader (`__demo-reader`) and `run`/`stop`.
+    pub exe: PathBuf,
+}
+
+/// How the demo meets the signals of the process that runs it: whether a Ctrl-C arrived, and
+/// which child (0: none) the process forwards signals to.
+pub struct Interrupts {
+    pub interrupted: fn() -> bool,
+    pub set_child: fn(u32),
+}
 
 /// Where the dataset lives.
 enum Source {
@@ -55,16 +77,15 @@ impl Source {
 }
 
 /// What one reader run measured.
-pub struct Run {
+pub(crate) struct Run {
     pub out: reader::ReaderOut,
     /// (requests, bytes) the source device served during the run (emulated source only).
     pub device: Option<(u64, u64)>,
 }
 
-pub fn main(a: DemoArgs) -> Result<i32> {
-    let size = parse_size(&a.size)
-        .filter(|s| (1..=1 << 30).contains(s))
-        .with_context(|| format!("bad --size `{}`", a.size))? as usize;
+/// Runs the demo; the caller catches interrupts first. Everything the demo created is removed
+/// at the end, also on error; 130 after a Ctrl-C.
+pub fn run(a: &DemoConfig, signals: &Interrupts) -> Result<i32> {
     let (root, temporary) = match &a.dir {
         Some(d) => (d.clone(), false),
         None => (
@@ -73,9 +94,7 @@ pub fn main(a: DemoArgs) -> Result<i32> {
         ),
     };
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    // From here on a Ctrl-C ends the current step and the demo cleans up before it exits.
-    signals::catch_interrupts();
-    let res = demo_in(&a, &root, size);
+    let res = demo_in(a, &root, signals);
     let dataset = root.join("dataset");
     if is_mount_point(&dataset) {
         eprintln!(
@@ -86,7 +105,7 @@ pub fn main(a: DemoArgs) -> Result<i32> {
     } else if temporary {
         let _ = std::fs::remove_dir_all(&root);
     }
-    if signals::interrupted() {
+    if (signals.interrupted)() {
         eprintln!("granary demo: interrupted; what the demo created is removed");
         return Ok(130);
     }
@@ -107,7 +126,8 @@ fn memory_cap(total: u64) -> u64 {
     (total / 2).max(64 << 20)
 }
 
-fn demo_in(a: &DemoArgs, root: &Path, size: usize) -> Result<i32> {
+fn demo_in(a: &DemoConfig, root: &Path, signals: &Interrupts) -> Result<i32> {
+    let size = a.size;
     let started = Instant::now();
     let dataset = root.join("dataset");
     let manifest = root.join("manifest.txt");
@@ -134,7 +154,7 @@ fn demo_in(a: &DemoArgs, root: &Path, size: usize) -> Result<i32> {
             Err(e) => Source::Local(format!("setting up the emulation failed: {e:#}")),
         }
     };
-    if signals::interrupted() {
+    if (signals.interrupted)() {
         // A Ctrl-C that ended a setup command is not a reason to fall back.
         bail!("interrupted");
     }
@@ -152,8 +172,8 @@ fn demo_in(a: &DemoArgs, root: &Path, size: usize) -> Result<i32> {
         dataset::CLASSES,
         dataset.display()
     );
-    dataset::generate(&dataset, &manifest, a.files, size, signals::interrupted)?;
-    let exe = std::env::current_exe()?;
+    dataset::generate(&dataset, &manifest, a.files, size, signals.interrupted)?;
+    let exe = &a.exe;
     let reader_args = |out: &Path| -> Vec<OsString> {
         vec![
             "__demo-reader".into(),
@@ -175,9 +195,9 @@ fn demo_in(a: &DemoArgs, root: &Path, size: usize) -> Result<i32> {
     let direct_out = root.join("direct.json");
     source.drop_caches()?;
     let before = source.device_reads();
-    let mut c = source.command(&exe);
+    let mut c = source.command(exe);
     c.args(reader_args(&direct_out));
-    wait(c, "the direct reader")?;
+    wait(c, "the direct reader", signals)?;
     let direct_dev = delta(before, source.device_reads());
 
     eprintln!("granary demo: {} epochs under `granary run`", a.epochs);
@@ -185,7 +205,7 @@ fn demo_in(a: &DemoArgs, root: &Path, size: usize) -> Result<i32> {
     let stats = root.join("stats.json");
     source.drop_caches()?;
     let before = source.device_reads();
-    let mut c = source.command(&exe);
+    let mut c = source.command(exe);
     c.env("GRANARY_RUNTIME_DIR", &runtime)
         .arg("run")
         .arg("--quiet")
@@ -197,11 +217,11 @@ fn demo_in(a: &DemoArgs, root: &Path, size: usize) -> Result<i32> {
         .arg("--stats-json")
         .arg(&stats)
         .arg("--")
-        .arg(&exe)
+        .arg(exe)
         .args(reader_args(&granary_out));
-    let res = wait(c, "the reader under granary");
+    let res = wait(c, "the reader under granary", signals);
     // The demo's agent is private to it: stop it now rather than waiting for the idle timeout.
-    let _ = Command::new(&exe)
+    let _ = Command::new(exe)
         .env("GRANARY_RUNTIME_DIR", &runtime)
         .arg("stop")
         .stderr(std::process::Stdio::null())
@@ -240,16 +260,16 @@ fn demo_in(a: &DemoArgs, root: &Path, size: usize) -> Result<i32> {
 }
 
 /// Runs `c` to the end; Ctrl-C and friends reach it (forwarded) and end the demo.
-fn wait(mut c: Command, what: &str) -> Result<()> {
-    if signals::interrupted() {
+fn wait(mut c: Command, what: &str, signals: &Interrupts) -> Result<()> {
+    if (signals.interrupted)() {
         bail!("interrupted");
     }
     let mut child = c.spawn().with_context(|| format!("starting {what}"))?;
-    signals::set_child(child.id());
+    (signals.set_child)(child.id());
     let st = child.wait();
-    signals::set_child(0);
+    (signals.set_child)(0);
     let st = st?;
-    if signals::interrupted() {
+    if (signals.interrupted)() {
         bail!("interrupted");
     }
     if !st.success() {
