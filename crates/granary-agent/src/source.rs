@@ -19,6 +19,7 @@ use granary_core::{sys, tierdir, Tiers};
 use granary_shm::{job, lifecycle, state, Mapping, Table, TableSpec};
 
 mod packed;
+pub mod pins;
 
 pub use packed::{source_key, PackConf};
 
@@ -94,6 +95,8 @@ pub struct SourceState {
     pub pack: Option<PackConf>,
     /// What the programs of the jobs that detached read (`served`).
     served_done: Mutex<crate::protocol::Served>,
+    /// The source's inodes held while no job uses it (`pins`).
+    pub pins: Arc<pins::Pins>,
 }
 
 #[derive(Default)]
@@ -157,6 +160,7 @@ impl SourceState {
             warnings: Mutex::default(),
             pack,
             served_done: Mutex::default(),
+            pins: Arc::default(),
         }
     }
 
@@ -697,8 +701,18 @@ impl SourceState {
         granary_core::placement::release_partial_charges(&ctx);
         t.set_valid(false);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = None;
+        self.pins.clear();
         if let Some(p) = inner.table_path.take() {
             let _ = std::fs::remove_file(p);
+        }
+    }
+
+    /// The last job detached: the current table's directories and files are held in the
+    /// kernel's cache for the next job (`pins`). A pack's tree: its directories only (its
+    /// files come from the pack).
+    pub fn hold_inodes(&self) {
+        if let Some(ctx) = self.ctx() {
+            self.pins.take_in_background(ctx, self.pack.is_some());
         }
     }
 
