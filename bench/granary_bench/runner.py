@@ -56,7 +56,7 @@ class Bench:
         self.granary_reason = granary_reason
         self.log = log
         self.copies = {}     # dataset -> copy stats
-        self.logdir = os.path.join(knobs.out, "logs")  # stderr of each job, small
+        self.logdir = os.path.join(knobs.out, "raw", "logs")  # stderr of each job (not committed)
         os.makedirs(self.logdir, exist_ok=True)
 
     def source_dir(self, dataset):
