@@ -256,3 +256,50 @@ def test_strace_counts_source_metadata_calls_per_reattach(granary, tmp_path):
                                                                 "newfstatat(", "access(")):
                     calls += 1
         assert calls <= bound, (immutable, calls)
+
+
+def xattr_calls_on_source(log: pathlib.Path, src) -> list:
+    return [l for l in log.read_text(errors="replace").splitlines()
+            if str(src) in l and "xattr(" in l]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26: extended-attribute queries pass through to the "
+                   "source; the walk does not record which entries have none")
+def test_ls_l_asks_the_source_no_extended_attribute_the_catalog_answers(granary, tmp_path):
+    """`ls -l` asks for every entry's ACL and security label (`getxattr`, `lgetxattr`): on a
+    validated entry that had no extended attribute at the walk, and whose ctime (which every
+    attribute change moves) is unchanged, the catalog's answer is the source's, so nothing of
+    it reaches the source — as its `stat` does not."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    granary.run(src, [*READ_ALL, src], tier=tier)
+    granary.settle(src)
+    log = tmp_path / "ls.strace"
+    prog = ["strace", "-f", "-qq", "-e", "trace=%file", "-o", str(log), "ls", "-lR", str(src)]
+    proc, _ = granary.run(src, prog, tier=tier)
+    assert proc.stdout == direct(["ls", "-lR", src]).stdout
+    calls = xattr_calls_on_source(log, src)
+    assert calls == [], f"{len(calls)} extended-attribute calls reached the source: {calls[:3]}"
+
+
+def test_ls_l_shows_an_acl_added_between_jobs(granary, tmp_path):
+    """An ACL given to a file between two jobs (its ctime moves) shows in the next job's
+    `ls -l` (the `+` after the mode) exactly as directly: whatever the catalog answers about
+    extended attributes, it is the source's answer."""
+    if shutil.which("setfacl") is None:
+        pytest.skip("needs setfacl")
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    granary.run(src, [*READ_ALL, src], tier=tier)
+    granary.settle(src)
+    r = subprocess.run(["setfacl", "-m", f"u:{os.getuid()}:r", str(src / "d1" / "f2")],
+                       capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"no ACLs on this file system: {r.stderr!r}")
+    ls = ["ls", "-lR", src]
+    proc, _ = granary.run(src, ls, tier=tier)
+    want = direct(ls).stdout
+    assert b"+ " in want
+    assert proc.stdout == want
