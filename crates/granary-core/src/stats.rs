@@ -2,7 +2,7 @@
 //! prints and writes with `--stats-json`. The program's own I/O is counted by the preload library
 //! in the table's job slots (`granary_shm::job`); `JobReport` puts both together.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 use granary_shm::layout::MAX_TIERS;
 use serde::{Deserialize, Serialize};

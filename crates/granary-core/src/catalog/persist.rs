@@ -9,11 +9,11 @@
 //! new table. Whether each source file is unchanged is then checked per file in the background
 //! (`validate`), and each copy's identity on every open (the preload library).
 
+use crate::sync::atomic::Ordering;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 use granary_shm::{job, layout, lifecycle, state, Mapping, Table};
 

@@ -9,9 +9,9 @@
 //! copies stay resident and nothing else is pushed out); a copy that fails is withdrawn and
 //! deleted. What each layer of integrity catches is in docs/architecture.md.
 
+use crate::sync::atomic::Ordering;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::Ordering;
 
 use granary_shm::lifecycle;
 use granary_shm::{object_name, parse_object_name, state};

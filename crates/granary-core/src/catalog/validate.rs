@@ -16,14 +16,14 @@ use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use granary_shm::lifecycle::{self, Check, Verdict};
 use granary_shm::Table;
 
 use crate::placement::SourceCtx;
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{thread, Arc, Mutex};
 use crate::sys::statx_nofollow;
 
 /// One attach's validation: its progress and the program's hints.
@@ -118,7 +118,7 @@ pub fn spawn(ctx: Arc<SourceCtx>, v: Arc<Validation>, threads: usize) {
     v.running.store(threads, Ordering::Release);
     for k in 0..threads {
         let (ctx, vt) = (ctx.clone(), v.clone());
-        let spawned = std::thread::Builder::new()
+        let spawned = thread::Builder::new()
             .name(format!("validate{k}"))
             .spawn(move || {
                 let v = vt;
@@ -256,6 +256,6 @@ const OTHERS_CHECK: Duration = Duration::from_millis(50);
 fn wait_for_other_check(t: &Table, idx: u32) {
     let start = Instant::now();
     while lifecycle::is_being_checked(t, idx) && start.elapsed() < OTHERS_CHECK {
-        std::thread::sleep(Duration::from_micros(20));
+        thread::sleep(Duration::from_micros(20));
     }
 }

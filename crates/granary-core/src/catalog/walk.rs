@@ -14,12 +14,12 @@ use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
 
 use granary_shm::{object_id, state, Catalog, EntryRec, Node, StatRec, Table};
 
 use crate::stats::CatalogStats;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{thread, Condvar, Mutex};
 use crate::sys::statx_nofollow;
 
 #[derive(Debug, thiserror::Error)]
@@ -135,7 +135,7 @@ pub fn walk(
         prev,
         progress,
     };
-    std::thread::scope(|s| {
+    thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| worker(&shared));
         }

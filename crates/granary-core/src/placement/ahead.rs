@@ -29,12 +29,12 @@
 //! program then does not open (in an epoch that reads the whole directory, none).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 use granary_shm::{lifecycle, state, Table};
 
 use super::pool::{CopyMethod, CopyTask, Pool};
 use super::SourceCtx;
+use crate::sync::{lock, Arc, Mutex};
 
 /// Opens this many places behind or ahead of a run's furthest file keep the run.
 pub const SPAN: usize = 16;
@@ -127,7 +127,7 @@ impl NameOrder {
             claimed: Vec::new(),
             want_opens: false,
         };
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.inner);
         let Some(dir) = t.parent_of(idx) else {
             return none;
         };

@@ -7,7 +7,6 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 
 use granary_shm::{object_name, state, EntryRec};
 
@@ -16,6 +15,7 @@ use granary_shm::lifecycle::{self, EntryCell};
 use super::states::{self, Finish};
 use super::SourceCtx;
 use crate::stats::AgentCounters;
+use crate::sync::atomic::Ordering;
 use crate::sys;
 use crate::tiers::Reservation;
 

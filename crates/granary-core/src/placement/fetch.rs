@@ -19,11 +19,12 @@ use super::copy::{
     aligned, begin, open_started, place_on_tiers, reserve_on, still_ours, write_all_at, CopyError,
     Opened, SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
+use super::engine::Engine;
 use super::fetch_direct;
 use super::fetch_order::{Next, Order};
-use super::pool::Shared;
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
+use crate::sync::thread;
 use crate::sys;
 
 /// The first read of a fetch; each next one doubles, up to the block size.
@@ -34,21 +35,21 @@ const ORDER_UNIT: u64 = 1 << 20;
 /// opened the file may be about to map it.
 const MAP_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
-pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) -> PlaceOutcome {
+pub fn fetch_large(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>) -> PlaceOutcome {
     let b = match begin(ctx, idx) {
         Ok(b) => b,
         Err(out) => return out,
     };
     // Room first: a file no tier can take never costs the source an open.
     let size = b.entry.stat.size;
-    let order = sh.policy.tiers_for(size, &ctx.tiers);
+    let order = engine.policy.tiers_for(size, &ctx.tiers);
     let Some(res) = reserve_on(ctx, &order, size) else {
-        return super::partial::no_room_for_whole(ctx, b, sh, buf);
+        return super::partial::no_room_for_whole(ctx, b, engine, buf);
     };
     // One source stream for the whole file: sequential reads of one file are what a PFS serves
     // best, and the cap keeps many workers (and nodes) from hammering it. A program may be
     // waiting on this fetch: it never backs off.
-    let _stream = sh.stream_for(ctx, true);
+    let _stream = engine.stream_for(ctx, true);
     let mut cl = match open_started(ctx, b) {
         Ok(cl) => cl,
         Err(out) => return out,
@@ -57,7 +58,7 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) ->
     // from now: its open started this fetch) faults the source's pages itself, and must find
     // the ones the agent read — or is reading — there, so no byte is read twice. What the
     // copy took is dropped behind it (`copy_part`) unless a program maps the file.
-    let block = (sh.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
+    let block = (engine.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
     let mut reader = SourceReader::new_buffered(&cl.src);
     let direct = fetch_direct::wanted(ctx, idx, size);
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
@@ -178,7 +179,7 @@ fn copy_part(
                     if waited % 64 == 0 && !still_ours(ctx, idx) {
                         return Err(CopyError::Lost);
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    thread::sleep(std::time::Duration::from_millis(2));
                     continue;
                 }
                 Next::Read { off, len, keep } => (off, len, keep),

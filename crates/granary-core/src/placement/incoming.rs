@@ -10,7 +10,6 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
 
 use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{object_name, part_name, state, EntryRec};
@@ -19,6 +18,7 @@ use super::copy::{begin, publish, reserve_on, write_all_at};
 use super::states::{self, Finish};
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
+use crate::sync::Arc;
 use crate::sys;
 use crate::tiers::Reservation;
 

@@ -12,6 +12,7 @@
 pub mod ahead;
 pub mod chunks;
 mod copy;
+mod engine;
 mod fetch;
 mod fetch_direct;
 pub mod fetch_order;
@@ -30,13 +31,14 @@ mod unpack;
 mod whole_fetch;
 
 pub use copy::{object_dir, PlaceOutcome};
+pub use engine::{Engine, Held, Stream, Streams};
 pub use fetch::fetch_large;
 pub use incoming::Remote;
 pub use partial::{adopt_charges, copies_now, release_partial_charges, Partials};
 pub use policy::{
     free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy,
 };
-pub use pool::{default_workers, CopyMethod, CopyTask, Held, Pool, Shared, Stream, Streams};
+pub use pool::{default_workers, CopyMethod, CopyTask, Pool};
 pub use requests::handle_request;
 pub use small::copy_small;
 pub use whole_fetch::SourceRequests;
@@ -99,12 +101,12 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use granary_shm::{Mapping, Table};
 
 use crate::stats::AgentCounters;
+use crate::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use crate::sync::{statics, Arc, OnceLock, RwLock};
 use crate::tiers::Tiers;
 
 /// One published table of one source, as placement sees it. Jobs hold it by `Arc`, so a table
@@ -137,17 +139,17 @@ pub struct SourceCtx {
     pub residency: Arc<residency::Residency>,
     /// Tiers whose object directory is no longer where the table says (removed or renamed
     /// while the agent ran), one bit each: nothing is placed there any more.
-    pub lost: std::sync::atomic::AtomicU8,
+    pub lost: AtomicU8,
     /// The current attach's background validation (`catalog::validate`), which clients point
     /// at the directories they are in (`request::VALIDATE`).
-    pub validation: std::sync::RwLock<Option<Arc<crate::catalog::Validation>>>,
+    pub validation: RwLock<Option<Arc<crate::catalog::Validation>>>,
     /// The partition streamer of a table serving a pack (`granary run --pack`).
-    pub pack: std::sync::OnceLock<Arc<partition::Streamer>>,
+    pub pack: OnceLock<Arc<partition::Streamer>>,
     /// Programs' mappings of this source's files, followed and read ahead of.
     pub mappings: mapping::Mappings,
     /// Cluster mode: the other nodes of the job, asked before the source is read
     /// (`incoming::Remote`); unset on one node.
-    pub remote: std::sync::OnceLock<Arc<dyn Remote>>,
+    pub remote: OnceLock<Arc<dyn Remote>>,
     /// Programs reading a directory's files in name order, and the files fetched ahead of them.
     pub ahead: ahead::NameOrder,
 }
@@ -196,7 +198,7 @@ pub const BUSY_WINDOW: std::time::Duration = std::time::Duration::from_millis(10
 
 /// Nanoseconds since the first call in this process (never 0).
 fn mono_ns() -> u64 {
-    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    static BASE: statics::OnceLock<std::time::Instant> = statics::OnceLock::new();
     BASE.get_or_init(std::time::Instant::now)
         .elapsed()
         .as_nanos() as u64
@@ -215,7 +217,7 @@ impl SourceCtx {
     /// `inflight` (fenced likewise) never misses a request in hand.
     pub fn pending(&self, busy_entries: u64) -> u64 {
         let ring = self.table.ring_backlog();
-        std::sync::atomic::fence(Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         let held = self.inflight.load(Ordering::Acquire) as u64;
         ring + held.max(busy_entries)
     }

@@ -14,7 +14,6 @@
 //! for the chunks whose bits are set, so it is released once, however the two race.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use granary_shm::{chunks_name, state, EntryRec};
 
@@ -23,9 +22,11 @@ use super::copy::{
     align_up, aligned, matches_catalog, no_room, open_source, source_only, tier_failed,
     SourceReader, Started, DIRECT_ALIGN,
 };
-use super::pool::{CopyMethod, CopyTask, Pool, Shared};
+use super::engine::Engine;
 use super::{free_space, PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
+use crate::sync::atomic::Ordering;
+use crate::sync::{lock, Arc, Mutex};
 use crate::sys;
 
 /// The PARTIAL entries of one table the agent has touched, by entry index.
@@ -41,10 +42,6 @@ struct Slot {
     tier: usize,
     /// Chunks queued or being fetched (so a CHUNK request for them is ignored).
     busy: Vec<bool>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The chunk geometry of an entry in this table.
@@ -101,7 +98,7 @@ fn slot(ctx: &SourceCtx, idx: u32) -> Option<Arc<Mutex<Slot>>> {
 pub(super) fn no_room_for_whole(
     ctx: &SourceCtx,
     b: Started,
-    sh: &Shared,
+    engine: &Engine,
     buf: &mut Vec<u8>,
 ) -> PlaceOutcome {
     let idx = b.idx;
@@ -112,7 +109,7 @@ pub(super) fn no_room_for_whole(
     let geo = geometry(ctx, &b.entry);
     let first_len = geo.range(0).1;
     let free = free_space(&ctx.tiers);
-    let tier = sh.policy.chunk_tier(&ctx.tiers).filter(|&tier| {
+    let tier = engine.policy.chunk_tier(&ctx.tiers).filter(|&tier| {
         matches!(ctx.object_dirs.get(tier), Some(Some(_)))
             && free
                 .get(tier)
@@ -152,25 +149,28 @@ pub(super) fn no_room_for_whole(
         return PlaceOutcome::Skipped;
     }
     // The program just opened it: a streaming reader wants the start next.
-    chunk_job(ctx, idx, sh, 0, false, buf)
+    chunk_job(ctx, idx, engine, 0, false, buf)
 }
 
-/// CHUNK from a client (its read missed chunk `k`): queue a fetch unless the chunk is present,
-/// already queued or being fetched, or there is no room for it.
-pub fn request_chunk(ctx: &Arc<SourceCtx>, idx: u32, k: u64, pool: &Pool) {
-    if ctx.retired.load(std::sync::atomic::Ordering::Acquire)
+/// CHUNK from a client (its read missed chunk `k`): true if a fetch of it is to be queued
+/// (`CopyMethod::Chunk`, requested), marked busy here; false if the chunk is present, already
+/// queued or being fetched, or there is no room for it.
+pub(super) fn claim_chunk(ctx: &SourceCtx, idx: u32, k: u64) -> bool {
+    if ctx.retired.load(Ordering::Acquire)
         || k >= ctx.table.chunk_count(idx)
         || ctx.table.chunk_present(idx, k)
     {
-        return;
+        return false;
     }
-    let Some(s) = slot(ctx, idx) else { return };
+    let Some(s) = slot(ctx, idx) else {
+        return false;
+    };
     let mut g = lock(&s);
     if g.file.is_none() || g.busy.get(k as usize) != Some(&false) {
-        return;
+        return false;
     }
     let Some(e) = ctx.table.entry(idx) else {
-        return;
+        return false;
     };
     let len = geometry(ctx, &e).range(k).1;
     // Cheap early answer for a full tier: every missed read of a file that cannot grow would
@@ -179,28 +179,19 @@ pub fn request_chunk(ctx: &Arc<SourceCtx>, idx: u32, k: u64, pool: &Pool) {
         .get(g.tier)
         .is_none_or(|&f| f < ctx.tiers.charge(g.tier, len))
     {
-        return;
+        return false;
     }
     g.busy[k as usize] = true;
-    drop(g);
-    pool.submit(CopyTask {
-        ctx: ctx.clone(),
-        entry: idx,
-        method: CopyMethod::Chunk {
-            first: k as u32,
-            requested: true,
-        },
-        slot: 0,
-    });
+    true
 }
 
 /// Fetches chunks of a PARTIAL entry: with `requested`, chunk `first` (already marked busy by
-/// `request_chunk`) and the missing chunks right after it, up to `block_size`, in one source
+/// `claim_chunk`) and the missing chunks right after it, up to `block_size`, in one source
 /// read; otherwise runs of missing chunks from `first` on, until the end or no room.
 pub(super) fn chunk_job(
     ctx: &SourceCtx,
     idx: u32,
-    sh: &Shared,
+    engine: &Engine,
     first: u64,
     requested: bool,
     buf: &mut Vec<u8>,
@@ -208,7 +199,7 @@ pub(super) fn chunk_job(
     let Some(s) = slot(ctx, idx) else {
         return PlaceOutcome::Skipped;
     };
-    let out = fetch_runs(ctx, idx, sh, &s, first, requested, buf);
+    let out = fetch_runs(ctx, idx, engine, &s, first, requested, buf);
     if requested {
         // However it ended, the requested chunk is no longer queued.
         if let Some(b) = lock(&s).busy.get_mut(first as usize) {
@@ -221,7 +212,7 @@ pub(super) fn chunk_job(
 fn fetch_runs(
     ctx: &SourceCtx,
     idx: u32,
-    sh: &Shared,
+    engine: &Engine,
     s: &Mutex<Slot>,
     first: u64,
     requested: bool,
@@ -238,7 +229,7 @@ fn fetch_runs(
     let mut placed = 0u64;
     let mut tier = 0;
     loop {
-        if ctx.retired.load(std::sync::atomic::Ordering::Acquire) {
+        if ctx.retired.load(Ordering::Acquire) {
             break;
         }
         // The next run: its chunks are marked busy while we hold them.
@@ -258,7 +249,7 @@ fn fetch_runs(
                     None => break,
                 }
             };
-            let n = chunks::coalesce(&geo, k0, sh.params.block_size, |k| {
+            let n = chunks::coalesce(&geo, k0, engine.params.block_size, |k| {
                 present(k) || (k != k0 && g.busy[k as usize])
             });
             if n == 0 {
@@ -289,7 +280,7 @@ fn fetch_runs(
         }
         // A requested chunk is waited on; the chunks after it ride along in the same read.
         // Sequential prefetch is waited on by nobody and backs off.
-        let _stream = sh.stream_for(ctx, requested);
+        let _stream = engine.stream_for(ctx, requested);
         if src.is_none() {
             let path = t.rel_path_vec(idx).map(|r| {
                 use std::os::unix::ffi::OsStrExt;

@@ -28,8 +28,6 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use granary_shm::lifecycle::{self, EntryCell};
@@ -39,13 +37,15 @@ use super::copy::{
     align_up, no_room, publish as publish_copy, reserve_on, source_only, tier_failed, write_all_at,
     SourceReader, DIRECT_ALIGN, SETTLE,
 };
-use super::pool::Shared;
+use super::engine::Engine;
 use super::states::Finish;
 use super::unpack::{Damaged, Decoder};
 use super::SourceCtx;
 use crate::packed::damage::Damage;
 use crate::packed::Layout;
 use crate::stats::{AgentCounters, PackDamage};
+use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use crate::sync::{lock, statics, thread, Arc, Condvar, Mutex};
 use crate::sys;
 use crate::tiers::Reservation;
 
@@ -406,13 +406,9 @@ impl Streamer {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Starts `ctx`'s partition streamers (a table serving a pack), as many as the node's source
 /// streams and the partitions allow. They run until the table is retired.
-pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> std::io::Result<()> {
+pub fn spawn(ctx: Arc<SourceCtx>, engine: Arc<Engine>) -> std::io::Result<()> {
     let Some(st) = ctx.pack.get().cloned() else {
         return Ok(());
     };
@@ -423,7 +419,7 @@ pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> std::io::Result<()> {
         r.clone()
             .any(|k| st.seg_state[k as usize].load(Ordering::Acquire) == TODO)
     };
-    let threads = sh
+    let threads = engine
         .params
         .max_source_streams
         .min(st.parts.iter().filter(|r| todo(r)).count())
@@ -436,15 +432,15 @@ pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> std::io::Result<()> {
         st.segments.len()
     );
     for i in 0..threads {
-        let (ctx, sh, st) = (ctx.clone(), sh.clone(), st.clone());
-        std::thread::Builder::new()
+        let (ctx, engine, st) = (ctx.clone(), engine.clone(), st.clone());
+        thread::Builder::new()
             .name(format!("partition-{i}"))
-            .spawn(move || run(&ctx, &sh, &st))?;
+            .spawn(move || run(&ctx, &engine, &st))?;
     }
     Ok(())
 }
 
-fn run(ctx: &SourceCtx, sh: &Shared, st: &Streamer) {
+fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
     // One block, aligned, plus room for the alignment of a segment's start.
     let mut buf = vec![0u8; st.block as usize + 2 * DIRECT_ALIGN];
     let mut scratch = Vec::new();
@@ -452,7 +448,7 @@ fn run(ctx: &SourceCtx, sh: &Shared, st: &Streamer) {
     while !ctx.retired.load(Ordering::Acquire) {
         match st.next(&mut current) {
             Some(segs) => {
-                segment(ctx, sh, st, segs.clone(), &mut buf, &mut scratch);
+                segment(ctx, engine, st, segs.clone(), &mut buf, &mut scratch);
                 for seg in segs {
                     st.done(ctx, seg);
                 }
@@ -492,11 +488,11 @@ enum Failed {
     Lost,
 }
 
-static TMP_SEQ: AtomicUsize = AtomicUsize::new(0);
+static TMP_SEQ: statics::AtomicUsize = statics::AtomicUsize::new(0);
 
 fn segment(
     ctx: &SourceCtx,
-    sh: &Shared,
+    engine: &Engine,
     st: &Streamer,
     segs: Range<u32>,
     buf: &mut [u8],
@@ -539,7 +535,7 @@ fn segment(
             continue;
         }
         let size = entry.stat.size;
-        let order: Vec<usize> = sh.policy.tiers_for(size, &ctx.tiers);
+        let order: Vec<usize> = engine.policy.tiers_for(size, &ctx.tiers);
         let Some(res) = reserve_on(ctx, &order, size) else {
             no_room(ctx, idx);
             continue;
@@ -574,7 +570,7 @@ fn segment(
     // Only the stored bytes of the files that need them, in runs without gaps: what lies
     // between is placed already or another node's (cluster mode), which reads it itself.
     for (start, end) in runs(&outs) {
-        if let Err(e) = stream(ctx, sh, st, &file, start, end, buf, scratch, &mut outs) {
+        if let Err(e) = stream(ctx, engine, st, &file, start, end, buf, scratch, &mut outs) {
             for o in outs.iter_mut() {
                 o.failed
                     .get_or_insert(Failed::Source(std::io::Error::new(e.kind(), e.to_string())));
@@ -633,7 +629,7 @@ fn create(ctx: &SourceCtx, o: &mut Out<'_>) -> std::io::Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn stream(
     ctx: &SourceCtx,
-    sh: &Shared,
+    engine: &Engine,
     st: &Streamer,
     file: &File,
     start: u64,
@@ -650,7 +646,7 @@ fn stream(
     // Empty files have nothing stored: they are complete before any read.
     feed(outs, at, &[], scratch);
     let _stream = if end > start {
-        Some(sh.stream_for(ctx, true))
+        Some(engine.stream_for(ctx, true))
     } else {
         None
     };

@@ -20,16 +20,16 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use granary_shm::{object_name, request, state, Table};
 use serde::{Deserialize, Serialize};
 
-use super::pool::Shared;
+use super::engine::Engine;
 use super::{KnownOrder, PlaceOutcome, Policy, SourceCtx};
 use crate::stats::AgentCounters;
+use crate::sync::atomic::Ordering;
+use crate::sync::{lock, thread, Arc, Condvar, Mutex};
 use crate::sys;
 
 /// What a job asks for when it wants the known-order policy (`--access-order`, or
@@ -223,34 +223,30 @@ impl Prefetcher {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Starts the prefetch thread of a table with a known order (no-op otherwise). It ends when
 /// the table is retired; its placement counts in `inflight`, so retirement and `pending`
 /// wait for the copy in hand.
-pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> io::Result<()> {
+pub fn spawn(ctx: Arc<SourceCtx>, engine: Arc<Engine>) -> io::Result<()> {
     if ctx.order.is_none() {
         return Ok(());
     }
     ctx.table.set_reports_opens(true);
-    std::thread::Builder::new()
+    thread::Builder::new()
         .name("prefetch".into())
-        .spawn(move || run(&ctx, &sh))?;
+        .spawn(move || run(&ctx, &engine))?;
     Ok(())
 }
 
-fn run(ctx: &SourceCtx, sh: &Shared) {
+fn run(ctx: &SourceCtx, engine: &Engine) {
     let Some(pf) = ctx.order.as_deref() else {
         return;
     };
-    let mut buf = super::copy::worker_buffer(sh.params.block_size);
+    let mut buf = super::copy::worker_buffer(engine.params.block_size);
     while !ctx.retired.load(Ordering::Acquire) {
         ctx.inflight.fetch_add(1, Ordering::AcqRel);
         let next = pf.next(ctx);
         if let Some(idx) = next {
-            let out = super::fetch_large(ctx, idx, sh, &mut buf);
+            let out = super::fetch_large(ctx, idx, engine, &mut buf);
             if matches!(out, PlaceOutcome::Placed { .. }) {
                 AgentCounters::add(&ctx.counters.prefetched, 1);
             }

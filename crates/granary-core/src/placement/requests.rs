@@ -1,4 +1,4 @@
-use std::sync::Arc;
+//! Acting on the requests clients push to a table's ring (`granary_shm::request`).
 
 use granary_shm::{object_name, request, state};
 
@@ -6,6 +6,7 @@ use granary_shm::lifecycle::{self, EntryCell};
 
 use super::states;
 use super::{CopyMethod, CopyTask, Pool, SourceCtx};
+use crate::sync::Arc;
 use crate::sys;
 
 /// Acts on one request from a table's ring. Requests are hints from untrusted-but-same-user
@@ -93,8 +94,18 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         }
         request::CHUNK => {
             // A client's read of a PARTIAL file missed chunk `arg`.
-            if state::state_of(t.state(idx)) == state::PARTIAL {
-                super::partial::request_chunk(ctx, idx, arg as u64, pool);
+            if state::state_of(t.state(idx)) == state::PARTIAL
+                && super::partial::claim_chunk(ctx, idx, arg as u64)
+            {
+                pool.submit(CopyTask {
+                    ctx: ctx.clone(),
+                    entry: idx,
+                    method: CopyMethod::Chunk {
+                        first: arg,
+                        requested: true,
+                    },
+                    slot: 0,
+                });
             }
         }
         request::INVALIDATE => {

@@ -41,7 +41,6 @@ pub use config::MmapConfig;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use granary_shm::{job, state};
@@ -52,6 +51,9 @@ pub use window::{Shape, Window};
 
 use super::SourceCtx;
 use crate::stats::AgentCounters;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::statics::{self, OnceLock, Thread};
+use crate::sync::{lock, thread, Arc, Mutex};
 use crate::sys;
 
 /// What the agent does for mappings (`[mmap] mode`).
@@ -133,11 +135,11 @@ const RA_PIECE: u64 = flight::MAX_PIECE;
 const MAPS_EVERY: Duration = Duration::from_secs(1);
 
 /// The follower thread, woken when a request arrives.
-static FOLLOWER: OnceLock<std::thread::Thread> = OnceLock::new();
+static FOLLOWER: OnceLock<Thread> = OnceLock::new();
 
 /// The calling thread is the agent's follower (`wake` unparks it).
 pub fn register_follower() {
-    let _ = FOLLOWER.set(std::thread::current());
+    let _ = FOLLOWER.set(statics::current());
 }
 
 fn wake() {
@@ -156,7 +158,7 @@ pub struct Mappings {
     steer: Mutex<HashMap<u32, Steering>>,
     state: Mutex<State>,
     /// The read-ahead window last used (logged when it changes).
-    last_size: std::sync::atomic::AtomicU64,
+    last_size: AtomicU64,
     /// What the agent has in flight at this source, and may have (`flight`).
     flight: flight::Flight,
     /// Per entry, its record order (`lmdb_index`), built once per version of the file.
@@ -276,10 +278,6 @@ struct Source {
     fetched: Vec<u64>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn bit(v: &[u64], i: u64) -> bool {
     v.get((i / 64) as usize)
         .is_some_and(|w| w & (1 << (i % 64)) != 0)
@@ -352,12 +350,7 @@ impl Mappings {
         let readers: usize = st.procs.values().map(|pr| pr.readers.len()).sum();
         // Read-ahead that memory cannot hold until the reader gets there is read twice.
         let size = p.size.min((room / 8 / readers.max(1) as u64).max(RA_PIECE));
-        if readers > 0
-            && self
-                .last_size
-                .swap(size, std::sync::atomic::Ordering::Relaxed)
-                != size
-        {
+        if readers > 0 && self.last_size.swap(size, Ordering::Relaxed) != size {
             tracing::debug!(
                 "mappings: {readers} readers, page-cache room {room}: windows of {size}"
             );
@@ -535,7 +528,7 @@ impl Mappings {
         let orders = Arc::clone(&self.orders);
         let counters = Arc::clone(&ctx.counters);
         let file = open_catalogued(ctx, idx).map(|(f, _)| f);
-        let built = std::thread::Builder::new()
+        let built = thread::Builder::new()
             .name("granary-index".into())
             .spawn(move || {
                 let layout = file.and_then(|f| record_order(&f, idx, len, &counters));
