@@ -60,32 +60,28 @@ pub struct Params {
     pub small_copy_delay: std::time::Duration,
 }
 
+/// Large reads reach a PFS's bandwidth limit where the program's 128–256 KiB reads hit its
+/// per-request (IOPS) limit.
+pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
+/// Per node: many nodes times many streams is what overwhelms a PFS (LMDBIO's staggering).
+pub const DEFAULT_MAX_SOURCE_STREAMS: usize = 4;
+pub const DEFAULT_PREFETCH_MIN_SIZE: u64 = 1 << 20;
+pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
+pub const DEFAULT_SMALL_COPY_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Default for Params {
     fn default() -> Params {
-        use crate::config as c;
         Params {
-            block_size: c::DEFAULT_BLOCK_SIZE,
-            max_source_streams: c::DEFAULT_MAX_SOURCE_STREAMS,
-            prefetch_min_size: c::DEFAULT_PREFETCH_MIN_SIZE,
-            chunk_size: c::DEFAULT_CHUNK_SIZE,
-            small_copy_delay: c::DEFAULT_SMALL_COPY_DELAY,
+            block_size: DEFAULT_BLOCK_SIZE,
+            max_source_streams: DEFAULT_MAX_SOURCE_STREAMS,
+            prefetch_min_size: DEFAULT_PREFETCH_MIN_SIZE,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            small_copy_delay: DEFAULT_SMALL_COPY_DELAY,
         }
     }
 }
 
 impl Params {
-    /// The configuration's values over the defaults.
-    pub fn from_config(cfg: &crate::config::Config) -> Params {
-        let d = Params::default();
-        Params {
-            block_size: cfg.block_size.unwrap_or(d.block_size),
-            max_source_streams: cfg.max_source_streams.unwrap_or(d.max_source_streams),
-            prefetch_min_size: cfg.prefetch_min_size.unwrap_or(d.prefetch_min_size),
-            chunk_size: cfg.chunk_size.unwrap_or(d.chunk_size),
-            small_copy_delay: cfg.small_copy_delay.unwrap_or(d.small_copy_delay),
-        }
-    }
-
     /// The smallest file the agent fetches whole on the source at `path`, on device
     /// `major:minor` (0: none), for its table's header, where the preload library reads it too.
     /// The device comes from a record the caller has (no call on the source for it).
