@@ -29,7 +29,8 @@ use crate::sys;
 
 /// The first read of a fetch; each next one doubles, up to the block size.
 const RAMP_START: usize = 1 << 20;
-/// The pieces a fetch keeps track of (`fetch_order`).
+/// The pieces a fetch keeps track of (`fetch_order`), at most: never more than one block, the
+/// largest read the worker's buffer takes (`fetch_order` reads at least one piece at a time).
 const ORDER_UNIT: u64 = 1 << 20;
 /// What a fetch reads this soon after it started stays in the page cache: a program that
 /// opened the file may be about to map it.
@@ -126,7 +127,7 @@ fn copy_part(
         // read is done, if still no program maps it (one that is about to — its open started
         // this fetch — finds them).
         let mut drop_later: Option<(u64, u64)> = None;
-        let mut order = Order::new(size, ORDER_UNIT, &cl.extents);
+        let mut order = Order::new(size, ORDER_UNIT.min(buf.len() as u64), &cl.extents);
         // The first reads are short and grow to a block: a program waiting for the file's
         // first bytes (its first record, through a mapping or a read) gets them in the time of
         // a short read, not of a whole block.
