@@ -202,6 +202,16 @@ fn mono_ns() -> u64 {
 }
 
 impl SourceCtx {
+    /// Withdraws the table from placement: queued jobs are dropped, running ones stop at their
+    /// next check, idle partition streamers stop now. The caller then waits for `inflight` to
+    /// drain.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        if let Some(st) = self.pack.get() {
+            st.wake_all();
+        }
+    }
+
     /// Placement work not finished for this table: requests still in its ring plus work the
     /// agent holds (`inflight`). Every entry in QUEUED or PLACING has a job behind it, so
     /// `busy_entries` (their count, if the caller has it) only guards against an entry stranded

@@ -282,6 +282,13 @@ impl Streamer {
         self.urge(seg);
     }
 
+    /// Wakes the idle streamers (the table was retired: they stop now, not at their next
+    /// timeout).
+    pub fn wake_all(&self) {
+        let _q = lock(&self.urgent);
+        self.wake.notify_all();
+    }
+
     fn urge(&self, seg: u32) {
         lock(&self.urgent).push_back(seg);
         self.wake.notify_all();
@@ -456,8 +463,10 @@ fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
             None => {
                 sys::release_pages(&mut buf);
                 scratch = Vec::new();
+                // `retired` is looked at under the lock `wake_all` takes: a retirement is
+                // never missed between the loop's check and the wait.
                 let q = lock(&st.urgent);
-                if q.is_empty() {
+                if q.is_empty() && !ctx.retired.load(Ordering::Acquire) {
                     let _ = st.wake.wait_timeout(q, Duration::from_millis(100));
                 }
             }
