@@ -5,6 +5,15 @@
 //! Run: `cargo test -p granary-core --features shuttle --test shuttle`.
 #![cfg(feature = "shuttle")]
 
+#[path = "shuttle/fixture.rs"]
+mod fixture;
+#[path = "shuttle/flight.rs"]
+mod flight;
+#[path = "shuttle/partition.rs"]
+mod partition;
+#[path = "shuttle/pool.rs"]
+mod pool;
+
 use std::collections::HashSet;
 use std::path::PathBuf;
 
