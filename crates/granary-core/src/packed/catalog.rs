@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use granary_pack::format::entry::flags as pflags;
 use granary_pack::format::header::info;
-use granary_pack::format::EntryRec as PackEntry;
+use granary_pack::format::IndexEntry;
 use granary_pack::Index;
 use granary_shm::layout::pack::{LOC_PACKED, LOC_REPLICATE, LOC_SPARSE};
 use granary_shm::{object_id, state, Catalog, Locator, Node, StatRec};
@@ -202,8 +202,8 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
     /// The packed record of `e` as the source would report it now: the device remapped, and
     /// atime (which a pack records as mtime and marks absent) served as present, as the tree's
     /// own `statx` says it is.
-    fn packed_stat(&self, e: &PackEntry) -> StatRec {
-        let mut s = e.stat.to_stat_rec();
+    fn packed_stat(&self, e: &IndexEntry) -> StatRec {
+        let mut s = super::stat_rec(&e.stat);
         s.mask |= libc::STATX_ATIME;
         if let Some(d) = self.devs {
             d.map(&mut s);
@@ -212,7 +212,7 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
     }
 
     /// A directory present in both: from the index if its identity is the packed one.
-    fn dir_mode(&mut self, packed: &PackEntry, now: &StatRec, pe: u32) -> Mode {
+    fn dir_mode(&mut self, packed: &IndexEntry, now: &StatRec, pe: u32) -> Mode {
         self.stats.pack_dirs_checked += 1;
         if now.is_dir() && self.packed_stat(packed).same_version(now) {
             Mode::Pack(pe)
@@ -222,7 +222,7 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
         }
     }
 
-    fn locator(e: &PackEntry) -> Locator {
+    fn locator(e: &IndexEntry) -> Locator {
         Locator {
             offset: e.offset,
             stored_len: e.stored_len,

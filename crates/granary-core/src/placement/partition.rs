@@ -39,7 +39,7 @@ use super::copy::{
 };
 use super::engine::Engine;
 use super::states::Finish;
-use super::unpack::{Damaged, Decoder};
+use super::unpack::{Damaged, Decoder, Scratch};
 use super::SourceCtx;
 use crate::packed::damage::Damage;
 use crate::packed::Layout;
@@ -450,7 +450,7 @@ pub fn spawn(ctx: Arc<SourceCtx>, engine: Arc<Engine>) -> std::io::Result<()> {
 fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
     // One block, aligned, plus room for the alignment of a segment's start.
     let mut buf = vec![0u8; st.block as usize + 2 * DIRECT_ALIGN];
-    let mut scratch = Vec::new();
+    let mut scratch = Scratch::default();
     let mut current = None;
     while !ctx.retired.load(Ordering::Acquire) {
         match st.next(&mut current) {
@@ -462,7 +462,7 @@ fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
             }
             None => {
                 sys::release_pages(&mut buf);
-                scratch = Vec::new();
+                scratch = Scratch::default();
                 // `retired` is looked at under the lock `wake_all` takes: a retirement is
                 // never missed between the loop's check and the wait.
                 let q = lock(&st.urgent);
@@ -505,7 +505,7 @@ fn segment(
     st: &Streamer,
     segs: Range<u32>,
     buf: &mut [u8],
-    scratch: &mut Vec<u8>,
+    scratch: &mut Scratch,
 ) {
     let t = &ctx.table;
     let (Some(first), Some(last)) = (
@@ -644,7 +644,7 @@ fn stream(
     start: u64,
     end: u64,
     buf: &mut [u8],
-    scratch: &mut Vec<u8>,
+    scratch: &mut Scratch,
     outs: &mut [Out<'_>],
 ) -> std::io::Result<()> {
     let c = &ctx.counters;
@@ -680,7 +680,7 @@ fn stream(
 }
 
 /// Hands each file the part of `data` (partition bytes from `at`) that is its stored bytes.
-fn feed(outs: &mut [Out<'_>], at: u64, data: &[u8], scratch: &mut Vec<u8>) {
+fn feed(outs: &mut [Out<'_>], at: u64, data: &[u8], scratch: &mut Scratch) {
     let end = at + data.len() as u64;
     for o in outs.iter_mut() {
         if o.failed.is_some() {

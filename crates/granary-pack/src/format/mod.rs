@@ -8,7 +8,7 @@ pub mod entry;
 pub mod header;
 pub mod name;
 
-pub use entry::{EntryRec, Stat, Ts};
+pub use entry::{IndexEntry, Stat, Timestamp};
 pub use header::{IndexHeader, PartitionHeader, PartitionRec};
 
 /// First bytes of every pack file.
