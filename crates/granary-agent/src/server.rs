@@ -433,11 +433,11 @@ fn attach(
         // one its partition streamers).
         if origin != crate::source::Origin::Kept {
             if let Some(ctx) = src.ctx() {
-                granary_core::placement::prefetch::spawn(ctx.clone(), setup.pool.shared().clone())?;
+                granary_core::placement::prefetch::spawn(ctx.clone(), setup.pool.engine().clone())?;
                 // A serving rank streams only its share of a pack: its node starts the
                 // streamers once the pack is dealt out (`cluster::Node::start`).
                 if agent.serving.is_none() {
-                    granary_core::placement::partition::spawn(ctx, setup.pool.shared().clone())?;
+                    granary_core::placement::partition::spawn(ctx, setup.pool.engine().clone())?;
                 }
             }
         }

@@ -673,7 +673,7 @@ impl SourceState {
             v.stop();
         }
         let tiers = &*ctx.tiers;
-        ctx.retired.store(true, Ordering::Release);
+        ctx.retire();
         let deadline = Instant::now() + Duration::from_secs(120);
         while ctx.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));

@@ -116,7 +116,7 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
             let Some(setup) = node.agent.setup.get() else {
                 return PlaceOutcome::Skipped;
             };
-            fetch_large(ctx, idx, setup.pool.shared(), buf)
+            fetch_large(ctx, idx, setup.pool.engine(), buf)
         }
     }
 }

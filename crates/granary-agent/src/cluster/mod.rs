@@ -255,7 +255,7 @@ impl Node {
             return Ok(());
         };
         st.restrict(|idx| self.own.primary(idx) == Some(self.rank));
-        granary_core::placement::partition::spawn(self.ctx.clone(), setup.pool.shared().clone())?;
+        granary_core::placement::partition::spawn(self.ctx.clone(), setup.pool.engine().clone())?;
         Ok(())
     }
 

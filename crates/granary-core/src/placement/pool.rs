@@ -112,7 +112,7 @@ impl Pool {
 
     /// What the pool's workers run their tasks with: for placement work started elsewhere
     /// (partition streamers, the known-order prefetcher, cluster-mode fetches).
-    pub fn shared(&self) -> &Arc<Engine> {
+    pub fn engine(&self) -> &Arc<Engine> {
         &self.shared.engine
     }
 
