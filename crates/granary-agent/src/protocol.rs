@@ -44,7 +44,7 @@ pub enum Request {
         mount: bool,
         /// `[mmap]` of an agent that has no pool yet; the agent's own configuration wins.
         #[serde(default)]
-        mmap: Option<granary_core::placement::mapping::MmapConfig>,
+        mmap: Option<granary_core::placement::mmap::MmapConfig>,
     },
     /// Agent counters of one source (placement, its own source traffic) and its tiers' usage;
     /// with the job's slot, what was placed for that job.

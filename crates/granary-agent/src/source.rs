@@ -505,7 +505,7 @@ impl SourceState {
             lost: Default::default(),
             validation: Default::default(),
             pack: Default::default(),
-            mappings: Default::default(),
+            mmap: Default::default(),
             remote: Default::default(),
             ahead: Default::default(),
         });

@@ -624,7 +624,7 @@ pub mod request {
     /// validation had not reached it): validate this directory next.
     pub const VALIDATE: u8 = 7;
     /// A process mapped a catalogued file (or inherited mappings across `fork`): the agent reads
-    /// its `/proc/<pid>/maps` and follows where it reads in them (`placement::mapping`). The
+    /// its `/proc/<pid>/maps` and follows where it reads in them (`placement::mmap`). The
     /// entry field carries the pid as the process sees it, `arg` its job slot.
     pub const MAPPED: u8 = 8;
     /// A program's open of an LMDB lock file was given the node-local lock file of the

@@ -27,7 +27,7 @@
 //! validate_threads = 4     # background validation of a reused catalog (0: inline only)
 //! [reuse]
 //! verify = "identity"      # or "checksum": also re-hash reused copies in the background
-//! [mmap]                  # see placement::mapping::config
+//! [mmap]                  # see placement::mmap::config
 //! mode = "prefetch"
 //! [agent]
 //! idle_timeout = "30s"     # exit when no job used the agent this long
@@ -104,7 +104,7 @@ pub struct Config {
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
     /// `[mmap]`: following programs through their mappings.
-    pub mmap: Option<crate::placement::mapping::MmapConfig>,
+    pub mmap: Option<crate::placement::mmap::MmapConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]

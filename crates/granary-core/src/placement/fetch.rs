@@ -65,7 +65,7 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
         copy_part(ctx, cl, &mut reader, tier, dir, buf, block, direct)
     });
-    if !ctx.mappings.is_mapped(idx) {
+    if !ctx.mmap.is_mapped(idx) {
         tracing::trace!("entry {idx}: fetch done, the source's pages dropped");
         sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
     }
@@ -138,16 +138,16 @@ fn copy_part(
         let mut residency: Option<Option<sys::Residency>> = None;
         let mut res = Vec::new();
         loop {
-            let steer = ctx.mappings.steering(idx);
+            let steer = ctx.mmap.steering(idx);
             let (readers, window, lead, idle) =
                 steer.as_ref().map_or((&[][..], 0, 0, false), |s| {
                     (&s.readers[..], s.window, s.lead, s.idle)
                 });
             // While programs map this source's files, reads are short: a program's fault (or a
             // new mapping's first one) waits at the source behind what the agent has in flight
-            // there (`mapping::flight`).
-            let flight = ctx.mappings.flight();
-            let max = if ctx.mappings.followed() > 0 {
+            // there (`mmap::in_flight`).
+            let flight = ctx.mmap.flight();
+            let max = if ctx.mmap.followed() > 0 {
                 (ramp as u64).min(flight.piece())
             } else {
                 ramp as u64
@@ -261,7 +261,7 @@ fn copy_part(
             }
         }
         if let Some((o, n)) = drop_later {
-            if !ctx.mappings.is_mapped(idx) {
+            if !ctx.mmap.is_mapped(idx) {
                 sys::fadvise(&cl.src, o, n, libc::POSIX_FADV_DONTNEED);
             }
         }
@@ -319,7 +319,7 @@ fn read_part(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<()>
 /// they were read).
 fn settle(ctx: &SourceCtx, idx: u32, out: &std::fs::File, off: u64, len: u64) {
     sys::sync_range(out, off, len, SETTLE);
-    if ctx.table.is_transient(idx) || ctx.mappings.is_mapped(idx) {
+    if ctx.table.is_transient(idx) || ctx.mmap.is_mapped(idx) {
         sys::fadvise(out, off, len, libc::POSIX_FADV_DONTNEED);
     }
 }

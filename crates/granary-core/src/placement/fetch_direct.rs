@@ -19,7 +19,7 @@ use crate::sys;
 /// Whether entry `idx`, of `size` bytes, is fetched in one direct read: small enough for the
 /// library's `mmap` to wait for it, and mapped by no program the agent follows.
 pub(super) fn wanted(ctx: &SourceCtx, idx: u32, size: u64) -> bool {
-    size <= granary_shm::DIRECT_FETCH_MAX && !ctx.mappings.is_mapped(idx)
+    size <= granary_shm::DIRECT_FETCH_MAX && !ctx.mmap.is_mapped(idx)
 }
 
 /// Reads the whole source file of `cl` into the start of `buf` with `O_DIRECT`, and says how
@@ -76,7 +76,7 @@ fn read_direct(
     reader: &mut SourceReader,
     buf: &mut [u8],
 ) -> std::io::Result<(usize, u64)> {
-    let _in_flight = ctx.mappings.flight().sync_read(buf.len() as u64);
+    let _in_flight = ctx.mmap.flight().sync_read(buf.len() as u64);
     let (mut got, mut calls) = (0usize, 0u64);
     while got < buf.len() {
         let n = reader.read_at(&cl.src, &mut buf[got..], got as u64)?;

@@ -17,7 +17,7 @@ mod fetch;
 mod fetch_direct;
 pub mod fetch_order;
 pub mod incoming;
-pub mod mapping;
+pub mod mmap;
 mod partial;
 pub mod partition;
 mod policy;
@@ -142,7 +142,7 @@ pub struct SourceCtx {
     /// The partition streamer of a table serving a pack (`granary run --pack`).
     pub pack: OnceLock<Arc<partition::Streamer>>,
     /// Programs' mappings of this source's files, followed and read ahead of.
-    pub mappings: mapping::Mappings,
+    pub mmap: mmap::Follower,
     /// Cluster mode: the other nodes of the job, asked before the source is read
     /// (`incoming::Remote`); unset on one node.
     pub remote: OnceLock<Arc<dyn Remote>>,

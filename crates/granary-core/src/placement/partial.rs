@@ -413,7 +413,7 @@ fn fetch_run(
 /// the whole file here made every later request read its chunk from the source again). A
 /// program mapping the file still faults these pages from the source: they stay then.
 fn drop_behind(ctx: &SourceCtx, idx: u32, f: &std::fs::File, geo: &ChunkGeometry, k0: u64, n: u64) {
-    if n == 0 || ctx.mappings.is_mapped(idx) {
+    if n == 0 || ctx.mmap.is_mapped(idx) {
         return;
     }
     let (start, _) = geo.range(k0);

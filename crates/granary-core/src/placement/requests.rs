@@ -17,7 +17,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
     let t = &ctx.table;
     let tiers = &*ctx.tiers;
     if kind == request::MAPPED {
-        ctx.mappings.request(idx, arg);
+        ctx.mmap.request(idx, arg);
         return;
     }
     let Some(e) = t.entry(idx) else { return };

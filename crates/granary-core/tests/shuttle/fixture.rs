@@ -152,7 +152,7 @@ impl Placing {
             lost: Default::default(),
             validation: Default::default(),
             pack: Default::default(),
-            mappings: Default::default(),
+            mmap: Default::default(),
             remote: Default::default(),
             ahead: Default::default(),
         });

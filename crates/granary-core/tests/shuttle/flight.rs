@@ -1,9 +1,9 @@
-//! In-flight tracking (`placement::mapping::flight`): the follower issues and retires
+//! In-flight tracking (`placement::mmap::in_flight`): the follower issues and retires
 //! read-ahead while whole-file fetches hold synchronous reads of the same source.
 
 use std::time::{Duration, Instant};
 
-use granary_core::placement::mapping::flight::{Flight, Piece};
+use granary_core::placement::mmap::in_flight::{Flight, Piece};
 use granary_core::sync::atomic::{AtomicBool, Ordering};
 use granary_core::sync::Arc;
 use shuttle::thread;

@@ -1,12 +1,12 @@
 //! Following programs through their mappings, and reading the source ahead of them
-//! (docs/placement.md, "Mappings").
+//! (docs/placement.md, "Follower").
 //!
 //! A program that reads a file through `mmap` makes no call granary can see: its reads are page
 //! faults. The preload library maps what the tier holds over the source and tells the agent
 //! which process mapped something (`request::MAPPED`); from then on the agent:
 //!
 //! - reads `/proc/<pid>/maps` (again every second: `munmap`, `exec` and exit end the following)
-//!   and groups the process's mappings of catalogued files (`maps`);
+//!   and groups the process's mappings of catalogued files (`proc_maps`);
 //! - looks at the process's page tables (`/proc/<pid>/pagemap`, the present bit: readable for
 //!   the same user, no privilege) around where the reader was and, a slice per tick, the rest
 //!   of each mapping: pages that became present are the pages the program touched — including
@@ -28,12 +28,12 @@
 //! serve regular files' pages.
 
 mod config;
-pub mod flight;
-mod keep;
-pub mod layout;
+pub mod in_flight;
+mod keep_cached;
 pub mod lmdb_index;
-mod maps;
-mod pace;
+pub mod page_order;
+mod proc_maps;
+mod reader_pace;
 pub mod window;
 
 pub use config::MmapConfig;
@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use granary_shm::{job, state};
 use serde::{Deserialize, Serialize};
 
-pub use layout::Layout;
+pub use page_order::PageOrder;
 pub use window::{Shape, Window};
 
 use super::SourceCtx;
@@ -92,7 +92,7 @@ pub struct MmapParams {
     /// Percent of the last window the reader passes before the next is read (Haderbache: 75).
     pub threshold_pct: u64,
     /// Readers of an LMDB whose pages are not in key order are followed in key order
-    /// (`lmdb_index`, `layout`).
+    /// (`lmdb_index`, `page_order`).
     pub lmdb_index: bool,
 }
 
@@ -130,8 +130,8 @@ const STALL_LOOKS: u32 = 3;
 const CACHED_WINDOWS: u32 = 2;
 const CACHED_EVERY: u32 = 8;
 /// One `readahead(2)` call at most: the kernel caps each at its largest request.
-const RA_PIECE: u64 = flight::MAX_PIECE;
-/// Mappings are read again this often (unmapped, exited, exec'd).
+const RA_PIECE: u64 = in_flight::MAX_PIECE;
+/// Follower are read again this often (unmapped, exited, exec'd).
 const MAPS_EVERY: Duration = Duration::from_secs(1);
 
 /// The follower thread, woken when a request arrives.
@@ -148,9 +148,10 @@ fn wake() {
     }
 }
 
-/// The mappings of one source's files the agent follows.
+/// The follower of one source: the programs' mappings of its files the agent follows, where
+/// their readers are, and what it has in flight at the source (`SourceCtx::mmap`).
 #[derive(Debug, Default)]
-pub struct Mappings {
+pub struct Follower {
     /// `(pid, job slot)` of processes that mapped something, not looked at yet.
     pending: Mutex<Vec<(u32, u32)>>,
     /// Entries some followed process maps now, and where their readers are: a whole-file
@@ -159,8 +160,8 @@ pub struct Mappings {
     state: Mutex<State>,
     /// The read-ahead window last used (logged when it changes).
     last_size: AtomicU64,
-    /// What the agent has in flight at this source, and may have (`flight`).
-    flight: flight::Flight,
+    /// What the agent has in flight at this source, and may have (`in_flight`).
+    flight: in_flight::Flight,
     /// Per entry, its record order (`lmdb_index`), built once per version of the file.
     orders: Arc<Mutex<HashMap<u32, Order>>>,
 }
@@ -172,7 +173,7 @@ enum Order {
     Building,
     Built {
         key: FileKey,
-        layout: Option<Arc<Layout>>,
+        layout: Option<Arc<PageOrder>>,
     },
 }
 
@@ -214,7 +215,7 @@ struct State {
     /// Per entry, where readers started reading in sequence (kept after they end, until a
     /// reader reads through: `issue`).
     starts: HashMap<u32, Vec<u64>>,
-    /// When what lies cached in the readers' way was last made to look used (`keep`).
+    /// When what lies cached in the readers' way was last made to look used (`keep_cached`).
     kept_at: Option<Instant>,
 }
 
@@ -230,14 +231,14 @@ struct Proc {
 /// One mapping of one process.
 #[derive(Debug)]
 struct Reader {
-    m: maps::Mapped,
+    m: proc_maps::Mapped,
     /// The file's size: nothing past it is followed (with a layout: its pages).
     len: u64,
-    /// The order it reads the file in, when not the file's (`layout`): then its positions,
+    /// The order it reads the file in, when not the file's (`page_order`): then its positions,
     /// windows and `seen` bits are offsets in that order, translated at the page tables, the
     /// read-ahead and the counters. `order_known`: looked up (a mapping of the whole file
     /// only; until its entry's order is built, it is followed in file order).
-    layout: Option<Arc<Layout>>,
+    layout: Option<Arc<PageOrder>>,
     order_known: bool,
     /// One bit per page of `[m.start, end)`: present at the last look.
     seen: Vec<u64>,
@@ -253,7 +254,7 @@ struct Reader {
     cached_windows: u32,
     ticks: u32,
     /// What is left to read ahead of the last window (issued a piece at a time as the source
-    /// has room: `flight`), and what that window wanted from the source and issued so far.
+    /// has room: `in_flight`), and what that window wanted from the source and issued so far.
     pending: Option<(u64, u64)>,
     win_wanted: u64,
     win_issued: u64,
@@ -265,8 +266,8 @@ struct Reader {
     /// what was issued (or found local or cached) for it ends.
     lead: u64,
     issued_to: u64,
-    /// How fast it reads: read-ahead runs at most `pace::AHEAD` of it ahead (`issue`).
-    pace: pace::Pace,
+    /// How fast it reads: read-ahead runs at most `reader_pace::AHEAD` of it ahead (`issue`).
+    pace: reader_pace::Pace,
 }
 
 /// The agent's handle on a source file it reads ahead.
@@ -293,7 +294,7 @@ fn set_bit(v: &mut [u64], i: u64, on: bool) {
     }
 }
 
-impl Mappings {
+impl Follower {
     /// `request::MAPPED`: process `pid` (job slot `slot`) mapped something of this source.
     pub fn request(&self, pid: u32, slot: u32) {
         lock(&self.pending).push((pid, slot));
@@ -316,7 +317,7 @@ impl Mappings {
     }
 
     /// What the agent has in flight at this source (a whole-file fetch counts its reads).
-    pub fn flight(&self) -> &flight::Flight {
+    pub fn flight(&self) -> &in_flight::Flight {
         &self.flight
     }
 
@@ -393,7 +394,7 @@ impl Mappings {
                 issue(ctx, &mut st, &self.flight);
                 if st
                     .kept_at
-                    .is_none_or(|t| now.duration_since(t) >= keep::EVERY)
+                    .is_none_or(|t| now.duration_since(t) >= keep_cached::EVERY)
                 {
                     st.kept_at = Some(now);
                     let State {
@@ -402,7 +403,7 @@ impl Mappings {
                         starts,
                         ..
                     } = &*st;
-                    let kept = keep::round(procs, files, starts, &mut Vec::new());
+                    let kept = keep_cached::round(procs, files, starts, &mut Vec::new());
                     if kept > 0 {
                         tracing::trace!("mappings: {kept} bytes in the readers' way kept cached");
                     }
@@ -466,7 +467,7 @@ impl Mappings {
     }
 }
 
-impl Mappings {
+impl Follower {
     /// Readers of whole-file mappings take their entry's record order once it is known; the
     /// first reader of an entry has it built (on a thread of its own: it reads the tree's
     /// pages from the source, which may be slow, and the follower must not wait for that).
@@ -546,7 +547,7 @@ impl Mappings {
 
 /// The record order of entry `idx`'s file `f` (`lmdb_index`), if it is an LMDB whose pages are
 /// not in about key order already.
-fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Option<Arc<Layout>> {
+fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Option<Arc<PageOrder>> {
     let t0 = Instant::now();
     // One page per read: the kernel's read-ahead around each would read 32 times more.
     sys::fadvise(f, 0, 0, libc::POSIX_FADV_RANDOM);
@@ -570,7 +571,7 @@ fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Optio
         .iter()
         .map(|&(p, n)| (p * per, n * per))
         .collect();
-    let layout = Layout::new(&extents, len);
+    let layout = PageOrder::new(&extents, len);
     tracing::info!(
         "entry {idx}: an LMDB data file, {} tree pages read in {:?}: {}",
         ix.pages_read,
@@ -585,7 +586,7 @@ fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Optio
 
 /// (Re-)reads `pid`'s mappings; readers that are still mapped the same way keep their state.
 fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: Instant) {
-    let Some(found) = maps::of_process(pid, &ctx.table, &ctx.source_real) else {
+    let Some(found) = proc_maps::of_process(pid, &ctx.table, &ctx.source_real) else {
         st.procs.remove(&pid);
         return;
     };
@@ -647,7 +648,7 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
 }
 
 impl Reader {
-    fn new(m: maps::Mapped, len: u64, now: Instant, layout: Option<Arc<Layout>>) -> Reader {
+    fn new(m: proc_maps::Mapped, len: u64, now: Instant, layout: Option<Arc<PageOrder>>) -> Reader {
         let len = match &layout {
             Some(_) => len.div_ceil(PAGE) * PAGE,
             None => len,
@@ -671,7 +672,7 @@ impl Reader {
             run_from: 0,
             lead: LEAD_MIN,
             issued_to: 0,
-            pace: pace::Pace::default(),
+            pace: reader_pace::Pace::default(),
         }
     }
 
@@ -786,7 +787,7 @@ fn follow(
 }
 
 /// Issues read-ahead pieces for the readers' pending windows while the source has room
-/// (`flight`): the piece nearest ahead of its reader first, so a reader about to wait is served
+/// (`in_flight`): the piece nearest ahead of its reader first, so a reader about to wait is served
 /// before one that has a lead.
 ///
 /// A window stops where another reader of the file started reading in sequence (`stop`):
@@ -795,7 +796,7 @@ fn follow(
 /// then not worth reading again for a reader that most likely stops there (measured: 2–3 % of
 /// the file read twice, all of it at the shares' starts). A reader that does go on is read
 /// ahead of again once it passed that start.
-fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
+fn issue(ctx: &SourceCtx, st: &mut State, flight: &in_flight::Flight) {
     let State {
         procs,
         files,
@@ -839,7 +840,7 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
                 r.pending = Some((a, b));
                 let stop = stop(r);
                 // Not more than its pace allows ahead of it: read-ahead waiting long in the page
-                // cache is what the kernel evicts first (`pace`). A whole piece once allowed.
+                // cache is what the kernel evicts first (`reader_pace`). A whole piece once allowed.
                 let paced = r.win.pos.saturating_add(r.pace.ahead(piece));
                 (a < stop.min(paced)).then_some((a - r.win.pos.min(a), stop, r))
             })
@@ -939,7 +940,7 @@ fn takes_source_in_file(r: &Reader, a: u64, b: u64) -> bool {
 const THROUGH: u64 = 1 << 20;
 
 /// The smallest piece issued when the source has little room left.
-const MIN_ISSUE: u64 = flight::MIN_PIECE;
+const MIN_ISSUE: u64 = in_flight::MIN_PIECE;
 
 /// What one look at a reader's page tables found.
 struct Look {
@@ -1165,7 +1166,7 @@ fn account(
     t.count(slot, job::MAP_LOCAL_BYTES, local);
     t.count(slot, job::MAP_SOURCE_BYTES, source);
     t.count(slot, job::MAP_FAULTED_BYTES, faulted);
-    ctx.mappings.flight().observed(faulted);
+    ctx.mmap.flight().observed(faulted);
 }
 
 /// Reads `[a, b)` of the reader's file ahead, where the mapping takes it from the source and
@@ -1176,7 +1177,7 @@ fn read_ahead(
     ctx: &SourceCtx,
     r: &Reader,
     files: &mut HashMap<u32, Source>,
-    flight: &flight::Flight,
+    flight: &in_flight::Flight,
     a: u64,
     b: u64,
 ) -> (u64, u64) {
@@ -1250,7 +1251,7 @@ fn read_ahead(
                 if sys::readahead(&src.file, p, n).is_err() {
                     break;
                 }
-                flight.issued(flight::Piece {
+                flight.issued(in_flight::Piece {
                     idx,
                     off: p,
                     len: n,
