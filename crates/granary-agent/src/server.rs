@@ -102,7 +102,7 @@ fn with_keepalive<T>(w: &Writer, progress: &Progress, f: impl FnOnce() -> T) -> 
 /// What the first job attaching to an idle source decides for it (later jobs share it).
 struct SourceWishes<'a> {
     tiers: &'a [granary_core::tiers::TierSpec],
-    order: Option<&'a granary_core::placement::prefetch::OrderSpec>,
+    order: Option<&'a granary_core::placement::known_order::OrderSpec>,
     immutable: bool,
     /// The pack to serve, and whether only the pack exists.
     pack: Option<&'a std::path::Path>,
@@ -433,7 +433,10 @@ fn attach(
         // one its partition streamers).
         if origin != crate::source::Origin::Kept {
             if let Some(ctx) = src.ctx() {
-                granary_core::placement::prefetch::spawn(ctx.clone(), setup.pool.engine().clone())?;
+                granary_core::placement::known_order::spawn(
+                    ctx.clone(),
+                    setup.pool.engine().clone(),
+                )?;
                 // A serving rank streams only its share of a pack: its node starts the
                 // streamers once the pack is dealt out (`cluster::Node::start`).
                 if agent.serving.is_none() {

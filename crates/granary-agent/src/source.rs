@@ -35,7 +35,7 @@ pub struct WalkOpts<'a> {
     pub params: &'a Params,
     pub verify: Verify,
     /// The known-order policy the new table gets (`None`: fill highest first).
-    pub order: Option<&'a granary_core::placement::prefetch::OrderSpec>,
+    pub order: Option<&'a granary_core::placement::known_order::OrderSpec>,
     pub residency: &'a Arc<Residency>,
     /// Validate by directory only (the dataset is declared immutable).
     pub immutable: bool,
@@ -85,7 +85,7 @@ pub struct SourceState {
     /// The source root's record read when this source became known, for the first attach.
     fresh_root: Mutex<Option<granary_shm::StatRec>>,
     /// The source root's device (major, minor), for what its requests cost
-    /// (`placement::whole_fetch`).
+    /// (`placement::whole_file::threshold`).
     dev: (u32, u32),
     /// What every job on the current table is told even with `-q`: tiers refused at the walk
     /// (not the user's, open to other users, …) or lost since (removed, renamed).
@@ -104,7 +104,7 @@ pub struct Inner {
     pub catalog: CatalogStats,
     /// The current table's policy, for the jobs that attach to it: the access-order file
     /// (`None`: fill highest first), and what its resolution has to tell them.
-    pub order: Option<granary_core::placement::prefetch::OrderSpec>,
+    pub order: Option<granary_core::placement::known_order::OrderSpec>,
     pub order_note: Option<String>,
 }
 
@@ -460,7 +460,7 @@ impl SourceState {
         table.beat(granary_core::sys::monotonic_ns());
         let order = match opts.order {
             Some(o) => {
-                let pf = granary_core::placement::prefetch::Prefetcher::build(
+                let pf = granary_core::placement::known_order::Prefetcher::build(
                     o,
                     &table,
                     &self.source,

@@ -2,7 +2,7 @@
 //! (or this rank holds a replica of). A fetcher thread takes the entry (PLACING), reserves room
 //! — the staging tier for a file of another rank's, this rank's own tiers for a replica —,
 //! asks the file's owners in turn and writes what arrives through the ordinary publication path
-//! (`placement::incoming`). Every wait is bounded by the peer timeout: an owner that is silent
+//! (`placement::peer_copy`). Every wait is bounded by the peer timeout: an owner that is silent
 //! that long (stopped, dead, hung) is written off (`Peers::failed`) and the next owner, or
 //! finally the source, serves the file — a packed file is then read from the pack by this
 //! node's partition streamer (only its stored bytes, by its partition offset). Fetchers never wait for this node's placement pool, and
@@ -12,8 +12,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
-use granary_core::placement::incoming::{self, NotStarted, ReceiveError, Receiving};
-use granary_core::placement::{fetch_large, PlaceOutcome, SourceCtx};
+use granary_core::placement::peer_copy::{self, NotStarted, ReceiveError, Receiving};
+use granary_core::placement::{whole_file, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
 use granary_shm::{state, EntryRec};
 
@@ -65,7 +65,7 @@ enum Got {
     Placed(PlaceOutcome),
     /// Decided without a copy (stale, nobody holds it, not ours to place).
     Outcome(PlaceOutcome),
-    /// Nobody delivered: read the source (the entry is QUEUED for `fetch_large`).
+    /// Nobody delivered: read the source (the entry is QUEUED for `whole_file::fetch`).
     Source,
 }
 
@@ -116,7 +116,7 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
             let Some(setup) = node.agent.setup.get() else {
                 return PlaceOutcome::Skipped;
             };
-            fetch_large(ctx, idx, setup.pool.engine(), buf)
+            whole_file::fetch(ctx, idx, setup.pool.engine(), buf)
         }
     }
 }
@@ -151,7 +151,7 @@ fn remote(
         }
     };
     let mut rx = loop {
-        match incoming::receive(ctx, idx, tiers) {
+        match peer_copy::receive(ctx, idx, tiers) {
             Ok(rx) => break rx,
             Err(NotStarted::Skipped(o)) => {
                 give_back(free);

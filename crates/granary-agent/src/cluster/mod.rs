@@ -278,7 +278,7 @@ impl Node {
             if !empty || !lifecycle::claim(&EntryCell { table: t, idx }) {
                 continue;
             }
-            match granary_core::placement::incoming::receive(&self.ctx, idx, &tiers) {
+            match granary_core::placement::peer_copy::receive(&self.ctx, idx, &tiers) {
                 Ok(mut rx) => match rx.finish(0) {
                     Ok(_) => n += 1,
                     Err(why) => {
@@ -687,7 +687,7 @@ impl Inbox for Node {
                     // Not through the ring: that would tell every rank again.
                     if lifecycle::void(&EntryCell { table: t, idx }, how) {
                         tracing::debug!("entry {idx} invalidated by rank {from}");
-                        granary_core::placement::incoming::drop_void(&self.ctx, idx);
+                        granary_core::placement::peer_copy::drop_void(&self.ctx, idx);
                     }
                 }
             }

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use granary_core::placement::incoming;
+use granary_core::placement::peer_copy;
 use granary_core::placement::SourceCtx;
 use granary_core::stats::AgentCounters;
 use granary_core::sys;
@@ -140,14 +140,14 @@ impl Staging {
             }
             let recycle = want.is_some() && s.at.elapsed() >= RECYCLE_AGE;
             if !recycle {
-                if incoming::evict(ctx, s.idx).is_some() {
+                if peer_copy::evict(ctx, s.idx).is_some() {
                     AgentCounters::add(&ctx.counters.staging_evictions, 1);
                     return Evicted::Dropped;
                 }
                 continue;
             }
             let name = self.free_name();
-            let Some((_, renamed)) = incoming::evict_to(ctx, s.idx, &name) else {
+            let Some((_, renamed)) = peer_copy::evict_to(ctx, s.idx, &name) else {
                 continue;
             };
             AgentCounters::add(&ctx.counters.staging_evictions, 1);

@@ -1,47 +1,58 @@
 //! Placement: copying files from the source into a tier in the background (docs/placement.md).
 //!
 //! A request (a client opened an unplaced file) moves the entry UNPLACED → QUEUED and becomes a
-//! `CopyTask`: a file at least as large as the table's whole-fetch size (`prefetch_min_size`, or less
-//! on a source whose readahead makes the program's own reads cost more requests: `whole_fetch`)
-//! is fetched whole by the agent at once (`fetch`), a smaller one is copied from the page cache
-//! once the program closed it (`small`). A worker
-//! moves it QUEUED → PLACING, asks the `Policy` which tiers to try, reserves capacity, copies
-//! under a temporary name, renames, and publishes PLACED. Every failure releases what it took
-//! and leaves the entry served from the source.
+//! `CopyTask`: a file at least as large as the table's whole-fetch size (`prefetch_min_size`, or
+//! less on a source whose readahead makes the program's own reads cost more requests:
+//! `whole_file::threshold`) is fetched whole by the agent at once (`whole_file`), a smaller one
+//! is copied from the page cache once the program closed it (`page_cache_copy`). A worker moves
+//! it QUEUED → PLACING, asks the `Policy` which tiers to try, reserves capacity, copies under a
+//! temporary name, renames, and publishes PLACED. Every failure releases what it took and leaves
+//! the entry served from the source.
+//!
+//! - `requests`: acting on the requests clients push to a table's ring;
+//! - `pool`: the worker threads and their queue; `engine`: what every job runs with (the
+//!   parameters, the policy, the node-wide cap on source streams);
+//! - `whole_file`: the whole-file fetch of a large file (`direct`: in one direct read; `order`:
+//!   where it reads while programs map the file; `threshold`: which files are fetched whole);
+//! - `page_cache_copy`: the copy of a small file the program read, from the page cache;
+//! - `partial`, `chunks`: a file no tier has room for, kept as chunks (the chunk file format);
+//! - `partition`, `unpack`: a packed source's partitions streamed into copies;
+//! - `peer_copy`: copies whose bytes come from another node (cluster mode);
+//! - `copy`: what those share (claiming, reserving, opening the source, publishing);
+//!   `states`: the lifecycle steps that also move tier space;
+//! - `policy`, `known_order`: where copies go, and the known-order policy's prefetcher;
+//! - `ahead`: files fetched ahead of a program that opens a directory's files in name order;
+//! - `residency`: which copies keep their pages in the page cache;
+//! - `mmap`: following programs through their mappings and reading the source ahead of them.
 
 pub mod ahead;
 pub mod chunks;
 mod copy;
 mod engine;
-mod fetch;
-mod fetch_direct;
-pub mod fetch_order;
-pub mod incoming;
+pub mod known_order;
 pub mod mmap;
+mod page_cache_copy;
 mod partial;
 pub mod partition;
+pub mod peer_copy;
 mod policy;
 mod pool;
-pub mod prefetch;
 mod requests;
 pub mod residency;
-mod small;
 pub mod states;
 mod unpack;
-mod whole_fetch;
+pub mod whole_file;
 
 pub use copy::{object_dir, PlaceOutcome};
 pub use engine::{Engine, Held, Stream, Streams};
-pub use fetch::fetch_large;
-pub use incoming::Remote;
 pub use partial::{adopt_charges, copies_now, release_partial_charges, Partials};
+pub use peer_copy::Remote;
 pub use policy::{
     free_space, most_free, reserve_first, FillHighestFirst, KnownOrder, OrderState, Policy,
 };
 pub use pool::{default_workers, CopyMethod, CopyTask, Pool};
 pub use requests::handle_request;
-pub use small::copy_small;
-pub use whole_fetch::SourceRequests;
+pub use whole_file::threshold::SourceRequests;
 
 /// The placement engine's parameters (`[placement]` in the configuration), resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,7 +137,7 @@ pub struct SourceCtx {
     pub inflight: AtomicUsize,
     /// The known-order policy of this table (`[placement] policy = "known-order"`), driven by
     /// `prefetch`; `None`: fill the highest tier first, never evict.
-    pub order: Option<Arc<prefetch::Prefetcher>>,
+    pub order: Option<Arc<known_order::Prefetcher>>,
     /// Entries in PARTIAL state the agent has touched: their chunk files and chunks in flight.
     pub partials: Partials,
     /// Whether the program's own source reads are moving (`program_busy`).
@@ -144,7 +155,7 @@ pub struct SourceCtx {
     /// Programs' mappings of this source's files, followed and read ahead of.
     pub mmap: mmap::Follower,
     /// Cluster mode: the other nodes of the job, asked before the source is read
-    /// (`incoming::Remote`); unset on one node.
+    /// (`peer_copy::Remote`); unset on one node.
     pub remote: OnceLock<Arc<dyn Remote>>,
     /// Programs reading a directory's files in name order, and the files fetched ahead of them.
     pub ahead: ahead::NameOrder,

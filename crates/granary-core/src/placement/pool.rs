@@ -14,10 +14,10 @@ use crate::sync::{lock, Arc, Condvar, Mutex};
 /// How a copy task copies its entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyMethod {
-    /// Whole-file fetch of a large file by the agent (`fetch::fetch_large`): a program may be
+    /// Whole-file fetch of a large file by the agent (`whole_file::fetch`): a program may be
     /// waiting on its progress, so it goes first.
     Fetch,
-    /// Copy of a small file the program has read, from the page cache (`small::copy_small`):
+    /// Copy of a small file the program has read, from the page cache (`page_cache_copy::copy_small`):
     /// nobody waits for it. `closed`: the program closed the file (CLOSED), so once the copy
     /// holds its bytes the source's pages can go.
     Small { closed: bool },
@@ -204,16 +204,16 @@ fn worker(sh: &Shared) {
             }
         };
         let out = match job.method {
-            // Cluster mode: another node may hold the file (`incoming::Remote`).
+            // Cluster mode: another node may hold the file (`peer_copy::Remote`).
             CopyMethod::Fetch | CopyMethod::Ahead => match job.ctx.remote.get() {
                 Some(r) => match r.fetch(&job.ctx, job.entry, job.slot) {
                     Some(out) => out,
-                    None => super::fetch::fetch_large(&job.ctx, job.entry, engine, &mut buf),
+                    None => super::whole_file::fetch(&job.ctx, job.entry, engine, &mut buf),
                 },
-                None => super::fetch::fetch_large(&job.ctx, job.entry, engine, &mut buf),
+                None => super::whole_file::fetch(&job.ctx, job.entry, engine, &mut buf),
             },
             CopyMethod::Small { closed } => {
-                super::small::copy_small(&job.ctx, job.entry, engine, &mut buf, closed)
+                super::page_cache_copy::copy_small(&job.ctx, job.entry, engine, &mut buf, closed)
             }
             CopyMethod::Chunk { first, requested } => super::partial::chunk_job(
                 &job.ctx,

@@ -155,7 +155,7 @@ pub struct Follower {
     /// `(pid, job slot)` of processes that mapped something, not looked at yet.
     pending: Mutex<Vec<(u32, u32)>>,
     /// Entries some followed process maps now, and where their readers are: a whole-file
-    /// fetch of such an entry reads where they read (`fetch_order`) and keeps those pages.
+    /// fetch of such an entry reads where they read (`whole_file::order`) and keeps those pages.
     steer: Mutex<HashMap<u32, Steering>>,
     state: Mutex<State>,
     /// The read-ahead window last used (logged when it changes).
@@ -196,7 +196,7 @@ fn index_budget(len: u64) -> u64 {
 /// The readers of one entry, for its whole-file fetch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Steering {
-    pub readers: Vec<super::fetch_order::Reader>,
+    pub readers: Vec<super::whole_file::order::Reader>,
     /// How far behind a reader its pages are likely still cached.
     pub window: u64,
     /// How far ahead of a reader not read ahead of yet the fetch reads for it (`distance`).
@@ -443,14 +443,14 @@ impl Follower {
             s.readers.push(if r.layout.is_some() {
                 // In file order it is where its current page is, not read ahead of.
                 let at = r.file_off(pos) / PAGE * PAGE;
-                super::fetch_order::Reader {
+                super::whole_file::order::Reader {
                     from: at,
                     pos: at,
                     streaming: false,
                     ahead: at,
                 }
             } else {
-                super::fetch_order::Reader {
+                super::whole_file::order::Reader {
                     from,
                     pos,
                     streaming: matches!(r.win.phase, window::Phase::Streaming { .. }),

@@ -10,18 +10,22 @@
 //! unlinked before progress is reset and the next tier is announced, so a client holding the old
 //! word finds no file (and reads the source) rather than someone else's bytes.
 
+mod direct;
+pub mod order;
+pub mod threshold;
+
 use std::os::fd::OwnedFd;
 
 use granary_shm::lifecycle;
 use granary_shm::part_name;
+
+use order::{Next, Order};
 
 use super::copy::{
     aligned, begin, open_started, place_on_tiers, reserve_on, still_ours, write_all_at, CopyError,
     Opened, SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
 use super::engine::Engine;
-use super::fetch_direct;
-use super::fetch_order::{Next, Order};
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
 use crate::sync::thread;
@@ -29,14 +33,14 @@ use crate::sys;
 
 /// The first read of a fetch; each next one doubles, up to the block size.
 const RAMP_START: usize = 1 << 20;
-/// The pieces a fetch keeps track of (`fetch_order`), at most: never more than one block, the
-/// largest read the worker's buffer takes (`fetch_order` reads at least one piece at a time).
+/// The pieces a fetch keeps track of (`whole_file::order`), at most: never more than one block, the
+/// largest read the worker's buffer takes (`whole_file::order` reads at least one piece at a time).
 const ORDER_UNIT: u64 = 1 << 20;
 /// What a fetch reads this soon after it started stays in the page cache: a program that
 /// opened the file may be about to map it.
 const MAP_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
-pub fn fetch_large(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>) -> PlaceOutcome {
+pub fn fetch(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>) -> PlaceOutcome {
     let b = match begin(ctx, idx) {
         Ok(b) => b,
         Err(out) => return out,
@@ -61,7 +65,7 @@ pub fn fetch_large(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>
     // copy took is dropped behind it (`copy_part`) unless a program maps the file.
     let block = (engine.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
     let mut reader = SourceReader::new_buffered(&cl.src);
-    let direct = fetch_direct::wanted(ctx, idx, size);
+    let direct = direct::wanted(ctx, idx, size);
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
         copy_part(ctx, cl, &mut reader, tier, dir, buf, block, direct)
     });
@@ -108,7 +112,7 @@ fn copy_part(
         let c = &ctx.counters;
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         if direct {
-            if let Some(n) = fetch_direct::read_whole(ctx, cl, reader, buf)? {
+            if let Some(n) = direct::read_whole(ctx, cl, reader, buf)? {
                 write_all_at(&out, &buf[..n], 0).map_err(CopyError::Tier)?;
                 hasher.update(&buf[..n]);
                 lifecycle::progress(t, idx, size);
@@ -153,7 +157,7 @@ fn copy_part(
                 ramp as u64
             };
             // Pages all in the page cache now (read ahead for a reader, or by it): copied first
-            // (`fetch_order`), while they cost the source nothing.
+            // (`whole_file::order`), while they cost the source nothing.
             let mut cached = |off: u64, len: u64| {
                 if residency.is_none() {
                     residency = Some(sys::Residency::of(&cl.src).ok());

@@ -6,7 +6,7 @@
 //!   every open of a catalogued file (placed ones included, which the agent never saw before);
 //!   `OPENED` and `OPEN_UNPLACED` both move `KnownOrder`'s position (`on_request`).
 //! - Prefetch: one thread per table (`spawn`) copies the files `prefetch` names, one at a time
-//!   through `fetch_large` (the agent is the only reader, in large sequential reads, and a
+//!   through `whole_file::fetch` (the agent is the only reader, in large sequential reads, and a
 //!   program that opens the file meanwhile is served from the partial copy). One at a time means
 //!   at most one of the node's `max_source_streams` ever goes to work nobody waits on yet, so
 //!   the fetches a program waits on (the pool's) keep the others.
@@ -246,7 +246,7 @@ fn run(ctx: &SourceCtx, engine: &Engine) {
         ctx.inflight.fetch_add(1, Ordering::AcqRel);
         let next = pf.next(ctx);
         if let Some(idx) = next {
-            let out = super::fetch_large(ctx, idx, engine, &mut buf);
+            let out = super::whole_file::fetch(ctx, idx, engine, &mut buf);
             if matches!(out, PlaceOutcome::Placed { .. }) {
                 AgentCounters::add(&ctx.counters.prefetched, 1);
             }

@@ -11,8 +11,8 @@
 //! `mmap` of a file of this size still being fetched waits for the copy instead of mapping the
 //! source (`granary_preload::place::on_map`; the wait is one request long).
 
-use super::copy::{align_up, CopyError, Opened, SourceReader, DIRECT_ALIGN};
-use super::SourceCtx;
+use crate::placement::copy::{align_up, CopyError, Opened, SourceReader, DIRECT_ALIGN};
+use crate::placement::SourceCtx;
 use crate::stats::AgentCounters;
 use crate::sys;
 
