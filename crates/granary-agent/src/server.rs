@@ -232,7 +232,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                                 message: format!("{e:#}"),
                                 pack_damage: pack_dir.as_deref().and_then(|dir| {
                                     let pe = e.chain().find_map(|c| c.downcast_ref())?;
-                                    granary_core::packed::damage::of_open_error(dir, pe)
+                                    granary_core::packed_source::damage::of_open_error(dir, pe)
                                 }),
                             },
                         )?,
@@ -440,7 +440,10 @@ fn attach(
                 // A serving rank streams only its share of a pack: its node starts the
                 // streamers once the pack is dealt out (`cluster::Node::start`).
                 if agent.serving.is_none() {
-                    granary_core::placement::partition::spawn(ctx, setup.pool.engine().clone())?;
+                    granary_core::placement::pack_streamer::spawn(
+                        ctx,
+                        setup.pool.engine().clone(),
+                    )?;
                 }
             }
         }

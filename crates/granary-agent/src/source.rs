@@ -51,7 +51,7 @@ pub struct WalkOpts<'a> {
 pub struct Broadcast {
     /// Its table image, made this rank's in place (`catalog::adopt`).
     pub image: Mutex<Vec<u8>>,
-    /// A packed source's index header and partition table (`packed::Layout::encode`), so no
+    /// A packed source's index header and partition table (`packed_source::Partitions::encode`), so no
     /// other rank reads the index; empty otherwise.
     pub layout: Vec<u8>,
 }

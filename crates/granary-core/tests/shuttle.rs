@@ -9,8 +9,8 @@
 mod fixture;
 #[path = "shuttle/flight.rs"]
 mod flight;
-#[path = "shuttle/partition.rs"]
-mod partition;
+#[path = "shuttle/pack_streamer.rs"]
+mod pack_streamer;
 #[path = "shuttle/pool.rs"]
 mod pool;
 

@@ -6,7 +6,7 @@
 //! - One source read per byte: every file has owners (`ownership`); the first one reads it from
 //!   the source (through the ordinary placement pool) and serves it to the others. A pack's
 //!   files are dealt out in contiguous stretches of the pack, which each rank's partition
-//!   streamer reads in large sequential reads (`placement::partition`).
+//!   streamer reads in large sequential reads (`placement::pack_streamer`).
 //! - Remote reads: a program opening a file another rank holds waits (the table's cluster flag)
 //!   while a fetcher (`fetch`) gets it from an owner's provider (`provide`) into this node's
 //!   staging tier (`staging`); then it opens a real local copy, as on one node.
@@ -255,7 +255,10 @@ impl Node {
             return Ok(());
         };
         st.restrict(|idx| self.own.primary(idx) == Some(self.rank));
-        granary_core::placement::partition::spawn(self.ctx.clone(), setup.pool.engine().clone())?;
+        granary_core::placement::pack_streamer::spawn(
+            self.ctx.clone(),
+            setup.pool.engine().clone(),
+        )?;
         Ok(())
     }
 

@@ -2,8 +2,8 @@
 //! streamer, the known-order prefetcher, a cluster-mode fetcher): the placement parameters, the
 //! policy, and the node-wide cap on concurrent source streams.
 //!
-//! The jobs (`whole_file`, `page_cache_copy`, `partial`, `partition`, `known_order`) take an `&Engine`;
-//! none of them knows the pool that may be running it.
+//! The jobs (`whole_file`, `page_cache_copy`, `partial`, `pack_streamer`, `known_order`) take
+//! an `&Engine`; none of them knows the pool that may be running it.
 
 use super::{Params, Policy, SourceCtx};
 use crate::sync::{lock, Arc, Condvar, Mutex};

@@ -16,7 +16,7 @@
 //!   where it reads while programs map the file; `threshold`: which files are fetched whole);
 //! - `page_cache_copy`: the copy of a small file the program read, from the page cache;
 //! - `partial`, `chunks`: a file no tier has room for, kept as chunks (the chunk file format);
-//! - `partition`, `unpack`: a packed source's partitions streamed into copies;
+//! - `pack_streamer`, `unpack`: a packed source's partitions streamed into copies;
 //! - `peer_copy`: copies whose bytes come from another node (cluster mode);
 //! - `copy`: what those share (claiming, reserving, opening the source, publishing);
 //!   `states`: the lifecycle steps that also move tier space;
@@ -31,9 +31,9 @@ mod copy;
 mod engine;
 pub mod known_order;
 pub mod mmap;
+pub mod pack_streamer;
 mod page_cache_copy;
 mod partial;
-pub mod partition;
 pub mod peer_copy;
 mod policy;
 mod pool;
@@ -151,7 +151,7 @@ pub struct SourceCtx {
     /// at the directories they are in (`request::VALIDATE`).
     pub validation: RwLock<Option<Arc<crate::catalog::Validation>>>,
     /// The partition streamer of a table serving a pack (`granary run --pack`).
-    pub pack: OnceLock<Arc<partition::Streamer>>,
+    pub pack: OnceLock<Arc<pack_streamer::Streamer>>,
     /// Programs' mappings of this source's files, followed and read ahead of.
     pub mmap: mmap::Follower,
     /// Cluster mode: the other nodes of the job, asked before the source is read

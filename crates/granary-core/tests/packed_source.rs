@@ -1,4 +1,4 @@
-//! A pack's index as the catalog (`granary_core::packed`), against the real tree: the same
+//! A pack's index as the catalog (`granary_core::packed_source`), against the real tree: the same
 //! paths and `statx` records as a walk, a locator for every packed file, and the per-directory
 //! check finding what changed since packing (and, for a job joining others, since the table
 //! was built).
@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use granary_core::catalog::{self, Progress};
-use granary_core::packed::{self, catalog::Options, Pack};
+use granary_core::packed_source::{self, catalog::Options, Pack};
 use granary_shm::{state, Catalog, Mapping, StatRec, Table, TableSpec};
 
 fn tree(root: &Path) {
@@ -71,7 +71,7 @@ fn the_index_is_the_tree_a_walk_sees() {
         prev: None,
         root_parent_ino: 0,
     };
-    let built = packed::build(&p.index, &opts).unwrap();
+    let built = packed_source::build(&p.index, &opts).unwrap();
     let (w, b) = (nodes(&walk.catalog), nodes(&built.catalog));
     assert_eq!(w.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     for (path, (ws, _, _)) in &w {
@@ -91,7 +91,7 @@ fn the_index_is_the_tree_a_walk_sees() {
         prev: None,
         root_parent_ino: 7,
     };
-    let m = packed::build(&p.index, &alone).unwrap();
+    let m = packed_source::build(&p.index, &alone).unwrap();
     assert_eq!(m.root_parent_ino, 7);
     let mm = nodes(&m.catalog);
     for (path, (ws, _, _)) in &w {
@@ -121,7 +121,7 @@ fn changed_directories_are_listed_and_their_changes_come_from_the_source() {
         prev: None,
         root_parent_ino: 0,
     };
-    let b = packed::build(&p.index, &opts).unwrap();
+    let b = packed_source::build(&p.index, &opts).unwrap();
     let n = nodes(&b.catalog);
     let walk = nodes(
         &catalog::walk(&src, None, 2, &Progress::default())
@@ -183,11 +183,11 @@ fn a_joining_job_voids_what_changed_per_directory() {
         prev: None,
         root_parent_ino: 0,
     };
-    let b = packed::build(&p.index, &opts).unwrap();
+    let b = packed_source::build(&p.index, &opts).unwrap();
     let (_m, table) = table_of(&b.catalog, &src, t.path());
-    assert_eq!(packed::recheck(&table, &src).dirs_changed, 0);
+    assert_eq!(packed_source::recheck(&table, &src).dirs_changed, 0);
     change(&src);
-    let r = packed::recheck(&table, &src);
+    let r = packed_source::recheck(&table, &src);
     assert_eq!((r.dirs_checked, r.dirs_changed), (5, 3), "{r:?}");
     let st = |rel: &[u8]| state::state_of(table.state(table.lookup(rel).unwrap()));
     assert_eq!(st(b"a"), state::STALE);

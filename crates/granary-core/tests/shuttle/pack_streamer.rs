@@ -1,10 +1,10 @@
-//! The partition streamer (`placement::partition`) with its real threads, streaming a real
+//! The partition streamer (`placement::pack_streamer`) with its real threads, streaming a real
 //! pack into a real tier while programs ask for files out of order.
 
 use std::time::Duration;
 
-use granary_core::packed::{self, Pack};
-use granary_core::placement::partition::{self, Streamer};
+use granary_core::packed_source::{self, Pack};
+use granary_core::placement::pack_streamer::{self, Streamer};
 use granary_core::placement::{Engine, FillHighestFirst, Params};
 use granary_core::sync::atomic::Ordering;
 use granary_core::sync::Arc;
@@ -38,9 +38,9 @@ fn the_streamer_places_every_packed_file_once() {
     };
     granary_pack::pack(&source.src(), &out, &opts, &Default::default()).unwrap();
     let pack = Pack::open(&out).unwrap();
-    let built = packed::build(
+    let built = packed_source::build(
         &pack.index,
-        &packed::catalog::Options {
+        &packed_source::catalog::Options {
             source: Some(&source.src()),
             prev: None,
             root_parent_ino: 0,
@@ -59,15 +59,15 @@ fn the_streamer_places_every_packed_file_once() {
         }),
         ..Default::default()
     };
-    let layout = pack.layout();
+    let partitions = pack.partitions();
     drop(pack);
-    assert_eq!(layout.partitions.len(), 2);
+    assert_eq!(partitions.records.len(), 2);
 
     check_random(
         move || {
             let p = Placing::new(&source.src(), &built.catalog, spec.clone(), 1 << 20);
             let ctx = p.ctx.clone();
-            let st = Arc::new(Streamer::new(&ctx.table, layout.clone(), 4096));
+            let st = Arc::new(Streamer::new(&ctx.table, partitions.clone(), 4096));
             let _ = ctx.pack.set(st.clone());
             let params = Params {
                 block_size: 4096,
@@ -76,7 +76,7 @@ fn the_streamer_places_every_packed_file_once() {
                 ..Default::default()
             };
             let engine = Arc::new(Engine::new(Arc::new(FillHighestFirst), params));
-            partition::spawn(ctx.clone(), engine).unwrap();
+            pack_streamer::spawn(ctx.clone(), engine).unwrap();
             let idx: Vec<u32> = names.iter().map(|n| p.idx(n)).collect();
             let programs: Vec<_> = [[6, 1, 3, 0], [2, 6, 7, 4]]
                 .into_iter()

@@ -41,8 +41,8 @@ use super::engine::Engine;
 use super::states::Finish;
 use super::unpack::{Damaged, Decoder, Scratch};
 use super::SourceCtx;
-use crate::packed::damage::Damage;
-use crate::packed::Layout;
+use crate::packed_source::damage::Damage;
+use crate::packed_source::Partitions;
 use crate::stats::{AgentCounters, PackDamage};
 use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use crate::sync::{lock, statics, thread, Arc, Condvar, Mutex};
@@ -78,7 +78,7 @@ enum PartFile {
 
 /// The partition streamer of one table (`SourceCtx::pack`).
 pub struct Streamer {
-    layout: Layout,
+    pack: Partitions,
     block: u64,
     segments: Vec<Segment>,
     /// Table entries, grouped by segment, in data order.
@@ -107,7 +107,7 @@ pub struct Streamer {
 impl Streamer {
     /// Segments of every packed file of `table` (the locators), cut at `SEGMENT_SPAN` bytes
     /// (at most `block`), read by sweeps of up to `block` bytes.
-    pub fn new(table: &Table, layout: Layout, block: u64) -> Streamer {
+    pub fn new(table: &Table, pack: Partitions, block: u64) -> Streamer {
         let block = block.max(DIRECT_ALIGN as u64);
         let span = block.min(SEGMENT_SPAN);
         let n = table.entry_count();
@@ -118,7 +118,7 @@ impl Streamer {
             })
             .collect();
         files.sort_unstable();
-        let parts_n = layout.partitions.len();
+        let parts_n = pack.records.len();
         let mut segments: Vec<Segment> = Vec::new();
         let mut members = Vec::with_capacity(files.len());
         let mut segment_of = vec![NONE; n as usize];
@@ -153,7 +153,7 @@ impl Streamer {
         }
         let count = segments.len();
         Streamer {
-            layout,
+            pack,
             block,
             seg_state: (0..count).map(|_| AtomicU8::new(TODO)).collect(),
             segments,
@@ -183,13 +183,13 @@ impl Streamer {
     }
 
     /// The pack's partitions as this streamer opens and checks them.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
+    pub fn partitions(&self) -> &Partitions {
+        &self.pack
     }
 
     /// What was found damaged in the pack so far (`None`: nothing).
     pub fn damage(&self) -> Option<PackDamage> {
-        self.damage.report(&self.layout.dir)
+        self.damage.report(&self.pack.dir)
     }
 
     /// Files of the table in partition `n`.
@@ -386,15 +386,15 @@ impl Streamer {
             PartFile::Refused => return None,
             PartFile::Unopened => {}
         }
-        let path = self.layout.partition_path(n);
-        let rec = self.layout.partitions.get(n as usize).copied()?;
+        let path = self.pack.partition_path(n);
+        let rec = self.pack.records.get(n as usize).copied()?;
         // No readahead from the first read on (the header's): a window the kernel opened
         // then goes on reading ahead of later reads whatever they advise, past the runs this
         // node reads — into other nodes' bytes, in cluster mode (`SourceReader`).
         let opened = File::open(&path).map_err(|e| granary_pack::PackError::io(&path, e));
         let checked = opened.and_then(|f| {
             sys::fadvise(&f, 0, 0, libc::POSIX_FADV_RANDOM);
-            granary_pack::partition::check(f, &path, n, &self.layout.header, &rec)
+            granary_pack::partition::check(f, &path, n, &self.pack.header, &rec)
         });
         match checked {
             Ok(p) => {
