@@ -44,7 +44,7 @@ pub(super) fn round(
         let window::Phase::Streaming { front, .. } = r.win.phase else {
             continue;
         };
-        if r.cached_windows >= CACHED_WINDOWS || r.layout.is_some() {
+        if r.cached_windows >= CACHED_WINDOWS || r.page_order.is_some() {
             // Its windows find everything cached: nothing to keep for it. Or it reads in record
             // order (`page_order`): what lies in its way is not a file range, and readers of
             // contiguous shares of an LMDB in random key order have no pages in each other's

@@ -163,17 +163,17 @@ pub struct Follower {
     /// What the agent has in flight at this source, and may have (`in_flight`).
     flight: in_flight::Flight,
     /// Per entry, its record order (`lmdb_index`), built once per version of the file.
-    orders: Arc<Mutex<HashMap<u32, Order>>>,
+    orders: Arc<Mutex<HashMap<u32, RecordOrder>>>,
 }
 
 /// The record order of an entry: being built, or built for the file of `key` (`None`: it has
 /// none worth following — not an LMDB, or one in about its own order).
 #[derive(Debug, Clone)]
-enum Order {
+enum RecordOrder {
     Building,
     Built {
         key: FileKey,
-        layout: Option<Arc<PageOrder>>,
+        page_order: Option<Arc<PageOrder>>,
     },
 }
 
@@ -232,13 +232,13 @@ struct Proc {
 #[derive(Debug)]
 struct Reader {
     m: proc_maps::Mapped,
-    /// The file's size: nothing past it is followed (with a layout: its pages).
+    /// The file's size: nothing past it is followed (with a page order: its pages).
     len: u64,
     /// The order it reads the file in, when not the file's (`page_order`): then its positions,
     /// windows and `seen` bits are offsets in that order, translated at the page tables, the
     /// read-ahead and the counters. `order_known`: looked up (a mapping of the whole file
     /// only; until its entry's order is built, it is followed in file order).
-    layout: Option<Arc<PageOrder>>,
+    page_order: Option<Arc<PageOrder>>,
     order_known: bool,
     /// One bit per page of `[m.start, end)`: present at the last look.
     seen: Vec<u64>,
@@ -440,7 +440,7 @@ impl Follower {
             } else {
                 (r.win.start, r.win.pos)
             };
-            s.readers.push(if r.layout.is_some() {
+            s.readers.push(if r.page_order.is_some() {
                 // In file order it is where its current page is, not read ahead of.
                 let at = r.file_off(pos) / PAGE * PAGE;
                 super::whole_file::order::Reader {
@@ -489,10 +489,10 @@ impl Follower {
             }
             let key = file_key(&e);
             match orders.get(&r.m.idx) {
-                Some(Order::Building) => {}
-                Some(Order::Built { key: k, layout }) if *k == key => {
+                Some(RecordOrder::Building) => {}
+                Some(RecordOrder::Built { key: k, page_order }) if *k == key => {
                     r.order_known = true;
-                    if let Some(l) = layout {
+                    if let Some(l) = page_order {
                         // Followed in record order from now on; what it touched so far stays
                         // seen (it is not counted again).
                         let mut n = Reader::new(r.m.clone(), e.stat.size, now, Some(l.clone()));
@@ -511,9 +511,12 @@ impl Follower {
                     orders.insert(
                         r.m.idx,
                         if started {
-                            Order::Building
+                            RecordOrder::Building
                         } else {
-                            Order::Built { key, layout: None }
+                            RecordOrder::Built {
+                                key,
+                                page_order: None,
+                            }
                         },
                     );
                 }
@@ -532,9 +535,9 @@ impl Follower {
         let built = thread::Builder::new()
             .name("granary-index".into())
             .spawn(move || {
-                let layout = file.and_then(|f| record_order(&f, idx, len, &counters));
-                let found = layout.is_some();
-                lock(&orders).insert(idx, Order::Built { key, layout });
+                let page_order = file.and_then(|f| record_order(&f, idx, len, &counters));
+                let found = page_order.is_some();
+                lock(&orders).insert(idx, RecordOrder::Built { key, page_order });
                 if found {
                     // Its readers change order at the next tick (no order: nothing changes,
                     // the follower keeps its pace).
@@ -571,17 +574,17 @@ fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Optio
         .iter()
         .map(|&(p, n)| (p * per, n * per))
         .collect();
-    let layout = PageOrder::new(&extents, len);
+    let page_order = PageOrder::new(&extents, len);
     tracing::info!(
         "entry {idx}: an LMDB data file, {} tree pages read in {:?}: {}",
         ix.pages_read,
         t0.elapsed(),
-        match &layout {
+        match &page_order {
             Some(l) => format!("followed in key order ({} runs)", l.extents()),
             None => "its pages are in key order".to_string(),
         }
     );
-    layout.map(Arc::new)
+    page_order.map(Arc::new)
 }
 
 /// (Re-)reads `pid`'s mappings; readers that are still mapped the same way keep their state.
@@ -648,8 +651,13 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
 }
 
 impl Reader {
-    fn new(m: proc_maps::Mapped, len: u64, now: Instant, layout: Option<Arc<PageOrder>>) -> Reader {
-        let len = match &layout {
+    fn new(
+        m: proc_maps::Mapped,
+        len: u64,
+        now: Instant,
+        page_order: Option<Arc<PageOrder>>,
+    ) -> Reader {
+        let len = match &page_order {
             Some(_) => len.div_ceil(PAGE) * PAGE,
             None => len,
         };
@@ -658,8 +666,8 @@ impl Reader {
             sweep: m.start,
             m,
             len,
-            order_known: layout.is_some(),
-            layout,
+            order_known: page_order.is_some(),
+            page_order,
             seen: vec![0; pages.div_ceil(64) as usize],
             win: Window::default(),
             stalled: 0,
@@ -676,19 +684,19 @@ impl Reader {
         }
     }
 
-    /// The size of its file (`len` is its pages' with a layout).
+    /// The size of its file (`len` is its pages' with a page order).
     fn file_len(&self) -> u64 {
-        self.layout.as_ref().map_or(self.len, |l| l.file_len())
+        self.page_order.as_ref().map_or(self.len, |l| l.file_len())
     }
 
     /// The file offset of its offset `v`.
     fn file_off(&self, v: u64) -> u64 {
-        self.layout.as_ref().map_or(v, |l| l.to_file(v))
+        self.page_order.as_ref().map_or(v, |l| l.to_file(v))
     }
 
     /// The file ranges of its range `[a, b)`.
     fn file_runs(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
-        match &self.layout {
+        match &self.page_order {
             Some(l) => l.file_runs(a, b),
             None if a < b => vec![(a, b)],
             None => Vec::new(),
@@ -715,7 +723,8 @@ fn follow(
         // reads its file (in file order: what the follower read ahead in record order would be
         // read again by the fetch once evicted); the fetch serves it where it is.
         let prefetch = prefetch
-            && !(r.layout.is_some() && state::state_of(ctx.table.state(r.m.idx)) == state::PLACING);
+            && !(r.page_order.is_some()
+                && state::state_of(ctx.table.state(r.m.idx)) == state::PLACING);
         // A reader whose last windows found everything cached has nothing to gain: it is
         // looked at less often (following costs the program a share of a CPU).
         r.ticks = r.ticks.wrapping_add(1);
@@ -852,7 +861,7 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &in_flight::Flight) {
             break;
         };
         let mut end = (a + piece.min(room.max(MIN_ISSUE))).min(b).min(stop);
-        if let Some(l) = &r.layout {
+        if let Some(l) = &r.page_order {
             // Not a record cut in two requests: to the end of the run the piece ends in.
             let e = l.run_end(end - 1).min(b).min(stop);
             if e - end <= RA_PIECE / 2 {
@@ -1074,7 +1083,7 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
             }
         }
     }
-    if r.layout.is_some() {
+    if r.page_order.is_some() {
         // In record order, a program's fault also maps pages of the records next to it in the
         // file (the kernel maps the cached pages around a fault, up to 16, after reading
         // 128 KiB around it): single clusters scattered over the record order, which are not
@@ -1106,7 +1115,7 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
 }
 
 /// Pages newly touched in one run (in record order) that make a jump for a reader with a
-/// layout: more than the kernel's fault-around maps at once (16 pages).
+/// page_order: more than the kernel's fault-around maps at once (16 pages).
 const LAYOUT_JUMP_PAGES: u64 = 64;
 
 /// The last run of `pages` (ascending offsets; gaps of two pages allowed) of at least `min`
