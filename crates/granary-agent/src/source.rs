@@ -16,7 +16,7 @@ use granary_core::placement::{object_dir, Params, SourceCtx};
 use granary_core::stats::AgentCounters;
 use granary_core::stats::CatalogStats;
 use granary_core::{sys, tierdir, Tiers};
-use granary_shm::{job, lifecycle, state, Mapping, Table, TableSpec};
+use granary_shm::{job, lifecycle, Mapping, State, Table, TableSpec};
 
 mod packed;
 
@@ -340,7 +340,7 @@ impl SourceState {
             && t.prefetch_min_size() == prefetch
             && t.agent_creds() == spec.creds
             && t.job_slots() == spec.job_slots
-            && !(0..t.entry_count()).any(|i| state::is_void(state::state_of(t.state(i))))
+            && !(0..t.entry_count()).any(|i| t.state(i).is_void())
     }
 
     /// Each tier's object directory for this source, opened and verified (`None`: unusable).
@@ -606,7 +606,7 @@ impl SourceState {
             let (files, bytes) = (0..old.table.entry_count())
                 .filter(|&i| {
                     let w = old.table.state(i);
-                    state::state_of(w) == state::PLACED && state::tier_of(w) as usize == t
+                    w.state() == State::Placed && w.tier() as usize == t
                 })
                 .fold((0u64, 0u64), |(f, b), i| {
                     (f + 1, b + old.table.entry(i).map_or(0, |e| e.stat.size))
@@ -684,9 +684,9 @@ impl SourceState {
         let t = &ctx.table;
         for i in 0..t.entry_count() {
             let w = t.state(i);
-            if state::state_of(w) == state::PLACED {
+            if w.state() == State::Placed {
                 if let Some(e) = t.entry(i) {
-                    let tier = state::tier_of(w) as usize;
+                    let tier = w.tier() as usize;
                     if tier < tiers.len() {
                         tiers.release(tier, tiers.charge(tier, e.stat.size));
                     }
@@ -776,12 +776,12 @@ impl SourceState {
         };
         let mut busy = 0;
         for i in 0..t.entry_count() {
-            match state::state_of(t.state(i)) {
-                state::PLACED => {
+            match t.state(i).state() {
+                State::Placed => {
                     s.files_placed += 1;
                     s.bytes_placed += t.entry(i).map_or(0, |e| e.stat.size);
                 }
-                state::QUEUED | state::PLACING => busy += 1,
+                State::Queued | State::Placing => busy += 1,
                 _ => {}
             }
         }

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use granary_core::catalog::{self, Progress};
 use granary_core::packed_source::{self, catalog::Options, Pack};
-use granary_shm::{state, Catalog, Mapping, StatRec, Table, TableSpec};
+use granary_shm::{Catalog, Mapping, StatRec, State, StateWord, Table, TableSpec};
 
 fn tree(root: &Path) {
     for d in ["a", "b", "b/deep", "c"] {
@@ -35,7 +35,7 @@ fn pack(src: &Path, out: &Path) -> Pack {
 }
 
 /// Relative path → (record, locator present) of every node.
-fn nodes(cat: &Catalog) -> BTreeMap<Vec<u8>, (StatRec, bool, u64)> {
+fn nodes(cat: &Catalog) -> BTreeMap<Vec<u8>, (StatRec, bool, StateWord)> {
     let mut paths = vec![Vec::new(); cat.len()];
     let mut out = BTreeMap::new();
     for i in 0..cat.len() {
@@ -78,7 +78,7 @@ fn the_index_is_the_tree_a_walk_sees() {
         let (bs, packed, st) = b[path];
         assert_eq!(without_atime(*ws), without_atime(bs), "{path:?}");
         assert_eq!(packed, ws.is_file(), "{path:?}");
-        assert!(!state::is_void(state::state_of(st)), "{path:?}");
+        assert!(!st.is_void(), "{path:?}");
     }
     assert_eq!(built.stats.files, 7);
     assert_eq!(built.stats.pack_files, 7);
@@ -189,10 +189,10 @@ fn a_joining_job_voids_what_changed_per_directory() {
     change(&src);
     let r = packed_source::recheck(&table, &src);
     assert_eq!((r.dirs_checked, r.dirs_changed), (5, 3), "{r:?}");
-    let st = |rel: &[u8]| state::state_of(table.state(table.lookup(rel).unwrap()));
-    assert_eq!(st(b"a"), state::STALE);
-    assert_eq!(st(b"a/2"), state::STALE);
-    assert_eq!(st(b"b/3"), state::GONE);
-    assert_eq!(st(b"a/1"), state::UNPLACED);
-    assert_eq!(st(b"b/deep/4"), state::UNPLACED);
+    let st = |rel: &[u8]| table.state(table.lookup(rel).unwrap()).state();
+    assert_eq!(st(b"a"), State::Stale);
+    assert_eq!(st(b"a/2"), State::Stale);
+    assert_eq!(st(b"b/3"), State::Gone);
+    assert_eq!(st(b"a/1"), State::Unplaced);
+    assert_eq!(st(b"b/deep/4"), State::Unplaced);
 }

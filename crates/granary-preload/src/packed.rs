@@ -16,7 +16,7 @@
 
 use core::ffi::c_int;
 
-use granary_shm::{job, request, state, EntryRec, Locator};
+use granary_shm::{job, request, EntryRec, Locator, State};
 
 use crate::detour::{self, sys, Guard, KeepErrno};
 use crate::log;
@@ -39,11 +39,11 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
     let mut sleep = SLEEP_MIN_NS;
     let gate = crate::place::Gate::hold();
     loop {
-        let st = state::state_of(g.table.state(idx));
-        if st == state::PLACED {
+        let st = g.table.state(idx).state();
+        if st == State::Placed {
             return true;
         }
-        if !matches!(st, state::UNPLACED | state::QUEUED | state::PLACING) {
+        if !matches!(st, State::Unplaced | State::Queued | State::Placing) {
             return false;
         }
         let now = now_ns();
@@ -56,7 +56,7 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
         } else if streamed != last {
             (moved, last) = (now, streamed);
         }
-        if st == state::UNPLACED && (asked == 0 || now - asked > ASK_AGAIN_NS) {
+        if st == State::Unplaced && (asked == 0 || now - asked > ASK_AGAIN_NS) {
             g.table
                 .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
             asked = now;

@@ -14,7 +14,8 @@
 use core::ffi::c_int;
 
 use granary_shm::{
-    chunk_data_offset, chunks_name, job, object_name, part_name, request, state, EntryRec,
+    chunk_data_offset, chunks_name, job, object_name, part_name, request, EntryRec, State,
+    StateWord,
 };
 
 use crate::copies::{self, Expect};
@@ -85,12 +86,12 @@ pub fn on_read(
         return Read::Real(FdKind::Source);
     };
     let word = g.table.state(idx);
-    match state::state_of(word) {
-        state::PLACED => return placed(g, fd, t, &entry, off, len, f),
-        state::PARTIAL => return partial(g, fd, idx, &entry, word, off, len, f),
+    match word.state() {
+        State::Placed => return placed(g, fd, t, &entry, off, len, f),
+        State::Partial => return partial(g, fd, idx, &entry, word, off, len, f),
         // UNPLACED too: our open asked the agent for it, which claims it within a ring poll.
         // (A packed file is never copied through a partial copy: its open already waited.)
-        state::UNPLACED | state::QUEUED | state::PLACING
+        State::Unplaced | State::Queued | State::Placing
             if entry.stat.size >= g.table.prefetch_min_size() && g.table.locator(idx).is_none() => {
         }
         _ => return Read::Real(FdKind::Source),
@@ -113,9 +114,9 @@ pub fn on_read(
     // agent's progress covers it (or the copy completed: the part renamed into place).
     let covered = |_: u64, end: u64| {
         let w = g.table.state(idx);
-        let s = state::state_of(w);
-        (s == state::PLACED || s == state::PLACING && g.table.progress(idx) >= end)
-            && state::tier_of(w) == tier
+        let s = w.state();
+        (s == State::Placed || s == State::Placing && g.table.progress(idx) >= end)
+            && w.tier() == tier
             && g.table.copy_identity(idx).0 == ino
     };
     let how = Serve {
@@ -135,7 +136,7 @@ pub fn on_read(
         Some(r) => r,
         None => {
             // The copy may have completed (renamed) between our look at progress and the open.
-            if state::state_of(g.table.state(idx)) == state::PLACED {
+            if g.table.state(idx).state() == State::Placed {
                 return placed(g, fd, t, &entry, off, len, f);
             }
             g.count(job::FALLBACKS, 1);
@@ -166,7 +167,7 @@ fn placed(
     else {
         return Read::Real(FdKind::Source);
     };
-    let covered = |_: u64, _: u64| state::state_of(g.table.state(t.entry)) == state::PLACED;
+    let covered = |_: u64, _: u64| g.table.state(t.entry).state() == State::Placed;
     let how = Serve {
         base: 0,
         size: e.stat.size,
@@ -186,7 +187,7 @@ fn partial(
     fd: c_int,
     idx: u32,
     entry: &EntryRec,
-    word: u64,
+    word: StateWord,
     off: Option<i64>,
     len: u64,
     f: &impl ReadInto,
@@ -207,9 +208,9 @@ fn partial(
             return Read::Real(FdKind::Source);
         }
     }
-    let tier = state::tier_of(word);
+    let tier = word.tier();
     let covered = |p: u64, end: u64| {
-        state::state_of(g.table.state(idx)) == state::PARTIAL
+        g.table.state(idx).state() == State::Partial
             && (p / cs..=(end - 1) / cs).all(|k| g.table.chunk_present(idx, k))
     };
     let how = Serve {
@@ -318,24 +319,24 @@ fn wait_with(
     loop {
         let seen = g.table.placed_count();
         let word = g.table.state(idx);
-        let st = state::state_of(word);
-        if st == state::PLACED {
+        let st = word.state();
+        if st == State::Placed {
             return Waited::Placed;
         }
-        if st != state::UNPLACED && st != state::QUEUED && st != state::PLACING {
+        if st != State::Unplaced && st != State::Queued && st != State::Placing {
             return Waited::GiveUp;
         }
         // Claimed: an UNPLACED entry from now on was put back, not yet got to.
-        asked &= st == state::UNPLACED;
+        asked &= st == State::Unplaced;
         // Progress is only meaningful while PLACING (a QUEUED entry may carry an old one).
-        let p = if st == state::PLACING {
+        let p = if st == State::Placing {
             g.table.progress(idx)
         } else {
             0
         };
         if let Some(e) = end {
-            if st == state::PLACING && p >= e {
-                return Waited::Covered(state::tier_of(word));
+            if st == State::Placing && p >= e {
+                return Waited::Covered(word.tier());
             }
         }
         let now = now_ns();
@@ -348,7 +349,7 @@ fn wait_with(
             (moved, last) = (now, p);
         }
         // Still UNPLACED after a grace period: our request was lost (ring full) or refused.
-        let unclaimed = !asked && st == state::UNPLACED && now - start > UNCLAIMED_NS;
+        let unclaimed = !asked && st == State::Unplaced && now - start > UNCLAIMED_NS;
         if unclaimed || now - moved > stall || now - start > WAIT_MAX_NS {
             return give_up(b"the copy does not progress");
         }
@@ -537,10 +538,10 @@ pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
     if t.has(flag::PINNED) {
         return;
     }
-    let st = state::state_of(g.table.state(t.entry));
+    let st = g.table.state(t.entry).state();
     if !matches!(
         st,
-        state::PLACED | state::UNPLACED | state::QUEUED | state::PLACING
+        State::Placed | State::Unplaced | State::Queued | State::Placing
     ) {
         // No copy, none coming that a mapping waits for: nothing to look up.
         return;
@@ -548,7 +549,7 @@ pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
     let Some(entry) = crate::entries::get(g.table, t.entry) else {
         return;
     };
-    if st != state::PLACED
+    if st != State::Placed
         && !(fetched_direct(g, t.entry, &entry)
             // As a read waits (its naps and stall), woken by the agent's publications.
             && woken_wait(g, t.entry, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS, false))
@@ -562,8 +563,8 @@ pub fn on_map(g: &Guard, fd: c_int, t: Tracked) {
 fn fetched_direct(g: &Guard, idx: u32, entry: &EntryRec) -> bool {
     let size = entry.stat.size;
     matches!(
-        state::state_of(g.table.state(idx)),
-        state::UNPLACED | state::QUEUED | state::PLACING
+        g.table.state(idx).state(),
+        State::Unplaced | State::Queued | State::Placing
     ) && size >= g.table.prefetch_min_size()
         && size <= granary_shm::DIRECT_FETCH_MAX
         && g.table.locator(idx).is_none()
@@ -576,7 +577,7 @@ pub fn on_seek(g: &Guard, fd: c_int, t: Tracked) {
         return;
     }
     let word = g.table.state(t.entry);
-    if state::state_of(word) == state::PLACED {
+    if word.state() == State::Placed {
         if let Some(entry) = crate::entries::get(g.table, t.entry) {
             switch::to_copy(g, fd, t, &entry);
         }
@@ -598,8 +599,8 @@ pub fn on_release(t: Tracked) {
     let Some(entry) = crate::entries::get(table, t.entry) else {
         return;
     };
-    let st = state::state_of(table.state(t.entry));
-    if entry.stat.size < table.prefetch_min_size() && (st == state::UNPLACED || st == state::QUEUED)
+    let st = table.state(t.entry).state();
+    if entry.stat.size < table.prefetch_min_size() && (st == State::Unplaced || st == State::Queued)
     {
         let slot = crate::config::job_slot();
         table.push_request_arg(request::CLOSED, t.entry, slot);

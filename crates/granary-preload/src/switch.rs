@@ -12,7 +12,7 @@
 
 use core::ffi::c_int;
 
-use granary_shm::{job, object_name, state, EntryRec, Table};
+use granary_shm::{job, object_name, EntryRec, State, StateWord, Table};
 
 use crate::copies::{self, Expect};
 use crate::detour::{self, sys, Guard, KeepErrno};
@@ -36,10 +36,10 @@ pub fn exclusive(t: &Tracked) -> bool {
 /// placed. Reports a damaged copy. Never changes errno.
 pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_int, u8, u64)> {
     let word = g.table.state(idx);
-    if state::state_of(word) != state::PLACED {
+    if word.state() != State::Placed {
         return None;
     }
-    let tier = state::tier_of(word);
+    let tier = word.tier();
     let expect = recorded(g.table, idx, e);
     let opened = copies::open(g.table, tier, &object_name(e.object), flags, &expect);
     if opened.is_none() {
@@ -76,10 +76,10 @@ pub fn open_copy_unchecked(
     flags: c_int,
 ) -> Option<(c_int, u8, u64)> {
     let word = g.table.state(idx);
-    if state::state_of(word) != state::PLACED || flags & libc::O_CLOEXEC == 0 {
+    if word.state() != State::Placed || flags & libc::O_CLOEXEC == 0 {
         return open_copy(g, idx, e, flags);
     }
-    let tier = state::tier_of(word);
+    let tier = word.tier();
     match copies::open_unchecked(g.table, tier, &object_name(e.object), flags) {
         Some((fd, added)) => Some((fd, tier, flag::added(added) | flag::UNCHECKED)),
         // Gone: the checked open reports it.
@@ -115,12 +115,12 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
         return Some(now);
     };
     let table = crate::config::table();
-    let word = table.map_or(0, |tb| tb.state(t.entry));
+    let word = table.map_or(StateWord::default(), |tb| tb.state(t.entry));
     let entry = table.and_then(|tb| tb.entry(t.entry));
     let ok = match (table, &entry) {
         (Some(tb), Some(e)) => {
-            state::state_of(word) == state::PLACED
-                && state::tier_of(word) == tier
+            word.state() == State::Placed
+                && word.tier() == tier
                 && copies::is_copy(tb, tier, st, &recorded(tb, t.entry, e))
         }
         _ => false,
@@ -163,7 +163,7 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
         tb.uncount(slot, job::TIER_FILES + tier as usize, 1);
         tb.count(slot, job::SOURCE_OPENS, 1);
         tb.count(slot, job::FALLBACKS, 1);
-        if state::state_of(word) == state::PLACED {
+        if word.state() == State::Placed {
             let expect = recorded(tb, t.entry, e);
             match copies::open(
                 tb,

@@ -15,7 +15,7 @@ use crossbeam_channel::Receiver;
 use granary_core::placement::peer_copy::{self, NotStarted, ReceiveError, Receiving};
 use granary_core::placement::{whole_file, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
-use granary_shm::{state, EntryRec};
+use granary_shm::{EntryRec, State};
 
 use super::staging::{Evicted, Free, Slot};
 use super::transport::{Event, Landing};
@@ -226,7 +226,7 @@ fn remote(
             }
             Err(Failure::NotHeld) => not_held += 1,
             Err(Failure::Stale) => {
-                rx.give_up(state::STALE);
+                rx.give_up(State::Stale);
                 return Got::Outcome(PlaceOutcome::Stale);
             }
             Err(Failure::Silent) => {
@@ -250,7 +250,7 @@ fn remote(
         // Held nowhere (the dataset exceeds the nodes' room): the program reads the source, as
         // on one node, and this node keeps no copy either.
         AgentCounters::add(&ctx.counters.remote_fallbacks, 1);
-        rx.give_up(state::SOURCE_ONLY);
+        rx.give_up(State::SourceOnly);
         return Got::Outcome(PlaceOutcome::SourceOnly);
     }
     rx.abandon(&ReceiveError::Mismatch("sender"));

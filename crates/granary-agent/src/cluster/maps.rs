@@ -17,7 +17,7 @@ use std::fs::File;
 use std::sync::{Arc, Mutex};
 
 use granary_core::placement::SourceCtx;
-use granary_shm::state;
+use granary_shm::State;
 
 /// Mappings kept at most.
 const MAX_MAPS: usize = 16384;
@@ -108,8 +108,8 @@ impl Maps {
                 return;
             }
             let w = t.state(idx);
-            let tier = state::tier_of(w) as usize;
-            if state::state_of(w) != state::PLACED
+            let tier = w.tier() as usize;
+            if w.state() != State::Placed
                 || !memory.get(tier).copied().unwrap_or(false)
                 || !own(idx)
                 || self.lock().contains_key(&idx)
@@ -157,8 +157,8 @@ impl Maps {
 /// under the same name is another file).
 fn current(ctx: &SourceCtx, idx: u32, k: &Kept) -> bool {
     let w = ctx.table.state(idx);
-    state::state_of(w) == state::PLACED
-        && state::tier_of(w) as usize == k.tier
+    w.state() == State::Placed
+        && w.tier() as usize == k.tier
         && ctx.table.entry(idx).is_some_and(|e| e.object == k.object)
         && granary_core::sys::copy_identity(&k.file).ok() == Some(ctx.table.copy_identity(idx))
 }

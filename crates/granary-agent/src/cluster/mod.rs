@@ -40,7 +40,7 @@ use anyhow::Result;
 use crossbeam_channel::Sender;
 use granary_core::placement::{PlaceOutcome, Remote, SourceCtx};
 use granary_shm::lifecycle::{self, EntryCell, Void};
-use granary_shm::state;
+use granary_shm::State;
 
 use crate::agent::Agent;
 use crate::protocol::{ClusterStatus, PeerStatus};
@@ -286,7 +286,7 @@ impl Node {
                     Ok(_) => n += 1,
                     Err(why) => {
                         tracing::debug!("empty file {idx}: {why}");
-                        rx.give_up(state::SOURCE_ONLY);
+                        rx.give_up(State::SourceOnly);
                     }
                 },
                 Err(_) => {
@@ -382,8 +382,8 @@ impl Node {
         let (mut files, mut bytes) = (0, 0);
         for i in 0..t.entry_count() {
             let w = t.state(i);
-            let staged = Some(state::tier_of(w) as usize) == self.staging_tier;
-            if state::state_of(w) == state::PLACED && !staged {
+            let staged = Some(w.tier() as usize) == self.staging_tier;
+            if w.state() == State::Placed && !staged {
                 files += 1;
                 bytes += t.entry(i).map_or(0, |e| e.stat.size);
             }
@@ -513,8 +513,8 @@ impl Node {
             s.files_owned += 1;
             s.bytes_owned += size;
             let w = t.state(i);
-            let staged = Some(state::tier_of(w) as usize) == self.staging_tier;
-            if state::state_of(w) == state::PLACED && !staged {
+            let staged = Some(w.tier() as usize) == self.staging_tier;
+            if w.state() == State::Placed && !staged {
                 s.files_held += 1;
                 s.bytes_held += size;
             }
@@ -623,7 +623,7 @@ impl Remote for Node {
         let Some(e) = ctx.table.entry(idx) else {
             return;
         };
-        let gone = state::state_of(ctx.table.state(idx)) == state::GONE;
+        let gone = ctx.table.state(idx).state() == State::Gone;
         let msg = Msg::Invalidate {
             idx,
             object: e.object,

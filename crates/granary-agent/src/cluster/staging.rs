@@ -26,7 +26,7 @@ use granary_core::placement::peer_copy;
 use granary_core::placement::SourceCtx;
 use granary_core::stats::AgentCounters;
 use granary_core::sys;
-use granary_shm::state;
+use granary_shm::State;
 
 /// A staging file the agent holds open for reading and writing, with its pages mapped.
 pub struct Slot {
@@ -135,7 +135,7 @@ impl Staging {
                 return Evicted::Nothing;
             };
             let w = ctx.table.state(s.idx);
-            if state::state_of(w) != state::PLACED || state::tier_of(w) as usize != staging_tier {
+            if w.state() != State::Placed || w.tier() as usize != staging_tier {
                 continue; // invalidated or evicted meanwhile
             }
             let recycle = want.is_some() && s.at.elapsed() >= RECYCLE_AGE;

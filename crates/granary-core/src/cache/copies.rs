@@ -36,7 +36,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use granary_shm::{state, StatRec, Table, Ts};
+use granary_shm::{StatRec, State, Table, Ts};
 
 /// The record's name in a source's directory of a tier.
 pub const FILE: &str = "copies";
@@ -97,7 +97,7 @@ pub struct Record {
 impl Record {
     /// The placed copy of entry `idx` (complete, checksummed, its identity recorded).
     pub fn of_entry(t: &Table, idx: u32) -> Option<Record> {
-        if state::state_of(t.state(idx)) != state::PLACED {
+        if t.state(idx).state() != State::Placed {
             return None;
         }
         let e = t.entry(idx)?;
@@ -153,7 +153,7 @@ impl Copies {
             mount: t.pack_mount(),
         };
         let records = (0..t.entry_count())
-            .filter(|&i| state::tier_of(t.state(i)) as u32 == tier)
+            .filter(|&i| t.state(i).tier() as u32 == tier)
             .filter_map(|i| Record::of_entry(t, i))
             .collect();
         Copies { header, records }

@@ -14,7 +14,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use granary_shm::lifecycle;
-use granary_shm::{object_name, parse_object_name, state};
+use granary_shm::{object_name, parse_object_name, State, StateWord};
 
 use crate::placement::SourceCtx;
 use crate::sys;
@@ -40,16 +40,16 @@ fn wanted(ctx: &SourceCtx, tier: usize, name: &[u8]) -> Option<u32> {
     };
     let idx = ctx.table.lookup_object(parse_object_name(stem)?)?;
     let w = ctx.table.state(idx);
-    if state::tier_of(w) as usize != tier {
+    if w.tier() as usize != tier {
         return None;
     }
     // An object name while the entry is PLACING on this tier: a copy being published right now
     // (renamed, not yet PLACED) — deleting it would leave a PLACED entry with no copy.
     let keep = matches!(
-        (suffix, state::state_of(w)),
-        (b"", state::PLACED | state::PLACING)
-            | (b".part", state::PLACING)
-            | (b".chunks", state::PARTIAL)
+        (suffix, w.state()),
+        (b"", State::Placed | State::Placing)
+            | (b".part", State::Placing)
+            | (b".chunks", State::Partial)
     );
     keep.then_some(idx)
 }
@@ -109,11 +109,10 @@ pub fn sweep(ctx: &SourceCtx) -> SweepOutcome {
     }
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
-        if state::state_of(w) != state::PLACED || seen[(idx / 64) as usize] & (1 << (idx % 64)) != 0
-        {
+        if w.state() != State::Placed || seen[(idx / 64) as usize] & (1 << (idx % 64)) != 0 {
             continue;
         }
-        let tier = state::tier_of(w) as usize;
+        let tier = w.tier() as usize;
         let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
             continue;
         };
@@ -135,9 +134,9 @@ fn list(dir: &OwnedFd) -> std::io::Result<std::fs::ReadDir> {
 
 /// Takes a placed copy back (PLACED → UNPLACED) and gives its space back; `delete` removes the
 /// object too. False if the entry moved meanwhile.
-fn withdraw(ctx: &SourceCtx, idx: u32, placed: u64, delete: bool) -> bool {
+fn withdraw(ctx: &SourceCtx, idx: u32, placed: StateWord, delete: bool) -> bool {
     let t = &ctx.table;
-    let tier = state::tier_of(placed) as usize;
+    let tier = placed.tier() as usize;
     if !lifecycle::withdraw(&lifecycle::EntryCell { table: t, idx }, placed) {
         return false;
     }
@@ -165,8 +164,8 @@ pub fn verify_copies(ctx: &SourceCtx) -> SweepOutcome {
             break;
         }
         let w = t.state(idx);
-        let tier = state::tier_of(w) as usize;
-        if state::state_of(w) != state::PLACED || skip.get(tier).copied().unwrap_or(true) {
+        let tier = w.tier() as usize;
+        if w.state() != State::Placed || skip.get(tier).copied().unwrap_or(true) {
             continue;
         }
         let (Some(Some(dir)), Some(e)) = (ctx.object_dirs.get(tier), t.entry(idx)) else {

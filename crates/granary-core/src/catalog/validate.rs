@@ -187,7 +187,7 @@ fn check(ctx: &Target<'_>, idx: u32) -> Verdict {
 fn check_dir(ctx: &Target<'_>, v: &Validation, d: u32) {
     let t = ctx.table;
     let Some(e) = t.entry(d) else { return };
-    let void = granary_shm::state::is_void(granary_shm::state::state_of(t.state(d)));
+    let void = t.state(d).is_void();
     let mut vouched = false;
     if !void {
         let claim = match lifecycle::claim_check(t, d) {
@@ -232,7 +232,7 @@ fn check_dir(ctx: &Target<'_>, v: &Validation, d: u32) {
         if ce.stat.is_dir() || t.is_validated(c) {
             continue;
         }
-        if granary_shm::state::is_void(granary_shm::state::state_of(t.state(c))) {
+        if t.state(c).is_void() {
             continue;
         }
         // A client checking it now makes the entry's one call; one that stopped mid-check

@@ -30,7 +30,7 @@
 
 use std::collections::HashMap;
 
-use granary_shm::{lifecycle, state, Table};
+use granary_shm::{lifecycle, State, Table};
 
 use super::pool::{CopyMethod, CopyTask, Pool};
 use super::SourceCtx;
@@ -253,8 +253,8 @@ fn claim_after(
             continue;
         };
         let w = t.state(e);
-        match state::state_of(w) {
-            state::UNPLACED => {
+        match w.state() {
+            State::Unplaced => {
                 if !room(size) {
                     break;
                 }
@@ -263,8 +263,8 @@ fn claim_after(
                 }
                 fetching = true;
             }
-            state::QUEUED | state::PLACING => fetching = true,
-            state::PLACED => {}
+            State::Queued | State::Placing => fetching = true,
+            State::Placed => {}
             // Not ours to touch, and nothing to read ahead for.
             _ => continue,
         }

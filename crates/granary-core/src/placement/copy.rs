@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
-use granary_shm::{object_name, state, EntryRec};
+use granary_shm::{object_name, EntryRec, State};
 
 use granary_shm::lifecycle::{self, EntryCell};
 
@@ -93,7 +93,7 @@ pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Started, PlaceOutcome> 
         .entry(idx)
         .and_then(|e| t.rel_path_vec(idx).map(|r| (e, r)))
     else {
-        lifecycle::give_up(&cell, state::SOURCE_ONLY);
+        lifecycle::give_up(&cell, State::SourceOnly);
         return Err(PlaceOutcome::SourceOnly);
     };
     let path = ctx.source_real.join(std::ffi::OsStr::from_bytes(&rel));
@@ -157,7 +157,7 @@ pub(super) fn no_room(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
             table: &ctx.table,
             idx,
         },
-        state::SOURCE_ONLY,
+        State::SourceOnly,
     );
     PlaceOutcome::SourceOnly
 }
@@ -165,7 +165,7 @@ pub(super) fn no_room(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
 /// The entry's state is whatever PLACING word this copy announced last; any other word means
 /// a client took it away (INVALIDATE).
 pub(super) fn still_ours(ctx: &SourceCtx, idx: u32) -> bool {
-    state::state_of(ctx.table.state(idx)) == state::PLACING
+    ctx.table.state(idx).state() == State::Placing
 }
 
 pub(super) fn stale(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
@@ -175,7 +175,7 @@ pub(super) fn stale(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
             table: &ctx.table,
             idx,
         },
-        state::STALE,
+        State::Stale,
     );
     PlaceOutcome::Stale
 }
@@ -187,7 +187,7 @@ pub(super) fn source_only(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
             table: &ctx.table,
             idx,
         },
-        state::SOURCE_ONLY,
+        State::SourceOnly,
     );
     PlaceOutcome::SourceOnly
 }

@@ -22,7 +22,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use granary_shm::{object_name, request, state, Table};
+use granary_shm::{object_name, request, State, Table};
 use serde::{Deserialize, Serialize};
 
 use super::engine::Engine;
@@ -124,9 +124,7 @@ impl Prefetcher {
             return;
         }
         self.order.observe(idx);
-        if kind == request::OPEN_UNPLACED
-            && state::state_of(ctx.table.state(idx)) == state::UNPLACED
-        {
+        if kind == request::OPEN_UNPLACED && ctx.table.state(idx).state() == State::Unplaced {
             if let Some(e) = ctx.table.entry(idx) {
                 self.make_room(ctx, e.stat.size);
             }
@@ -147,7 +145,7 @@ impl Prefetcher {
         if room() {
             return true;
         }
-        let placed = |e: u32| state::state_of(ctx.table.state(e)) == state::PLACED;
+        let placed = |e: u32| ctx.table.state(e).state() == State::Placed;
         for v in self.order.victims(size, &placed) {
             self.evict(ctx, v);
             if room() {
@@ -169,7 +167,7 @@ impl Prefetcher {
         ) {
             return false;
         }
-        let tier = state::tier_of(w) as usize;
+        let tier = w.tier() as usize;
         let st = self.order.state();
         if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
             let name = object_name(e.object);
@@ -197,9 +195,9 @@ impl Prefetcher {
         let epoch = self.order.state().epoch;
         // SOURCE_ONLY counts as "to place" once per epoch (it may have been a moment without
         // room); QUEUED/PLACING/PLACED/STALE/PARTIAL are on their way or not ours to touch.
-        let want = |e: u32| match state::state_of(t.state(e)) {
-            state::UNPLACED => true,
-            state::SOURCE_ONLY => lock(&self.retried).get(&e) != Some(&epoch),
+        let want = |e: u32| match t.state(e).state() {
+            State::Unplaced => true,
+            State::SourceOnly => lock(&self.retried).get(&e) != Some(&epoch),
             _ => false,
         };
         for idx in self.order.prefetch(&|e| !want(e)) {
@@ -208,8 +206,8 @@ impl Prefetcher {
                 return None;
             }
             let w = t.state(idx);
-            let from = state::state_of(w);
-            if from == state::SOURCE_ONLY {
+            let from = w.state();
+            if from == State::SourceOnly {
                 lock(&self.retried).insert(idx, epoch);
             }
             if granary_shm::lifecycle::claim_ahead(

@@ -31,7 +31,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use granary_shm::lifecycle::{self, EntryCell};
-use granary_shm::{state, EntryRec, Locator, Table};
+use granary_shm::{EntryRec, Locator, State, Table};
 
 use super::copy::{
     align_up, no_room, publish as publish_copy, reserve_on, source_only, tier_failed, write_all_at,
@@ -252,8 +252,8 @@ impl Streamer {
         }
         let st = &self.seg_state[seg as usize];
         let unplaced = matches!(
-            state::state_of(ctx.table.state(idx)),
-            state::UNPLACED | state::QUEUED
+            ctx.table.state(idx).state(),
+            State::Unplaced | State::Queued
         );
         loop {
             let now = st.load(Ordering::Acquire);
@@ -526,11 +526,9 @@ fn segment(
         let (Some(entry), Some(loc)) = (t.entry(idx), t.locator(idx)) else {
             continue;
         };
-        let claimable = match state::state_of(t.state(idx)) {
-            state::UNPLACED => {
-                lifecycle::claim(&cell) || state::state_of(t.state(idx)) == state::QUEUED
-            }
-            state::QUEUED => true,
+        let claimable = match t.state(idx).state() {
+            State::Unplaced => lifecycle::claim(&cell) || t.state(idx).state() == State::Queued,
+            State::Queued => true,
             _ => false,
         };
         if !claimable {
@@ -759,7 +757,7 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
                             table: t,
                             idx: o.idx,
                         },
-                        state::UNPLACED,
+                        State::Unplaced,
                     );
                 } else {
                     source_only(ctx, o.idx);

@@ -1,4 +1,4 @@
-//! Partial copies (`state::PARTIAL`): a file no tier has room for, kept as fixed-size chunks of
+//! Partial copies (`State::Partial`): a file no tier has room for, kept as fixed-size chunks of
 //! a sparse `<object>.chunks` file (`placement::chunks`) on the tier with most free space.
 //!
 //! When a placement finds no room for the whole file and the file has a chunk bitmap, the
@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use granary_shm::{chunks_name, state, EntryRec};
+use granary_shm::{chunks_name, EntryRec, State, StateWord};
 
 use super::chunks::{self, ChunkFile, ChunkGeometry};
 use super::copy::{
@@ -65,10 +65,10 @@ fn slot(ctx: &SourceCtx, idx: u32) -> Option<Arc<Mutex<Slot>>> {
         return Some(s.clone());
     }
     let w = ctx.table.state(idx);
-    if state::state_of(w) != state::PARTIAL {
+    if w.state() != State::Partial {
         return None;
     }
-    let tier = state::tier_of(w) as usize;
+    let tier = w.tier() as usize;
     let e = ctx.table.entry(idx)?;
     let geo = geometry(ctx, &e);
     let opened = ctx
@@ -467,7 +467,7 @@ pub fn drop_partial(ctx: &SourceCtx, idx: u32) {
 }
 
 /// DAMAGED or an unusable chunk file: moves `word` (PARTIAL) back to UNPLACED, then drops it.
-pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: u64) -> bool {
+pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: StateWord) -> bool {
     if granary_shm::lifecycle::drop_partial(
         &granary_shm::lifecycle::EntryCell {
             table: &ctx.table,
@@ -490,14 +490,14 @@ pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
     let (mut files, mut bytes) = (0u64, 0u64);
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
-        let s = state::state_of(w);
-        if s != state::PLACED && s != state::PARTIAL {
+        let s = w.state();
+        if s != State::Placed && s != State::Partial {
             continue;
         }
-        let tier = state::tier_of(w) as usize;
+        let tier = w.tier() as usize;
         let Some(e) = t.entry(idx) else { continue };
         let cell = granary_shm::lifecycle::EntryCell { table: t, idx };
-        let (charge, present) = if s == state::PLACED {
+        let (charge, present) = if s == State::Placed {
             (e.stat.size, e.stat.size)
         } else {
             let geo = geometry(ctx, &e);
@@ -512,7 +512,7 @@ pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
             bytes += present;
             continue;
         }
-        let undone = if s == state::PLACED {
+        let undone = if s == State::Placed {
             granary_shm::lifecycle::withdraw(&cell, w)
         } else {
             granary_shm::lifecycle::unplace_partial(t, idx, w)
@@ -529,15 +529,15 @@ pub fn copies_now(ctx: &SourceCtx) -> (u64, u64) {
     let t = &ctx.table;
     let (mut files, mut bytes) = (0u64, 0u64);
     for idx in 0..t.entry_count() {
-        let s = state::state_of(t.state(idx));
+        let s = t.state(idx).state();
         let Some(e) = t
             .entry(idx)
-            .filter(|_| s == state::PLACED || s == state::PARTIAL)
+            .filter(|_| s == State::Placed || s == State::Partial)
         else {
             continue;
         };
         files += 1;
-        bytes += if s == state::PLACED {
+        bytes += if s == State::Placed {
             e.stat.size
         } else {
             super::chunks::present_bytes(&geometry(ctx, &e), &bitmap_of(ctx, idx))
@@ -562,10 +562,10 @@ pub fn release_partial_charges(ctx: &SourceCtx) {
     let t = &ctx.table;
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
-        if state::state_of(w) != state::PARTIAL {
+        if w.state() != State::Partial {
             continue;
         }
-        let tier = state::tier_of(w) as usize;
+        let tier = w.tier() as usize;
         let Some(e) = t.entry(idx) else { continue };
         if tier < ctx.tiers.len() {
             let charge = present_charge(ctx, idx, &geometry(ctx, &e), tier);

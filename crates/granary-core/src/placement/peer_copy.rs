@@ -12,7 +12,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 
 use granary_shm::lifecycle::{self, EntryCell};
-use granary_shm::{object_name, part_name, state, EntryRec};
+use granary_shm::{object_name, part_name, EntryRec, State};
 
 use super::copy::{begin, publish, reserve_on, write_all_at};
 use super::states::{self, Finish};
@@ -217,7 +217,7 @@ impl Receiving<'_> {
         self.hashing += t.elapsed();
         lifecycle::progress(&self.ctx.table, self.idx, end);
         self.written = end;
-        if state::state_of(self.ctx.table.state(self.idx)) != state::PLACING {
+        if self.ctx.table.state(self.idx).state() != State::Placing {
             return Err(ReceiveError::Lost);
         }
         Ok(())
@@ -296,7 +296,7 @@ impl Receiving<'_> {
     /// Ends the copy without one: `to` is SOURCE_ONLY (nobody holds the file: the program reads
     /// the source) or STALE (the source changed). The part is removed and the room released
     /// first.
-    pub fn give_up(mut self, to: u8) {
+    pub fn give_up(mut self, to: State) {
         if self.part.take().is_some() {
             if let Some(dir) = self.dir() {
                 let _ = sys::unlink_at(dir, &part_name(self.entry.object));
@@ -308,7 +308,7 @@ impl Receiving<'_> {
             idx: self.idx,
         };
         lifecycle::give_up(&cell, to);
-        if to == state::STALE {
+        if to == State::Stale {
             AgentCounters::add(&self.ctx.counters.stale, 1);
         }
     }
@@ -326,7 +326,7 @@ impl Drop for Receiving<'_> {
                     table: &self.ctx.table,
                     idx: self.idx,
                 },
-                state::UNPLACED,
+                State::Unplaced,
             );
         }
     }
@@ -369,7 +369,7 @@ fn withdraw_object(
     if !lifecycle::withdraw(&EntryCell { table: t, idx }, w) {
         return None;
     }
-    let tier = state::tier_of(w) as usize;
+    let tier = w.tier() as usize;
     if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
         let name = object_name(e.object);
         states::drop_object(&ctx.tiers, tier, e.stat.size, || gone(dir, &name));

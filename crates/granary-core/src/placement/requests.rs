@@ -1,6 +1,6 @@
 //! Acting on the requests clients push to a table's ring (`granary_shm::request`).
 
-use granary_shm::{object_name, request, state};
+use granary_shm::{object_name, request, State};
 
 use granary_shm::lifecycle::{self, EntryCell};
 
@@ -94,7 +94,7 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         }
         request::CHUNK => {
             // A client's read of a PARTIAL file missed chunk `arg`.
-            if state::state_of(t.state(idx)) == state::PARTIAL
+            if t.state(idx).state() == State::Partial
                 && super::partial::claim_chunk(ctx, idx, arg as u64)
             {
                 pool.submit(CopyTask {
@@ -123,15 +123,15 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         }
         request::DAMAGED => {
             let w = t.state(idx);
-            if state::state_of(w) == state::PARTIAL {
+            if w.state() == State::Partial {
                 // A chunk file that cannot be used: withdraw it, the next open starts over.
                 super::partial::withdraw_partial(ctx, idx, w);
                 return;
             }
-            if state::state_of(w) != state::PLACED {
+            if w.state() != State::Placed {
                 return;
             }
-            let tier = state::tier_of(w) as usize;
+            let tier = w.tier() as usize;
             let name = object_name(e.object);
             let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
                 return;

@@ -15,7 +15,7 @@ use granary_core::sync::atomic::{AtomicBool, AtomicUsize};
 use granary_core::sync::Arc;
 use granary_core::sys;
 use granary_core::tiers::{TierSpec, Tiers};
-use granary_shm::{object_name, state, Catalog, CatalogEntry, Mapping, TableSpec};
+use granary_shm::{object_name, Catalog, CatalogEntry, Mapping, State, TableSpec};
 
 /// `shuttle::check_random` with stacks large enough for the placement code (a copy's path
 /// buffers, tracing, `statx` records; Shuttle's default is 32 KiB).
@@ -167,8 +167,8 @@ impl Placing {
         self.ctx.table.lookup(name.as_bytes()).unwrap()
     }
 
-    pub fn state(&self, name: &str) -> u8 {
-        state::state_of(self.ctx.table.state(self.idx(name)))
+    pub fn state(&self, name: &str) -> State {
+        self.ctx.table.state(self.idx(name)).state()
     }
 
     /// The copy of `name` in the tier, if there is one.
@@ -197,14 +197,14 @@ impl Placing {
         let mut charged = 0;
         for (name, bytes) in files {
             if void.contains(&name.as_str()) {
-                assert_eq!(self.state(name), state::STALE, "{name}");
+                assert_eq!(self.state(name), State::Stale, "{name}");
                 assert!(
                     self.copy(name).is_none(),
                     "{name}: a void file's copy is left"
                 );
                 continue;
             }
-            assert_eq!(self.state(name), state::PLACED, "{name} not placed");
+            assert_eq!(self.state(name), State::Placed, "{name} not placed");
             assert!(
                 self.copy(name).as_ref() == Some(bytes),
                 "{name}: wrong bytes"

@@ -8,7 +8,7 @@ use granary_core::placement::pack_streamer::{self, Streamer};
 use granary_core::placement::{Engine, FillHighestFirst, Params};
 use granary_core::sync::atomic::Ordering;
 use granary_core::sync::Arc;
-use granary_shm::{state, PackSpec, TableSpec};
+use granary_shm::{PackSpec, State, TableSpec};
 use shuttle::thread;
 
 use super::fixture::{check_random, wait_until, Placing, Source};
@@ -95,7 +95,7 @@ fn the_streamer_places_every_packed_file_once() {
             }
             wait_until("every file decided", || {
                 names.iter().all(|n| {
-                    !matches!(p.state(n), state::UNPLACED | state::QUEUED | state::PLACING)
+                    !matches!(p.state(n), State::Unplaced | State::Queued | State::Placing)
                 })
             });
             wait_until("the streamers hold no work", || {

@@ -7,7 +7,7 @@ use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_long};
 use core::sync::atomic::Ordering;
 
-use granary_shm::{job, state};
+use granary_shm::job;
 
 use super::{find, locate};
 use crate::config;
@@ -145,8 +145,7 @@ fn readdir_impl(
     // changed (once a listing started, it goes on from the catalog: POSIX leaves names added
     // or removed since opendir unspecified).
     if fdtable::dir_pos(fd).is_some_and(|p| p.load(Ordering::Relaxed) == 0) {
-        let live = !state::is_void(state::state_of(g.table.state(t.entry)))
-            && super::ancestors_live(g.table, t.entry);
+        let live = !g.table.state(t.entry).is_void() && super::ancestors_live(g.table, t.entry);
         if !live {
             fdtable::take(fd);
             return pass();

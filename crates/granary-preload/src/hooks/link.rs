@@ -3,7 +3,7 @@
 
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{job, resolve, state, Resolved};
+use granary_shm::{job, resolve, Resolved};
 
 use super::{find, locate};
 use crate::detour::{self, real, sys};
@@ -89,7 +89,7 @@ fn realpath_answer(path: *const c_char, resolved: *mut c_char) -> Option<*mut c_
     };
     let fine = !e.stat.is_symlink()
         && (!loc.must_dir || e.stat.is_dir())
-        && !state::is_void(state::state_of(g.table.state(idx)))
+        && !g.table.state(idx).is_void()
         && super::ancestors_live(g.table, idx)
         && (granary_shm::lifecycle::is_validated(g.table, idx)
             || crate::validate::check(g.table, idx, &e));

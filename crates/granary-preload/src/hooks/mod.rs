@@ -20,7 +20,7 @@ pub mod stat;
 
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{lifecycle, resolve, state, EntryRec, Resolved, Table};
+use granary_shm::{lifecycle, resolve, EntryRec, Resolved, State, Table};
 
 use crate::detour::Guard;
 use crate::path::{self, Buf, Loc};
@@ -45,7 +45,7 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Option<Found> {
         return None;
     };
     crate::entries::remember(idx, &entry);
-    if state::is_void(state::state_of(g.table.state(idx))) {
+    if g.table.state(idx).is_void() {
         return None;
     }
     if loc.must_dir && !entry.stat.is_dir() {
@@ -64,7 +64,7 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Option<Found> {
     Some(Found { idx, entry })
 }
 
-/// No ancestor of entry `idx` was renamed or removed by the program (`state::GONE`). The walk
+/// No ancestor of entry `idx` was renamed or removed by the program (`State::Gone`). The walk
 /// could list every catalogued directory with the agent's credentials, which are this process's
 /// (`creds`), so search permission needs no check of its own.
 pub fn ancestors_live(table: &Table, idx: u32) -> bool {
@@ -80,7 +80,7 @@ pub fn ancestors_live(table: &Table, idx: u32) -> bool {
         if parent >= cur {
             return false;
         }
-        if state::state_of(table.state(parent)) == state::GONE {
+        if table.state(parent).state() == State::Gone {
             return false;
         }
         cur = parent;

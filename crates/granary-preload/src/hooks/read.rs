@@ -11,7 +11,7 @@
 
 use core::ffi::{c_int, c_void};
 
-use granary_shm::{job, request, state};
+use granary_shm::{job, request, State};
 
 use crate::detour::{self, real, sys, Guard};
 use crate::fdtable::{self, FdKind, Tracked};
@@ -120,8 +120,7 @@ fn count(kind: FdKind, n: isize) -> isize {
 fn stale(t: &Tracked) -> bool {
     matches!(t.kind, FdKind::Tier(_))
         && (t.has(crate::fdtable::flag::DAMAGED)
-            || crate::config::table()
-                .is_some_and(|tb| state::state_of(tb.state(t.entry)) == state::STALE))
+            || crate::config::table().is_some_and(|tb| tb.state(t.entry).state() == State::Stale))
 }
 
 /// True if a read on `t` may be served by granary (and so needs the caller's buffers).
@@ -430,7 +429,7 @@ fn map_copy(
     if prot & libc::PROT_WRITE != 0 && flags & libc::MAP_SHARED != 0 {
         return None;
     }
-    if state::state_of(g.table.state(t.entry)) != state::PLACED {
+    if g.table.state(t.entry).state() != State::Placed {
         return None;
     }
     let e = crate::entries::get(g.table, t.entry)?;

@@ -6,7 +6,7 @@
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 
-use granary_shm::{job, state, EntryRec, StatRec};
+use granary_shm::{job, EntryRec, StatRec, State};
 
 use super::{find, locate};
 use crate::detour::{self, real, Guard};
@@ -106,9 +106,8 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
         _ => return None,
     }
     let entry = crate::entries::get(g.table, t.entry)?;
-    let stale = |t: &Tracked| {
-        t.has(flag::DAMAGED) || state::state_of(g.table.state(t.entry)) == state::STALE
-    };
+    let stale =
+        |t: &Tracked| t.has(flag::DAMAGED) || g.table.state(t.entry).state() == State::Stale;
     if !check_after && stale(&t) {
         return stale_answer(g, fd, t, &entry, out);
     }
@@ -436,7 +435,7 @@ fn access_impl(
     let known_flags = flags & !(libc::AT_EACCESS | libc::AT_SYMLINK_NOFOLLOW) == 0;
     if known_flags && mode & !(libc::R_OK | libc::X_OK) == 0 {
         if let Some(f) = find(&g, &loc, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
-            let placed = state::state_of(g.table.state(f.idx)) == state::PLACED;
+            let placed = g.table.state(f.idx).state() == State::Placed;
             // A tree that exists only in the pack has nobody else to ask: its mode bits say.
             let mount = g.table.pack_mount() && crate::packed::may(&f.entry.stat, mode);
             let granted = match mode {

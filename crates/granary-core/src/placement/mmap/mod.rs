@@ -43,7 +43,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use granary_shm::{job, state};
+use granary_shm::{job, State};
 use serde::{Deserialize, Serialize};
 
 pub use page_order::PageOrder;
@@ -157,7 +157,7 @@ pub struct Follower {
     /// Entries some followed process maps now, and where their readers are: a whole-file
     /// fetch of such an entry reads where they read (`whole_file::order`) and keeps those pages.
     steer: Mutex<HashMap<u32, Steering>>,
-    state: Mutex<State>,
+    state: Mutex<Followed>,
     /// The read-ahead window last used (logged when it changes).
     last_size: AtomicU64,
     /// What the agent has in flight at this source, and may have (`in_flight`).
@@ -208,8 +208,9 @@ pub struct Steering {
 /// Readers that did not move for this long are idle: the fetch stops waiting for them.
 const IDLE_AFTER: Duration = Duration::from_secs(1);
 
+/// What the tracker follows: the mapping processes, the mapped files, where readers started.
 #[derive(Debug, Default)]
-struct State {
+struct Followed {
     procs: HashMap<u32, Proc>,
     files: HashMap<u32, Source>,
     /// Per entry, where readers started reading in sequence (kept after they end, until a
@@ -363,7 +364,7 @@ impl Follower {
                 threshold_pct: p.threshold_pct,
             };
             {
-                let State { procs, files, .. } = &mut *st;
+                let Followed { procs, files, .. } = &mut *st;
                 // What completed since the last tick leaves room at the source.
                 let arrived = self.flight.retire(now, |pc| {
                     let mut res = Vec::new();
@@ -397,7 +398,7 @@ impl Follower {
                     .is_none_or(|t| now.duration_since(t) >= keep_cached::EVERY)
                 {
                     st.kept_at = Some(now);
-                    let State {
+                    let Followed {
                         procs,
                         files,
                         starts,
@@ -471,7 +472,7 @@ impl Follower {
     /// Readers of whole-file mappings take their entry's record order once it is known; the
     /// first reader of an entry has it built (on a thread of its own: it reads the tree's
     /// pages from the source, which may be slow, and the follower must not wait for that).
-    fn apply_orders(&self, ctx: &SourceCtx, st: &mut State, now: Instant) {
+    fn apply_orders(&self, ctx: &SourceCtx, st: &mut Followed, now: Instant) {
         let mut orders = lock(&self.orders);
         let mut switched = Vec::new();
         for r in st.procs.values_mut().flat_map(|pr| pr.readers.iter_mut()) {
@@ -588,7 +589,7 @@ fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Optio
 }
 
 /// (Re-)reads `pid`'s mappings; readers that are still mapped the same way keep their state.
-fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: Instant) {
+fn refresh(ctx: &SourceCtx, st: &mut Followed, pid: u32, slot: Option<u32>, now: Instant) {
     let Some(found) = proc_maps::of_process(pid, &ctx.table, &ctx.source_real) else {
         st.procs.remove(&pid);
         return;
@@ -723,8 +724,7 @@ fn follow(
         // reads its file (in file order: what the follower read ahead in record order would be
         // read again by the fetch once evicted); the fetch serves it where it is.
         let prefetch = prefetch
-            && !(r.page_order.is_some()
-                && state::state_of(ctx.table.state(r.m.idx)) == state::PLACING);
+            && !(r.page_order.is_some() && ctx.table.state(r.m.idx).state() == State::Placing);
         // A reader whose last windows found everything cached has nothing to gain: it is
         // looked at less often (following costs the program a share of a CPU).
         r.ticks = r.ticks.wrapping_add(1);
@@ -805,8 +805,8 @@ fn follow(
 /// then not worth reading again for a reader that most likely stops there (measured: 2–3 % of
 /// the file read twice, all of it at the shares' starts). A reader that does go on is read
 /// ahead of again once it passed that start.
-fn issue(ctx: &SourceCtx, st: &mut State, flight: &in_flight::Flight) {
-    let State {
+fn issue(ctx: &SourceCtx, st: &mut Followed, flight: &in_flight::Flight) {
+    let Followed {
         procs,
         files,
         starts,
@@ -1149,7 +1149,7 @@ fn account(
         return;
     }
     let t = &ctx.table;
-    let placing = state::state_of(t.state(r.m.idx)) == state::PLACING;
+    let placing = t.state(r.m.idx).state() == State::Placing;
     // A whole-file fetch has read (or is reading) one block past its progress.
     let fetched_to = if placing {
         t.progress(r.m.idx).saturating_add(block)
