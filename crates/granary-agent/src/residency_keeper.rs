@@ -55,7 +55,8 @@ struct TableCopies<'a> {
 impl<'a> TableCopies<'a> {
     fn new(ctx: &'a SourceCtx) -> TableCopies<'a> {
         let cached_tier = ctx
-            .object_dirs
+            .space
+            .dirs()
             .iter()
             .map(|d| d.as_ref().is_some_and(|d| !sys::is_memory_fs(d)))
             .collect();
@@ -66,8 +67,7 @@ impl<'a> TableCopies<'a> {
         let t = &self.ctx.table;
         let w = t.state(i);
         let Some(e) = t.entry(i) else { return };
-        let dir = self.ctx.object_dirs.get(w.tier() as usize);
-        if let Some(Some(dir)) = dir {
+        if let Some(dir) = self.ctx.space.dir(w.tier() as usize) {
             if let Ok(f) = sys::open_read_at(dir, &object_name(e.object)) {
                 sys::fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
             }

@@ -3,7 +3,7 @@
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -413,7 +413,7 @@ impl SourceState {
         // The earlier knowledge: the agent's own last table, else the catalog saved beside the
         // cache (of this source's last first tier, or of the new one).
         let current = old;
-        let last_saved = old.map(|c| self.catalog_file(&c.tiers));
+        let last_saved = old.map(|c| self.catalog_file(&c.space.tiers));
         let saved = current
             .is_none()
             .then(|| self.saved_catalog(tiers, spec, last_saved.as_deref()))
@@ -489,26 +489,15 @@ impl SourceState {
             }
         };
         inner.order = opts.order.cloned();
-        let ctx = Arc::new(SourceCtx {
-            table,
-            mapping,
-            source_real: self.source_real.clone(),
+        let ctx = SourceCtx::new(
+            (mapping, table),
+            self.source_real.clone(),
             tiers,
-            object_dirs: dirs.fds,
-            counters: self.counters.clone(),
-            retired: AtomicBool::new(false),
-            inflight: AtomicUsize::new(0),
-            order,
-            partials: Default::default(),
-            program: Default::default(),
-            residency: opts.residency.clone(),
-            lost: Default::default(),
-            validation: Default::default(),
-            pack: Default::default(),
-            mmap: Default::default(),
-            remote: Default::default(),
-            ahead: Default::default(),
-        });
+            dirs.fds,
+            self.counters.clone(),
+            opts.residency.clone(),
+        );
+        let ctx = Arc::new(ctx.with_order(order));
         // Beaten before any job has it: a client never takes a new table's agent for dead.
         ctx.table.beat(granary_core::sys::monotonic_ns());
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
@@ -581,7 +570,7 @@ impl SourceState {
     /// tier roots while this one was in use (two jobs at once): their second copies go.
     fn drop_second_copies(&self, ctx: &SourceCtx, opts: &WalkOpts<'_>) {
         let Some(release) = opts.release else { return };
-        let stores = self.stores(&ctx.tiers, &ctx.object_dirs);
+        let stores = self.stores(&ctx.space.tiers, ctx.space.dirs());
         let d = adopt::siblings(&ctx.table, &self.id, &stores, release, false).duplicates;
         if d > 0 {
             tracing::info!(
@@ -598,8 +587,8 @@ impl SourceState {
         let Some(old) = old else { return };
         let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
         let current: Vec<PathBuf> = (0..now.len()).map(|t| canon(&now.spec(t).path)).collect();
-        for t in 0..old.tiers.len() {
-            let root = old.tiers.spec(t).path.clone();
+        for t in 0..old.space.tiers.len() {
+            let root = old.space.tiers.spec(t).path.clone();
             if current.contains(&canon(&root)) {
                 continue;
             }
@@ -629,7 +618,7 @@ impl SourceState {
         let Some(ctx) = self.ctx() else {
             return;
         };
-        let file = self.catalog_file(&ctx.tiers);
+        let file = self.catalog_file(&ctx.space.tiers);
         match catalog::save(&file, &ctx.table) {
             Ok(()) => tracing::debug!("saved catalog {}", file.display()),
             Err(e) => tracing::warn!("cannot save catalog {}: {e}", file.display()),
@@ -640,11 +629,11 @@ impl SourceState {
     /// Records the current table's copies beside them, in each of its tiers
     /// (`granary_core::cache::copies`): whatever table uses a tier next takes them over.
     pub fn save_records(&self, ctx: &SourceCtx) {
-        for t in 0..ctx.tiers.len() {
-            if ctx.object_dirs.get(t).is_none_or(|d| d.is_none()) {
+        for t in 0..ctx.space.tiers.len() {
+            if ctx.space.dir(t).is_none() {
                 continue;
             }
-            let dir = ctx.tiers.spec(t).path.join(&self.id);
+            let dir = ctx.space.tiers.spec(t).path.join(&self.id);
             let used = match self.jobs_now.load(Ordering::Acquire) {
                 0 => self.last_use.load(Ordering::Relaxed),
                 _ => copies::now_ns(),
@@ -672,10 +661,10 @@ impl SourceState {
         {
             v.stop();
         }
-        let tiers = &*ctx.tiers;
+        let tiers = &*ctx.space.tiers;
         ctx.retire();
         let deadline = Instant::now() + Duration::from_secs(120);
-        while ctx.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        while ctx.work.held() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         if persist {
@@ -771,7 +760,7 @@ impl SourceState {
         };
         let t = &ctx.table;
         let mut s = Snapshot {
-            tiers: ctx.tiers.usage(),
+            tiers: ctx.space.tiers.usage(),
             ..Snapshot::default()
         };
         let mut busy = 0;

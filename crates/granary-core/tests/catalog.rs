@@ -1,17 +1,15 @@
 //! The catalog against what std reports; a walk that takes over an earlier table; saved
 //! catalogs; the validation of a reused catalog against every identity field.
 
+use granary_core::catalog::{self, Progress};
+use granary_core::placement::Work;
+use granary_core::sys;
+use granary_shm::{lifecycle, Mapping, State, Table, TableSpec};
+use proptest::prelude::*;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-
-use std::sync::atomic::AtomicBool;
-
-use granary_core::catalog::{self, Progress};
-use granary_core::sys;
-use granary_shm::{lifecycle, Mapping, State, Table, TableSpec};
-use proptest::prelude::*;
 
 fn spec(root: &Path, tier_dirs: &[PathBuf]) -> TableSpec {
     TableSpec {
@@ -231,7 +229,7 @@ fn a_walk_takes_over_what_the_earlier_table_vouches_for() {
 fn validate(t: &Table, root: &Path, immutable: bool) -> catalog::Validation {
     let epoch = lifecycle::new_attach(t, immutable);
     let v = catalog::Validation::new(t, epoch, immutable);
-    catalog::validate::run(t, root, &AtomicBool::new(false), &v);
+    catalog::validate::run(t, root, &Work::default(), &v);
     v
 }
 
@@ -353,7 +351,7 @@ fn the_validator_leaves_an_entry_a_client_is_checking() {
             std::thread::sleep(std::time::Duration::from_millis(10));
             dir.finish(lifecycle::Verdict::Same)
         });
-        catalog::validate::run(&table, &root, &AtomicBool::new(false), &v);
+        catalog::validate::run(&table, &root, &Work::default(), &v);
         assert!(client.join().unwrap());
     });
     assert!(!table.is_validated(idx("a/f1")), "left to the client");

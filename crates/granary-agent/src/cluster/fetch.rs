@@ -32,7 +32,7 @@ pub struct RemoteFetch {
     pub copy: bool,
 }
 
-/// Fetcher threads: each takes jobs until the node stops. A job holds one `ctx.inflight`
+/// Fetcher threads: each takes jobs until the node stops. A job holds one piece of `ctx.work`
 /// count, given back when it is done.
 pub fn spawn(node: &Arc<Node>, jobs: Receiver<RemoteFetch>, threads: usize) -> std::io::Result<()> {
     for k in 0..threads {
@@ -52,7 +52,7 @@ pub fn spawn(node: &Arc<Node>, jobs: Receiver<RemoteFetch>, threads: usize) -> s
                     if job.copy {
                         node.copies_pending.fetch_sub(1, Ordering::AcqRel);
                     }
-                    job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                    job.ctx.work.release();
                     granary_core::sys::release_pages(&mut buf);
                 }
             })?;
@@ -77,7 +77,7 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
     // A replica belongs in this rank's own tiers; another rank's file in the staging tier.
     let tiers: Vec<usize> = match node.staging_tier {
         Some(st) if !node.own.holds(node.rank, idx) => vec![st],
-        _ => (0..ctx.tiers.placeable()).collect(),
+        _ => (0..ctx.space.tiers.placeable()).collect(),
     };
     let mut owners: Vec<u32> = node
         .own
@@ -353,7 +353,7 @@ fn land(
             }
             Err(why) => {
                 tracing::debug!("reusing a staging file: {why}");
-                if let Some(Some(dir)) = node.ctx.object_dirs.get(rx.tier()) {
+                if let Some(dir) = node.ctx.space.dir(rx.tier()) {
                     let _ = granary_core::sys::unlink_at(dir, &name);
                 }
             }

@@ -139,8 +139,8 @@ impl Node {
         let own = Ownership::assign(t, s.ranks, s.replicas, |rel| {
             replicated(&s.replicate_set, rel)
         });
-        let staging_tier =
-            (ctx.tiers.placeable() < ctx.tiers.len()).then_some(ctx.tiers.placeable());
+        let staging_tier = (ctx.space.tiers.placeable() < ctx.space.tiers.len())
+            .then_some(ctx.space.tiers.placeable());
         let (fetch_q, fetch_rx) = crossbeam_channel::unbounded();
         let (provide_q, provide_rx) = crossbeam_channel::unbounded();
         let node = Arc::new(Node {
@@ -219,13 +219,12 @@ impl Node {
     /// those of copies gone).
     fn warm_maps(&self) {
         let ctx = &self.ctx;
-        let memory: Vec<bool> = (0..ctx.tiers.len())
+        let memory: Vec<bool> = (0..ctx.space.tiers.len())
             .map(|t| {
                 Some(t) != self.staging_tier
                     && ctx
-                        .object_dirs
-                        .get(t)
-                        .and_then(|d| d.as_ref())
+                        .space
+                        .dir(t)
                         .is_some_and(granary_core::sys::is_memory_fs)
             })
             .collect();
@@ -272,7 +271,7 @@ impl Node {
     /// of at least one byte).
     fn place_empty_files(&self) {
         let t = &self.ctx.table;
-        let tiers: Vec<usize> = (0..self.ctx.tiers.placeable()).collect();
+        let tiers: Vec<usize> = (0..self.ctx.space.tiers.placeable()).collect();
         let mut n = 0;
         for idx in 0..t.entry_count() {
             let empty = t
@@ -429,7 +428,7 @@ impl Node {
             if self.agent.stopping.load(Ordering::Acquire) {
                 return;
             }
-            while self.ctx.inflight.load(Ordering::Acquire) >= FETCHERS / 2 {
+            while self.ctx.work.held() >= FETCHERS / 2 {
                 std::thread::sleep(Duration::from_millis(2));
             }
             let claimed = lifecycle::claim(&EntryCell {
@@ -437,7 +436,7 @@ impl Node {
                 idx,
             });
             if claimed {
-                self.ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                self.ctx.work.hold();
                 let job = fetch::RemoteFetch {
                     ctx: self.ctx.clone(),
                     idx,
@@ -447,7 +446,7 @@ impl Node {
                 if self.fetch_q.send(job).is_ok() {
                     continue;
                 }
-                self.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                self.ctx.work.release();
             }
             // Placed or on its way already (a program asked first).
             self.copies_pending.fetch_sub(1, Ordering::AcqRel);
@@ -604,7 +603,7 @@ impl Remote for Node {
                 _ => None,
             };
         }
-        ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        ctx.work.hold();
         let job = fetch::RemoteFetch {
             ctx: ctx.clone(),
             idx,
@@ -612,7 +611,7 @@ impl Remote for Node {
             copy: false,
         };
         if let Err(e) = self.fetch_q.send(job) {
-            ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+            ctx.work.release();
             drop(e);
             return None;
         }

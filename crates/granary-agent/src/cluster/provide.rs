@@ -256,7 +256,7 @@ pub(super) fn open_copy(
     size: u64,
 ) -> Option<std::fs::File> {
     let ctx = &node.ctx;
-    let dir = ctx.object_dirs.get(tier)?.as_ref()?;
+    let dir = ctx.space.dir(tier)?;
     let f = granary_core::sys::open_read_at(dir, &object_name(object)).ok()?;
     let md = f.metadata().ok()?;
     let id = granary_core::sys::copy_identity(&f).ok()?;

@@ -154,7 +154,7 @@ impl Staging {
             if !renamed {
                 return Evicted::Dropped;
             }
-            let Some(dir) = ctx.object_dirs.get(staging_tier).and_then(|d| d.as_ref()) else {
+            let Some(dir) = ctx.space.dir(staging_tier) else {
                 return Evicted::Dropped;
             };
             // Its own file and mapping (one open file description), else opened now by the
@@ -214,7 +214,8 @@ impl Staging {
         f.bytes = f.bytes.saturating_sub(got.charge);
         drop(f);
         self.wanted_cv.notify_one();
-        ctx.tiers
+        ctx.space
+            .tiers
             .release(staging_tier, std::mem::take(&mut got.charge));
         Some(got)
     }
@@ -223,13 +224,13 @@ impl Staging {
     /// it, else removed.
     pub fn give_back(&self, ctx: &SourceCtx, staging_tier: usize, mut free: Free) {
         let len = free.slot.map.len() as u64;
-        let fits = free.charge > 0 || ctx.tiers.adopt(staging_tier, len);
+        let fits = free.charge > 0 || ctx.space.tiers.adopt(staging_tier, len);
         if !fits {
             remove(ctx, staging_tier, &free.name);
             return;
         }
         if free.charge == 0 {
-            free.charge = ctx.tiers.charge(staging_tier, len);
+            free.charge = ctx.space.tiers.charge(staging_tier, len);
         }
         let mut f = self.free_lock();
         f.bytes += free.charge;
@@ -249,7 +250,11 @@ impl Staging {
 
     /// Bytes of copies in the staging tier now.
     pub fn bytes(&self, ctx: &SourceCtx, staging_tier: usize) -> u64 {
-        ctx.tiers.usage().get(staging_tier).map_or(0, |u| u.used)
+        ctx.space
+            .tiers
+            .usage()
+            .get(staging_tier)
+            .map_or(0, |u| u.used)
     }
 
     /// The filler: keeps free files ready (up to `RESERVE_MAX` bytes or an eighth of the tier)
@@ -265,6 +270,7 @@ impl Staging {
         stopping: &dyn Fn() -> bool,
     ) {
         let cap = ctx
+            .space
             .tiers
             .usage()
             .get(staging_tier)
@@ -295,13 +301,13 @@ impl Staging {
             let Some(size) = size.filter(|&s| s > 0 && s <= RESERVE_FILE_MAX) else {
                 continue;
             };
-            if !ctx.tiers.adopt(staging_tier, size) {
+            if !ctx.space.tiers.adopt(staging_tier, size) {
                 // The tier is full: dropped copies are recycled from now on.
                 started = true;
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
-            let charge = ctx.tiers.charge(staging_tier, size);
+            let charge = ctx.space.tiers.charge(staging_tier, size);
             let name = self.free_name();
             match make(ctx, staging_tier, &name, size) {
                 Ok(slot) => {
@@ -311,7 +317,7 @@ impl Staging {
                 }
                 Err(e) => {
                     tracing::debug!("making a staging file ahead: {e}");
-                    ctx.tiers.release(staging_tier, charge);
+                    ctx.space.tiers.release(staging_tier, charge);
                     remove(ctx, staging_tier, &name);
                     std::thread::sleep(Duration::from_millis(200));
                 }
@@ -319,7 +325,7 @@ impl Staging {
         }
         let files = std::mem::take(&mut self.free_lock().files);
         for x in files {
-            ctx.tiers.release(staging_tier, x.charge);
+            ctx.space.tiers.release(staging_tier, x.charge);
             remove(ctx, staging_tier, &x.name);
         }
     }
@@ -334,9 +340,8 @@ impl Staging {
 fn make(ctx: &SourceCtx, staging_tier: usize, name: &[u8], size: u64) -> std::io::Result<Slot> {
     use std::os::unix::fs::FileExt;
     let dir = ctx
-        .object_dirs
-        .get(staging_tier)
-        .and_then(|d| d.as_ref())
+        .space
+        .dir(staging_tier)
         .ok_or_else(|| std::io::Error::other("no staging directory"))?;
     let file = sys::create_excl_at(dir, name, 0o600)?;
     let zeros = vec![0u8; SLICE.min(size as usize)];
@@ -379,7 +384,7 @@ fn map_populated(file: &File) -> std::io::Result<Arc<memmap2::MmapRaw>> {
 }
 
 fn remove(ctx: &SourceCtx, staging_tier: usize, name: &[u8]) {
-    if let Some(Some(dir)) = ctx.object_dirs.get(staging_tier) {
+    if let Some(dir) = ctx.space.dir(staging_tier) {
         let _ = sys::unlink_at(dir, name);
     }
 }

@@ -9,7 +9,6 @@
 //! copies stay resident and nothing else is pushed out); a copy that fails is withdrawn and
 //! deleted. What each layer of integrity catches is in docs/architecture.md.
 
-use crate::sync::atomic::Ordering;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
@@ -87,11 +86,11 @@ pub fn sweep(ctx: &SourceCtx) -> SweepOutcome {
     let t = &ctx.table;
     let words = granary_shm::layout::bitmap_words(t.entry_count() as usize);
     let mut seen = vec![0u64; words];
-    for (tier, dir) in ctx.object_dirs.iter().enumerate() {
+    for (tier, dir) in ctx.space.dirs().iter().enumerate() {
         let Some(dir) = dir else { continue };
         let Ok(rd) = list(dir) else { continue };
         for de in rd.flatten() {
-            if ctx.retired.load(Ordering::Acquire) {
+            if ctx.work.is_retired() {
                 return out;
             }
             let name = de.file_name();
@@ -113,7 +112,7 @@ pub fn sweep(ctx: &SourceCtx) -> SweepOutcome {
             continue;
         }
         let tier = w.tier() as usize;
-        let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+        let Some(dir) = ctx.space.dir(tier) else {
             continue;
         };
         // Placed after the listing went by: there, not missing.
@@ -140,12 +139,14 @@ fn withdraw(ctx: &SourceCtx, idx: u32, placed: StateWord, delete: bool) -> bool 
     if !lifecycle::withdraw(&lifecycle::EntryCell { table: t, idx }, placed) {
         return false;
     }
-    if let (true, Some(Some(dir)), Some(e)) = (delete, ctx.object_dirs.get(tier), t.entry(idx)) {
+    if let (true, Some(dir), Some(e)) = (delete, ctx.space.dir(tier), t.entry(idx)) {
         let _ = sys::unlink_at(dir, &object_name(e.object));
     }
     if let Some(e) = t.entry(idx) {
-        if tier < ctx.tiers.len() {
-            ctx.tiers.release(tier, ctx.tiers.charge(tier, e.stat.size));
+        if tier < ctx.space.tiers.len() {
+            ctx.space
+                .tiers
+                .release(tier, ctx.space.tiers.charge(tier, e.stat.size));
         }
     }
     true
@@ -158,9 +159,9 @@ pub fn verify_copies(ctx: &SourceCtx) -> SweepOutcome {
     let mut out = SweepOutcome::default();
     let t = &ctx.table;
     let mut buf = AlignedBuf::new(1 << 20);
-    let mut skip = vec![false; ctx.object_dirs.len()];
+    let mut skip = vec![false; ctx.space.dirs().len()];
     for idx in 0..t.entry_count() {
-        if ctx.retired.load(Ordering::Acquire) {
+        if ctx.work.is_retired() {
             break;
         }
         let w = t.state(idx);
@@ -168,7 +169,7 @@ pub fn verify_copies(ctx: &SourceCtx) -> SweepOutcome {
         if w.state() != State::Placed || skip.get(tier).copied().unwrap_or(true) {
             continue;
         }
-        let (Some(Some(dir)), Some(e)) = (ctx.object_dirs.get(tier), t.entry(idx)) else {
+        let (Some(dir), Some(e)) = (ctx.space.dir(tier), t.entry(idx)) else {
             continue;
         };
         let Ok(f) = sys::open_read_at(dir, &object_name(e.object)) else {

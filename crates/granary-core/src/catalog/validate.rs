@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use granary_shm::lifecycle::{self, Check, Verdict};
 use granary_shm::Table;
 
-use crate::placement::SourceCtx;
+use crate::placement::{SourceCtx, Work};
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{thread, Arc, Mutex};
 use crate::sys::statx_nofollow;
@@ -123,7 +123,7 @@ pub fn spawn(ctx: Arc<SourceCtx>, v: Arc<Validation>, threads: usize) {
             .spawn(move || {
                 let v = vt;
                 crate::sys::sched_idle();
-                run(&ctx.table, &ctx.source_real, &ctx.retired, &v);
+                run(&ctx.table, &ctx.source_real, &ctx.work, &v);
                 if v.running.fetch_sub(1, Ordering::AcqRel) == 1 {
                     v.done.store(true, Ordering::Release);
                     tracing::info!(
@@ -143,10 +143,10 @@ pub fn spawn(ctx: Arc<SourceCtx>, v: Arc<Validation>, threads: usize) {
 }
 
 /// Validates `table` (of the source at `root`) on the calling thread until every directory is
-/// done, `v` is stopped, `retired` is set or another attach began.
-pub fn run(table: &Table, root: &Path, retired: &AtomicBool, v: &Validation) {
+/// done, `v` is stopped, the table is retired (`work`) or another attach began.
+pub fn run(table: &Table, root: &Path, work: &Work, v: &Validation) {
     let ctx = Target { table, root };
-    while !v.stop.load(Ordering::Acquire) && !retired.load(Ordering::Acquire) {
+    while !v.stop.load(Ordering::Acquire) && !work.is_retired() {
         if table.epoch() != v.epoch {
             return;
         }

@@ -101,10 +101,10 @@ impl NameOrder {
     pub fn on_open(&self, ctx: &Arc<SourceCtx>, idx: u32, pool: &Pool) {
         let t = &ctx.table;
         let room = |size: u64| {
-            super::free_space(&ctx.tiers)
+            super::free_space(&ctx.space.tiers)
                 .iter()
                 .enumerate()
-                .any(|(i, &f)| f >= ctx.tiers.charge(i, size) && !ctx.tiers.is_full(i))
+                .any(|(i, &f)| f >= ctx.space.tiers.charge(i, size) && !ctx.space.tiers.is_full(i))
         };
         let ahead = self.observe(t, idx, &room);
         for e in ahead.claimed {

@@ -15,7 +15,6 @@ use granary_shm::lifecycle::{self, EntryCell};
 use super::states::{self, Finish};
 use super::SourceCtx;
 use crate::stats::AgentCounters;
-use crate::sync::atomic::Ordering;
 use crate::sys;
 use crate::tiers::Reservation;
 
@@ -82,7 +81,7 @@ pub(super) struct Written {
 pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Started, PlaceOutcome> {
     let t = &ctx.table;
     let cell = EntryCell { table: t, idx };
-    if ctx.retired.load(Ordering::Acquire) {
+    if ctx.work.is_retired() {
         lifecycle::unclaim(&cell);
         return Err(PlaceOutcome::Skipped);
     }
@@ -132,19 +131,6 @@ pub(super) fn open_started(ctx: &SourceCtx, b: Started) -> Result<Opened, PlaceO
         path: b.path,
         src,
         extents,
-    })
-}
-
-/// The first of the policy's tiers with room for `size` (reserved), in the policy's order.
-pub(super) fn reserve_on<'a>(
-    ctx: &'a SourceCtx,
-    tiers_order: &[usize],
-    size: u64,
-) -> Option<Reservation<'a>> {
-    tiers_order.iter().find_map(|&t| {
-        (matches!(ctx.object_dirs.get(t), Some(Some(_))) && !super::tier_lost(ctx, t))
-            .then(|| ctx.tiers.reserve(t, size))
-            .flatten()
     })
 }
 
@@ -231,7 +217,7 @@ fn write_and_publish(
     let mut next = Some(first);
     while let Some(res) = next.take() {
         let tier = res.tier();
-        let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+        let Some(dir) = ctx.space.dir(tier) else {
             break;
         };
         let Written {
@@ -248,8 +234,8 @@ fn write_and_publish(
             }
             Err(CopyError::Tier(err)) => {
                 drop(res);
-                tier_failed(ctx, tier, &err);
-                next = later_tier(ctx, order, tier, size);
+                ctx.space.tier_failed(tier, &err);
+                next = ctx.space.reserve_after(order, tier, size);
                 continue;
             }
         };
@@ -266,7 +252,7 @@ fn write_and_publish(
             Finish::RenameFailed => {
                 tracing::debug!("placement: rename in tier {tier} failed");
                 let _ = sys::unlink_at(dir, &tmp);
-                next = later_tier(ctx, order, tier, size);
+                next = ctx.space.reserve_after(order, tier, size);
             }
             // A client invalidated the file while we copied: the copy is void, and whoever
             // unlinked it (we or the INVALIDATE handler) gave the space back.
@@ -294,7 +280,7 @@ pub(super) fn publish(
     let size = t.entry(idx).map_or(0, |e| e.stat.size);
     let out = states::finish(
         &EntryCell { table: t, idx },
-        &ctx.tiers,
+        &ctx.space.tiers,
         res,
         || {
             sys::rename_at(dir, names.0, names.1)?;
@@ -313,35 +299,6 @@ pub(super) fn publish(
         AgentCounters::add(&c.tier_bytes[tier], size);
     }
     out
-}
-
-/// A reservation on a tier after `failed` in the policy's order.
-fn later_tier<'a>(
-    ctx: &'a SourceCtx,
-    order: &[usize],
-    failed: usize,
-    size: u64,
-) -> Option<Reservation<'a>> {
-    let at = order.iter().position(|&t| t == failed)?;
-    reserve_on(ctx, &order[at + 1..], size)
-}
-
-/// A write to `tier` failed: ENOSPC/EDQUOT/EIO mean the tier cannot take more now, whatever
-/// the accounting says (a tier configured larger than its file system, a failing disk).
-pub(super) fn tier_failed(ctx: &SourceCtx, tier: usize, err: &std::io::Error) {
-    let full = matches!(
-        err.raw_os_error(),
-        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EIO) | Some(libc::EFBIG)
-    );
-    if full && ctx.tiers.mark_full(tier) {
-        tracing::warn!(
-            "tier {} ({}): {err}; no new copies there until space is freed",
-            tier,
-            ctx.tiers.spec(tier).path.display()
-        );
-    } else {
-        tracing::debug!("placement: writing tier {tier} failed: {err}");
-    }
 }
 
 /// True if the open source file is still the version the catalog describes: device, inode,

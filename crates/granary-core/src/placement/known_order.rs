@@ -28,7 +28,6 @@ use serde::{Deserialize, Serialize};
 use super::engine::Engine;
 use super::{KnownOrder, PlaceOutcome, Policy, SourceCtx};
 use crate::stats::AgentCounters;
-use crate::sync::atomic::Ordering;
 use crate::sync::{lock, thread, Arc, Condvar, Mutex};
 use crate::sys;
 
@@ -137,10 +136,10 @@ impl Prefetcher {
     /// it may evict (nothing placed was read this epoch): the file goes where it can.
     pub fn make_room(&self, ctx: &SourceCtx, size: u64) -> bool {
         let room = || {
-            super::free_space(&ctx.tiers)
+            super::free_space(&ctx.space.tiers)
                 .iter()
                 .enumerate()
-                .any(|(t, &f)| f >= ctx.tiers.charge(t, size) && !ctx.tiers.is_full(t))
+                .any(|(t, &f)| f >= ctx.space.tiers.charge(t, size) && !ctx.space.tiers.is_full(t))
         };
         if room() {
             return true;
@@ -169,9 +168,9 @@ impl Prefetcher {
         }
         let tier = w.tier() as usize;
         let st = self.order.state();
-        if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
+        if let Some(dir) = ctx.space.dir(tier) {
             let name = object_name(e.object);
-            super::states::drop_object(&ctx.tiers, tier, e.stat.size, || {
+            super::states::drop_object(&ctx.space.tiers, tier, e.stat.size, || {
                 sys::unlink_at(dir, &name).is_ok()
             });
         }
@@ -222,7 +221,7 @@ impl Prefetcher {
 }
 
 /// Starts the prefetch thread of a table with a known order (no-op otherwise). It ends when
-/// the table is retired; its placement counts in `inflight`, so retirement and `pending`
+/// the table is retired; its placement counts in `SourceCtx::work`, so retirement and `pending`
 /// wait for the copy in hand.
 pub fn spawn(ctx: Arc<SourceCtx>, engine: Arc<Engine>) -> io::Result<()> {
     if ctx.order.is_none() {
@@ -240,8 +239,8 @@ fn run(ctx: &SourceCtx, engine: &Engine) {
         return;
     };
     let mut buf = super::copy::worker_buffer(engine.params.block_size);
-    while !ctx.retired.load(Ordering::Acquire) {
-        ctx.inflight.fetch_add(1, Ordering::AcqRel);
+    while !ctx.work.is_retired() {
+        ctx.work.hold();
         let next = pf.next(ctx);
         if let Some(idx) = next {
             let out = super::whole_file::fetch(ctx, idx, engine, &mut buf);
@@ -250,7 +249,7 @@ fn run(ctx: &SourceCtx, engine: &Engine) {
             }
             tracing::trace!("prefetch of entry {idx}: {out:?}");
         }
-        ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+        ctx.work.release();
         if next.is_some() {
             continue;
         }

@@ -34,8 +34,8 @@ use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{EntryRec, Locator, State, Table};
 
 use super::copy::{
-    align_up, no_room, publish as publish_copy, reserve_on, source_only, tier_failed, write_all_at,
-    SourceReader, DIRECT_ALIGN, SETTLE,
+    align_up, no_room, publish as publish_copy, source_only, write_all_at, SourceReader,
+    DIRECT_ALIGN, SETTLE,
 };
 use super::engine::Engine;
 use super::states::Finish;
@@ -99,7 +99,7 @@ pub struct Streamer {
     wake: Condvar,
     /// Partitions refused and files found damaged, for the jobs' reports.
     damage: Damage,
-    /// Segments not done; while any are, the table has placement work pending (`inflight`).
+    /// Segments not done; while any are, the table has placement work pending (`SourceCtx::work`).
     remaining: AtomicUsize,
     held: AtomicBool,
 }
@@ -244,7 +244,7 @@ impl Streamer {
         let Some(&seg) = self.segment_of.get(idx as usize) else {
             return;
         };
-        if ctx.retired.load(Ordering::Acquire) {
+        if ctx.work.is_retired() {
             return;
         }
         if seg == NONE {
@@ -296,17 +296,17 @@ impl Streamer {
 
     fn hold(&self, ctx: &SourceCtx) {
         if !self.held.swap(true, Ordering::AcqRel) {
-            ctx.inflight.fetch_add(1, Ordering::AcqRel);
+            ctx.work.hold();
         }
-        // Retiring waits for `inflight` to drain: never hold a retired table.
-        if ctx.retired.load(Ordering::Acquire) {
+        // Retiring waits for the work held to drain: never hold a retired table.
+        if ctx.work.is_retired() {
             self.unhold(ctx);
         }
     }
 
     fn unhold(&self, ctx: &SourceCtx) {
         if self.held.swap(false, Ordering::AcqRel) {
-            ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+            ctx.work.release();
         }
     }
 
@@ -452,7 +452,7 @@ fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
     let mut buf = vec![0u8; st.block as usize + 2 * DIRECT_ALIGN];
     let mut scratch = Scratch::default();
     let mut current = None;
-    while !ctx.retired.load(Ordering::Acquire) {
+    while !ctx.work.is_retired() {
         match st.next(&mut current) {
             Some(segs) => {
                 segment(ctx, engine, st, segs.clone(), &mut buf, &mut scratch);
@@ -466,7 +466,7 @@ fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
                 // `retired` is looked at under the lock `wake_all` takes: a retirement is
                 // never missed between the loop's check and the wait.
                 let q = lock(&st.urgent);
-                if q.is_empty() && !ctx.retired.load(Ordering::Acquire) {
+                if q.is_empty() && !ctx.work.is_retired() {
                     let _ = st.wake.wait_timeout(q, Duration::from_millis(100));
                 }
             }
@@ -534,7 +534,7 @@ fn segment(
         if !claimable {
             continue;
         }
-        if ctx.retired.load(Ordering::Acquire) {
+        if ctx.work.is_retired() {
             lifecycle::unclaim(&cell);
             continue;
         }
@@ -542,8 +542,8 @@ fn segment(
             continue;
         }
         let size = entry.stat.size;
-        let order: Vec<usize> = engine.policy.tiers_for(size, &ctx.tiers);
-        let Some(res) = reserve_on(ctx, &order, size) else {
+        let order: Vec<usize> = engine.policy.tiers_for(size, &ctx.space.tiers);
+        let Some(res) = ctx.space.reserve_on(&order, size) else {
             no_room(ctx, idx);
             continue;
         };
@@ -611,7 +611,7 @@ fn create(ctx: &SourceCtx, o: &mut Out<'_>) -> std::io::Result<()> {
         return Err(std::io::Error::other("no reservation"));
     };
     let tier = res.tier();
-    let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+    let Some(dir) = ctx.space.dir(tier) else {
         return Err(std::io::Error::other("tier unusable"));
     };
     o.tmp = format!(
@@ -659,7 +659,7 @@ fn stream(
     };
     let mut reader = SourceReader::new_buffered(file);
     while at < end {
-        if ctx.retired.load(Ordering::Acquire) || outs.iter().all(|o| o.failed.is_some()) {
+        if ctx.work.is_retired() || outs.iter().all(|o| o.failed.is_some()) {
             return Err(std::io::Error::other("stopped"));
         }
         let len = ((end - at) as usize).min(piece_max);
@@ -711,7 +711,7 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
     let size = o.entry.stat.size;
     let res = o.res.take();
     let tier = res.as_ref().map_or(0, |r| r.tier());
-    let dir = ctx.object_dirs.get(tier).and_then(|d| d.as_ref());
+    let dir = ctx.space.dir(tier);
     let failed = match (&o.failed, &o.file) {
         (Some(_), _) | (_, None) => true,
         (None, Some(_)) => {
@@ -746,12 +746,12 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
                 source_only(ctx, o.idx);
             }
             Some(Failed::Tier(e)) => {
-                tier_failed(ctx, tier, &e);
+                ctx.space.tier_failed(tier, &e);
                 source_only(ctx, o.idx);
             }
             Some(Failed::Source(e)) => {
                 tracing::debug!("reading the pack for {} failed: {e}", path_of(t, o.idx));
-                if ctx.retired.load(Ordering::Acquire) {
+                if ctx.work.is_retired() {
                     lifecycle::give_up(
                         &EntryCell {
                             table: t,

@@ -8,8 +8,8 @@
 use std::os::fd::OwnedFd;
 
 use super::copy::{
-    begin, hash_zeros, open_started, place_on_tiers, reserve_on, write_all_at, CopyError, Opened,
-    Written, SETTLE,
+    begin, hash_zeros, open_started, place_on_tiers, write_all_at, CopyError, Opened, Written,
+    SETTLE,
 };
 use super::engine::{Engine, Held};
 use super::{PlaceOutcome, SourceCtx};
@@ -38,8 +38,8 @@ pub fn copy_small(
     };
     // Room first: a file no tier can take never costs the source an open.
     let size = b.entry.stat.size;
-    let order = engine.policy.tiers_for(size, &ctx.tiers);
-    let Some(res) = reserve_on(ctx, &order, size) else {
+    let order = engine.policy.tiers_for(size, &ctx.space.tiers);
+    let Some(res) = ctx.space.reserve_on(&order, size) else {
         return super::partial::no_room_for_whole(ctx, b, engine, buf);
     };
     let mut cl = match open_started(ctx, b) {

@@ -19,13 +19,12 @@ use granary_shm::{chunks_name, EntryRec, State, StateWord};
 
 use super::chunks::{self, ChunkFile, ChunkGeometry};
 use super::copy::{
-    align_up, aligned, matches_catalog, no_room, open_source, source_only, tier_failed,
-    SourceReader, Started, DIRECT_ALIGN,
+    align_up, aligned, matches_catalog, no_room, open_source, source_only, SourceReader, Started,
+    DIRECT_ALIGN,
 };
 use super::engine::Engine;
 use super::{free_space, PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
-use crate::sync::atomic::Ordering;
 use crate::sync::{lock, Arc, Mutex};
 use crate::sys;
 
@@ -53,7 +52,7 @@ fn geometry(ctx: &SourceCtx, e: &EntryRec) -> ChunkGeometry {
 fn present_charge(ctx: &SourceCtx, idx: u32, geo: &ChunkGeometry, tier: usize) -> u64 {
     (0..ctx.table.chunk_count(idx))
         .filter(|&k| ctx.table.chunk_present(idx, k))
-        .map(|k| ctx.tiers.charge(tier, geo.range(k).1))
+        .map(|k| ctx.space.tiers.charge(tier, geo.range(k).1))
         .sum()
 }
 
@@ -72,9 +71,8 @@ fn slot(ctx: &SourceCtx, idx: u32) -> Option<Arc<Mutex<Slot>>> {
     let e = ctx.table.entry(idx)?;
     let geo = geometry(ctx, &e);
     let opened = ctx
-        .object_dirs
-        .get(tier)
-        .and_then(|d| d.as_ref())
+        .space
+        .dir(tier)
         .and_then(|dir| ChunkFile::open_matching(dir, &chunks_name(e.object), geo).ok())
         .flatten();
     let Some(cf) = opened else {
@@ -108,14 +106,14 @@ pub(super) fn no_room_for_whole(
     }
     let geo = geometry(ctx, &b.entry);
     let first_len = geo.range(0).1;
-    let free = free_space(&ctx.tiers);
-    let tier = engine.policy.chunk_tier(&ctx.tiers).filter(|&tier| {
-        matches!(ctx.object_dirs.get(tier), Some(Some(_)))
+    let free = free_space(&ctx.space.tiers);
+    let tier = engine.policy.chunk_tier(&ctx.space.tiers).filter(|&tier| {
+        ctx.space.dir(tier).is_some()
             && free
                 .get(tier)
-                .is_some_and(|&f| f >= ctx.tiers.charge(tier, first_len))
+                .is_some_and(|&f| f >= ctx.space.tiers.charge(tier, first_len))
     });
-    let (Some(tier), Some(Some(dir))) = (tier, tier.and_then(|x| ctx.object_dirs.get(x))) else {
+    let (Some(tier), Some(dir)) = (tier, tier.and_then(|x| ctx.space.dir(x))) else {
         return no_room(ctx, idx);
     };
     AgentCounters::add(&ctx.counters.no_room, 1);
@@ -126,7 +124,7 @@ pub(super) fn no_room_for_whole(
     let cf = match ChunkFile::create(dir, &name, geo) {
         Ok(cf) => cf,
         Err(err) => {
-            tier_failed(ctx, tier, &err);
+            ctx.space.tier_failed(tier, &err);
             return source_only(ctx, idx);
         }
     };
@@ -156,10 +154,7 @@ pub(super) fn no_room_for_whole(
 /// (`CopyMethod::Chunk`, requested), marked busy here; false if the chunk is present, already
 /// queued or being fetched, or there is no room for it.
 pub(super) fn claim_chunk(ctx: &SourceCtx, idx: u32, k: u64) -> bool {
-    if ctx.retired.load(Ordering::Acquire)
-        || k >= ctx.table.chunk_count(idx)
-        || ctx.table.chunk_present(idx, k)
-    {
+    if ctx.work.is_retired() || k >= ctx.table.chunk_count(idx) || ctx.table.chunk_present(idx, k) {
         return false;
     }
     let Some(s) = slot(ctx, idx) else {
@@ -175,9 +170,9 @@ pub(super) fn claim_chunk(ctx: &SourceCtx, idx: u32, k: u64) -> bool {
     let len = geometry(ctx, &e).range(k).1;
     // Cheap early answer for a full tier: every missed read of a file that cannot grow would
     // otherwise queue a job that only finds no room.
-    if free_space(&ctx.tiers)
+    if free_space(&ctx.space.tiers)
         .get(g.tier)
-        .is_none_or(|&f| f < ctx.tiers.charge(g.tier, len))
+        .is_none_or(|&f| f < ctx.space.tiers.charge(g.tier, len))
     {
         return false;
     }
@@ -229,7 +224,7 @@ fn fetch_runs(
     let mut placed = 0u64;
     let mut tier = 0;
     loop {
-        if ctx.retired.load(Ordering::Acquire) {
+        if ctx.work.is_retired() {
             break;
         }
         // The next run: its chunks are marked busy while we hold them.
@@ -263,7 +258,7 @@ fn fetch_runs(
         // Room for each chunk before the source is touched; the run ends at the first that
         // does not fit.
         let mut res: Vec<_> = (k0..k0 + n)
-            .map_while(|k| ctx.tiers.reserve(tier, geo.range(k).1))
+            .map_while(|k| ctx.space.tiers.reserve(tier, geo.range(k).1))
             .map(Some)
             .collect();
         let got = res.len() as u64;
@@ -336,7 +331,7 @@ fn fetch_runs(
                     err.raw_os_error(),
                     Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EIO) | Some(libc::EFBIG)
                 ) {
-                    tier_failed(ctx, tier, &err);
+                    ctx.space.tier_failed(tier, &err);
                 } else {
                     AgentCounters::add(&c.failures, 1);
                     tracing::debug!("chunks of entry {idx}: {err}");
@@ -449,14 +444,14 @@ pub fn drop_partial(ctx: &SourceCtx, idx: u32) {
     // The chunks were charged on the slot's tier (when we know it); the one unlink that
     // succeeds gives that charge back (as `states::drop_object` does for whole copies).
     let charged = g.as_ref().map(|g| g.tier);
-    for (tier, dir) in ctx.object_dirs.iter().enumerate() {
+    for (tier, dir) in ctx.space.dirs().iter().enumerate() {
         let Some(dir) = dir else { continue };
         if charged.is_some_and(|c| c != tier) {
             continue;
         }
         let charge = present_charge(ctx, idx, &geo, tier);
         if sys::unlink_at(dir, &name).is_ok() {
-            ctx.tiers.release(tier, charge);
+            ctx.space.tiers.release(tier, charge);
         }
     }
     for k in 0..ctx.table.chunk_count(idx) {
@@ -504,9 +499,9 @@ pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
             let c = present_charge(ctx, idx, &geo, tier);
             (c, super::chunks::present_bytes(&geo, &bitmap_of(ctx, idx)))
         };
-        let ok = tier < ctx.tiers.len()
-            && ctx.object_dirs.get(tier).is_some_and(|d| d.is_some())
-            && ctx.tiers.adopt(tier, charge);
+        let ok = tier < ctx.space.tiers.len()
+            && ctx.space.dir(tier).is_some()
+            && ctx.space.tiers.adopt(tier, charge);
         if ok {
             files += 1;
             bytes += present;
@@ -567,9 +562,9 @@ pub fn release_partial_charges(ctx: &SourceCtx) {
         }
         let tier = w.tier() as usize;
         let Some(e) = t.entry(idx) else { continue };
-        if tier < ctx.tiers.len() {
+        if tier < ctx.space.tiers.len() {
             let charge = present_charge(ctx, idx, &geometry(ctx, &e), tier);
-            ctx.tiers.release(tier, charge);
+            ctx.space.tiers.release(tier, charge);
         }
     }
 }

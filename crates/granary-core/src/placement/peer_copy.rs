@@ -14,7 +14,7 @@ use std::os::fd::OwnedFd;
 use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{object_name, part_name, EntryRec, State};
 
-use super::copy::{begin, publish, reserve_on, write_all_at};
+use super::copy::{begin, publish, write_all_at};
 use super::states::{self, Finish};
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
@@ -28,7 +28,7 @@ pub trait Remote: Send + Sync {
     /// consumer, for a packed file this node does not stream). `None`: read the source as on
     /// one node (a file this node owns, or nobody else can serve).
     /// `Some(outcome)`: handled — placed from a peer, decided, or handed to another thread
-    /// (`Skipped`), which then holds its own `ctx.inflight` count until it is done.
+    /// (`Skipped`), which then holds its own piece of `ctx.work` until it is done.
     fn fetch(&self, ctx: &Arc<SourceCtx>, idx: u32, slot: u32) -> Option<PlaceOutcome>;
 
     /// A client voided entry `idx` on this node (it wrote, renamed or removed it, or found it
@@ -73,7 +73,7 @@ pub fn receive<'a>(
     tiers: &[usize],
 ) -> Result<Receiving<'a>, NotStarted> {
     let b = begin(ctx, idx).map_err(NotStarted::Skipped)?;
-    let Some(res) = reserve_on(ctx, tiers, b.entry.stat.size) else {
+    let Some(res) = ctx.space.reserve_on(tiers, b.entry.stat.size) else {
         lifecycle::requeue(&ctx.table, idx);
         return Err(NotStarted::NoRoom);
     };
@@ -133,10 +133,7 @@ impl Receiving<'_> {
     }
 
     fn dir(&self) -> Option<&OwnedFd> {
-        self.ctx
-            .object_dirs
-            .get(self.tier())
-            .and_then(|d| d.as_ref())
+        self.ctx.space.dir(self.tier())
     }
 
     /// Creates the part file and announces it (PLACING | tier): from here on clients may read
@@ -252,7 +249,7 @@ impl Receiving<'_> {
             return Err(ReceiveError::Mismatch("checksum"));
         }
         let (ctx, idx, tier) = (self.ctx, self.idx, self.tier());
-        let Some(dir) = ctx.object_dirs.get(tier).and_then(|d| d.as_ref()) else {
+        let Some(dir) = ctx.space.dir(tier) else {
             return Err(ReceiveError::Lost);
         };
         let Some(res) = self.res.take() else {
@@ -280,7 +277,7 @@ impl Receiving<'_> {
     /// released, so the caller can read the source instead. A tier error marks the tier full.
     pub fn abandon(mut self, why: &ReceiveError) {
         if let ReceiveError::Tier(e) = why {
-            super::copy::tier_failed(self.ctx, self.tier(), e);
+            self.ctx.space.tier_failed(self.tier(), e);
         }
         if self.part.take().is_some() {
             if let Some(dir) = self.dir() {
@@ -370,9 +367,9 @@ fn withdraw_object(
         return None;
     }
     let tier = w.tier() as usize;
-    if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
+    if let Some(dir) = ctx.space.dir(tier) {
         let name = object_name(e.object);
-        states::drop_object(&ctx.tiers, tier, e.stat.size, || gone(dir, &name));
+        states::drop_object(&ctx.space.tiers, tier, e.stat.size, || gone(dir, &name));
     }
     Some(tier)
 }

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use super::engine::Engine;
 use super::{Params, Policy, SourceCtx};
-use crate::sync::atomic::Ordering;
 use crate::sync::thread::{self, JoinHandle};
 use crate::sync::{lock, Arc, Condvar, Mutex};
 
@@ -118,19 +117,19 @@ impl Pool {
 
     /// Queues a job now: fetches before small copies.
     pub fn submit(&self, job: CopyTask) {
-        job.ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        job.ctx.work.hold();
         enqueue(&self.shared, job);
     }
 
     /// Queues a small copy for later: `promote` (the program closed the file) or the deadline
     /// (`small_copy_delay`; no close came, e.g. the program keeps it open) releases it.
     pub fn submit_delayed(&self, job: CopyTask) {
-        job.ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        job.ctx.work.hold();
         let at = Instant::now() + self.shared.engine.params.small_copy_delay;
         let k = key(&job);
         if let Some((_, old)) = lock(&self.shared.delayed).insert(k, (at, job)) {
             // Cannot happen (one QUEUED per entry), but never strand a count.
-            old.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+            old.ctx.work.release();
         }
     }
 
@@ -237,7 +236,7 @@ fn worker(sh: &Shared) {
                 crate::stats::AgentCounters::add(&job.ctx.counters.read_ahead, 1);
             }
         }
-        job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+        job.ctx.work.release();
     }
 }
 
@@ -254,7 +253,7 @@ fn timer(sh: &Shared) {
             let mut d = lock(&sh.delayed);
             let keys: Vec<_> = d
                 .iter()
-                .filter(|(_, (at, j))| *at <= now || j.ctx.retired.load(Ordering::Acquire))
+                .filter(|(_, (at, j))| *at <= now || j.ctx.work.is_retired())
                 .map(|(k, _)| *k)
                 .collect();
             keys.into_iter()

@@ -15,7 +15,7 @@ use crate::sys;
 /// `arg` is the request's argument (`request::arg_of`; the chunk index of CHUNK).
 pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: &Pool) {
     let t = &ctx.table;
-    let tiers = &*ctx.tiers;
+    let tiers = &*ctx.space.tiers;
     if kind == request::MAPPED {
         ctx.mmap.request(idx, arg);
         return;
@@ -133,14 +133,14 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
             }
             let tier = w.tier() as usize;
             let name = object_name(e.object);
-            let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+            let Some(dir) = ctx.space.dir(tier) else {
                 return;
             };
             let recorded = t.copy_identity(idx);
             let intact = matches!(sys::copy_stat_at(dir, &name),
                 Ok(c) if c.is_regular && c.size == e.stat.size
                     && (c.ino, c.ctime_ns) == recorded);
-            if intact && !super::tier_lost(ctx, tier) {
+            if intact && !ctx.space.is_lost(tier) {
                 // The copy is the one we wrote, where we wrote it: the client's trouble was its
                 // own (a closed directory fd, a signal). Nothing to do.
                 return;
@@ -177,10 +177,10 @@ pub(crate) fn drop_all_copies(ctx: &SourceCtx, idx: u32, e: &granary_shm::EntryR
 
 fn drop_copies(ctx: &SourceCtx, e: &granary_shm::EntryRec) {
     let name = object_name(e.object);
-    for (tier, dir) in ctx.object_dirs.iter().enumerate() {
+    for (tier, dir) in ctx.space.dirs().iter().enumerate() {
         let Some(dir) = dir else { continue };
         // Racing with a worker's `states::finish`: whoever unlinks releases, once.
-        states::drop_object(&ctx.tiers, tier, e.stat.size, || {
+        states::drop_object(&ctx.space.tiers, tier, e.stat.size, || {
             sys::unlink_at(dir, &name).is_ok()
         });
     }

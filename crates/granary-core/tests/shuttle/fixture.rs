@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use granary_core::placement::residency::{Budget, Residency};
 use granary_core::placement::SourceCtx;
 use granary_core::stats::AgentCounters;
-use granary_core::sync::atomic::{AtomicBool, AtomicUsize};
 use granary_core::sync::Arc;
 use granary_core::sys;
 use granary_core::tiers::{TierSpec, Tiers};
@@ -129,33 +128,20 @@ impl Placing {
             .write(true)
             .open(&path)
             .unwrap();
-        let (mapping, table) = Mapping::map(f.as_raw_fd(), img.len()).unwrap();
         let tiers = Tiers::new(vec![TierSpec {
             path: scratch.path().join("tier"),
             capacity,
             block_size: TIER_BLOCK,
             ..Default::default()
         }]);
-        let ctx = Arc::new(SourceCtx {
-            table,
-            mapping,
-            source_real: src.to_path_buf(),
-            tiers: Arc::new(tiers),
-            object_dirs: vec![Some(sys::open_dir(&objects).unwrap())],
-            counters: Arc::new(AgentCounters::default()),
-            retired: AtomicBool::new(false),
-            inflight: AtomicUsize::new(0),
-            order: None,
-            partials: Default::default(),
-            program: Default::default(),
-            residency: Arc::new(Residency::new(Budget::Off)),
-            lost: Default::default(),
-            validation: Default::default(),
-            pack: Default::default(),
-            mmap: Default::default(),
-            remote: Default::default(),
-            ahead: Default::default(),
-        });
+        let ctx = Arc::new(SourceCtx::new(
+            Mapping::map(f.as_raw_fd(), img.len()).unwrap(),
+            src.to_path_buf(),
+            Arc::new(tiers),
+            vec![Some(sys::open_dir(&objects).unwrap())],
+            Arc::new(AgentCounters::default()),
+            Arc::new(Residency::new(Budget::Off)),
+        ));
         Placing {
             ctx,
             objects,
@@ -209,9 +195,9 @@ impl Placing {
                 self.copy(name).as_ref() == Some(bytes),
                 "{name}: wrong bytes"
             );
-            charged += self.ctx.tiers.charge(0, bytes.len() as u64);
+            charged += self.ctx.space.tiers.charge(0, bytes.len() as u64);
         }
-        let u = &self.ctx.tiers.usage()[0];
+        let u = &self.ctx.space.tiers.usage()[0];
         assert_eq!((u.used, u.reserved), (charged, 0), "tier accounting");
         assert_eq!(
             self.tier_files().len(),
@@ -220,9 +206,7 @@ impl Placing {
             self.tier_files()
         );
         assert_eq!(
-            self.ctx
-                .inflight
-                .load(granary_core::sync::atomic::Ordering::Acquire),
+            self.ctx.work.held(),
             0,
             "placement work left (or counted twice)"
         );

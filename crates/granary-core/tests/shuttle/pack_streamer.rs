@@ -18,7 +18,7 @@ const ITERATIONS: usize = 200;
 /// Two programs ask for files in their own orders (a shuffled epoch) while two streamers sweep
 /// the pack's two partitions: a file asked for while its segment is being streamed is streamed
 /// again once that is done, a segment already done is not. Every file ends placed exactly once
-/// with its bytes, and the streamers hold no placement work (`inflight`) once done; retiring
+/// with its bytes, and the streamers hold no placement work (`Work::held`) once done; retiring
 /// the table stops them (a streamer that missed the retirement would wait forever here:
 /// Shuttle reports it as a deadlock).
 #[test]
@@ -98,9 +98,7 @@ fn the_streamer_places_every_packed_file_once() {
                     !matches!(p.state(n), State::Unplaced | State::Queued | State::Placing)
                 })
             });
-            wait_until("the streamers hold no work", || {
-                ctx.inflight.load(Ordering::Acquire) == 0
-            });
+            wait_until("the streamers hold no work", || ctx.work.held() == 0);
             p.check_placed(&source.files, &[]);
             assert_eq!(
                 ctx.counters.files_placed.load(Ordering::Acquire),

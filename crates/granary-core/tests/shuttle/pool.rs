@@ -24,7 +24,7 @@ const WHOLE: u64 = 16 << 10;
 /// pool's timer and the ring consumer race with each other and with a source stream cap of
 /// one. Afterwards every file is placed exactly once with its bytes, the invalidated one has
 /// no copy, the tier is charged for exactly what it holds, and every job the pool took was
-/// finished once (`inflight` back to zero, not wrapped).
+/// finished once (the work held back to zero, not wrapped).
 #[test]
 fn the_pool_places_every_file_once() {
     let source = Source::new(&[

@@ -22,8 +22,8 @@ use granary_shm::part_name;
 use order::{Next, Order};
 
 use super::copy::{
-    aligned, begin, open_started, place_on_tiers, reserve_on, still_ours, write_all_at, CopyError,
-    Opened, SourceReader, Written, DIRECT_ALIGN, SETTLE,
+    aligned, begin, open_started, place_on_tiers, still_ours, write_all_at, CopyError, Opened,
+    SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
 use super::engine::Engine;
 use super::{PlaceOutcome, SourceCtx};
@@ -47,8 +47,8 @@ pub fn fetch(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>) -> P
     };
     // Room first: a file no tier can take never costs the source an open.
     let size = b.entry.stat.size;
-    let order = engine.policy.tiers_for(size, &ctx.tiers);
-    let Some(res) = reserve_on(ctx, &order, size) else {
+    let order = engine.policy.tiers_for(size, &ctx.space.tiers);
+    let Some(res) = ctx.space.reserve_on(&order, size) else {
         return super::partial::no_room_for_whole(ctx, b, engine, buf);
     };
     // One source stream for the whole file: sequential reads of one file are what a PFS serves
