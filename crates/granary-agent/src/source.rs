@@ -213,7 +213,7 @@ impl SourceState {
             tracing::info!("{}: re-attach with the kept catalog", self.source.display());
             self.set_policy(inner, &ctx, opts)?;
             self.drop_second_copies(&ctx, opts);
-            let (files, bytes) = granary_core::placement::copies_now(&ctx);
+            let (files, bytes) = granary_core::placement::copies_now(&ctx.table);
             inner.catalog.walk_s = 0.0;
             inner.catalog.carried = ctx.table.entry_count() as u64;
             inner.catalog.reused_files = files;
@@ -279,7 +279,7 @@ impl SourceState {
             self.note_tiers_left(old.as_deref(), &tiers, notes);
             drop(old);
             let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
-            let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
+            let (files, bytes) = granary_core::placement::adopt_charges(&ctx.table, &ctx.space);
             let mut stats = stats;
             stats.reused_files = files;
             stats.reused_bytes = bytes;
@@ -683,7 +683,7 @@ impl SourceState {
             }
         }
         // Chunk files are charged per present chunk; the next walk re-adopts what it keeps.
-        granary_core::placement::release_partial_charges(&ctx);
+        granary_core::placement::release_partial_charges(&ctx.table, &ctx.space.tiers);
         t.set_valid(false);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = None;
         if let Some(p) = inner.table_path.take() {
@@ -848,9 +848,9 @@ fn spawn_sweep(ctx: &Arc<SourceCtx>, verify: Verify) {
         .name("sweep".into())
         .spawn(move || {
             granary_core::sys::sched_idle();
-            let s = catalog::sweep::sweep(&c);
+            let s = catalog::sweep::sweep(&c.table, &c.space, &c.work);
             let v = if verify == Verify::Checksum {
-                catalog::sweep::verify_copies(&c)
+                catalog::sweep::verify_copies(&c.table, &c.space, &c.work)
             } else {
                 Default::default()
             };

@@ -144,10 +144,10 @@ fn remote(
     let staging = node.staging_tier.filter(|st| tiers == [*st]);
     let size = e.stat.size;
     // A staging file ready for reuse (its pages allocated and mapped), if there is one.
-    let mut free = staging.and_then(|st| node.staging.take(ctx, st, size));
+    let mut free = staging.and_then(|st| node.staging.take(&ctx.space, st, size));
     let give_back = |free: Option<Free>| {
         if let (Some(st), Some(f)) = (staging, free) {
-            node.staging.give_back(ctx, st, f);
+            node.staging.give_back(&ctx.space, st, f);
         }
     };
     let mut rx = loop {
@@ -169,7 +169,7 @@ fn remote(
                         if free.is_none() && f.slot.map.len() as u64 >= size {
                             free = Some(f);
                         } else {
-                            node.staging.give_back(ctx, st, f);
+                            node.staging.give_back(&ctx.space, st, f);
                         }
                         continue;
                     }

@@ -208,7 +208,7 @@ impl Node {
                     granary_core::sys::sched_idle();
                     let sample = n.others_sizes();
                     let stopping = || n.agent.stopping.load(Ordering::Acquire);
-                    n.staging.fill(&n.ctx, st, sample, &stopping);
+                    n.staging.fill(&n.ctx.space, st, sample, &stopping);
                 })?;
         }
         Ok(node)
@@ -237,7 +237,7 @@ impl Node {
                 seen = Some(held);
                 at = std::time::Instant::now();
                 self.maps.warm(
-                    ctx,
+                    &ctx.table,
                     &memory,
                     |idx| self.own.holds(self.rank, idx),
                     |idx, tier, object, size| provide::open_copy(self, idx, tier, object, size),
@@ -399,7 +399,7 @@ impl Node {
             bytes_held: bytes,
             bytes_staged: self
                 .staging_tier
-                .map_or(0, |st| self.staging.bytes(&self.ctx, st)),
+                .map_or(0, |st| self.staging.bytes(&self.ctx.space, st)),
             remote_files: p.remote_files,
             remote_bytes: p.remote_bytes,
             peer_files: p.peer_files,

@@ -127,9 +127,11 @@ fn serve(node: &Node, job: &PeerRequest) {
     let tier = word.tier() as usize;
     // Sent from the copy's kept mapping (`maps`): the pieces go from its pages to the
     // requester's with no buffer in between; read into buffers where it cannot be mapped.
-    let map = node.maps.get(ctx, idx, tier, e.object, e.stat.size, || {
-        open_copy(node, idx, tier, e.object, e.stat.size)
-    });
+    let map = node
+        .maps
+        .get(&ctx.table, idx, tier, e.object, e.stat.size, || {
+            open_copy(node, idx, tier, e.object, e.stat.size)
+        });
     let mut file = None;
     if map.is_none() {
         file = open_copy(node, idx, tier, e.object, e.stat.size);
@@ -215,7 +217,7 @@ pub fn serve_now(node: &Node, job: &PeerRequest) -> bool {
         return false;
     }
     let tier = w.tier() as usize;
-    let map = node.maps.get(ctx, idx, tier, e.object, size, || {
+    let map = node.maps.get(&ctx.table, idx, tier, e.object, size, || {
         open_copy(node, idx, tier, e.object, size)
     });
     let Some(map) = map else {

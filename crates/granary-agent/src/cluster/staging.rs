@@ -23,7 +23,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use granary_core::placement::peer_copy;
-use granary_core::placement::SourceCtx;
+use granary_core::placement::{SourceCtx, Space};
 use granary_core::stats::AgentCounters;
 use granary_core::sys;
 use granary_shm::State;
@@ -140,14 +140,15 @@ impl Staging {
             }
             let recycle = want.is_some() && s.at.elapsed() >= RECYCLE_AGE;
             if !recycle {
-                if peer_copy::evict(ctx, s.idx).is_some() {
+                if peer_copy::evict(&ctx.table, &ctx.space, s.idx).is_some() {
                     AgentCounters::add(&ctx.counters.staging_evictions, 1);
                     return Evicted::Dropped;
                 }
                 continue;
             }
             let name = self.free_name();
-            let Some((_, renamed)) = peer_copy::evict_to(ctx, s.idx, &name) else {
+            let Some((_, renamed)) = peer_copy::evict_to(&ctx.table, &ctx.space, s.idx, &name)
+            else {
                 continue;
             };
             AgentCounters::add(&ctx.counters.staging_evictions, 1);
@@ -188,7 +189,7 @@ impl Staging {
     /// reservation takes it again), if one whose mapping is large enough but at most twice the
     /// size is ready: the same size first, else the smallest larger one. The filler is told
     /// either way.
-    pub fn take(&self, ctx: &SourceCtx, staging_tier: usize, size: u64) -> Option<Free> {
+    pub fn take(&self, space: &Space, staging_tier: usize, size: u64) -> Option<Free> {
         let mut f = self.free_lock();
         let best = f
             .files
@@ -214,7 +215,7 @@ impl Staging {
         f.bytes = f.bytes.saturating_sub(got.charge);
         drop(f);
         self.wanted_cv.notify_one();
-        ctx.space
+        space
             .tiers
             .release(staging_tier, std::mem::take(&mut got.charge));
         Some(got)
@@ -222,15 +223,15 @@ impl Staging {
 
     /// A free file that was not used after all: kept (charged again) if the tier has room for
     /// it, else removed.
-    pub fn give_back(&self, ctx: &SourceCtx, staging_tier: usize, mut free: Free) {
+    pub fn give_back(&self, space: &Space, staging_tier: usize, mut free: Free) {
         let len = free.slot.map.len() as u64;
-        let fits = free.charge > 0 || ctx.space.tiers.adopt(staging_tier, len);
+        let fits = free.charge > 0 || space.tiers.adopt(staging_tier, len);
         if !fits {
-            remove(ctx, staging_tier, &free.name);
+            remove(space, staging_tier, &free.name);
             return;
         }
         if free.charge == 0 {
-            free.charge = ctx.space.tiers.charge(staging_tier, len);
+            free.charge = space.tiers.charge(staging_tier, len);
         }
         let mut f = self.free_lock();
         f.bytes += free.charge;
@@ -249,12 +250,8 @@ impl Staging {
     }
 
     /// Bytes of copies in the staging tier now.
-    pub fn bytes(&self, ctx: &SourceCtx, staging_tier: usize) -> u64 {
-        ctx.space
-            .tiers
-            .usage()
-            .get(staging_tier)
-            .map_or(0, |u| u.used)
+    pub fn bytes(&self, space: &Space, staging_tier: usize) -> u64 {
+        space.tiers.usage().get(staging_tier).map_or(0, |u| u.used)
     }
 
     /// The filler: keeps free files ready (up to `RESERVE_MAX` bytes or an eighth of the tier)
@@ -264,13 +261,12 @@ impl Staging {
     /// the dataset's mix of sizes). Removes every free file when the node stops.
     pub fn fill(
         &self,
-        ctx: &SourceCtx,
+        space: &Space,
         staging_tier: usize,
         mut sample: impl FnMut() -> Option<u64>,
         stopping: &dyn Fn() -> bool,
     ) {
-        let cap = ctx
-            .space
+        let cap = space
             .tiers
             .usage()
             .get(staging_tier)
@@ -301,15 +297,15 @@ impl Staging {
             let Some(size) = size.filter(|&s| s > 0 && s <= RESERVE_FILE_MAX) else {
                 continue;
             };
-            if !ctx.space.tiers.adopt(staging_tier, size) {
+            if !space.tiers.adopt(staging_tier, size) {
                 // The tier is full: dropped copies are recycled from now on.
                 started = true;
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
-            let charge = ctx.space.tiers.charge(staging_tier, size);
+            let charge = space.tiers.charge(staging_tier, size);
             let name = self.free_name();
-            match make(ctx, staging_tier, &name, size) {
+            match make(space, staging_tier, &name, size) {
                 Ok(slot) => {
                     let mut f = self.free_lock();
                     f.bytes += charge;
@@ -317,16 +313,16 @@ impl Staging {
                 }
                 Err(e) => {
                     tracing::debug!("making a staging file ahead: {e}");
-                    ctx.space.tiers.release(staging_tier, charge);
-                    remove(ctx, staging_tier, &name);
+                    space.tiers.release(staging_tier, charge);
+                    remove(space, staging_tier, &name);
                     std::thread::sleep(Duration::from_millis(200));
                 }
             }
         }
         let files = std::mem::take(&mut self.free_lock().files);
         for x in files {
-            ctx.space.tiers.release(staging_tier, x.charge);
-            remove(ctx, staging_tier, &x.name);
+            space.tiers.release(staging_tier, x.charge);
+            remove(space, staging_tier, &x.name);
         }
     }
 }
@@ -337,10 +333,9 @@ impl Staging {
 /// thread inside a call, and one call allocating or mapping megabytes kept a program woken on
 /// the same core waiting ~1 ms, once per remote read, right after its copy was published (the
 /// reserve is refilled then).
-fn make(ctx: &SourceCtx, staging_tier: usize, name: &[u8], size: u64) -> std::io::Result<Slot> {
+fn make(space: &Space, staging_tier: usize, name: &[u8], size: u64) -> std::io::Result<Slot> {
     use std::os::unix::fs::FileExt;
-    let dir = ctx
-        .space
+    let dir = space
         .dir(staging_tier)
         .ok_or_else(|| std::io::Error::other("no staging directory"))?;
     let file = sys::create_excl_at(dir, name, 0o600)?;
@@ -383,8 +378,8 @@ fn map_populated(file: &File) -> std::io::Result<Arc<memmap2::MmapRaw>> {
     ))
 }
 
-fn remove(ctx: &SourceCtx, staging_tier: usize, name: &[u8]) {
-    if let Some(dir) = ctx.space.dir(staging_tier) {
+fn remove(space: &Space, staging_tier: usize, name: &[u8]) {
+    if let Some(dir) = space.dir(staging_tier) {
         let _ = sys::unlink_at(dir, name);
     }
 }

@@ -143,7 +143,7 @@ impl SourceState {
         let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
         // Before any job has the table, so every request finds it.
         let _ = ctx.pack.set(streamer);
-        let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
+        let (files, bytes) = granary_core::placement::adopt_charges(&ctx.table, &ctx.space);
         stats.reused_files = files;
         stats.reused_bytes = bytes;
         stats.walk_s = started.elapsed().as_secs_f64();

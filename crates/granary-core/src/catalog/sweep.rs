@@ -13,9 +13,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use granary_shm::lifecycle;
-use granary_shm::{object_name, parse_object_name, State, StateWord};
+use granary_shm::{object_name, parse_object_name, State, StateWord, Table};
 
-use crate::placement::SourceCtx;
+use crate::placement::{Space, Work};
 use crate::sys;
 
 /// Temporary files younger than this may belong to a copy in progress.
@@ -32,13 +32,13 @@ pub struct SweepOutcome {
 }
 
 /// What a name in tier `tier`'s object directory is, for the current table.
-fn wanted(ctx: &SourceCtx, tier: usize, name: &[u8]) -> Option<u32> {
+fn wanted(t: &Table, tier: usize, name: &[u8]) -> Option<u32> {
     let (stem, suffix) = match name.iter().position(|&b| b == b'.') {
         Some(p) => (&name[..p], &name[p..]),
         None => (name, &b""[..]),
     };
-    let idx = ctx.table.lookup_object(parse_object_name(stem)?)?;
-    let w = ctx.table.state(idx);
+    let idx = t.lookup_object(parse_object_name(stem)?)?;
+    let w = t.state(idx);
     if w.tier() as usize != tier {
         return None;
     }
@@ -56,14 +56,14 @@ fn wanted(ctx: &SourceCtx, tier: usize, name: &[u8]) -> Option<u32> {
 /// The node-local lock file of an LMDB environment whose data file the catalog names (the
 /// preload's `lmdb`), whatever the data file's state: processes may hold it open, and LMDB
 /// re-initialises a stale one itself.
-fn is_lmdb_lock(ctx: &SourceCtx, tier: usize, name: &[u8]) -> bool {
+fn is_lmdb_lock(t: &Table, tier: usize, name: &[u8]) -> bool {
     let Some(stem) = name.strip_suffix(b".lmdb-lock") else {
         return false;
     };
     tier == 0
         && parse_object_name(stem)
-            .and_then(|o| ctx.table.lookup_object(o))
-            .and_then(|idx| ctx.table.entry(idx))
+            .and_then(|o| t.lookup_object(o))
+            .and_then(|idx| t.entry(idx))
             .is_some_and(|e| e.stat.is_file())
 }
 
@@ -80,24 +80,24 @@ fn is_young_tmp(dir: &OwnedFd, name: &[u8]) -> bool {
     now - (c.ctime_ns / 1_000_000_000) as i64 <= TMP_GRACE_S
 }
 
-/// Deletes what the catalog does not name and withdraws what it names but the tier lost.
-pub fn sweep(ctx: &SourceCtx) -> SweepOutcome {
+/// Deletes from `space`'s object directories what table `t` does not name, and withdraws what
+/// it names but the tier lost; stops early once `work` is retired.
+pub fn sweep(t: &Table, space: &Space, work: &Work) -> SweepOutcome {
     let mut out = SweepOutcome::default();
-    let t = &ctx.table;
     let words = granary_shm::layout::bitmap_words(t.entry_count() as usize);
     let mut seen = vec![0u64; words];
-    for (tier, dir) in ctx.space.dirs().iter().enumerate() {
+    for (tier, dir) in space.dirs().iter().enumerate() {
         let Some(dir) = dir else { continue };
         let Ok(rd) = list(dir) else { continue };
         for de in rd.flatten() {
-            if ctx.work.is_retired() {
+            if work.is_retired() {
                 return out;
             }
             let name = de.file_name();
             let b = name.as_bytes();
-            match wanted(ctx, tier, b) {
+            match wanted(t, tier, b) {
                 Some(idx) => seen[(idx / 64) as usize] |= 1 << (idx % 64),
-                None if is_young_tmp(dir, b) || is_lmdb_lock(ctx, tier, b) => {}
+                None if is_young_tmp(dir, b) || is_lmdb_lock(t, tier, b) => {}
                 None => {
                     if sys::unlink_at(dir, b).is_ok() {
                         out.removed += 1;
@@ -112,14 +112,14 @@ pub fn sweep(ctx: &SourceCtx) -> SweepOutcome {
             continue;
         }
         let tier = w.tier() as usize;
-        let Some(dir) = ctx.space.dir(tier) else {
+        let Some(dir) = space.dir(tier) else {
             continue;
         };
         // Placed after the listing went by: there, not missing.
         let there = t
             .entry(idx)
             .is_some_and(|e| sys::copy_stat_at(dir, &object_name(e.object)).is_ok());
-        if !there && withdraw(ctx, idx, w, false) {
+        if !there && withdraw(t, space, idx, w, false) {
             out.missing += 1;
         }
     }
@@ -133,35 +133,33 @@ fn list(dir: &OwnedFd) -> std::io::Result<std::fs::ReadDir> {
 
 /// Takes a placed copy back (PLACED → UNPLACED) and gives its space back; `delete` removes the
 /// object too. False if the entry moved meanwhile.
-fn withdraw(ctx: &SourceCtx, idx: u32, placed: StateWord, delete: bool) -> bool {
-    let t = &ctx.table;
+fn withdraw(t: &Table, space: &Space, idx: u32, placed: StateWord, delete: bool) -> bool {
     let tier = placed.tier() as usize;
     if !lifecycle::withdraw(&lifecycle::EntryCell { table: t, idx }, placed) {
         return false;
     }
-    if let (true, Some(dir), Some(e)) = (delete, ctx.space.dir(tier), t.entry(idx)) {
+    if let (true, Some(dir), Some(e)) = (delete, space.dir(tier), t.entry(idx)) {
         let _ = sys::unlink_at(dir, &object_name(e.object));
     }
     if let Some(e) = t.entry(idx) {
-        if tier < ctx.space.tiers.len() {
-            ctx.space
+        if tier < space.tiers.len() {
+            space
                 .tiers
-                .release(tier, ctx.space.tiers.charge(tier, e.stat.size));
+                .release(tier, space.tiers.charge(tier, e.stat.size));
         }
     }
     true
 }
 
-/// Re-hashes every placed copy against its recorded checksum; withdraws and deletes the ones that
-/// fail. Tiers that take no direct I/O on a disk are skipped (hashing through the page cache
-/// would push resident copies out).
-pub fn verify_copies(ctx: &SourceCtx) -> SweepOutcome {
+/// Re-hashes every copy table `t` places in `space` against its recorded checksum; withdraws
+/// and deletes the ones that fail; stops early once `work` is retired. Tiers that take no direct
+/// I/O on a disk are skipped (hashing through the page cache would push resident copies out).
+pub fn verify_copies(t: &Table, space: &Space, work: &Work) -> SweepOutcome {
     let mut out = SweepOutcome::default();
-    let t = &ctx.table;
     let mut buf = AlignedBuf::new(1 << 20);
-    let mut skip = vec![false; ctx.space.dirs().len()];
+    let mut skip = vec![false; space.dirs().len()];
     for idx in 0..t.entry_count() {
-        if ctx.work.is_retired() {
+        if work.is_retired() {
             break;
         }
         let w = t.state(idx);
@@ -169,7 +167,7 @@ pub fn verify_copies(ctx: &SourceCtx) -> SweepOutcome {
         if w.state() != State::Placed || skip.get(tier).copied().unwrap_or(true) {
             continue;
         }
-        let (Some(dir), Some(e)) = (ctx.space.dir(tier), t.entry(idx)) else {
+        let (Some(dir), Some(e)) = (space.dir(tier), t.entry(idx)) else {
             continue;
         };
         let Ok(f) = sys::open_read_at(dir, &object_name(e.object)) else {
@@ -185,7 +183,7 @@ pub fn verify_copies(ctx: &SourceCtx) -> SweepOutcome {
             continue;
         };
         // Only a copy still the one recorded counts (it may have been replaced meanwhile).
-        if t.state(idx) == w && sum != t.checksum(idx) && withdraw(ctx, idx, w, true) {
+        if t.state(idx) == w && sum != t.checksum(idx) && withdraw(t, space, idx, w, true) {
             tracing::warn!(
                 "cached copy of {} failed its checksum: withdrawn, placed again on demand",
                 crate::catalog::walk::rel_display(&t.rel_path_vec(idx).unwrap_or_default())

@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
-use granary_shm::{object_name, EntryRec, State};
+use granary_shm::{object_name, EntryRec, State, Table};
 
 use granary_shm::lifecycle::{self, EntryCell};
 
@@ -101,19 +101,22 @@ pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Started, PlaceOutcome> 
 
 /// Opens the source of an entry the caller owns, read-only, never through a symlink and never
 /// blocking (a FIFO put in its place opens at once and then fails `matches_catalog`).
-pub(super) fn open_source(ctx: &SourceCtx, path: &std::path::Path) -> std::io::Result<File> {
+pub(super) fn open_source(
+    counters: &AgentCounters,
+    path: &std::path::Path,
+) -> std::io::Result<File> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)?;
-    AgentCounters::add(&ctx.counters.source_opens, 1);
+    AgentCounters::add(&counters.source_opens, 1);
     sys::set_nonblock(&f, false)?;
     Ok(f)
 }
 
 /// Opens the source of a begun entry and checks it still matches the catalog.
 pub(super) fn open_started(ctx: &SourceCtx, b: Started) -> Result<Opened, PlaceOutcome> {
-    let src = match open_source(ctx, &b.path) {
+    let src = match open_source(&ctx.counters, &b.path) {
         Ok(f) => f,
         Err(err) => {
             tracing::debug!("placement: cannot open {}: {err}", b.path.display());
@@ -150,8 +153,8 @@ pub(super) fn no_room(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
 
 /// The entry's state is whatever PLACING word this copy announced last; any other word means
 /// a client took it away (INVALIDATE).
-pub(super) fn still_ours(ctx: &SourceCtx, idx: u32) -> bool {
-    ctx.table.state(idx).state() == State::Placing
+pub(super) fn still_ours(t: &Table, idx: u32) -> bool {
+    t.state(idx).state() == State::Placing
 }
 
 pub(super) fn stale(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {

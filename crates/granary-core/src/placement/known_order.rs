@@ -22,7 +22,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use granary_shm::{object_name, request, State, Table};
+use granary_shm::{request, State, Table};
 use serde::{Deserialize, Serialize};
 
 use super::engine::Engine;
@@ -158,22 +158,12 @@ impl Prefetcher {
     /// entry was not PLACED any more when we tried.
     pub fn evict(&self, ctx: &SourceCtx, idx: u32) -> bool {
         let t = &ctx.table;
-        let w = t.state(idx);
-        let Some(e) = t.entry(idx) else { return false };
-        if !granary_shm::lifecycle::withdraw(
-            &granary_shm::lifecycle::EntryCell { table: t, idx },
-            w,
-        ) {
+        let Some(tier) = super::states::withdraw_copy(t, &ctx.space, idx, |dir, name| {
+            sys::unlink_at(dir, name).is_ok()
+        }) else {
             return false;
-        }
-        let tier = w.tier() as usize;
+        };
         let st = self.order.state();
-        if let Some(dir) = ctx.space.dir(tier) {
-            let name = object_name(e.object);
-            super::states::drop_object(&ctx.space.tiers, tier, e.stat.size, || {
-                sys::unlink_at(dir, &name).is_ok()
-            });
-        }
         AgentCounters::add(&ctx.counters.evictions, 1);
         // The test suite checks from this line that every evicted file was read in the epoch
         // it was evicted in (the clock is the same the program can read: CLOCK_MONOTONIC).

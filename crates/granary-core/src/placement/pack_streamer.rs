@@ -40,7 +40,7 @@ use super::copy::{
 use super::engine::Engine;
 use super::states::Finish;
 use super::unpack::{Damaged, Decoder, Scratch};
-use super::SourceCtx;
+use super::{SourceCtx, Work};
 use crate::packed_source::damage::Damage;
 use crate::packed_source::Partitions;
 use crate::stats::{AgentCounters, PackDamage};
@@ -275,7 +275,7 @@ impl Streamer {
                 return;
             }
             if self.remaining.fetch_add(1, Ordering::AcqRel) == 0 {
-                self.hold(ctx);
+                self.hold(&ctx.work);
             }
             break;
         }
@@ -294,19 +294,19 @@ impl Streamer {
         self.wake.notify_all();
     }
 
-    fn hold(&self, ctx: &SourceCtx) {
+    fn hold(&self, work: &Work) {
         if !self.held.swap(true, Ordering::AcqRel) {
-            ctx.work.hold();
+            work.hold();
         }
         // Retiring waits for the work held to drain: never hold a retired table.
-        if ctx.work.is_retired() {
-            self.unhold(ctx);
+        if work.is_retired() {
+            self.unhold(work);
         }
     }
 
-    fn unhold(&self, ctx: &SourceCtx) {
+    fn unhold(&self, work: &Work) {
         if self.held.swap(false, Ordering::AcqRel) {
-            ctx.work.release();
+            work.release();
         }
     }
 
@@ -316,7 +316,7 @@ impl Streamer {
             .is_ok()
     }
 
-    fn done(&self, ctx: &SourceCtx, seg: u32) {
+    fn done(&self, work: &Work, seg: u32) {
         let st = &self.seg_state[seg as usize];
         loop {
             let cas = |from, to| {
@@ -335,7 +335,7 @@ impl Streamer {
             }
         }
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.unhold(ctx);
+            self.unhold(work);
         }
     }
 
@@ -379,7 +379,7 @@ impl Streamer {
     }
 
     /// Partition `n`, opened and checked against the index once (header, pack id, length).
-    fn part_file(&self, ctx: &SourceCtx, n: u32) -> Option<Arc<File>> {
+    fn part_file(&self, counters: &AgentCounters, n: u32) -> Option<Arc<File>> {
         let mut f = lock(self.files.get(n as usize)?);
         match &*f {
             PartFile::Open(file) => return Some(file.clone()),
@@ -398,7 +398,7 @@ impl Streamer {
         });
         match checked {
             Ok(p) => {
-                AgentCounters::add(&ctx.counters.source_opens, 1);
+                AgentCounters::add(&counters.source_opens, 1);
                 let file = Arc::new(p.file);
                 *f = PartFile::Open(file.clone());
                 Some(file)
@@ -420,7 +420,7 @@ pub fn spawn(ctx: Arc<SourceCtx>, engine: Arc<Engine>) -> std::io::Result<()> {
         return Ok(());
     };
     if st.remaining.load(Ordering::Acquire) > 0 {
-        st.hold(&ctx);
+        st.hold(&ctx.work);
     }
     let todo = |r: &Range<u32>| {
         r.clone()
@@ -457,7 +457,7 @@ fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
             Some(segs) => {
                 segment(ctx, engine, st, segs.clone(), &mut buf, &mut scratch);
                 for seg in segs {
-                    st.done(ctx, seg);
+                    st.done(&ctx.work, seg);
                 }
             }
             None => {
@@ -472,7 +472,7 @@ fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
             }
         }
     }
-    st.unhold(ctx);
+    st.unhold(&ctx.work);
 }
 
 /// One file of a segment being written: where, and how far.
@@ -562,7 +562,7 @@ fn segment(
     if outs.is_empty() {
         return;
     }
-    let Some(file) = st.part_file(ctx, part) else {
+    let Some(file) = st.part_file(&ctx.counters, part) else {
         for o in outs {
             drop(o.res);
             source_only(ctx, o.idx);
@@ -774,7 +774,7 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
         return;
     };
     let sum = o.dec.finish(o.loc.checksum).unwrap_or(0).max(1);
-    settle(ctx, o.idx, file, size);
+    settle(&ctx.table, o.idx, file, size);
     let name = granary_shm::object_name(o.entry.object);
     match publish_copy(ctx, o.idx, res, dir, (&o.tmp, &name), file, sum) {
         Finish::Placed { .. } => {}
@@ -795,11 +795,11 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
 
 /// Starts write-back of a finished copy; a transient one is written back now and its pages
 /// dropped (`residency`), as for every copy.
-fn settle(ctx: &SourceCtx, idx: u32, file: &File, size: u64) {
+fn settle(t: &Table, idx: u32, file: &File, size: u64) {
     if sys::is_memory_fs(file) {
         return;
     }
-    if ctx.table.is_transient(idx) {
+    if t.is_transient(idx) {
         sys::sync_range(file, 0, size, SETTLE);
         sys::fadvise(file, 0, 0, libc::POSIX_FADV_DONTNEED);
     } else {

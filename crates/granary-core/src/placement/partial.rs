@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use granary_shm::{chunks_name, EntryRec, State, StateWord};
+use granary_shm::{chunks_name, EntryRec, State, StateWord, Table};
 
 use super::chunks::{self, ChunkFile, ChunkGeometry};
 use super::copy::{
@@ -23,10 +23,12 @@ use super::copy::{
     DIRECT_ALIGN,
 };
 use super::engine::Engine;
-use super::{free_space, PlaceOutcome, SourceCtx};
+use super::mmap::Follower;
+use super::{free_space, PlaceOutcome, SourceCtx, Space};
 use crate::stats::AgentCounters;
 use crate::sync::{lock, Arc, Mutex};
 use crate::sys;
+use crate::tiers::Tiers;
 
 /// The PARTIAL entries of one table the agent has touched, by entry index.
 #[derive(Debug, Default)]
@@ -44,15 +46,15 @@ struct Slot {
 }
 
 /// The chunk geometry of an entry in this table.
-fn geometry(ctx: &SourceCtx, e: &EntryRec) -> ChunkGeometry {
-    ChunkGeometry::of(&e.stat, ctx.table.chunk_size())
+fn geometry(t: &Table, e: &EntryRec) -> ChunkGeometry {
+    ChunkGeometry::of(&e.stat, t.chunk_size())
 }
 
-/// Bytes charged on `tier` for the chunks whose bits are set.
-fn present_charge(ctx: &SourceCtx, idx: u32, geo: &ChunkGeometry, tier: usize) -> u64 {
-    (0..ctx.table.chunk_count(idx))
-        .filter(|&k| ctx.table.chunk_present(idx, k))
-        .map(|k| ctx.space.tiers.charge(tier, geo.range(k).1))
+/// Bytes charged on `tiers`' tier `tier` for the chunks of entry `idx` whose bits are set.
+fn present_charge(t: &Table, tiers: &Tiers, idx: u32, geo: &ChunkGeometry, tier: usize) -> u64 {
+    (0..t.chunk_count(idx))
+        .filter(|&k| t.chunk_present(idx, k))
+        .map(|k| tiers.charge(tier, geo.range(k).1))
         .sum()
 }
 
@@ -69,7 +71,7 @@ fn slot(ctx: &SourceCtx, idx: u32) -> Option<Arc<Mutex<Slot>>> {
     }
     let tier = w.tier() as usize;
     let e = ctx.table.entry(idx)?;
-    let geo = geometry(ctx, &e);
+    let geo = geometry(&ctx.table, &e);
     let opened = ctx
         .space
         .dir(tier)
@@ -104,7 +106,7 @@ pub(super) fn no_room_for_whole(
     if t.chunk_count(idx) == 0 || t.chunk_size() == 0 {
         return no_room(ctx, idx);
     }
-    let geo = geometry(ctx, &b.entry);
+    let geo = geometry(&ctx.table, &b.entry);
     let first_len = geo.range(0).1;
     let free = free_space(&ctx.space.tiers);
     let tier = engine.policy.chunk_tier(&ctx.space.tiers).filter(|&tier| {
@@ -167,7 +169,7 @@ pub(super) fn claim_chunk(ctx: &SourceCtx, idx: u32, k: u64) -> bool {
     let Some(e) = ctx.table.entry(idx) else {
         return false;
     };
-    let len = geometry(ctx, &e).range(k).1;
+    let len = geometry(&ctx.table, &e).range(k).1;
     // Cheap early answer for a full tier: every missed read of a file that cannot grow would
     // otherwise queue a job that only finds no room.
     if free_space(&ctx.space.tiers)
@@ -218,7 +220,7 @@ fn fetch_runs(
     let Some(e) = t.entry(idx) else {
         return PlaceOutcome::Skipped;
     };
-    let geo = geometry(ctx, &e);
+    let geo = geometry(&ctx.table, &e);
     let mut src = None;
     let mut cursor = first;
     let mut placed = 0u64;
@@ -281,7 +283,7 @@ fn fetch_runs(
                 use std::os::unix::ffi::OsStrExt;
                 ctx.source_real.join(std::ffi::OsStr::from_bytes(&r))
             });
-            match path.map(|p| open_source(ctx, &p)) {
+            match path.map(|p| open_source(&ctx.counters, &p)) {
                 Some(Ok(f)) if matches_catalog(&f, &e) => {
                     // Buffered, not O_DIRECT: the program reads these chunks from the source
                     // too until their bits are set, and shares the agent's pages that way
@@ -304,28 +306,38 @@ fn fetch_runs(
         let Some((f, reader)) = src.as_mut() else {
             break;
         };
-        let r = fetch_run(ctx, f, reader, &cf, k0, got, requested, buf, |k| {
-            let mut g = lock(s);
-            let live = g.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &cf));
-            let Some(r) = res[(k - k0) as usize].take() else {
-                return;
-            };
-            if live {
-                // Commit and bit together, under the lock `drop_partial` takes.
-                let len = geo.range(k).1;
-                r.commit();
-                granary_shm::lifecycle::chunk(t, idx, k, true);
-                AgentCounters::add(&c.chunks_placed, 1);
-                AgentCounters::add(&c.chunk_bytes_placed, len);
-                AgentCounters::add(&c.tier_bytes[tier], len);
-                placed += len;
-            }
-            g.busy[k as usize] = false;
-        });
+        let r = fetch_run(
+            &ctx.counters,
+            f,
+            reader,
+            &cf,
+            k0,
+            got,
+            requested,
+            buf,
+            |k| {
+                let mut g = lock(s);
+                let live = g.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &cf));
+                let Some(r) = res[(k - k0) as usize].take() else {
+                    return;
+                };
+                if live {
+                    // Commit and bit together, under the lock `drop_partial` takes.
+                    let len = geo.range(k).1;
+                    r.commit();
+                    granary_shm::lifecycle::chunk(t, idx, k, true);
+                    AgentCounters::add(&c.chunks_placed, 1);
+                    AgentCounters::add(&c.chunk_bytes_placed, len);
+                    AgentCounters::add(&c.tier_bytes[tier], len);
+                    placed += len;
+                }
+                g.busy[k as usize] = false;
+            },
+        );
         drop(res);
         unbusy(s, k0, n);
         match r {
-            Ok(()) => drop_behind(ctx, idx, f, &geo, k0, got),
+            Ok(()) => drop_behind(&ctx.mmap, idx, f, &geo, k0, got),
             Err(err) => {
                 if matches!(
                     err.raw_os_error(),
@@ -362,7 +374,7 @@ fn fetch_runs(
 /// source shrank) is an error: the chunks already written stay valid, the rest are not written.
 #[allow(clippy::too_many_arguments)]
 fn fetch_run(
-    ctx: &SourceCtx,
+    c: &AgentCounters,
     f: &std::fs::File,
     reader: &mut SourceReader,
     cf: &ChunkFile,
@@ -372,7 +384,6 @@ fn fetch_run(
     buf: &mut Vec<u8>,
     mut done: impl FnMut(u64),
 ) -> std::io::Result<()> {
-    let c = &ctx.counters;
     let geo = cf.geo;
     let (start, len0) = geo.range(k0);
     let (lstart, llen) = geo.range(k0 + n - 1);
@@ -407,8 +418,8 @@ fn fetch_run(
 /// source right now, and its pages are what the agent copies when asked for that chunk (dropping
 /// the whole file here made every later request read its chunk from the source again). A
 /// program mapping the file still faults these pages from the source: they stay then.
-fn drop_behind(ctx: &SourceCtx, idx: u32, f: &std::fs::File, geo: &ChunkGeometry, k0: u64, n: u64) {
-    if n == 0 || ctx.mmap.is_mapped(idx) {
+fn drop_behind(mmap: &Follower, idx: u32, f: &std::fs::File, geo: &ChunkGeometry, k0: u64, n: u64) {
+    if n == 0 || mmap.is_mapped(idx) {
         return;
     }
     let (start, _) = geo.range(k0);
@@ -439,7 +450,7 @@ pub fn drop_partial(ctx: &SourceCtx, idx: u32) {
     let Some(e) = ctx.table.entry(idx) else {
         return;
     };
-    let geo = geometry(ctx, &e);
+    let geo = geometry(&ctx.table, &e);
     let name = chunks_name(e.object);
     // The chunks were charged on the slot's tier (when we know it); the one unlink that
     // succeeds gives that charge back (as `states::drop_object` does for whole copies).
@@ -449,7 +460,7 @@ pub fn drop_partial(ctx: &SourceCtx, idx: u32) {
         if charged.is_some_and(|c| c != tier) {
             continue;
         }
-        let charge = present_charge(ctx, idx, &geo, tier);
+        let charge = present_charge(&ctx.table, &ctx.space.tiers, idx, &geo, tier);
         if sys::unlink_at(dir, &name).is_ok() {
             ctx.space.tiers.release(tier, charge);
         }
@@ -480,8 +491,7 @@ pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: StateWord) -> bool {
 /// saved catalog): complete copies by size, chunk files by present chunk. A copy its tier has no
 /// room for any more (its capacity shrank) is unplaced; the sweep deletes its file. Returns the
 /// files and bytes adopted.
-pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
-    let t = &ctx.table;
+pub fn adopt_charges(t: &Table, space: &Space) -> (u64, u64) {
     let (mut files, mut bytes) = (0u64, 0u64);
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
@@ -495,13 +505,13 @@ pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
         let (charge, present) = if s == State::Placed {
             (e.stat.size, e.stat.size)
         } else {
-            let geo = geometry(ctx, &e);
-            let c = present_charge(ctx, idx, &geo, tier);
-            (c, super::chunks::present_bytes(&geo, &bitmap_of(ctx, idx)))
+            let geo = geometry(t, &e);
+            let c = present_charge(t, &space.tiers, idx, &geo, tier);
+            (c, super::chunks::present_bytes(&geo, &bitmap_of(t, idx)))
         };
-        let ok = tier < ctx.space.tiers.len()
-            && ctx.space.dir(tier).is_some()
-            && ctx.space.tiers.adopt(tier, charge);
+        let ok = tier < space.tiers.len()
+            && space.dir(tier).is_some()
+            && space.tiers.adopt(tier, charge);
         if ok {
             files += 1;
             bytes += present;
@@ -519,9 +529,8 @@ pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
     (files, bytes)
 }
 
-/// The copies a table holds now: complete ones and chunk files, with the bytes they hold.
-pub fn copies_now(ctx: &SourceCtx) -> (u64, u64) {
-    let t = &ctx.table;
+/// The copies table `t` holds now: complete ones and chunk files, with the bytes they hold.
+pub fn copies_now(t: &Table) -> (u64, u64) {
     let (mut files, mut bytes) = (0u64, 0u64);
     for idx in 0..t.entry_count() {
         let s = t.state(idx).state();
@@ -535,26 +544,26 @@ pub fn copies_now(ctx: &SourceCtx) -> (u64, u64) {
         bytes += if s == State::Placed {
             e.stat.size
         } else {
-            super::chunks::present_bytes(&geometry(ctx, &e), &bitmap_of(ctx, idx))
+            super::chunks::present_bytes(&geometry(t, &e), &bitmap_of(t, idx))
         };
     }
     (files, bytes)
 }
 
-fn bitmap_of(ctx: &SourceCtx, idx: u32) -> Vec<u64> {
-    let n = ctx.table.chunk_count(idx);
+fn bitmap_of(t: &Table, idx: u32) -> Vec<u64> {
+    let n = t.chunk_count(idx);
     let mut words = vec![0u64; n.div_ceil(64) as usize];
     for k in 0..n {
-        if ctx.table.chunk_present(idx, k) {
+        if t.chunk_present(idx, k) {
             words[(k / 64) as usize] |= 1 << (k % 64);
         }
     }
     words
 }
 
-/// At retirement (no job running): gives back what the table's PARTIAL entries charge.
-pub fn release_partial_charges(ctx: &SourceCtx) {
-    let t = &ctx.table;
+/// At retirement (no job running): gives back what table `t`'s PARTIAL entries charge on
+/// `tiers`.
+pub fn release_partial_charges(t: &Table, tiers: &Tiers) {
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
         if w.state() != State::Partial {
@@ -562,9 +571,9 @@ pub fn release_partial_charges(ctx: &SourceCtx) {
         }
         let tier = w.tier() as usize;
         let Some(e) = t.entry(idx) else { continue };
-        if tier < ctx.space.tiers.len() {
-            let charge = present_charge(ctx, idx, &geometry(ctx, &e), tier);
-            ctx.space.tiers.release(tier, charge);
+        if tier < tiers.len() {
+            let charge = present_charge(t, tiers, idx, &geometry(t, &e), tier);
+            tiers.release(tier, charge);
         }
     }
 }

@@ -12,11 +12,11 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 
 use granary_shm::lifecycle::{self, EntryCell};
-use granary_shm::{object_name, part_name, EntryRec, State};
+use granary_shm::{object_name, part_name, EntryRec, State, Table};
 
 use super::copy::{begin, publish, write_all_at};
 use super::states::{self, Finish};
-use super::{PlaceOutcome, SourceCtx};
+use super::{PlaceOutcome, SourceCtx, Space};
 use crate::stats::AgentCounters;
 use crate::sync::Arc;
 use crate::sys;
@@ -333,8 +333,8 @@ impl Drop for Receiving<'_> {
 /// first, so no new client opens it, then the object is unlinked and its space given back.
 /// Clients that opened it keep reading their fd. Returns the tier it was on, or `None` if the
 /// entry was not PLACED any more.
-pub fn evict(ctx: &SourceCtx, idx: u32) -> Option<usize> {
-    withdraw_object(ctx, idx, |dir, name| sys::unlink_at(dir, name).is_ok())
+pub fn evict(t: &Table, space: &Space, idx: u32) -> Option<usize> {
+    states::withdraw_copy(t, space, idx, |dir, name| sys::unlink_at(dir, name).is_ok())
 }
 
 /// Evicts the complete copy of `idx` as `evict` does, but renames its file to `keep` (in the
@@ -344,34 +344,13 @@ pub fn evict(ctx: &SourceCtx, idx: u32) -> Option<usize> {
 /// caller must not write into the file before it knows nobody else has it open
 /// (`sys::nobody_else_has_open`); the rename changes its ctime, so a client that opens the old
 /// name in that instant rejects it (the identity recorded at placement no longer matches).
-pub fn evict_to(ctx: &SourceCtx, idx: u32, keep: &[u8]) -> Option<(usize, bool)> {
+pub fn evict_to(t: &Table, space: &Space, idx: u32, keep: &[u8]) -> Option<(usize, bool)> {
     let mut kept = false;
-    let tier = withdraw_object(ctx, idx, |dir, name| {
+    let tier = states::withdraw_copy(t, space, idx, |dir, name| {
         kept = sys::rename_at(dir, name, keep).is_ok();
         kept || sys::unlink_at(dir, name).is_ok()
     })?;
     Some((tier, kept))
-}
-
-/// PLACED → UNPLACED for `idx`, then `gone(object dir, object name)` takes the file away and
-/// its space is given back (`states::drop_object`). The tier, or `None` if it was not PLACED.
-fn withdraw_object(
-    ctx: &SourceCtx,
-    idx: u32,
-    gone: impl FnOnce(&std::os::fd::OwnedFd, &[u8]) -> bool,
-) -> Option<usize> {
-    let t = &ctx.table;
-    let w = t.state(idx);
-    let e = t.entry(idx)?;
-    if !lifecycle::withdraw(&EntryCell { table: t, idx }, w) {
-        return None;
-    }
-    let tier = w.tier() as usize;
-    if let Some(dir) = ctx.space.dir(tier) {
-        let name = object_name(e.object);
-        states::drop_object(&ctx.space.tiers, tier, e.stat.size, || gone(dir, &name));
-    }
-    Some(tier)
 }
 
 /// Drops every copy of a void entry on this node (another node told us the file changed).

@@ -5,7 +5,7 @@ use granary_shm::{object_name, request, State};
 use granary_shm::lifecycle::{self, EntryCell};
 
 use super::states;
-use super::{CopyMethod, CopyTask, Pool, SourceCtx};
+use super::{CopyMethod, CopyTask, Pool, SourceCtx, Space};
 use crate::sync::Arc;
 use crate::sys;
 
@@ -171,16 +171,16 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
 /// Deletes every copy of a void entry (whole copies on any tier, a chunk file) and gives their
 /// space back.
 pub(crate) fn drop_all_copies(ctx: &SourceCtx, idx: u32, e: &granary_shm::EntryRec) {
-    drop_copies(ctx, e);
+    drop_copies(&ctx.space, e);
     super::partial::drop_partial(ctx, idx);
 }
 
-fn drop_copies(ctx: &SourceCtx, e: &granary_shm::EntryRec) {
+fn drop_copies(space: &Space, e: &granary_shm::EntryRec) {
     let name = object_name(e.object);
-    for (tier, dir) in ctx.space.dirs().iter().enumerate() {
+    for (tier, dir) in space.dirs().iter().enumerate() {
         let Some(dir) = dir else { continue };
         // Racing with a worker's `states::finish`: whoever unlinks releases, once.
-        states::drop_object(&ctx.space.tiers, tier, e.stat.size, || {
+        states::drop_object(&space.tiers, tier, e.stat.size, || {
             sys::unlink_at(dir, &name).is_ok()
         });
     }

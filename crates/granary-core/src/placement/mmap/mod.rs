@@ -1355,7 +1355,7 @@ fn open_catalogued(ctx: &SourceCtx, idx: u32) -> Option<(File, granary_shm::Entr
     let e = ctx.table.entry(idx)?;
     let rel = ctx.table.rel_path_vec(idx)?;
     let path = ctx.source_real.join(std::ffi::OsStr::from_bytes(&rel));
-    let file = super::copy::open_source(ctx, &path).ok()?;
+    let file = super::copy::open_source(&ctx.counters, &path).ok()?;
     if !super::copy::matches_catalog(&file, &e) {
         return None;
     }

@@ -17,7 +17,7 @@ pub mod threshold;
 use std::os::fd::OwnedFd;
 
 use granary_shm::lifecycle;
-use granary_shm::part_name;
+use granary_shm::{part_name, Table};
 
 use order::{Next, Order};
 
@@ -26,6 +26,7 @@ use super::copy::{
     SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
 use super::engine::Engine;
+use super::mmap::Follower;
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
 use crate::sync::thread;
@@ -65,7 +66,7 @@ pub fn fetch(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>) -> P
     // copy took is dropped behind it (`copy_part`) unless a program maps the file.
     let block = (engine.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
     let mut reader = SourceReader::new_buffered(&cl.src);
-    let direct = direct::wanted(ctx, idx, size);
+    let direct = direct::wanted(&ctx.mmap, idx, size);
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
         copy_part(ctx, cl, &mut reader, tier, dir, buf, block, direct)
     });
@@ -117,9 +118,9 @@ fn copy_part(
                 hasher.update(&buf[..n]);
                 lifecycle::progress(t, idx, size);
                 if !memory {
-                    settle(ctx, idx, &out, 0, size);
+                    settle(&ctx.table, &ctx.mmap, idx, &out, 0, size);
                 }
-                if !still_ours(ctx, idx) {
+                if !still_ours(&ctx.table, idx) {
                     return Err(CopyError::Lost);
                 }
                 return Ok(hasher.digest().max(1));
@@ -181,7 +182,7 @@ fn copy_part(
                     // Everything left is ahead of the readers: wait for them to read it
                     // (bounded: the follower says `idle` once they stop).
                     waited += 1;
-                    if waited % 64 == 0 && !still_ours(ctx, idx) {
+                    if waited % 64 == 0 && !still_ours(&ctx.table, idx) {
                         return Err(CopyError::Lost);
                     }
                     thread::sleep(std::time::Duration::from_millis(2));
@@ -253,14 +254,14 @@ fn copy_part(
                 // tier's copy does not double the page cache.
                 sys::sync_range(&out, off, len, libc::SYNC_FILE_RANGE_WRITE);
                 if let Some((po, pn)) = last {
-                    settle(ctx, idx, &out, po, pn);
+                    settle(&ctx.table, &ctx.mmap, idx, &out, po, pn);
                 }
             }
             if !keep {
                 drop_later = Some((off, len));
             }
             last = Some((off, len));
-            if !still_ours(ctx, idx) {
+            if !still_ours(&ctx.table, idx) {
                 return Err(CopyError::Lost);
             }
         }
@@ -276,7 +277,7 @@ fn copy_part(
         }
         if !memory {
             if let Some((po, pn)) = last {
-                settle(ctx, idx, &out, po, pn);
+                settle(&ctx.table, &ctx.mmap, idx, &out, po, pn);
             }
         }
         Ok(hasher.digest().max(1))
@@ -321,9 +322,9 @@ fn read_part(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<()>
 /// reads leave the read-ahead ahead of it no room (measured: three readers of a 384 MiB LMDB
 /// under a 256 MiB cap read 16–42 % of it twice, the kernel evicting read-ahead pages before
 /// they were read).
-fn settle(ctx: &SourceCtx, idx: u32, out: &std::fs::File, off: u64, len: u64) {
+fn settle(t: &Table, mmap: &Follower, idx: u32, out: &std::fs::File, off: u64, len: u64) {
     sys::sync_range(out, off, len, SETTLE);
-    if ctx.table.is_transient(idx) || ctx.mmap.is_mapped(idx) {
+    if t.is_transient(idx) || mmap.is_mapped(idx) {
         sys::fadvise(out, off, len, libc::POSIX_FADV_DONTNEED);
     }
 }
