@@ -444,7 +444,7 @@ pub fn connect_unix(path: &Path, limit: std::time::Duration) -> io::Result<UnixS
             Some(libc::EINTR) => continue,
             // The backlog is full: nobody is accepting right now.
             Some(libc::EAGAIN) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
+                crate::sync::thread::sleep(std::time::Duration::from_millis(20))
             }
             Some(libc::EAGAIN) => {
                 return Err(io::Error::new(
@@ -516,7 +516,7 @@ pub fn flock_exclusive_within(f: &File, limit: std::time::Duration) -> io::Resul
         if std::time::Instant::now() >= deadline {
             return Ok(false);
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        crate::sync::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

@@ -38,6 +38,8 @@ use std::path::{Path, PathBuf};
 
 use granary_shm::{StatRec, State, Table, Ts};
 
+use crate::sync::statics;
+
 /// The record's name in a source's directory of a tier.
 pub const FILE: &str = "copies";
 
@@ -280,8 +282,8 @@ fn decode_header(b: &[u8]) -> Result<Header, Error> {
 /// file of its own (two threads may save one record at once), synced, then renamed.
 pub fn save(dir: &Path, c: &Copies) -> io::Result<()> {
     use std::io::Write;
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    static SEQ: statics::AtomicU64 = statics::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, statics::Ordering::Relaxed);
     let tmp = dir.join(format!(".tmp-{FILE}-{}-{n}", std::process::id()));
     let res = std::fs::OpenOptions::new()
         .write(true)
