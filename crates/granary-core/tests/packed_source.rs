@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use granary_core::catalog::{self, Progress};
-use granary_core::packed_source::{self, catalog::Options, Pack};
+use granary_core::packed_source::{self, catalog::Options, PackIndex};
 use granary_shm::{Catalog, Mapping, StatRec, State, StateWord, Table, TableSpec};
 
 fn tree(root: &Path) {
@@ -25,13 +25,13 @@ fn tree(root: &Path) {
     std::fs::hard_link(root.join("a/1"), root.join("c/hard")).unwrap();
 }
 
-fn pack(src: &Path, out: &Path) -> Pack {
+fn pack(src: &Path, out: &Path) -> PackIndex {
     let opts = granary_pack::Options {
         sync: false,
         ..Default::default()
     };
     granary_pack::pack(src, out, &opts, &granary_pack::Progress::default()).unwrap();
-    Pack::open(out).unwrap()
+    PackIndex::open(out).unwrap()
 }
 
 /// Relative path → (record, locator present) of every node.

@@ -32,7 +32,11 @@ fn no_module_but_sync_names_a_std_primitive() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
-    assert!(files.len() > 20, "sources not found under {}", src.display());
+    assert!(
+        files.len() > 20,
+        "sources not found under {}",
+        src.display()
+    );
     let mut found = Vec::new();
     for f in &files {
         if f == &src.join("sync.rs") {

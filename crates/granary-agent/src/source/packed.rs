@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use granary_core::packed_source::{self, Pack, Partitions};
+use granary_core::packed_source::{self, PackIndex, Partitions};
 use granary_core::placement::pack_streamer::Streamer;
 use granary_core::Tiers;
 use granary_shm::{lifecycle, PackSpec};
@@ -179,7 +179,7 @@ impl SourceState {
         path: &Path,
         old: Option<&Arc<granary_core::placement::SourceCtx>>,
     ) -> Result<Made> {
-        let pack = Pack::open(&conf.dir).map_err(|e| {
+        let pack = PackIndex::open(&conf.dir).map_err(|e| {
             let damaged = e.is_damage();
             let e = anyhow::Error::new(e);
             if damaged {

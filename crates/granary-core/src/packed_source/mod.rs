@@ -11,8 +11,9 @@
 //! - **pack only** (`--mount PATH`): the index is the truth; the tree exists nowhere else.
 //!
 //! `catalog`: the index as the catalog, checked per directory; `check`: a job joining others
-//! checks the tree again; `damage`: what was found damaged, for the job's report; here: the opened `Pack`, its `Partitions` for placement, and the
-//! conversion of the pack's stat records into the table's (`stat_rec`).
+//! checks the tree again; `damage`: what was found damaged, for the job's report; here: the
+//! opened index (`PackIndex`), its `Partitions` for placement, and the conversion of the pack's
+//! stat records into the table's (`stat_rec`).
 
 pub mod catalog;
 pub mod check;
@@ -60,18 +61,19 @@ pub fn stat_rec(s: &Stat) -> StatRec {
     }
 }
 
-/// An opened pack: its index, checked completely (every checksum, the whole structure).
-pub struct Pack {
+/// An opened pack's index, mapped and checked completely (every checksum, the whole
+/// structure), and the directory it is in.
+pub struct PackIndex {
     /// The pack directory (canonical).
     pub dir: PathBuf,
     pub index: Index<memmap2::Mmap>,
 }
 
-impl Pack {
-    pub fn open(dir: &Path) -> Result<Pack, granary_pack::PackError> {
+impl PackIndex {
+    pub fn open(dir: &Path) -> Result<PackIndex, granary_pack::PackError> {
         let dir = std::fs::canonicalize(dir).map_err(|e| granary_pack::PackError::io(dir, e))?;
         let index = granary_pack::map_index(&dir)?;
-        Ok(Pack { dir, index })
+        Ok(PackIndex { dir, index })
     }
 
     /// What placement needs once the index is no longer mapped.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use granary_core::packed_source::{self, Pack};
+use granary_core::packed_source::{self, PackIndex};
 use granary_core::placement::pack_streamer::{self, Streamer};
 use granary_core::placement::{Engine, FillHighestFirst, Params};
 use granary_core::sync::atomic::Ordering;
@@ -37,7 +37,7 @@ fn the_streamer_places_every_packed_file_once() {
         ..Default::default()
     };
     granary_pack::pack(&source.src(), &out, &opts, &Default::default()).unwrap();
-    let pack = Pack::open(&out).unwrap();
+    let pack = PackIndex::open(&out).unwrap();
     let built = packed_source::build(
         &pack.index,
         &packed_source::catalog::Options {

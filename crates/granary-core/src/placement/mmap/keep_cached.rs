@@ -153,7 +153,7 @@ mod tests {
             f.read_exact_at(&mut buf[..n as usize], off).unwrap();
         }
         let src = Source {
-            cache: sys::Residency::of(&f).ok(),
+            cache: sys::CachedPages::of(&f).ok(),
             file: f,
             fetched: Vec::new(),
         };

@@ -275,7 +275,7 @@ struct Reader {
 #[derive(Debug)]
 struct Source {
     file: File,
-    cache: Option<sys::Residency>,
+    cache: Option<sys::CachedPages>,
     /// One bit per page: asked for by a read-ahead.
     fetched: Vec<u64>,
 }
@@ -1366,7 +1366,7 @@ fn open_catalogued(ctx: &SourceCtx, idx: u32) -> Option<(File, granary_shm::Entr
 /// Opens entry `idx` on the source for read-ahead, if it is still the catalogued file.
 fn open_source(ctx: &SourceCtx, idx: u32) -> Option<Source> {
     let (file, e) = open_catalogued(ctx, idx)?;
-    let cache = sys::Residency::of(&file).ok();
+    let cache = sys::CachedPages::of(&file).ok();
     let pages = e.stat.size.div_ceil(PAGE);
     Some(Source {
         file,

@@ -140,7 +140,7 @@ fn copy_part(
         let mut waited = 0u32;
         let began = std::time::Instant::now();
         // Which of the source's pages are in the page cache (made when a reader is first seen).
-        let mut residency: Option<Option<sys::Residency>> = None;
+        let mut cached_pages: Option<Option<sys::CachedPages>> = None;
         let mut res = Vec::new();
         loop {
             let steer = ctx.mmap.steering(idx);
@@ -160,10 +160,10 @@ fn copy_part(
             // Pages all in the page cache now (read ahead for a reader, or by it): copied first
             // (`whole_file::order`), while they cost the source nothing.
             let mut cached = |off: u64, len: u64| {
-                if residency.is_none() {
-                    residency = Some(sys::Residency::of(&cl.src).ok());
+                if cached_pages.is_none() {
+                    cached_pages = Some(sys::CachedPages::of(&cl.src).ok());
                 }
-                residency
+                cached_pages
                     .as_ref()
                     .and_then(|c| c.as_ref())
                     .is_some_and(|c| {
