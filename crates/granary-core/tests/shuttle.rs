@@ -7,8 +7,8 @@
 
 #[path = "shuttle/fixture.rs"]
 mod fixture;
-#[path = "shuttle/flight.rs"]
-mod flight;
+#[path = "shuttle/in_flight.rs"]
+mod in_flight;
 #[path = "shuttle/pack_streamer.rs"]
 mod pack_streamer;
 #[path = "shuttle/pool.rs"]
