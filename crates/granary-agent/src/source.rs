@@ -12,7 +12,7 @@ use granary_core::cache::{adopt, copies};
 use granary_core::catalog::{self, Progress};
 use granary_core::config::Verify;
 use granary_core::placement::residency::Residency;
-use granary_core::placement::{object_dir, Params, SourceCtx};
+use granary_core::placement::{self, object_dir, Params, SourceCtx};
 use granary_core::stats::AgentCounters;
 use granary_core::stats::CatalogStats;
 use granary_core::{sys, tierdir, Tiers};
@@ -848,9 +848,9 @@ fn spawn_sweep(ctx: &Arc<SourceCtx>, verify: Verify) {
         .name("sweep".into())
         .spawn(move || {
             granary_core::sys::sched_idle();
-            let s = catalog::sweep::sweep(&c.table, &c.space, &c.work);
+            let s = placement::sweep::sweep(&c.table, &c.space, &c.work);
             let v = if verify == Verify::Checksum {
-                catalog::sweep::verify_copies(&c.table, &c.space, &c.work)
+                placement::sweep::verify_copies(&c.table, &c.space, &c.work)
             } else {
                 Default::default()
             };

@@ -2,7 +2,6 @@
 //! catalogs; the validation of a reused catalog against every identity field.
 
 use granary_core::catalog::{self, Progress};
-use granary_core::placement::Work;
 use granary_core::sys;
 use granary_shm::{lifecycle, Mapping, State, Table, TableSpec};
 use proptest::prelude::*;
@@ -229,7 +228,7 @@ fn a_walk_takes_over_what_the_earlier_table_vouches_for() {
 fn validate(t: &Table, root: &Path, immutable: bool) -> catalog::Validation {
     let epoch = lifecycle::new_attach(t, immutable);
     let v = catalog::Validation::new(t, epoch, immutable);
-    catalog::validate::run(t, root, &Work::default(), &v);
+    catalog::validate::run(t, root, || false, &v);
     v
 }
 
@@ -351,7 +350,7 @@ fn the_validator_leaves_an_entry_a_client_is_checking() {
             std::thread::sleep(std::time::Duration::from_millis(10));
             dir.finish(lifecycle::Verdict::Same)
         });
-        catalog::validate::run(&table, &root, &Work::default(), &v);
+        catalog::validate::run(&table, &root, || false, &v);
         assert!(client.join().unwrap());
     });
     assert!(!table.is_validated(idx("a/f1")), "left to the client");

@@ -1,5 +1,6 @@
-//! The life of a catalog entry: the one module that writes an entry's state word, and the rules
-//! that decide when the catalog may answer for it.
+//! The life of a catalog entry: the one module that makes and writes an entry's state word (a
+//! new table's initial words too: `initial`, `initial_void`, `carried`), and the rules that
+//! decide when the catalog may answer for it.
 //!
 //! Several parties move an entry at once — the preload library in every process of a job, the
 //! agent's ring consumer, its placement workers, its validator — so each transition is one

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use granary_shm::lifecycle::{self, Check, Verdict};
 use granary_shm::Table;
 
-use crate::placement::{SourceCtx, Work};
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{thread, Arc, Mutex};
 use crate::sys::statx_nofollow;
@@ -108,9 +107,18 @@ impl Validation {
     }
 }
 
+/// What the validation threads of an attach hold while they run (`placement::SourceCtx` is
+/// one): a table, the source it describes, and whether the table was withdrawn (they stop).
+pub trait Subject: Send + Sync + 'static {
+    fn table(&self) -> &Table;
+    /// The source root with symlinks resolved.
+    fn root(&self) -> &Path;
+    fn withdrawn(&self) -> bool;
+}
+
 /// Starts validating `ctx`'s table with `threads` threads; returns at once. With 0 threads
 /// nothing runs in the background: each entry is checked by the first client that needs it.
-pub fn spawn(ctx: Arc<SourceCtx>, v: Arc<Validation>, threads: usize) {
+pub fn spawn<S: Subject>(ctx: Arc<S>, v: Arc<Validation>, threads: usize) {
     if threads == 0 {
         v.done.store(true, Ordering::Release);
         return;
@@ -123,12 +131,12 @@ pub fn spawn(ctx: Arc<SourceCtx>, v: Arc<Validation>, threads: usize) {
             .spawn(move || {
                 let v = vt;
                 crate::sys::sched_idle();
-                run(&ctx.table, &ctx.source_real, &ctx.work, &v);
+                run(ctx.table(), ctx.root(), || ctx.withdrawn(), &v);
                 if v.running.fetch_sub(1, Ordering::AcqRel) == 1 {
                     v.done.store(true, Ordering::Release);
                     tracing::info!(
                         "{}: validation of attach {} done: {} directories, {} files checked, {} changed",
-                        ctx.source_real.display(),
+                        ctx.root().display(),
                         v.epoch,
                         v.dirs_checked.load(Ordering::Relaxed),
                         v.files_checked.load(Ordering::Relaxed),
@@ -143,10 +151,10 @@ pub fn spawn(ctx: Arc<SourceCtx>, v: Arc<Validation>, threads: usize) {
 }
 
 /// Validates `table` (of the source at `root`) on the calling thread until every directory is
-/// done, `v` is stopped, the table is retired (`work`) or another attach began.
-pub fn run(table: &Table, root: &Path, work: &Work, v: &Validation) {
+/// done, `v` is stopped, the table is `withdrawn` or another attach began.
+pub fn run(table: &Table, root: &Path, withdrawn: impl Fn() -> bool, v: &Validation) {
     let ctx = Target { table, root };
-    while !v.stop.load(Ordering::Acquire) && !work.is_retired() {
+    while !v.stop.load(Ordering::Acquire) && !withdrawn() {
         if table.epoch() != v.epoch {
             return;
         }

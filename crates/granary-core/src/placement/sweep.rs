@@ -15,7 +15,7 @@ use std::os::unix::ffi::OsStrExt;
 use granary_shm::lifecycle;
 use granary_shm::{object_name, parse_object_name, State, StateWord, Table};
 
-use crate::placement::{Space, Work};
+use super::{Space, Work};
 use crate::sys;
 
 /// Temporary files younger than this may belong to a copy in progress.
