@@ -13,28 +13,12 @@ use std::str::FromStr;
 
 use crate::format::entry::codec;
 
+pub mod frame;
 mod unframe;
 mod zstd_dctx;
 
+pub use frame::{frame_count, frame_raw_len};
 pub use unframe::{decode_frame, frame_table, unframe, FrameError, Workspace};
-
-/// Top two bits of a frame word; the low 30 bits are the frame's stored length.
-pub mod frame {
-    pub const RAW: u32 = 0;
-    pub const ZERO: u32 = 1;
-    pub const LZ4: u32 = 2;
-    pub const ZSTD: u32 = 3;
-    pub const LEN_MASK: u32 = (1 << 30) - 1;
-    pub fn word(kind: u32, len: usize) -> u32 {
-        kind << 30 | (len as u32 & LEN_MASK)
-    }
-    pub fn kind(word: u32) -> u32 {
-        word >> 30
-    }
-    pub fn len(word: u32) -> usize {
-        (word & LEN_MASK) as usize
-    }
-}
 
 /// What `granary pack --compress` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -70,17 +54,6 @@ impl fmt::Display for Compression {
             Compression::Zstd(l) => write!(f, "zstd:{l}"),
         }
     }
-}
-
-/// Number of frames of a framed file of `size` bytes.
-pub fn frame_count(size: u64, block: u32) -> u64 {
-    size.div_ceil(block as u64)
-}
-
-/// Raw length of frame `i` of a file of `size` bytes.
-pub fn frame_raw_len(i: u64, size: u64, block: u32) -> usize {
-    let start = i * block as u64;
-    size.saturating_sub(start).min(block as u64) as usize
 }
 
 /// One encoder per worker thread (it keeps a zstd context).

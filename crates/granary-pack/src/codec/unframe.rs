@@ -7,7 +7,8 @@
 
 use std::fmt;
 
-use super::{frame, frame_count, frame_raw_len, zstd_dctx};
+use super::frame::{self, frame_count, frame_raw_len};
+use super::zstd_dctx;
 
 /// Why stored bytes are not a framed file's bytes: the pack is damaged (or hostile).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

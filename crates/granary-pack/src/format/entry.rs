@@ -2,7 +2,7 @@
 //! docs/pack-format.md). Entries are stored breadth-first with each directory's children
 //! contiguous and sorted by name, so a listing is one slice and a lookup a binary search.
 
-use super::*;
+use super::fields::*;
 
 pub const INDEX_ENTRY_LEN: usize = 200;
 /// `link_entry` of an entry that is not a second name of a hard-linked file.
