@@ -203,7 +203,7 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
     /// atime (which a pack records as mtime and marks absent) served as present, as the tree's
     /// own `statx` says it is.
     fn packed_stat(&self, e: &IndexEntry) -> StatRec {
-        let mut s = super::stat_rec(&e.stat);
+        let mut s = super::stat::stat_rec(&e.stat);
         s.mask |= libc::STATX_ATIME;
         if let Some(d) = self.devs {
             d.map(&mut s);

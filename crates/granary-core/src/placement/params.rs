@@ -2,7 +2,7 @@
 //! defaults: placement reads no configuration itself (`Params::from_config` is the
 //! configuration's).
 
-use super::SourceRequests;
+use super::whole_file::threshold::SourceRequests;
 
 /// The placement engine's parameters (`[placement]` in the configuration), resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]

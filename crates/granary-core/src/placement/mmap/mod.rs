@@ -36,7 +36,9 @@ mod proc_maps;
 mod reader_pace;
 pub mod window;
 
-pub use config::MmapConfig;
+pub use config::{
+    MmapConfig, MmapParams, Mode, DEFAULT_DISTANCE, DEFAULT_SIZE, DEFAULT_THRESHOLD_PCT,
+};
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -44,7 +46,6 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use granary_shm::{job, State};
-use serde::{Deserialize, Serialize};
 
 pub use page_order::PageOrder;
 pub use window::{Shape, Window};
@@ -55,62 +56,6 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::statics::{self, OnceLock, Thread};
 use crate::sync::{lock, thread, Arc, Mutex};
 use crate::sys;
-
-/// What the agent does for mappings (`[mmap] mode`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Follow readers and read the source ahead of them.
-    #[default]
-    Prefetch,
-    /// Follow readers (and count what they touch), read nothing ahead.
-    Watch,
-    /// Follow nothing.
-    Off,
-}
-
-impl Mode {
-    pub fn parse(s: &str) -> Option<Mode> {
-        match s {
-            "prefetch" => Some(Mode::Prefetch),
-            "watch" => Some(Mode::Watch),
-            "off" => Some(Mode::Off),
-            _ => None,
-        }
-    }
-}
-
-/// `[mmap]`, resolved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MmapParams {
-    pub mode: Mode,
-    /// How far a reader must read forward before it is read ahead of (the checkpoint
-    /// distance of Haderbache et al., 8–10 MiB best).
-    pub distance: u64,
-    /// Bytes read ahead at a time (Haderbache et al.: 50 MiB best); less when memory is tight.
-    pub size: u64,
-    /// Percent of the last window the reader passes before the next is read (Haderbache: 75).
-    pub threshold_pct: u64,
-    /// Readers of an LMDB whose pages are not in key order are followed in key order
-    /// (`lmdb_index`, `page_order`).
-    pub lmdb_index: bool,
-}
-
-pub const DEFAULT_DISTANCE: u64 = 8 << 20;
-pub const DEFAULT_SIZE: u64 = 50 << 20;
-pub const DEFAULT_THRESHOLD_PCT: u64 = 75;
-
-impl Default for MmapParams {
-    fn default() -> MmapParams {
-        MmapParams {
-            mode: Mode::Prefetch,
-            distance: DEFAULT_DISTANCE,
-            size: DEFAULT_SIZE,
-            threshold_pct: DEFAULT_THRESHOLD_PCT,
-            lmdb_index: true,
-        }
-    }
-}
 
 const PAGE: u64 = 4096;
 /// A reader that stops for this many untouched pages has ended its run (it may skip a few
