@@ -102,3 +102,93 @@ print(best * 1e9)
     }
     assert_eq!(f.counter(granary_shm::job::SOURCE_BYTES), 0);
 }
+
+/// The path one `open()` of a placed file takes through the library's source: gdb steps through
+/// a process's second such call line by line (a debug build: `cargo build -p granary-preload`) and this prints the
+/// files it passed through, in order, with the number of stops and crossings between the
+/// preload and shm crates (a stop: consecutive lines in one file). Needs gdb; prints, asserts
+/// nothing but that the open was stepped through.
+///   cargo test -p granary-preload --test bench -- --ignored --nocapture placed_open_path
+#[test]
+#[ignore]
+fn placed_open_path() {
+    let f = Fixture::new();
+    let exe = f.dir.path().join("openbench");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/bench/openbench.c");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/bench/trace_open.py");
+    let st = Command::new("cc")
+        .args(["-O0", "-g", "-o", exe.to_str().unwrap(), src])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let trace = f.dir.path().join("trace.txt");
+    let placed = f.p(BIG);
+    let out = f
+        .cmd("gdb", &["-nx", "-batch", "-x", script, "--args"], false)
+        .arg(&exe)
+        .args(["open", &placed, "2"])
+        .env("TRACE_LIB", common::lib())
+        .env("TRACE_OUT", &trace)
+        .env("GRANARY_TABLE", &f.table)
+        .env("GRANARY_JOB_SLOT", common::SLOT.to_string())
+        .output()
+        .expect("gdb");
+    let lines = std::fs::read_to_string(&trace).unwrap_or_else(|_| {
+        panic!(
+            "gdb left no trace: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let crate_of = |p: &str| {
+        ["granary-preload/src/", "granary-shm/src/"]
+            .iter()
+            .find_map(|c| {
+                p.split_once(c)
+                    .map(|(_, f)| (c.split('/').next().unwrap(), f.to_string()))
+            })
+    };
+    let mut stops: Vec<(&str, String)> = vec![];
+    for l in lines.lines() {
+        if let Some(at) = crate_of(l) {
+            if stops.last() != Some(&at) {
+                stops.push(at);
+            }
+        }
+    }
+    assert!(
+        !stops.is_empty(),
+        "no line of the library was stepped through"
+    );
+    let mut files: Vec<&(&str, String)> = vec![];
+    for s in &stops {
+        if !files.contains(&s) {
+            files.push(s);
+        }
+    }
+    let crossings = |a: &str, b: &str| {
+        stops
+            .windows(2)
+            .filter(|w| w[0].0 == a && w[1].0 == b)
+            .count()
+    };
+    for (c, file) in &files {
+        println!("{c}: {file}");
+    }
+    let n = |c: &str| files.iter().filter(|(k, _)| *k == c).count();
+    println!(
+        "one placed open(): {} preload files, {} shm files; {} stops; preload->shm {} / shm->preload {} crossings",
+        n("granary-preload"),
+        n("granary-shm"),
+        stops.len(),
+        crossings("granary-preload", "granary-shm"),
+        crossings("granary-shm", "granary-preload")
+    );
+    println!(
+        "stops: {}",
+        stops
+            .iter()
+            .map(|(_, f)| f.as_str())
+            .collect::<Vec<_>>()
+            .join(" > ")
+    );
+}
