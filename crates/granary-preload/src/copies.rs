@@ -21,8 +21,8 @@ use core::sync::atomic::{AtomicI32, Ordering};
 use granary_shm::layout::MAX_TIERS;
 use granary_shm::Table;
 
-use crate::detour::{self, sys, KeepErrno};
 use crate::path::BUF;
+use crate::sys::{self, sys, KeepErrno};
 
 static DIRS: [AtomicI32; MAX_TIERS] = [const { AtomicI32::new(-1) }; MAX_TIERS];
 
@@ -36,9 +36,9 @@ pub struct Expect {
 }
 
 /// Our effective uid without a system call: a process that consults the table has the agent's
-/// credentials (`creds::ok`), which the table records.
+/// credentials (`detour::creds_match`), which the table records.
 fn our_euid(table: &Table) -> u32 {
-    if crate::creds::ok() {
+    if crate::detour::creds_match() {
         table.agent_creds().0
     } else {
         sys!(libc::SYS_geteuid) as u32
@@ -68,7 +68,7 @@ fn dir_fd(table: &Table, tier: u8) -> Option<c_int> {
     let mut buf = [0u8; BUF];
     buf.get_mut(..path.len())?.copy_from_slice(path);
     *buf.get_mut(path.len())? = 0;
-    let fd = detour::raw_openat(
+    let fd = sys::raw_openat(
         libc::AT_FDCWD,
         buf.as_ptr().cast(),
         libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
@@ -77,9 +77,9 @@ fn dir_fd(table: &Table, tier: u8) -> Option<c_int> {
     if fd < 0 {
         return None;
     }
-    let mut st = detour::empty_stat();
-    if detour::raw_fstat(fd, &mut st) != 0 || !verified(&st, dev, ino, our_euid(table)) {
-        detour::raw_close(fd);
+    let mut st = sys::empty_stat();
+    if sys::raw_fstat(fd, &mut st) != 0 || !verified(&st, dev, ino, our_euid(table)) {
+        sys::raw_close(fd);
         return None;
     }
     let fd = out_of_the_way(fd);
@@ -87,7 +87,7 @@ fn dir_fd(table: &Table, tier: u8) -> Option<c_int> {
         Ok(_) => Some(fd),
         Err(other) => {
             // Another thread got there first: keep one.
-            detour::raw_close(fd);
+            sys::raw_close(fd);
             Some(other)
         }
     }
@@ -115,7 +115,7 @@ fn out_of_the_way(fd: c_int) -> c_int {
     if high < 0 {
         return fd;
     }
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     high
 }
 
@@ -158,9 +158,9 @@ pub fn open(
         return None;
     }
     let (fd, added) = open_unchecked(table, tier, name, flags)?;
-    let mut st = detour::empty_stat();
-    if detour::raw_fstat(fd, &mut st) != 0 || !is_copy(table, tier, &st, expect) {
-        detour::raw_close(fd);
+    let mut st = sys::empty_stat();
+    if sys::raw_fstat(fd, &mut st) != 0 || !is_copy(table, tier, &st, expect) {
+        sys::raw_close(fd);
         if let Some(dir) = dir_fd(table, tier) {
             recheck_dir(table, tier, dir);
         }
@@ -208,8 +208,8 @@ pub fn could_be_copy(table: &Table, tier: u8, name: &[u8], st: &libc::stat) -> b
     let Some(cname) = one_name(name) else {
         return false;
     };
-    let mut now = detour::empty_stat();
-    detour::raw_newfstatat(
+    let mut now = sys::empty_stat();
+    sys::raw_newfstatat(
         dir,
         cname.as_ptr().cast(),
         (&mut now as *mut libc::stat).cast(),
@@ -240,9 +240,9 @@ pub fn open_own(table: &Table, tier: u8, name: &[u8], flags: c_int) -> Option<c_
         recheck_dir(table, tier, dir);
         return None;
     }
-    let mut st = detour::empty_stat();
+    let mut st = sys::empty_stat();
     if !ours(table, tier, fd, &mut st) {
-        detour::raw_close(fd);
+        sys::raw_close(fd);
         return None;
     }
     Some(fd)
@@ -251,7 +251,7 @@ pub fn open_own(table: &Table, tier: u8, name: &[u8], flags: c_int) -> Option<c_
 /// `fd` (its `fstat` into `st`) is a regular file of ours, closed to others, on tier `tier`'s
 /// device.
 fn ours(table: &Table, tier: u8, fd: c_int, st: &mut libc::stat) -> bool {
-    detour::raw_fstat(fd, st) == 0 && is_ours(table, tier, st)
+    sys::raw_fstat(fd, st) == 0 && is_ours(table, tier, st)
 }
 
 fn is_ours(table: &Table, tier: u8, st: &libc::stat) -> bool {
@@ -284,7 +284,7 @@ fn open_beneath_mode(dir: c_int, name: &[u8], flags: c_int, mode: libc::mode_t) 
     let Some(cname) = one_name(name) else {
         return (-1, false);
     };
-    let fd = detour::raw_openat(dir, cname.as_ptr().cast(), flags | libc::O_NOFOLLOW, mode);
+    let fd = sys::raw_openat(dir, cname.as_ptr().cast(), flags | libc::O_NOFOLLOW, mode);
     (fd, flags & libc::O_NOFOLLOW == 0)
 }
 
@@ -311,8 +311,8 @@ fn recheck_dir(table: &Table, tier: u8, dir: c_int) {
     let Some((dev, ino)) = table.tier_dir_id(tier as u32) else {
         return;
     };
-    let mut st = detour::empty_stat();
-    if detour::raw_fstat(dir, &mut st) != 0 || !verified(&st, dev, ino, our_euid(table)) {
+    let mut st = sys::empty_stat();
+    if sys::raw_fstat(dir, &mut st) != 0 || !verified(&st, dev, ino, our_euid(table)) {
         if let Some(slot) = DIRS.get(tier as usize) {
             let _ = slot.compare_exchange(dir, -1, Ordering::AcqRel, Ordering::Relaxed);
         }

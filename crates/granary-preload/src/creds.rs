@@ -9,19 +9,10 @@
 //! every raw system call.
 
 use core::ffi::c_int;
-use core::sync::atomic::{AtomicBool, Ordering};
 
 use granary_shm::{groups_hash, Table};
 
-use crate::detour::{real, sys};
-
-static MATCH: AtomicBool = AtomicBool::new(false);
-
-/// True while this process's credentials are the agent's (the catalog may answer for it).
-#[inline]
-pub fn ok() -> bool {
-    MATCH.load(Ordering::Relaxed)
-}
+use crate::sys::{real, sys};
 
 /// This process's credentials as the table records the agent's: `None` when real, effective,
 /// saved and file-system ids are not all one uid and one gid (access(2) would then judge with
@@ -59,14 +50,14 @@ fn current() -> Option<(u32, u32, u64)> {
 /// Compares this process's credentials with the agent's; the answer holds until the next change.
 pub fn check(table: &Table) -> bool {
     let same = current() == Some(table.agent_creds());
-    MATCH.store(same, Ordering::Relaxed);
+    crate::detour::set_creds_match(same);
     same
 }
 
 fn changed(r: c_int) -> c_int {
     if r == 0 {
-        let _keep = crate::detour::KeepErrno::new();
-        if let Some(t) = crate::config::table() {
+        let _keep = crate::sys::KeepErrno::new();
+        if let Some(t) = crate::detour::table() {
             check(t);
         }
     }

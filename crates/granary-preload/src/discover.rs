@@ -23,9 +23,9 @@ use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use granary_shm::{job, seen, Mapping, Table};
 
-use crate::config::{env, env_ptr, parse_u32};
-use crate::detour::{self, sys};
+use crate::env::{parse_u32, parse_u64, var as env, var_ptr as env_ptr};
 use crate::path::BUF;
+use crate::sys::{self, sys};
 
 /// The inherited table fd this process keeps open for its children; -1 when none.
 static TABLE_FD: AtomicI32 = AtomicI32::new(-1);
@@ -91,7 +91,7 @@ pub fn table() -> Result<Found, &'static [u8]> {
 }
 
 fn map_path(path: *const c_char, id: Option<(u64, u64)>) -> Result<Table, &'static [u8]> {
-    let fd = detour::raw_openat(
+    let fd = sys::raw_openat(
         libc::AT_FDCWD,
         path,
         libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
@@ -101,15 +101,15 @@ fn map_path(path: *const c_char, id: Option<(u64, u64)>) -> Result<Table, &'stat
         return Err(b"cannot open GRANARY_TABLE (a container with its own /dev/shm?)");
     }
     let r = map_fd(fd, id);
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     r
 }
 
 /// Maps the table open at `fd`: a regular file of ours that nobody else may write, and the
 /// job's own when its identity is known.
 fn map_fd(fd: c_int, id: Option<(u64, u64)>) -> Result<Table, &'static [u8]> {
-    let mut st = detour::empty_stat();
-    if detour::raw_fstat(fd, &mut st) != 0 {
+    let mut st = sys::empty_stat();
+    if sys::raw_fstat(fd, &mut st) != 0 {
         return Err(b"table fd not open");
     }
     let euid = sys!(libc::SYS_geteuid) as u32;
@@ -138,20 +138,6 @@ fn parse_id(s: &[u8]) -> Option<(u64, u64)> {
     Some((parse_u64(s.get(..colon)?)?, parse_u64(s.get(colon + 1..)?)?))
 }
 
-fn parse_u64(s: &[u8]) -> Option<u64> {
-    if s.is_empty() {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for &b in s {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add((b - b'0') as u64)?;
-    }
-    Some(v)
-}
-
 /// True when this process is in the mount namespace `granary run` started the program in
 /// (`GRANARY_MNT_NS`, the inode of `/proc/self/ns/mnt`): it sees the source and the tiers where
 /// the agent does, and checking them would cost a metadata call on the source per process.
@@ -159,8 +145,8 @@ pub fn same_mount_ns() -> bool {
     let Some(want) = env(c"GRANARY_MNT_NS").and_then(parse_u64) else {
         return false;
     };
-    let mut st = detour::empty_stat();
-    let r = detour::raw_newfstatat(
+    let mut st = sys::empty_stat();
+    let r = sys::raw_newfstatat(
         libc::AT_FDCWD,
         c"/proc/self/ns/mnt".as_ptr(),
         (&mut st as *mut libc::stat).cast(),
@@ -174,8 +160,8 @@ fn dev_ino(path: &[u8]) -> Option<(u64, u64)> {
     let mut buf = [0u8; BUF];
     buf.get_mut(..path.len())?.copy_from_slice(path);
     *buf.get_mut(path.len())? = 0;
-    let mut st = detour::empty_stat();
-    let r = detour::raw_newfstatat(
+    let mut st = sys::empty_stat();
+    let r = sys::raw_newfstatat(
         libc::AT_FDCWD,
         buf.as_ptr().cast(),
         (&mut st as *mut libc::stat).cast(),

@@ -16,7 +16,7 @@
 
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use crate::detour::sys;
+use crate::sys::sys;
 
 const MAX_FDS: usize = 65536;
 /// Directory fds get a listing cursor and a dirent buffer each; more than this pass through.

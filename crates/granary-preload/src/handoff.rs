@@ -14,8 +14,8 @@ use core::ffi::{c_char, c_int, CStr};
 
 use granary_shm::{job, seen};
 
-use crate::detour::{self, sys};
 use crate::path::BUF;
+use crate::sys::{self, sys};
 
 /// The program to be started, as the call names it.
 #[derive(Clone, Copy)]
@@ -46,8 +46,8 @@ pub fn current_env() -> *const *const c_char {
 /// Looks at a start before the real call. `None` when the table is not mapped in this process
 /// or the program is not expected to attach.
 pub fn before(target: Target, envp: *const *const c_char) -> Option<Counted> {
-    let table = crate::config::table()?;
-    let slot = crate::config::job_slot();
+    let table = crate::detour::table()?;
+    let slot = crate::detour::job_slot();
     let env = Env::scan(envp);
     if env.disabled || env.other_job {
         return None;
@@ -81,7 +81,7 @@ pub fn before(target: Target, envp: *const *const c_char) -> Option<Counted> {
 
 /// The real call returned an error: the program did not start.
 pub fn failed(c: Option<Counted>) {
-    if let (Some(c), Some(table)) = (c, crate::config::table()) {
+    if let (Some(c), Some(table)) = (c, crate::detour::table()) {
         table.uncount(c.slot, job::EXECS, 1);
     }
 }
@@ -122,7 +122,7 @@ impl Env {
                     .any(|lib| base_name(lib).starts_with(b"libgranary_preload"));
             } else if let Some(v) = var.strip_prefix(b"GRANARY_TABLE_FD=") {
                 e.table = true;
-                e.table_fd = crate::config::parse_u32(v).map(|v| v as c_int);
+                e.table_fd = crate::env::parse_u32(v).map(|v| v as c_int);
             } else if let Some(v) = var.strip_prefix(b"GRANARY_TABLE_ID=") {
                 e.other_job = crate::discover::names_another_table(v);
             } else if var.starts_with(b"GRANARY_TABLE=") {
@@ -167,12 +167,12 @@ fn loader_of(target: Target) -> Loader {
         return Loader::Dynamic;
     }
     let l = inspect(fd);
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     l
 }
 
 fn open_exe(path: *const c_char) -> c_int {
-    detour::raw_openat(
+    sys::raw_openat(
         libc::AT_FDCWD,
         path,
         libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK,
@@ -229,8 +229,8 @@ fn search(name: &[u8]) -> c_int {
 
 /// How the dynamic loader will treat the program open at `fd`.
 fn inspect(fd: c_int) -> Loader {
-    let mut st = detour::empty_stat();
-    if detour::raw_fstat(fd, &mut st) != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+    let mut st = sys::empty_stat();
+    if sys::raw_fstat(fd, &mut st) != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Loader::Dynamic;
     }
     let euid = sys!(libc::SYS_geteuid) as u32;

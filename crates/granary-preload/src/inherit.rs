@@ -14,12 +14,12 @@ use core::ffi::c_int;
 use granary_shm::{parse_object_name, state, strip_root, Table};
 
 use crate::copies::ctime_ns;
-use crate::detour::{self, sys};
 use crate::fdtable::{self, flag, FdKind, Tracked};
 use crate::path::BUF;
+use crate::sys::{self, sys};
 
 pub fn adopt(table: &Table) {
-    let dir = detour::raw_openat(
+    let dir = sys::raw_openat(
         libc::AT_FDCWD,
         c"/proc/self/fd".as_ptr(),
         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
@@ -50,7 +50,7 @@ pub fn adopt(table: &Table) {
             off += reclen;
         }
     }
-    detour::raw_close(dir);
+    sys::raw_close(dir);
 }
 
 fn parse_fd(name: &[u8]) -> Option<c_int> {
@@ -91,8 +91,8 @@ fn look_at(table: &Table, fd: c_int) {
     if fdtable::get(fd).is_some() {
         return;
     }
-    let mut st = detour::empty_stat();
-    if detour::raw_fstat(fd, &mut st) != 0 {
+    let mut st = sys::empty_stat();
+    if sys::raw_fstat(fd, &mut st) != 0 {
         return;
     }
     let ty = st.st_mode & libc::S_IFMT;

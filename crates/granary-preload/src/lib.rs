@@ -8,16 +8,17 @@
 //! Known blind spots: static binaries, Go programs, raw `syscall()`, io_uring, and libc-internal
 //! calls (`fopen`'s internal `open`, stdio's internal `read`: hence the stdio hooks).
 
-mod config;
 mod copies;
 mod creds;
 mod detour;
 mod discover;
 mod entries;
+mod env;
 mod fdtable;
 mod handoff;
 mod hooks;
 mod inherit;
+mod init;
 mod lmdb;
 mod log;
 mod mapping;
@@ -30,5 +31,6 @@ mod procmaps;
 mod release;
 mod statbuf;
 mod switch;
+mod sys;
 mod usermem;
 mod validate;

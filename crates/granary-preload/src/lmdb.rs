@@ -25,8 +25,9 @@ use core::ffi::{c_char, c_int};
 
 use granary_shm::{object_name, request, state};
 
-use crate::detour::{self, sys, Guard, KeepErrno};
+use crate::detour::Guard;
 use crate::path::BUF;
+use crate::sys::{self, sys, KeepErrno};
 
 /// `MDB_MAGIC`, the first word of an LMDB meta page after its 16-byte page header.
 const MDB_MAGIC: u32 = 0xBEEF_C0DE;
@@ -47,7 +48,7 @@ pub fn lock_open(dirfd: c_int, path: *const c_char, flags: c_int) -> Option<c_in
     } else {
         name.strip_suffix(b"-lock").filter(|n| !n.is_empty())?
     };
-    let g = detour::enter()?;
+    let g = crate::detour::enter()?;
     let _keep = KeepErrno::new();
     // The data file's path: the lock file's with its last component replaced.
     let mut data = [0u8; BUF];
@@ -112,7 +113,7 @@ fn is_lmdb(g: &Guard, idx: u32, e: &granary_shm::EntryRec) -> bool {
     };
     let mut word = [0u8; 4];
     let n = sys!(libc::SYS_pread64, fd, word.as_mut_ptr(), 4, 16);
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     n == 4 && u32::from_ne_bytes(word) == MDB_MAGIC
 }
 
@@ -135,7 +136,7 @@ fn in_use(g: &Guard, name: &[u8]) -> bool {
         libc::F_GETLK,
         &mut lk as *mut libc::flock
     );
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     r == 0 && lk.l_type != libc::F_UNLCK as i16
 }
 
@@ -148,7 +149,7 @@ fn source_would_open(dirfd: c_int, path: *const c_char, flags: c_int) -> bool {
     if sys!(libc::SYS_faccessat2, dirfd, path, rw, libc::AT_EACCESS) == 0 {
         return true;
     }
-    if detour::errno() != libc::ENOENT || flags & libc::O_CREAT == 0 {
+    if sys::errno() != libc::ENOENT || flags & libc::O_CREAT == 0 {
         return false;
     }
     // Created in its directory: write and search permission there.

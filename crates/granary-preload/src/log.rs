@@ -2,7 +2,7 @@
 
 use core::sync::atomic::{AtomicI32, Ordering};
 
-use crate::detour;
+use crate::sys;
 
 /// Where diagnostics go; -1 = silent.
 static FD: AtomicI32 = AtomicI32::new(-1);
@@ -17,7 +17,7 @@ pub fn configure(spec: &[u8]) {
             return;
         };
         dst.copy_from_slice(path);
-        let fd = detour::raw_openat(
+        let fd = sys::raw_openat(
             libc::AT_FDCWD,
             buf.as_ptr().cast(),
             libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
@@ -45,14 +45,14 @@ pub fn line(parts: &[&[u8]]) {
         len: 0,
     };
     w.put(b"granary-preload[");
-    w.num(detour::sys!(libc::SYS_getpid) as u64);
+    w.num(sys::sys!(libc::SYS_getpid) as u64);
     w.put(b"]: ");
     for p in parts {
         w.put(p);
     }
     w.put(b"\n");
     let len = w.len;
-    detour::raw_write(fd, buf.get(..len).unwrap_or(&[]));
+    sys::raw_write(fd, buf.get(..len).unwrap_or(&[]));
 }
 
 /// Decimal digits of `v` in a small buffer, for `line`.

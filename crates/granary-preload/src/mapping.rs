@@ -26,8 +26,9 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use granary_shm::{chunk_data_offset, chunks_name, part_name, request, state, EntryRec};
 
-use crate::detour::{self, sys, Guard, KeepErrno};
+use crate::detour::Guard;
 use crate::fdtable::Tracked;
+use crate::sys::{self, sys, KeepErrno};
 
 /// This process mapped a followed file: a forked child has the same mappings to follow.
 static MAPPED_ANY: AtomicBool = AtomicBool::new(false);
@@ -153,13 +154,13 @@ pub fn changed() {
     if !MAPPED_ANY.load(Ordering::Relaxed) {
         return;
     }
-    let Some(table) = crate::config::table() else {
+    let Some(table) = crate::detour::table() else {
         return;
     };
     if table.is_valid() {
         let _keep = KeepErrno::new();
         let pid = sys!(libc::SYS_getpid) as u32;
-        table.push_request_arg(request::MAPPED, pid, crate::config::job_slot());
+        table.push_request_arg(request::MAPPED, pid, crate::detour::job_slot());
     }
 }
 
@@ -215,9 +216,9 @@ fn overlay_chunks(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r
     let Some(file) = open_tier_file(g, idx, entry, state::tier_of(word), true) else {
         return;
     };
-    let mut st = detour::empty_stat();
+    let mut st = sys::empty_stat();
     // A chunk file shorter than its geometry would SIGBUS the program on access: never map it.
-    let whole = detour::raw_fstat(file, &mut st) == 0 && st.st_size as u64 >= data + size;
+    let whole = sys::raw_fstat(file, &mut st) == 0 && st.st_size as u64 >= data + size;
     let mut k = r.start / cs;
     while whole && k * cs < end {
         let (s, e) = ((k * cs).max(r.start), ((k + 1) * cs).min(end));
@@ -226,7 +227,7 @@ fn overlay_chunks(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r
         }
         k += 1;
     }
-    detour::raw_close(file);
+    sys::raw_close(file);
 }
 
 /// PLACING: the part of the partial copy the agent's progress covers (whole pages, or up to the
@@ -254,12 +255,12 @@ fn overlay_part(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r: 
     let w = g.table.state(idx);
     let still =
         (w == word || w == state::word(state::PLACED, tier)) && g.table.copy_identity(idx).0 == ino;
-    let mut st = detour::empty_stat();
-    let long_enough = detour::raw_fstat(file, &mut st) == 0 && st.st_size as u64 >= end.min(size);
+    let mut st = sys::empty_stat();
+    let long_enough = sys::raw_fstat(file, &mut st) == 0 && st.st_size as u64 >= end.min(size);
     if still && long_enough {
         r.put(file, 0, r.start, end, fd);
     }
-    detour::raw_close(file);
+    sys::raw_close(file);
 }
 
 /// The entry's chunk file (`chunks`) or part in `tier`, if it is the one the agent recorded.
@@ -353,7 +354,7 @@ pub fn unsplit(g: &Guard, addr: usize, len: usize) -> bool {
         src,
         addr.wrapping_sub(s.delta)
     );
-    detour::raw_close(src);
+    sys::raw_close(src);
     r >= 0
 }
 

@@ -2,13 +2,13 @@
 //! system calls into stack buffers. Used once, when the source root is not at its catalogued
 //! path, to tell "bound at another path" from "not bound at all".
 
-use crate::detour::{self, sys};
 use crate::path::BUF;
+use crate::sys::{self, sys};
 
 /// True when some mount point of this process is the directory `want` (`(st_dev, st_ino)`) on
 /// the device `major:minor` (a bind of exactly that directory).
 pub fn shows(major: u32, minor: u32, want: (u64, u64)) -> bool {
-    let fd = detour::raw_openat(
+    let fd = sys::raw_openat(
         libc::AT_FDCWD,
         c"/proc/self/mountinfo".as_ptr(),
         libc::O_RDONLY | libc::O_CLOEXEC,
@@ -52,7 +52,7 @@ pub fn shows(major: u32, minor: u32, want: (u64, u64)) -> bool {
         buf.copy_within(start..have, 0);
         have -= start;
     }
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     found
 }
 
@@ -75,8 +75,8 @@ fn line_shows(line: &[u8], major: u32, minor: u32, want: (u64, u64)) -> bool {
     if unescape(point, &mut path).is_none() {
         return false;
     }
-    let mut st = detour::empty_stat();
-    let r = detour::raw_newfstatat(
+    let mut st = sys::empty_stat();
+    let r = sys::raw_newfstatat(
         libc::AT_FDCWD,
         path.as_ptr().cast(),
         (&mut st as *mut libc::stat).cast(),

@@ -18,9 +18,10 @@ use core::ffi::c_int;
 
 use granary_shm::{job, request, state, EntryRec, Locator};
 
-use crate::detour::{self, sys, Guard, KeepErrno};
+use crate::detour::Guard;
 use crate::log;
 use crate::place::now_ns;
+use crate::sys::{self, sys, KeepErrno};
 
 /// A waiting open gives up when the pack's stream stood still this long…
 const STALL_NS: u64 = 10_000_000_000;
@@ -85,7 +86,7 @@ fn give_up(why: &[u8]) -> bool {
 pub fn dir_fd(g: &Guard, flags: c_int) -> c_int {
     let keep = libc::O_CLOEXEC | libc::O_NOATIME | libc::O_NONBLOCK;
     with_empty_dir(g, |p| {
-        detour::raw_openat(
+        sys::raw_openat(
             libc::AT_FDCWD,
             p,
             (flags & keep) | libc::O_RDONLY | libc::O_DIRECTORY,
@@ -167,7 +168,7 @@ struct Fd(c_int);
 impl Drop for Fd {
     fn drop(&mut self) {
         if self.0 >= 0 {
-            detour::raw_close(self.0);
+            sys::raw_close(self.0);
         }
     }
 }
@@ -185,7 +186,7 @@ fn pread_full(fd: c_int, buf: &mut [u8], off: u64) -> bool {
             off + done as u64
         );
         if n < 0 {
-            if detour::errno() == libc::EINTR {
+            if sys::errno() == libc::EINTR {
                 continue;
             }
             return false;
@@ -218,14 +219,14 @@ fn partition_ok(g: &Guard, fd: c_int, n: u32) -> bool {
         return false;
     }
     let sum = xxhash_rust::xxh3::xxh3_64(&h[..120]);
-    let mut st = detour::empty_stat();
+    let mut st = sys::empty_stat();
     let ok = &h[..8] == b"GRANPACK"
         && &h[8..12] == b"PART"
         && le32(&h, 16) == 128
         && le64(&h, 120) == sum
         && le32(&h, 24) == n
         && g.table.pack_id() == Some(&h[32..48])
-        && detour::raw_fstat(fd, &mut st) == 0
+        && sys::raw_fstat(fd, &mut st) == 0
         && st.st_size as u64 == 128 + le64(&h, 48);
     ok
 }
@@ -330,7 +331,7 @@ pub fn extract(g: &Guard, e: &EntryRec, loc: &Locator, flags: c_int) -> Result<c
     let stored_len = usize::try_from(loc.stored_len).map_err(|_| libc::EFBIG)?;
     let mut path = [0u8; 4200];
     partition_path(g, loc.partition, &mut path).ok_or(libc::EIO)?;
-    let part = Fd(detour::raw_openat(
+    let part = Fd(sys::raw_openat(
         libc::AT_FDCWD,
         path.as_ptr().cast(),
         libc::O_RDONLY | libc::O_CLOEXEC,
@@ -388,7 +389,7 @@ pub fn extract(g: &Guard, e: &EntryRec, loc: &Locator, flags: c_int) -> Result<c
     }
     proc[14 + n] = 0;
     let cloexec = flags & libc::O_CLOEXEC;
-    let ro = detour::raw_openat(
+    let ro = sys::raw_openat(
         libc::AT_FDCWD,
         proc.as_ptr().cast(),
         libc::O_RDONLY | cloexec,

@@ -13,15 +13,15 @@ use core::ffi::c_int;
 
 use granary_shm::job;
 
-use crate::detour::{self, sys, KeepErrno};
 use crate::fdtable::{self, FdKind, Tracked};
+use crate::sys::{sys, KeepErrno};
 
 /// Called before the real close of a tracked fd. Advisory: errno is kept, failures ignored.
 pub fn before_close(fd: c_int, t: Tracked) {
     if !matches!(t.kind, FdKind::Tier(_)) {
         return;
     }
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return;
     };
     if !g.table.is_transient(t.entry) {

@@ -15,8 +15,8 @@ use core::sync::atomic::{AtomicU8, Ordering};
 
 use granary_shm::{strip_root, Table};
 
-use crate::detour::sys;
 use crate::fdtable::{self, FdKind};
+use crate::sys::sys;
 
 pub const BUF: usize = libc::PATH_MAX as usize + 1;
 

@@ -18,10 +18,11 @@ use granary_shm::{
 };
 
 use crate::copies::{self, Expect};
-use crate::detour::{self, sys, Guard, KeepErrno};
+use crate::detour::Guard;
 use crate::fdtable::{flag, FdKind, Tracked};
 use crate::log;
 use crate::switch::{self, range, ReadInto, Serve, Served};
+use crate::sys::{self, sys, KeepErrno};
 
 /// A waiting read gives up when progress stood still this long…
 const STALL_NS: u64 = 2_000_000_000;
@@ -456,7 +457,7 @@ impl Gate {
             ),
             None => sys!(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize),
         };
-        let interrupted = r < 0 && detour::errno() == libc::EINTR;
+        let interrupted = r < 0 && sys::errno() == libc::EINTR;
         *sleep = (*sleep * 2).min(max);
         !interrupted
     }
@@ -568,7 +569,7 @@ pub fn on_release(t: Tracked) {
     if t.kind != FdKind::Source {
         return;
     }
-    let Some(table) = crate::config::table() else {
+    let Some(table) = crate::detour::table() else {
         return;
     };
     if !table.is_valid() {
@@ -580,7 +581,7 @@ pub fn on_release(t: Tracked) {
     let st = state::state_of(table.state(t.entry));
     if entry.stat.size < table.prefetch_min_size() && (st == state::UNPLACED || st == state::QUEUED)
     {
-        let slot = crate::config::job_slot();
+        let slot = crate::detour::job_slot();
         table.push_request_arg(request::CLOSED, t.entry, slot);
     }
 }

@@ -2,7 +2,7 @@
 //! no allocation, usable inside a hook. Only the rare paths that must know how the program's
 //! address space is laid out use it (`mremap` of a mapping granary split).
 
-use crate::detour::{self, sys};
+use crate::sys::{self, sys};
 
 /// One line of `/proc/self/maps`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -27,7 +27,7 @@ const BUF: usize = 8192;
 /// could not be read whole (a line longer than the buffer counts as a failure): the caller must
 /// then assume nothing.
 pub fn for_each(mut each: impl FnMut(&Vma) -> bool) -> bool {
-    let fd = detour::raw_openat(
+    let fd = sys::raw_openat(
         libc::AT_FDCWD,
         c"/proc/self/maps".as_ptr(),
         libc::O_RDONLY | libc::O_CLOEXEC,
@@ -44,7 +44,7 @@ pub fn for_each(mut each: impl FnMut(&Vma) -> bool) -> bool {
         };
         let n = sys!(libc::SYS_read, fd, room.as_mut_ptr(), room.len());
         if n < 0 {
-            if detour::errno() == libc::EINTR {
+            if sys::errno() == libc::EINTR {
                 continue;
             }
             break false;
@@ -77,7 +77,7 @@ pub fn for_each(mut each: impl FnMut(&Vma) -> bool) -> bool {
         buf.copy_within(done..have, 0);
         have -= done;
     };
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     ok
 }
 

@@ -22,7 +22,7 @@ pub fn before(fd: c_int) -> Option<Tracked> {
 /// After the real call: what the agent should learn from it.
 pub fn after(t: Option<Tracked>) {
     if let Some(t) = t {
-        let _keep = crate::detour::KeepErrno::new();
+        let _keep = crate::sys::KeepErrno::new();
         crate::place::on_release(t);
     }
 }

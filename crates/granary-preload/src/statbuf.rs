@@ -3,7 +3,7 @@
 use granary_shm::StatRec;
 
 pub fn stat(s: &StatRec, out: &mut libc::stat) {
-    *out = crate::detour::empty_stat();
+    *out = crate::sys::empty_stat();
     out.st_dev = libc::makedev(s.dev_major, s.dev_minor);
     out.st_ino = s.ino;
     out.st_nlink = s.nlink as _;

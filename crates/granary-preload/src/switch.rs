@@ -15,10 +15,11 @@ use core::ffi::c_int;
 use granary_shm::{job, object_name, state, EntryRec, Table};
 
 use crate::copies::{self, Expect};
-use crate::detour::{self, sys, Guard, KeepErrno};
+use crate::detour::Guard;
 use crate::fdtable::{self, flag, FdKind, Tracked};
 use crate::log;
 use crate::path::{self, Buf};
+use crate::sys::{self, sys, KeepErrno};
 
 /// Reads `want` bytes (fewer only at a short read) from `file` at `off` into the caller's
 /// buffers; -1 on error. The hook supplies it: `pread` into one buffer, or over an iovec.
@@ -91,8 +92,8 @@ pub fn open_copy_unchecked(
 /// `None` if the number is not open any more (closed behind our back): it is forgotten.
 pub fn confirm(fd: c_int, t: Tracked) -> Option<Tracked> {
     let _keep = KeepErrno::new();
-    let mut st = detour::empty_stat();
-    if detour::raw_fstat(fd, &mut st) != 0 {
+    let mut st = sys::empty_stat();
+    if sys::raw_fstat(fd, &mut st) != 0 {
         fdtable::take(fd);
         return None;
     }
@@ -114,7 +115,7 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
     let FdKind::Tier(tier) = t.kind else {
         return Some(now);
     };
-    let table = crate::config::table();
+    let table = crate::detour::table();
     let word = table.map_or(0, |tb| tb.state(t.entry));
     let entry = table.and_then(|tb| tb.entry(t.entry));
     let ok = match (table, &entry) {
@@ -159,7 +160,7 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
             now = to;
         }
         // Counted as a tier file at the open; its bytes come from the source.
-        let slot = crate::config::job_slot();
+        let slot = crate::detour::job_slot();
         tb.uncount(slot, job::TIER_FILES + tier as usize, 1);
         tb.count(slot, job::SOURCE_OPENS, 1);
         tb.count(slot, job::FALLBACKS, 1);
@@ -173,7 +174,7 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
                 &expect,
             ) {
                 Some((cfd, _)) => {
-                    detour::raw_close(cfd);
+                    sys::raw_close(cfd);
                 }
                 None => {
                     // As an open that finds the copy damaged: withdrawn, then placed again.
@@ -203,7 +204,7 @@ fn open_source_in(table: &Table, idx: u32, e: &EntryRec, flags: c_int) -> Option
     let _keep = KeepErrno::new();
     let mut buf = Buf::new();
     let p = path::entry_path(table, idx, &mut buf)?;
-    let fd = detour::raw_openat(
+    let fd = sys::raw_openat(
         libc::AT_FDCWD,
         p,
         flags | libc::O_NOFOLLOW | libc::O_NONBLOCK,
@@ -212,8 +213,8 @@ fn open_source_in(table: &Table, idx: u32, e: &EntryRec, flags: c_int) -> Option
     if fd < 0 {
         return None;
     }
-    let mut st = detour::empty_stat();
-    let same = detour::raw_fstat(fd, &mut st) == 0
+    let mut st = sys::empty_stat();
+    let same = sys::raw_fstat(fd, &mut st) == 0
         && st.st_mode & libc::S_IFMT == libc::S_IFREG
         && st.st_ino == e.stat.ino
         && st.st_dev == libc::makedev(e.stat.dev_major, e.stat.dev_minor);
@@ -228,7 +229,7 @@ fn open_source_in(table: &Table, idx: u32, e: &EntryRec, flags: c_int) -> Option
             ) == 0
     };
     if !same || !restored {
-        detour::raw_close(fd);
+        sys::raw_close(fd);
         return None;
     }
     Some(fd)
@@ -267,7 +268,7 @@ fn put_under_at(fd: c_int, new: c_int, to: Tracked, pos: libc::c_long) -> bool {
         && pos >= 0
         && sys!(libc::SYS_lseek, new, pos, libc::SEEK_SET) == pos
         && sys!(libc::SYS_dup3, new, fd, cloexec) == fd as libc::c_long;
-    detour::raw_close(new);
+    sys::raw_close(new);
     if ok {
         fdtable::track(fd, to);
     }
@@ -441,7 +442,7 @@ pub fn serve(
         },
         None => at_offset(fd, want, size, from_file, how.fallback, f),
     };
-    detour::raw_close(file);
+    sys::raw_close(file);
     out
 }
 
@@ -474,7 +475,7 @@ fn at_offset(
         };
         fell_back = true;
     }
-    let errno = detour::errno();
+    let errno = sys::errno();
     let delivered = u64::try_from(n).unwrap_or(0);
     if delivered < want {
         let back = (want - delivered) as i64;

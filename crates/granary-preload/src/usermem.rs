@@ -8,7 +8,7 @@
 
 use core::ffi::c_void;
 
-use crate::detour::sys;
+use crate::sys::sys;
 
 /// Copies `src` into the program's memory at `dst`; false if any byte of it is not writable
 /// (or the copy is refused): the caller then lets the real call report the error.

@@ -9,8 +9,8 @@
 use granary_shm::lifecycle::{self, Check, Verdict};
 use granary_shm::{request, EntryRec, StatRec, Table};
 
-use crate::detour::{self, sys, KeepErrno};
 use crate::path::{self, Buf};
+use crate::sys::{self, sys, KeepErrno};
 
 /// `statx(AT_SYMLINK_NOFOLLOW)` of entry `idx`'s path on the source, compared with the catalog.
 fn verdict(table: &Table, idx: u32, e: &EntryRec) -> Verdict {
@@ -31,7 +31,7 @@ fn verdict(table: &Table, idx: u32, e: &EntryRec) -> Verdict {
     let now = if r == 0 {
         Ok(StatRec::from_statx(&sx))
     } else {
-        Err(detour::errno())
+        Err(sys::errno())
     };
     lifecycle::verdict_with(&e.stat, now.as_ref().map_err(|e| *e), || {
         // A directory that changed: may these credentials still list and search it?

@@ -10,10 +10,9 @@ use core::sync::atomic::Ordering;
 use granary_shm::{job, state};
 
 use super::{find, locate};
-use crate::config;
-use crate::detour::{self, real, KeepErrno};
 use crate::fdtable::{self, FdKind, MAX_DIR_FDS};
 use crate::path::Buf;
+use crate::sys::{real, KeepErrno};
 
 type OpendirFn = unsafe extern "C" fn(*const c_char) -> *mut libc::DIR;
 type ReaddirFn = unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64;
@@ -50,7 +49,7 @@ fn stream_fd(dirp: *mut libc::DIR) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
     let pass = || real!(OPENDIR as OpendirFn, c"opendir", (path) or core::ptr::null_mut());
-    let Some(g) = detour::enter() else {
+    let Some(g) = crate::detour::enter() else {
         return pass();
     };
     let mut buf = Buf::new();
@@ -87,7 +86,7 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
 
 /// The next catalog entry of the stream on tracked fd `fd`, or `None` at the end.
 fn next_entry(fd: c_int, dir_entry: u32) -> Option<*mut libc::dirent64> {
-    let table = config::table()?;
+    let table = crate::detour::table()?;
     let pos_cell = fdtable::dir_pos(fd)?;
     let pos = pos_cell.load(Ordering::Relaxed);
     let e = table.entry(dir_entry)?;
@@ -138,7 +137,7 @@ fn readdir_impl(
     if t.kind != FdKind::Dir {
         return pass();
     }
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return pass();
     };
     // At the start of a listing, the catalog answers only for a directory the program has not

@@ -5,8 +5,8 @@
 
 use core::ffi::{c_char, c_int};
 
-use crate::detour::{real, sys};
 use crate::handoff::{self, current_env, Target};
+use crate::sys::{real, sys};
 
 type ExecveFn =
     unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;

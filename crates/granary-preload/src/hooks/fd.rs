@@ -6,9 +6,9 @@
 
 use core::ffi::{c_char, c_int, c_long, c_uint, c_ulong};
 
-use crate::detour::{self, real, sys};
 use crate::fdtable::{self, flag};
 use crate::release;
+use crate::sys::{self, real, sys};
 
 type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
 type CloseRangeFn = unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int;
@@ -28,7 +28,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return 0;
     }
     let t = release::before(fd);
-    let r = real!(CLOSE as CloseFn, (fd) else detour::raw_close(fd));
+    let r = real!(CLOSE as CloseFn, (fd) else sys::raw_close(fd));
     release::after(t);
     r
 }
@@ -57,7 +57,7 @@ fn close_range_impl(first: c_uint, last: c_uint, flags: c_int) -> c_int {
         return real!(CLOSE_RANGE as CloseRangeFn, (first, last, flags)
             else sys!(libc::SYS_close_range, first, last, flags) as c_int);
     }
-    let _keep = detour::KeepErrno::new();
+    let _keep = sys::KeepErrno::new();
     crate::copies::forget_range(first, last);
     let mut closed = [None; 64];
     let mut n = 0;
@@ -276,8 +276,8 @@ pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
 
 fn cwd_changed(r: c_int) {
     if r == 0 {
-        if let Some(t) = crate::config::table() {
-            let _keep = detour::KeepErrno::new();
+        if let Some(t) = crate::detour::table() {
+            let _keep = sys::KeepErrno::new();
             crate::path::note_cwd(t);
         }
     }

@@ -6,8 +6,8 @@ use core::ffi::{c_char, c_int};
 use granary_shm::{job, resolve, state, Resolved};
 
 use super::{find, locate};
-use crate::detour::{self, real, sys};
 use crate::path::{self, Buf};
+use crate::sys::{real, sys};
 use crate::usermem;
 
 type ReadlinkFn = unsafe extern "C" fn(*const c_char, *mut c_char, usize) -> isize;
@@ -22,7 +22,7 @@ fn readlink_impl(
     size: usize,
     pass: impl FnOnce(c_int, *const c_char) -> isize,
 ) -> isize {
-    let Some(g) = detour::enter() else {
+    let Some(g) = crate::detour::enter() else {
         return pass(dirfd, path);
     };
     let mut pbuf = Buf::new();
@@ -76,7 +76,7 @@ pub unsafe extern "C" fn readlinkat(
 /// the path names an entry through no symlink inside the source. The answer uses the source's
 /// real root, since realpath resolves symlinks above the source too.
 fn realpath_answer(path: *const c_char, resolved: *mut c_char) -> Option<*mut c_char> {
-    let g = detour::enter()?;
+    let g = crate::detour::enter()?;
     let mut pbuf = Buf::new();
     let loc = locate(&g, libc::AT_FDCWD, path, &mut pbuf);
     let rel = loc.rel?;

@@ -11,10 +11,10 @@
 
 use core::ffi::{c_char, c_int, c_void};
 
-use crate::detour::{self, real, sys, KeepErrno};
 use crate::fdtable::{self, FdKind, Tracked};
 use crate::path::{self, Buf};
 use crate::switch;
+use crate::sys::{real, sys, KeepErrno};
 
 use super::mutate::fd_changed;
 
@@ -36,7 +36,7 @@ fn onto_source(fd: c_int, t: Tracked) -> bool {
     if !matches!(t.kind, FdKind::Tier(_)) {
         return true;
     }
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return false;
     };
     let Some(e) = crate::entries::get(g.table, t.entry) else {
@@ -114,7 +114,7 @@ fn attribute(
         call()
     } else {
         let mut buf = Buf::new();
-        match crate::config::table().and_then(|tb| path::entry_path(tb, t.entry, &mut buf)) {
+        match crate::detour::table().and_then(|tb| path::entry_path(tb, t.entry, &mut buf)) {
             Some(p) => by_path(p),
             None => call(),
         }
@@ -215,7 +215,7 @@ macro_rules! fstatfs_hook {
             match fdtable::get(fd) {
                 Some(t) if matches!(t.kind, FdKind::Tier(_)) => {
                     let mut pbuf = Buf::new();
-                    match crate::config::table().and_then(|tb| path::entry_path(tb, t.entry, &mut pbuf)) {
+                    match crate::detour::table().and_then(|tb| path::entry_path(tb, t.entry, &mut pbuf)) {
                         Some(p) => sys!(libc::SYS_statfs, p, buf) as c_int,
                         None => call(),
                     }

@@ -7,7 +7,7 @@
 
 use core::ffi::{c_int, c_void};
 
-use crate::detour::{self, real, sys};
+use crate::sys::{self, real, sys};
 
 type MremapFn = unsafe extern "C" fn(*mut c_void, usize, usize, c_int, *mut c_void) -> *mut c_void;
 type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
@@ -45,14 +45,14 @@ pub unsafe extern "C" fn mremap(
         crate::mapping::unmapped(old as usize, old_size, Some((p as usize, new_size)));
         return p;
     }
-    if detour::errno() != libc::EFAULT || old_size == 0 {
+    if sys::errno() != libc::EFAULT || old_size == 0 {
         return p;
     }
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return p;
     };
     if !crate::mapping::unsplit(&g, old as usize, old_size) {
-        detour::set_errno(libc::EFAULT);
+        sys::set_errno(libc::EFAULT);
         return p;
     }
     drop(g);

@@ -19,9 +19,10 @@ use core::ffi::{c_char, c_int, c_uint, c_void};
 
 use granary_shm::{strip_root, Table};
 
-use crate::detour::{self, real, sys, Guard, KeepErrno};
+use crate::detour::Guard;
 use crate::fdtable;
 use crate::path::BUF;
+use crate::sys::{self, real, sys, KeepErrno};
 
 pub use granary_shm::lifecycle::Void;
 
@@ -59,13 +60,13 @@ fn rel_of_fd<'a>(table: &Table, fd: c_int, out: &'a mut [u8; BUF]) -> Option<&'a
 /// final symlink), if it lies in the source.
 pub fn entry_at(table: &Table, dirfd: c_int, path: *const c_char, follow: bool) -> Option<u32> {
     let flags = libc::O_PATH | libc::O_CLOEXEC | if follow { 0 } else { libc::O_NOFOLLOW };
-    let fd = detour::raw_openat(dirfd, path, flags, 0);
+    let fd = sys::raw_openat(dirfd, path, flags, 0);
     if fd < 0 {
         return None;
     }
     let mut buf = [0u8; BUF];
     let idx = rel_of_fd(table, fd, &mut buf).and_then(|rel| table.lookup(rel));
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     idx
 }
 
@@ -88,7 +89,7 @@ pub fn parent_at(table: &Table, dirfd: c_int, path: *const c_char) -> Option<u32
             dir.as_ptr().cast()
         }
     };
-    let fd = detour::raw_openat(
+    let fd = sys::raw_openat(
         dirfd,
         dir_path,
         libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
@@ -99,7 +100,7 @@ pub fn parent_at(table: &Table, dirfd: c_int, path: *const c_char) -> Option<u32
     }
     let mut buf = [0u8; BUF];
     let idx = rel_of_fd(table, fd, &mut buf).and_then(|rel| table.lookup(rel));
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     idx
 }
 
@@ -142,7 +143,7 @@ pub fn mutating(
 
 /// `mutating` for a call that changes several paths (`rename`, `link`).
 pub fn mutating_all(targets: &[Target], call: impl FnOnce() -> c_int) -> c_int {
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return call();
     };
     let mut before = [None; 2];
@@ -193,7 +194,7 @@ fn is_dir(table: &Table, idx: u32) -> bool {
 /// An fd-based change (`fchmod`, `fchown`, `futimens`, `fsetxattr`, …) of what `fd` is open on;
 /// `perms`: a permission change (a directory's subtree then passes through too).
 pub fn fd_changed(fd: c_int, perms: bool) {
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return;
     };
     let _keep = KeepErrno::new();

@@ -8,9 +8,10 @@ use core::ffi::{c_char, c_int};
 use granary_shm::{job, request, state};
 
 use super::{find, locate, mutate, Found};
-use crate::detour::{self, real, set_errno, Guard, KeepErrno};
+use crate::detour::Guard;
 use crate::fdtable::{self, flag, FdKind, Tracked};
 use crate::path::{Buf, Loc};
+use crate::sys::{self, real, set_errno, KeepErrno};
 use crate::{log, release, switch};
 
 /// Flags under which an open only reads (anything else, e.g. O_DIRECT, O_PATH, O_TMPFILE,
@@ -108,7 +109,7 @@ fn packed_dir(g: &Guard, idx: u32, flags: c_int) -> Plan {
     }
     if !track_dir(fd, idx, flags) {
         let _keep = KeepErrno::new();
-        detour::raw_close(fd);
+        sys::raw_close(fd);
         return Plan::Failed(libc::EMFILE);
     }
     g.count(job::CATALOG_META, 1);
@@ -192,7 +193,7 @@ fn copy_fd(
     if !fdtable::track_unchecked_copy(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {
         // Untrackable fd number: fstat could not be answered consistently, use the source.
         let _keep = KeepErrno::new();
-        detour::raw_close(fd);
+        sys::raw_close(fd);
         return None;
     }
     g.count(job::OPENS, 1);
@@ -254,7 +255,7 @@ fn write_open(fd: c_int) {
     let _keep = KeepErrno::new();
     fdtable::take(fd);
     crate::copies::forget(fd);
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return;
     };
     if let Some(entry) = mutate::opened_for_writing(&g, fd) {
@@ -280,7 +281,7 @@ fn open_impl(
         write_open(fd);
         return fd;
     }
-    let Some(g) = detour::enter() else {
+    let Some(g) = crate::detour::enter() else {
         let fd = pass();
         opened(None, fd, None);
         return fd;
@@ -325,7 +326,7 @@ macro_rules! open_hook {
             let mode = if wants_mode(flags) { mode } else { 0 };
             open_impl(libc::AT_FDCWD, path, flags, || {
                 real!($slot as OpenFn, (path, flags, mode)
-                    else detour::raw_openat(libc::AT_FDCWD, path, flags, mode))
+                    else sys::raw_openat(libc::AT_FDCWD, path, flags, mode))
             })
         }
     };
@@ -339,7 +340,7 @@ macro_rules! open2_hook {
         pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int) -> c_int {
             open_impl(libc::AT_FDCWD, path, flags, || {
                 real!($slot as Open2Fn, (path, flags)
-                    else detour::raw_openat(libc::AT_FDCWD, path, flags, 0))
+                    else sys::raw_openat(libc::AT_FDCWD, path, flags, 0))
             })
         }
     };
@@ -359,7 +360,7 @@ macro_rules! openat_hook {
             let mode = if wants_mode(flags) { mode } else { 0 };
             open_impl(dirfd, path, flags, || {
                 real!($slot as OpenatFn, (dirfd, path, flags, mode)
-                    else detour::raw_openat(dirfd, path, flags, mode))
+                    else sys::raw_openat(dirfd, path, flags, mode))
             })
         }
     };
@@ -373,7 +374,7 @@ macro_rules! openat2_hook {
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
             open_impl(dirfd, path, flags, || {
                 real!($slot as Openat2Fn, (dirfd, path, flags)
-                    else detour::raw_openat(dirfd, path, flags, 0))
+                    else sys::raw_openat(dirfd, path, flags, 0))
             })
         }
     };
@@ -388,7 +389,7 @@ macro_rules! creat_hook {
             let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
             open_impl(libc::AT_FDCWD, path, flags, || {
                 real!($slot as CreatFn, (path, mode)
-                    else detour::raw_openat(libc::AT_FDCWD, path, flags, mode))
+                    else sys::raw_openat(libc::AT_FDCWD, path, flags, mode))
             })
         }
     };
@@ -449,7 +450,7 @@ fn fopen_impl(
         Some((flags, false)) => flags,
         None => return pass(),
     };
-    let Some(g) = detour::enter() else {
+    let Some(g) = crate::detour::enter() else {
         let fp = pass();
         opened(None, stream_fd(fp), None);
         return fp;
@@ -475,9 +476,9 @@ fn fopen_impl(
         Plan::Done(fd) => {
             let fp = real!(FDOPEN as FdopenFn, c"fdopen", (fd, mode) or core::ptr::null_mut());
             if fp.is_null() {
-                let e = detour::errno();
+                let e = sys::errno();
                 fdtable::take(fd);
-                detour::raw_close(fd);
+                sys::raw_close(fd);
                 set_errno(e);
             }
             fp

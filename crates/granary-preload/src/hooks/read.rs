@@ -13,10 +13,11 @@ use core::ffi::{c_int, c_void};
 
 use granary_shm::{job, request, state};
 
-use crate::detour::{self, real, sys, Guard};
+use crate::detour::Guard;
 use crate::fdtable::{self, FdKind, Tracked};
 use crate::place::{self, Read};
 use crate::switch::{self, ReadInto, Serve, Served};
+use crate::sys::{self, real, sys};
 use crate::usermem;
 
 type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, usize) -> isize;
@@ -83,7 +84,7 @@ fn pread_all(file: c_int, buf: *mut u8, want: u64, off: u64) -> isize {
             off + done
         );
         if r < 0 {
-            if detour::errno() == libc::EINTR {
+            if sys::errno() == libc::EINTR {
                 continue;
             }
             return if done > 0 { done as isize } else { -1 };
@@ -100,8 +101,8 @@ fn pread_all(file: c_int, buf: *mut u8, want: u64, off: u64) -> isize {
 #[inline]
 fn count(kind: FdKind, n: isize) -> isize {
     if n > 0 {
-        if let Some(table) = crate::config::table() {
-            let slot = crate::config::job_slot();
+        if let Some(table) = crate::detour::table() {
+            let slot = crate::detour::job_slot();
             match kind {
                 FdKind::Source | FdKind::Other => {
                     table.count(slot, job::SOURCE_READS, 1);
@@ -120,7 +121,7 @@ fn count(kind: FdKind, n: isize) -> isize {
 fn stale(t: &Tracked) -> bool {
     matches!(t.kind, FdKind::Tier(_))
         && (t.has(crate::fdtable::flag::DAMAGED)
-            || crate::config::table()
+            || crate::detour::table()
                 .is_some_and(|tb| state::state_of(tb.state(t.entry)) == state::STALE))
 }
 
@@ -149,7 +150,7 @@ fn read_family(
         // The common case, a positioned read of a copy: count it, note its range.
         return real_read(fd, t.kind, off, real);
     }
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return count(t.kind, real());
     };
     let locked = off.is_none() && fdtable::lock(fd);
@@ -163,13 +164,13 @@ fn read_family(
     let n = match out {
         Read::Served(n) => n,
         Read::Failed(e) => {
-            detour::set_errno(e);
+            sys::set_errno(e);
             -1
         }
         Read::Real(kind) => real_read(fd, kind, off, real),
         Read::SourceThenChunk(idx, k) => {
             let n = real_read(fd, FdKind::Source, off, real);
-            let _keep = detour::KeepErrno::new();
+            let _keep = sys::KeepErrno::new();
             g.table.push_request_arg(request::CHUNK, idx, k);
             n
         }
@@ -201,7 +202,7 @@ fn stale_read(
     len: u64,
     f: &impl ReadInto,
 ) -> Read {
-    let _keep = detour::KeepErrno::new();
+    let _keep = sys::KeepErrno::new();
     let Some(e) = crate::entries::get(g.table, t.entry) else {
         return Read::Real(t.kind);
     };
@@ -387,7 +388,7 @@ fn map(
     let Some(t) = fdtable::get(fd) else {
         return real(fd);
     };
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return real(fd);
     };
     match t.kind {
@@ -436,8 +437,8 @@ fn map_copy(
     let e = crate::entries::get(g.table, t.entry)?;
     let (copy, tier, _) = switch::open_copy(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)?;
     let p = real(copy);
-    let _keep = detour::KeepErrno::new();
-    detour::raw_close(copy);
+    let _keep = sys::KeepErrno::new();
+    sys::raw_close(copy);
     if p != libc::MAP_FAILED {
         g.count(job::TIER_FILES + tier as usize, 1);
     }
@@ -469,8 +470,8 @@ fn stale_map(
     match switch::open_source(g, t.entry, &e, acc | libc::O_CLOEXEC) {
         Some(src) => {
             let p = real(src);
-            let _keep = detour::KeepErrno::new();
-            detour::raw_close(src);
+            let _keep = sys::KeepErrno::new();
+            sys::raw_close(src);
             p
         }
         None => real(fd),
@@ -505,7 +506,7 @@ fn seek(fd: c_int) {
     let Some(t) = fdtable::get(fd).filter(|t| t.kind == FdKind::Source) else {
         return;
     };
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return;
     };
     if switch::exclusive(&t) && fdtable::lock(fd) {
@@ -553,14 +554,14 @@ fn kernel_reads(
     if !stale(&t) {
         return count(t.kind, call(fd_in, off));
     }
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return count(t.kind, call(fd_in, off));
     };
     let Some(e) = crate::entries::get(g.table, t.entry) else {
         return count(t.kind, call(fd_in, off));
     };
     let src = {
-        let _keep = detour::KeepErrno::new();
+        let _keep = sys::KeepErrno::new();
         let moved = fdtable::lock(fd_in) && {
             let now = fdtable::get(fd_in).unwrap_or(t);
             let m = now.kind == FdKind::Source || switch::to_source(&g, fd_in, now, &e);
@@ -585,7 +586,7 @@ fn kernel_reads(
         } else {
             let mut pos = moved - want;
             let n = call(src, &mut pos);
-            let _keep = detour::KeepErrno::new();
+            let _keep = sys::KeepErrno::new();
             let back = want - n.max(0) as i64;
             if back > 0 {
                 sys!(libc::SYS_lseek, fd_in, -back, libc::SEEK_CUR);
@@ -595,8 +596,8 @@ fn kernel_reads(
     } else {
         call(src, off)
     };
-    let _keep = detour::KeepErrno::new();
-    detour::raw_close(src);
+    let _keep = sys::KeepErrno::new();
+    sys::raw_close(src);
     count(FdKind::Source, n)
 }
 
@@ -672,7 +673,7 @@ macro_rules! fread_hook {
             let got = real!($slot as FreadFn, $cname, (buf, size, n, fp) or 0);
             if got > 0 {
                 if let Some(t) = fdtable::get(stream_fd(fp)) {
-                    let _keep = detour::KeepErrno::new();
+                    let _keep = sys::KeepErrno::new();
                     count(t.kind, got.saturating_mul(size) as isize);
                 }
             }

@@ -9,9 +9,10 @@ use core::ffi::{c_char, c_int, c_uint, c_void};
 use granary_shm::{job, state, EntryRec, StatRec};
 
 use super::{find, locate};
-use crate::detour::{self, real, Guard};
+use crate::detour::Guard;
 use crate::fdtable::{self, flag, FdKind, Tracked};
 use crate::path::Buf;
+use crate::sys::{self, real};
 use crate::{statbuf, usermem};
 
 /// Where an answer goes.
@@ -27,7 +28,7 @@ impl Out {
     fn store(self, s: &StatRec) -> bool {
         match self {
             Out::Stat(p) => {
-                let mut st = detour::empty_stat();
+                let mut st = sys::empty_stat();
                 statbuf::stat(s, &mut st);
                 usermem::write_value(p, &st)
             }
@@ -44,8 +45,8 @@ impl Out {
     /// the kernel's EFAULT), then the copy's inode as the kernel saw it.
     fn kernel_answer(self, fd: c_int) -> Result<u64, c_int> {
         let r = match self {
-            Out::Stat(p) => detour::raw_fstat(fd, p),
-            Out::Statx(mask, p) => detour::sys!(
+            Out::Stat(p) => sys::raw_fstat(fd, p),
+            Out::Statx(mask, p) => sys::sys!(
                 libc::SYS_statx,
                 fd,
                 c"".as_ptr(),
@@ -148,8 +149,8 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
 /// our back).
 fn extracted_answer(g: &Guard, fd: c_int, t: Tracked, out: Out) -> Option<c_int> {
     let entry = g.table.entry(t.entry)?;
-    let mut st = detour::empty_stat();
-    if detour::raw_fstat(fd, &mut st) != 0
+    let mut st = sys::empty_stat();
+    if sys::raw_fstat(fd, &mut st) != 0
         || !crate::packed::is_extracted(st.st_nlink, st.st_mode, st.st_size, &entry)
     {
         fdtable::take(fd);
@@ -175,9 +176,7 @@ fn stale_answer(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec, out: Out) -> Opt
     let p = crate::path::entry_path(g.table, t.entry, &mut buf)?;
     Some(match out {
         Out::Stat(st) => raw_stat(libc::AT_FDCWD, p, st, 0),
-        Out::Statx(mask, sx) => {
-            detour::sys!(libc::SYS_statx, libc::AT_FDCWD, p, 0, mask, sx) as c_int
-        }
+        Out::Statx(mask, sx) => sys::sys!(libc::SYS_statx, libc::AT_FDCWD, p, 0, mask, sx) as c_int,
     })
 }
 
@@ -189,7 +188,7 @@ fn stat_impl(
     pass: impl FnOnce(c_int, *const c_char) -> c_int,
 ) -> c_int {
     if flags & libc::AT_EMPTY_PATH != 0 && crate::path::bytes(path).is_some_and(|p| p.is_empty()) {
-        let Some(g) = detour::enter_any_creds() else {
+        let Some(g) = crate::detour::enter_any_creds() else {
             return pass(dirfd, path);
         };
         return match fd_answer(&g, dirfd, out) {
@@ -197,7 +196,7 @@ fn stat_impl(
             None => pass(dirfd, path),
         };
     }
-    let Some(g) = detour::enter() else {
+    let Some(g) = crate::detour::enter() else {
         return pass(dirfd, path);
     };
     let mut buf = Buf::new();
@@ -227,7 +226,7 @@ type AccessFn = unsafe extern "C" fn(*const c_char, c_int) -> c_int;
 type FaccessatFn = unsafe extern "C" fn(c_int, *const c_char, c_int, c_int) -> c_int;
 
 fn raw_stat(d: c_int, p: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int {
-    detour::raw_newfstatat(d, p, buf.cast::<c_void>(), flags)
+    sys::raw_newfstatat(d, p, buf.cast::<c_void>(), flags)
 }
 
 macro_rules! stat_hook {
@@ -279,7 +278,7 @@ pub unsafe extern "C" fn statx(
 ) -> c_int {
     stat_impl(dirfd, path, flags, Out::Statx(mask, buf), |d, p| {
         real!(STATX as StatxFn, (d, p, flags, mask, buf)
-            else detour::sys!(libc::SYS_statx, d, p, flags, mask, buf) as c_int)
+            else sys::sys!(libc::SYS_statx, d, p, flags, mask, buf) as c_int)
     })
 }
 
@@ -287,7 +286,7 @@ fn fstat_impl(fd: c_int, buf: *mut libc::stat, pass: impl FnOnce() -> c_int) -> 
     if fdtable::peek(fd).is_none() {
         return pass();
     }
-    let Some(g) = detour::enter_any_creds() else {
+    let Some(g) = crate::detour::enter_any_creds() else {
         return pass();
     };
     fd_answer(&g, fd, Out::Stat(buf)).unwrap_or_else(pass)
@@ -299,7 +298,7 @@ macro_rules! fstat_hook {
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut $st) -> c_int {
             let buf = buf.cast::<libc::stat>();
             fstat_impl(fd, buf, || {
-                real!($slot as FstatFn, (fd, buf) else detour::raw_fstat(fd, buf))
+                real!($slot as FstatFn, (fd, buf) else sys::raw_fstat(fd, buf))
             })
         }
     };
@@ -425,7 +424,7 @@ fn access_impl(
     flags: c_int,
     pass: impl FnOnce(c_int, *const c_char) -> c_int,
 ) -> c_int {
-    let Some(g) = detour::enter() else {
+    let Some(g) = crate::detour::enter() else {
         return pass(dirfd, path);
     };
     let mut buf = Buf::new();
@@ -460,10 +459,10 @@ pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
     access_impl(libc::AT_FDCWD, path, mode, 0, |d, p| {
         if d == libc::AT_FDCWD && p == path {
             real!(ACCESS as AccessFn, (p, mode)
-                else detour::sys!(libc::SYS_faccessat, d, p, mode) as c_int)
+                else sys::sys!(libc::SYS_faccessat, d, p, mode) as c_int)
         } else {
             real!(FACCESSAT as FaccessatFn, (d, p, mode, 0)
-                else detour::sys!(libc::SYS_faccessat, d, p, mode) as c_int)
+                else sys::sys!(libc::SYS_faccessat, d, p, mode) as c_int)
         }
     })
 }
@@ -477,6 +476,6 @@ pub unsafe extern "C" fn faccessat(
 ) -> c_int {
     access_impl(dirfd, path, mode, flags, |d, p| {
         real!(FACCESSAT as FaccessatFn, (d, p, mode, flags)
-            else detour::sys!(libc::SYS_faccessat2, d, p, mode, flags) as c_int)
+            else sys::sys!(libc::SYS_faccessat2, d, p, mode, flags) as c_int)
     })
 }
