@@ -19,8 +19,11 @@ use core::ffi::c_int;
 use core::sync::atomic::{AtomicI32, Ordering};
 
 use granary_shm::layout::MAX_TIERS;
-use granary_shm::Table;
+use granary_shm::{job, object_name, state, EntryRec, Table};
 
+use crate::detour::Guard;
+use crate::fdtable::flag;
+use crate::log;
 use crate::path::BUF;
 use crate::sys::{self, sys, KeepErrno};
 
@@ -317,4 +320,74 @@ fn recheck_dir(table: &Table, tier: u8, dir: c_int) {
             let _ = slot.compare_exchange(dir, -1, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
+}
+
+// ---- an entry's files: its complete copy, its part and chunk file ----
+
+/// The entry's complete copy, opened read-only with `flags`, if it is exactly what the agent
+/// placed. Reports a damaged copy. Never changes errno.
+pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_int, u8, u64)> {
+    let word = g.table.state(idx);
+    if state::state_of(word) != state::PLACED {
+        return None;
+    }
+    let tier = state::tier_of(word);
+    let expect = recorded(g.table, idx, e);
+    let opened = open(g.table, tier, &object_name(e.object), flags, &expect);
+    if opened.is_none() {
+        // Gone, damaged, replaced: the agent drops it and places it again.
+        g.table.push_request(granary_shm::request::DAMAGED, idx);
+        g.count(job::FALLBACKS, 1);
+        if log::enabled() {
+            log::line(&[
+                b"cached copy unusable, using the source: ",
+                g.table.name(e).unwrap_or(b"?"),
+            ]);
+        }
+    }
+    opened.map(|(fd, added)| (fd, tier, flag::added(added)))
+}
+
+/// What the agent recorded when it placed entry `idx`'s complete copy.
+pub fn recorded(table: &Table, idx: u32, e: &EntryRec) -> Expect {
+    let (ino, ctime_ns) = table.copy_identity(idx);
+    Expect {
+        ino,
+        ctime_ns,
+        size: Some(e.stat.size),
+    }
+}
+
+/// `open_copy` for an fd tracked at once and closed on exec, with the identity check left to
+/// the fd's first use (`confirm`): CPython's `open` calls `fstat` next, which then makes the
+/// check (one system call instead of two). The fd's flags carry `UNCHECKED`.
+pub fn open_copy_unchecked(
+    g: &Guard,
+    idx: u32,
+    e: &EntryRec,
+    flags: c_int,
+) -> Option<(c_int, u8, u64)> {
+    let word = g.table.state(idx);
+    if state::state_of(word) != state::PLACED || flags & libc::O_CLOEXEC == 0 {
+        return open_copy(g, idx, e, flags);
+    }
+    let tier = state::tier_of(word);
+    match open_unchecked(g.table, tier, &object_name(e.object), flags) {
+        Some((fd, added)) => Some((fd, tier, flag::added(added) | flag::UNCHECKED)),
+        // Gone: the checked open reports it.
+        None => open_copy(g, idx, e, flags),
+    }
+}
+
+/// The tier file `name` (the entry's chunk file or part) in `tier`, read-only, if it is the one
+/// the agent recorded for entry `idx`.
+pub fn open_recorded(g: &Guard, idx: u32, tier: u8, name: &[u8]) -> Option<c_int> {
+    let (ino, _) = g.table.copy_identity(idx);
+    let expect = Expect {
+        ino,
+        ctime_ns: 0,
+        size: None,
+    };
+    let flags = libc::O_RDONLY | libc::O_CLOEXEC;
+    open(g.table, tier, name, flags, &expect).map(|(fd, _)| fd)
 }

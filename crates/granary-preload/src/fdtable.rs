@@ -9,7 +9,7 @@
 //! no longer share an offset. `BUSY` keeps, among the threads of this process, a switch apart
 //! from the reads of the same fd (a read in flight on the old OFD would move an offset the switch
 //! already copied). Served reads need no lock of ours against other sharers: they claim their
-//! range on the OFD's offset atomically (`switch::serve`).
+//! range on the OFD's offset atomically (`serve::serve`).
 //!
 //! Atomics in static memory survive fork unchanged, which is what a forked child's inherited fds
 //! need; nothing here needs a lock of its own.
@@ -72,7 +72,7 @@ pub mod flag {
     /// status flags itself.
     pub const NONBLOCK_ADDED: u64 = 1 << 20;
     /// A tier fd whose copy was opened without its identity check: the check comes with the
-    /// fd's first use (`switch::confirm`), merged into the program's own `fstat` when that is
+    /// fd's first use (`tracked::confirm`), merged into the program's own `fstat` when that is
     /// the first (CPython's open). Only close-on-exec fds, so no other program gets one.
     pub const UNCHECKED: u64 = 1 << 21;
     /// A tier fd whose copy failed that check: its bytes and metadata come from the source, as
@@ -168,19 +168,7 @@ fn cell(fd: i32) -> Option<&'static AtomicU64> {
     FDS.get(usize::try_from(fd).ok()?)
 }
 
-/// What `fd` is, its copy checked first if that was left for its first use: every hook that
-/// acts on a tracked fd asks this, so no byte of an unchecked copy reaches the program through
-/// libc.
-#[inline]
-pub fn get(fd: i32) -> Option<Tracked> {
-    let t = peek(fd)?;
-    if t.flags & flag::UNCHECKED != 0 {
-        return crate::switch::confirm(fd, t);
-    }
-    Some(t)
-}
-
-/// What `fd` is, as recorded (an `UNCHECKED` copy stays unchecked).
+/// What `fd` is, as recorded (an `UNCHECKED` copy stays unchecked: hooks ask `tracked::get`).
 #[inline]
 pub fn peek(fd: i32) -> Option<Tracked> {
     decode(cell(fd)?.load(Ordering::Acquire))
@@ -224,7 +212,7 @@ fn store(fd: i32, t: Tracked) -> bool {
 /// whose table this is: in a vfork child (which may only `exec` or `_exit`) the entry would land
 /// in the parent's table under a number that is free there — and whatever the parent later gets
 /// under that number is checked before any use and forgotten when it names no copy
-/// (`switch::confirm_with`). Saves the `getpid` of a placed open.
+/// (`tracked::confirm_with`). Saves the `getpid` of a placed open.
 pub fn track_unchecked_copy(fd: i32, t: Tracked) -> bool {
     if t.flags & flag::UNCHECKED == 0 || !matches!(t.kind, FdKind::Tier(_)) {
         return track(fd, t);
@@ -325,12 +313,13 @@ pub fn take(fd: i32) -> Option<Tracked> {
     decode(c.swap(0, Ordering::AcqRel))
 }
 
-/// `new` now names `old`'s OFD (the dup family): both are marked shared.
-pub fn copy(old: i32, new: i32) {
+/// `new` now names `old`'s OFD (the dup family), `old` being `t` (as `tracked::get` saw it):
+/// both are marked shared.
+pub fn dup(old: i32, new: i32, t: Option<Tracked>) {
     if old == new {
         return;
     }
-    match get(old) {
+    match t {
         Some(mut t) => {
             set_flag(old, flag::SHARED);
             t.flags = (t.flags | flag::SHARED) & !flag::BUSY;

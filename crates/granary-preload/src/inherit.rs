@@ -88,7 +88,7 @@ fn fd_path(fd: c_int, out: &mut [u8; BUF]) -> Option<usize> {
 }
 
 fn look_at(table: &Table, fd: c_int) {
-    if fdtable::get(fd).is_some() {
+    if fdtable::peek(fd).is_some() {
         return;
     }
     let mut st = sys::empty_stat();

@@ -105,7 +105,7 @@ fn data_entry(g: &Guard, dirfd: c_int, data_path: *const c_char) -> Option<(u32,
 /// else from the source: the page LMDB reads next anyway).
 fn is_lmdb(g: &Guard, idx: u32, e: &granary_shm::EntryRec) -> bool {
     let flags = libc::O_RDONLY | libc::O_CLOEXEC;
-    let fd = crate::switch::open_copy(g, idx, e, flags)
+    let fd = crate::copies::open_copy(g, idx, e, flags)
         .map(|(fd, _, _)| fd)
         .or_else(|| crate::switch::open_source(g, idx, e, flags));
     let Some(fd) = fd else {

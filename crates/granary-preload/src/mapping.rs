@@ -266,9 +266,9 @@ fn overlay_part(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r: 
 /// The entry's chunk file (`chunks`) or part in `tier`, if it is the one the agent recorded.
 fn open_tier_file(g: &Guard, idx: u32, entry: &EntryRec, tier: u8, chunks: bool) -> Option<c_int> {
     if chunks {
-        crate::place::open_recorded(g, idx, tier, &chunks_name(entry.object))
+        crate::copies::open_recorded(g, idx, tier, &chunks_name(entry.object))
     } else {
-        crate::place::open_recorded(g, idx, tier, &part_name(entry.object))
+        crate::copies::open_recorded(g, idx, tier, &part_name(entry.object))
     }
 }
 

@@ -20,8 +20,8 @@ use granary_shm::{job, request, state, EntryRec, Locator};
 
 use crate::detour::Guard;
 use crate::log;
-use crate::place::now_ns;
 use crate::sys::{self, sys, KeepErrno};
+use crate::wait::now_ns;
 
 /// A waiting open gives up when the pack's stream stood still this long…
 const STALL_NS: u64 = 10_000_000_000;
@@ -38,7 +38,7 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
     let _keep = KeepErrno::new();
     let (mut start, mut moved, mut asked, mut last) = (0, 0, 0, 0);
     let mut sleep = SLEEP_MIN_NS;
-    let gate = crate::place::Gate::hold();
+    let gate = crate::wait::Gate::hold();
     loop {
         let st = state::state_of(g.table.state(idx));
         if st == state::PLACED {

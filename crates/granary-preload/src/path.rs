@@ -231,7 +231,7 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut
                 return Loc::outside();
             }
         } else {
-            match fdtable::get(dirfd) {
+            match fdtable::peek(dirfd) {
                 Some(t) if t.kind == FdKind::Dir => {
                     if dir_base(table, t.entry, &mut n).is_none() {
                         return Loc::outside();

@@ -98,11 +98,11 @@ fn check_once(table: &Table, idx: u32, e: &EntryRec) -> bool {
 /// Waits (bounded, a signal ends it) until nobody holds entry `idx`'s check; false if it is
 /// still held.
 fn wait_for_other_check(table: &Table, idx: u32) -> bool {
-    let start = crate::place::now_ns();
+    let start = crate::wait::now_ns();
     let mut sleep = 2_000;
-    let gate = crate::place::Gate::hold();
+    let gate = crate::wait::Gate::hold();
     while lifecycle::is_being_checked(table, idx) {
-        if crate::place::now_ns() - start > OTHERS_CHECK_NS || !gate.nap(&mut sleep, 200_000) {
+        if crate::wait::now_ns() - start > OTHERS_CHECK_NS || !gate.nap(&mut sleep, 200_000) {
             return false;
         }
     }

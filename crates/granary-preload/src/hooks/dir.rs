@@ -131,7 +131,7 @@ fn readdir_impl(
     pass: impl FnOnce() -> *mut libc::dirent64,
 ) -> *mut libc::dirent64 {
     let fd = stream_fd(dirp);
-    let Some(t) = fdtable::get(fd) else {
+    let Some(t) = crate::tracked::get(fd) else {
         return pass();
     };
     if t.kind != FdKind::Dir {
@@ -187,7 +187,7 @@ pub unsafe extern "C" fn closedir(dirp: *mut libc::DIR) -> c_int {
 
 fn tracked_dir(dirp: *mut libc::DIR) -> Option<c_int> {
     let fd = stream_fd(dirp);
-    (fdtable::get(fd)?.kind == FdKind::Dir).then_some(fd)
+    (crate::tracked::get(fd)?.kind == FdKind::Dir).then_some(fd)
 }
 
 #[no_mangle]

@@ -86,7 +86,7 @@ fn close_range_impl(first: c_uint, last: c_uint, flags: c_int) -> c_int {
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let r = real!(DUP as DupFn, (fd) else sys!(libc::SYS_dup, fd) as c_int);
     if r >= 0 {
-        fdtable::copy(fd, r);
+        fdtable::dup(fd, r, crate::tracked::get(fd));
     }
     r
 }
@@ -101,7 +101,7 @@ fn dup_over(old: c_int, new: c_int, call: impl FnOnce() -> c_int) -> c_int {
     let t = release::before(new);
     let r = call();
     if r >= 0 {
-        fdtable::copy(old, r);
+        fdtable::dup(old, r, crate::tracked::get(old));
     }
     release::after(t);
     r
@@ -138,14 +138,14 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 }
 
 fn fcntl_impl(fd: c_int, cmd: c_int, arg: c_long, call: impl FnOnce() -> c_int) -> c_int {
-    let Some(t) = fdtable::get(fd) else {
+    let Some(t) = crate::tracked::get(fd) else {
         return call();
     };
     match cmd {
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
             let r = call();
             if r >= 0 {
-                fdtable::copy(fd, r);
+                fdtable::dup(fd, r, crate::tracked::get(fd));
             }
             r
         }
@@ -252,7 +252,7 @@ fn mark_sent(msg: *const libc::msghdr) {
                 let fd = c_int::from_ne_bytes([fd[0], fd[1], fd[2], fd[3]]);
                 // A copy not yet checked is checked before it leaves (`get`): the receiver's
                 // reads are out of our sight.
-                let _ = fdtable::get(fd);
+                let _ = crate::tracked::get(fd);
                 fdtable::set_flag(fd, flag::SHARED);
             }
         }

@@ -46,7 +46,7 @@ fn onto_source(fd: c_int, t: Tracked) -> bool {
         return false;
     }
     // Another thread may have moved it meanwhile.
-    let moved = match fdtable::get(fd) {
+    let moved = match crate::tracked::get(fd) {
         Some(now) if matches!(now.kind, FdKind::Tier(_)) => switch::to_source(&g, fd, now, &e),
         _ => true,
     };
@@ -69,7 +69,7 @@ type LockfFn = unsafe extern "C" fn(c_int, c_int, libc::off_t) -> c_int;
 #[no_mangle]
 pub unsafe extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
     let call = || real!(FLOCK as FlockFn, (fd, op) else sys!(libc::SYS_flock, fd, op) as c_int);
-    match fdtable::get(fd) {
+    match crate::tracked::get(fd) {
         Some(t) => locking(fd, t, call),
         None => call(),
     }
@@ -81,7 +81,7 @@ macro_rules! lockf_hook {
         #[no_mangle]
         pub unsafe extern "C" fn $name(fd: c_int, cmd: c_int, len: libc::off_t) -> c_int {
             let call = || real!($slot as LockfFn, $cname, (fd, cmd, len) or -1);
-            match fdtable::get(fd) {
+            match crate::tracked::get(fd) {
                 Some(t) => locking(fd, t, call),
                 None => call(),
             }
@@ -99,7 +99,7 @@ fn attribute(
     call: impl FnOnce() -> c_int,
     by_path: impl FnOnce(*const c_char) -> c_int,
 ) -> c_int {
-    let Some(t) = fdtable::get(fd) else {
+    let Some(t) = crate::tracked::get(fd) else {
         let r = call();
         if r == 0 {
             fd_changed(fd, perms);
@@ -212,7 +212,7 @@ macro_rules! fstatfs_hook {
         #[no_mangle]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut libc::statfs) -> c_int {
             let call = || real!($slot as FstatfsFn, (fd, buf) else sys!(libc::SYS_fstatfs, fd, buf) as c_int);
-            match fdtable::get(fd) {
+            match crate::tracked::get(fd) {
                 Some(t) if matches!(t.kind, FdKind::Tier(_)) => {
                     let mut pbuf = Buf::new();
                     match crate::detour::table().and_then(|tb| path::entry_path(tb, t.entry, &mut pbuf)) {

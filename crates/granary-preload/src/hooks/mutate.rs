@@ -20,7 +20,6 @@ use core::ffi::{c_char, c_int, c_uint, c_void};
 use granary_shm::{strip_root, Table};
 
 use crate::detour::Guard;
-use crate::fdtable;
 use crate::path::BUF;
 use crate::sys::{self, real, sys, KeepErrno};
 
@@ -198,7 +197,7 @@ pub fn fd_changed(fd: c_int, perms: bool) {
         return;
     };
     let _keep = KeepErrno::new();
-    let idx = match fdtable::get(fd) {
+    let idx = match crate::tracked::get(fd) {
         Some(t) if t.entry != u32::MAX => Some(t.entry),
         Some(_) => None,
         None => {

@@ -12,7 +12,7 @@ use crate::detour::Guard;
 use crate::fdtable::{self, flag, FdKind, Tracked};
 use crate::path::{Buf, Loc};
 use crate::sys::{self, real, set_errno, KeepErrno};
-use crate::{log, release, switch};
+use crate::{log, release};
 
 /// Flags under which an open only reads (anything else, e.g. O_DIRECT, O_PATH, O_TMPFILE,
 /// passes through). 0o100000 is the kernel's O_LARGEFILE, which glibc's headers call 0.
@@ -156,7 +156,7 @@ fn cluster_wait(g: &Guard, idx: u32, entry: &granary_shm::EntryRec, st: u8) -> b
         g.table
             .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
     }
-    crate::place::wait_placed(g, idx)
+    crate::wait::wait_placed(g, idx)
 }
 
 /// A catalogued file opened on the source: counted, and the agent asked to place it.
@@ -186,8 +186,8 @@ fn copy_fd(
     check: CheckCopy,
 ) -> Option<c_int> {
     let (fd, tier, added) = match check {
-        CheckCopy::AtOpen => switch::open_copy(g, idx, entry, flags)?,
-        CheckCopy::AtFirstUse => switch::open_copy_unchecked(g, idx, entry, flags)?,
+        CheckCopy::AtOpen => crate::copies::open_copy(g, idx, entry, flags)?,
+        CheckCopy::AtFirstUse => crate::copies::open_copy_unchecked(g, idx, entry, flags)?,
     };
     let fl = initial_flags(flags) | added;
     if !fdtable::track_unchecked_copy(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {

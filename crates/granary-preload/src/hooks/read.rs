@@ -6,7 +6,7 @@
 //!
 //! Reads at the fd's offset hold the fd's `BUSY` lock (`fdtable::lock`), so a switch never
 //! interleaves with another thread's read of the same fd; served reads claim their range on the
-//! fd's offset atomically (`switch::serve`), so every other sharer of it stays in step;
+//! fd's offset atomically (`serve::serve`), so every other sharer of it stays in step;
 //! positioned reads need no lock.
 
 use core::ffi::{c_int, c_void};
@@ -16,7 +16,8 @@ use granary_shm::{job, request, state};
 use crate::detour::Guard;
 use crate::fdtable::{self, FdKind, Tracked};
 use crate::place::{self, Read};
-use crate::switch::{self, ReadInto, Serve, Served};
+use crate::serve::{self, ReadInto, Serve, Served};
+use crate::switch;
 use crate::sys::{self, real, sys};
 use crate::usermem;
 
@@ -140,7 +141,7 @@ fn read_family(
     f: &impl ReadInto,
     real: impl FnOnce() -> isize,
 ) -> isize {
-    let Some(t) = fdtable::get(fd) else {
+    let Some(t) = crate::tracked::get(fd) else {
         return real();
     };
     if t.kind == FdKind::Dir {
@@ -155,7 +156,7 @@ fn read_family(
     };
     let locked = off.is_none() && fdtable::lock(fd);
     // Another thread may have switched the fd while we waited.
-    let t = fdtable::get(fd).unwrap_or(t);
+    let t = crate::tracked::get(fd).unwrap_or(t);
     let out = match (t.kind, len) {
         (FdKind::Source, Some(len)) => place::on_read(&g, fd, t, off, len, f),
         (FdKind::Tier(_), Some(len)) if stale(&t) => stale_read(&g, fd, t, off, len, f),
@@ -221,7 +222,7 @@ fn stale_read(
         // The fd is on the copy: after its offset moved, only the source may answer.
         fallback: None,
     };
-    match switch::serve(fd, file, off, len, &how, f) {
+    match serve::serve(fd, file, off, len, &how, f) {
         Served::Bytes(n, _) => Read::Served(count(FdKind::Source, n)),
         Served::Failed(e) => Read::Failed(e),
         Served::No => Read::Real(t.kind),
@@ -303,7 +304,7 @@ fn vector_read(
     cnt: c_int,
     real: impl FnOnce() -> isize,
 ) -> isize {
-    let Some(t) = fdtable::get(fd) else {
+    let Some(t) = crate::tracked::get(fd) else {
         return real();
     };
     if !may_serve(&t) {
@@ -385,7 +386,7 @@ fn map(
     off: libc::off_t,
     real: impl Fn(c_int) -> *mut c_void,
 ) -> *mut c_void {
-    let Some(t) = fdtable::get(fd) else {
+    let Some(t) = crate::tracked::get(fd) else {
         return real(fd);
     };
     let Some(g) = crate::detour::enter_any_creds() else {
@@ -394,7 +395,7 @@ fn map(
     match t.kind {
         FdKind::Source => {
             if fdtable::lock(fd) {
-                if let Some(now) = fdtable::get(fd).filter(|n| n.kind == FdKind::Source) {
+                if let Some(now) = crate::tracked::get(fd).filter(|n| n.kind == FdKind::Source) {
                     place::on_map(&g, fd, now);
                 }
                 fdtable::unlock(fd);
@@ -405,7 +406,7 @@ fn map(
                 return p;
             }
             let p = real(fd);
-            if let Some(now) = fdtable::get(fd).filter(|n| n.kind == FdKind::Source) {
+            if let Some(now) = crate::tracked::get(fd).filter(|n| n.kind == FdKind::Source) {
                 if p != libc::MAP_FAILED {
                     crate::mapping::source_mapped(&g, fd, now, p, len, prot, flags, off);
                 }
@@ -427,7 +428,7 @@ fn map_copy(
     flags: c_int,
     real: &impl Fn(c_int) -> *mut c_void,
 ) -> Option<*mut c_void> {
-    let t = fdtable::get(fd).filter(|n| n.kind == FdKind::Source)?;
+    let t = crate::tracked::get(fd).filter(|n| n.kind == FdKind::Source)?;
     if prot & libc::PROT_WRITE != 0 && flags & libc::MAP_SHARED != 0 {
         return None;
     }
@@ -435,7 +436,8 @@ fn map_copy(
         return None;
     }
     let e = crate::entries::get(g.table, t.entry)?;
-    let (copy, tier, _) = switch::open_copy(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)?;
+    let (copy, tier, _) =
+        crate::copies::open_copy(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)?;
     let p = real(copy);
     let _keep = sys::KeepErrno::new();
     sys::raw_close(copy);
@@ -503,14 +505,14 @@ mmap_hook!(mmap64, MMAP64);
 /// `lseek` of a source fd whose file is placed: the fd moves to the copy first (once nobody
 /// shares it), so later reads need no hook work.
 fn seek(fd: c_int) {
-    let Some(t) = fdtable::get(fd).filter(|t| t.kind == FdKind::Source) else {
+    let Some(t) = crate::tracked::get(fd).filter(|t| t.kind == FdKind::Source) else {
         return;
     };
     let Some(g) = crate::detour::enter_any_creds() else {
         return;
     };
     if switch::exclusive(&t) && fdtable::lock(fd) {
-        if let Some(now) = fdtable::get(fd).filter(|n| n.kind == FdKind::Source) {
+        if let Some(now) = crate::tracked::get(fd).filter(|n| n.kind == FdKind::Source) {
             place::on_seek(&g, fd, now);
         }
         fdtable::unlock(fd);
@@ -540,7 +542,7 @@ type FreadFn = unsafe extern "C" fn(*mut c_void, usize, usize, *mut libc::FILE) 
 /// The calls in which the kernel reads `fd_in` itself (`copy_file_range`, `sendfile`, `splice`):
 /// counted like a read of it. A copy whose file the program changed since must not be read: the
 /// fd moves to the source when nobody shares it; otherwise the call reads the source, opened
-/// for it, at `*off` or — with no `off` — at the fd's offset, claimed first as `switch::serve`
+/// for it, at `*off` or — with no `off` — at the fd's offset, claimed first as `serve::serve`
 /// claims it, and what was not read given back. `call(fd, off)` makes the real call.
 fn kernel_reads(
     fd_in: c_int,
@@ -548,7 +550,7 @@ fn kernel_reads(
     len: usize,
     call: impl Fn(c_int, *mut i64) -> isize,
 ) -> isize {
-    let Some(t) = fdtable::get(fd_in) else {
+    let Some(t) = crate::tracked::get(fd_in) else {
         return call(fd_in, off);
     };
     if !stale(&t) {
@@ -563,7 +565,7 @@ fn kernel_reads(
     let src = {
         let _keep = sys::KeepErrno::new();
         let moved = fdtable::lock(fd_in) && {
-            let now = fdtable::get(fd_in).unwrap_or(t);
+            let now = crate::tracked::get(fd_in).unwrap_or(t);
             let m = now.kind == FdKind::Source || switch::to_source(&g, fd_in, now, &e);
             fdtable::unlock(fd_in);
             m
@@ -672,7 +674,7 @@ macro_rules! fread_hook {
         ) -> usize {
             let got = real!($slot as FreadFn, $cname, (buf, size, n, fp) or 0);
             if got > 0 {
-                if let Some(t) = fdtable::get(stream_fd(fp)) {
+                if let Some(t) = crate::tracked::get(stream_fd(fp)) {
                     let _keep = sys::KeepErrno::new();
                     count(t.kind, got.saturating_mul(size) as isize);
                 }

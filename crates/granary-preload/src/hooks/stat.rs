@@ -89,7 +89,7 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
     // kernel's answer); a `statx` may not, so it checks first.
     let check_after = t.has(flag::UNCHECKED) && matches!(out, Out::Stat(_));
     if t.has(flag::UNCHECKED) && !check_after {
-        t = crate::switch::confirm(fd, t)?;
+        t = crate::tracked::confirm(fd, t)?;
     }
     match t.kind {
         FdKind::Tier(_) => {}
@@ -121,7 +121,7 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Option<c_int> {
         // SAFETY: the kernel just wrote the whole struct there, so it is mapped and readable.
         let st = unsafe { *p };
         // `None`: the number names something else now; the kernel's answer stands.
-        let Some(now) = crate::switch::confirm_with(fd, t, &st) else {
+        let Some(now) = crate::tracked::confirm_with(fd, t, &st) else {
             return Some(0);
         };
         t = now;
