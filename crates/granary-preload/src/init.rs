@@ -14,7 +14,7 @@ extern "C" fn forked_parent() {
 extern "C" fn forked_child() {
     crate::fdtable::set_owner();
     crate::fdtable::forked(true);
-    crate::mapping::forked_child();
+    crate::overlay::forked_child();
 }
 
 extern "C" fn init() {
@@ -32,7 +32,7 @@ extern "C" fn init() {
     if let Some(v) = env(c"GRANARY_JOB_SLOT") {
         detour::set_job_slot(parse_u32(v).unwrap_or(0));
     }
-    let found = match crate::discover::table() {
+    let found = match crate::attach::table() {
         Ok(f) => f,
         Err(why) => {
             log::line(&[b"table not usable, passing everything through: ", why]);
@@ -45,14 +45,14 @@ extern "C" fn init() {
     if found.fd_lost {
         table.mark(slot, job::SEEN, seen::FD_LOST);
     }
-    if !crate::discover::same_mount_ns() {
-        if !crate::discover::sees_source(&table, slot) {
+    if !crate::attach::same_mount_ns() {
+        if !crate::attach::sees_source(&table, slot) {
             log::line(&[b"the source is not at its catalogued path here: passing through"]);
             return;
         }
-        crate::discover::check_tiers(&table, slot);
+        crate::attach::check_tiers(&table, slot);
     }
-    if !crate::creds::check(&table) {
+    if !crate::ops::creds::check(&table) {
         table.count(slot, job::CREDS_MISMATCH, 1);
         log::line(&[b"credentials differ from the agent's: passing everything through"]);
     }

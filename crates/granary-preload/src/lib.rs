@@ -8,27 +8,24 @@
 //! Known blind spots: static binaries, Go programs, raw `syscall()`, io_uring, and libc-internal
 //! calls (`fopen`'s internal `open`, stdio's internal `read`: hence the stdio hooks).
 
+mod attach;
 mod copies;
-mod creds;
 mod detour;
-mod discover;
-mod entries;
 mod env;
 mod fdtable;
-mod handoff;
 mod hooks;
 mod inherit;
 mod init;
 mod lmdb;
 mod log;
-mod mapping;
+mod lookup;
 mod mounts;
-mod packed;
+mod ops;
+mod overlay;
+mod pack;
 mod pagedrop;
 mod path;
-mod place;
 mod procmaps;
-mod release;
 mod serve;
 mod statbuf;
 mod switch;

@@ -48,7 +48,7 @@ pub fn lock_open(dirfd: c_int, path: *const c_char, flags: c_int) -> Option<c_in
     } else {
         name.strip_suffix(b"-lock").filter(|n| !n.is_empty())?
     };
-    let g = crate::detour::enter()?;
+    let g = crate::detour::enter().ok()?;
     let _keep = KeepErrno::new();
     // The data file's path: the lock file's with its last component replaced.
     let mut data = [0u8; BUF];
@@ -91,12 +91,12 @@ pub fn lock_open(dirfd: c_int, path: *const c_char, flags: c_int) -> Option<c_in
 /// opened for writing by the program); `None` when it is no catalogued LMDB data file.
 fn data_entry(g: &Guard, dirfd: c_int, data_path: *const c_char) -> Option<(u32, bool)> {
     let mut buf = crate::path::Buf::new();
-    let loc = crate::hooks::locate(g, dirfd, data_path, &mut buf);
-    if let Some(f) = crate::hooks::find(g, &loc, true) {
+    let loc = crate::lookup::locate(g, dirfd, data_path, &mut buf);
+    if let Ok(f) = crate::lookup::find(g, &loc, true) {
         return (f.entry.stat.is_file() && is_lmdb(g, f.idx, &f.entry)).then_some((f.idx, true));
     }
     // Void (a writer appeared) or not ours: what the kernel finds there now.
-    let idx = crate::hooks::mutate::entry_at(g.table, dirfd, data_path, true)?;
+    let idx = crate::ops::mutate::entry_at(g.table, dirfd, data_path, true)?;
     let void = state::is_void(state::state_of(g.table.state(idx)));
     (void && g.table.entry(idx)?.stat.is_file()).then_some((idx, false))
 }

@@ -21,13 +21,13 @@ pub fn before_close(fd: c_int, t: Tracked) {
     if !matches!(t.kind, FdKind::Tier(_)) {
         return;
     }
-    let Some(g) = crate::detour::enter_any_creds() else {
+    let Ok(g) = crate::detour::enter_any_creds() else {
         return;
     };
     if !g.table.is_transient(t.entry) {
         return;
     }
-    let Some(size) = crate::entries::get(g.table, t.entry).map(|e| e.stat.size) else {
+    let Some(size) = crate::lookup::entry(g.table, t.entry).map(|e| e.stat.size) else {
         return;
     };
     let _keep = KeepErrno::new();

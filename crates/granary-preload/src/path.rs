@@ -305,8 +305,8 @@ fn dir_base(table: &Table, entry: u32, n: &mut Cursor<'_>) -> Option<()> {
     Some(())
 }
 
-/// `<real source root>/<rel>` as a NUL-terminated string in `buf` (to open or change a catalogued
-/// path on the source ourselves); returns its bytes without the NUL.
+/// `<real source root>/<rel>` as a NUL-terminated string in `buf`; returns its bytes with the
+/// NUL (`realpath`'s answer).
 pub fn real_path_of<'b>(table: &Table, rel: &[u8], buf: &'b mut Buf) -> Option<&'b [u8]> {
     let mut c = Cursor::new(buf);
     let root = table.source_real_root();
@@ -320,7 +320,7 @@ pub fn real_path_of<'b>(table: &Table, rel: &[u8], buf: &'b mut Buf) -> Option<&
     let len = c.len;
     let Cursor { buf, .. } = c;
     buf.get_mut(len)?.write(0);
-    let init = &buf[..len];
+    let init = &buf[..=len];
     // SAFETY: bytes `..=len` were written just above.
     Some(unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) })
 }

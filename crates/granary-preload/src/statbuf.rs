@@ -1,6 +1,11 @@
-//! Catalogued `StatRec` → the structs the kernel would have filled for the same file.
+//! Catalogued `StatRec` → the structs the kernel would have filled for the same file, and the
+//! program's buffer an answer goes to (`Out`), written as the kernel writes it.
+
+use core::ffi::c_int;
 
 use granary_shm::StatRec;
+
+use crate::{sys, usermem};
 
 pub fn stat(s: &StatRec, out: &mut libc::stat) {
     *out = crate::sys::empty_stat();
@@ -61,4 +66,88 @@ pub fn statx(s: &StatRec, requested: u32, out: &mut libc::statx) {
     out.stx_rdev_minor = s.rdev_minor;
     out.stx_dev_major = s.dev_major;
     out.stx_dev_minor = s.dev_minor;
+}
+
+/// Where an answer goes.
+#[derive(Clone, Copy)]
+pub enum Out {
+    Stat(*mut libc::stat),
+    Statx(u32, *mut libc::statx),
+}
+
+impl Out {
+    /// Writes the catalog's answer into the program's buffer, as the kernel would: a buffer that
+    /// is not writable is not a crash but a pass-through (the kernel then says EFAULT).
+    pub fn store(self, s: &StatRec) -> bool {
+        match self {
+            Out::Stat(p) => {
+                let mut st = sys::empty_stat();
+                stat(s, &mut st);
+                usermem::write_value(p, &st)
+            }
+            Out::Statx(mask, p) => {
+                // SAFETY: `struct statx` is plain integers; all-zero is a valid value.
+                let mut sx: libc::statx = unsafe { core::mem::zeroed() };
+                statx(s, mask, &mut sx);
+                usermem::write_value(p, &sx)
+            }
+        }
+    }
+
+    /// The kernel's answer for fd `fd` written into the program's buffer (so a bad buffer gets
+    /// the kernel's EFAULT); `Err` is the call's return value.
+    pub fn kernel_answer(self, fd: c_int) -> Result<Written, c_int> {
+        let r = match self {
+            Out::Stat(p) => sys::raw_fstat(fd, p),
+            Out::Statx(mask, p) => sys::sys!(
+                libc::SYS_statx,
+                fd,
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                mask,
+                p
+            ) as c_int,
+        };
+        if r != 0 {
+            return Err(r);
+        }
+        // SAFETY: the kernel just wrote the whole struct there, so it is mapped and writable.
+        let ino = unsafe {
+            match self {
+                Out::Stat(p) => (*p).st_ino,
+                Out::Statx(_, p) => (*p).stx_ino,
+            }
+        };
+        Ok(Written { out: self, ino })
+    }
+}
+
+/// The program's buffer once the kernel filled it (`Out::kernel_answer`): mapped and writable.
+#[derive(Clone, Copy)]
+pub struct Written {
+    out: Out,
+    /// The inode the kernel described.
+    pub ino: u64,
+}
+
+impl Written {
+    /// The kernel's `struct stat` (`None` for a `statx` buffer).
+    pub fn stat(&self) -> Option<libc::stat> {
+        match self.out {
+            // SAFETY: the kernel wrote the whole struct there (see `Written`).
+            Out::Stat(p) => Some(unsafe { *p }),
+            Out::Statx(..) => None,
+        }
+    }
+
+    /// Overwrites the kernel's answer with the catalog's.
+    pub fn overwrite(&self, s: &StatRec) {
+        // SAFETY: the buffer is mapped and writable (see `Written`).
+        unsafe {
+            match self.out {
+                Out::Stat(p) => stat(s, &mut *p),
+                Out::Statx(mask, p) => statx(s, mask, &mut *p),
+            }
+        }
+    }
 }

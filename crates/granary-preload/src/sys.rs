@@ -184,6 +184,10 @@ pub fn raw_newfstatat(dirfd: c_int, path: *const c_char, st: *mut c_void, flags:
     sys!(libc::SYS_newfstatat, dirfd, path, st, flags) as c_int
 }
 
+pub fn raw_stat(dirfd: c_int, path: *const c_char, st: *mut libc::stat, flags: c_int) -> c_int {
+    raw_newfstatat(dirfd, path, st.cast(), flags)
+}
+
 pub fn raw_write(fd: c_int, buf: &[u8]) {
     let _ = sys!(libc::SYS_write, fd, buf.as_ptr(), buf.len());
 }

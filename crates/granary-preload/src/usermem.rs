@@ -107,3 +107,41 @@ pub fn iovecs(
     }
     (total <= isize::MAX as u64).then_some((n, total))
 }
+
+/// Calls `each` with every fd `msg`'s `SCM_RIGHTS` control messages pass. Reads the header and
+/// control buffer only through `read` (a bad pointer is the kernel's to report); a control
+/// buffer longer than 1 KiB is looked at up to there.
+pub fn sent_fds(msg: *const libc::msghdr, mut each: impl FnMut(core::ffi::c_int)) {
+    let mut hdr = [0u8; core::mem::size_of::<libc::msghdr>()];
+    if !read(msg.cast(), &mut hdr) {
+        return;
+    }
+    // SAFETY: `hdr` holds a copy of a `msghdr` (plain integers and pointers).
+    let h: libc::msghdr = unsafe { core::ptr::read_unaligned(hdr.as_ptr().cast()) };
+    if h.msg_control.is_null() || h.msg_controllen == 0 {
+        return;
+    }
+    let mut ctl = [0u8; 1024];
+    let len = (h.msg_controllen as usize).min(ctl.len());
+    if !read(h.msg_control, &mut ctl[..len]) {
+        return;
+    }
+    let hdr_len = core::mem::size_of::<libc::cmsghdr>();
+    let mut off = 0usize;
+    while off + hdr_len <= len {
+        // SAFETY: `ctl[off..off + hdr_len]` is a copied `cmsghdr` (plain integers).
+        let c: libc::cmsghdr = unsafe { core::ptr::read_unaligned(ctl.as_ptr().add(off).cast()) };
+        let clen = c.cmsg_len as usize;
+        if clen < hdr_len || off + clen > len {
+            break;
+        }
+        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
+            for fd in ctl[off + hdr_len..off + clen].chunks_exact(4) {
+                each(core::ffi::c_int::from_ne_bytes([
+                    fd[0], fd[1], fd[2], fd[3],
+                ]));
+            }
+        }
+        off += (clen + 7) & !7;
+    }
+}

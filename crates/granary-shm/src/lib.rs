@@ -22,7 +22,7 @@ pub use layout::{
     StatClass, StatRec, Ts,
 };
 pub use mapping::{MapError, Mapping};
-pub use resolve::{resolve, strip_root, Resolved};
+pub use resolve::{resolve, strip_root, Found, Miss, Resolved};
 pub use table::{Request, Table, TableError};
 
 /// The largest file the agent fetches whole in one direct read, not through the page cache (a

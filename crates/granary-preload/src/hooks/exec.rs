@@ -1,11 +1,12 @@
-//! Starting programs: `execve`, `execv`, `execvp`, `execvpe`, `fexecve`, `posix_spawn`,
-//! `posix_spawnp`. Nothing is changed: the call runs with the caller's arguments. `handoff` only
-//! notes, for the job's report, whether the new program will get granary. The variadic `execl*`
-//! calls are not seen (glibc builds their argument vector and calls its internal `execve`).
+//! The C entry points of the calls that start programs: `execve`, `execv`, `execvp`,
+//! `execvpe`, `fexecve`, `posix_spawn`, `posix_spawnp`. Nothing is changed: the call runs with
+//! the caller's arguments; `ops::exec` notes whether the new program will get granary. The
+//! variadic `execl*` calls are not seen (glibc builds their argument vector and calls its
+//! internal `execve`).
 
 use core::ffi::{c_char, c_int};
 
-use crate::handoff::{self, current_env, Target};
+use crate::ops::exec::{self, current_env, Target};
 use crate::sys::{real, sys};
 
 type ExecveFn =
@@ -27,26 +28,26 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Path(path), envp);
+    let c = exec::before(Target::Path(path), envp);
     let r = real!(EXECVE as ExecveFn, (path, argv, envp)
         else sys!(libc::SYS_execve, path, argv, envp) as c_int);
-    handoff::failed(c);
+    exec::failed(c);
     r
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    let c = handoff::before(Target::Path(path), current_env());
+    let c = exec::before(Target::Path(path), current_env());
     let r = real!(EXECV as ExecvFn, c"execv", (path, argv) or -1);
-    handoff::failed(c);
+    exec::failed(c);
     r
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    let c = handoff::before(Target::Search(file), current_env());
+    let c = exec::before(Target::Search(file), current_env());
     let r = real!(EXECVP as ExecvFn, c"execvp", (file, argv) or -1);
-    handoff::failed(c);
+    exec::failed(c);
     r
 }
 
@@ -56,9 +57,9 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Search(file), envp);
+    let c = exec::before(Target::Search(file), envp);
     let r = real!(EXECVPE as ExecveFn, c"execvpe", (file, argv, envp) or -1);
-    handoff::failed(c);
+    exec::failed(c);
     r
 }
 
@@ -68,9 +69,9 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Fd(fd), envp);
+    let c = exec::before(Target::Fd(fd), envp);
     let r = real!(FEXECVE as FexecveFn, c"fexecve", (fd, argv, envp) or -1);
-    handoff::failed(c);
+    exec::failed(c);
     r
 }
 
@@ -83,11 +84,11 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Path(path), envp.cast());
+    let c = exec::before(Target::Path(path), envp.cast());
     let r = real!(POSIX_SPAWN as SpawnFn, c"posix_spawn", (pid, path, actions, attr, argv, envp)
         or libc::ENOSYS);
     if r != 0 {
-        handoff::failed(c);
+        exec::failed(c);
     }
     r
 }
@@ -101,11 +102,11 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Search(file), envp.cast());
+    let c = exec::before(Target::Search(file), envp.cast());
     let r = real!(POSIX_SPAWNP as SpawnFn, c"posix_spawnp", (pid, file, actions, attr, argv, envp)
         or libc::ENOSYS);
     if r != 0 {
-        handoff::failed(c);
+        exec::failed(c);
     }
     r
 }

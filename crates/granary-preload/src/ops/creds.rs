@@ -5,14 +5,14 @@
 //! `setgroups`, `setuid`) must not be answered from the catalog: it passes everything through.
 //!
 //! Checked once in the constructor and again after every credential change we see (the
-//! `set*id`/`setgroups` hooks below). A change made by a raw system call is a blind spot, like
+//! `set*id`/`setgroups` hooks, `hooks::creds`). A change made by a raw system call is a blind spot, like
 //! every raw system call.
 
 use core::ffi::c_int;
 
 use granary_shm::{groups_hash, Table};
 
-use crate::sys::{real, sys};
+use crate::sys::sys;
 
 /// This process's credentials as the table records the agent's: `None` when real, effective,
 /// saved and file-system ids are not all one uid and one gid (access(2) would then judge with
@@ -54,59 +54,13 @@ pub fn check(table: &Table) -> bool {
     same
 }
 
-fn changed(r: c_int) -> c_int {
+/// A credential call returned `r` (0: it changed something): the match is checked again.
+pub fn changed(r: c_int) -> c_int {
     if r == 0 {
         let _keep = crate::sys::KeepErrno::new();
         if let Some(t) = crate::detour::table() {
             check(t);
         }
     }
-    r
-}
-
-macro_rules! id_hook {
-    ($name:ident, $slot:ident, ($($arg:ident: $ty:ty),*)) => {
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
-            type F = unsafe extern "C" fn($($ty),*) -> c_int;
-            changed(real!($slot as F, stringify_c!($name), ($($arg),*) or -1))
-        }
-    };
-}
-
-macro_rules! stringify_c {
-    ($n:ident) => {
-        // SAFETY: concat! yields a NUL-terminated literal without interior NULs.
-        unsafe {
-            core::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($n), "\0").as_bytes())
-        }
-    };
-}
-
-id_hook!(setuid, SETUID, (uid: libc::uid_t));
-id_hook!(seteuid, SETEUID, (uid: libc::uid_t));
-id_hook!(setreuid, SETREUID, (r: libc::uid_t, e: libc::uid_t));
-id_hook!(setresuid, SETRESUID, (r: libc::uid_t, e: libc::uid_t, s: libc::uid_t));
-id_hook!(setgid, SETGID, (gid: libc::gid_t));
-id_hook!(setegid, SETEGID, (gid: libc::gid_t));
-id_hook!(setregid, SETREGID, (r: libc::gid_t, e: libc::gid_t));
-id_hook!(setresgid, SETRESGID, (r: libc::gid_t, e: libc::gid_t, s: libc::gid_t));
-id_hook!(setgroups, SETGROUPS, (n: usize, list: *const libc::gid_t));
-id_hook!(initgroups, INITGROUPS, (user: *const libc::c_char, group: libc::gid_t));
-
-/// `setfsuid`/`setfsgid` return the previous id, not a status: re-check after any call.
-#[no_mangle]
-pub unsafe extern "C" fn setfsuid(uid: libc::uid_t) -> c_int {
-    type F = unsafe extern "C" fn(libc::uid_t) -> c_int;
-    let r = real!(SETFSUID as F, c"setfsuid", (uid) or -1);
-    changed(0);
-    r
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn setfsgid(gid: libc::gid_t) -> c_int {
-    type F = unsafe extern "C" fn(libc::gid_t) -> c_int;
-    let r = real!(SETFSGID as F, c"setfsgid", (gid) or -1);
-    changed(0);
     r
 }

@@ -392,8 +392,8 @@ fn vma_entry(g: &Guard, v: &crate::procmaps::Vma) -> Option<(u32, u64)> {
     cpath.get_mut(..v.path.len())?.copy_from_slice(v.path);
     *cpath.get_mut(v.path.len())? = 0;
     let mut buf = crate::path::Buf::new();
-    let loc = crate::hooks::locate(g, libc::AT_FDCWD, cpath.as_ptr().cast(), &mut buf);
-    let found = crate::hooks::find(g, &loc, false)?;
+    let loc = crate::lookup::locate(g, libc::AT_FDCWD, cpath.as_ptr().cast(), &mut buf);
+    let found = crate::lookup::find(g, &loc, false).ok()?;
     let st = &found.entry.stat;
     let same = st.ino == v.ino && (st.dev_major, st.dev_minor) == (v.dev_major, v.dev_minor);
     same.then_some((found.idx, v.off))

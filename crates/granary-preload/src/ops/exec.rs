@@ -1,6 +1,8 @@
-//! Whether a program a process of the job starts will get granary. Its environment must still
-//! name the preload library and the table (`env -i`, a launcher's clean environment drop them),
-//! and the dynamic loader must honour `LD_PRELOAD` for it (a static program has no loader; a
+//! What granary does for the calls that start programs (`exec*`, `posix_spawn*`): nothing to
+//! the call, which runs with the caller's arguments; it notes, for the job's report, whether the
+//! new program will get granary. Its environment must still name the preload library and the
+//! table (`env -i`, a launcher's clean environment drop them), and the dynamic loader must
+//! honour `LD_PRELOAD` for it (a static program has no loader; a
 //! setuid, setgid or file-capability program runs in secure mode, which ignores it). A program
 //! that will not get granary is recorded in the job's `SEEN` word, the reason in its bits; one
 //! that should is counted in `EXECS`, so `granary run` can tell when fewer processes attached
@@ -58,7 +60,7 @@ pub fn before(target: Target, envp: *const *const c_char) -> Option<Counted> {
     }
     if let Some(fd) = env.table_fd {
         let fd_ok =
-            crate::discover::table_fd() == fd && sys!(libc::SYS_fcntl, fd, libc::F_GETFD) == 0;
+            crate::attach::table_fd() == fd && sys!(libc::SYS_fcntl, fd, libc::F_GETFD) == 0;
         if !fd_ok {
             table.mark(slot, job::SEEN, seen::FD_LOST);
         }
@@ -124,7 +126,7 @@ impl Env {
                 e.table = true;
                 e.table_fd = crate::env::parse_u32(v).map(|v| v as c_int);
             } else if let Some(v) = var.strip_prefix(b"GRANARY_TABLE_ID=") {
-                e.other_job = crate::discover::names_another_table(v);
+                e.other_job = crate::attach::names_another_table(v);
             } else if var.starts_with(b"GRANARY_TABLE=") {
                 e.table = true;
             } else if let Some(v) = var.strip_prefix(b"GRANARY_DISABLE=") {
