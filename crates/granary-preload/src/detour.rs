@@ -250,3 +250,57 @@ impl Bypass {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_says_why_and_only_dataset_ones_are_logged() {
+        let all = [
+            Bypass::NoTable,
+            Bypass::Reentered,
+            Bypass::Withdrawn,
+            Bypass::OtherCredentials,
+            Bypass::Outside,
+            Bypass::RootLink,
+            Bypass::Catalog(Miss::NotCatalogued),
+            Bypass::Catalog(Miss::Unprovable),
+            Bypass::Catalog(Miss::Void),
+            Bypass::Catalog(Miss::AncestorGone),
+            Bypass::Catalog(Miss::NotADirectory),
+            Bypass::Unconfirmed,
+            Bypass::Untracked,
+            Bypass::Writes,
+            Bypass::Flags,
+            Bypass::NotAFile,
+            Bypass::NotPlaced,
+            Bypass::CopyUnusable,
+            Bypass::OnSource,
+            Bypass::ByFd,
+            Bypass::BadBuffer,
+            Bypass::KernelDecides,
+            Bypass::Link,
+        ];
+        let mut seen: Vec<&[u8]> = vec![];
+        for b in all {
+            assert!(!b.why().is_empty());
+            assert!(
+                !seen.contains(&b.why()),
+                "{b:?} says what another reason says"
+            );
+            seen.push(b.why());
+        }
+        let quiet: Vec<Bypass> = all.into_iter().filter(|b| !b.on_dataset()).collect();
+        assert_eq!(
+            quiet,
+            [
+                Bypass::NoTable,
+                Bypass::Reentered,
+                Bypass::Outside,
+                Bypass::Untracked,
+                Bypass::ByFd
+            ]
+        );
+    }
+}

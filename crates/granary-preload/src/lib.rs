@@ -30,6 +30,8 @@ mod serve;
 mod statbuf;
 mod switch;
 mod sys;
+#[cfg(test)]
+mod testing;
 mod tracked;
 mod usermem;
 mod validate;

@@ -164,3 +164,45 @@ pub fn seek(fd: c_int, loc: c_long) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::fixture;
+
+    #[test]
+    fn a_tracked_directory_is_listed_from_the_catalog() {
+        let f = fixture();
+        let p = f.path("train");
+        let fd = crate::sys::raw_openat(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            0,
+        );
+        assert!(fd >= 0);
+        assert!(matches!(readdir(fd), Detour::Bypass(Bypass::Untracked, ())));
+        assert!(super::super::open::track_dir(
+            fd,
+            f.idx("train"),
+            libc::O_CLOEXEC
+        ));
+        let mut names = vec![];
+        while let Detour::Answer(Some(l)) = readdir(fd) {
+            names.push((String::from_utf8_lossy(l.name).into_owned(), l.off));
+        }
+        let want = [".", "..", "big.bin", "cls0", "small.txt"];
+        let got: Vec<&str> = names.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(got, want);
+        assert_eq!(tell(fd), Some(want.len() as c_long));
+        assert!(seek(fd, 2));
+        let Detour::Answer(Some(l)) = readdir(fd) else {
+            panic!("positioned at the first child");
+        };
+        assert_eq!(l.name, b"big.bin");
+        rewind(fd);
+        assert_eq!(tell(fd), Some(0));
+        fdtable::take(fd);
+        crate::sys::raw_close(fd);
+    }
+}

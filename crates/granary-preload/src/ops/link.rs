@@ -93,3 +93,47 @@ pub fn realpath(path: *const c_char, resolved: *mut c_char) -> Detour<*mut c_cha
     g.count(job::CATALOG_META, 1);
     Detour::Answer(resolved)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::fixture;
+
+    #[test]
+    fn readlink_and_realpath_from_the_catalog() {
+        let f = fixture();
+        let mut buf = [0 as c_char; 64];
+        let l = f.path("link");
+        let Detour::Answer(n) = readlink(libc::AT_FDCWD, l.as_ptr(), buf.as_mut_ptr(), 64) else {
+            panic!("a catalogued symlink");
+        };
+        let got: Vec<u8> = buf[..n as usize].iter().map(|&c| c as u8).collect();
+        assert_eq!(got, b"a.txt");
+        // Truncated as the kernel truncates, without a NUL.
+        let Detour::Answer(2) = readlink(libc::AT_FDCWD, l.as_ptr(), buf.as_mut_ptr(), 2) else {
+            panic!("truncated to the buffer");
+        };
+        let a = f.path("a.txt");
+        // (A bypass holds the guard until the real call is made: dropped at once here.)
+        assert!(matches!(
+            readlink(libc::AT_FDCWD, a.as_ptr(), buf.as_mut_ptr(), 64),
+            Detour::Bypass(Bypass::Link, Some(_))
+        ));
+
+        let mut out = [0 as c_char; libc::PATH_MAX as usize];
+        let p = f.path(".//a.txt");
+        let r = match realpath(p.as_ptr(), out.as_mut_ptr()) {
+            Detour::Answer(r) => r,
+            Detour::Bypass(why, ()) => panic!("a catalogued path passed through: {why:?}"),
+            Detour::Fail(e) => panic!("a catalogued path failed: {e}"),
+        };
+        // SAFETY: realpath's answer is a NUL-terminated string in `out`.
+        let got = unsafe { core::ffi::CStr::from_ptr(r) };
+        assert_eq!(got.to_bytes(), f.path("a.txt").as_bytes());
+        // Through a symlink inside the source: the kernel's to resolve.
+        assert!(matches!(
+            realpath(l.as_ptr(), out.as_mut_ptr()),
+            Detour::Bypass(Bypass::Link, ())
+        ));
+    }
+}

@@ -370,3 +370,148 @@ pub fn fopen_flags(mode: Option<&[u8]>) -> Option<(c_int, bool)> {
     }
     Some((flags, write))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{fixture, pattern, PLACED, UNPLACED};
+    use granary_shm::Miss;
+
+    fn close(fd: c_int) {
+        fdtable::take(fd);
+        sys::raw_close(fd);
+    }
+
+    /// The open's decision; an fd opened by the real call (here: none) is not tracked.
+    fn decide(rel: &str, flags: c_int) -> Detour<c_int, Then> {
+        open(libc::AT_FDCWD, fixture().path(rel).as_ptr(), flags)
+    }
+
+    fn bypass(d: Detour<c_int, Then>) -> (Bypass, Option<Tracked>) {
+        match d {
+            Detour::Bypass(why, Then::Track(_, t)) => (why, t),
+            Detour::Bypass(why, _) => (why, None),
+            Detour::Answer(fd) => {
+                close(fd);
+                panic!("answered with an fd")
+            }
+            Detour::Fail(e) => panic!("failed with errno {e}"),
+        }
+    }
+
+    #[test]
+    fn a_placed_file_opens_its_copy_and_tracks_the_fd() {
+        let f = fixture();
+        let Detour::Answer(fd) = decide(PLACED, libc::O_RDONLY | libc::O_CLOEXEC) else {
+            panic!("a placed file opens its copy");
+        };
+        let t = fdtable::peek(fd).unwrap();
+        assert_eq!((t.entry, t.kind), (f.idx(PLACED), FdKind::Tier(0)));
+        // Close-on-exec: its check is left for the fd's first use.
+        assert!(t.has(flag::UNCHECKED));
+        let mut st = sys::empty_stat();
+        assert_eq!(sys::raw_fstat(fd, &mut st), 0);
+        assert_eq!(
+            st.st_ino,
+            std::fs::metadata(f.object(PLACED)).unwrap().ino()
+        );
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = sys::sys!(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), 0);
+        assert_eq!(n as usize, buf.len());
+        assert_eq!(buf, pattern(64 * 1024, 7));
+        close(fd);
+        // Without O_CLOEXEC (an exec'd child may get it) the copy is checked at the open.
+        let Detour::Answer(fd) = decide(PLACED, libc::O_RDONLY) else {
+            panic!("a placed file opens its copy");
+        };
+        let t = fdtable::peek(fd).unwrap();
+        assert!(!t.has(flag::UNCHECKED) && t.has(flag::SHARED));
+        close(fd);
+    }
+
+    #[test]
+    fn every_other_open_passes_through_and_says_why() {
+        let f = fixture();
+        let ro = libc::O_RDONLY | libc::O_CLOEXEC;
+        let (why, t) = bypass(decide(UNPLACED, ro));
+        assert_eq!(why, Bypass::NotPlaced);
+        assert_eq!(
+            t.map(|t| (t.entry, t.kind)),
+            Some((f.idx(UNPLACED), FdKind::Source))
+        );
+        let (why, t) = bypass(decide("train", ro));
+        assert_eq!(
+            (why, t.map(|t| t.kind)),
+            (Bypass::OnSource, Some(FdKind::Dir))
+        );
+        assert_eq!(bypass(decide(PLACED, libc::O_RDWR)).0, Bypass::Writes);
+        assert_eq!(
+            bypass(decide(PLACED, ro | libc::O_PATH)),
+            (Bypass::Flags, None)
+        );
+        assert_eq!(bypass(decide(PLACED, ro | libc::O_DIRECT)).0, Bypass::Flags);
+        assert_eq!(
+            bypass(decide(PLACED, ro | libc::O_DIRECTORY)),
+            (Bypass::NotAFile, None)
+        );
+        assert_eq!(
+            bypass(decide("nothing.here", ro)).0,
+            Bypass::Catalog(Miss::NotCatalogued)
+        );
+        assert_eq!(
+            bypass(decide("changed.txt", ro)).0,
+            Bypass::Catalog(Miss::Void)
+        );
+        assert_eq!(
+            bypass(decide("gone/inner/f.txt", ro)).0,
+            Bypass::Catalog(Miss::AncestorGone)
+        );
+        assert_eq!(
+            bypass(decide("outward", ro)).0,
+            Bypass::Catalog(Miss::Unprovable)
+        );
+        assert_eq!(
+            bypass(decide("link", ro | libc::O_NOFOLLOW)),
+            (Bypass::NotAFile, None)
+        );
+        let outside = CString::new("/proc/self/status").unwrap();
+        let (why, _) = bypass(open(libc::AT_FDCWD, outside.as_ptr(), ro));
+        assert_eq!(why, Bypass::Outside);
+    }
+
+    #[test]
+    fn a_symlink_to_a_placed_file_opens_the_copy() {
+        let f = fixture();
+        let Detour::Answer(fd) = decide("link", libc::O_RDONLY | libc::O_CLOEXEC) else {
+            panic!("the link's target is placed");
+        };
+        assert_eq!(fdtable::peek(fd).unwrap().entry, f.idx("a.txt"));
+        close(fd);
+    }
+
+    #[test]
+    fn fopen_modes() {
+        let m = |s: &[u8]| fopen_flags(Some(s));
+        assert_eq!(m(b"r"), Some((libc::O_RDONLY, false)));
+        assert_eq!(m(b"rbe"), Some((libc::O_RDONLY | libc::O_CLOEXEC, false)));
+        assert_eq!(m(b"r+"), Some((libc::O_RDWR, true)));
+        assert_eq!(
+            m(b"w"),
+            Some((libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, true))
+        );
+        assert_eq!(
+            m(b"ax"),
+            Some((
+                libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_EXCL,
+                true
+            ))
+        );
+        assert_eq!(m(b"r,ccs=UTF-8"), Some((libc::O_RDONLY, false)));
+        assert_eq!(m(b"rq"), None);
+        assert_eq!(m(b""), None);
+        assert_eq!(fopen_flags(None), None);
+    }
+
+    use std::ffi::CString;
+    use std::os::unix::fs::MetadataExt;
+}

@@ -539,3 +539,121 @@ pub fn fread(fd: c_int, bytes: usize) {
         count(t.kind, bytes as isize);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{fixture, pattern, PLACED};
+
+    /// The caller's buffer.
+    struct Into(*mut u8);
+
+    impl ReadInto for Into {
+        fn read_into(&self, file: c_int, off: u64, want: u64) -> isize {
+            sys!(libc::SYS_pread64, file, self.0, want, off) as isize
+        }
+    }
+
+    /// The source file `rel` opened on the source and tracked as a source fd with `flags`.
+    fn source_fd(rel: &str, flags: u64) -> c_int {
+        let f = fixture();
+        let p = f.path(rel);
+        let fd = sys::raw_openat(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+            0,
+        );
+        assert!(fd >= 0);
+        assert!(fdtable::track(
+            fd,
+            Tracked::new(f.idx(rel), FdKind::Source, flags)
+        ));
+        fd
+    }
+
+    fn close(fd: c_int) {
+        fdtable::take(fd);
+        sys::raw_close(fd);
+    }
+
+    /// The read the hook makes: granary's answer, or the real `read` and what follows it.
+    fn hook_read(fd: c_int, buf: &mut [u8]) -> isize {
+        match read(fd, None, Some(buf.len() as u64), &Into(buf.as_mut_ptr())) {
+            Detour::Answer(n) => n,
+            Detour::Fail(e) => panic!("failed with errno {e}"),
+            Detour::Bypass(_, then) => {
+                let n = sys!(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) as isize;
+                after_real(fd, None, n, then)
+            }
+        }
+    }
+
+    #[test]
+    fn untracked_fds_pass_through() {
+        let mut b = [0u8; 8];
+        assert!(matches!(
+            read(0, None, Some(8), &Into(b.as_mut_ptr())),
+            Detour::Bypass(Bypass::Untracked, Then { count: None, .. })
+        ));
+    }
+
+    #[test]
+    fn a_source_fd_of_a_placed_file_moves_to_the_copy() {
+        let f = fixture();
+        let fd = source_fd(PLACED, 0);
+        let mut buf = vec![0u8; 4096];
+        assert_eq!(hook_read(fd, &mut buf), 4096);
+        assert_eq!(buf, pattern(64 * 1024, 7)[..4096]);
+        // The fd is the copy's now, at the same offset.
+        assert_eq!(fdtable::peek(fd).unwrap().kind, FdKind::Tier(0));
+        let mut st = sys::empty_stat();
+        assert_eq!(sys::raw_fstat(fd, &mut st), 0);
+        assert_eq!(
+            st.st_ino,
+            std::fs::metadata(f.object(PLACED)).unwrap().ino()
+        );
+        assert_eq!(hook_read(fd, &mut buf), 4096);
+        assert_eq!(buf, pattern(64 * 1024, 7)[4096..8192]);
+        close(fd);
+    }
+
+    #[test]
+    fn a_shared_source_fd_is_served_from_the_copy_call_by_call() {
+        let fd = source_fd(PLACED, flag::SHARED);
+        let mut buf = vec![0u8; 1000];
+        let n = match read(fd, None, Some(1000), &Into(buf.as_mut_ptr())) {
+            Detour::Answer(n) => n,
+            _ => panic!("served from the copy"),
+        };
+        assert_eq!(n, 1000);
+        assert_eq!(buf, pattern(64 * 1024, 7)[..1000]);
+        // The fd stays the source's (its sharers keep its file), its offset moved for the read.
+        assert_eq!(fdtable::peek(fd).unwrap().kind, FdKind::Source);
+        assert_eq!(sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR), 1000);
+        close(fd);
+    }
+
+    #[test]
+    fn positioned_reads_of_a_copy_note_their_range() {
+        let f = fixture();
+        let p = f.path(PLACED);
+        let Detour::Answer(fd) =
+            super::super::open::open(libc::AT_FDCWD, p.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC)
+        else {
+            panic!("a placed file opens its copy");
+        };
+        let mut buf = vec![0u8; 100];
+        let Detour::Bypass(Bypass::ByFd, then) =
+            read(fd, Some(300), Some(100), &Into(buf.as_mut_ptr()))
+        else {
+            panic!("a copy's positioned read is the real call's");
+        };
+        let n = sys!(libc::SYS_pread64, fd, buf.as_mut_ptr(), 100, 300) as isize;
+        assert_eq!(after_real(fd, Some(300), n, then), 100);
+        assert_eq!(fdtable::pread_range(fd), Some((300, 400)));
+        close(fd);
+    }
+
+    use std::os::unix::fs::MetadataExt;
+}

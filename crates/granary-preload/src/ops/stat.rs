@@ -239,3 +239,118 @@ pub fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> Detour<c_int> {
         None => Detour::Bypass(Bypass::Untracked, ()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{fixture, PLACED, UNPLACED};
+    use granary_shm::Miss;
+
+    fn answered<T>(d: Detour<c_int, T>) -> c_int {
+        match d {
+            Detour::Answer(r) => r,
+            Detour::Fail(e) => panic!("failed with errno {e}"),
+            Detour::Bypass(why, _) => panic!("passed through: {why:?}"),
+        }
+    }
+
+    fn why<T, U>(d: Detour<T, U>) -> Bypass {
+        match d {
+            Detour::Bypass(why, _) => why,
+            _ => panic!("answered"),
+        }
+    }
+
+    #[test]
+    fn stat_answers_with_the_catalogs_record() {
+        let f = fixture();
+        let mut st = sys::empty_stat();
+        let p = f.path(UNPLACED);
+        assert_eq!(
+            answered(stat(libc::AT_FDCWD, p.as_ptr(), 0, Out::Stat(&mut st))),
+            0
+        );
+        let e = f.table.entry(f.idx(UNPLACED)).unwrap();
+        assert_eq!((st.st_ino, st.st_size as u64), (e.stat.ino, e.stat.size));
+        assert_eq!(st.st_mtime, e.stat.mtime.sec);
+        // The kernel's answer, for the record: the same file.
+        let mut real = sys::empty_stat();
+        assert_eq!(sys::raw_stat(libc::AT_FDCWD, p.as_ptr(), &mut real, 0), 0);
+        assert_eq!(
+            (st.st_dev, st.st_ino, st.st_mode),
+            (real.st_dev, real.st_ino, real.st_mode)
+        );
+        // A symlink: followed by stat, itself for lstat.
+        let l = f.path("link");
+        assert_eq!(
+            answered(stat(libc::AT_FDCWD, l.as_ptr(), 0, Out::Stat(&mut st))),
+            0
+        );
+        assert_eq!(st.st_ino, f.table.entry(f.idx("a.txt")).unwrap().stat.ino);
+        let nofollow = libc::AT_SYMLINK_NOFOLLOW;
+        assert_eq!(
+            answered(stat(
+                libc::AT_FDCWD,
+                l.as_ptr(),
+                nofollow,
+                Out::Stat(&mut st)
+            )),
+            0
+        );
+        assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFLNK);
+    }
+
+    #[test]
+    fn stat_passes_through_what_the_catalog_cannot_answer() {
+        let f = fixture();
+        let mut st = sys::empty_stat();
+        let out = Out::Stat(&mut st);
+        let changed = f.path("changed.txt");
+        assert_eq!(
+            why(stat(libc::AT_FDCWD, changed.as_ptr(), 0, out)),
+            Bypass::Catalog(Miss::Void)
+        );
+        let missing = f.path("train/none");
+        let missed = why(stat(libc::AT_FDCWD, missing.as_ptr(), 0, out));
+        assert_eq!(missed, Bypass::Catalog(Miss::NotCatalogued));
+        // A buffer the kernel would refuse (EFAULT) is the kernel's to refuse.
+        let bad = Out::Stat(core::ptr::dangling_mut::<libc::stat>());
+        let p = f.path(UNPLACED);
+        assert_eq!(
+            why(stat(libc::AT_FDCWD, p.as_ptr(), 0, bad)),
+            Bypass::BadBuffer
+        );
+        assert_eq!(why(fstat(0, out)), Bypass::Untracked);
+    }
+
+    #[test]
+    fn fstat_of_a_copy_describes_the_source_file() {
+        let f = fixture();
+        let p = f.path(PLACED);
+        let Detour::Answer(fd) =
+            crate::ops::open::open(libc::AT_FDCWD, p.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC)
+        else {
+            panic!("a placed file opens its copy");
+        };
+        let mut st = sys::empty_stat();
+        assert_eq!(answered(fstat(fd, Out::Stat(&mut st))), 0);
+        let e = f.table.entry(f.idx(PLACED)).unwrap();
+        assert_eq!((st.st_ino, st.st_mode), (e.stat.ino, e.stat.mode));
+        // The first fstat made the copy's deferred check.
+        assert!(!fdtable::peek(fd).unwrap().has(flag::UNCHECKED));
+        fdtable::take(fd);
+        sys::raw_close(fd);
+    }
+
+    #[test]
+    fn access_grants_what_the_catalog_proves() {
+        let f = fixture();
+        let at = |rel: &str, mode| access(libc::AT_FDCWD, f.path(rel).as_ptr(), mode, 0);
+        assert_eq!(answered(at(UNPLACED, libc::F_OK)), 0);
+        assert_eq!(answered(at(PLACED, libc::R_OK)), 0);
+        assert_eq!(answered(at("train", libc::R_OK | libc::X_OK)), 0);
+        // Read of a file no copy vouches for, and any write: the kernel's.
+        assert_eq!(why(at(UNPLACED, libc::R_OK)), Bypass::KernelDecides);
+        assert_eq!(why(at(PLACED, libc::W_OK)), Bypass::Flags);
+    }
+}
