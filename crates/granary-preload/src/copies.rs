@@ -14,6 +14,10 @@
 //! one (its `close`/`dup2`/`close_range` reach `forget`) gets it reopened on the next use; one
 //! closed behind our back (a raw syscall) and reused for another file is caught by the checks
 //! above, never trusted.
+//!
+//! On top, an entry's files as the table records them: its complete copy (`open_copy`, checked
+//! now; `open_copy_unchecked`, checked at the fd's first use by `tracked`) and its part or chunk
+//! file (`open_recorded`).
 
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicI32, Ordering};

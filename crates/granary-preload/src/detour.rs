@@ -1,7 +1,8 @@
-//! Whether a hooked call may consult the job's table: the table this process attached to (set
+//! Whether a hooked call may consult the job's table — the table this process attached to (set
 //! once, by the constructor), whether its credentials are the agent's, and the re-entrancy
-//! guard. Every hook that might answer from the table starts here; when `enter` says no, the
-//! real function runs with the caller's arguments.
+//! guard — and what the logic layer decides for a call: a `Detour`, granary's answer or a
+//! `Bypass` (the real function runs with the caller's arguments) with its reason, which the
+//! debug log prints. Every call that might answer from the table starts with `enter`.
 
 use core::cell::Cell;
 use core::ffi::c_int;

@@ -124,8 +124,7 @@ fn in_use(g: &Guard, name: &[u8]) -> bool {
     let Some(fd) = crate::copies::open_own(g.table, 0, name, flags) else {
         return false;
     };
-    // SAFETY: `struct flock` is plain integers; all-zero is a valid value.
-    let mut lk: libc::flock = unsafe { core::mem::zeroed() };
+    let mut lk = sys::empty_flock();
     lk.l_type = libc::F_WRLCK as i16;
     lk.l_whence = libc::SEEK_SET as i16;
     lk.l_start = 0;

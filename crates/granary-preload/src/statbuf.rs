@@ -86,8 +86,7 @@ impl Out {
                 usermem::write_value(p, &st)
             }
             Out::Statx(mask, p) => {
-                // SAFETY: `struct statx` is plain integers; all-zero is a valid value.
-                let mut sx: libc::statx = unsafe { core::mem::zeroed() };
+                let mut sx = sys::empty_statx();
                 statx(s, mask, &mut sx);
                 usermem::write_value(p, &sx)
             }

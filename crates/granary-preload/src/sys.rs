@@ -196,3 +196,13 @@ pub fn empty_stat() -> libc::stat {
     // SAFETY: `struct stat` is plain integers; all-zero is a valid value.
     unsafe { core::mem::zeroed() }
 }
+
+pub fn empty_statx() -> libc::statx {
+    // SAFETY: `struct statx` is plain integers; all-zero is what the kernel leaves unfilled.
+    unsafe { core::mem::zeroed() }
+}
+
+pub fn empty_flock() -> libc::flock {
+    // SAFETY: `struct flock` is plain integers; all-zero is a valid value.
+    unsafe { core::mem::zeroed() }
+}

@@ -18,8 +18,7 @@ fn verdict(table: &Table, idx: u32, e: &EntryRec) -> Verdict {
     let Some(p) = path::entry_path(table, idx, &mut buf) else {
         return Verdict::Unknown;
     };
-    // SAFETY: `struct statx` is plain integers; all-zero is a valid value.
-    let mut sx: libc::statx = unsafe { core::mem::zeroed() };
+    let mut sx = sys::empty_statx();
     let r = sys!(
         libc::SYS_statx,
         libc::AT_FDCWD,

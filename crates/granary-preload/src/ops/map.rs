@@ -20,7 +20,7 @@ use super::read::stale;
 
 /// `mmap` of a tracked fd: a source fd of a placed file is switched to the copy first; a file
 /// not entirely local is mapped at once, from the source with what the tier holds mapped over
-/// it (`mapping`); a copy the program changed since maps the source.
+/// it (`overlay`); a copy the program changed since maps the source.
 pub fn map(
     fd: c_int,
     len: usize,
@@ -124,7 +124,7 @@ fn stale_map(
 }
 
 /// `mmap` of a tracked source fd: a complete copy is switched to first. A larger file still
-/// being fetched is not waited for: it is mapped from the source at once (`mapping`). A
+/// being fetched is not waited for: it is mapped from the source at once (`overlay`). A
 /// mid-size one (`fetched_direct`) is: its fetch is one direct read that shares no pages with a
 /// mapping of the source, so mapping the source would read its bytes twice; the wait is that
 /// one read, and gives up (mapping the source) as a read's wait does.
