@@ -50,6 +50,77 @@ fn open_read_close_overhead() {
     assert!(f.counter(granary_shm::job::TIER_FILES) >= 60000);
 }
 
+/// This build of the library against another one (`GRANARY_BENCH_OTHER_LIB=/path/to/.so`, say
+/// the previous commit's release build) on the same table, in alternating runs: a placed
+/// file's open+close and open+read+close, and open+close of a path outside the source. Prints
+/// each round and the medians; the other build must read the same table format.
+///   GRANARY_BENCH_OTHER_LIB=/tmp/old.so \
+///   cargo test --release -p granary-preload --test bench -- --ignored --nocapture against
+#[test]
+#[ignore]
+fn open_cost_against_another_build() {
+    let Some(other) = std::env::var_os("GRANARY_BENCH_OTHER_LIB") else {
+        eprintln!("GRANARY_BENCH_OTHER_LIB is not set: nothing to compare");
+        return;
+    };
+    let f = Fixture::new();
+    let exe = f.dir.path().join("openbench");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/bench/openbench.c");
+    let st = Command::new("cc")
+        .args(["-O2", "-o", exe.to_str().unwrap(), src])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let exe = exe.to_str().unwrap();
+    let placed = f.p(BIG);
+    let outside = f.dir.path().join("outside.bin");
+    std::fs::write(&outside, b"x").unwrap();
+    let outside = outside.to_str().unwrap();
+    let cases: [(&str, &str, &str, &str); 3] = [
+        ("placed open+close", "open", &placed, "100000"),
+        ("placed 128 KiB open+read+close", "read", &placed, "20000"),
+        ("outside open+close", "open", outside, "200000"),
+    ];
+    let run = |mode: &str, path: &str, n: &str, lib: Option<&std::ffi::OsStr>| {
+        let mut c = f.cmd(exe, &[mode, path, n], true);
+        if let Some(lib) = lib {
+            c.env("LD_PRELOAD", lib);
+        }
+        ns(&c.output().unwrap())
+    };
+    let mut this_ns = vec![vec![]; cases.len()];
+    let mut other_ns = vec![vec![]; cases.len()];
+    for round in 0..7 {
+        for (i, (name, mode, path, n)) in cases.iter().enumerate() {
+            // Alternate which goes first, so neither always runs on a warmer machine.
+            let (a, b) = if round % 2 == 0 {
+                let a = run(mode, path, n, None);
+                (a, run(mode, path, n, Some(&other)))
+            } else {
+                let b = run(mode, path, n, Some(&other));
+                (run(mode, path, n, None), b)
+            };
+            this_ns[i].push(a);
+            other_ns[i].push(b);
+            println!(
+                "round {round}: {name}: this build {a:.0} ns, other {b:.0} ns ({:.3}x)",
+                a / b
+            );
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    for (i, (name, ..)) in cases.iter().enumerate() {
+        let (a, b) = (median(&mut this_ns[i]), median(&mut other_ns[i]));
+        println!(
+            "median: {name}: this build {a:.0} ns, other {b:.0} ns ({:.3}x)",
+            a / b
+        );
+    }
+}
+
 /// 64 MiB read in 256 KiB `pread`s by Python, three ways in one run: from the partial copy
 /// (PLACING, progress complete: open/pread/close of `.part` per call), from the placed copy
 /// (open returns the copy's fd), and the copy read directly without the library.
