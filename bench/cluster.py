@@ -170,7 +170,7 @@ def split(serve, sums):
     return mine, everything - mine
 
 
-# FanStore's published scaling (seed 003, §6.5.1): aggregate bandwidth relative to a baseline.
+# FanStore's published scaling (Zhang et al., §6.5.1): aggregate bandwidth relative to a baseline.
 FANSTORE = {(1, 4): "1.0–1.5× (25–38 %)", (4, 16): "76.3–83.1 %", (1, 64): "5.8–45.4× (9–71 %)",
             (64, 512): "81.4–88.2 %"}
 NET_LATENCY = 2e-6        # s per message (stated network: 100 Gb/s, 2 µs)

@@ -4,7 +4,7 @@
     sudo python3 bench/run.py --size quick            # ~5 minutes, results/quick/
     sudo python3 bench/run.py --size full             # ~32 minutes, results/full/
 
-Builds an emulated PFS, generates the seeds' datasets on it, runs every
+Builds an emulated PFS, generates the papers' datasets (docs/background.md) on it, runs every
 workload under every setup (PFS, Local, Cache, granary), and writes
 report.md, plots and results.json. See bench/README.md and --help.
 """

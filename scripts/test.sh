@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command of the README and of CI: installs what the tests need, builds everything,
-# runs every test (Rust unit, property and integration tests, then end-to-end tests that drive
-# real programs — cat, tar, python, fio, lmdb — through `granary run`).
+# runs every test (the docs check, Rust unit, property and integration tests, then end-to-end
+# tests that drive real programs — cat, tar, python, fio, lmdb — through `granary run`).
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh -k lmdb    extra arguments go to pytest (end-to-end tests only)
@@ -39,6 +39,9 @@ if [ ${#py_missing[@]} -gt 0 ]; then
         || python3 -m pip install -q --break-system-packages "${py_missing[@]}"
 fi
 
+# The docs name only what exists: paths into the code, files, links (scripts/check-docs.py --help).
+python3 scripts/check-docs.py --self-test
+python3 scripts/check-docs.py
 cargo fmt --all --check
 # The default build needs no MPI; the `mpi` feature adds `granary serve` (cluster mode).
 cargo clippy --workspace --all-targets -q -- -D warnings

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""FanStore's read micro-benchmark (seed 003, section 6.2), on one node.
+"""FanStore's read micro-benchmark (Zhang et al., section 6.2), on one node.
 
 The dataset has one directory per file size (128K, 512K, 2M, 8M). For each size
 in turn, `--workers` threads read every file of the directory whole, in a

@@ -7,7 +7,7 @@ the environment is opened read-only (`--lock`: with LMDB's reader lock file, els
 --access random  `get`s of the keys in a shuffled order (a map-style Dataset with shuffle)
 --procs N        N reader processes, each opening the environment itself; with
                  --split contiguous each reads its contiguous share of the keys (MPI-Caffe's
-                 contiguous pattern, seed 001), with --split none each reads everything
+                 contiguous pattern of Stanovnik et al.), with --split none each reads everything
 --epochs E       passes, in one open environment (later passes find what the first cached)
 
 Output: the clients' JSON lines (see common.py); epoch times are the slowest process's.

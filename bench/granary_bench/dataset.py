@@ -1,4 +1,4 @@
-"""Synthetic datasets with the seeds' shapes, and their checksum manifests.
+"""Synthetic datasets shaped like the papers' (docs/background.md), and their checksum manifests.
 
 Contents are random (incompressible) bytes; sizes are drawn from a seeded
 generator so two runs with the same knobs have the same layout. The manifest
@@ -139,7 +139,7 @@ def _low_entropy_chunks(n, rng):
 
 
 def gen_fanstorez(rng, base, counts):
-    """FanStore's sizes and counts, compressible contents (seed 003 section 6.6: 2.8x)."""
+    """FanStore's sizes and counts, compressible contents (Zhang et al., section 6.6: 2.8x)."""
     out = []
     for d, size in FANSTORE_SIZES.items():
         os.makedirs(os.path.join(base, d), exist_ok=True)

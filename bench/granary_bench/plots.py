@@ -28,7 +28,7 @@ def _grid(n, w=4.2, h=3.6):
 
 
 def epochs_stacked(data, path):
-    """Per-epoch time stacked per setup, like the seeds' figures 13, 18 and 22."""
+    """Per-epoch time stacked per setup, like the papers' per-epoch figures."""
     wl = _by_workload(data)
     fig, axes = _grid(len(wl))
     copies = data.get("copies", {})

@@ -68,7 +68,7 @@ def write(root: pathlib.Path, rel: str, data: bytes) -> None:
 
 
 def fanstore(root: pathlib.Path, scale: int = 1024) -> None:
-    """FanStore's micro-benchmark (seed 003, §6.2): 128K × 128 KiB, 32K × 512 KiB, 8K × 2 MiB,
+    """FanStore's micro-benchmark (Zhang et al., §6.2): 128K × 128 KiB, 32K × 512 KiB, 8K × 2 MiB,
     2K × 8 MiB files, the counts divided by `scale` (as bench/ does)."""
     for d, size, n in [("128K", 128 << 10, 128 << 10), ("512K", 512 << 10, 32 << 10),
                        ("2M", 2 << 20, 8 << 10), ("8M", 8 << 20, 2 << 10)]:

@@ -1,10 +1,11 @@
-//! LMDB's lock file, node-local (seed 001's *ownlock*, without symlink farms or code changes).
+//! LMDB's lock file, node-local (the *ownlock* of Stanovnik et al.'s MPI-Caffe study, without
+//! symlink farms or code changes).
 //!
 //! A read-only LMDB environment (`readonly=True`, with `lock=True`) still opens its lock file
 //! (`lock.mdb`, or `<data>-lock` without a subdirectory) with `O_RDWR | O_CREAT` and writes its
 //! reader table there: every reader of every node then shares one small file on the PFS — the
-//! contention that stalled MPI-Caffe in seed 001. The lock file only coordinates readers with a
-//! writer; while nobody writes the data file, readers need no one but each other.
+//! contention that stalled MPI-Caffe on FEFS (Stanovnik et al.). The lock file only coordinates
+//! readers with a writer; while nobody writes the data file, readers need no one but each other.
 //!
 //! So while the data file is a catalogued, validated LMDB data file (its meta page says so) that
 //! no process of the job opened for writing, the open is given a lock file of granary's in tier

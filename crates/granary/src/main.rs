@@ -1,25 +1,23 @@
-//! `granary`: the CLI and the node agent.
+//! `granary`: the command line. Each command turns its flags (`flags`) into the typed
+//! configuration of the library that does the work (`granary_agent`, `granary_pack`) and calls
+//! it (`commands`); what they share to talk to the user and start the program is beside them
+//! (`output`, `signals`, `preload`, `jobenv`, `report`).
 
-mod agent;
-mod cli;
-mod client;
-mod cluster;
-mod container;
-mod demo;
-mod logging;
+mod commands;
+mod flags;
+mod jobenv;
 mod output;
-mod pack_cmd;
 mod preload;
 mod report;
-mod run;
-mod run_pack;
 mod signals;
 
 use clap::Parser;
 
+use flags::{Cli, Command};
+
 fn main() {
-    let cli = cli::Cli::parse();
-    let code = match cli::dispatch(cli) {
+    let cli = Cli::parse();
+    let code = match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
             output::say(format!("granary: {e:#}"));
@@ -27,4 +25,27 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    if !matches!(cli.cmd, Command::Agent(_) | Command::Serve(_)) {
+        granary_agent::logging::init(None, None);
+    }
+    if matches!(
+        cli.cmd,
+        Command::Status { .. } | Command::Stop | Command::Demo(_) | Command::ContainerFlags(_)
+    ) {
+        output::die_on_closed_pipe();
+    }
+    match cli.cmd {
+        Command::Run(a) => commands::run::main(a),
+        Command::Agent(a) => commands::agent::main(a),
+        Command::Stop => commands::status::stop(),
+        Command::Status { json } => commands::status::main(json),
+        Command::Demo(a) => commands::demo::main(a),
+        Command::DemoReader(a) => commands::demo::reader(a),
+        Command::Pack(a) => commands::pack::main(a),
+        Command::ContainerFlags(a) => commands::container_flags::main(a),
+        Command::Serve(a) => commands::serve::main(a),
+    }
 }

@@ -109,3 +109,37 @@ fn is_ours_and_same(path: &Path) -> bool {
     let mut buf = Vec::with_capacity(EMBEDDED.len());
     f.read_to_end(&mut buf).is_ok() && buf == EMBEDDED
 }
+
+/// `libgranary_preload.so`: `$GRANARY_PRELOAD`, next to this executable, in `../lib`, or the
+/// copy a release build carries (`embedded`).
+pub fn find() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("GRANARY_PRELOAD").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        bail!("GRANARY_PRELOAD={} does not exist", p.display());
+    }
+    let exe = std::env::current_exe().context("finding the granary executable")?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let mut tried = Vec::new();
+    // Test binaries live in target/<profile>/deps; the library one level up.
+    for cand in [
+        dir.join("libgranary_preload.so"),
+        dir.join("../lib/libgranary_preload.so"),
+        dir.join("../libgranary_preload.so"),
+    ] {
+        if cand.is_file() {
+            return Ok(cand.canonicalize().unwrap_or(cand));
+        }
+        tried.push(cand.display().to_string());
+    }
+    if let Some(p) = embedded()? {
+        return Ok(p);
+    }
+    bail!(
+        "cannot find libgranary_preload.so (tried {}); build it with `cargo build --release` \
+         (the whole workspace) or set GRANARY_PRELOAD",
+        tried.join(", ")
+    )
+}

@@ -48,7 +48,7 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Large reads reach a PFS's bandwidth limit where the program's 128–256 KiB reads hit its
 /// per-request (IOPS) limit.
 pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
-/// Per node: many nodes times many streams is what overwhelms a PFS (seed 002's staggering).
+/// Per node: many nodes times many streams is what overwhelms a PFS (LMDBIO's staggering).
 pub const DEFAULT_MAX_SOURCE_STREAMS: usize = 4;
 pub const DEFAULT_PREFETCH_MIN_SIZE: u64 = 1 << 20;
 pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;

@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::container::{launcher, Launcher};
+use crate::jobenv::{launcher, Launcher};
 
 /// How the dynamic loader treats a program file.
 #[derive(Debug, PartialEq, Eq)]

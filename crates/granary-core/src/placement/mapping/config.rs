@@ -9,7 +9,8 @@
 //! threshold = 75      # percent of the last window passed before the next is read
 //! lmdb_index = true   # follow cursors over an LMDB in key order, not the file's page order
 //! ```
-//! Defaults are seed 000's best values (distance 8–10 MiB, size 50 MiB, threshold 75 %).
+//! Defaults are the best values of Haderbache et al.'s mmap pre-caching (distance 8–10 MiB,
+//! size 50 MiB, threshold 75 %).
 
 use serde::{Deserialize, Serialize};
 

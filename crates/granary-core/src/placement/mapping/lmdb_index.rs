@@ -1,4 +1,4 @@
-//! The record-offset index of an LMDB data file (seed 002's lesson, without code changes): the
+//! The record-offset index of an LMDB data file (LMDBIO's lesson, without code changes): the
 //! pages a cursor reads, in the order it reads them — the B-tree's branch pages, then each leaf
 //! page followed by the overflow pages of its large values, in key order, every database of
 //! the environment in turn. The follower reads ahead in that order (`layout`), so a cursor over

@@ -11,14 +11,14 @@
 //!   the same user, no privilege) around where the reader was and, a slice per tick, the rest
 //!   of each mapping: pages that became present are the pages the program touched — including
 //!   those a system call touched for it;
-//! - decides with seed 000's rules (`window`) when to read ahead and what, and issues
+//! - decides with Haderbache et al.'s rules (`window`) when to read ahead and what, and issues
 //!   `readahead(2)` on the source for the pages of that range the mapping takes from the source
 //!   and the page cache lacks (`mincore`): large requests, issued at once, that the program's
 //!   faults then find in the page cache or in flight;
 //! - counts what the program touched: from tier files, from the source, and of those the pages
 //!   no read of the agent had asked for (the job's `MAP_*` counters).
 //!
-//! Why not guard pages and a SIGSEGV handler (seed 000): a page made inaccessible is
+//! Why not guard pages and a SIGSEGV handler (Haderbache et al.): a page made inaccessible is
 //! inaccessible to the kernel too — `write(fd, map, n)` fails with EFAULT —, a handler must be
 //! chained under every program that installs its own (a JVM, Python's faulthandler), and a
 //! program that installs it with a raw system call would receive our faults. Following the page
@@ -82,12 +82,12 @@ impl Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MmapParams {
     pub mode: Mode,
-    /// How far a reader must read forward before it is read ahead of (seed 000's checkpoint
-    /// distance, 8–10 MiB best).
+    /// How far a reader must read forward before it is read ahead of (the checkpoint
+    /// distance of Haderbache et al., 8–10 MiB best).
     pub distance: u64,
-    /// Bytes read ahead at a time (seed 000: 50 MiB best); less when memory is tight.
+    /// Bytes read ahead at a time (Haderbache et al.: 50 MiB best); less when memory is tight.
     pub size: u64,
-    /// Percent of the last window the reader passes before the next is read (seed 000: 75).
+    /// Percent of the last window the reader passes before the next is read (Haderbache: 75).
     pub threshold_pct: u64,
     /// Readers of an LMDB whose pages are not in key order are followed in key order
     /// (`lmdb_index`, `layout`).

@@ -1,7 +1,7 @@
-//! When to read ahead of a reader, and what: seed 000's pre-caching rules, driven by what the
-//! reader touched instead of guard pages.
+//! When to read ahead of a reader, and what: the mmap pre-caching rules of Haderbache et al.
+//! (Fujitsu), driven by what the reader touched instead of guard pages.
 //!
-//! The seed put a checkpoint every *distance* bytes; the first checkpoint the reader hit
+//! Haderbache et al. put a checkpoint every *distance* bytes; the first checkpoint the reader hit
 //! triggered a pre-cache of the next *size* bytes, and so did the first hit past the
 //! *threshold* (75 %) of the last pre-cached range, each from where the last one ended. Here
 //! the agent sees every page the reader touched (`follow`), so:
@@ -9,7 +9,7 @@
 //! - a reader is *streaming* once it has read one `distance` of new pages forward from where it
 //!   was first seen (or from where it jumped to): only then is the next `size` read ahead, from
 //!   its position. A reader that only touches scattered records (random `get`s) never is, and
-//!   costs nothing; what a reader reads before that is the seed's "non-cached distance", at
+//!   costs nothing; what a reader reads before that is their "non-cached distance", at
 //!   most one `distance`;
 //! - once the reader passes `threshold` of the last window, the next window is read from where
 //!   that one ended (no overlap) to `size` ahead of the reader (a reader that caught up with

@@ -1,0 +1,520 @@
+//! Cluster mode (`granary serve`, docs/cluster.md): one serving agent per node, started by an
+//! MPI launcher; together they make every node's local tiers one cache of the dataset.
+//!
+//! - One catalog per job: rank 0 walks (or loads) the source, and its table image reaches every
+//!   rank (`mpi::Mpi::broadcast`), which adopts it without a call on the source.
+//! - One source read per byte: every file has owners (`ownership`); the first one reads it from
+//!   the source (through the ordinary placement pool) and serves it to the others. A pack's
+//!   files are dealt out in contiguous stretches of the pack, which each rank's partition
+//!   streamer reads in large sequential reads (`placement::partition`).
+//! - Remote reads: a program opening a file another rank holds waits (the table's cluster flag)
+//!   while a fetcher (`fetch`) gets it from an owner's provider (`provide`) into this node's
+//!   staging tier (`staging`); then it opens a real local copy, as on one node.
+//! - Faults: every wait on a peer is bounded (`peers`, the peer timeout); what a silent rank
+//!   holds comes from a replica or the source.
+//! - MPI lives in one thread (`transport`, `mpi`), in the serving agent only.
+
+// Without the `mpi` feature only the flags, the status types and the tested logic are built.
+#![cfg_attr(not(feature = "mpi"), allow(dead_code))]
+
+mod config;
+mod fetch;
+#[cfg(feature = "mpi")]
+mod mpi;
+pub mod ownership;
+mod peers;
+mod provide;
+#[cfg(feature = "mpi")]
+mod serve;
+mod staging;
+mod transport;
+mod wire;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use crossbeam_channel::Sender;
+use granary_core::placement::{PlaceOutcome, Remote, SourceCtx};
+use granary_shm::lifecycle::{self, EntryCell, Void};
+use granary_shm::state;
+
+use crate::agent::Agent;
+use crate::protocol::{ClusterStatus, PeerStatus};
+use crate::serving::{Serving, ServingNode};
+use ownership::Ownership;
+use peers::Peers;
+use staging::Staging;
+use transport::{Comm, Inbox, Tags};
+use wire::{Beat, Msg};
+
+use config::replicated;
+pub use config::{for_rank, replicate_set, ServeConfig};
+
+/// `granary serve`: this process is one rank of the serving job, until it is stopped.
+pub fn serve(config: ServeConfig) -> Result<()> {
+    #[cfg(feature = "mpi")]
+    {
+        serve::serve(config)
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = config;
+        anyhow::bail!(
+            "this granary was built without MPI: `granary serve` needs a build with the `mpi` \
+             feature (`cargo build --release --features mpi`, with an MPI library such as \
+             OpenMPI's libopenmpi-dev and libclang-dev installed)"
+        )
+    }
+}
+
+/// One rank of the serving job, as the rest of the agent and the other ranks see it.
+pub struct Node {
+    pub rank: u32,
+    pub ranks: u32,
+    pub agent: Arc<Agent>,
+    /// The served source's table (the serve's own lease keeps it; it is never replaced).
+    pub ctx: Arc<SourceCtx>,
+    pub own: Ownership,
+    pub peers: Peers,
+    pub comm: Comm,
+    tags: Tags,
+    pub staging: Staging,
+    /// The staging tier's index in the table (`None`: none configured).
+    pub staging_tier: Option<usize>,
+    /// How long a rank waits for another's next message.
+    pub timeout: Duration,
+    fetch_q: Sender<fetch::RemoteFetch>,
+    provide_q: Sender<provide::PeerRequest>,
+    /// Transfers a requester gave up on (provider side), until the provider sees it.
+    cancelled: Mutex<HashSet<(u32, i32)>>,
+    /// Copies of other ranks' files (replicas, `--replicate`) still to be made.
+    pub copies_pending: AtomicU64,
+    /// Entries other ranks told this one were changed (written, removed) on the source.
+    pub invalidations: AtomicU64,
+    pub replicate: Vec<String>,
+    replicas: u32,
+    /// `held`'s last count: when, files, bytes.
+    held: Mutex<(Option<std::time::Instant>, u64, u64)>,
+}
+
+/// How often a heartbeat's count of held copies is taken again (a pass over every entry).
+const HELD_EVERY: Duration = Duration::from_secs(1);
+
+/// Threads of each kind: fetchers mostly wait on peers, providers on the source (the pool's
+/// stream cap bounds those reads).
+const FETCHERS: usize = 16;
+const PROVIDERS: usize = 8;
+
+/// What `Node::new` needs besides the agent and its table.
+pub struct Setup {
+    pub rank: u32,
+    pub ranks: u32,
+    pub replicas: u32,
+    pub replicate: Vec<String>,
+    pub replicate_set: globset::GlobSet,
+    pub timeout: Duration,
+}
+
+impl Node {
+    /// The node of this rank: ownership dealt, threads started, placement hooked.
+    pub fn start(
+        agent: Arc<Agent>,
+        ctx: Arc<SourceCtx>,
+        s: Setup,
+        comm: Comm,
+    ) -> Result<Arc<Node>> {
+        let t = &ctx.table;
+        let own = Ownership::assign(t, s.ranks, s.replicas, |rel| {
+            replicated(&s.replicate_set, rel)
+        });
+        let staging_tier =
+            (ctx.tiers.placeable() < ctx.tiers.len()).then_some(ctx.tiers.placeable());
+        let (fetch_q, fetch_rx) = crossbeam_channel::unbounded();
+        let (provide_q, provide_rx) = crossbeam_channel::unbounded();
+        let node = Arc::new(Node {
+            rank: s.rank,
+            ranks: s.ranks,
+            agent,
+            ctx: ctx.clone(),
+            own,
+            peers: Peers::new(s.rank, s.ranks),
+            comm,
+            tags: Tags::new(s.ranks),
+            staging: Staging::default(),
+            staging_tier,
+            timeout: s.timeout,
+            fetch_q,
+            provide_q,
+            cancelled: Mutex::default(),
+            copies_pending: AtomicU64::new(0),
+            invalidations: AtomicU64::new(0),
+            replicate: s.replicate,
+            replicas: s.replicas,
+            held: Mutex::default(),
+        });
+        node.place_empty_files();
+        fetch::spawn(&node, fetch_rx, FETCHERS)?;
+        provide::spawn(&node, provide_rx, PROVIDERS)?;
+        let hook: Arc<dyn Remote> = node.clone();
+        let _ = ctx.remote.set(hook);
+        ctx.table.set_cluster(true);
+        node.stream_pack()?;
+        {
+            let n = node.clone();
+            std::thread::Builder::new()
+                .name("cluster-beat".into())
+                .spawn(move || n.heartbeats())?;
+        }
+        {
+            let n = node.clone();
+            std::thread::Builder::new()
+                .name("cluster-copies".into())
+                .spawn(move || n.copy_others())?;
+        }
+        if let Some(st) = node.staging_tier {
+            // Staging files are recycled (staging.rs): leases tell when nobody else has one open.
+            granary_core::sys::ignore_lease_breaks();
+            let n = node.clone();
+            std::thread::Builder::new()
+                .name("cluster-stage".into())
+                .spawn(move || {
+                    // Made ahead with spare cycles only: never in the way of a transfer or a
+                    // program.
+                    granary_core::sys::sched_idle();
+                    let sample = n.others_sizes();
+                    let stopping = || n.agent.stopping.load(Ordering::Acquire);
+                    n.staging.fill(&n.ctx, st, sample, &stopping);
+                })?;
+        }
+        Ok(node)
+    }
+
+    /// A pack: this rank's partition streamers, reading its own stretch of the pack only.
+    fn stream_pack(&self) -> Result<()> {
+        let (Some(st), Some(setup)) = (self.ctx.pack.get(), self.agent.setup.get()) else {
+            return Ok(());
+        };
+        st.restrict(|idx| self.own.primary(idx) == Some(self.rank));
+        granary_core::placement::partition::spawn(self.ctx.clone(), setup.pool.shared().clone())?;
+        Ok(())
+    }
+
+    /// True if `idx` is a packed file this rank reads from the pack itself.
+    fn streams(&self, ctx: &SourceCtx, idx: u32) -> bool {
+        ctx.table.locator(idx).is_some() && ctx.pack.get().is_some_and(|st| st.streams(idx))
+    }
+
+    /// Empty files are placed here at once: their copy needs no byte from anyone, and a
+    /// program opening one then never opens the source (the preload's cluster wait is for files
+    /// of at least one byte).
+    fn place_empty_files(&self) {
+        let t = &self.ctx.table;
+        let tiers: Vec<usize> = (0..self.ctx.tiers.placeable()).collect();
+        let mut n = 0;
+        for idx in 0..t.entry_count() {
+            let empty = t
+                .entry(idx)
+                .is_some_and(|e| e.stat.is_file() && e.stat.size == 0);
+            if !empty || !lifecycle::claim(&EntryCell { table: t, idx }) {
+                continue;
+            }
+            match granary_core::placement::incoming::receive(&self.ctx, idx, &tiers) {
+                Ok(mut rx) => match rx.finish(0) {
+                    Ok(_) => n += 1,
+                    Err(why) => {
+                        tracing::debug!("empty file {idx}: {why}");
+                        rx.give_up(state::SOURCE_ONLY);
+                    }
+                },
+                Err(_) => {
+                    lifecycle::unclaim(&EntryCell { table: t, idx });
+                }
+            }
+        }
+        if n > 0 {
+            tracing::info!("{n} empty files placed");
+        }
+    }
+
+    /// Draws sizes of the files other ranks hold, each file weighted by its bytes (what this
+    /// node's staging tier will receive): what the staging filler makes ahead first.
+    fn others_sizes(&self) -> impl FnMut() -> Option<u64> {
+        let t = &self.ctx.table;
+        let mut sizes = Vec::new();
+        let mut total = 0u64;
+        for idx in 0..t.entry_count() {
+            let Some(e) = t.entry(idx) else { continue };
+            if e.stat.is_file() && e.stat.size > 0 && !self.own.holds(self.rank, idx) {
+                total += e.stat.size;
+                sizes.push((total, e.stat.size));
+            }
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(self.rank);
+        move || {
+            if total == 0 {
+                return None;
+            }
+            // xorshift: any spread will do.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let at = x % total;
+            let k = sizes.partition_point(|&(cum, _)| cum <= at);
+            sizes.get(k).map(|&(_, s)| s)
+        }
+    }
+
+    /// Sends this rank's numbers to every other rank every `BEAT_PERIOD` (they also tell the
+    /// others it is alive).
+    fn heartbeats(&self) {
+        while !self.agent.stopping.load(Ordering::Acquire) {
+            let b = self.beat();
+            for r in (0..self.ranks).filter(|&r| r != self.rank) {
+                self.comm.ctrl(r, &Msg::Heartbeat(b));
+            }
+            self.peers.beat(self.rank, b);
+            std::thread::sleep(peers::BEAT_PERIOD);
+        }
+    }
+
+    /// Complete copies in this rank's own tiers (not staging): one pass over the table, at most
+    /// every `HELD_EVERY` (a heartbeat carries the last count).
+    fn held(&self) -> (u64, u64) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if h.0.is_some_and(|at| at.elapsed() < HELD_EVERY) {
+            return (h.1, h.2);
+        }
+        let t = &self.ctx.table;
+        let (mut files, mut bytes) = (0, 0);
+        for i in 0..t.entry_count() {
+            let w = t.state(i);
+            let staged = Some(state::tier_of(w) as usize) == self.staging_tier;
+            if state::state_of(w) == state::PLACED && !staged {
+                files += 1;
+                bytes += t.entry(i).map_or(0, |e| e.stat.size);
+            }
+        }
+        *h = (Some(std::time::Instant::now()), files, bytes);
+        (files, bytes)
+    }
+
+    fn beat(&self) -> Beat {
+        let p = self.ctx.counters.snapshot();
+        let (files, bytes) = self.held();
+        Beat {
+            files_held: files,
+            bytes_held: bytes,
+            bytes_staged: self
+                .staging_tier
+                .map_or(0, |st| self.staging.bytes(&self.ctx, st)),
+            remote_files: p.remote_files,
+            remote_bytes: p.remote_bytes,
+            peer_files: p.peer_files,
+            peer_bytes: p.peer_bytes,
+            pfs_bytes: p.agent_source_bytes,
+            fallbacks: p.remote_fallbacks,
+            jobs: self.agent.jobs.load(Ordering::Acquire).saturating_sub(1) as u64,
+        }
+    }
+
+    /// At start: the copies this rank holds of files another rank reads from the source
+    /// (replicas, `--replicate`), fetched from them a few at a time, so they are there when a
+    /// program (or a rank whose owner died) wants them.
+    fn copy_others(&self) {
+        let todo = self.own.copies_of_others(self.rank);
+        self.copies_pending
+            .store(todo.len() as u64, Ordering::Release);
+        if !todo.is_empty() {
+            tracing::info!(
+                "copying {} files other ranks read from the source",
+                todo.len()
+            );
+        }
+        for idx in todo {
+            if self.agent.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            while self.ctx.inflight.load(Ordering::Acquire) >= FETCHERS / 2 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let claimed = lifecycle::claim(&EntryCell {
+                table: &self.ctx.table,
+                idx,
+            });
+            if claimed {
+                self.ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                let job = fetch::RemoteFetch {
+                    ctx: self.ctx.clone(),
+                    idx,
+                    slot: 0,
+                    copy: true,
+                };
+                if self.fetch_q.send(job).is_ok() {
+                    continue;
+                }
+                self.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+            }
+            // Placed or on its way already (a program asked first).
+            self.copies_pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Provider side: was the transfer `(from, tag)` cancelled? `forget` clears the mark.
+    fn cancelled(&self, from: u32, tag: i32, keep: bool) -> bool {
+        let mut c = self.cancelled.lock().unwrap_or_else(|e| e.into_inner());
+        if keep {
+            c.contains(&(from, tag))
+        } else {
+            c.remove(&(from, tag))
+        }
+    }
+}
+
+impl ServingNode for Node {
+    fn stop_all(&self) {
+        for r in (0..self.ranks).filter(|&r| r != self.rank) {
+            self.comm.ctrl(r, &Msg::Stop);
+        }
+    }
+
+    fn status(&self, serving: &Serving) -> ClusterStatus {
+        let t = &self.ctx.table;
+        let (mut files, mut bytes) = (0, 0);
+        for i in 0..t.entry_count() {
+            if self.own.holds(self.rank, i) {
+                files += 1;
+                bytes += t.entry(i).map_or(0, |e| e.stat.size);
+            }
+        }
+        self.peers.beat(self.rank, self.beat());
+        let free = self.staging.free();
+        ClusterStatus {
+            rank: self.rank,
+            ranks: self.ranks,
+            ready: true,
+            source: serving.source.clone(),
+            pack: serving.pack.clone(),
+            mount: serving.mount,
+            replicas: self.replicas,
+            replicate: self.replicate.clone(),
+            copies_pending: self.copies_pending.load(Ordering::Acquire),
+            invalidations: self.invalidations.load(Ordering::Acquire),
+            staging_recycled: self.staging.recycled(),
+            staging_free_files: free.0,
+            staging_free_bytes: free.1,
+            files_owned: files,
+            bytes_owned: bytes,
+            peers: (0..self.ranks)
+                .map(|r| PeerStatus {
+                    rank: r,
+                    alive: self.peers.alive(r),
+                    silent_ms: self.peers.silence(r).map(|d| d.as_millis() as u64),
+                    numbers: self.peers.last_beat(r),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Remote for Node {
+    fn fetch(&self, ctx: &Arc<SourceCtx>, idx: u32, slot: u32) -> Option<PlaceOutcome> {
+        // The first owner reads the source (so does anyone, for a file nobody owns); a packed
+        // file, from its partition.
+        if self.own.primary(idx).is_none_or(|p| p == self.rank) {
+            return match (ctx.pack.get(), ctx.table.locator(idx)) {
+                (Some(st), Some(_)) => {
+                    st.adopt(ctx, idx);
+                    Some(PlaceOutcome::Skipped)
+                }
+                _ => None,
+            };
+        }
+        ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        let job = fetch::RemoteFetch {
+            ctx: ctx.clone(),
+            idx,
+            slot,
+            copy: false,
+        };
+        if let Err(e) = self.fetch_q.send(job) {
+            ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+            drop(e);
+            return None;
+        }
+        Some(PlaceOutcome::Skipped)
+    }
+
+    fn invalidated(&self, ctx: &SourceCtx, idx: u32) {
+        let Some(e) = ctx.table.entry(idx) else {
+            return;
+        };
+        let gone = state::state_of(ctx.table.state(idx)) == state::GONE;
+        let msg = Msg::Invalidate {
+            idx,
+            object: e.object,
+            gone,
+        };
+        for r in (0..self.ranks).filter(|&r| r != self.rank) {
+            self.comm.ctrl(r, &msg);
+        }
+    }
+}
+
+impl Inbox for Node {
+    fn heard(&self, from: u32) {
+        self.peers.heard(from);
+    }
+
+    fn control(&self, from: u32, msg: Msg) {
+        match msg {
+            Msg::Request {
+                tag,
+                idx,
+                object,
+                size,
+            } => {
+                let req = provide::PeerRequest {
+                    from,
+                    tag,
+                    idx,
+                    object,
+                    size,
+                };
+                if !provide::serve_now(self, &req) {
+                    let _ = self.provide_q.send(req);
+                }
+            }
+            Msg::Cancel { tag } => {
+                self.cancelled
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert((from, tag));
+            }
+            Msg::Heartbeat(b) => self.peers.beat(from, b),
+            Msg::Invalidate { idx, object, gone } => {
+                let t = &self.ctx.table;
+                if t.entry(idx).is_some_and(|e| e.object == object) {
+                    self.invalidations.fetch_add(1, Ordering::AcqRel);
+                    let how = if gone { Void::Gone } else { Void::Stale };
+                    // Not through the ring: that would tell every rank again.
+                    if lifecycle::void(&EntryCell { table: t, idx }, how) {
+                        tracing::debug!("entry {idx} invalidated by rank {from}");
+                        granary_core::placement::incoming::drop_void(&self.ctx, idx);
+                    }
+                }
+            }
+            Msg::Stop => {
+                tracing::info!("rank {from} asked every rank to stop");
+                self.agent.stopping.store(true, Ordering::Release);
+            }
+            Msg::Reply { .. } => {}
+        }
+    }
+
+    fn failed(&self, rank: u32) {
+        self.peers.failed(rank);
+    }
+}

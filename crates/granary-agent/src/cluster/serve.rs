@@ -1,0 +1,228 @@
+//! `granary serve`: one rank of the serving job (module comment of `cluster`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use granary_core::runtime::Runtime;
+use granary_core::size::format_size;
+
+use super::config::{for_rank, path_for_rank, ServeConfig};
+use super::transport::{Comm, Inbox};
+use super::{mpi, Node, Setup};
+
+use crate::config::{resolve_job_tiers, AgentConfig};
+use crate::daemon::{self, Started};
+use crate::server::{attach_serving, Lease};
+use crate::serving::Serving;
+use crate::source::Broadcast;
+
+/// Placement workers of a serving rank when not configured: its pool reads the files it owns
+/// for every rank (the source-stream cap still bounds the reads in flight).
+const SERVE_WORKERS: usize = 8;
+
+pub fn serve(config: ServeConfig) -> Result<()> {
+    let mpi = mpi::init()?;
+    let (rank, ranks) = (mpi.rank, mpi.ranks);
+    // The launcher binds each rank as it would a compute process (OpenMPI: one core when it
+    // starts two ranks or fewer, else a socket): every thread of this node's agent would share
+    // it, and a program woken on that core waits for them. This agent is the node's service.
+    if !config.keep_binding {
+        match granary_core::sys::unbind() {
+            Ok((before, after)) if before != after => {
+                tracing::info!(
+                    "rank {rank}: runs on {after} CPUs (the launcher bound it to {before})"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!("rank {rank}: keeps the launcher's binding: {e}"),
+        }
+    }
+    let prepared = prepare(&config, rank, ranks);
+    let (started, lease0, image, layout) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            // Every rank takes part in the broadcasts whatever happened here.
+            let _ = mpi.broadcast(Vec::new());
+            let _ = mpi.broadcast(Vec::new());
+            return Err(e);
+        }
+    };
+    let agent = started.agent.clone();
+    let serving = agent.serving.as_ref().context("serving agent")?;
+    let image = mpi.broadcast(image)?;
+    // A pack's partition table (rank 0 read its index): no other rank reads it.
+    let layout = mpi.broadcast(layout)?;
+    if image.is_empty() {
+        let why = "rank 0 could not catalog the source (see its agent.log)".to_string();
+        let _ = serving.failed.set(why.clone());
+        agent.shutdown();
+        bail!(why);
+    }
+    let lease = match lease0 {
+        Some(l) => l,
+        None => {
+            let b = Broadcast {
+                image: Mutex::new(image),
+                layout,
+            };
+            attach_serving(&agent, &config.source, config.immutable, Some(&b))
+                .context("adopting rank 0's catalog")?
+        }
+    };
+    let ctx = lease.source.ctx().context("no table published")?;
+    let (comm, cmds) = Comm::new();
+    let node = Node::start(
+        agent.clone(),
+        ctx.clone(),
+        Setup {
+            rank,
+            ranks,
+            replicas: config.replicas.min(ranks),
+            replicate: config.replicate.clone(),
+            replicate_set: config.replicate_set.clone(),
+            timeout: config.peer_timeout,
+        },
+        comm.clone(),
+    )?;
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+    {
+        let inbox: Arc<dyn Inbox> = node.clone();
+        let (bufs, budget) = (comm.bufs.clone(), comm.budget.clone());
+        std::thread::Builder::new()
+            .name("mpi".into())
+            .spawn(move || {
+                mpi.serve(inbox, cmds, bufs, budget);
+                let _ = done_tx.send(());
+            })?;
+    }
+    let _ = serving.node.set(node.clone());
+    let st = serving.status();
+    let line =
+        format!(
+        "granary serve: rank {rank} of {ranks} ready: {} files ({}) in the catalog, {} of them \
+         ({}) held here; runtime {}",
+        lease.source.inner.lock().map(|i| i.catalog.files).unwrap_or(0),
+        format_size(lease.source.inner.lock().map(|i| i.catalog.bytes).unwrap_or(0)),
+        st.files_owned,
+        format_size(st.bytes_owned),
+        agent.rt.dir.display()
+    );
+    tracing::info!("{line}");
+    eprintln!("{line}");
+    daemon::main_loop(&agent);
+    agent.shutdown();
+    comm.stop();
+    if done_rx.recv_timeout(Duration::from_secs(15)).is_err() {
+        tracing::warn!("MPI did not finish in time (another rank is stopped or gone)");
+    }
+    drop(lease);
+    Ok(())
+}
+
+type Prepared = (Started, Option<Lease>, Vec<u8>, Vec<u8>);
+
+/// This rank's agent; on rank 0 also the catalog (walked or loaded, and checked against the
+/// source; or a pack's index, the tree checked per directory) and its image for the others,
+/// with the pack's partition table.
+fn prepare(config: &ServeConfig, rank: u32, ranks: u32) -> Result<Prepared> {
+    let rt = match &config.runtime_dir {
+        Some(d) => Runtime::at(for_rank(d, rank).into())?,
+        None => Runtime::open()?,
+    };
+    let named: Vec<_> = config
+        .tiers
+        .iter()
+        .map(|t| granary_core::config::TierConfig {
+            path: path_for_rank(&t.path, rank),
+            ..t.clone()
+        })
+        .collect();
+    let resolved = resolve_job_tiers(&named)?;
+    for d in &resolved.dropped {
+        eprintln!("granary: {d}; not using this tier");
+    }
+    let mut tiers = resolved.specs;
+    if tiers.is_empty() {
+        bail!("no usable tier");
+    }
+    let staging = match &config.staging {
+        Some(s) => {
+            let c = granary_core::config::TierConfig {
+                path: path_for_rank(&s.path, rank),
+                ..s.clone()
+            };
+            granary_core::config::resolve_tiers(&[c])?
+                .pop()
+                .context("staging tier")?
+                .0
+        }
+        None => {
+            let first = tiers.first().context("no tier")?;
+            let c = granary_core::config::TierConfig {
+                path: first.path.join("staging"),
+                capacity: Some(first.capacity / 4),
+                block_size: None,
+            };
+            granary_core::config::resolve_tiers(&[c])?
+                .pop()
+                .context("staging tier")?
+                .0
+        }
+    };
+    tiers.push(granary_core::tiers::TierSpec {
+        staging: true,
+        ..staging
+    });
+    let mut cfg = config.cfg.clone();
+    crate::logging::init(
+        Some(cfg.log_level.as_deref().unwrap_or("info")),
+        cfg.log_file.clone().or(Some(rt.log())),
+    );
+    // Every file is fetched whole by its owner, never read by the program itself.
+    cfg.prefetch_min_size = cfg.prefetch_min_size.or(Some(1));
+    let started = daemon::start(
+        rt,
+        AgentConfig {
+            cfg,
+            tiers,
+            workers: config.workers.or(Some(SERVE_WORKERS)),
+            idle_timeout: None,
+            serving: Some(Serving::new(
+                config.source.clone(),
+                config.pack.clone(),
+                rank,
+                ranks,
+            )),
+        },
+    )?;
+    // Status answers from now on; jobs attaching wait for the catalog (`Serving::admit`).
+    daemon::spawn_threads(&started)?;
+    if rank != 0 {
+        return Ok((started, None, Vec::new(), Vec::new()));
+    }
+    let agent = started.agent.clone();
+    let lease = attach_serving(&agent, &config.source, config.immutable, None)?;
+    let ctx = lease.source.ctx().context("no table published")?;
+    // A loaded catalog is checked against the source in the background: the image every rank
+    // adopts carries its verdicts, so wait for them.
+    loop {
+        let done = ctx
+            .validation
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_none_or(|v| v.finished());
+        if done {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let image = granary_core::catalog::image_bytes(&ctx.table);
+    let layout = ctx
+        .pack
+        .get()
+        .map(|st| st.layout().encode())
+        .unwrap_or_default();
+    Ok((started, Some(lease), image, layout))
+}

@@ -1,0 +1,275 @@
+//! The control messages serving ranks exchange (tag `CTRL`): small, fixed little-endian
+//! records, one per MPI message. File bytes travel in messages of their own, tagged with the
+//! transfer's tag (`DATA_TAG0..`), with no header: they go straight into the receiving copy.
+
+use std::io::{Error, ErrorKind, Result};
+
+/// Tag of control messages.
+pub const CTRL: i32 = 1;
+/// Data tags: `DATA_TAG0 + k`, k a transfer slot of the receiving rank. 32767 is the smallest
+/// `MPI_TAG_UB` the standard allows.
+pub const DATA_TAG0: i32 = 2;
+pub const DATA_TAGS: i32 = 32767 - DATA_TAG0;
+
+/// How a provider answers a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The file follows (`size` bytes in data messages), its copy's checksum `sum` (0: none).
+    Coming { sum: u64 },
+    /// Still fetching it from the source: keep waiting (a keepalive).
+    Wait,
+    /// No copy here and none to be had (no room, a chunked copy): read the source.
+    NotHeld,
+    /// The source changed (the entry is void here): void it there too.
+    Stale,
+}
+
+pub use crate::protocol::Beat;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    /// "Send me entry `idx`" (its object id and size, so a table of another walk cannot be
+    /// mistaken for ours), data with tag `tag`.
+    Request {
+        tag: i32,
+        idx: u32,
+        object: u64,
+        size: u64,
+    },
+    /// The answer to the request of tag `tag`.
+    Reply { tag: i32, answer: Answer },
+    /// The requester gave up on `tag`: send no more.
+    Cancel { tag: i32 },
+    /// Alive, with this node's numbers.
+    Heartbeat(Beat),
+    /// Entry `idx` (object id `object`) changed on the source: `gone` = its name leads nowhere.
+    Invalidate { idx: u32, object: u64, gone: bool },
+    /// `granary stop` on one node: every rank stops.
+    Stop,
+}
+
+const REQUEST: u8 = 1;
+const REPLY: u8 = 2;
+const CANCEL: u8 = 3;
+const HEARTBEAT: u8 = 4;
+const INVALIDATE: u8 = 5;
+const STOP: u8 = 6;
+
+const COMING: u8 = 1;
+const WAIT: u8 = 2;
+const NOT_HELD: u8 = 3;
+const STALE: u8 = 4;
+
+struct Out(Vec<u8>);
+
+impl Out {
+    fn u8(mut self, v: u8) -> Out {
+        self.0.push(v);
+        self
+    }
+    fn u32(mut self, v: u32) -> Out {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(mut self, v: u64) -> Out {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+}
+
+struct In<'a>(&'a [u8]);
+
+impl In<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
+        if self.0.len() < N {
+            return Err(Error::new(ErrorKind::InvalidData, "short control message"));
+        }
+        let (head, rest) = self.0.split_at(N);
+        self.0 = rest;
+        Ok(head.try_into().unwrap_or([0; N]))
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+}
+
+impl Msg {
+    pub fn encode(&self) -> Vec<u8> {
+        let o = Out(Vec::with_capacity(96));
+        match *self {
+            Msg::Request {
+                tag,
+                idx,
+                object,
+                size,
+            } => o.u8(REQUEST).u32(tag as u32).u32(idx).u64(object).u64(size),
+            Msg::Reply { tag, answer } => {
+                let o = o.u8(REPLY).u32(tag as u32);
+                match answer {
+                    Answer::Coming { sum } => o.u8(COMING).u64(sum),
+                    Answer::Wait => o.u8(WAIT).u64(0),
+                    Answer::NotHeld => o.u8(NOT_HELD).u64(0),
+                    Answer::Stale => o.u8(STALE).u64(0),
+                }
+            }
+            Msg::Cancel { tag } => o.u8(CANCEL).u32(tag as u32),
+            Msg::Heartbeat(b) => o
+                .u8(HEARTBEAT)
+                .u64(b.files_held)
+                .u64(b.bytes_held)
+                .u64(b.bytes_staged)
+                .u64(b.remote_files)
+                .u64(b.remote_bytes)
+                .u64(b.peer_files)
+                .u64(b.peer_bytes)
+                .u64(b.pfs_bytes)
+                .u64(b.fallbacks)
+                .u64(b.jobs),
+            Msg::Invalidate { idx, object, gone } => {
+                o.u8(INVALIDATE).u32(idx).u64(object).u8(gone as u8)
+            }
+            Msg::Stop => o.u8(STOP),
+        }
+        .0
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Msg> {
+        let mut i = In(buf);
+        let bad = |what: &str| Error::new(ErrorKind::InvalidData, what.to_string());
+        let tag = |v: u32| -> Result<i32> {
+            i32::try_from(v)
+                .ok()
+                .filter(|t| (DATA_TAG0..DATA_TAG0 + DATA_TAGS).contains(t))
+                .ok_or_else(|| Error::new(ErrorKind::InvalidData, "data tag out of range"))
+        };
+        let m = match i.u8()? {
+            REQUEST => Msg::Request {
+                tag: tag(i.u32()?)?,
+                idx: i.u32()?,
+                object: i.u64()?,
+                size: i.u64()?,
+            },
+            REPLY => {
+                let t = tag(i.u32()?)?;
+                let kind = i.u8()?;
+                let sum = i.u64()?;
+                let answer = match kind {
+                    COMING => Answer::Coming { sum },
+                    WAIT => Answer::Wait,
+                    NOT_HELD => Answer::NotHeld,
+                    STALE => Answer::Stale,
+                    _ => return Err(bad("unknown answer")),
+                };
+                Msg::Reply { tag: t, answer }
+            }
+            CANCEL => Msg::Cancel {
+                tag: tag(i.u32()?)?,
+            },
+            HEARTBEAT => Msg::Heartbeat(Beat {
+                files_held: i.u64()?,
+                bytes_held: i.u64()?,
+                bytes_staged: i.u64()?,
+                remote_files: i.u64()?,
+                remote_bytes: i.u64()?,
+                peer_files: i.u64()?,
+                peer_bytes: i.u64()?,
+                pfs_bytes: i.u64()?,
+                fallbacks: i.u64()?,
+                jobs: i.u64()?,
+            }),
+            INVALIDATE => Msg::Invalidate {
+                idx: i.u32()?,
+                object: i.u64()?,
+                gone: i.u8()? != 0,
+            },
+            STOP => Msg::Stop,
+            _ => return Err(bad("unknown control message")),
+        };
+        if !i.0.is_empty() {
+            return Err(bad("trailing bytes in a control message"));
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_round_trips() {
+        let msgs = [
+            Msg::Request {
+                tag: DATA_TAG0,
+                idx: 7,
+                object: u64::MAX,
+                size: 8 << 20,
+            },
+            Msg::Reply {
+                tag: DATA_TAG0 + DATA_TAGS - 1,
+                answer: Answer::Coming { sum: 42 },
+            },
+            Msg::Reply {
+                tag: 9,
+                answer: Answer::Wait,
+            },
+            Msg::Reply {
+                tag: 9,
+                answer: Answer::NotHeld,
+            },
+            Msg::Reply {
+                tag: 9,
+                answer: Answer::Stale,
+            },
+            Msg::Cancel { tag: 3 },
+            Msg::Heartbeat(Beat {
+                files_held: 1,
+                bytes_held: 2,
+                bytes_staged: 3,
+                remote_files: 4,
+                remote_bytes: 5,
+                peer_files: 6,
+                peer_bytes: 7,
+                pfs_bytes: 8,
+                fallbacks: 9,
+                jobs: 10,
+            }),
+            Msg::Invalidate {
+                idx: 3,
+                object: 5,
+                gone: true,
+            },
+            Msg::Stop,
+        ];
+        for m in msgs {
+            assert_eq!(Msg::decode(&m.encode()).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn damaged_messages_are_refused() {
+        let m = Msg::Request {
+            tag: 5,
+            idx: 1,
+            object: 2,
+            size: 3,
+        }
+        .encode();
+        for cut in 0..m.len() {
+            assert!(Msg::decode(&m[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = m.clone();
+        long.push(0);
+        assert!(Msg::decode(&long).is_err());
+        let mut bad_tag = m.clone();
+        bad_tag[1..5].copy_from_slice(&0u32.to_le_bytes());
+        assert!(Msg::decode(&bad_tag).is_err(), "tag 0 is not a data tag");
+        assert!(Msg::decode(&[99]).is_err());
+    }
+}

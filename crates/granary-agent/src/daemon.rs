@@ -1,0 +1,247 @@
+//! The agent's process: `start` waits for a previous agent to let go of the runtime
+//! directory and binds the control socket, `spawn_threads` starts the agent's threads (request
+//! ring, heartbeat, page-cache residency, tier watch, mapping follower, the socket's accept
+//! loop), and `main_loop` runs until the agent is asked to stop, is idle, or loses its socket.
+
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use granary_core::runtime::Runtime;
+
+use crate::agent::Agent;
+use crate::config::AgentConfig;
+
+/// How long a starting agent waits for the previous one to let go of `agent.alive`.
+const ALIVE_WAIT: Duration = Duration::from_secs(60);
+
+/// An agent set up (socket bound, `agent.alive` held), before its threads run.
+pub struct Started {
+    pub agent: Arc<Agent>,
+    listener: UnixListener,
+    /// Locked until the process exits.
+    _alive: std::fs::File,
+}
+
+/// The agent usually lives in the job's memory cgroup (a Slurm job's, or the one `granary run`
+/// was started in), and its copy buffers (a block per worker) are memory the job did not budget
+/// for. If that cgroup runs out, the OOM killer must take the agent, not the job: jobs survive the
+/// agent's death (they read the source), and granary may make a job slower, never failed. Raising
+/// one's own `oom_score_adj` needs no privilege; `granary run` leaves the program's value alone.
+fn volunteer_for_oom() {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "1000") {
+        tracing::warn!("could not raise the agent's oom_score_adj: {e}");
+    }
+}
+
+/// `granary agent`: an agent in the foreground, until it stops.
+pub fn run(rt: Runtime, config: AgentConfig) -> Result<()> {
+    let started = start(rt, config)?;
+    spawn_threads(&started)?;
+    main_loop(&started.agent);
+    started.agent.shutdown();
+    Ok(())
+}
+
+/// Sets an agent up in `rt`: waits for a previous one to let go of `agent.alive`, binds the
+/// socket. Its threads start with `spawn_threads`.
+pub fn start(rt: Runtime, config: AgentConfig) -> Result<Started> {
+    // Wait for a previous agent to finish its shutdown (it saves catalogs this agent reuses);
+    // kept until this process exits. Bounded: `granary run` replaces a previous agent that does
+    // not exit before starting this one, so a long wait here means something else holds it.
+    let alive = rt
+        .open_alive()
+        .with_context(|| format!("opening {}", rt.alive().display()))?;
+    if !granary_core::sys::flock_exclusive_within(&alive, ALIVE_WAIT)
+        .with_context(|| format!("locking {}", rt.alive().display()))?
+    {
+        bail!(
+            "another agent still holds {} after {} s",
+            rt.alive().display(),
+            ALIVE_WAIT.as_secs()
+        );
+    }
+    // Who holds it, for the commands that must end an agent that does not answer.
+    {
+        use std::io::Write;
+        let mut f = &alive;
+        let _ = f
+            .set_len(0)
+            .and_then(|()| writeln!(f, "{}", std::process::id()));
+    }
+    volunteer_for_oom();
+    let listener = bind(&rt)?;
+    let socket_ino = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(rt.socket())
+            .with_context(|| format!("the socket {} just bound", rt.socket().display()))?
+            .ino()
+    };
+    remove_stale_tables(&rt);
+    let agent = Arc::new(Agent::new(rt, config, socket_ino));
+    tracing::info!(
+        "agent {} listening on {} (idle timeout {:?})",
+        std::process::id(),
+        agent.rt.socket().display(),
+        agent.idle_timeout
+    );
+    Ok(Started {
+        agent,
+        listener,
+        _alive: alive,
+    })
+}
+
+/// Starts the agent's threads: ring consumer, heartbeat, page-cache residency, tier watch, and
+/// the control socket's accept loop.
+pub fn spawn_threads(started: &Started) -> Result<()> {
+    let agent = &started.agent;
+    let listener = started.listener.try_clone()?;
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("ring".into())
+            .spawn(move || crate::ring::consume(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || heartbeat(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("residency".into())
+            .spawn(move || crate::residency_keeper::keep(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("tierwatch".into())
+            .spawn(move || crate::tierwatch::watch(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("mappings".into())
+            .spawn(move || crate::follower::follow(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("accept".into())
+            .spawn(move || crate::server::accept_loop(a, listener))?;
+    }
+    Ok(())
+}
+
+/// Until the agent stops (asked to, idle, or its socket taken over).
+pub fn main_loop(agent: &Agent) {
+    let idle_timeout = agent.idle_timeout;
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if agent.stopping.load(Ordering::Acquire) {
+            break;
+        }
+        let idle = agent.jobs.load(Ordering::Acquire) == 0
+            && agent
+                .last_active
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .elapsed()
+                >= idle_timeout;
+        if idle {
+            tracing::info!("no job for {idle_timeout:?}: exiting");
+            break;
+        }
+        // Someone removed or replaced our socket (a new agent took over): leave quietly.
+        if !agent.owns_socket() {
+            tracing::warn!(
+                "socket {} is gone or replaced: exiting",
+                agent.rt.socket().display()
+            );
+            break;
+        }
+    }
+}
+
+/// Beats on every current table so clients waiting on a fetch know the agent is alive; a
+/// client gives up waiting (and reads the source) when the beat is older than
+/// `HEARTBEAT_STALE_MS`. Its own thread, so a busy ring consumer or pool never delays it.
+fn heartbeat(agent: Arc<Agent>) {
+    let period = Duration::from_millis(granary_shm::layout::HEARTBEAT_PERIOD_MS);
+    while !agent.stopping.load(Ordering::Acquire) {
+        let ctxs = agent.tables();
+        let now = granary_core::sys::monotonic_ns();
+        for ctx in &ctxs {
+            ctx.table.beat(now);
+        }
+        drop(ctxs);
+        std::thread::sleep(period);
+    }
+}
+
+/// Deletes tables left in the runtime directory by agents that are gone (killed: a clean exit
+/// removes its own). Their pid is in the table header; a table of a live process is left alone.
+fn remove_stale_tables(rt: &Runtime) {
+    let Ok(rd) = std::fs::read_dir(&rt.dir) else {
+        return;
+    };
+    let mut removed = 0;
+    for de in rd.flatten() {
+        let path = de.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("table") {
+            continue;
+        }
+        let pid = table_agent_pid(&path);
+        if pid.is_some_and(|p| p != std::process::id() && !granary_core::sys::pid_alive(p))
+            && std::fs::remove_file(&path).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::info!("removed {removed} tables of agents that are gone");
+    }
+}
+
+/// The agent pid recorded in a table file's header (`None` if it is not a table).
+fn table_agent_pid(path: &std::path::Path) -> Option<u32> {
+    use granary_shm::layout::{H_AGENT_PID, H_MAGIC, MAGIC};
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let mut hdr = [0u8; H_AGENT_PID + 4];
+    f.read_exact_at(&mut hdr, 0).ok()?;
+    let magic = u64::from_le_bytes(hdr[H_MAGIC..H_MAGIC + 8].try_into().ok()?);
+    if magic != MAGIC {
+        return None;
+    }
+    Some(u32::from_le_bytes(
+        hdr[H_AGENT_PID..H_AGENT_PID + 4].try_into().ok()?,
+    ))
+}
+
+/// Binds the control socket; a leftover socket nobody answers on is replaced, a live agent is
+/// an error.
+fn bind(rt: &Runtime) -> Result<UnixListener> {
+    let path = rt.socket();
+    match UnixListener::bind(&path) {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+                bail!("an agent is already running on {}", path.display());
+            }
+            std::fs::remove_file(&path)
+                .with_context(|| format!("removing stale socket {}", path.display()))?;
+            UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))
+        }
+        Err(e) => Err(e).with_context(|| format!("binding {}", path.display())),
+    }
+}

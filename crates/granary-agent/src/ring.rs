@@ -1,0 +1,74 @@
+//! The ring consumer: drains every source's request ring and hands requests to placement.
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use granary_core::placement::handle_request;
+
+use crate::agent::Agent;
+
+/// Naps of the consumer when its rings are empty: from `NAP_MIN` after a request, doubling up
+/// to `NAP_MAX`, so a program opening file after file is answered within tens of microseconds
+/// while an idle agent wakes about a thousand times a second. With one table the consumer sleeps
+/// on the ring's doorbell instead, and a client's push wakes it at once.
+const NAP_MIN: Duration = Duration::from_micros(50);
+const NAP_MAX: Duration = Duration::from_millis(1);
+
+pub fn consume(agent: Arc<Agent>) {
+    let mut empty_since: Option<Instant> = None;
+    let mut nap = NAP_MIN;
+    while !agent.stopping.load(Ordering::Acquire) {
+        let Some(setup) = agent.setup.get() else {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        let ctxs = agent.tables();
+        let mut did = 0usize;
+        for ctx in &ctxs {
+            // Placement backs off while the program's own source reads move.
+            ctx.sample_program_reads();
+            // Bounded per pass so one busy source cannot starve the others.
+            for _ in 0..4096 {
+                // Held from before the pop until the request is handed on, so `pending` never
+                // sees a request that is neither in the ring nor in the pool (see
+                // `SourceCtx::pending`).
+                ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                fence(Ordering::SeqCst);
+                let Some(granary_shm::Request {
+                    kind,
+                    entry: idx,
+                    arg,
+                }) = ctx.table.pop_request()
+                else {
+                    ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                    break;
+                };
+                handle_request(ctx, kind, idx, arg, &setup.pool);
+                ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                did += 1;
+            }
+        }
+        if did > 0 {
+            empty_since = None;
+            nap = NAP_MIN;
+            continue;
+        }
+        let since = *empty_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > Duration::from_secs(1) {
+            // A client that died between claiming a slot and publishing it would block the ring.
+            for ctx in &ctxs {
+                if ctx.table.skip_stuck_request() {
+                    tracing::debug!("skipped a stuck ring slot");
+                }
+            }
+            empty_since = None;
+        }
+        match ctxs.as_slice() {
+            // One table (a job's source, a serving agent's): woken by a client's push.
+            [one] => one.table.wait_for_requests(nap),
+            _ => std::thread::sleep(nap),
+        }
+        nap = (nap * 2).min(NAP_MAX);
+    }
+}

@@ -1,0 +1,184 @@
+//! `granary status` (the running agent: sources, tiers, files placed, jobs; with `--json`, the
+//! agent's answer as is) and `granary stop`.
+
+use anyhow::Result;
+use granary_agent::client::{self, Stopped};
+use granary_agent::protocol::ClusterStatus;
+use granary_core::runtime::Runtime;
+use granary_core::size::format_size;
+
+use crate::output::{out, say};
+
+/// `granary stop`: the agent saves its catalogs and exits; waits until it is gone.
+pub fn stop() -> Result<i32> {
+    let rt = Runtime::open()?;
+    match client::stop(&rt)? {
+        Stopped::NotRunning => say("granary: no agent running"),
+        Stopped::Stopped => say("granary: agent stopped"),
+    }
+    Ok(0)
+}
+
+pub fn main(json: bool) -> Result<i32> {
+    let rt = Runtime::open()?;
+    let s = match client::status(&rt) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            out(if json {
+                "null"
+            } else {
+                "granary: no agent running"
+            });
+            return Ok(0);
+        }
+        Err(e) if client::silent_pid(&e).is_some() => {
+            say(format!("granary: {e}; `granary stop` ends it"));
+            return Ok(1);
+        }
+        Err(e) => return Err(e),
+    };
+    if json {
+        out(&serde_json::to_string_pretty(&s)?);
+        return Ok(0);
+    }
+    out(&format!(
+        "agent pid {}, up {:.0} s, {} job(s) attached, {}, runtime {}",
+        s.pid,
+        s.uptime_s,
+        s.jobs,
+        if s.cluster.is_some() {
+            "serving until stopped".to_string()
+        } else {
+            format!("idle timeout {:.0} s", s.idle_timeout_s)
+        },
+        s.runtime_dir.display()
+    ));
+    if let Some(c) = &s.cluster {
+        print_cluster(c);
+    }
+    if let Some(p) = &s.placement {
+        out(&format!(
+            "placement: {} workers, source reads of {}{}",
+            p.workers,
+            format_size(p.block_size),
+            p.memory_limit
+                .map(|l| format!(" (sized for a memory cgroup limit of {})", format_size(l)))
+                .unwrap_or_default()
+        ));
+        if let Some(pc) = &p.page_cache {
+            out(&format!(
+                "page cache ({}): {} of copies resident, {}{}; {} demoted, {} promoted",
+                pc.budget,
+                format_size(pc.resident),
+                pc.target
+                    .map(|t| format!("{} may be", format_size(t)))
+                    .unwrap_or_else(|| "no limit".into()),
+                if pc.room > 0 {
+                    format!(" ({} of room for file pages)", format_size(pc.room))
+                } else {
+                    String::new()
+                },
+                pc.demoted,
+                pc.promoted
+            ));
+        }
+    }
+    // Tier numbers belong to a source (its table's tier t): the directories are listed by path.
+    for t in &s.tiers {
+        out(&format!(
+            "tier directory {}: {} used of {} ({} reserved)",
+            t.path.display(),
+            format_size(t.used),
+            format_size(t.capacity),
+            format_size(t.reserved)
+        ));
+    }
+    for src in &s.sources {
+        out(&format!(
+            "source {} ({}): {} files, {}; {} placed ({}), {} pending; {} job(s)",
+            src.source.display(),
+            src.id,
+            src.catalog.files,
+            format_size(src.catalog.bytes),
+            src.files_placed_now,
+            format_size(src.bytes_placed_now),
+            src.pending,
+            src.jobs
+        ));
+        for (i, t) in src.tiers.iter().enumerate() {
+            out(&format!("  tier {i}: {}", t.path.display()));
+        }
+        if let Some(v) = &src.validation {
+            out(&format!(
+                "  validation of attach {}{}: {} directories and {} files checked, {} changed{}",
+                v.epoch,
+                if v.immutable { " (immutable)" } else { "" },
+                v.dirs_checked,
+                v.files_checked,
+                v.changed,
+                if v.done { ", done" } else { ", running" }
+            ));
+        }
+        for w in &src.warnings {
+            out(&format!("  warning: {w}"));
+        }
+    }
+    Ok(0)
+}
+
+/// `granary status`'s lines for the cluster.
+fn print_cluster(c: &ClusterStatus) {
+    out(&format!(
+        "cluster: rank {} of {} serving {}{}{}; held here: {} files ({}); replicas {}{}{}",
+        c.rank,
+        c.ranks,
+        c.source.display(),
+        match &c.pack {
+            Some(p) if c.mount => format!(" from pack {} (only the pack exists)", p.display()),
+            Some(p) => format!(" from pack {}", p.display()),
+            None => String::new(),
+        },
+        if c.ready {
+            ""
+        } else {
+            " (waiting for the catalog)"
+        },
+        c.files_owned,
+        format_size(c.bytes_owned),
+        c.replicas,
+        if c.replicate.is_empty() {
+            String::new()
+        } else {
+            format!(", on every rank: {}", c.replicate.join(" "))
+        },
+        if c.copies_pending > 0 {
+            format!(", {} copies still to make", c.copies_pending)
+        } else {
+            String::new()
+        }
+    ));
+    for p in &c.peers {
+        let (alive, silent, p_rank) = (p.alive, p.silent_ms, p.rank);
+        let p = &p.numbers;
+        out(&format!(
+            "  rank {}: {}, holds {} files ({}), staged {}; from others {} ({}), to others {} \
+             ({}); PFS {}, from the source instead {}; {} job(s)",
+            p_rank,
+            match (alive, silent) {
+                (true, _) => "alive".to_string(),
+                (false, Some(ms)) => format!("silent for {:.1} s", ms as f64 / 1000.0),
+                (false, None) => "written off".to_string(),
+            },
+            p.files_held,
+            format_size(p.bytes_held),
+            format_size(p.bytes_staged),
+            p.remote_files,
+            format_size(p.remote_bytes),
+            p.peer_files,
+            format_size(p.peer_bytes),
+            format_size(p.pfs_bytes),
+            p.fallbacks,
+            p.jobs
+        ));
+    }
+}
