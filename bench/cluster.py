@@ -25,12 +25,14 @@ per-file overhead and per-byte cost of a remote read, which docs/cluster.md's sc
 import argparse
 import hashlib
 import json
+import math
 import os
 import pathlib
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -39,7 +41,18 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_btl": "self,vader", "OMPI_MCA_pml": "ob1"}
 
 READER = r'''
-import json, sys, threading, time
+import json, os, sys, threading, time
+# The serving agents (owner and requester): their CPU over the timed loop only.
+pids = [p for p in os.environ.get("BENCH_AGENT_PIDS", "").split(",") if p]
+def agents_cpu():
+    total = 0
+    for p in pids:
+        for t in os.listdir(f"/proc/{p}/task"):
+            try:
+                total += int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total / 1e9
 files = [l for l in open(sys.argv[1]).read().split("\n") if l]
 threads, mode, size = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 it = iter(files); lock = threading.Lock(); total = [0]; lat = []
@@ -65,11 +78,14 @@ def work():
         with lock:
             total[0] += n
             lat.append(t)
-t0 = time.perf_counter()
+a0 = agents_cpu()
+t0, c0 = time.perf_counter(), time.process_time()
 ts = [threading.Thread(target=work) for _ in range(threads)]
 [t.start() for t in ts]; [t.join() for t in ts]
-s = time.perf_counter() - t0
-print(json.dumps({"files": len(files), "bytes": total[0], "s": s, "lat": sorted(lat)}))
+s, cpu = time.perf_counter() - t0, time.process_time() - c0
+agent = agents_cpu() - a0
+print(json.dumps({"files": len(files), "bytes": total[0], "s": s, "cpu": cpu, "agent_cpu": agent,
+                  "lat": sorted(lat)}))
 '''
 
 
@@ -77,8 +93,19 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+def cpu_s(pid):
+    """CPU time of every thread of `pid` so far (user + system, ns-exact: schedstat), seconds."""
+    total = 0
+    for t in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((t / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
+
+
 class Serve:
-    def __init__(self, g, source, work, tier_root, pack=None):
+    def __init__(self, g, source, work, tier_root, pack=None, ranks=2, staging="4G"):
         self.g, self.work = g, work
         self.rt = work / "rt"
         self.tiers = tier_root / f"granary-cluster-bench-{os.getpid()}"
@@ -86,15 +113,16 @@ class Serve:
         shutil.rmtree(self.rt, ignore_errors=True)
         self.rt.mkdir(parents=True)
         env = {**os.environ, **MPI_ENV, "GRANARY_RUNTIME_DIR": f"{self.rt}/{{rank}}"}
-        cmd = ["mpirun", "-np", "2", "--oversubscribe", g, "serve", "--source", source,
-               "--tier", f"{self.tiers}/t{{rank}}=4G", "--staging", f"{self.tiers}/s{{rank}}=4G"]
+        self.ranks = ranks
+        cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", g, "serve", "--source", source,
+               "--tier", f"{self.tiers}/t{{rank}}=4G", "--staging", f"{self.tiers}/s{{rank}}={staging}"]
         if pack:
             cmd += ["--pack", str(pack)]
         self.log = open(work / "mpirun.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env,
                                      start_new_session=True)
         deadline = time.monotonic() + 120
-        while not all((self.status(r).get("cluster") or {}).get("ready") for r in (0, 1)):
+        while not all((self.status(r).get("cluster") or {}).get("ready") for r in range(ranks)):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"granary serve did not start; see {work / 'mpirun.log'}")
             time.sleep(0.2)
@@ -102,21 +130,37 @@ class Serve:
     def env(self, r):
         return {**os.environ, "GRANARY_RUNTIME_DIR": f"{self.rt}/{r}"}
 
+    def pid(self, r):
+        return int((self.rt / str(r) / "agent.alive").read_text())
+
+    def cpu(self):
+        """Every agent's CPU seconds so far, summed."""
+        return sum(cpu_s(self.pid(r)) for r in range(self.ranks))
+
+    def idle_rate(self, seconds=3.0):
+        """The agents' CPU (cores, summed over ranks) while nothing reads, after their start-up
+        work (placement, the staging filler's reserve) has stopped moving."""
+        time.sleep(1.0)
+        c0, t0 = self.cpu(), time.monotonic()
+        time.sleep(seconds)
+        return (self.cpu() - c0) / (time.monotonic() - t0)
+
     def status(self, r):
         p = subprocess.run([self.g, "status", "--json"], capture_output=True, env=self.env(r))
         return (json.loads(p.stdout or b"null") or {}) if p.returncode == 0 else {}
 
     def read(self, r, listing, threads, mode, size):
+        env = {**self.env(r), "BENCH_AGENT_PIDS": ",".join(str(self.pid(k)) for k in range(self.ranks))}
         p = subprocess.run([self.g, "run", "--attach", "-q", "--", sys.executable, "-c", READER,
                             listing, str(threads), mode, str(size)],
-                           capture_output=True, text=True, env=self.env(r), timeout=600)
+                           capture_output=True, text=True, env=env, timeout=600)
         if p.returncode != 0:
             raise SystemExit(f"reader failed: {p.stderr[-2000:]}")
         return json.loads(p.stdout.splitlines()[-1])
 
     def settle(self):
         deadline = time.monotonic() + 120
-        while any(s.get("pending") for r in (0, 1) for s in self.status(r).get("sources", [])):
+        while any(s.get("pending") for r in range(self.ranks) for s in self.status(r).get("sources", [])):
             if time.monotonic() > deadline:
                 raise SystemExit("placement did not settle")
             time.sleep(0.1)
@@ -170,41 +214,215 @@ def split(serve, sums):
     return mine, everything - mine
 
 
+<<<<<<< HEAD
 # FanStore's published scaling (Zhang et al., §6.5.1): aggregate bandwidth relative to a baseline.
 FANSTORE = {(1, 4): "1.0–1.5× (25–38 %)", (4, 16): "76.3–83.1 %", (1, 64): "5.8–45.4× (9–71 %)",
             (64, 512): "81.4–88.2 %"}
 NET_LATENCY = 2e-6        # s per message (stated network: 100 Gb/s, 2 µs)
 NET_BANDWIDTH = 12.5e9    # bytes/s per node and direction
 THREADS = 8               # reader threads per node (e.g. 4 GPUs × 2 loader processes)
+=======
+BAR_SIZES = ("128K", "2M", "8M")
+SLACK = 150e-6   # the bar's allowance per file beyond the transfer's floor and the checksum
+>>>>>>> cluster
 
 
-def scaling(model, o, c):
-    """The scaling model of docs/cluster.md: every node reads every file of one size (FanStore's
-    benchmark), a file is local with probability 1/N, else it costs the measured remote overhead
-    `o` (plus 3 network latencies: request, reply, data) and `c` s/byte more; a node reads with
-    THREADS threads, and its link carries at most NET_BANDWIDTH each way."""
-    out = ["Predicted on a 100 Gb/s, 2 µs network (docs/cluster.md), from the fit above and this "
-           f"machine's local read times, {THREADS} reader threads per node:", "",
-           "| size | nodes | files/s (all nodes) | efficiency vs 1 node | vs 4 | vs 64 | FanStore |",
-           "|---|---|---|---|---|---|---|"]
-    for d, m in model.items():
-        if d == "fit":
+def t_mpi(reps):
+    """t_mpi(s): one-way time of a plain MPI ping-pong of s bytes between two ranks, same MPI,
+    launcher and environment as the serving ranks (bench/floor/mpi_pingpong.c)."""
+    with tempfile.TemporaryDirectory() as d:
+        exe = pathlib.Path(d) / "pingpong"
+        subprocess.run(["mpicc", "-O2", "-o", exe, REPO / "bench" / "floor" / "mpi_pingpong.c"], check=True)
+        p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", exe, str(reps),
+                            *(str(SIZES[d]) for d in BAR_SIZES)],
+                           capture_output=True, text=True, env={**os.environ, **MPI_ENV}, timeout=600)
+        if p.returncode != 0:
+            raise SystemExit(f"ping-pong failed: {p.stderr[-2000:]}")
+        got = json.loads(p.stdout.strip().splitlines()[-1])
+    return {d: got[str(SIZES[d])] for d in BAR_SIZES}
+
+
+def epochs(g, args, source, work, sums):
+    """Agent CPU per remote GiB in epoch 1 (fresh staging pages) and in a later epoch (the
+    staging tier full, dropped copies' pages reused): rank 0 reads rank 1's files of one size
+    twice through a staging tier of a third of them, 1 reader thread."""
+    out = {}
+    for d in ("2M", "8M", "128K"):
+        theirs_bytes = None
+        serve = None
+        try:
+            # The staging tier holds a third of the remote files: every read of epoch 2 is a
+            # new transfer into a recycled file.
+            n_remote = sum(1 for p in sums.values() if f"/{d}/" in p) // 2
+            staging = max(n_remote * SIZES[d] // 3, 16 << 20)
+            serve = Serve(g, source, work, pathlib.Path(args.tier_root), None, staging=str(staging))
+            serve.read(1, str(work / "all.txt"), 4, "read", 8 << 20)
+            serve.settle()
+            mine, theirs = split(serve, sums)
+            rem = sorted(p for p in theirs if f"/{d}/" in p)
+            (work / "e.txt").write_text("\n".join(rem))
+            theirs_bytes = len(rem) * SIZES[d]
+            idle = serve.idle_rate()
+            for e in (1, 2):
+                r = serve.read(0, str(work / "e.txt"), 1, "read", SIZES[d])
+                agent = r["agent_cpu"] - idle * r["s"]
+                out.setdefault(d, {})[e] = {"agent_cpu": agent, "bytes": r["bytes"], "s": r["s"],
+                                            "reader_cpu": r["cpu"], "idle": idle,
+                                            "per_gib": agent / (r["bytes"] / 2**30)}
+            c = serve.status(0).get("cluster") or {}
+            out[d]["recycled"] = c.get("staging_recycled", 0)
+            out[d]["bounce"] = sum(p.get("bounce_bytes", 0) for p in c.get("peers", []))
+        finally:
+            if serve:
+                serve.stop()
+        log(f"epochs {d}: {out.get(d)}")
+    return out
+
+
+def idle3(g, args, source, work, seconds=10.0):
+    """Each rank's CPU (cores) with 3 ranks serving and nothing reading, after start-up."""
+    serve = Serve(g, source, work, pathlib.Path(args.tier_root), None, ranks=3)
+    try:
+        serve.settle()
+        time.sleep(3.0)
+        pids = [serve.pid(r) for r in range(3)]
+        c0, t0 = [cpu_s(p) for p in pids], time.monotonic()
+        time.sleep(seconds)
+        dt = time.monotonic() - t0
+        return [(cpu_s(p) - c) / dt for p, c in zip(pids, c0)]
+    finally:
+        serve.stop()
+
+
+def bar(rows, side, extra):
+    """The bar's rows (docs/cluster.md): Δ(s) = median remote − median local read (1 reader,
+    first reads) against t_mpi(s) + t_hash(s) + 150 µs; agent and reader CPU; idle ranks."""
+    hash_s_per_b = statistics.median(side.get((0, "hash")) or [float("nan")])
+    tm = extra["t_mpi"]
+    lines = ["## The bar (one run)", "",
+             "| size | Δ = remote − local, median (ms) | t_mpi | t_hash | bound t_mpi + t_hash + 0.150 | Δ / bound | "
+             "agent CPU s per remote GiB (idle subtracted) | reader CPU remote / local |",
+             "|---|---|---|---|---|---|---|---|"]
+    costs = {"hash_s_per_byte": hash_s_per_b, "t_mpi": tm, "sizes": {}}
+    med = lambda xs: xs[len(xs) // 2] if xs else float("nan")
+    for d in BAR_SIZES:
+        r, l = rows.get((0, d, 1, "read", "remote")), rows.get((0, d, 1, "read", "local"))
+        if not r or not l:
             continue
-        size, t_local = m["size"], m["local_s_per_file"]
+        rem = sorted(v for x in r for v in x["lat"])
+        loc = sorted(v for x in l for v in x["lat"])
+        delta = med(rem) - med(loc)
+        th = SIZES[d] * hash_s_per_b
+        bound = tm[d] + th + SLACK
+        gib = sum(x["bytes"] for x in r) / 2**30
+        agent = sum(x["agent_cpu"] - x["idle"] * x["s"] for x in r) / gib
+        reader = sum(x["cpu"] for x in r) / max(sum(x["cpu"] for x in l), 1e-9)
+        lines.append(f"| {d} | {delta * 1e3:.3f} | {tm[d] * 1e3:.3f} | {th * 1e3:.3f} | {bound * 1e3:.3f} | "
+                     f"{delta / bound:.2f} | {agent:.2f} | {reader:.2f} |")
+        costs["sizes"][d] = {"size": SIZES[d], "local": med(loc), "remote": med(rem),
+                             "remote_p90": rem[int(len(rem) * 0.9)], "remote_p99": rem[int(len(rem) * 0.99)],
+                             "delta": delta, "t_hash": th, "agent_cpu_per_gib": agent,
+                             "files": len(rem)}
+    lines += ["", f"t_mpi: bench/floor/mpi_pingpong.c, 2 ranks, this run's launcher and environment; "
+              f"t_hash: the requester's own checksum time per byte in this run ({hash_s_per_b * 1e9:.3f} ns/B, "
+              f"`granary status --json` `cluster.hashing_ns / hashed_bytes`). Bytes through buffers "
+              f"(`bounce_bytes`, every pair): {sorted(set(side.get((0, 'bounce'), [])))}."]
+    ep = extra.get("epochs")
+    if ep:
+        lines += ["", "| size | agent CPU s per remote GiB, epoch 1 | later epoch | reader CPU s per GiB, epoch 1 / later | staging copies recycled | bytes through buffers |",
+                  "|---|---|---|---|---|---|"]
+        for d, e in ep.items():
+            g1, g2 = e[1]["bytes"] / 2**30, e[2]["bytes"] / 2**30
+            lines.append(f"| {d} | {e[1]['per_gib']:.2f} | {e[2]['per_gib']:.2f} | "
+                         f"{e[1]['reader_cpu'] / g1:.2f} / {e[2]['reader_cpu'] / g2:.2f} | {e['recycled']} | {e['bounce']} |")
+        costs["epochs"] = {d: {k: e[k]["per_gib"] for k in (1, 2)} for d, e in ep.items()}
+    idle = extra.get("idle3")
+    if idle:
+        lines += ["", f"Idle ranks (3 ranks serving, nothing reading, 10 s): "
+                  f"{', '.join(f'{c:.4f}' for c in idle)} cores."]
+        costs["idle_cores"] = max(idle)
+    idles = side.get((0, "idle")) or []
+    if idles:
+        costs["idle_pair_cores"] = statistics.median(idles)
+    return lines, costs
 
-        def per_node(n):
+
+# The model's cluster (stated, not measured): a node's link, one-way latency per message, the
+# PFS's aggregate read bandwidth, reader threads per node, files per step per node.
+NET_BANDWIDTH = 12.5e9    # bytes/s per node and direction (100 Gb/s)
+NET_LATENCY = 2e-6        # s per message
+PFS_BANDWIDTH = 50e9      # bytes/s, the whole file system
+THREADS = 8               # reader threads per node (e.g. 4 GPUs × 2 loader processes)
+BATCH = 256               # files one node reads per training step
+BEAT_COST = 20e-6         # CPU s per liveness message, sent or received (upper bound: below)
+
+
+def scaling(costs):
+    """A model of one training step, data-parallel over N nodes, every file read once per epoch
+    by one node in a global shuffle (each node reads BATCH files per step with THREADS threads).
+    Its terms, per node and step (seconds), fed by this run's measurements:
+
+      local    files this node holds (1/N of them): the local read, measured
+      remote   the others ((N−1)/N): the requester's fixed cost per file (Δ − t_mpi − t_hash,
+               measured), the checksum (t_hash), 3 messages (request, reply, data) on the stated
+               network — spread over THREADS threads
+      link     the remote bytes through this node's link (NET_BANDWIDTH)
+      hot spot the busiest owner serves more than the average: with m = BATCH·(N−1)/N requests
+               per owner per step, the most loaded of N owners gets ≈ m + √(2·m·ln N)
+               (balls into bins); its excess bytes through its link delay the step
+      incast   a node receives from min(THREADS, N−1) owners at once into one port: the last
+               file of each wave waits for the others' bytes, half a wave on average
+      liveness heartbeats per rank per second (ring: 1 sent, 1 received; all-to-all: 2(N−1))
+               × BEAT_COST of CPU, taken from the step's time
+      epoch 1  the dataset's first read from the PFS: N nodes · BATCH files share PFS_BANDWIDTH
+               (one read per byte per job); only in the first epoch
+      tail     a synchronous step waits for the slowest of N nodes: (p99 − median) of a remote
+               read, measured, × the chance some node draws a p99 file in a step, spread over
+               the threads
+
+    Wrong where: the hot-spot and incast terms assume a non-blocking fat tree and no switch
+    drops; the remote fixed cost is this 2-core machine's, where every wake-up waits for a core."""
+    out = ["## Scaling model (`scaling()`: a step of data-parallel training, terms by node count)", "",
+           f"Stated cluster: {NET_BANDWIDTH * 8 / 1e9:.0f} Gb/s and {NET_LATENCY * 1e6:.0f} µs per message, PFS "
+           f"{PFS_BANDWIDTH / 1e9:.0f} GB/s, {THREADS} reader threads and {BATCH} files per step per node. "
+           "Measured here: local and remote read times (medians, p99), Δ, t_mpi, t_hash. Each term's "
+           "share of the step (later epochs; epoch 1 adds its PFS term).", "",
+           "| size | nodes | step ms (later / epoch 1) | local | remote | link | hot spot | incast | liveness | tail | epoch-1 PFS (of epoch-1 step) | efficiency vs 1 node |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d, m in costs["sizes"].items():
+        s = m["size"]
+        fixed = max(m["delta"] - costs["t_mpi"][d] - m["t_hash"], 0.0)
+
+        def terms(n):
             f = (n - 1) / n
-            t = t_local + f * (o + 3 * NET_LATENCY + size * c)
-            cap = NET_BANDWIDTH / (f * size) if f > 0 else float("inf")
-            return min(THREADS / t, cap)
-        x1, x4, x64 = per_node(1), per_node(4), per_node(64)
-        for n in (1, 2, 4, 16, 64, 128, 256, 512):
-            x = per_node(n)
-            fan = FANSTORE.get((4, n)) if n == 16 else FANSTORE.get((64, n)) if n == 512 else \
-                FANSTORE.get((1, n))
-            out.append(f"| {d} | {n} | {n * x:,.0f} | {x / x1:.0%} | "
-                       f"{'' if n < 4 else f'{x / x4:.0%}'} | {'' if n < 64 else f'{x / x64:.0%}'} "
-                       f"| {fan or ''} |")
+            t = {}
+            t["local"] = BATCH / n * m["local"] / THREADS
+            t["remote"] = BATCH * f * (fixed + m["t_hash"] + 3 * NET_LATENCY) / THREADS
+            t["link"] = BATCH * f * s / NET_BANDWIDTH
+            mean = BATCH * f
+            t["hot spot"] = (math.sqrt(2 * mean * math.log(n)) if n > 1 else 0) * s / NET_BANDWIDTH
+            fan = min(THREADS, n - 1)
+            t["incast"] = BATCH * f / THREADS * max(fan - 1, 0) / 2 * s / NET_BANDWIDTH / max(fan, 1)
+            base = sum(t.values())
+            beats = 2.0 if n > 1 else 0.0           # ring: one sent, one received per second
+            t["liveness"] = base * beats * BEAT_COST
+            p_tail = 1 - 0.99 ** (BATCH * f * n) if n > 1 else 0
+            t["tail"] = p_tail * (m["remote_p99"] - m["remote"]) / THREADS
+            t["epoch 1"] = BATCH * n * s / PFS_BANDWIDTH
+            return t
+        t1 = sum(v for k, v in terms(1).items() if k != "epoch 1")
+        for n in (1, 4, 16, 64, 512):
+            t = terms(n)
+            later = sum(v for k, v in t.items() if k != "epoch 1")
+            first = later + t["epoch 1"]
+            share = lambda k: f"{t[k] / later:.0%}"
+            out.append(f"| {d} | {n} | {later * 1e3:.1f} / {first * 1e3:.1f} | "
+                       + " | ".join(share(k) for k in ("local", "remote", "link", "hot spot", "incast", "liveness", "tail"))
+                       + f" | {t['epoch 1'] / first:.0%} | {t1 / later:.0%} |")
+    a2a = 2 * 511 * BEAT_COST
+    out += ["", f"Liveness at 512 nodes: the ring costs a rank {2 * BEAT_COST * 1e3:.2f} ms of CPU per second; "
+            f"all-to-all heartbeats would cost {a2a * 1e3:.1f} ms ({2 * 511} messages). BEAT_COST is an upper bound "
+            f"from this run's idle rank ({costs.get('idle_cores', float('nan')):.4f} cores, every wake-up counted as a message)."]
     return out
 
 
@@ -229,6 +447,12 @@ def main():
                     help="serve a pack of the dataset (`granary pack`, made once) instead of the tree: "
                          "each rank streams its units of the pack, remote reads as for a tree")
     ap.add_argument("--out", default=str(REPO / "results" / "cluster"))
+    ap.add_argument("--no-epochs", dest="epochs", action="store_false",
+                    help="skip the epoch-1 / later-epoch CPU phase (a small staging tier, the "
+                         "remote files read twice)")
+    ap.add_argument("--no-idle", dest="idle", action="store_false",
+                    help="skip the idle-rank phase (3 ranks, nothing reading)")
+    ap.add_argument("--tmp-mpi-reps", type=int, default=41, help=argparse.SUPPRESS)
     args = ap.parse_args()
     bins = [args.granary] + ([args.compare] if args.compare else [])
     for g in bins:
@@ -259,7 +483,12 @@ def main():
         for b in (range(len(bins)) if k % 2 == 0 else reversed(range(len(bins)))):
             one_pair(bins[b], b, k, args, source, pack, work, sums, everything, threads, modes, rows)
         log(f"pair {k + 1}/{args.pairs} done")
-    report(rows, args, counts, bins)
+    extra = {"t_mpi": t_mpi(args.tmp_mpi_reps), "load_start": os.getloadavg()[0]}
+    if args.epochs:
+        extra["epochs"] = epochs(bins[0], args, source, work, sums)
+    if args.idle:
+        extra["idle3"] = idle3(bins[0], args, source, work)
+    report(rows, args, counts, bins, extra)
 
 
 def one_pair(g, b, k, args, source, pack, work, sums, everything, threads, modes, rows):
@@ -270,6 +499,8 @@ def one_pair(g, b, k, args, source, pack, work, sums, everything, threads, modes
         serve.read(1, str(everything), 4, "read", 8 << 20)
         serve.settle()
         mine, theirs = split(serve, sums)
+        idle = serve.idle_rate()
+        rows.setdefault((b, "idle"), []).append(idle)
         for d, size in SIZES.items():
             rem = sorted(p for p in theirs if f"/{d}/" in p)
             loc = sorted(p for p in mine if f"/{d}/" in p)
@@ -292,7 +523,13 @@ def one_pair(g, b, k, args, source, pack, work, sums, everything, threads, modes
                     if args.cold:
                         uncache(serve.tiers)
                     res = serve.read(0, str(work / f), t, m, size)
+                    res["idle"] = idle
                     rows.setdefault((b, d, t, m, what), []).append(res)
+        c = serve.status(0).get("cluster") or {}
+        if c.get("hashed_bytes"):
+            rows.setdefault((b, "hash"), []).append(c["hashing_ns"] / 1e9 / c["hashed_bytes"])
+        rows.setdefault((b, "bounce"), []).append(
+            sum(p.get("bounce_bytes", 0) for p in c.get("peers", [])))
     finally:
         serve.stop()
 
@@ -301,9 +538,11 @@ def lat_summary(lat):
     return {"lat_median": lat[len(lat) // 2], "lat_p90": lat[int(len(lat) * 0.9)]} if lat else {}
 
 
-def report(rows, args, counts, bins):
+def report(rows, args, counts, bins, extra):
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    side = {k: v for k, v in rows.items() if len(k) != 5}
+    rows = {k: v for k, v in rows.items() if len(k) == 5}
     raw = {}
     for (b, d, t, m, what), rs in sorted(rows.items()):
         # Each file's time is summed up per run (median, 90th percentile), not kept.
@@ -355,8 +594,10 @@ def report(rows, args, counts, bins):
                       "(least squares over the single-thread `read` medians: the per-file overhead and "
                       "the per-byte cost of the remote path on this machine)."]
             model["fit"] = {"overhead_s": o, "bytes_per_s": 1 / slope}
-            if b == 0:
-                lines += ["", *scaling(model, o, slope)]
+        if b == 0:
+            bar_rows, costs = bar(rows, side, extra)
+            lines += ["", *bar_rows, "", *scaling(costs)]
+            model["bar"] = costs
         models.append(model)
     if len(bins) > 1:
         lines += ["", "## B against A, pair by pair (the same pair's serves ran back to back)", "",

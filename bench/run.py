@@ -21,7 +21,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from granary_bench import config, dataset, deps, granary, pfs, report, runner  # noqa: E402
+from granary_bench import (clientenv, config, dataset, deps, granary, pfs, report,  # noqa: E402
+                           runner)
 
 PROBE_BYTES = 64 << 20
 
@@ -57,6 +58,7 @@ def main(argv=None):
     if k.workdir.startswith(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep):
         sys.exit("--workdir must not be inside the repository (datasets are never committed)")
     os.makedirs(k.out, exist_ok=True)
+    clients = _client_envs(k)
     names = sorted({config.WORKLOADS[w.split(":")[0]][0] for w in k.workloads})
     failed = True
     with contextlib.ExitStack() as stack:
@@ -70,7 +72,8 @@ def main(argv=None):
         emu.setup(stack, int(estimate * 1.2) + PROBE_BYTES + (128 << 20))
         log(f"generating datasets {', '.join(names)} on {emu.mount}")
         t0 = time.time()
-        datasets = dataset.generate(k, emu.mount, os.path.join(k.workdir, "manifests"), names)
+        datasets = dataset.generate(k, emu.mount, os.path.join(k.workdir, "manifests"), names,
+                                    clients)
         probe = os.path.join(emu.mount, ".probe")
         with open(probe, "wb") as f:
             f.write(os.urandom(PROBE_BYTES))
@@ -87,7 +90,7 @@ def main(argv=None):
         else:
             log(f"granary: {g.path} ({g.version})")
             stack.callback(g.cleanup, emu.groups())
-        bench = runner.Bench(k, emu, datasets, g, reason, log)
+        bench = runner.Bench(k, emu, datasets, g, reason, log, clients)
         results, repeats = bench.run_all()
         data = {"knobs": {f: getattr(k, f) for f in k.__dataclass_fields__},
                 "machine": machine_info(), "emulation": emu.params, "probe": emu.measured,
@@ -99,6 +102,7 @@ def main(argv=None):
                 "packs": getattr(bench, "packs", {}),
                 "granary": {"path": g.path if g else None, "version": g.version if g else None,
                             "skipped_reason": reason},
+                "clients": clients,
                 "results": results, "repeats": repeats, "wall_seconds": time.time() - t_start,
                 "command": " ".join(["python3", "bench/run.py", *(argv or sys.argv[1:])])}
         with open(os.path.join(k.out, "results.json"), "w") as f:
@@ -109,10 +113,33 @@ def main(argv=None):
     return 1 if failed else 0
 
 
+def _client_envs(k):
+    """The real clients' environments, installed when missing (before anything is set up: a
+    first install takes minutes). {workload: {"python": path} or {"skipped": reason}}; a
+    client that cannot be installed is dropped from the run with the reason."""
+    out = {}
+    for w in list(k.workloads):
+        name = w.split(":")[0]
+        env = config.CLIENT_ENVS.get(name)
+        if env is None or name in out:
+            continue
+        try:
+            out[name] = {"python": clientenv.ensure(env, k.clients_dir, log)}
+        except clientenv.Unavailable as e:
+            log(f"workload {name} skipped: {e}")
+            out[name] = {"skipped": str(e)}
+            k.workloads = [x for x in k.workloads if x.split(":")[0] != name]
+    return out
+
+
 def _estimate_bytes(k):
     small = k.small_files * k.small_mean_kb * 1024 * 1.15
     if any(w.split(":")[0] == "npz" for w in k.workloads):
         small += k.npz_files * (k.npz_kb + 4) * 1024
+    if any(w.split(":")[0] == "dlio" for w in k.workloads):
+        small += k.dlio_files * (k.dlio_record_length + 8192)
+    if any(w.split(":")[0] == "hfds" for w in k.workloads):
+        small += k.hfds_rows * (k.hfds_kb + 8) * 1024 * 1.2
     records = k.record_shards * k.record_max_mb * (1 << 20)
     fan = sum(n * s for n, s in ((k.fanstore_counts.get(d, 0), b)
                                  for d, b in dataset.FANSTORE_SIZES.items()))

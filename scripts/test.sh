@@ -12,7 +12,9 @@ need_apt=()
 for pair in fio:fio strace:strace mkfs.ext4:e2fsprogs losetup:mount setpriv:util-linux \
             pgrep:procps diff:diffutils cc:gcc setfacl:acl sqlite3:sqlite3 bwrap:bubblewrap \
             objdump:binutils mpirun:openmpi-bin mpicc:libopenmpi-dev \
-            java:default-jdk-headless; do
+            java:default-jdk-headless \
+            slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge \
+            nsenter:util-linux unshare:util-linux; do
     command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/lmdb.h ] || need_apt+=(liblmdb-dev)
@@ -30,6 +32,8 @@ fi
 py_missing=()
 python3 -c "import pytest" 2>/dev/null || py_missing+=(pytest)
 python3 -c "import lmdb" 2>/dev/null || py_missing+=(lmdb)
+# The metrics file's test parses it as a collector would.
+python3 -c "import prometheus_client" 2>/dev/null || py_missing+=(prometheus_client)
 # The wheel test (tests/e2e/test_wheel.py) builds a manylinux_2_28 wheel with zig.
 command -v maturin >/dev/null || py_missing+=(maturin)
 python3 -c "import ziglang" 2>/dev/null || py_missing+=(ziglang)
@@ -52,6 +56,8 @@ cargo test -p granary-core --features shuttle --test shuttle
 # The end-to-end tests drive target/debug/granary: built with MPI, so tests/e2e/test_cluster.py
 # runs its 3-rank jobs (it is skipped only when the binary lacks the feature).
 cargo build --workspace --features granary/mpi
+# tests/e2e/test_slurm.py starts a Slurm cluster of its own (Debian's slurmctld, slurmd, munge)
+# and runs docs/cluster.md's job script on it with that binary.
 # Only failed tests keep their temporary directories: a passing run would leave ~11 GB (loop
 # images, datasets, tiers) in /tmp for each of the last three runs.
 python3 -m pytest tests/e2e -v -p no:cacheprovider -o tmp_path_retention_policy=failed "$@"

@@ -20,7 +20,16 @@ WORKLOADS = {
     "npz": ("npz", "smallfiles.py", ["--reader", "npz"], True),
     # FanStore's sizes with low-entropy content (compresses ~3x), for the compressed pack.
     "fanstorez": ("fanstorez", "fanstore.py", [], True),
+    # A real client: DLIO 2.0.0's PyTorch loader and npz reader (bench/clients/dlio_client.py),
+    # on the npz files DLIO generates itself; installed by the bench (clientenv.py).
+    "dlio": ("dlio", "dlio_client.py", [], False),
+    # A real client: Hugging Face `datasets` (load_from_disk, shuffle, every row; the Arrow
+    # shards are memory-mapped). NAME:CAP runs it under memory cap CAP (`hfds:768M`).
+    "hfds": ("hfds", "hfds_client.py", [], False),
 }
+# Real clients, each in a Python environment the bench installs (clientenv.py): workload ->
+# the requirements file's name in bench/clients/requirements/.
+CLIENT_ENVS = {"dlio": "dlio", "hfds": "hfds"}
 SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half", "granary-packed",
           "granary-packed-zstd"]
 # Not run unless asked for (--setups): the compressed pack only matters for `fanstorez`.
@@ -28,7 +37,9 @@ DEFAULT_SETUPS = ["pfs", "local", "cache", "granary-full", "granary-half", "gran
 # Workloads whose bar is epoch 1 against the source's bandwidth: PFS-direct runs one epoch
 # (under the memory cap its later epochs re-read the source like the first), and PFS-direct
 # and granary-full run `epoch1_pairs` times in all, alternating, for medians.
-EPOCH1_WORKLOADS = {"npz"}
+# Which setups repeat: npz pairs PFS-direct with granary-full; DLIO, whose bar is the physical
+# limit alone, repeats granary-full (PFS-direct is its reference, run once).
+EPOCH1_WORKLOADS = {"npz": ("pfs", "granary-full"), "dlio": ("granary-full",)}
 
 
 @dataclass
@@ -50,6 +61,26 @@ class Knobs:
     npz_kb: int = 700
     # setups the npz workload runs under (its PFS-direct epochs take minutes)
     npz_setups: list = field(default_factory=lambda: ["pfs", "local", "granary-full"])
+    # DLIO (a real client): files its generator makes, its record_length (846 x 846 bytes, a
+    # 716,214-byte file), its read threads and batch, its emulated compute per step, shuffling
+    # (DLIO's default: none, files in name order), the setups it runs under, epochs per job,
+    # and the memory cap of its jobs (DLIO with torch and tensorflow imported holds ~540 MB)
+    dlio_files: int = 240
+    dlio_record_length: int = 716800
+    dlio_read_threads: int = 1
+    dlio_batch: int = 4
+    dlio_computation_time: float = 0.0
+    dlio_shuffle: bool = False
+    dlio_setups: list = field(default_factory=lambda: ["pfs", "local", "granary-full"])
+    dlio_epochs: int = 1
+    dlio_mem_cap: int = 1024 * MIB
+    clients_dir: str = "/var/tmp/granary-bench-clients"
+    # Hugging Face datasets (a real client): rows of log-normal random bytes around hfds_kb,
+    # written by save_to_disk in shards of at most hfds_shard, the setups it runs under
+    hfds_rows: int = 600
+    hfds_kb: int = 100
+    hfds_shard: str = "64MB"
+    hfds_setups: list = field(default_factory=lambda: ["pfs", "local", "granary-full"])
     # emulated PFS
     read_bps: int = 64 * MIB
     read_iops: int = 150
@@ -89,9 +120,11 @@ PRESETS = {
         record_shards=8, record_min_mb=32, record_max_mb=96,
         fanstore_counts={"128K": 1024, "512K": 256, "2M": 64, "8M": 16},
         npz_files=2400,
+        dlio_files=1200,
+        hfds_rows=3200,
         mem_cap=256 * MIB,
         workloads=["small:lenet", "small:resnet", "records:lenet", "mmap:lenet", "fanstore",
-                   "npz:lenet"],
+                   "npz:lenet", "dlio"],
     ),
 }
 
@@ -138,6 +171,16 @@ Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
   fanstorez     the same sizes with low-entropy (npz-like) content that compresses ~3x
                 (not by default; e.g. --workloads fanstorez --setups
                 pfs,local,granary-packed,granary-packed-zstd)
+  dlio          a real client: DLIO 2.0.0 (argonne-lcf/dlio_benchmark), its PyTorch data
+                loader and npz reader, on the npz files DLIO's generator makes (716 KB each);
+                installed by the bench into --clients-dir (pip, pinned: ~6.7 GB with torch,
+                once); every byte its reader reads checked; one epoch under --dlio-setups,
+                granary-full --epoch1-pairs times (its bar: epoch 1 / (dataset / bandwidth))
+  hfds:CAP      a real client: Hugging Face datasets 4.4.1, load_from_disk of shards
+                save_to_disk wrote (--hfds-rows, --hfds-shard), .shuffle(seed), every row
+                iterated through the memory-mapped Arrow files and checked; one epoch under
+                --hfds-setups with memory cap CAP (e.g. hfds:768M, the mapped set fits, and
+                hfds:256M, it does not); not by default
 """
 
 
@@ -163,6 +206,16 @@ def parse_args(argv=None):
                    help="files per size, e.g. 128K=128,512K=32,2M=8,8M=2 (FanStore/1024)")
     g.add_argument("--npz-files", type=int, help=f"npz samples (quick {d.npz_files}, full 2400)")
     g.add_argument("--npz-kb", type=int, help="npz sample size, KiB (700)")
+    g.add_argument("--dlio-files", type=int,
+                   help=f"files DLIO generates (quick {d.dlio_files}, full 1200)")
+    g.add_argument("--dlio-record-length", type=int,
+                   help="DLIO's record_length: its arrays are sqrt(this)^2 bytes (716800)")
+    g.add_argument("--hfds-rows", type=int,
+                   help=f"rows of the Hugging Face dataset (quick {d.hfds_rows}, full 3200: "
+                        "~320 MB)")
+    g.add_argument("--hfds-shard", help="save_to_disk's max_shard_size (64MB)")
+    g.add_argument("--clients-dir", help="where the real clients' Python environments are "
+                                         f"installed and kept ({d.clients_dir})")
     g = p.add_argument_group("emulated PFS")
     g.add_argument("--read-bps", type=parse_size, help="blkio read bandwidth cap, e.g. 32M "
                                                        "(0 = none; default 64M)")
@@ -190,6 +243,21 @@ def parse_args(argv=None):
                         "(also exported as BENCH_ROOT, BENCH_MANIFEST, ...); it replaces the "
                         "client of every workload. If it prints the clients' JSON lines the "
                         "report has per-epoch data, otherwise just the total time.")
+    g.add_argument("--dlio-setups", type=lambda s: s.split(","),
+                   help=f"setups the dlio workload runs under ({','.join(d.dlio_setups)})")
+    g.add_argument("--hfds-setups", type=lambda s: s.split(","),
+                   help=f"setups the hfds workload runs under ({','.join(d.hfds_setups)})")
+    g.add_argument("--dlio-read-threads", type=int, help="DLIO's read_threads (1)")
+    g.add_argument("--dlio-batch", type=int, help="DLIO's batch_size (4)")
+    g.add_argument("--dlio-computation-time", type=float,
+                   help="DLIO's emulated compute per step, seconds (0: I/O-bound)")
+    g.add_argument("--dlio-shuffle", action="store_true",
+                   help="DLIO's sample_shuffle and file_shuffle = seed (default: DLIO's default, "
+                        "no shuffle: files in name order)")
+    g.add_argument("--dlio-epochs", type=int, help="epochs of each DLIO job (1)")
+    g.add_argument("--dlio-mem-cap", type=parse_size,
+                   help="memory cap of DLIO's jobs instead of --mem-cap (1G: DLIO with torch "
+                        "and tensorflow imported holds ~540 MB)")
     g = p.add_argument_group("granary")
     g.add_argument("--granary", help="granary binary (default $GRANARY_BIN or "
                                      "target/release/granary, built with cargo if missing)")
@@ -243,7 +311,7 @@ def parse_args(argv=None):
     for w in k.workloads:
         if w.split(":")[0] not in WORKLOADS:
             p.error(f"unknown workload {w}")
-    for s in k.setups + k.npz_setups:
+    for s in k.setups + k.npz_setups + k.dlio_setups + k.hfds_setups:
         if s not in SETUPS:
             p.error(f"unknown setup {s}")
     return k

@@ -183,11 +183,13 @@ def gen_lmdb(rng, base, n_values, value_kb, shuffled=False):
     return out, values
 
 
-def generate(knobs, source_root, manifest_dir, names):
-    """Generates the named datasets under source_root; returns {name: Dataset}."""
+def generate(knobs, source_root, manifest_dir, names, clients=None):
+    """Generates the named datasets under source_root; returns {name: Dataset}. `clients`:
+    the real clients' environments (run.py), for datasets a client generates itself."""
     os.makedirs(manifest_dir, exist_ok=True)
     made = {}
     for name in names:
+        extra = {}
         rng = random.Random(f"{knobs.seed}:{name}")
         base = os.path.join(source_root, name)
         if name == "smallfiles":
@@ -202,11 +204,22 @@ def generate(knobs, source_root, manifest_dir, names):
             files = gen_npz(rng, base, knobs.npz_files, knobs.small_classes, knobs.npz_kb)
         elif name == "fanstorez":
             files = gen_fanstorez(rng, base, knobs.fanstore_counts)
+        elif name == "dlio":
+            from . import dlio
+            files, npz = dlio.generate(clients["dlio"]["python"], base, knobs.dlio_files,
+                                       knobs.dlio_record_length,
+                                       os.path.join(knobs.workdir, "dlio-generate"),
+                                       lambda m: print(m, flush=True))
+            extra = {"record_length": knobs.dlio_record_length, "npz": npz}
+        elif name == "hfds":
+            from . import hfds
+            files, extra = hfds.generate(clients["hfds"]["python"], base, knobs,
+                                         os.path.join(knobs.workdir, "hfds-generate"))
         else:
             raise ValueError(f"unknown dataset {name}")
         manifest = os.path.join(manifest_dir, f"{name}.json")
         with open(manifest, "w") as f:
-            json.dump({"name": name, "files": files}, f)
+            json.dump({"name": name, "files": files, **extra}, f)
         made[name] = Dataset(name, files, manifest, _allocated(base))
     return made
 

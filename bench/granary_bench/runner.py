@@ -6,6 +6,7 @@ cgroups and its JSON lines are collected, the setup finishes (granary stop,
 stats), and the device counters are cut at the client's epoch boundaries.
 """
 
+import contextlib
 import json
 import os
 import shlex
@@ -37,14 +38,18 @@ class Job:
     def parse(cls, spec):
         name, _, compute = spec.partition(":")
         dataset, script, args, cacheable = config.WORKLOADS[name]
-        # FanStore's benchmark only reads: no model step unless asked for.
-        compute = compute or ("" if name.startswith("fanstore") else "lenet")
+        # FanStore's benchmark only reads: no model step unless asked for. DLIO has its own
+        # (--dlio-computation-time).
+        compute = compute or ("" if name.startswith("fanstore") or name == "dlio" else "lenet")
+        if name == "hfds" and not compute[:1].isdigit():
+            raise ValueError("hfds needs a memory cap: hfds:768M")
         return cls(name, compute, dataset, script, args, cacheable)
 
 
 class Bench:
-    def __init__(self, knobs, pfs, datasets, granary, granary_reason, log):
+    def __init__(self, knobs, pfs, datasets, granary, granary_reason, log, clients=None):
         self.k = knobs
+        self.clients = clients or {}  # real clients' environments (run.py)
         self.pfs = pfs
         self.datasets = datasets
         self.granary = granary
@@ -74,13 +79,23 @@ class Bench:
                                            epochs=epochs, workers=self.k.workers,
                                            cache_dir=shlex.quote(cache_dir or ""))
             return ["sh", "-c", cmd]
-        argv = [sys.executable, os.path.join(CLIENTS, job.script), "--root", root,
+        python = sys.executable
+        if job.workload in config.CLIENT_ENVS:
+            python = self.clients[job.workload].get("python", sys.executable)
+        argv = [python, os.path.join(CLIENTS, job.script), "--root", root,
                 "--manifest", ds.manifest, "--epochs", str(epochs),
                 "--workers", str(self.k.workers), "--seed", str(self.k.seed), *job.args]
-        if job.compute:
+        if job.compute and job.workload != "hfds":  # hfds: the compute slot is its cap
             argv += ["--compute", job.compute]
         if job.workload in ("small", "npz"):
             argv += ["--batch", str(self.k.batch)]
+        if job.workload == "dlio":
+            argv += ["--python", self.clients["dlio"]["python"],
+                     "--scratch", os.path.join(self.k.workdir, "dlio-run"),
+                     "--workers", str(self.k.dlio_read_threads), "--batch", str(self.k.dlio_batch),
+                     "--computation-time", str(self.k.dlio_computation_time)]
+            if self.k.dlio_shuffle:
+                argv.append("--shuffle")
         if cache_dir:
             argv += ["--cache-dir", cache_dir]
         return argv
@@ -201,25 +216,53 @@ class Bench:
             job = Job.parse(spec)
             self.log(f"workload {job.key} (dataset {job.dataset})")
             made = setups.make_setups(self)
-            epoch1 = job.workload in config.EPOCH1_WORKLOADS
+            epoch1 = config.EPOCH1_WORKLOADS.get(job.workload)
             if job.workload == "npz":
                 made = [s for s in made if s.name in self.k.npz_setups]
+            if job.workload == "dlio":
+                made = [s for s in made if s.name in self.k.dlio_setups]
+            if job.workload == "hfds":
+                made = [s for s in made if s.name in self.k.hfds_setups]
             by = {}
-            for setup in made:
-                # PFS-direct's later epochs of an epoch-1 workload cost what its first did.
-                epochs = 1 if epoch1 and setup.name == "pfs" else None
-                by[setup.name] = self.run_job(job, setup, epochs)
-                results.append(by[setup.name])
-            repeats += self.repeat_pairs(job, made, by)
-            if epoch1:
-                repeats += self.epoch1_pairs(job, made, by)
+            with self.memory_cap(job):
+                for setup in made:
+                    # PFS-direct's later epochs of an epoch-1 workload cost what its first did.
+                    epochs = 1 if epoch1 and setup.name == "pfs" else None
+                    if job.workload == "dlio":
+                        epochs = 1 if setup.name == "pfs" else self.k.dlio_epochs
+                    if job.workload == "hfds":
+                        epochs = 1
+                    by[setup.name] = self.run_job(job, setup, epochs)
+                    results.append(by[setup.name])
+                repeats += self.repeat_pairs(job, made, by)
+                if epoch1:
+                    repeats += self.epoch1_pairs(job, made, by, epoch1)
         return results, repeats
 
-    def epoch1_pairs(self, job, made, by):
-        """Runs PFS-direct and granary-full again, one cold epoch each, alternating: the
-        epoch-1 bar takes the medians of `--epoch1-pairs` runs (the main run's included)."""
-        pair = [s for s in made if s.name in ("pfs", "granary-full")]
-        if (self.k.epoch1_pairs <= 1 or len(pair) != 2
+    @contextlib.contextmanager
+    def memory_cap(self, job):
+        """DLIO's jobs run under --dlio-mem-cap: its interpreter with torch and tensorflow
+        imported holds more than the other clients' whole cap."""
+        mem = self.pfs.memory
+        cap = {"dlio": self.k.dlio_mem_cap,
+               "hfds": config.parse_size(job.compute) if job.workload == "hfds" else 0
+               }.get(job.workload)
+        if not cap or mem is None or cap == self.k.mem_cap:
+            yield
+            return
+        self.log(f"  memory cap {cap >> 20} MiB for {job.key}")
+        mem.write("memory.limit_in_bytes", cap)
+        try:
+            yield
+        finally:
+            mem.write("memory.limit_in_bytes", self.k.mem_cap)
+
+    def epoch1_pairs(self, job, made, by, which):
+        """Runs the `which` setups again (PFS-direct and granary-full for npz, granary-full for
+        DLIO), one cold epoch each, alternating: the epoch-1 bar takes the medians of
+        `--epoch1-pairs` runs (the main run's included)."""
+        pair = [s for s in made if s.name in which]
+        if (self.k.epoch1_pairs <= 1 or len(pair) != len(which)
                 or any(by.get(s.name, {}).get("status") != "ok" for s in pair)):
             return []
         out = []

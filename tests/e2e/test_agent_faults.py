@@ -498,14 +498,30 @@ def test_an_unusable_source_runs_the_program_without_granary(g, tmp_path, tier, 
 
 
 def test_the_fallback_report_states_the_real_reason(g, dataset, tier, tmp_path):
-    not_a_dir = tmp_path / "runtime-file"
-    not_a_dir.write_text("")
-    p = subprocess.run([g.bin, "run", "--source", dataset, "--tier", tier, "--", "true"],
-                       capture_output=True, timeout=60,
-                       env={**g.env, "GRANARY_RUNTIME_DIR": str(not_a_dir)})
+    """A tier inside the dataset: the job runs without granary, and every line that says so
+    names that cause and its fix (never GRANARY_DISABLE)."""
+    inside = dataset / "cache"
+    p = subprocess.run([g.bin, "run", "--source", dataset, "--tier", inside, "--", "true"],
+                       capture_output=True, timeout=60, env=g.env)
     assert p.returncode == 0
     err = p.stderr.decode()
-    assert "GRANARY_DISABLE" not in err and f"without granary: runtime directory {not_a_dir}" in err, err
+    assert "GRANARY_DISABLE" not in err, err
+    first, report = err.splitlines()[0], [l for l in err.splitlines() if "NOT SERVED" in l]
+    assert f"tier {inside} is inside the source" in first and "fix:" in first, err
+    assert report and f"tier {inside} is inside the source" in report[0], err
+    assert not inside.exists(), "no cache made inside the dataset"
+
+
+def test_a_runtime_directory_that_is_a_file_is_refused_naming_the_variable(g, dataset, tier,
+                                                                            tmp_path):
+    not_a_dir = tmp_path / "runtime-file"
+    not_a_dir.write_text("")
+    marker = tmp_path / "ran"
+    p = subprocess.run([g.bin, "run", "--source", dataset, "--tier", tier, "--", "touch", marker],
+                       capture_output=True, timeout=60,
+                       env={**g.env, "GRANARY_RUNTIME_DIR": str(not_a_dir)})
+    assert p.returncode == 2 and not marker.exists(), p
+    assert f"GRANARY_RUNTIME_DIR={not_a_dir}: exists and is not a directory" in p.stderr.decode(), p
 
 
 def test_the_default_tier_never_complains_about_its_capacity(g, dataset, tmp_path):

@@ -3,8 +3,9 @@
 the tree: every byte and every stat field (atime aside: packing records mtime there), listings,
 symlink targets; no metadata call on the source after the program starts (strace on the agent
 and the program); what changed since packing served from the source; damaged partitions never
-served; the agent killed mid-partition, and a pack-only mount whose agent is gone, still give
-the program every byte."""
+served, and named in the job's report (which pack, how many files, the command to run), a
+damaged index too; the agent killed mid-partition, and a pack-only mount whose agent is gone,
+still give the program every byte."""
 import json
 import os
 import pathlib
@@ -65,11 +66,12 @@ def pack(src, out, *args):
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
 
 
-def serve(granary, args, cmd, tier, tier_size="1G", extra=(), timeout=300):
+def serve(granary, args, cmd, tier, tier_size="1G", extra=(), timeout=300, quiet=True):
     """`granary run --pack … ` (args: --source DIR or --mount PATH, and --pack PACK)."""
     stats_path = granary.tmp / f"stats-{time.monotonic_ns()}.json"
     argv = [granary.bin, "run", *map(str, args), "--tier", f"{tier}={tier_size}",
-            "--stats-json", str(stats_path), "-q", *extra, "--", *map(str, cmd)]
+            "--stats-json", str(stats_path), *(["-q"] if quiet else []), *extra, "--",
+            *map(str, cmd)]
     proc = subprocess.run(argv, capture_output=True, env=granary.env, timeout=timeout)
     assert proc.returncode == 0, (argv, proc.stderr.decode(errors="replace")[-3000:])
     return proc, json.loads(stats_path.read_text())
@@ -254,7 +256,7 @@ def test_a_damaged_partition_is_never_served(granary, tmp_path, damage, mode):
             f.truncate(len(blob) - 1)
     expected = read_tree(direct([*READ_TREE, src]).stdout)
     args = pack_args(mode, src, packed)
-    proc, stats = serve(granary, args, [*READ_TREE, src], tmp_path / "tier")
+    proc, stats = serve(granary, args, [*READ_TREE, src], tmp_path / "tier", quiet=False)
     got = read_tree(proc.stdout)
     assert got.keys() == expected.keys()
     refused = {"a/victim"} if damage == "data" else set(regular_files(expected))
@@ -266,6 +268,101 @@ def test_a_damaged_partition_is_never_served(granary, tmp_path, damage, mode):
         assert got[p] == r, p
     if mode == "source":
         assert source_opens(stats) == len(refused), stats
+    # The report names the pack, how many of its files it could not serve, and what to run.
+    d = stats["pack_damage"]
+    real = os.path.realpath(packed)
+    verify = f"granary pack verify {real}"
+    assert d["pack"] == real and d["verify"] == verify and not d["index"], d
+    assert d["files"] == len(refused), d
+    assert d["refused_opens"] == (len(refused) if mode == "mount" else 0), d
+    what = {"data": "checksum mismatch", "header": "header", "cut": "truncated"}[damage]
+    assert what in d["problems"][0], d
+    [warning] = [w for w in stats["warnings"] if "is damaged" in w]
+    assert verify in warning and f"{len(refused)} file" in warning, warning
+    assert ("EIO" in warning) == (mode == "mount"), warning
+    report = proc.stderr.decode()
+    assert f"DAMAGED: {len(refused)} of its files cannot be read from it" in report, report
+    assert f"warning: pack {real} is damaged" in report, report
+    # What the user runs next says the same.
+    v = subprocess.run([granary_bin(), "pack", "verify", str(packed)], capture_output=True)
+    assert v.returncode == 1
+    named = [l.split(": ", 1)[0] for l in v.stdout.decode().splitlines()]
+    assert set(named) & set(expected) == refused, named
+
+
+@pytest.mark.parametrize("mode", ["source", "mount"])
+def test_a_damaged_index_is_named_and_the_job_runs_from_the_source(granary, tmp_path, mode):
+    """The index is the catalog: damaged, nothing can be served from the pack. With the tree
+    the job runs from it and its report says why and what to run; with the pack alone the
+    program is not run at all (it would find nothing), with the same message."""
+    src = small_tree(tmp_path / "pfs" / "data")
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(src, packed)
+    index = packed / "index"
+    flip(index, index.stat().st_size // 2)
+    expected = read_tree(direct([*READ_TREE, src]).stdout)
+    args = pack_args(mode, src, packed)
+    stats_path = tmp_path / "stats.json"
+    ran = tmp_path / "ran"
+    cmd = [sys.executable, "-c",
+           "import pathlib, subprocess, sys\n"
+           "pathlib.Path(sys.argv[1]).touch()\n"
+           "sys.exit(subprocess.run(sys.argv[2:]).returncode)", ran, *READ_TREE, src]
+    proc = subprocess.run([granary.bin, "run", *map(str, args), "--tier", f"{tmp_path / 'tier'}=1G",
+                           "--stats-json", str(stats_path), "--", *map(str, cmd)],
+                          capture_output=True, env=granary.env, timeout=300)
+    verify = f"granary pack verify {os.path.realpath(packed)}"
+    err = proc.stderr.decode()
+    assert verify in err and "is damaged" in err and "corrupt pack" in err, err
+    if mode == "mount":
+        assert proc.returncode == 2 and not ran.exists(), err
+        return
+    assert proc.returncode == 0, err
+    assert read_tree(proc.stdout) == expected
+    stats = json.loads(stats_path.read_text())
+    assert stats["disabled"] and verify in stats["fallback"], stats
+    d = stats["pack_damage"]
+    assert d["index"] and d["files"] == 24 and d["verify"] == verify, d
+
+
+def test_the_pack_alone_damaged_and_the_agent_gone(granary, tmp_path):
+    """The preload library extracts files itself once the agent is gone; a file whose bytes
+    fail their checksum gets EIO, and the report still names the pack and the command."""
+    src = tmp_path / "pfs" / "data"
+    victim = os.urandom(50_000)
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "victim").write_bytes(victim)
+    for i in range(5):
+        (src / "a" / f"other{i}").write_bytes(os.urandom(7_000 + i))
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(src, packed)
+    part = packed / "part-00000"
+    flip(part, part.read_bytes().index(victim) + 999)
+    expected = read_tree(direct([*READ_TREE, src]).stdout)
+    os.rename(src, tmp_path / "pfs" / "gone")
+    g = Granary(tmp_path / "own")  # its agent gets killed: nobody else's
+    (tmp_path / "own").mkdir()
+    script = [sys.executable, "-c", r"""
+import json, os, signal, subprocess, sys
+st = json.loads(subprocess.run([sys.argv[1], "status", "--json"], capture_output=True).stdout)
+os.kill(st["pid"], signal.SIGKILL)
+os.execv(sys.argv[2], sys.argv[2:])
+""", g.bin, *READ_TREE, src]
+    proc, stats = serve(g, ["--pack", packed, "--mount", src], script, tmp_path / "tier",
+                        tier_size="4K")
+    got = read_tree(proc.stdout)
+    assert got.keys() == expected.keys()
+    for p, r in expected.items():
+        if p == "a/victim":
+            assert got[p]["errno"] == 5 and "sha256" not in got[p], got[p]
+        else:
+            assert got[p] == r, p
+    d = stats["pack_damage"]
+    assert d["pack"] == os.path.realpath(packed) and d["refused_opens"] == 1, d
+    [warning] = [w for w in stats["warnings"] if "is damaged" in w]
+    assert d["verify"] in warning and "EIO (1 open failed)" in warning, warning
+    assert d["verify"].encode() in proc.stderr  # -q: the warning is still printed
+    assert not g.agent_pids()
 
 
 def kill(pid):

@@ -1,6 +1,7 @@
 """Issue "placement engine", checked where it matters: the source device. Bytes read from the
 loop device are counted by the kernel (/sys/block/loopN/stat), with the page cache dropped first,
 so nothing granary reports about itself is taken on trust."""
+import hashlib
 import json
 import os
 import pathlib
@@ -55,3 +56,50 @@ def test_large_records_are_read_from_the_source_once(granary, loop_source, tmp_p
     assert read <= 1.01 * size + (2 << 20), f"source device read {read} bytes for {size} bytes of records"
     # The program's own reads of the shards were served by the agent's fetch, not the source.
     assert stats["source_io"]["bytes"] < size / 4, stats["source_io"]
+
+
+def mid_size_files(root: pathlib.Path, n: int, size: int) -> pathlib.Path:
+    """`n` files of `size` random bytes in `root/train`, created in a scrambled order, and a
+    manifest of their sha256s beside `root`."""
+    train = root / "train"
+    train.mkdir(parents=True)
+    lines = []
+    for k in range(n):
+        i = (k * 7919 + 13) % n
+        data = os.urandom(size)
+        (train / f"img_{i:04}.npz").write_bytes(data)
+        lines.append(f"img_{i:04}.npz\t{hashlib.sha256(data).hexdigest()}")
+    (root.parent / "manifest.tsv").write_text("\n".join(sorted(lines)) + "\n")
+    return train
+
+
+@pytest.mark.parametrize("shuffle", [None, 7])
+def test_a_reader_in_name_order_is_read_ahead(granary, loop_source, tmp_path, shuffle):
+    """One reader of mid-size files in name order (DLIO's default): the agent fetches the next
+    files before the program opens them (`placement.read_ahead`), every byte once from the
+    source, none by the program itself. The same files in a shuffled order are never read
+    ahead (their opens look nothing like a run)."""
+    dev, mnt = loop_source
+    # The emulated PFS's readahead, so 140 KB files are fetched whole (in one request).
+    pathlib.Path(f"/sys/block/{os.path.basename(dev)}/queue/read_ahead_kb").write_text("128")
+    n, size = 240, 140_000
+    train = mid_size_files(mnt / "data", n, size)
+    drop_caches()
+    start = device_reads(dev)[1]
+    cmd = [sys.executable, CLIENTS / "name_order_reader.py", train, mnt / "manifest.tsv"]
+    if shuffle is not None:
+        cmd += ["--shuffle", shuffle]
+    proc, stats = granary.run(mnt / "data", cmd, tier=tmp_path / "tier")
+    granary.settle(mnt / "data")
+    read = (device_reads(dev)[1] - start) * 512
+    assert json.loads(proc.stdout.decode().splitlines()[-1])["files"] == n
+    assert read <= 1.01 * n * size + (2 << 20), f"source device read {read} bytes for {n * size}"
+    pl = stats["placement"]
+    assert stats["source_io"]["bytes"] == 0, "the program read the source itself"
+    assert pl["duplicate_bytes"] == 0, pl
+    if shuffle is None:
+        # Read ahead from the sixth open on; a loaded machine may leave a few to the program's
+        # own opens (the agent lagging behind), never most of them.
+        assert pl["read_ahead"] >= n // 2, pl
+    else:
+        assert pl["read_ahead"] == 0, pl

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use granary_core::config::{default_tier, resolve_tiers, Config, TierConfig};
+use granary_core::size::format_size;
 use granary_core::tiers::TierSpec;
 
 use crate::serving::Serving;
@@ -32,6 +33,9 @@ pub struct JobTiers {
     pub capacity_defaulted: Vec<bool>,
     /// Tiers that could not be used (not creatable, not a directory), each with why.
     pub dropped: Vec<String>,
+    /// Tiers given a capacity larger than their file system: copies will stop when it is
+    /// full, not at the capacity; each with the real size.
+    pub oversized: Vec<String>,
 }
 
 /// The tiers named (flags or configuration), else the default tier, each made and checked. An
@@ -44,10 +48,22 @@ pub fn resolve_job_tiers(named: &[TierConfig]) -> anyhow::Result<JobTiers> {
         tcfg.push(default_tier().map_err(anyhow::Error::msg)?);
     }
     let (mut specs, mut capacity_defaulted, mut dropped) = (Vec::new(), Vec::new(), Vec::new());
+    let mut oversized = Vec::new();
     for t in &tcfg {
         match resolve_tiers(std::slice::from_ref(t)) {
             Ok(r) => {
                 for (spec, cap_default) in r {
+                    if let Ok(total) = granary_core::sys::fs_size(&spec.path) {
+                        if spec.capacity > total {
+                            oversized.push(format!(
+                                "tier {} is given {} but its file system holds {} in all: \
+                                 copies will stop when it is full",
+                                spec.path.display(),
+                                format_size(spec.capacity),
+                                format_size(total)
+                            ));
+                        }
+                    }
                     specs.push(spec);
                     capacity_defaulted.push(cap_default);
                 }
@@ -60,5 +76,6 @@ pub fn resolve_job_tiers(named: &[TierConfig]) -> anyhow::Result<JobTiers> {
         defaulted,
         capacity_defaulted,
         dropped,
+        oversized,
     })
 }

@@ -9,16 +9,21 @@
 //! - Cluster mode (`cluster`): one serving agent per node, started by an MPI launcher; every
 //!   node's tiers become one cache of the dataset (MPI with the `mpi` feature only).
 //! - The client side (`client`): connecting to the agent (starting it, or replacing one that
-//!   does not answer), `stop`, `status`.
-//! - `logging`: `GRANARY_LOG`, shared by the agent and the commands.
+//!   does not answer), `stop`, `status`; a job's side (`job`): attaching, its table and
+//!   counters, its report and warnings.
+//! - `logging`: `GRANARY_LOG`, shared by the agent and the commands; `metrics`: the agent's
+//!   status as metrics text (Prometheus format).
 
 pub mod agent;
+mod cache;
 pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod daemon;
 mod follower;
+pub mod job;
 pub mod logging;
+pub mod metrics;
 pub mod protocol;
 mod residency_keeper;
 mod ring;

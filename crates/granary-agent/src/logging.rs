@@ -4,6 +4,29 @@ use std::path::PathBuf;
 
 use tracing_subscriber::filter::LevelFilter;
 
+/// Why `spec` is not a valid `GRANARY_LOG`, if it is not: a level the agent and the preload
+/// library both understand, with an optional `:FILE` whose directory exists.
+pub fn check(spec: &str) -> Result<(), String> {
+    let (lvl, file) = match spec.split_once(':') {
+        Some((l, f)) => (l, Some(f)),
+        None => (spec, None),
+    };
+    if lvl.trim().parse::<LevelFilter>().is_err() {
+        return Err(format!("`{lvl}` is not a level"));
+    }
+    if let Some(f) = file {
+        let f = std::path::Path::new(f);
+        if f.as_os_str().is_empty() {
+            return Err("no file after `:`".into());
+        }
+        let dir = f.parent().filter(|d| !d.as_os_str().is_empty());
+        if dir.is_some_and(|d| !d.is_dir()) {
+            return Err(format!("{}: no such directory", f.display()));
+        }
+    }
+    Ok(())
+}
+
 pub fn parse(spec: &str) -> (LevelFilter, Option<PathBuf>) {
     let (lvl, file) = match spec.split_once(':') {
         Some((l, f)) if !f.is_empty() => (l, Some(PathBuf::from(f))),

@@ -58,6 +58,13 @@ pub enum Request {
     },
     Status,
     Stop,
+    /// `granary cache`: record every source's copies as they are now, then take away each
+    /// source directory (`<tier root>/<source id>`) in `clean` that no job uses — renamed to
+    /// trash in its tier root, which the caller deletes.
+    Cache {
+        #[serde(default)]
+        clean: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -96,12 +103,54 @@ pub enum Reply {
         /// Cluster mode: this node's place in the serving job.
         #[serde(default)]
         cluster: Option<granary_core::stats::ClusterReport>,
+        /// Files of the source the agent is still placing (queued or being copied).
+        #[serde(default)]
+        pending: u64,
+        /// A packed source: what of the pack was found damaged (partitions refused, files
+        /// whose bytes failed their checksum).
+        #[serde(default)]
+        pack_damage: Option<granary_core::stats::PackDamage>,
     },
     Status(AgentStatus),
     Stopping,
+    Cache {
+        /// Sources the agent holds a table of, and their jobs now.
+        in_use: Vec<CacheInUse>,
+        taken: Vec<CacheTaken>,
+        refused: Vec<CacheRefused>,
+        /// Every tier directory its sources use.
+        #[serde(default)]
+        tiers: Vec<PathBuf>,
+    },
     Error {
         message: String,
+        /// The attach failed because the pack's index is damaged: what the job's report says.
+        #[serde(default)]
+        pack_damage: Option<granary_core::stats::PackDamage>,
     },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheInUse {
+    pub id: String,
+    pub source: PathBuf,
+    pub jobs: usize,
+    /// The tier roots of its table.
+    #[serde(default)]
+    pub tiers: Vec<PathBuf>,
+}
+
+/// A source directory taken away: now at `trash`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheTaken {
+    pub dir: PathBuf,
+    pub trash: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheRefused {
+    pub dir: PathBuf,
+    pub reason: String,
 }
 
 /// `granary status --json`.
@@ -181,6 +230,45 @@ pub struct SourceStatus {
     /// What is wrong with its tiers (refused at the walk, lost since), as jobs are told.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// What the programs of every job on this source read, since the agent started.
+    #[serde(default)]
+    pub served: Served,
+}
+
+/// The programs' opens of a source's files and the bytes they read, by where they were served
+/// from, summed over jobs (`granary status`, the metrics file).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Served {
+    pub opens: u64,
+    pub tier_opens: u64,
+    pub tier_bytes: u64,
+    pub source_opens: u64,
+    pub source_bytes: u64,
+}
+
+impl Served {
+    /// A job's counters, from its slot of the table.
+    pub fn of_slot(t: &granary_shm::Table, slot: u32) -> Served {
+        use granary_shm::job;
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = |w: usize| t.counter(slot, w).map_or(0, |c| c.load(Relaxed));
+        let tiers = 0..granary_shm::layout::MAX_TIERS;
+        Served {
+            opens: c(job::OPENS),
+            tier_opens: tiers.clone().map(|i| c(job::TIER_FILES + i)).sum(),
+            tier_bytes: tiers.map(|i| c(job::TIER_BYTES + i)).sum(),
+            source_opens: c(job::SOURCE_OPENS),
+            source_bytes: c(job::SOURCE_BYTES),
+        }
+    }
+
+    pub fn add(&mut self, o: &Served) {
+        self.opens += o.opens;
+        self.tier_opens += o.tier_opens;
+        self.tier_bytes += o.tier_bytes;
+        self.source_opens += o.source_opens;
+        self.source_bytes += o.source_bytes;
+    }
 }
 
 /// Progress of an attach's validation (`catalog::validate`).
@@ -230,6 +318,15 @@ pub struct ClusterStatus {
     pub staging_free_files: u64,
     #[serde(default)]
     pub staging_free_bytes: u64,
+    /// Bytes of copies received here and checksummed, and the time the checksums took on one
+    /// thread (`hashing_ns / hashed_bytes`: the checksum's cost per byte on this node).
+    #[serde(default)]
+    pub hashed_bytes: u64,
+    #[serde(default)]
+    pub hashing_ns: u64,
+    /// Mappings of this rank's own copies kept for sending from (`cluster::maps`).
+    #[serde(default)]
+    pub maps_kept: u64,
     /// Files and bytes this rank holds of the dataset (as first owner or replica), all ranks
     /// together: the dataset as dealt out.
     pub files_owned: u64,
@@ -267,4 +364,9 @@ pub struct Beat {
     /// Files another rank was to send it that it read from the source instead.
     pub fallbacks: u64,
     pub jobs: u64,
+    /// Bytes of copies that went through a buffer on this rank instead of straight between
+    /// the owner's copy and the receiving one (a piece read into a buffer by the owner, or
+    /// received into one): 0 on the normal path.
+    #[serde(default)]
+    pub bounce_bytes: u64,
 }

@@ -1,5 +1,6 @@
-//! Human sizes (`8G`, `512M`, `1.5T`, `4096`) and durations (`30s`, `5m`, `250ms`).
-//! Units are binary: `1K` = 1024 bytes; `KiB`/`KB`/`K` all mean the same.
+//! Human sizes (`8G`, `512M`, `1.5T`, `4096`) and durations (`30s`, `5m`, `250ms`): one grammar
+//! for flags, the configuration file, variables and the docs. Units are binary: `1K` = 1024
+//! bytes; `KiB`/`KB`/`K` all mean the same; `K M G T P E`.
 
 /// Parses a size; `None` when it is not one. A fraction needs a unit (`1.5G`): `1.5` bytes is
 /// a typo, not a size.
@@ -24,6 +25,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
         "g" => 30,
         "t" => 40,
         "p" => 50,
+        "e" => 60,
         _ => return None,
     };
     if let Ok(n) = num.parse::<u64>() {
@@ -76,7 +78,7 @@ pub fn check_capacity(v: u64) -> Result<u64, String> {
 
 /// `42.1 GiB`-style rendering for messages and tables.
 pub fn format_size(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     if n < 1024 {
         return format!("{n} B");
     }
@@ -102,6 +104,7 @@ pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
         "ms" => v / 1000.0,
         "m" | "min" => v * 60.0,
         "h" => v * 3600.0,
+        "d" => v * 86400.0,
         _ => return None,
     };
     if !secs.is_finite() || secs < 0.0 {
@@ -127,6 +130,7 @@ mod tests {
         assert_eq!(parse_size("8X"), None);
         assert_eq!(parse_size("-1"), None);
         assert_eq!(parse_size("99999999999P"), None);
+        assert_eq!(parse_size("16E"), None, "beyond 64 bits");
         assert_eq!(parse_size("1.5"), None, "a fraction of a byte");
         assert_eq!(parse_size("0.5K"), Some(512));
     }
@@ -141,6 +145,14 @@ mod tests {
         assert!(e.contains("less than one 4 KiB block"), "{e}");
         let e = parse_capacity("100").unwrap_err();
         assert!(e.contains("less than one 4 KiB block"), "{e}");
+        assert_eq!(
+            parse_capacity("1E"),
+            Ok(1 << 60),
+            "the largest, as the docs say"
+        );
+        assert_eq!(parse_capacity("1EiB"), Ok(1 << 60));
+        let e = parse_capacity("2E").unwrap_err();
+        assert!(e.contains("more than 1 EiB"), "{e}");
         let e = parse_capacity("2000P").unwrap_err();
         assert!(e.contains("more than 1 EiB"), "{e}");
         let e = parse_capacity("lots").unwrap_err();
@@ -160,6 +172,10 @@ mod tests {
         assert_eq!(
             parse_duration("250ms"),
             Some(std::time::Duration::from_millis(250))
+        );
+        assert_eq!(
+            parse_duration("7d"),
+            Some(std::time::Duration::from_secs(7 * 86400))
         );
         assert_eq!(parse_duration("x"), None);
     }

@@ -34,6 +34,9 @@ pub struct AgentCounters {
     /// files placed ahead of the program.
     pub evictions: AtomicU64,
     pub prefetched: AtomicU64,
+    /// Files fetched ahead of a program reading their directory in name order
+    /// (`placement::ahead`).
+    pub read_ahead: AtomicU64,
     /// Files no tier had room for (SOURCE_ONLY or PARTIAL without a source call): not failures.
     pub no_room: AtomicU64,
     /// Chunks of PARTIAL files written to a tier, and their bytes.
@@ -176,6 +179,7 @@ impl AgentCounters {
             duplicate_bytes: l(&self.duplicate_bytes),
             evictions: l(&self.evictions),
             prefetched: l(&self.prefetched),
+            read_ahead: l(&self.read_ahead),
             no_room: l(&self.no_room),
             chunks_placed: l(&self.chunks_placed),
             chunk_bytes_placed: l(&self.chunk_bytes_placed),
@@ -216,6 +220,9 @@ pub struct PlacementStats {
     pub evictions: u64,
     #[serde(default)]
     pub prefetched: u64,
+    /// See `AgentCounters::read_ahead`.
+    #[serde(default)]
+    pub read_ahead: u64,
     /// See the `AgentCounters` fields of the same names.
     #[serde(default)]
     pub no_room: u64,
@@ -278,6 +285,7 @@ impl PlacementStats {
             duplicate_bytes: self.duplicate_bytes.saturating_sub(before.duplicate_bytes),
             evictions: self.evictions.saturating_sub(before.evictions),
             prefetched: self.prefetched.saturating_sub(before.prefetched),
+            read_ahead: self.read_ahead.saturating_sub(before.read_ahead),
             no_room: self.no_room.saturating_sub(before.no_room),
             chunks_placed: self.chunks_placed.saturating_sub(before.chunks_placed),
             chunk_bytes_placed: self
@@ -406,7 +414,12 @@ pub struct MmapReport {
 ///   "files_served_from_tiers": 0, "bytes_served_from_tiers": 0, "bytes_placed": 0,
 ///   "transient_drops": 0, "fallback": null, "warnings": [],
 ///   "mmap": {"tier_bytes": 0, "source_bytes": 0, "faulted_bytes": 0, "read_ahead_bytes": 0,
-///            "windows": 0, "lmdb_local_locks": 0}
+///            "windows": 0, "lmdb_local_locks": 0},
+///   "cluster": null,
+///   "pack_damage": null | {"pack": "/pfs/imagenet.granary", "files": 302,
+///                          "problems": ["…/part-00000: corrupt pack: … (truncated): 302 files in it"],
+///                          "index": false, "refused_opens": 0,
+///                          "verify": "granary pack verify /pfs/imagenet.granary"}
 /// }
 /// ```
 /// `opens` counts the program's opens of catalogued regular files; `source_io` what it did on
@@ -444,6 +457,16 @@ pub struct JobReport {
     /// missing source, an agent that could not be reached, … `None` when granary served it.
     #[serde(default)]
     pub fallback: Option<String>,
+    /// With `fallback`: what to do so that the next job is served.
+    #[serde(default)]
+    pub fix: Option<String>,
+    /// Files the agent was still placing when the job ended (a first run: the next job finds
+    /// them in the tiers).
+    #[serde(default)]
+    pub placing: u64,
+    /// The pack the job was served from (`--pack`), if any.
+    #[serde(default)]
+    pub pack: Option<String>,
     /// What kept granary from serving all of the job, each with its cause and its fix: inside
     /// granary (a tier refused or lost, an agent that stopped answering) or around it (no
     /// process of the program loaded the library, a container hid a tier, the source or the
@@ -455,6 +478,95 @@ pub struct JobReport {
     /// Cluster mode: which node of the serving job this job ran on (`None` on one node).
     #[serde(default)]
     pub cluster: Option<ClusterReport>,
+    /// The pack served to the job (`--pack`) turned out damaged (also one of `warnings`).
+    #[serde(default)]
+    pub pack_damage: Option<PackDamage>,
+}
+
+/// A pack served to the job (`--pack`) that turned out damaged: which, how many of its files
+/// could not be served from it, what is wrong, and the command that names every damaged file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackDamage {
+    /// The pack directory.
+    pub pack: String,
+    /// Files of the pack that cannot be served from it (found so far: the agent streams the
+    /// pack in the background): every file of a partition it refused (missing, cut, another
+    /// pack's, its header damaged) and each file whose bytes failed their checksum. With the
+    /// original tree they come from the source; with the pack alone (`--mount`) opening one
+    /// fails with EIO — never wrong bytes.
+    pub files: u64,
+    /// What is wrong: refused partitions first, then damaged files (the first few).
+    pub problems: Vec<String>,
+    /// The index is damaged: no file can be served from the pack (`files` is every file when
+    /// the index's header still says how many).
+    #[serde(default)]
+    pub index: bool,
+    /// The job's opens of packed files that failed with EIO because the pack's bytes could not
+    /// be checked (pack alone).
+    #[serde(default)]
+    pub refused_opens: u64,
+    /// The command that names every damaged file.
+    pub verify: String,
+}
+
+impl PackDamage {
+    pub fn new(pack: &std::path::Path) -> PackDamage {
+        PackDamage {
+            pack: pack.display().to_string(),
+            verify: format!("granary pack verify {}", pack.display()),
+            ..Default::default()
+        }
+    }
+
+    /// The job's warning: `mount` when only the pack holds the tree.
+    pub fn warning(&self, mount: bool) -> String {
+        let (it, they) = if self.files == 1 {
+            ("it", "it")
+        } else {
+            ("them", "they")
+        };
+        let what = match (self.index, self.files, mount) {
+            (true, _, false) => {
+                "its index cannot be read, so no file can be served from it: every file came \
+                 from the source (slower)"
+                    .to_string()
+            }
+            (true, _, true) => "its index cannot be read, so no file can be served".to_string(),
+            (false, n, true) => {
+                let opens = match self.refused_opens {
+                    0 => String::new(),
+                    1 => " (1 open failed)".to_string(),
+                    n => format!(" ({n} opens failed)"),
+                };
+                format!(
+                    "{} cannot be read from it: opening {it} fails with EIO{opens}",
+                    count(n)
+                )
+            }
+            (false, n, false) => format!(
+                "{} could not be read from it: {they} came from the source (slower)",
+                count(n)
+            ),
+        };
+        let first = self
+            .problems
+            .first()
+            .map(|p| format!(" [{p}]"))
+            .unwrap_or_default();
+        format!(
+            "pack {} is damaged: {what}{first}; `{}` names every damaged file; pack the source \
+             again",
+            self.pack, self.verify
+        )
+    }
+}
+
+fn count(files: u64) -> String {
+    match files {
+        0 => "some of its files".to_string(),
+        1 => "1 file".to_string(),
+        n => format!("{n} files"),
+    }
 }
 
 /// The node of a cluster-mode job a `granary run` attached to; the traffic between nodes is in
@@ -481,82 +593,117 @@ impl JobReport {
             .collect()
     }
 
-    /// The short table `granary run` prints on stderr.
+    /// The short table `granary run` prints on stderr: a first line that says whether granary
+    /// served the job, then where the program's opens were served from (the rows add up to
+    /// `opens`, but for opens that moved from the source to a copy as it landed), what was
+    /// placed, and the catalog. Sizes in binary units throughout (`format_size`).
     pub fn render(&self) -> String {
         use crate::size::format_size as sz;
         let mut s = String::new();
-        s.push_str(&format!(
-            "granary: {} — exit {} in {:.2} s{}\n",
-            self.source,
-            self.exit_status,
-            self.wall_time_s,
-            match (&self.fallback, self.disabled) {
-                (Some(why), _) => format!(" (without granary: {why})"),
-                (None, true) => " (without granary)".to_string(),
-                (None, false) => String::new(),
-            }
-        ));
+        let source = if self.source.is_empty() {
+            "(no source: no agent served one)"
+        } else {
+            &self.source
+        };
         if self.disabled {
+            s.push_str(&format!(
+                "granary: NOT SERVED — {}{}\n",
+                self.fallback.as_deref().unwrap_or("granary was disabled"),
+                self.fix
+                    .as_deref()
+                    .map(|f| format!("; fix: {f}"))
+                    .unwrap_or_default()
+            ));
+            s.push_str(&format!(
+                "granary: {source} — exit {} in {:.2} s, read directly by the program\n",
+                self.exit_status, self.wall_time_s
+            ));
             self.render_warnings(&mut s);
             return s;
         }
         s.push_str(&format!(
-            "  {:<28} {:>10} {:>12} {:>10} {:>12}\n",
-            "where", "files", "bytes", "placed", "bytes placed"
+            "granary: {source} — exit {} in {:.2} s; {} opens of dataset files\n",
+            self.exit_status, self.wall_time_s, self.opens
+        ));
+        s.push_str(&format!(
+            "  {:<40} {:>9} {:>11}\n",
+            "served from", "opens", "bytes read"
         ));
         for t in &self.tiers {
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12} {:>10} {:>12}\n",
-                format!("tier {} ({})", t.index, sz(t.capacity)),
+                "  {:<40} {:>9} {:>11}\n",
+                format!("tier {} {} ({})", t.index, t.path, sz(t.capacity)),
                 t.files_served,
-                sz(t.bytes_served),
-                t.files_placed,
-                sz(t.bytes_placed)
+                sz(t.bytes_served)
             ));
         }
+        let origin = match &self.pack {
+            Some(_) => "the source or the pack".to_string(),
+            None => format!("the source {source}"),
+        };
         s.push_str(&format!(
-            "  {:<28} {:>10} {:>12}   reads {}, metadata calls {}\n",
-            "source (program)",
+            "  {:<40} {:>9} {:>11}   {} reads, {} metadata calls\n",
+            origin,
             self.source_io.opens,
             sz(self.source_io.bytes),
             self.source_io.reads,
             self.source_io.metadata_calls
         ));
+        let p = &self.placement;
         s.push_str(&format!(
-            "  {:<28} {:>10} {:>12}   placement failures {}\n",
-            "source (agent copies)",
-            self.placement.agent_source_opens,
-            sz(self.placement.agent_source_bytes),
-            self.placement.failures
+            "  placed for this job: {} files, {}",
+            p.files_placed,
+            sz(p.bytes_placed)
         ));
-        s.push_str(&format!(
-            "  {:<28} {:>10} {:>12}   duplicate source bytes {}\n",
-            "bytes from page cache",
-            "",
-            sz(self.placement.page_cache_bytes),
-            sz(self.placement.duplicate_bytes)
-        ));
-        if self.placement.prefetched + self.placement.evictions > 0 {
+        if self.placing > 0 {
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12}   evictions {}\n",
-                "prefetched (known order)", self.placement.prefetched, "", self.placement.evictions
+                "; {} files still being placed in the background (the next job finds them \
+                 in the tiers)",
+                self.placing
             ));
         }
+        s.push('\n');
         s.push_str(&format!(
-            "  {:<28} {:>10} {:>12}   no room {}, backoffs {}\n",
-            "chunks placed (partial)",
-            self.placement.chunks_placed,
-            sz(self.placement.chunk_bytes_placed),
-            self.placement.no_room,
-            self.placement.backoffs
+            "  read by the agent from {}: {} files, {}; {} taken from the page cache, {} read \
+             twice, {} failures\n",
+            if self.pack.is_some() {
+                "the pack"
+            } else {
+                "the source"
+            },
+            p.agent_source_opens,
+            sz(p.agent_source_bytes),
+            sz(p.page_cache_bytes),
+            sz(p.duplicate_bytes),
+            p.failures
         ));
+        if p.prefetched + p.evictions > 0 {
+            s.push_str(&format!(
+                "  known order: {} files placed ahead of the program, {} evicted\n",
+                p.prefetched, p.evictions
+            ));
+        }
+        if p.read_ahead > 0 {
+            s.push_str(&format!(
+                "  read ahead in name order: {} files placed before the program opened them\n",
+                p.read_ahead
+            ));
+        }
+        if p.chunks_placed + p.no_room + p.backoffs > 0 {
+            s.push_str(&format!(
+                "  files larger than the room left: {} chunks placed ({}); {} files with no \
+                 room; {} backoffs\n",
+                p.chunks_placed,
+                sz(p.chunk_bytes_placed),
+                p.no_room,
+                p.backoffs
+            ));
+        }
         let m = &self.mmap;
         if m.tier_bytes + m.source_bytes + m.read_ahead_bytes + m.lmdb_local_locks > 0 {
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12}   from the source {} (faulted by the program {}), \
-                 read ahead {} in {} windows\n",
-                "mapped, from tiers",
-                "",
+                "  mapped: {} from tiers, {} from the source ({} faulted by the program), {} \
+                 read ahead in {} windows\n",
                 sz(m.tier_bytes),
                 sz(m.source_bytes),
                 sz(m.faulted_bytes),
@@ -571,10 +718,11 @@ impl JobReport {
             ));
         }
         if let Some(c) = &self.cluster {
-            let p = &self.placement;
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12}   sent to other nodes {} ({}), from the source instead {}\n",
-                format!("other nodes (rank {} of {})", c.rank, c.ranks),
+                "  other nodes (rank {} of {}): {} files ({}) received, {} ({}) sent, {} read \
+                 from the source instead\n",
+                c.rank,
+                c.ranks,
                 p.remote_files,
                 sz(p.remote_bytes),
                 p.peer_files,
@@ -582,9 +730,7 @@ impl JobReport {
                 p.remote_fallbacks
             ));
             s.push_str(&format!(
-                "  {:<28} {:>10} {:>12}   (program {} + agent {})\n",
-                "PFS bytes on this node",
-                "",
+                "  PFS bytes on this node: {} (program {} + agent {})\n",
                 sz(self.source_io.bytes + p.agent_source_bytes),
                 sz(self.source_io.bytes),
                 sz(p.agent_source_bytes)
@@ -606,8 +752,13 @@ impl JobReport {
         ));
         let c = &self.catalog;
         if c.pack_files + c.pack_dirs_checked > 0 {
+            let damaged = match &self.pack_damage {
+                Some(d) => format!("; DAMAGED: {} of its files cannot be read from it", d.files),
+                None => String::new(),
+            };
             s.push_str(&format!(
-                "  pack: {} files from the pack, {} from the source; {} dirs checked, {} changed\n",
+                "  pack: {} files from the pack, {} from the source; {} dirs checked, {} \
+                 changed{damaged}\n",
                 c.pack_files, c.pack_source_files, c.pack_dirs_checked, c.pack_dirs_changed
             ));
         }

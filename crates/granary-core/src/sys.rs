@@ -44,6 +44,16 @@ pub fn may_list(path: &Path) -> bool {
     unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::R_OK | libc::X_OK, 0) == 0 }
 }
 
+/// These credentials may create files in directory `path` (the kernel decides, ACLs and
+/// read-only mounts included).
+pub fn may_write_in(path: &Path) -> bool {
+    let Ok(c) = cstr(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated path; faccessat only reads it.
+    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK | libc::X_OK, 0) == 0 }
+}
+
 /// The same record for an open file: what the fd holds (to compare with the catalog).
 pub fn statx_fd(f: &impl AsRawFd) -> io::Result<StatRec> {
     statx_at(f.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
@@ -166,6 +176,15 @@ pub fn rename_at(dir: &OwnedFd, from: &[u8], to: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Moves `name` from directory `from` to directory `to` (the same name; both fds verified
+/// directories, so no path is followed). Fails with `EXDEV` across file systems.
+pub fn rename_between(from: &OwnedFd, to: &OwnedFd, name: &[u8]) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: the name is NUL-terminated and relative to two open directory fds.
+    check(unsafe { libc::renameat(from.as_raw_fd(), c.as_ptr(), to.as_raw_fd(), c.as_ptr()) })?;
+    Ok(())
+}
+
 pub fn unlink_at(dir: &OwnedFd, name: &[u8]) -> io::Result<()> {
     let c = cstr(name)?;
     // SAFETY: c is NUL-terminated, dir is an open directory fd.
@@ -180,6 +199,10 @@ pub struct CopyStat {
     pub size: u64,
     pub ino: u64,
     pub ctime_ns: u64,
+    /// Owner and bytes allocated (`st_blocks` × 512), for `granary cache`.
+    pub uid: u32,
+    pub allocated: u64,
+    pub mtime_s: i64,
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` of a copy: type, size and identity.
@@ -203,6 +226,9 @@ pub fn copy_stat_at(dir: &OwnedFd, name: &[u8]) -> io::Result<CopyStat> {
         ctime_ns: (st.st_ctime as u64)
             .wrapping_mul(1_000_000_000)
             .wrapping_add(st.st_ctime_nsec as u64),
+        uid: st.st_uid,
+        allocated: st.st_blocks as u64 * 512,
+        mtime_s: st.st_mtime,
     })
 }
 
@@ -214,6 +240,16 @@ pub fn free_space(path: &Path) -> io::Result<u64> {
     // SAFETY: NUL-terminated path, writable out-buffer.
     check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// The size of the file system holding `path`, all of it.
+pub fn fs_size(path: &Path) -> io::Result<u64> {
+    let c = cstr(path.as_os_str().as_bytes())?;
+    // SAFETY: zeroed statvfs is a valid out-buffer.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: NUL-terminated path, writable out-buffer.
+    check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    Ok(st.f_blocks as u64 * st.f_frsize as u64)
 }
 
 /// The login name of this process's uid (`getpwuid_r`), for default cache directory names;

@@ -5,12 +5,17 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
-    #[error("{path}: {source}")]
+    /// The cause is shown in the message (and not also as the error's source, so that a
+    /// chain printed with `{:#}` names it once).
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
+    /// What was named as a pack is not one (no index, or not a pack's index): a usage error,
+    /// not damage.
+    #[error("{path}: not a granary pack ({why})")]
+    NotAPack { path: PathBuf, why: String },
     /// The pack's bytes are not what the format allows (damaged, truncated or hostile).
     #[error("{path}: corrupt pack: {what}")]
     Corrupt { path: PathBuf, what: String },
@@ -30,17 +35,27 @@ pub enum PackError {
     /// Bad arguments or a file list naming something the pack cannot hold.
     #[error("{0}")]
     Invalid(String),
+    /// The caller asked the pack to stop (`Progress::stop`): nothing was left behind.
+    #[error("interrupted; the partial pack was removed")]
+    Interrupted,
 }
 
 pub type Result<T, E = PackError> = std::result::Result<T, E>;
 
 impl PackError {
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> PackError {
+    pub fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> PackError {
         PackError::Io {
             path: path.into(),
-            source,
+            cause,
         }
     }
+    /// True when the pack's own bytes are at fault (damaged, truncated, a partition missing):
+    /// `granary pack verify` names what; other errors are the caller's (a path that is not a
+    /// pack, a newer format, a file not in the pack) or the system's.
+    pub fn is_damage(&self) -> bool {
+        matches!(self, PackError::Corrupt { .. })
+    }
+
     pub fn corrupt(path: impl Into<PathBuf>, what: impl Into<String>) -> PackError {
         PackError::Corrupt {
             path: path.into(),

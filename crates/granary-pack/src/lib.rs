@@ -9,6 +9,7 @@ pub mod error;
 pub mod format;
 pub mod index;
 pub mod listing;
+pub mod locate;
 pub mod partition;
 pub mod reader;
 mod sys;
@@ -21,10 +22,11 @@ pub use index::Index;
 pub use reader::Pack;
 pub use writer::{pack, Options, Progress, Summary};
 
-/// Maps a pack's index file and checks it (the way a server loads it: no copy, no decoding
-/// beyond one validating pass).
-pub fn map_index(path: &std::path::Path) -> Result<Index<memmap2::Mmap>> {
-    let f = std::fs::File::open(path).map_err(|e| PackError::io(path, e))?;
-    let m = sys::map_file(&f).map_err(|e| PackError::io(path, e))?;
-    Index::parse(m, path)
+/// Maps the index of the pack directory `dir` and checks it (the way a server loads it: no
+/// copy, no decoding beyond one validating pass). A `dir` that is no pack is
+/// `PackError::NotAPack` (`locate::open_index`).
+pub fn map_index(dir: &std::path::Path) -> Result<Index<memmap2::Mmap>> {
+    let (path, f) = locate::open_index(dir)?;
+    let m = sys::map_file(&f).map_err(|e| PackError::io(&path, e))?;
+    Index::parse(m, &path)
 }

@@ -23,7 +23,12 @@ pub fn open(
     index: &IndexHeader,
     rec: &PartitionRec,
 ) -> Result<Partition> {
-    let file = File::open(path).map_err(|e| PackError::io(path, e))?;
+    let file = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            PackError::corrupt(path, "missing (the pack is incomplete)")
+        }
+        _ => PackError::io(path, e),
+    })?;
     check(file, path, number, index, rec)
 }
 

@@ -338,6 +338,7 @@ pub fn extract(g: &Guard, e: &EntryRec, loc: &Locator, flags: c_int) -> Result<c
         0,
     ));
     if part.0 < 0 || !partition_ok(g, part.0, loc.partition) {
+        g.count(job::PACK_REFUSED, 1);
         return Err(libc::EIO);
     }
     g.count(job::SOURCE_OPENS, 1);
@@ -368,6 +369,7 @@ pub fn extract(g: &Guard, e: &EntryRec, loc: &Locator, flags: c_int) -> Result<c
                 g.table.name(e).unwrap_or(b"?"),
             ]);
         }
+        g.count(job::PACK_REFUSED, 1);
         return Err(libc::EIO);
     }
     drop(out);

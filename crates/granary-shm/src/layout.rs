@@ -710,6 +710,10 @@ pub mod job {
     pub const MAP_LOCAL_BYTES: usize = TRANSIENT_DROPS + 7;
     pub const MAP_SOURCE_BYTES: usize = TRANSIENT_DROPS + 8;
     pub const MAP_FAULTED_BYTES: usize = TRANSIENT_DROPS + 9;
+    /// Opens of packed files that failed with EIO because the pack's bytes could not be used
+    /// (a partition missing, cut or another pack's, or the file's bytes failing their
+    /// checksum) and nothing else holds them (the pack alone, `--mount`).
+    pub const PACK_REFUSED: usize = TRANSIENT_DROPS + 10;
     pub const WORDS: usize = TRANSIENT_DROPS + 12;
 }
 
@@ -741,7 +745,7 @@ pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 const _: () = assert!(ENTRY_LEN == 88);
 const _: () = assert!(CLASS_LEN == 56);
 const _: () = assert!(job::EXECS < job::MAP_LOCAL_BYTES);
-const _: () = assert!(job::MAP_FAULTED_BYTES < job::WORDS);
+const _: () = assert!(job::PACK_REFUSED < job::WORDS);
 const _: () = assert!(H_TIER_DIR_IDS + 16 * MAX_TIERS <= PATHS_OFF);
 const _: () = assert!(H_EPOCH + 8 <= H_PACK_OFF && H_PACK_OFF + 8 <= H_TIER_DIR_IDS);
 const _: () = assert!(HEADER_LEN % 4096 == 0);

@@ -16,6 +16,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use granary_agent::job::program::{launcher, Launcher};
 
 /// The variables a process of the job needs, as `granary run` gives them to the program.
 pub const JOB_VARS: [&str; 5] = [
@@ -87,28 +88,4 @@ pub fn job_env(
             cmd.env(format!("{p}{k}"), v);
         }
     }
-}
-
-/// Container launchers `granary run` may start, by their program name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Launcher {
-    Apptainer,
-    Docker,
-    Podman,
-    Bwrap,
-    Enroot,
-    Env,
-}
-
-pub fn launcher(program: &OsStr) -> Option<Launcher> {
-    let name = Path::new(program).file_name()?.to_str()?;
-    Some(match name {
-        "apptainer" | "singularity" => Launcher::Apptainer,
-        "docker" | "nerdctl" => Launcher::Docker,
-        "podman" => Launcher::Podman,
-        "bwrap" => Launcher::Bwrap,
-        "enroot" => Launcher::Enroot,
-        "env" => Launcher::Env,
-        _ => return None,
-    })
 }

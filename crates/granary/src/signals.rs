@@ -8,7 +8,8 @@
 //! the kernel sent to the whole foreground process group (Ctrl-C, a terminal hangup, a window
 //! resize: the program, in the same group, got it already); a SIGPIPE `granary run` caused
 //! itself. `granary demo` uses the same handlers and also notes an interruption (`interrupted`),
-//! so it can clean up what it created and stop.
+//! so it can clean up what it created and stop; `granary pack` catches only the interruptions
+//! (`catch_stop_signals`), removes its temporary pack and ends by the signal.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
@@ -16,8 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// Signals received while there was no program (bit `sig - 1`), forwarded when it starts.
 static PENDING: AtomicU64 = AtomicU64::new(0);
-/// SIGINT, SIGTERM or SIGHUP arrived (`granary demo` stops and cleans up).
+/// SIGINT, SIGTERM or SIGHUP arrived (`granary demo` and `granary pack` stop and clean up).
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// The first of them that arrived (0: none), for `die_by`.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// Every signal that is forwarded.
 pub fn forwarded() -> Vec<libc::c_int> {
@@ -61,6 +64,7 @@ extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut l
         return;
     }
     if matches!(sig, libc::SIGINT | libc::SIGTERM | libc::SIGHUP) {
+        let _ = STOP_SIGNAL.compare_exchange(0, sig, Ordering::Relaxed, Ordering::Relaxed);
         INTERRUPTED.store(true, Ordering::Relaxed);
     }
     let pid = CHILD.load(Ordering::Acquire);
@@ -98,7 +102,11 @@ extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut l
 /// Installs the forwarding handlers; signals that arrive before `started` are held for the
 /// program. Call just before spawning it.
 pub fn install() {
-    for sig in forwarded() {
+    install_for(&forwarded());
+}
+
+fn install_for(signals: &[libc::c_int]) {
+    for &sig in signals {
         // SAFETY: a zeroed sigaction with an empty mask is valid; the handler only uses
         // atomics, getpid and kill, all async-signal-safe.
         unsafe {
@@ -152,4 +160,31 @@ pub fn set_child(pid: u32) {
 /// True once SIGINT/SIGTERM/SIGHUP arrived.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// `granary pack`: SIGINT, SIGTERM and SIGHUP no longer end this process; they are noted
+/// (`interrupted`), so it can remove what it wrote, and it then ends by the same signal
+/// (`die_by_stop_signal`). Every other signal keeps its default action.
+pub fn catch_stop_signals() {
+    install_for(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
+}
+
+/// Ends the process by the SIGINT, SIGTERM or SIGHUP that interrupted it, with its default
+/// action, as if it had never been caught (a shell sees 128 + the signal; a parent, the
+/// signal); 1 if none arrived.
+pub fn die_by_stop_signal() -> ! {
+    let sig = STOP_SIGNAL.load(Ordering::Relaxed);
+    if sig != 0 {
+        // SAFETY: restores one signal's default action, unblocks it and sends it to this
+        // process; the process ends there.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+    }
+    std::process::exit(if sig != 0 { 128 + sig } else { 1 })
 }

@@ -15,26 +15,21 @@ import sys
 import threading
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("root")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=4)
-    ap.add_argument("--every", type=int, default=0)
-    args = ap.parse_args()
-
+def read_tree(root: str, seed: int = 0, threads: int = 4, every: int = 0):
+    """The tree's listing ([rel, kind], sorted) and every file's sha256 by relative path, and
+    the errors met."""
     listing, files = [], []
-    for d, dirs, names in os.walk(args.root):
+    for d, dirs, names in os.walk(root):
         for n in dirs:
-            listing.append([os.path.relpath(os.path.join(d, n), args.root), "dir"])
+            listing.append([os.path.relpath(os.path.join(d, n), root), "dir"])
         for n in names:
             p = os.path.join(d, n)
             kind = "link" if os.path.islink(p) else "file"
-            listing.append([os.path.relpath(p, args.root), kind])
+            listing.append([os.path.relpath(p, root), kind])
             if kind == "file":
                 files.append(p)
     listing.sort()
-    random.Random(args.seed).shuffle(files)
+    random.Random(seed).shuffle(files)
 
     todo: "queue.Queue[str]" = queue.Queue()
     for f in files:
@@ -54,15 +49,26 @@ def main() -> None:
                 errors.append(f"{p}: {e}")
                 continue
             with lock:
-                sums[os.path.relpath(p, args.root)] = h
-                if args.every and len(sums) % args.every == 0:
+                sums[os.path.relpath(p, root)] = h
+                if every and len(sums) % every == 0:
                     print(json.dumps({"progress": len(sums)}), flush=True)
 
-    threads = [threading.Thread(target=worker) for _ in range(args.threads)]
-    for t in threads:
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
         t.start()
-    for t in threads:
+    for t in pool:
         t.join()
+    return listing, sums, errors
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("root")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--every", type=int, default=0)
+    args = ap.parse_args()
+    listing, sums, errors = read_tree(args.root, args.seed, args.threads, args.every)
     if errors:
         print("\n".join(errors), file=sys.stderr)
         sys.exit(1)

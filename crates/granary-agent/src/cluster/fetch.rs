@@ -79,17 +79,31 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
         Some(st) if !node.own.holds(node.rank, idx) => vec![st],
         _ => (0..ctx.tiers.placeable()).collect(),
     };
-    let owners: Vec<u32> = node
+    let mut owners: Vec<u32> = node
         .own
         .owners(idx)
         .into_iter()
         .filter(|&r| r != node.rank && node.peers.alive(r))
         .collect();
-    let got = if owners.is_empty() {
+    // Every owner written off: the file's stand-in reads it from the source once and serves
+    // it (this rank, if it is the stand-in: below).
+    if owners.is_empty() && !node.own.holds(node.rank, idx) {
+        owners.extend(node.stand_in(idx).filter(|&r| r != node.rank));
+    }
+    let mut got = if owners.is_empty() {
         Got::Source
     } else {
         remote(node, ctx, idx, &e, &tiers, &owners)
     };
+    // Its owners went silent during this request: their stand-in, now.
+    if matches!(got, Got::Source) && !node.own.holds(node.rank, idx) {
+        if let Some(s) = node
+            .stand_in(idx)
+            .filter(|s| *s != node.rank && !owners.contains(s))
+        {
+            got = remote(node, ctx, idx, &e, &tiers, &[s]);
+        }
+    }
     match got {
         Got::Placed(out) | Got::Outcome(out) => out,
         Got::Source => {
@@ -178,7 +192,11 @@ fn remote(
                 // A packed file is checked against the index's checksum itself, not only the
                 // owner's word for it.
                 let sum = ctx.table.locator(idx).map_or(sum, |l| l.checksum.max(1));
-                return match rx.finish(sum) {
+                let done = rx.finish(sum);
+                node.hashed_bytes.fetch_add(rx.written(), Ordering::Relaxed);
+                node.hashing_ns
+                    .fetch_add(rx.hashing().as_nanos() as u64, Ordering::Relaxed);
+                return match done {
                     Ok(out) => {
                         tracing::debug!(
                             "entry {idx}: {} bytes from rank {owner} in {:?}",
@@ -213,7 +231,7 @@ fn remote(
             }
             Err(Failure::Silent) => {
                 tracing::debug!("rank {owner} did not send entry {idx} in time");
-                node.peers.failed(owner);
+                node.write_off(owner);
                 if rx.written() > 0 {
                     // Part of the copy came from it: start over from the source.
                     rx.abandon(&ReceiveError::Mismatch("sender"));
@@ -297,6 +315,7 @@ fn transfer(
                     arrived(node, idx, len as u64);
                 }
                 Ok(Event::Data(buf)) => {
+                    node.bounce.fetch_add(buf.len() as u64, Ordering::Relaxed);
                     let r = rx.append(&buf);
                     arrived(node, idx, buf.len() as u64);
                     node.comm.bufs.put(buf);

@@ -19,6 +19,7 @@
 
 mod config;
 mod fetch;
+mod maps;
 #[cfg(feature = "mpi")]
 mod mpi;
 pub mod ownership;
@@ -94,6 +95,14 @@ pub struct Node {
     pub copies_pending: AtomicU64,
     /// Entries other ranks told this one were changed (written, removed) on the source.
     pub invalidations: AtomicU64,
+    /// Bytes of copies that went through a buffer here (sent or received): 0 on the normal
+    /// path, where MPI moves them between the two copies' mappings.
+    pub bounce: AtomicU64,
+    /// Copies received and checksummed: bytes, and the time the checksums took (one thread).
+    pub hashed_bytes: AtomicU64,
+    pub hashing_ns: AtomicU64,
+    /// Mappings of this rank's own copies, kept for sending from.
+    maps: maps::Maps,
     pub replicate: Vec<String>,
     replicas: u32,
     /// `held`'s last count: when, files, bytes.
@@ -151,6 +160,10 @@ impl Node {
             cancelled: Mutex::default(),
             copies_pending: AtomicU64::new(0),
             invalidations: AtomicU64::new(0),
+            bounce: AtomicU64::new(0),
+            hashed_bytes: AtomicU64::new(0),
+            hashing_ns: AtomicU64::new(0),
+            maps: maps::Maps::default(),
             replicate: s.replicate,
             replicas: s.replicas,
             held: Mutex::default(),
@@ -174,6 +187,15 @@ impl Node {
                 .name("cluster-copies".into())
                 .spawn(move || n.copy_others())?;
         }
+        {
+            let n = node.clone();
+            std::thread::Builder::new()
+                .name("cluster-maps".into())
+                .spawn(move || {
+                    granary_core::sys::sched_idle();
+                    n.warm_maps();
+                })?;
+        }
         if let Some(st) = node.staging_tier {
             // Staging files are recycled (staging.rs): leases tell when nobody else has one open.
             granary_core::sys::ignore_lease_breaks();
@@ -190,6 +212,41 @@ impl Node {
                 })?;
         }
         Ok(node)
+    }
+
+    /// Keeps the mappings of this rank's own copies on tiers in memory made and populated
+    /// (`maps`), a pass whenever the copies it holds changed (and every half minute, to drop
+    /// those of copies gone).
+    fn warm_maps(&self) {
+        let ctx = &self.ctx;
+        let memory: Vec<bool> = (0..ctx.tiers.len())
+            .map(|t| {
+                Some(t) != self.staging_tier
+                    && ctx
+                        .object_dirs
+                        .get(t)
+                        .and_then(|d| d.as_ref())
+                        .is_some_and(granary_core::sys::is_memory_fs)
+            })
+            .collect();
+        let stopping = || self.agent.stopping.load(Ordering::Acquire);
+        let mut seen = None;
+        let mut at = std::time::Instant::now();
+        while !stopping() {
+            let held = self.held();
+            if seen != Some(held) || at.elapsed() > Duration::from_secs(30) {
+                seen = Some(held);
+                at = std::time::Instant::now();
+                self.maps.warm(
+                    ctx,
+                    &memory,
+                    |idx| self.own.holds(self.rank, idx),
+                    |idx, tier, object, size| provide::open_copy(self, idx, tier, object, size),
+                    &stopping,
+                );
+            }
+            std::thread::sleep(HELD_EVERY);
+        }
     }
 
     /// A pack: this rank's partition streamers, reading its own stretch of the pack only.
@@ -267,17 +324,48 @@ impl Node {
         }
     }
 
-    /// Sends this rank's numbers to every other rank every `BEAT_PERIOD` (they also tell the
-    /// others it is alive).
+    /// Liveness (`peers`: a ring): every `BEAT_PERIOD` a heartbeat with this rank's numbers to
+    /// its successor, and a look at its predecessor, written off (and every rank told) when
+    /// silent for `SUSPECT_AFTER`.
     fn heartbeats(&self) {
+        let mut last = std::time::Instant::now();
         while !self.agent.stopping.load(Ordering::Acquire) {
-            let b = self.beat();
-            for r in (0..self.ranks).filter(|&r| r != self.rank) {
-                self.comm.ctrl(r, &Msg::Heartbeat(b));
+            // This thread was stopped itself (SIGSTOP, a frozen VM): the predecessor's silence
+            // meanwhile says nothing, watch it afresh.
+            if last.elapsed() > 4 * peers::BEAT_PERIOD {
+                self.peers.rewatch();
             }
+            last = std::time::Instant::now();
+            let b = self.beat();
             self.peers.beat(self.rank, b);
+            if let Some(next) = self.peers.successor() {
+                self.comm.quiet(next, &Msg::Heartbeat(b));
+            }
+            if let Some(dead) = self.peers.check() {
+                tracing::warn!(
+                    "rank {dead} silent for {:?}: written off",
+                    peers::SUSPECT_AFTER
+                );
+                self.tell_down(dead);
+            }
             std::thread::sleep(peers::BEAT_PERIOD);
         }
+    }
+
+    /// `rank` did not deliver in time: written off here, and every other rank told.
+    pub fn write_off(&self, rank: u32) {
+        if self.peers.failed(rank) {
+            self.tell_down(rank);
+        }
+    }
+
+    fn tell_down(&self, rank: u32) {
+        for r in (0..self.ranks).filter(|&r| r != self.rank && r != rank) {
+            self.comm.quiet(r, &Msg::Down { rank });
+        }
+        // It may only be stopped: when it continues, it learns it was written off and says it
+        // is back.
+        self.comm.quiet(rank, &Msg::Down { rank });
     }
 
     /// Complete copies in this rank's own tiers (not staging): one pass over the table, at most
@@ -317,6 +405,7 @@ impl Node {
             pfs_bytes: p.agent_source_bytes,
             fallbacks: p.remote_fallbacks,
             jobs: self.agent.jobs.load(Ordering::Acquire).saturating_sub(1) as u64,
+            bounce_bytes: self.bounce.load(Ordering::Relaxed),
         }
     }
 
@@ -362,6 +451,21 @@ impl Node {
         }
     }
 
+    /// Who reads `idx` from the source and serves it while every rank holding it is written
+    /// off (dead, or stopped): the first live rank after its first owner on the ring, so a
+    /// dead rank's files are read from the source once for the job, not once per node that
+    /// wants them. `None` while an owner is alive (or nobody holds the file).
+    pub fn stand_in(&self, idx: u32) -> Option<u32> {
+        let owners = self.own.owners(idx);
+        let first = *owners.first()?;
+        if owners.iter().any(|&r| self.peers.alive(r)) {
+            return None;
+        }
+        (1..self.ranks)
+            .map(|k| (first + k) % self.ranks)
+            .find(|&r| self.peers.alive(r))
+    }
+
     /// Provider side: was the transfer `(from, tag)` cancelled? `forget` clears the mark.
     fn cancelled(&self, from: u32, tag: i32, keep: bool) -> bool {
         let mut c = self.cancelled.lock().unwrap_or_else(|e| e.into_inner());
@@ -390,6 +494,17 @@ impl ServingNode for Node {
             }
         }
         self.peers.beat(self.rank, self.beat());
+        // The other ranks' numbers, asked for now (liveness does not carry them): every live
+        // rank answers with a heartbeat, waited for a moment at most.
+        let mark = self.peers.mark();
+        let others: Vec<u32> = (0..self.ranks)
+            .filter(|&r| r != self.rank && self.peers.alive(r))
+            .collect();
+        for &r in &others {
+            self.comm.quiet(r, &Msg::Ask);
+        }
+        self.peers
+            .await_beats(&others, mark, Duration::from_millis(300));
         let free = self.staging.free();
         ClusterStatus {
             rank: self.rank,
@@ -405,6 +520,9 @@ impl ServingNode for Node {
             staging_recycled: self.staging.recycled(),
             staging_free_files: free.0,
             staging_free_bytes: free.1,
+            hashed_bytes: self.hashed_bytes.load(Ordering::Relaxed),
+            hashing_ns: self.hashing_ns.load(Ordering::Relaxed),
+            maps_kept: self.maps.len() as u64,
             files_owned: files,
             bytes_owned: bytes,
             peers: (0..self.ranks)
@@ -493,7 +611,23 @@ impl Inbox for Node {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert((from, tag));
             }
-            Msg::Heartbeat(b) => self.peers.beat(from, b),
+            Msg::Heartbeat(b) => {
+                self.peers.beat(from, b);
+            }
+            Msg::Ask => self.comm.quiet(from, &Msg::Heartbeat(self.beat())),
+            Msg::Down { rank } if rank == self.rank => {
+                // Written off by `from` (this rank was stopped, or slow): back, tell everyone.
+                tracing::info!("rank {from} wrote this rank off: telling every rank it is back");
+                let b = self.beat();
+                for r in (0..self.ranks).filter(|&r| r != self.rank) {
+                    self.comm.quiet(r, &Msg::Heartbeat(b));
+                }
+            }
+            Msg::Down { rank } => {
+                if self.peers.failed(rank) {
+                    tracing::info!("rank {from} wrote rank {rank} off");
+                }
+            }
             Msg::Invalidate { idx, object, gone } => {
                 let t = &self.ctx.table;
                 if t.entry(idx).is_some_and(|e| e.object == object) {
@@ -515,6 +649,6 @@ impl Inbox for Node {
     }
 
     fn failed(&self, rank: u32) {
-        self.peers.failed(rank);
+        self.write_off(rank);
     }
 }

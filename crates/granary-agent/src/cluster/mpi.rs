@@ -153,6 +153,8 @@ struct Send {
     credit: u64,
     to: u32,
     since: Instant,
+    /// Liveness traffic: its completion is not activity.
+    quiet: bool,
 }
 
 struct Expecting {
@@ -198,8 +200,9 @@ impl Loop {
     fn run(&mut self, cmds: &Receiver<Cmd>) {
         // Naps double from BUSY_NAP after each activity, up to ACTIVE_NAP while a transfer is
         // awaited or anything happened within ACTIVE_FOR (a job is reading: a request or a
-        // piece is answered within that), up to IDLE_NAP otherwise (an idle rank wakes a few
-        // hundred times a second; a command wakes the thread at once).
+        // piece is answered within that), up to IDLE_NAP otherwise. Liveness traffic
+        // (heartbeats, status questions) is not activity: an idle rank stays at IDLE_NAP. A
+        // command of this node (a request a program is waiting for) wakes the thread at once.
         let mut nap = BUSY_NAP;
         let mut last = Instant::now();
         loop {
@@ -207,10 +210,7 @@ impl Loop {
             loop {
                 match cmds.try_recv() {
                     Ok(Cmd::Stop) | Err(TryRecvError::Disconnected) => return,
-                    Ok(cmd) => {
-                        self.command(cmd);
-                        moved = true;
-                    }
+                    Ok(cmd) => moved |= self.command(cmd),
                     Err(TryRecvError::Empty) => break,
                 }
             }
@@ -226,23 +226,29 @@ impl Loop {
             match cmds.recv_timeout(nap.min(cap)) {
                 Ok(Cmd::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                 Ok(cmd) => {
-                    self.command(cmd);
-                    nap = BUSY_NAP;
-                    last = Instant::now();
+                    if self.command(cmd) {
+                        nap = BUSY_NAP;
+                        last = Instant::now();
+                    }
                 }
                 Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(IDLE_NAP),
             }
         }
     }
 
-    fn command(&mut self, cmd: Cmd) {
+    /// Carries out `cmd`; true if it is activity (anything but liveness traffic).
+    fn command(&mut self, cmd: Cmd) -> bool {
         match cmd {
             Cmd::Send {
                 to,
                 tag,
                 data,
                 credit,
-            } => self.send(to, tag, data, credit),
+            } => self.send(to, tag, data, credit, false),
+            Cmd::Quiet { to, data } => {
+                self.send(to, CTRL, Payload::Owned(data), 0, true);
+                return false;
+            }
             Cmd::Expect { from, tag, sink } => {
                 self.expect.insert(
                     (from, tag),
@@ -270,9 +276,10 @@ impl Loop {
             Cmd::Forget { from, tag } => self.forget(from, tag),
             Cmd::Stop => {}
         }
+        true
     }
 
-    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64) {
+    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64, quiet: bool) {
         let mut req = null_request();
         let (ptr, len) = data.bytes();
         // SAFETY: the bytes belong to `data` (a buffer, or a mapping held by its Arc), which
@@ -301,11 +308,13 @@ impl Loop {
             credit,
             to,
             since: Instant::now(),
+            quiet,
         });
     }
 
     /// Matches arriving messages: control messages are received at once (small, already
-    /// here), data into a pooled buffer of exactly its size. True if any arrived.
+    /// here), data into a pooled buffer of exactly its size. True if any arrived but liveness
+    /// traffic.
     fn probe(&mut self) -> bool {
         let mut any = false;
         // MPI_Improbe matches what earlier progress queued, then progresses: what arrived
@@ -335,7 +344,6 @@ impl Loop {
             if rc != 0 || flag == 0 {
                 break;
             }
-            any = true;
             let (from, tag) = (st.MPI_SOURCE as u32, st.MPI_TAG);
             let mut count = 0;
             // SAFETY: `st` is the status MPI_Improbe just filled.
@@ -354,7 +362,9 @@ impl Loop {
                     self.inbox.failed(from);
                     continue;
                 }
-                match Msg::decode(&buf) {
+                let msg = Msg::decode(&buf);
+                any |= !matches!(msg, Ok(ref m) if m.liveness());
+                match msg {
                     Ok(Msg::Reply { tag, answer }) => {
                         if let Some(e) = self.expect.get(&(from, tag)) {
                             let _ = e.sink.send(Event::Reply(answer));
@@ -365,6 +375,7 @@ impl Loop {
                 }
                 continue;
             }
+            any = true;
             match self.expect.get_mut(&(from, tag)) {
                 Some(e) if e.landing.is_none() => e.parked.push_back((msg, len)),
                 _ => self.receive(from, tag, msg, len),
@@ -428,7 +439,7 @@ impl Loop {
     }
 
     /// Tests receives and sends in flight; delivers completed data in order. True if any
-    /// completed.
+    /// completed (but liveness traffic).
     fn progress(&mut self) -> bool {
         let mut any = false;
         let mut failed = Vec::new();
@@ -479,7 +490,7 @@ impl Loop {
                 true
             }
             Ok(true) => {
-                any = true;
+                any |= !s.quiet;
                 budget.release(s.credit);
                 if let Payload::Owned(b) = &mut s.data {
                     bufs.put(std::mem::take(b));

@@ -88,7 +88,11 @@ fn serve(node: &Node, job: &PeerRequest) {
                     asked = Some(Instant::now());
                 }
             }
-            state::UNPLACED if node.own.holds(node.rank, idx) => {
+            // Ours, or a file whose owners are all written off and which this rank stands in
+            // for (`Node::stand_in`): placed here from the source, once, for every asker.
+            state::UNPLACED
+                if node.own.holds(node.rank, idx) || node.stand_in(idx) == Some(node.rank) =>
+            {
                 if lifecycle::claim(&EntryCell { table: t, idx }) {
                     let Some(setup) = node.agent.setup.get() else {
                         reply(Answer::NotHeld);
@@ -121,22 +125,23 @@ fn serve(node: &Node, job: &PeerRequest) {
         nap = (nap * 2).min(Duration::from_millis(2));
     };
     let tier = state::tier_of(word) as usize;
-    let Some(mut file) = open_copy(node, idx, tier, e.object, e.stat.size) else {
-        reply(Answer::NotHeld);
-        return;
-    };
+    // Sent from the copy's kept mapping (`maps`): the pieces go from its pages to the
+    // requester's with no buffer in between; read into buffers where it cannot be mapped.
+    let map = node.maps.get(ctx, idx, tier, e.object, e.stat.size, || {
+        open_copy(node, idx, tier, e.object, e.stat.size)
+    });
+    let mut file = None;
+    if map.is_none() {
+        file = open_copy(node, idx, tier, e.object, e.stat.size);
+        if file.is_none() {
+            reply(Answer::NotHeld);
+            return;
+        }
+    }
     reply(Answer::Coming {
         sum: t.checksum(idx),
     });
     let size = e.stat.size;
-    // Sent from a mapping of the copy: the pieces go from its pages to the requester's with no
-    // buffer in between (read into buffers where it cannot be mapped).
-    let map = memmap2::MmapOptions::new()
-        .len(size as usize)
-        .populate()
-        .map_raw_read_only(&file)
-        .ok()
-        .map(Arc::new);
     let mut off = 0u64;
     while off < size {
         let n = (size - off).min(PIECE as u64);
@@ -147,13 +152,21 @@ fn serve(node: &Node, job: &PeerRequest) {
         let mapped = map
             .as_ref()
             .and_then(|m| Payload::mapped(m, off as usize, n as usize));
-        let piece = match mapped {
-            Some(p) => p,
-            None => {
+        let piece = match (mapped, file.as_mut()) {
+            (Some(p), _) => p,
+            (None, None) => {
+                node.comm.budget.release(n);
+                return;
+            }
+            (None, Some(file)) => {
                 let mut buf = node.comm.bufs.get(n as usize);
                 // Into the buffer's spare room (no zeroing pass over what is overwritten).
-                match (&mut file).take(n).read_to_end(&mut buf) {
-                    Ok(got) if got as u64 == n => Payload::Owned(buf),
+                match file.take(n).read_to_end(&mut buf) {
+                    Ok(got) if got as u64 == n => {
+                        node.bounce
+                            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                        Payload::Owned(buf)
+                    }
                     r => {
                         // The copy changed under us (or an I/O error): the requester times
                         // out and reads the source; this copy is checked again.
@@ -181,8 +194,8 @@ const AT_ONCE: u64 = 4 * PIECE as u64;
 /// Serves `job` from the communication thread, as it arrives, when the copy is here (PLACED)
 /// and the in-flight budget has room for all of it now: the reply and the pieces are queued
 /// without waking a provider thread (two thread hand-offs less on the requester's critical
-/// path). The copy is mapped without populating it: the transport faults its pages in as it
-/// reads them. False: a provider serves it (not placed yet, stale, cancelled, no room, large).
+/// path), from the copy's kept mapping (`maps`: populated ahead on a tier in memory; else the
+/// first transfer maps its pages and the next ones find them mapped). False: a provider serves it (not placed yet, stale, cancelled, no room, large).
 pub fn serve_now(node: &Node, job: &PeerRequest) -> bool {
     let ctx = &node.ctx;
     let t = &ctx.table;
@@ -202,12 +215,8 @@ pub fn serve_now(node: &Node, job: &PeerRequest) -> bool {
         return false;
     }
     let tier = state::tier_of(w) as usize;
-    let map = open_copy(node, idx, tier, e.object, size).and_then(|f| {
-        memmap2::MmapOptions::new()
-            .len(size as usize)
-            .map_raw_read_only(&f)
-            .ok()
-            .map(Arc::new)
+    let map = node.maps.get(ctx, idx, tier, e.object, size, || {
+        open_copy(node, idx, tier, e.object, size)
     });
     let Some(map) = map else {
         node.comm.budget.release(size);
@@ -239,7 +248,13 @@ pub fn serve_now(node: &Node, job: &PeerRequest) -> bool {
 
 /// The complete copy of `idx` on `tier`, opened and checked: a regular file of the catalog's
 /// size with the identity recorded when it was placed.
-fn open_copy(node: &Node, idx: u32, tier: usize, object: u64, size: u64) -> Option<std::fs::File> {
+pub(super) fn open_copy(
+    node: &Node,
+    idx: u32,
+    tier: usize,
+    object: u64,
+    size: u64,
+) -> Option<std::fs::File> {
     let ctx = &node.ctx;
     let dir = ctx.object_dirs.get(tier)?.as_ref()?;
     let f = granary_core::sys::open_read_at(dir, &object_name(object)).ok()?;

@@ -123,6 +123,8 @@ pub enum Cmd {
         data: Payload,
         credit: u64,
     },
+    /// A liveness or status message (`Msg::liveness`) to `to`: not activity.
+    Quiet { to: u32, data: Vec<u8> },
     /// Messages from `from` with data tag `tag` (and replies naming it) go to `sink`; its data
     /// waits (matched, not received) until `Land` gives it a landing.
     Expect {
@@ -321,6 +323,15 @@ impl Comm {
             tag: CTRL,
             data: Payload::Owned(msg.encode()),
             credit: 0,
+        });
+    }
+
+    /// A liveness or status message: sent, without keeping the communication thread's naps
+    /// short.
+    pub fn quiet(&self, to: u32, msg: &Msg) {
+        let _ = self.tx.send(Cmd::Quiet {
+            to,
+            data: msg.encode(),
         });
     }
 

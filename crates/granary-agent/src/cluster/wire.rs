@@ -40,8 +40,14 @@ pub enum Msg {
     Reply { tag: i32, answer: Answer },
     /// The requester gave up on `tag`: send no more.
     Cancel { tag: i32 },
-    /// Alive, with this node's numbers.
+    /// Alive, with this node's numbers (to the successor on the ring; to the asker of `Ask`;
+    /// to every rank from a rank that was written off and is back).
     Heartbeat(Beat),
+    /// "Send me your numbers" (`granary status`): answered with a heartbeat.
+    Ask,
+    /// The sender wrote rank `rank` off (its predecessor went silent, or a transfer from it
+    /// timed out).
+    Down { rank: u32 },
     /// Entry `idx` (object id `object`) changed on the source: `gone` = its name leads nowhere.
     Invalidate { idx: u32, object: u64, gone: bool },
     /// `granary stop` on one node: every rank stops.
@@ -54,6 +60,8 @@ const CANCEL: u8 = 3;
 const HEARTBEAT: u8 = 4;
 const INVALIDATE: u8 = 5;
 const STOP: u8 = 6;
+const ASK: u8 = 7;
+const DOWN: u8 = 8;
 
 const COMING: u8 = 1;
 const WAIT: u8 = 2;
@@ -100,6 +108,12 @@ impl In<'_> {
 }
 
 impl Msg {
+    /// Liveness and status traffic: not activity (an idle rank's communication thread keeps
+    /// its longest nap).
+    pub fn liveness(&self) -> bool {
+        matches!(self, Msg::Heartbeat(_) | Msg::Ask | Msg::Down { .. })
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let o = Out(Vec::with_capacity(96));
         match *self {
@@ -130,7 +144,10 @@ impl Msg {
                 .u64(b.peer_bytes)
                 .u64(b.pfs_bytes)
                 .u64(b.fallbacks)
-                .u64(b.jobs),
+                .u64(b.jobs)
+                .u64(b.bounce_bytes),
+            Msg::Ask => o.u8(ASK),
+            Msg::Down { rank } => o.u8(DOWN).u32(rank),
             Msg::Invalidate { idx, object, gone } => {
                 o.u8(INVALIDATE).u32(idx).u64(object).u8(gone as u8)
             }
@@ -182,7 +199,10 @@ impl Msg {
                 pfs_bytes: i.u64()?,
                 fallbacks: i.u64()?,
                 jobs: i.u64()?,
+                bounce_bytes: i.u64()?,
             }),
+            ASK => Msg::Ask,
+            DOWN => Msg::Down { rank: i.u32()? },
             INVALIDATE => Msg::Invalidate {
                 idx: i.u32()?,
                 object: i.u64()?,
@@ -239,7 +259,10 @@ mod tests {
                 pfs_bytes: 8,
                 fallbacks: 9,
                 jobs: 10,
+                bounce_bytes: 11,
             }),
+            Msg::Ask,
+            Msg::Down { rank: 511 },
             Msg::Invalidate {
                 idx: 3,
                 object: 5,

@@ -12,6 +12,7 @@
 
 pub mod catalog;
 pub mod check;
+pub mod damage;
 
 use std::path::{Path, PathBuf};
 
@@ -32,7 +33,7 @@ pub struct Pack {
 impl Pack {
     pub fn open(dir: &Path) -> Result<Pack, granary_pack::PackError> {
         let dir = std::fs::canonicalize(dir).map_err(|e| granary_pack::PackError::io(dir, e))?;
-        let index = granary_pack::map_index(&dir.join(INDEX_FILE))?;
+        let index = granary_pack::map_index(&dir)?;
         Ok(Pack { dir, index })
     }
 

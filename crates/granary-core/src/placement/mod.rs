@@ -9,6 +9,7 @@
 //! under a temporary name, renames, and publishes PLACED. Every failure releases what it took
 //! and leaves the entry served from the source.
 
+pub mod ahead;
 pub mod chunks;
 mod copy;
 mod fetch;
@@ -147,6 +148,8 @@ pub struct SourceCtx {
     /// Cluster mode: the other nodes of the job, asked before the source is read
     /// (`incoming::Remote`); unset on one node.
     pub remote: std::sync::OnceLock<Arc<dyn Remote>>,
+    /// Programs reading a directory's files in name order, and the files fetched ahead of them.
+    pub ahead: ahead::NameOrder,
 }
 
 /// True if tier `tier`'s object directory is gone from its path (removed, renamed, replaced):

@@ -43,8 +43,9 @@ use super::pool::Shared;
 use super::states::Finish;
 use super::unpack::{Damaged, Decoder};
 use super::SourceCtx;
+use crate::packed::damage::Damage;
 use crate::packed::Layout;
-use crate::stats::AgentCounters;
+use crate::stats::{AgentCounters, PackDamage};
 use crate::sys;
 use crate::tiers::Reservation;
 
@@ -96,6 +97,8 @@ pub struct Streamer {
     /// Segments a program waits on, first come first served.
     urgent: Mutex<VecDeque<u32>>,
     wake: Condvar,
+    /// Partitions refused and files found damaged, for the jobs' reports.
+    damage: Damage,
     /// Segments not done; while any are, the table has placement work pending (`inflight`).
     remaining: AtomicUsize,
     held: AtomicBool,
@@ -168,6 +171,7 @@ impl Streamer {
             parts,
             urgent: Mutex::default(),
             wake: Condvar::new(),
+            damage: Damage::default(),
             remaining: AtomicUsize::new(count),
             held: AtomicBool::new(false),
         }
@@ -181,6 +185,22 @@ impl Streamer {
     /// The pack's partitions as this streamer opens and checks them.
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// What was found damaged in the pack so far (`None`: nothing).
+    pub fn damage(&self) -> Option<PackDamage> {
+        self.damage.report(&self.layout.dir)
+    }
+
+    /// Files of the table in partition `n`.
+    fn files_in(&self, n: u32) -> u64 {
+        let Some(r) = self.parts.get(n as usize) else {
+            return 0;
+        };
+        self.segments[r.start as usize..r.end as usize]
+            .iter()
+            .map(|s| u64::from(s.members.end - s.members.start))
+            .sum()
     }
 
     /// Cluster mode, before `spawn`: this node streams only the entries `mine` says it owns;
@@ -378,6 +398,7 @@ impl Streamer {
             }
             Err(e) => {
                 tracing::warn!("{e}; its files are served from the source");
+                self.damage.partition(n, self.files_in(n), e.to_string());
                 *f = PartFile::Refused;
                 None
             }
@@ -715,6 +736,10 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
                     path_of(t, o.idx),
                     d.0
                 );
+                if let Some(st) = ctx.pack.get() {
+                    st.damage
+                        .file(o.idx, format!("{}: {}", path_of(t, o.idx), d.0));
+                }
                 source_only(ctx, o.idx);
             }
             Some(Failed::Tier(e)) => {

@@ -22,6 +22,9 @@ pub enum CopyMethod {
     /// client's read missed it (CHUNK; it goes first), else a sequential prefetch from `first`
     /// while capacity allows.
     Chunk { first: u32, requested: bool },
+    /// Whole-file fetch of a file a program reading its directory in name order is about to
+    /// open (`ahead`): after the fetches programs wait on, before small copies.
+    Ahead,
 }
 
 pub struct CopyTask {
@@ -77,6 +80,8 @@ impl Drop for Stream<'_> {
 #[derive(Default)]
 struct Queue {
     high: VecDeque<CopyTask>,
+    /// Name-order read-ahead (`CopyMethod::Ahead`), in the order the program will want it.
+    ahead: VecDeque<CopyTask>,
     low: VecDeque<CopyTask>,
     closed: bool,
 }
@@ -238,6 +243,7 @@ fn enqueue(sh: &Shared, job: CopyTask) {
         | CopyMethod::Chunk {
             requested: true, ..
         } => q.high.push_back(job),
+        CopyMethod::Ahead => q.ahead.push_back(job),
         CopyMethod::Small { .. } | CopyMethod::Chunk { .. } => q.low.push_back(job),
     }
     drop(q);
@@ -252,7 +258,12 @@ fn worker(sh: &Shared) {
         let job = {
             let mut q = lock(&sh.queue);
             loop {
-                if let Some(j) = q.high.pop_front().or_else(|| q.low.pop_front()) {
+                if let Some(j) = q
+                    .high
+                    .pop_front()
+                    .or_else(|| q.ahead.pop_front())
+                    .or_else(|| q.low.pop_front())
+                {
                     break j;
                 }
                 if q.closed {
@@ -267,7 +278,7 @@ fn worker(sh: &Shared) {
         };
         let out = match job.method {
             // Cluster mode: another node may hold the file (`incoming::Remote`).
-            CopyMethod::Fetch => match job.ctx.remote.get() {
+            CopyMethod::Fetch | CopyMethod::Ahead => match job.ctx.remote.get() {
                 Some(r) => match r.fetch(&job.ctx, job.entry, job.slot) {
                     Some(out) => out,
                     None => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
@@ -295,6 +306,9 @@ fn worker(sh: &Shared) {
             job.ctx
                 .counters
                 .credit_placement(&job.ctx.table, job.slot, tier, bytes);
+            if job.method == CopyMethod::Ahead {
+                crate::stats::AgentCounters::add(&job.ctx.counters.read_ahead, 1);
+            }
         }
         job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
     }

@@ -24,6 +24,10 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
     let whole = e.stat.size >= t.prefetch_min_size();
     if let Some(order) = &ctx.order {
         order.on_request(ctx, kind, idx);
+    } else if matches!(kind, request::OPEN_UNPLACED | request::OPENED) && ctx.pack.get().is_none() {
+        // Before the open's own fetch is queued: a file the read-ahead claimed is not
+        // fetched twice, and the one this open asks for goes first either way.
+        ctx.ahead.on_open(ctx, idx, pool);
     }
     if let (Some(pack), request::OPEN_UNPLACED | request::CLOSED) = (ctx.pack.get(), kind) {
         if t.locator(idx).is_some() {

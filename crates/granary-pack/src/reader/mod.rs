@@ -12,8 +12,9 @@ use std::sync::OnceLock;
 use crate::codec::{decode_frame, frame_count, frame_raw_len, frame_table};
 use crate::error::{PackError, Result};
 use crate::format::entry::codec;
-use crate::format::{partition_file, EntryRec, INDEX_FILE};
+use crate::format::{partition_file, EntryRec};
 use crate::index::Index;
+use crate::listing::escape;
 use crate::partition::{self, read_exact_at, Partition};
 
 /// Files up to this size are read, checked and then handed out from memory.
@@ -31,8 +32,9 @@ impl Pack {
     /// Opens the pack directory `dir` and checks its index completely (partitions are checked
     /// when first used).
     pub fn open(dir: &Path) -> Result<Pack> {
-        let path = dir.join(INDEX_FILE);
-        let bytes = std::fs::read(&path).map_err(|e| PackError::io(&path, e))?;
+        let (path, mut f) = crate::locate::open_index(dir)?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| PackError::io(&path, e))?;
         let index = Index::parse(bytes, &path)?;
         let parts = (0..index.header().partition_count)
             .map(|_| OnceLock::new())
@@ -103,14 +105,18 @@ impl Pack {
         let e = self.entry_of(i)?;
         let p = self.partition(e.partition)?;
         let ppath = self.partition_path(e.partition);
+        // Every error names the file first (`verify` prints them as they are).
         let bad = |what: String| {
             PackError::corrupt(
                 &ppath,
-                format!(
-                    "{}: {what}",
-                    String::from_utf8_lossy(&self.index.path_of(i))
-                ),
+                format!("{}: {what}", escape(&self.index.path_of(i))),
             )
+        };
+        let read_at = |buf: &mut [u8], off: u64| {
+            read_exact_at(&p.file, buf, off, &ppath).map_err(|e| match e {
+                PackError::Corrupt { what, .. } => bad(what),
+                e => e,
+            })
         };
         if e.offset < p.header.header_len as u64 {
             return Err(bad("data overlaps the partition header".into()));
@@ -124,7 +130,7 @@ impl Pack {
                 while at < e.stored_len {
                     let n = (e.stored_len - at).min(PIECE) as usize;
                     buf.resize(n, 0);
-                    read_exact_at(&p.file, &mut buf, e.offset + at, &ppath)?;
+                    read_at(&mut buf, e.offset + at)?;
                     hash.update(&buf);
                     sink(&buf).map_err(sink_err)?;
                     at += n as u64;
@@ -134,13 +140,13 @@ impl Pack {
                 let block = self.index.header().block_size;
                 let n = frame_count(e.stat.size, block);
                 let mut table = vec![0u8; (n * 4) as usize];
-                read_exact_at(&p.file, &mut table, e.offset, &ppath)?;
+                read_at(&mut table, e.offset)?;
                 let words = frame_table(&table, e.stored_len, e.stat.size, block).map_err(bad)?;
                 let mut at = e.offset + table.len() as u64;
                 let (mut stored, mut raw) = (Vec::new(), Vec::new());
                 for (k, &w) in words.iter().enumerate() {
                     stored.resize(crate::codec::frame::len(w), 0);
-                    read_exact_at(&p.file, &mut stored, at, &ppath)?;
+                    read_at(&mut stored, at)?;
                     raw.clear();
                     decode_frame(
                         w,

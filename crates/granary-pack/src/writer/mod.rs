@@ -1,9 +1,10 @@
 //! `granary pack SRC OUT`: walk, plan, store, index, then one rename makes the pack visible.
 //!
 //! Everything is written under a temporary name beside OUT (`.OUT.tmp-<pid>`), partitions
-//! first, the index last; only a complete pack is renamed to OUT. A killed pack leaves that
-//! temporary directory (no index, or one under a name no reader opens) and never a pack that
-//! looks valid.
+//! first, the index last; only a complete pack is renamed to OUT. A pack that fails or is
+//! stopped (`Progress::stop`) removes that temporary directory; a killed one (SIGKILL, a
+//! crash) leaves it (no index, or one under a name no reader opens) and never a pack that
+//! looks valid — the next pack to the same OUT names it.
 
 pub mod build;
 pub mod output;
@@ -13,7 +14,7 @@ pub mod walk;
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
@@ -67,7 +68,7 @@ pub mod phase {
     pub const FINISHING: u8 = 2;
 }
 
-/// Live counters for a progress display.
+/// Live counters for a progress display, and the caller's way to stop the pack.
 #[derive(Debug, Default)]
 pub struct Progress {
     pub phase: AtomicU8,
@@ -76,6 +77,20 @@ pub struct Progress {
     pub bytes_total: AtomicU64,
     pub files_done: AtomicU64,
     pub bytes_done: AtomicU64,
+    /// Set by the caller (Ctrl-C): the pack stops within a directory or a piece of a file and
+    /// returns `PackError::Interrupted`, its temporary directory removed.
+    pub stop: AtomicBool,
+}
+
+impl Progress {
+    /// `Err(Interrupted)` once `stop` is set.
+    pub fn check_stop(&self) -> Result<()> {
+        if self.stop.load(Ordering::Relaxed) {
+            Err(PackError::Interrupted)
+        } else {
+            Ok(())
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -157,6 +172,7 @@ pub fn pack(src: &Path, out: &Path, opts: &Options, progress: &Progress) -> Resu
     progress.phase.store(phase::PACKING, Ordering::Relaxed);
 
     let written = pipeline::run(&source, &items, tmp.path(), opts, progress)?;
+    progress.check_stop()?;
     progress.phase.store(phase::FINISHING, Ordering::Relaxed);
     let built = build::build(
         &root,
@@ -192,6 +208,8 @@ pub fn pack(src: &Path, out: &Path, opts: &Options, progress: &Progress) -> Resu
         }
     }
     tmp.write_file(INDEX_FILE, &built.bytes, opts.sync)?;
+    // The last moment to stop: after the rename the pack is complete.
+    progress.check_stop()?;
     let leftovers = tmp.leftovers.clone();
     let out = tmp.commit(opts.sync)?;
     Ok(Summary {

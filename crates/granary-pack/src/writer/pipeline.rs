@@ -242,7 +242,7 @@ pub fn run(
                 for piece in 0..pieces {
                     let off = piece * piece_len;
                     let len = (it.stat.size - off.min(it.stat.size)).min(piece_len);
-                    if !budget.take(len, feeder_stop) {
+                    if progress.stop.load(Ordering::Relaxed) || !budget.take(len, feeder_stop) {
                         return;
                     }
                     let job = PieceTask {
@@ -276,7 +276,9 @@ pub fn run(
                     if stop.load(Ordering::Relaxed) {
                         continue;
                     }
-                    let r = work(src, items, &job, &mut enc, block);
+                    let r = progress
+                        .check_stop()
+                        .and_then(|()| work(src, items, &job, &mut enc, block));
                     if done_tx.send(r).is_err() {
                         return;
                     }
@@ -395,6 +397,8 @@ fn write_in_order(
             }
         }
     }
+    // Stopped: the feeder and the workers gave up early, which is no error of theirs.
+    progress.check_stop()?;
     let expected = items.iter().filter(|i| i.link_to.is_none()).count();
     if locs.iter().filter(|l| l.is_some()).count() != expected {
         return Err(PackError::Invalid("a packing worker stopped early".into()));

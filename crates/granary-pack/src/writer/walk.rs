@@ -93,6 +93,7 @@ fn walk_open(
     progress: &Progress,
 ) -> Result<Node> {
     let here = src.path_of(rel);
+    progress.check_stop()?;
     let now = statx_at(dir, b"").map_err(|e| PackError::io(&here, e))?;
     if now.ino != stat.ino || now.dev_major != stat.dev_major || now.dev_minor != stat.dev_minor {
         return Err(PackError::Changed {
@@ -223,6 +224,7 @@ pub fn walk_list(src: &Source, paths: &[Vec<u8>], progress: &Progress) -> Result
     };
     progress.dirs.fetch_add(1, Ordering::Relaxed);
     for rel in paths {
+        progress.check_stop()?;
         let parts: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
         let mut node = &mut root;
         for k in 0..parts.len() {

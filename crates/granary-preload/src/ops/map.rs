@@ -147,7 +147,7 @@ fn on_map(g: &Guard, fd: c_int, t: Tracked) {
     if st != state::PLACED
         && !(fetched_direct(g, t.entry, &entry)
             // As a read waits (its naps and stall), woken by the agent's publications.
-            && woken_wait(g, t.entry, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS))
+            && woken_wait(g, t.entry, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS, false))
     {
         return;
     }

@@ -247,11 +247,12 @@ fn cluster_wait(g: &Guard, idx: u32, entry: &EntryRec, st: u8) -> bool {
     if !matches!(st, state::UNPLACED | state::QUEUED | state::PLACING) {
         return false;
     }
-    if st == state::UNPLACED {
-        g.table
+    // Pushed: the agent claims it when it gets to it, however loaded the node (never refused
+    // for an UNPLACED file); not pushed (a full ring): only a short grace.
+    let asked = st == state::UNPLACED
+        && g.table
             .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
-    }
-    crate::wait::wait_placed(g, idx)
+    crate::wait::wait_placed(g, idx, asked)
 }
 
 /// A catalogued file opened on the source: counted, and the agent asked to place it.

@@ -19,7 +19,11 @@ pub fn main(a: ContainerFlagsArgs) -> Result<i32> {
     };
     let cfg = targs.config()?;
     let source = granary_core::source::normalize(&a.source)?;
-    let tiers = targs.job_tiers(&cfg, true)?;
+    let tiers: Vec<_> = targs
+        .job_tiers(&cfg, false)?
+        .into_iter()
+        .map(|t| t.0)
+        .collect();
     let runtime = granary_core::runtime::Runtime::open()?.dir;
     let preload = crate::preload::find()?;
     let libdir = preload.parent().unwrap_or(Path::new("/")).to_path_buf();

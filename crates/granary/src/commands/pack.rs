@@ -3,18 +3,20 @@
 //! tool is the tool; `granary pack create SRC OUT` packs a source that happens to be named
 //! like one.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use std::path::Path;
+
 use crate::flags::pack::{CatArgs, CreateArgs, DiffArgs, LsArgs, PackArgs, Tool, VerifyArgs};
 use granary_core::size::{format_size, parse_size};
 use granary_pack::listing::{escape, long_line};
 use granary_pack::writer::phase;
-use granary_pack::{Compression, Options, Pack, Progress};
+use granary_pack::{Compression, Options, Pack, PackError, Progress};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub fn main(a: PackArgs) -> anyhow::Result<i32> {
@@ -33,11 +35,40 @@ pub fn main(a: PackArgs) -> anyhow::Result<i32> {
     }
 }
 
-fn show_progress(quiet: bool) -> bool {
-    !quiet && std::io::stderr().is_terminal()
+/// Shows `progress` until `done` is set: a bar on a terminal, else (a batch job's log) a line
+/// every `output::batch_every()`.
+fn show_progress(progress: &Progress, done: &AtomicBool) {
+    if crate::output::stderr_is_terminal() {
+        progress_bar(progress, done);
+        return;
+    }
+    let mut ticker = crate::output::Ticker::new();
+    let started = std::time::Instant::now();
+    while !done.load(Ordering::Relaxed) {
+        if ticker.due() {
+            let files = progress.files_total.load(Ordering::Relaxed);
+            let line = match progress.phase.load(Ordering::Relaxed) {
+                phase::WALKING => format!(
+                    "walking: {} directories, {files} files",
+                    progress.dirs.load(Ordering::Relaxed)
+                ),
+                _ => format!(
+                    "packed {} of {} ({} of {files} files)",
+                    format_size(progress.bytes_done.load(Ordering::Relaxed)),
+                    format_size(progress.bytes_total.load(Ordering::Relaxed)),
+                    progress.files_done.load(Ordering::Relaxed)
+                ),
+            };
+            crate::output::say(format!(
+                "granary pack: {line} after {:.0} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
-/// Draws `progress` until `done` is set.
+/// Draws `progress` on a terminal until `done` is set.
 fn progress_bar(progress: &Progress, done: &AtomicBool) {
     let bar = ProgressBar::new_spinner();
     let bytes_style = ProgressStyle::with_template(
@@ -98,16 +129,35 @@ fn create(c: CreateArgs) -> anyhow::Result<i32> {
     if let Some(t) = c.threads {
         opts.threads = t.max(1);
     }
+    // Ctrl-C, SIGTERM, SIGHUP: the pack stops, removes its temporary directory, and this
+    // process then ends by the signal.
+    crate::signals::catch_stop_signals();
     let progress = Progress::default();
     let done = AtomicBool::new(false);
     let summary = std::thread::scope(|s| {
-        if show_progress(c.quiet) {
-            s.spawn(|| progress_bar(&progress, &done));
+        if !c.quiet {
+            s.spawn(|| show_progress(&progress, &done));
         }
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                if crate::signals::interrupted() {
+                    progress.stop.store(true, Ordering::Relaxed);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
         let r = granary_pack::pack(&src, &out, &opts, &progress);
         done.store(true, Ordering::Relaxed);
         r
-    })?;
+    });
+    let summary = match summary {
+        Err(e @ PackError::Interrupted) => {
+            eprintln!("granary pack: {e}");
+            crate::signals::die_by_stop_signal();
+        }
+        r => r?,
+    };
     for l in &summary.leftovers {
         eprintln!(
             "granary pack: note: {} was left by an interrupted pack; remove it once no other pack to {} is running",
@@ -135,13 +185,55 @@ fn create(c: CreateArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Exit statuses of the tools: 1 the pack is damaged (or, for `verify`, differs from the
+/// source; for `diff`, the source changed), 2 a usage error (not a pack, a path not in it).
+const DAMAGED: i32 = 1;
+const USAGE: i32 = 2;
+
+/// Opens `dir` for a tool: a damaged index is the pack's fault (exit 1, with what to run), a
+/// path that is no pack the user's (exit 2).
+fn open_pack(tool: &str, dir: &Path) -> Result<Pack, i32> {
+    Pack::open(dir).map_err(|e| report_error(tool, dir, &e))
+}
+
+/// Prints `e` as the tool's error and gives its exit status.
+fn report_error(tool: &str, dir: &Path, e: &PackError) -> i32 {
+    if e.is_damage() {
+        eprintln!(
+            "granary pack {tool}: {e}\n  the pack is damaged: `granary pack verify {}` says what is wrong; pack the source again",
+            dir.display()
+        );
+        DAMAGED
+    } else if let PackError::NotFound(_) = e {
+        eprintln!("granary pack {tool}: {}: {e}", dir.display());
+        USAGE
+    } else {
+        eprintln!("granary pack {tool}: {e}");
+        USAGE
+    }
+}
+
 fn verify(v: VerifyArgs) -> anyhow::Result<i32> {
-    let pack = Pack::open(&v.pack)?;
+    let pack = match Pack::open(&v.pack) {
+        Ok(p) => p,
+        Err(e) if e.is_damage() => {
+            println!("{e}");
+            if !v.quiet {
+                eprintln!(
+                    "granary pack verify: {}: the index is damaged: no file can be read from this pack; pack the source again",
+                    v.pack.display()
+                );
+            }
+            return Ok(DAMAGED);
+        }
+        Err(e) => return Ok(report_error("verify", &v.pack, &e)),
+    };
     let checked = AtomicU64::new(0);
     let done = AtomicBool::new(false);
     let total = pack.index().header().raw_bytes;
+    let source = v.source();
     let report = std::thread::scope(|s| {
-        if show_progress(v.quiet) {
+        if !v.quiet && crate::output::stderr_is_terminal() {
             s.spawn(|| {
                 let bar = ProgressBar::new(total);
                 if let Ok(st) = ProgressStyle::with_template(
@@ -156,43 +248,92 @@ fn verify(v: VerifyArgs) -> anyhow::Result<i32> {
                 bar.finish_and_clear();
             });
         }
-        let r = granary_pack::verify::verify(&pack, v.source.as_deref(), &checked);
+        let r = granary_pack::verify::verify(&pack, source, &checked);
         done.store(true, Ordering::Relaxed);
         r
     });
-    for p in &report.problems {
-        println!("{p}");
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("granary pack verify: {e}");
+            return Ok(USAGE);
+        }
+    };
+    {
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        for p in &report.problems {
+            writeln!(out, "{p}")?;
+        }
+        out.flush()?;
     }
     if !v.quiet {
+        let plural = |n: u64, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        let mut found = Vec::new();
+        if report.refused_partitions > 0 {
+            found.push(format!(
+                "{} unusable",
+                plural(report.refused_partitions.into(), "partition")
+            ));
+        }
+        if report.damaged_files > 0 {
+            found.push(format!(
+                "{} cannot be read from the pack",
+                plural(report.damaged_files, "file")
+            ));
+        }
+        if report.differing_files > 0 {
+            found.push(format!(
+                "{} {} from the source",
+                plural(report.differing_files, "file"),
+                if report.differing_files == 1 {
+                    "differs"
+                } else {
+                    "differ"
+                }
+            ));
+        }
+        let rest = report.problems.len() as u64
+            - report.damaged_files
+            - report.differing_files
+            - u64::from(report.refused_partitions);
+        if rest > 0 {
+            found.push(plural(rest, "other problem"));
+        }
         eprintln!(
-            "granary pack verify: {} files ({}) in {} partitions{}: {}",
-            report.files,
+            "granary pack verify: {} ({}) in {}{}: {}",
+            plural(report.files, "file"),
             format_size(report.bytes),
-            report.partitions,
-            if v.source.is_some() {
+            plural(report.partitions.into(), "partition"),
+            if source.is_some() {
                 format!(", {} compared with the source", report.compared)
             } else {
                 String::new()
             },
-            if report.problems.is_empty() {
+            if found.is_empty() {
                 "OK".to_string()
             } else {
-                format!("{} problems", report.problems.len())
+                format!("{}; pack the source again", found.join(", "))
             }
         );
     }
-    Ok(if report.problems.is_empty() { 0 } else { 1 })
+    Ok(if report.ok() { 0 } else { DAMAGED })
 }
 
 fn ls(l: LsArgs) -> anyhow::Result<i32> {
-    let pack = Pack::open(&l.pack)?;
+    let pack = match open_pack("ls", &l.pack) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
     let ix = pack.index();
     let path = l
         .path
         .as_ref()
         .map(|p| p.as_bytes().to_vec())
         .unwrap_or_default();
-    let i = ix.lookup(&path)?;
+    let i = match ix.lookup(&path) {
+        Ok(i) => i,
+        Err(e) => return Ok(report_error("ls", &l.pack, &e)),
+    };
     let e = ix.entry(i).context("entry vanished")?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let shown_root = if path.is_empty() {
@@ -222,29 +363,59 @@ fn ls(l: LsArgs) -> anyhow::Result<i32> {
 }
 
 fn cat(c: CatArgs) -> anyhow::Result<i32> {
-    let pack = Pack::open(&c.pack)?;
+    let pack = match open_pack("cat", &c.pack) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    // Like cat(1): every file is tried; the status is the worst.
+    let mut status = 0;
     for p in &c.paths {
-        let i = pack.resolve(p.as_bytes())?;
-        match pack.copy_to(i, &mut out) {
+        let r = pack
+            .resolve(p.as_bytes())
+            .and_then(|i| pack.copy_to(i, &mut out));
+        match r {
             Ok(_) => {}
             // `granary pack cat … | head` is not an error.
-            Err(granary_pack::PackError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::BrokenPipe =>
-            {
-                return Ok(0)
+            Err(PackError::Io { cause, .. }) if cause.kind() == std::io::ErrorKind::BrokenPipe => {
+                return Ok(status)
             }
-            Err(e) => return Err(e.into()),
+            Err(e) if e.is_damage() => {
+                eprintln!(
+                    "granary pack cat: {}: {e}\n  nothing of it was written; `granary pack verify {}` names every damaged file",
+                    escape(p.as_bytes()),
+                    c.pack.display()
+                );
+                status = status.max(DAMAGED);
+            }
+            Err(e) => {
+                status = status.max(report_error("cat", &c.pack, &e));
+            }
         }
     }
     out.flush()?;
-    Ok(0)
+    Ok(status)
 }
 
 fn diff(d: DiffArgs) -> anyhow::Result<i32> {
-    let pack = Pack::open(&d.pack)?;
-    let report = granary_pack::diff::diff(&d.src, pack.index())?;
+    // The older order, SRC PACK: only a pack has an index, so the two cannot be confused.
+    let (pack_dir, src) = match granary_pack::locate::open_index(&d.pack) {
+        Err(PackError::NotAPack { .. }) if holds_pack(&d.src) => (&d.src, &d.pack),
+        _ => (&d.pack, &d.src),
+    };
+    let pack = match open_pack("diff", pack_dir) {
+        Ok(p) => p,
+        // A damaged index cannot say what changed: an error, not a difference.
+        Err(_) => return Ok(USAGE),
+    };
+    let report = match granary_pack::diff::diff(src, pack.index()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("granary pack diff: {e}");
+            return Ok(USAGE);
+        }
+    };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for ch in &report.changes {
         match ch {
@@ -263,4 +434,12 @@ fn diff(d: DiffArgs) -> anyhow::Result<i32> {
         report.dirs
     );
     Ok(if report.changes.is_empty() { 0 } else { 1 })
+}
+
+/// `dir` holds a pack, damaged or not.
+fn holds_pack(dir: &Path) -> bool {
+    match granary_pack::locate::open_index(dir) {
+        Ok(_) => true,
+        Err(e) => e.is_damage(),
+    }
 }

@@ -1,20 +1,18 @@
 //! `granary run`: attach to the agent, run the program with the preload library, report.
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use granary_agent::client::{connect_or_spawn, replace_unresponsive, silent_pid, Conn};
+use granary_agent::job::{Ended, Job, Refused};
 use granary_agent::protocol::{Reply, Request};
 use granary_core::config::Config;
 use granary_core::placement::prefetch::OrderSpec;
 use granary_core::runtime::Runtime;
 use granary_core::size::format_size;
-use granary_core::stats::{JobPlaced, JobReport, PlacementStats, SourceReport};
-use granary_shm::{job, layout::MAX_TIERS, Mapping};
+use granary_core::stats::{JobReport, PackDamage};
 
 use crate::flags::run::RunArgs;
 use crate::output::{say, say_raw};
@@ -36,23 +34,55 @@ fn unusable_source(source: &Path) -> Option<String> {
     }
 }
 
+/// `granary run --strict` (or `GRANARY_STRICT=1`) refusing a job granary cannot serve: the
+/// program was not started (EX_UNAVAILABLE of sysexits.h: a service the job needs is not there).
+pub const STRICT_EXIT: i32 = 69;
+
+/// Why granary cannot serve a job, and what the user can do about it.
+struct Unserved {
+    why: String,
+    fix: String,
+    /// The cause is the pack's damaged index.
+    pack_damage: Option<PackDamage>,
+}
+
+impl Unserved {
+    fn new(why: impl Into<String>, fix: impl Into<String>) -> Unserved {
+        Unserved {
+            why: why.into(),
+            fix: fix.into(),
+            pack_damage: None,
+        }
+    }
+}
+
 pub fn main(args: RunArgs) -> Result<i32> {
     let started = Instant::now();
-    // Bad flags or configuration are the user's to fix: refused before anything runs (rc 2).
+    // Bad flags, configuration or output paths are the user's to fix: refused before anything
+    // runs (rc 2).
     let cfg = args.tiers.config()?;
     args.tiers.named(&cfg)?;
+    args.tiers.idle_timeout()?;
+    if let Some(p) = &args.stats_json {
+        crate::preflight::check_output("--stats-json", p)?;
+    }
+    let strict = args.strict || crate::preflight::strict_env();
     let (prog, prog_args) = args.program.split_first().context("no program given")?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(prog_args);
-    let source = match (&args.source, args.attach) {
-        (None, true) => match served_source() {
+    let decline = |cmd: &mut std::process::Command, source: &Path, u: Unserved| {
+        decline(&args, strict, cmd, prog, source, started, u)
+    };
+    let attach_wait = args.attach_wait()?;
+    let source = match (&args.source, attach_wait) {
+        (None, Some(wait)) => match served_source(wait) {
             Ok((s, _)) => s,
             Err(e) => {
-                let why = format!("{e:#}");
-                say(format!(
-                    "granary: {why}; running the program without granary"
-                ));
-                return run_plain(&args, &mut cmd, prog, Path::new(""), started, why);
+                let u = Unserved::new(
+                    format!("{e:#}"),
+                    "start `granary serve` on this node first, or run without --attach",
+                );
+                return decline(&mut cmd, Path::new(""), u);
             }
         },
         _ => args.target()?,
@@ -60,34 +90,35 @@ pub fn main(args: RunArgs) -> Result<i32> {
 
     // Same rule as the preload library: any value but empty or "0" turns granary off.
     if std::env::var_os("GRANARY_DISABLE").is_some_and(|v| !v.is_empty() && v != "0") {
-        let why = "GRANARY_DISABLE is set".to_string();
-        return run_plain(&args, &mut cmd, prog, &source, started, why);
+        let u = Unserved::new("GRANARY_DISABLE is set", "unset GRANARY_DISABLE");
+        return decline(&mut cmd, &source, u);
     }
     // granary may make a job slower, never failed: whatever keeps granary from serving the
-    // job (here or below), the program runs as if granary were absent, and the report says why.
+    // job (here or below), the program runs as if granary were absent, and the report says why
+    // (with --strict, it does not run).
     // With `--mount` only the pack exists: the path names nothing on purpose (so with a serving
     // agent that serves it so).
     let mounted = || {
         args.mount.is_some()
-            || args.attach && served_source().is_ok_and(|(s, mount)| mount && s == source)
+            || attach_wait
+                .is_some_and(|w| served_source(w).is_ok_and(|(s, mount)| mount && s == source))
     };
     if let Some(why) = unusable_source(&source).filter(|_| !mounted()) {
-        say(format!(
-            "granary: {why}; running the program without granary"
-        ));
-        return run_plain(&args, &mut cmd, prog, &source, started, why);
+        let u = Unserved::new(
+            why,
+            "give --source the dataset's directory, as the program reads it",
+        );
+        return decline(&mut cmd, &source, u);
     }
     // Checked before any tier directory is made: a cache created inside the dataset would show
     // in its listings even though the agent then refuses the tier.
     if let Some(why) = args.tier_inside(&cfg, &source) {
-        say(format!(
-            "granary: {why}; running the program without granary"
-        ));
-        return run_plain(&args, &mut cmd, prog, &source, started, why);
+        let u = Unserved::new(why, "choose a tier outside the dataset (--tier DIR)");
+        return decline(&mut cmd, &source, u);
     }
     let order = args.order_spec(&cfg)?;
-    let job = match attach(&args, &cfg, &source, order) {
-        Ok(job) => job,
+    let (job, preload) = match attach(&args, &cfg, &source, order, attach_wait, strict) {
+        Ok(attached) => attached,
         Err(e) if args.mount.is_some() => bail!("{e:#}"),
         Err(e) => {
             let why = format!("{e:#}");
@@ -100,183 +131,88 @@ pub fn main(args: RunArgs) -> Result<i32> {
                     source.display()
                 );
             }
-            say(format!("granary: {why}"));
-            say("granary: running the program without granary");
-            return run_plain(&args, &mut cmd, prog, &source, started, why);
+            let pack_damage = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<Refused>())
+                .and_then(|r| r.pack_damage.clone());
+            let fix = match (&pack_damage, Runtime::open()) {
+                // The reason names the pack and `granary pack verify` already.
+                (Some(_), _) => "pack the source again".to_string(),
+                (None, Ok(rt)) => format!(
+                    "see the agent's log {} (GRANARY_LOG=debug for more)",
+                    rt.log().display()
+                ),
+                (None, Err(_)) => "run with GRANARY_LOG=debug for more".to_string(),
+            };
+            let u = Unserved {
+                pack_damage,
+                ..Unserved::new(why, fix)
+            };
+            return decline(&mut cmd, &source, u);
         }
     };
-    let Job {
-        mut conn,
-        table_path,
-        slot,
-        tier_usage,
-        catalog,
-        before,
-        preload,
-        _mapping,
-        table,
-        runtime,
-        mut warnings,
-    } = job;
     let mut ld = preload.as_os_str().to_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         ld.push(":");
         ld.push(old);
     }
     // The table also as an inherited fd: it reaches into containers with their own /dev/shm.
-    let handover = crate::jobenv::Handover::open(&table_path)
+    let handover = crate::jobenv::Handover::open(&job.table_path)
         .map_err(|e| {
             say(format!(
                 "granary: {e:#}; the program gets the table by its path only"
             ))
         })
         .ok();
-    crate::jobenv::job_env(&mut cmd, handover.as_ref(), prog, &ld, &table_path, slot);
+    crate::jobenv::job_env(
+        &mut cmd,
+        handover.as_ref(),
+        prog,
+        &ld,
+        &job.table_path,
+        job.slot,
+    );
     let st = spawn_and_wait(&mut cmd, prog)?;
     drop(handover);
-    let exit_status = exit_code(st);
-
-    let c = |w: usize| {
-        table
-            .counter(slot, w)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
-    };
-    let (delta, usage, mine, cluster) =
-        match agent_stats(&mut conn, &source, slot, args.pack.as_deref()) {
-            Ok(AgentStats {
-                placement,
-                tiers,
-                warnings: now,
-                job,
-                cluster,
-            }) => {
-                for w in now {
-                    if !warnings.contains(&w) {
-                        say(format!("granary: {w}"));
-                        warnings.push(w);
-                    }
-                }
-                (placement.since(&before), tiers, job, cluster)
-            }
-            Err(e) => {
-                // The program is done; the agent's figures are not worth a hung job.
-                let w = format!("{e:#}; the report lacks the agent's figures");
-                say(format!("granary: {w}"));
-                warnings.push(w);
-                (
-                    PlacementStats::default(),
-                    tier_usage,
-                    JobPlaced::default(),
-                    None,
-                )
-            }
-        };
-    let mut tiers_rep = JobReport::tier_reports(&usage);
-    for (i, t) in tiers_rep.iter_mut().enumerate().take(MAX_TIERS) {
-        t.files_served = c(job::TIER_FILES + i);
-        t.bytes_served = c(job::TIER_BYTES + i);
-        t.files_placed = mine.files.get(i).copied().unwrap_or(0);
-        t.bytes_placed = mine.bytes.get(i).copied().unwrap_or(0);
-    }
-    let mmap = granary_core::stats::MmapReport {
-        tier_bytes: c(job::MAP_LOCAL_BYTES),
-        source_bytes: c(job::MAP_SOURCE_BYTES),
-        faulted_bytes: c(job::MAP_FAULTED_BYTES),
-        read_ahead_bytes: delta.mmap_read_ahead,
-        windows: delta.mmap_windows,
-        lmdb_local_locks: delta.lmdb_local_locks,
-    };
-    for w in crate::report::warnings::of(&crate::report::warnings::Job {
-        table: &table,
-        slot,
+    let reported = job.report(&Ended {
+        source: &source,
+        pack: args.pack.as_deref(),
+        mount: args.mount.is_some(),
         program: prog,
         args: prog_args,
-        source: &source,
-        tiers: &tiers_rep,
-        runtime: &runtime,
         preload: &preload,
-    }) {
-        if args.quiet {
+        exit_status: exit_code(st),
+        wall_time_s: started.elapsed().as_secs_f64(),
+    });
+    for w in &reported.agent_warnings {
+        say(format!("granary: {w}"));
+    }
+    if args.quiet {
+        for w in &reported.program_warnings {
             say(format!("granary: warning: {w}"));
         }
-        warnings.push(w);
     }
-    // The copies are this job's; the rest of `placement` is the agent's work on the source.
-    let placement = PlacementStats {
-        files_placed: mine.files.iter().sum(),
-        bytes_placed: mine.bytes.iter().sum(),
-        tier_files_placed: mine.files.clone(),
-        tier_bytes_placed: mine.bytes.clone(),
-        ..delta
-    };
-    let report = JobReport {
-        version: 1,
-        source: source.display().to_string(),
-        exit_status,
-        wall_time_s: started.elapsed().as_secs_f64(),
-        disabled: false,
-        job_slot: slot,
-        catalog,
-        opens: c(job::OPENS),
-        catalog_metadata_calls: c(job::CATALOG_META),
-        fallbacks: c(job::FALLBACKS),
-        source_io: SourceReport {
-            opens: c(job::SOURCE_OPENS),
-            reads: c(job::SOURCE_READS),
-            bytes: c(job::SOURCE_BYTES),
-            metadata_calls: c(job::SOURCE_META),
-        },
-        files_served_from_tiers: tiers_rep.iter().map(|t| t.files_served).sum(),
-        bytes_served_from_tiers: tiers_rep.iter().map(|t| t.bytes_served).sum(),
-        bytes_placed: placement.bytes_placed,
-        tiers: tiers_rep,
-        placement,
-        transient_drops: c(job::TRANSIENT_DROPS),
-        fallback: None,
-        warnings,
-        mmap,
-        cluster,
-    };
-    drop(conn);
-    finish(&args, &report)?;
-    Ok(exit_status)
-}
-
-/// A job attached to the agent: its table mapped, its counter slot, the agent's counters at start.
-struct Job {
-    conn: Conn,
-    table_path: PathBuf,
-    slot: u32,
-    tier_usage: Vec<granary_core::tiers::TierUsage>,
-    catalog: granary_core::stats::CatalogStats,
-    before: PlacementStats,
-    preload: PathBuf,
-    _mapping: Mapping,
-    table: granary_shm::Table,
-    /// The agent's runtime directory (the table's).
-    runtime: PathBuf,
-    /// What the agent warned about at attach.
-    warnings: Vec<String>,
-}
-
-/// What the agent answered to `attach`.
-struct Attached {
-    table: PathBuf,
-    slot: u32,
-    tiers: Vec<granary_core::tiers::TierUsage>,
-    catalog: granary_core::stats::CatalogStats,
-    placement: PlacementStats,
-    warnings: Vec<String>,
+    finish(&args, &reported.report)?;
+    Ok(reported.report.exit_status)
 }
 
 /// Everything granary needs before the program starts: tiers, preload library, agent, table.
 /// Any failure here is granary's, so the caller runs the program without granary instead.
-fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>) -> Result<Job> {
+/// With `strict`, a tier dropped or refused (the job would be served by fewer tiers than it
+/// named) is a failure too.
+fn attach(
+    args: &RunArgs,
+    cfg: &Config,
+    source: &Path,
+    order: Option<OrderSpec>,
+    attach_wait: Option<Duration>,
+    strict: bool,
+) -> Result<(Job, PathBuf)> {
     // Attaching to a running agent: its tiers, unless the job names some.
-    let tiers = if args.attach && args.tiers.named(cfg)?.is_empty() {
-        Vec::new()
+    let (tiers, announce): (Vec<_>, Vec<_>) = if args.attach && args.tiers.named(cfg)?.is_empty() {
+        (Vec::new(), Vec::new())
     } else {
-        args.tiers.job_tiers(cfg, args.quiet)?
+        args.tiers.job_tiers(cfg, strict)?.into_iter().unzip()
     };
     let preload = crate::preload::find()?;
     let rt = Runtime::open()?;
@@ -292,7 +228,7 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         source: source.to_path_buf(),
         pid: std::process::id(),
         tiers: tiers.clone(),
-        workers: args.tiers.workers.or(cfg.workers),
+        workers: args.tiers.workers.map(usize::from).or(cfg.workers),
         block_size: cfg.block_size,
         max_source_streams: cfg.max_source_streams,
         page_cache: cfg.page_cache,
@@ -302,48 +238,44 @@ fn attach(args: &RunArgs, cfg: &Config, source: &Path, order: Option<OrderSpec>)
         mount: args.mount.is_some(),
         mmap: cfg.mmap,
     };
-    let try_once = || -> Result<(Conn, Attached)> {
-        let mut conn = if args.attach {
-            granary_agent::client::connect(&rt)?
-                .context("no granary agent runs on this node (--attach starts none)")?
-        } else {
-            connect_or_spawn(&rt, &agent_args)?
+    let try_once = || -> Result<Job> {
+        let conn = match attach_wait {
+            Some(wait) => connect_attached(&rt, wait)?,
+            None => connect_or_spawn(&rt, &agent_args)?,
         };
-        let a = attach_on(&mut conn, &request, args.quiet, source)?;
-        Ok((conn, a))
+        attach_on(conn, &request, args.quiet, source, rt.dir.clone())
     };
     // An agent that does not answer is replaced once; a second silence is the job's fallback.
-    let (conn, a) = match try_once() {
-        Err(e) if silent_pid(&e).is_some() => {
+    // Never one a job attaches to: it did not start it (a serving rank, maybe busy).
+    let job = match try_once() {
+        Err(e) if silent_pid(&e).is_some() && attach_wait.is_none() => {
             say(format!("granary: {e}"));
             replace_unresponsive(&rt, silent_pid(&e).flatten())?;
             try_once()?
         }
         r => r?,
     };
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&a.table)
-        .with_context(|| format!("opening table {}", a.table.display()))?;
-    let len = f.metadata()?.len() as usize;
-    let (mapping, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), len)
-        .with_context(|| format!("mapping table {}", a.table.display()))?;
-    drop(f);
-    Ok(Job {
-        conn,
-        table_path: a.table,
-        slot: a.slot,
-        tier_usage: a.tiers,
-        catalog: a.catalog,
-        before: a.placement,
-        preload,
-        _mapping: mapping,
-        table,
-        runtime: rt.dir.clone(),
-        warnings: a.warnings,
-    })
+    if strict {
+        if let Some(w) = job.warnings.first() {
+            bail!("{w}");
+        }
+    }
+    // The tiers the user did not size, as the agent uses them (their capacity is a share of
+    // the free space, which the agent measured).
+    if !args.quiet {
+        for (i, t) in job.tiers.iter().enumerate() {
+            if announce.get(i).copied().unwrap_or(false)
+                && tiers.get(i).is_some_and(|s| s.path == t.path)
+            {
+                say(format!(
+                    "granary: tier {i}: {} ({}, 90% of free space)",
+                    t.path.display(),
+                    format_size(t.capacity)
+                ));
+            }
+        }
+    }
+    Ok((job, preload))
 }
 
 /// The walk's progress line on a terminal: files, directories and bytes so far, rate, time.
@@ -359,82 +291,97 @@ fn walk_bar(source: &Path) -> indicatif::ProgressBar {
     b
 }
 
-/// Sends the attach request and waits for the table, showing the walk's progress on a
-/// terminal; the agent's notes are printed unless `quiet`, its warnings always.
-fn attach_on(conn: &mut Conn, request: &Request, quiet: bool, source: &Path) -> Result<Attached> {
-    conn.send(request)?;
+/// Attaches on `conn`, showing the walk's progress (a bar on a terminal, a line every few
+/// seconds in a log); the agent's notes are printed unless `quiet`, its warnings always.
+fn attach_on(
+    conn: Conn,
+    request: &Request,
+    quiet: bool,
+    source: &Path,
+    runtime: PathBuf,
+) -> Result<Job> {
     let walk_started = Instant::now();
     let mut bar: Option<indicatif::ProgressBar> = None;
-    loop {
-        match conn.recv()? {
-            Reply::Progress { files, dirs, bytes } => {
-                if bar.is_none()
-                    && walk_started.elapsed() > Duration::from_secs(1)
-                    && files + dirs > 0
-                    && !quiet
-                    && std::io::IsTerminal::is_terminal(&std::io::stderr())
-                {
-                    bar = Some(walk_bar(source));
-                }
-                if let Some(b) = &bar {
-                    b.set_position(files);
-                    b.set_message(format!("{dirs} dirs, {}", format_size(bytes)));
-                }
-            }
-            Reply::Attached {
-                table,
-                job_slot,
-                tiers,
-                notes,
-                warnings,
-                catalog,
-                placement,
-                ..
-            } => {
-                let shown = bar.take().map(|b| b.finish_and_clear()).is_some();
-                if shown || (walk_started.elapsed() > Duration::from_secs(1) && !quiet) {
-                    say(format!(
-                        "granary: catalogued {}: {} files, {} dirs, {} in {:.1} s",
-                        source.display(),
-                        catalog.files,
-                        catalog.dirs,
-                        format_size(catalog.bytes),
-                        catalog.walk_s
-                    ));
-                }
-                if !quiet {
-                    for n in notes {
-                        say(format!("granary: {n}"));
-                    }
-                }
-                for w in &warnings {
-                    say(format!("granary: {w}"));
-                }
-                return Ok(Attached {
-                    table,
-                    slot: job_slot,
-                    tiers,
-                    catalog,
-                    placement,
-                    warnings,
-                });
-            }
-            Reply::Error { message } => bail!("agent: {message}"),
-            other => bail!("unexpected reply from the agent: {other:?}"),
+    let terminal = crate::output::stderr_is_terminal();
+    let mut ticker = crate::output::Ticker::new();
+    let mut ticked = false;
+    let job = granary_agent::job::attach(conn, request, runtime, &mut |w| {
+        // Ctrl-C while the signals are held for the program (`connect_attached` waited): the
+        // program runs, without granary, and gets it.
+        if crate::signals::interrupted() {
+            bail!("interrupted");
+        }
+        let (files, dirs, bytes) = (w.files, w.dirs, w.bytes);
+        if bar.is_none()
+            && walk_started.elapsed() > Duration::from_secs(1)
+            && files + dirs > 0
+            && !quiet
+            && terminal
+        {
+            bar = Some(walk_bar(source));
+        }
+        if let Some(b) = &bar {
+            b.set_position(files);
+            b.set_message(format!("{dirs} dirs, {}", format_size(bytes)));
+        } else if !terminal && !quiet && files + dirs > 0 && ticker.due() {
+            // A batch job's log: where the walk is, every few seconds.
+            ticked = true;
+            say(format!(
+                "granary: cataloguing {}: {files} files, {dirs} dirs, {} after {:.0} s",
+                source.display(),
+                format_size(bytes),
+                walk_started.elapsed().as_secs_f64()
+            ));
+        }
+        Ok(())
+    });
+    let shown = bar.take().map(|b| b.finish_and_clear()).is_some();
+    let job = job?;
+    let c = &job.catalog;
+    if shown || ticked || (walk_started.elapsed() > Duration::from_secs(1) && !quiet) {
+        say(format!(
+            "granary: catalogued {}: {} files, {} dirs, {} in {:.1} s",
+            source.display(),
+            c.files,
+            c.dirs,
+            format_size(c.bytes),
+            c.walk_s
+        ));
+    }
+    if !quiet {
+        for n in &job.notes {
+            say(format!("granary: {n}"));
         }
     }
+    for w in &job.warnings {
+        say(format!("granary: {w}"));
+    }
+    Ok(job)
 }
 
-/// Runs the program without interception and reports it as such, with the reason; the exit
-/// status is the program's.
-fn run_plain(
+/// A job granary cannot serve: with `strict`, refused before the program starts (the cause and
+/// its fix, exit `STRICT_EXIT`); else the program runs without interception and the report's
+/// first line says so, why, and how to fix it. The exit status is then the program's.
+fn decline(
     args: &RunArgs,
+    strict: bool,
     cmd: &mut std::process::Command,
     prog: &std::ffi::OsStr,
     source: &Path,
     started: Instant,
-    why: String,
+    u: Unserved,
 ) -> Result<i32> {
+    if strict {
+        say(format!(
+            "granary: cannot serve this job: {}; fix: {}. The program was not run (--strict).",
+            u.why, u.fix
+        ));
+        return Ok(STRICT_EXIT);
+    }
+    say(format!(
+        "granary: {}; running the program without granary (fix: {})",
+        u.why, u.fix
+    ));
     let st = spawn_and_wait(cmd, prog)?;
     let report = JobReport {
         version: 1,
@@ -442,63 +389,69 @@ fn run_plain(
         exit_status: exit_code(st),
         wall_time_s: started.elapsed().as_secs_f64(),
         disabled: true,
-        fallback: Some(why),
+        fallback: Some(u.why),
+        fix: Some(u.fix),
+        pack_damage: u.pack_damage,
         ..Default::default()
     };
     finish(args, &report)?;
     Ok(report.exit_status)
 }
 
-/// The agent's answer to `stats` at the end of a job.
-struct AgentStats {
-    placement: PlacementStats,
-    tiers: Vec<granary_core::tiers::TierUsage>,
-    warnings: Vec<String>,
-    job: JobPlaced,
-    cluster: Option<granary_core::stats::ClusterReport>,
+/// `granary run --attach`: this node's agent (`granary serve`'s rank here), waited for up to
+/// `wait` while it is not up yet — its socket not made yet, or made but not answering yet (an
+/// attach never replaces an agent: it did not start it). The steps of a Slurm job start
+/// together, and a program started before its node's rank has made its socket would otherwise
+/// run without granary. Says once that it waits. Signals that arrive while it waits are held
+/// for the program (Slurm's `--signal`, `scancel`), as while the program starts; a SIGINT,
+/// SIGTERM or SIGHUP also ends the wait. Err: none by then.
+fn connect_attached(rt: &Runtime, wait: Duration) -> Result<Conn> {
+    let deadline = Instant::now() + wait;
+    let mut said = false;
+    loop {
+        let why = match granary_agent::client::connect(rt) {
+            Ok(Some(c)) => return Ok(c),
+            Ok(None) => "no granary agent runs on this node (--attach starts none)".to_string(),
+            Err(e) if silent_pid(&e).is_some() => format!("this node's granary agent: {e}"),
+            Err(e) => return Err(e),
+        };
+        if crate::signals::interrupted() {
+            bail!("{why}; interrupted while waiting for it");
+        }
+        if Instant::now() >= deadline {
+            if said {
+                bail!("{why}; waited {} (--attach-wait)", seconds(wait));
+            }
+            bail!("{why}");
+        }
+        if !said {
+            crate::signals::install();
+            say(format!(
+                "granary: waiting for this node's granary agent (granary serve) to start: at \
+                 most {} (--attach-wait, GRANARY_ATTACH_WAIT)",
+                seconds(wait)
+            ));
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{} s", (d.as_secs_f64() * 10.0).round() / 10.0)
 }
 
 /// `--attach`: the source the running agent serves, and whether it exists only in a pack
-/// (`granary serve --mount`).
-fn served_source() -> Result<(PathBuf, bool)> {
+/// (`granary serve --mount`); the agent waited for up to `wait` (`connect_attached`).
+fn served_source(wait: Duration) -> Result<(PathBuf, bool)> {
     let rt = Runtime::open()?;
-    let mut c = granary_agent::client::connect(&rt)?
-        .context("no granary agent runs on this node (--attach starts none)")?;
+    let mut c = connect_attached(&rt, wait)?;
     match c.ask(&Request::Status)? {
         Reply::Status(s) => match (s.cluster, s.sources.as_slice()) {
             (Some(c), _) => Ok((c.source, c.mount)),
             (None, [one]) => Ok((one.source.clone(), false)),
             _ => bail!("the agent serves several sources (or none): name one with --source"),
         },
-        other => bail!("unexpected reply {other:?}"),
-    }
-}
-
-fn agent_stats(
-    conn: &mut Conn,
-    source: &Path,
-    slot: u32,
-    pack: Option<&Path>,
-) -> Result<AgentStats> {
-    let req = Request::Stats {
-        source: source.to_path_buf(),
-        slot,
-        pack: pack.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())),
-    };
-    match conn.ask(&req)? {
-        Reply::Stats {
-            placement,
-            tiers,
-            warnings,
-            job,
-            cluster,
-        } => Ok(AgentStats {
-            placement,
-            tiers,
-            warnings,
-            job,
-            cluster,
-        }),
         other => bail!("unexpected reply {other:?}"),
     }
 }

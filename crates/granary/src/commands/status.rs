@@ -7,6 +7,7 @@ use granary_agent::protocol::ClusterStatus;
 use granary_core::runtime::Runtime;
 use granary_core::size::format_size;
 
+use crate::flags::StatusArgs;
 use crate::output::{out, say};
 
 /// `granary stop`: the agent saves its catalogs and exits; waits until it is gone.
@@ -19,11 +20,18 @@ pub fn stop() -> Result<i32> {
     Ok(0)
 }
 
-pub fn main(json: bool) -> Result<i32> {
+pub fn main(args: StatusArgs) -> Result<i32> {
+    let json = args.json;
+    if let Some(p) = &args.metrics_file {
+        crate::preflight::check_output("--metrics-file", p)?;
+    }
     let rt = Runtime::open()?;
     let s = match client::status(&rt) {
         Ok(Some(s)) => s,
         Ok(None) => {
+            if let Some(p) = &args.metrics_file {
+                write_atomically(p, &granary_agent::metrics::render(None))?;
+            }
             out(if json {
                 "null"
             } else {
@@ -37,6 +45,9 @@ pub fn main(json: bool) -> Result<i32> {
         }
         Err(e) => return Err(e),
     };
+    if let Some(p) = &args.metrics_file {
+        write_atomically(p, &granary_agent::metrics::render(Some(&s)))?;
+    }
     if json {
         out(&serde_json::to_string_pretty(&s)?);
         return Ok(0);
@@ -94,16 +105,31 @@ pub fn main(json: bool) -> Result<i32> {
         ));
     }
     for src in &s.sources {
+        let catalog = if src.busy {
+            "catalog busy (being listed or saved)".to_string()
+        } else {
+            format!(
+                "{} files, {}",
+                src.catalog.files,
+                format_size(src.catalog.bytes)
+            )
+        };
         out(&format!(
-            "source {} ({}): {} files, {}; {} placed ({}), {} pending; {} job(s)",
+            "source {} ({}): {catalog}; {} placed ({}), {} pending; {} job(s){}",
             src.source.display(),
             src.id,
-            src.catalog.files,
-            format_size(src.catalog.bytes),
             src.files_placed_now,
             format_size(src.bytes_placed_now),
             src.pending,
-            src.jobs
+            src.jobs,
+            if src.busy { " or more" } else { "" }
+        ));
+        out(&format!(
+            "  served: {} opens from tiers ({}), {} from the source ({})",
+            src.served.tier_opens,
+            format_size(src.served.tier_bytes),
+            src.served.source_opens,
+            format_size(src.served.source_bytes)
         ));
         for (i, t) in src.tiers.iter().enumerate() {
             out(&format!("  tier {i}: {}", t.path.display()));
@@ -162,7 +188,7 @@ fn print_cluster(c: &ClusterStatus) {
         let p = &p.numbers;
         out(&format!(
             "  rank {}: {}, holds {} files ({}), staged {}; from others {} ({}), to others {} \
-             ({}); PFS {}, from the source instead {}; {} job(s)",
+             ({}); PFS {}, from the source instead {}; through buffers {}; {} job(s)",
             p_rank,
             match (alive, silent) {
                 (true, _) => "alive".to_string(),
@@ -178,7 +204,29 @@ fn print_cluster(c: &ClusterStatus) {
             format_size(p.peer_bytes),
             format_size(p.pfs_bytes),
             p.fallbacks,
+            format_size(p.bounce_bytes),
             p.jobs
         ));
     }
+}
+
+/// Writes `text` to `path` through a temporary file in its directory and a rename, so a
+/// collector reading it never sees half a file.
+fn write_atomically(path: &std::path::Path, text: &str) -> Result<()> {
+    use anyhow::Context;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("--metrics-file {}", path.display()))?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes())?;
+    // A collector runs as another user: the file is readable, as its directory says.
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )?;
+    tmp.persist(path)
+        .with_context(|| format!("--metrics-file {}", path.display()))?;
+    Ok(())
 }

@@ -14,13 +14,13 @@ Examples:
       8 partitions of balanced size; files (and 1 MiB frames) that do not shrink stay raw
   granary pack /pfs/imagenet /pfs/in.granary --files order.txt --replicate 'val/**'
       only the listed paths, stored in the listed order; val/ marked for every node
-  granary pack verify /pfs/imagenet.granary --source /pfs/imagenet
+  granary pack verify /pfs/imagenet.granary /pfs/imagenet
   granary pack ls /pfs/imagenet.granary train/n01440764
   granary pack cat /pfs/imagenet.granary train/n01440764/img_1.JPEG > img.jpg
-  granary pack diff /pfs/imagenet /pfs/imagenet.granary
+  granary pack diff /pfs/imagenet.granary /pfs/imagenet
 
 The pack is written under a temporary name beside OUT and renamed when complete: an interrupted
-pack never leaves a pack that looks valid. The same tree always gives the same bytes.
+pack (Ctrl-C, SIGTERM, SIGHUP) removes it and never leaves a pack that looks valid. The same tree always gives the same bytes.
 `granary pack create SRC OUT` is the same as `granary pack SRC OUT` (for a SRC named like a tool).
 The format is described in docs/pack-format.md.";
 
@@ -43,15 +43,18 @@ pub enum Tool {
     /// Pack SRC into OUT (what `granary pack SRC OUT` does).
     #[command(after_help = PACK_EXAMPLES)]
     Create(CreateArgs),
-    /// Check every checksum of a pack; with --source, compare every file with the source.
+    /// Check every checksum of a pack; with SRC, also compare every file with the source.
     #[command(after_help = "\
 Examples:
   granary pack verify /pfs/imagenet.granary
       index, partition headers, every file's and symlink's checksum, partitions fully covered
-  granary pack verify /pfs/imagenet.granary --source /pfs/imagenet
+  granary pack verify /pfs/imagenet.granary /pfs/imagenet
       also compares each file byte for byte with the file it was packed from
 
-Exit status: 0 when everything holds, 1 when a problem was found (each is printed).")]
+Output: one line per problem on stdout, each damaged file named once (`path: what`); a partition
+that cannot be used is one line, and each of its files a line of its own. A summary on stderr.
+Exit status: 0 when everything holds, 1 when the pack is damaged or differs from SRC, 2 when
+PACK is not a pack or SRC cannot be read (usage errors).")]
     Verify(VerifyArgs),
     /// List a directory of a pack like `ls -l`, from the index alone.
     #[command(after_help = "\
@@ -62,7 +65,8 @@ Examples:
   granary pack ls -d /pfs/imagenet.granary train        the directory itself
 
 Columns: mode, links, uid, gid, size, mtime (UTC), name (`-> target` for symlinks). Control
-characters and bytes that are not UTF-8 are shown as backslash escapes, like `ls -b`.")]
+characters and bytes that are not UTF-8 are shown as backslash escapes, like `ls -b`.
+Exit status: 0, 1 when the index is damaged, 2 when PACK is not a pack or PATH not in it.")]
     Ls(LsArgs),
     /// Write files of a pack to stdout, checked against their checksums first.
     #[command(after_help = "\
@@ -71,18 +75,22 @@ Examples:
   granary pack cat /pfs/imagenet.granary labels.txt synsets.txt | wc -l
 
 Symlinks inside the pack are followed; one pointing outside it is an error. A damaged file is an
-error, never wrong bytes.")]
+error, never wrong bytes: nothing of it is written.
+Exit status: 0, 1 when a file is damaged in the pack, 2 when PACK is not a pack or a PATH is not
+a file in it.")]
     Cat(CatArgs),
     /// List what changed in the source since it was packed (added, removed, modified).
     #[command(after_help = "\
 Examples:
-  granary pack diff /pfs/imagenet /pfs/imagenet.granary
-  granary pack diff /pfs/imagenet /pfs/imagenet.granary | grep '^M'
+  granary pack diff /pfs/imagenet.granary /pfs/imagenet
+  granary pack diff /pfs/imagenet.granary /pfs/imagenet | grep '^M'
 
 Output: `A path` added, `D path` removed, `M path (fields)` another version (inode, size, mtime,
 ctime, type or symlink target differ). A directory whose inode, mtime and ctime are unchanged is
-not listed again (only its entries are stat'ed); no file is read.
-Exit status: 0 when nothing changed, 1 when something did.")]
+not listed again (only its entries are stat'ed); no file is read. The older order, SRC PACK, is
+still understood (only the pack has an index).
+Exit status: 0 when nothing changed, 1 when something did, 2 on errors (PACK not a pack, its
+index damaged, SRC unreadable).")]
     Diff(DiffArgs),
 }
 
@@ -127,18 +135,33 @@ pub struct CreateArgs {
 
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
+    /// The pack directory (holding `index` and `part-NNNNN`).
+    #[arg(value_name = "PACK")]
     pub pack: PathBuf,
-    /// Also compare every file with this source directory.
-    #[arg(long, value_name = "SRC")]
+    /// Also compare every file with this source directory, byte for byte.
+    #[arg(value_name = "SRC", conflicts_with = "source")]
+    pub src: Option<PathBuf>,
+    /// The same as SRC (the older spelling).
+    #[arg(long, value_name = "SRC", hide = true)]
     pub source: Option<PathBuf>,
+    /// No progress bar and no summary (problems are still printed).
     #[arg(long, short)]
     pub quiet: bool,
 }
 
+impl VerifyArgs {
+    pub fn source(&self) -> Option<&std::path::Path> {
+        self.src.as_deref().or(self.source.as_deref())
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct LsArgs {
+    /// The pack directory.
+    #[arg(value_name = "PACK")]
     pub pack: PathBuf,
     /// A path inside the pack (default: its root).
+    #[arg(value_name = "PATH")]
     pub path: Option<OsString>,
     /// Every entry below PATH, each with its path.
     #[arg(short = 'R', long)]
@@ -150,13 +173,20 @@ pub struct LsArgs {
 
 #[derive(Args, Debug)]
 pub struct CatArgs {
+    /// The pack directory.
+    #[arg(value_name = "PACK")]
     pub pack: PathBuf,
-    #[arg(required = true)]
+    /// Files inside the pack, relative to its root; written in this order.
+    #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<OsString>,
 }
 
 #[derive(Args, Debug)]
 pub struct DiffArgs {
-    pub src: PathBuf,
+    /// The pack directory.
+    #[arg(value_name = "PACK")]
     pub pack: PathBuf,
+    /// The directory it was packed from.
+    #[arg(value_name = "SRC")]
+    pub src: PathBuf,
 }

@@ -27,14 +27,17 @@ Examples:
   granary run --pack /scratch/imagenet.granary --mount /pfs/imagenet -- python train.py
       only the pack exists here: the program reads /pfs/imagenet/... from it
 
-The program keeps reading /pfs/imagenet as before. Later jobs on this node reuse what earlier ones
-placed (validated by the source's identity and a checksum). `granary status` shows the agent, `granary stop`
-ends it; it also exits by itself after --idle-timeout without jobs.";
+The program keeps reading /pfs/imagenet as before. Later jobs on this node reuse what earlier
+ones placed (checked against the source's identity). `granary status` shows the agent, `granary
+stop` ends it; it also exits by itself after --idle-timeout without jobs. Exit status: the
+program's (128 + N if a signal N ended it); 2 for granary's own usage errors, before the program
+starts; 69 with --strict when granary cannot serve the job (the program did not run).";
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The dataset directory the program reads (on the shared file system). With --attach,
-    /// the one the running agent serves.
+    /// The dataset directory the program reads (on the shared file system).
+    ///
+    /// With --attach, the one the running agent serves (default: the only one it serves).
     #[arg(
         long,
         value_name = "DIR",
@@ -42,56 +45,108 @@ pub struct RunArgs {
         conflicts_with = "mount"
     )]
     pub source: Option<PathBuf>,
-    /// Serve the dataset from this pack (made by `granary pack`): every stat and listing comes
-    /// from its index, and the agent streams its partitions into the tiers in large sequential
-    /// reads. With --source, the tree is checked against the index per directory before the
-    /// program starts (one metadata call each) and files changed since packing are read from it.
-    #[arg(long, value_name = "PACK")]
-    pub pack: Option<PathBuf>,
-    /// Only the pack exists (e.g. copied to node-local scratch): PATH is where the program
-    /// expects the tree, which granary serves from the pack alone (directories opened there are
-    /// stand-ins: listings, stat and opens below them work, `chdir` into them does not).
-    #[arg(long, value_name = "PATH", requires = "pack")]
-    pub mount: Option<PathBuf>,
-    /// Attach to the agent already running on this node (`granary serve`'s rank here) and
-    /// never start one: without it the program runs without granary.
-    #[arg(long, conflicts_with_all = ["pack", "mount"])]
-    pub attach: bool,
     #[command(flatten)]
     pub tiers: TierArgs,
-    /// The order the program opens its files, when it is known ahead (a file list, or one
-    /// written from the shuffle seed): one path per line, relative to --source or absolute
-    /// under it, `#` comments; list one epoch or all of them. Implies the known-order placement
-    /// policy: the agent keeps the next --prefetch-window bytes of that order placed before the
-    /// program asks, and to make room evicts only files the program already read this epoch.
-    /// Lines naming no file of the source are reported, not fatal. Like --tier, it applies when
-    /// no other job is using the source. Config: `[placement] policy = "known-order"`,
-    /// `access_order = "FILE"`.
+    /// Write the job's report as JSON to FILE (checked before the program starts).
     #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
+    /// Print only warnings, not the report table or notes.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Refuse to run the program when granary cannot serve it (exit 69).
+    ///
+    /// A missing source, an unusable tier, an agent that cannot start, GRANARY_DISABLE, …: the
+    /// cause and its fix are printed and the program is not started. Without it such a job runs
+    /// without granary and its report says why on its first line. Also GRANARY_STRICT=1.
+    #[arg(long)]
+    pub strict: bool,
+    /// Serve the dataset from this pack (made by `granary pack`).
+    ///
+    /// Every stat and listing comes from its index, and the agent streams its partitions into
+    /// the tiers in large sequential reads. With --source, the tree is checked against the index
+    /// per directory before the program starts (one metadata call each) and files changed
+    /// since packing are read from it.
+    #[arg(long, value_name = "PACK", help_heading = "Packs and cluster mode")]
+    pub pack: Option<PathBuf>,
+    /// Only the pack exists: serve it where the program expects the tree (PATH).
+    ///
+    /// E.g. a pack copied to node-local scratch. Directories opened there are stand-ins:
+    /// listings, stat and opens below them work, `chdir` into them does not.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "pack",
+        help_heading = "Packs and cluster mode"
+    )]
+    pub mount: Option<PathBuf>,
+    /// Attach to the agent `granary serve` runs on this node; never start one.
+    ///
+    /// Without a serving agent here the program runs without granary (or, with --strict, not
+    /// at all).
+    #[arg(
+        long,
+        conflicts_with_all = ["pack", "mount"],
+        help_heading = "Packs and cluster mode"
+    )]
+    pub attach: bool,
+    /// With --attach: how long to wait for this node's agent to start (default 120s).
+    ///
+    /// The steps of a Slurm job start together: the program waits (bounded) until its node's
+    /// serving rank is ready, then runs without granary. Default `$GRANARY_ATTACH_WAIT`, else
+    /// 120s; 0 does not wait.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        requires = "attach",
+        help_heading = "Packs and cluster mode"
+    )]
+    pub attach_wait: Option<String>,
+    /// The order the program will open its files (a file list): placed ahead of it.
+    ///
+    /// One path per line, relative to --source or absolute under it, `#` comments; list one
+    /// epoch or all of them (a list written from the shuffle seed). Implies the known-order
+    /// placement policy: the agent keeps the next --prefetch-window bytes of that order placed
+    /// before the program asks, and to make room evicts only files the program already read
+    /// this epoch. Lines naming no file of the source are reported, not fatal. Like --tier, it
+    /// applies when no other job is using the source. Config: `[placement] policy =
+    /// "known-order"`, `access_order = "FILE"`.
+    #[arg(long, value_name = "FILE", help_heading = "Placement tuning")]
     pub access_order: Option<PathBuf>,
-    /// Bytes of upcoming files (in --access-order) kept placed ahead of the program (e.g. 10G;
-    /// default 25% of the first tier). Config: `[placement] prefetch_window`.
-    #[arg(long, value_name = "SIZE")]
+    /// Bytes of upcoming files (in --access-order) kept placed ahead (default 25% of tier 0).
+    ///
+    /// E.g. 10G. Config: `[placement] prefetch_window`.
+    #[arg(long, value_name = "SIZE", help_heading = "Placement tuning")]
     pub prefetch_window: Option<String>,
-    /// Declare the dataset immutable: files are never changed in place, only added or removed.
+    /// The dataset's files are never changed in place: a later job checks it per directory.
+    ///
     /// A job that finds the source's catalog from an earlier job then checks it with one
     /// metadata call per directory instead of one per file (a directory whose identity is
     /// unchanged vouches for its files). Like --tier, it applies when no other job is using the
     /// source. Config: `[catalog] immutable = true`.
-    #[arg(long)]
+    #[arg(long, help_heading = "Placement tuning")]
     pub immutable: bool,
-    /// Write the job's report as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub stats_json: Option<PathBuf>,
-    /// Do not print the report table or notes (warnings about what is wrong are still printed).
-    #[arg(long, short)]
-    pub quiet: bool,
-    /// The program and its arguments.
+    /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     pub program: Vec<std::ffi::OsString>,
 }
 
 impl RunArgs {
+    /// With --attach, how long to wait for the node's agent: `--attach-wait`, else
+    /// `$GRANARY_ATTACH_WAIT`, else 120 s; `None` without --attach.
+    pub fn attach_wait(&self) -> Result<Option<std::time::Duration>> {
+        if !self.attach {
+            return Ok(None);
+        }
+        let (v, from) = match (&self.attach_wait, std::env::var("GRANARY_ATTACH_WAIT")) {
+            (Some(v), _) => (v.clone(), "--attach-wait"),
+            (None, Ok(v)) if !v.is_empty() => (v, "GRANARY_ATTACH_WAIT"),
+            _ => return Ok(Some(std::time::Duration::from_secs(120))),
+        };
+        granary_core::size::parse_duration(&v)
+            .map(Some)
+            .with_context(|| format!("bad {from} `{v}`: a duration like 120s or 5m"))
+    }
+
     /// The path the program reads: `--source` (a directory that must exist) or `--mount` (where
     /// the program expects a tree that exists only in the pack), lexically normalised.
     pub fn target(&self) -> Result<PathBuf> {

@@ -11,15 +11,18 @@ use granary_agent::cluster::{replicate_set, ServeConfig};
 use super::tiers::TierArgs;
 
 pub const SERVE_EXAMPLES: &str = "\
-Examples (one serving rank per node, then the program on every node):
-  srun --ntasks-per-node=1 granary serve --source /pfs/imagenet \\
+Examples (one serving rank per node, then the program on every node; a whole job script
+is in docs/cluster.md, \"Slurm\"):
+  srun --overlap --mpi=pmix --ntasks-per-node=1 granary serve --source /pfs/imagenet \\
        --tier /dev/shm/granary=32G --tier /local/granary=800G --replicate 'val/**' &
-  srun granary run --attach -- python train.py
+  srun --overlap granary run --attach -- python train.py    # waits for its node's rank
   mpirun -np 8 --map-by ppr:1:node granary serve --source /pfs/imagenet --replicas 2 &
 
 A pack (granary pack): rank 0 reads its index, each rank streams its share of the pack:
-  srun --ntasks-per-node=1 granary serve --source /pfs/imagenet --pack /pfs/imagenet.granary &
-  srun --ntasks-per-node=1 granary serve --pack /pfs/imagenet.granary --mount /data/imagenet &
+  srun --overlap --mpi=pmix --ntasks-per-node=1 granary serve --source /pfs/imagenet \\
+       --pack /pfs/imagenet.granary &
+  srun --overlap --mpi=pmix --ntasks-per-node=1 granary serve --pack /pfs/imagenet.granary \\
+       --mount /data/imagenet &
 
 On one machine (tests), `{rank}` in $GRANARY_RUNTIME_DIR, --tier and --staging is the MPI rank:
   GRANARY_RUNTIME_DIR=/tmp/g/rt{rank} mpirun -np 3 --oversubscribe granary serve \\
@@ -139,7 +142,7 @@ impl ServeArgs {
             runtime_dir: std::env::var("GRANARY_RUNTIME_DIR")
                 .ok()
                 .filter(|d| !d.is_empty()),
-            workers: self.tiers.workers,
+            workers: self.tiers.workers.map(usize::from),
             replicas: self.replicas,
             replicate: self.replicate.clone(),
             replicate_set,

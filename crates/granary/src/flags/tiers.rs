@@ -10,43 +10,51 @@ use granary_agent::config::{resolve_job_tiers, AgentConfig};
 use granary_core::config::{
     parse_tier_flag, resolve_tiers, Config, TierConfig, DEFAULT_IDLE_TIMEOUT,
 };
-use granary_core::size::format_size;
 use granary_core::tiers::TierSpec;
 
 use crate::output::say;
 
-/// Where to cache: shared by `run` and `agent`.
+/// Where to cache: shared by `run`, `agent`, `serve` and `container-flags`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct TierArgs {
     /// A tier, fastest first: PATH or PATH=SIZE (e.g. /dev/shm/granary=8G). Repeatable.
-    /// Default: a per-user directory on node-local storage, 90% of its free space.
+    ///
+    /// Default: `granary-<user>` in the first writable of $GRANARY_CACHE_DIR, $SLURM_TMPDIR,
+    /// $TMPDIR, /tmp, with 90% of its free space. Sizes: K, M, G, T, P, E (binary units).
     #[arg(long = "tier", value_name = "PATH[=SIZE]")]
     pub tiers: Vec<String>,
-    /// TOML configuration (tiers, placement workers, agent idle timeout, logging).
-    /// Default: $GRANARY_CONFIG.
+    /// TOML configuration: tiers, placement, idle timeout, logging (default $GRANARY_CONFIG).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Placement worker threads (default: from the core count).
-    #[arg(long, value_name = "N")]
-    pub workers: Option<usize>,
-    /// Size of the agent's reads of the source (e.g. 8M; default 8M). Applies to an agent
-    /// started by this command.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u16).range(1..=1024),
+        help_heading = "Placement tuning"
+    )]
+    pub workers: Option<u16>,
+    /// Size of the agent's reads of the source (4K..1G, default 8M).
+    ///
+    /// Applies to an agent started by this command. Config: `[placement] block_size`.
+    #[arg(long, value_name = "SIZE", help_heading = "Placement tuning")]
     pub block_size: Option<String>,
     /// Source reads the agent makes at once on this node, all jobs together (default 4).
-    /// Applies to an agent started by this command.
-    #[arg(long, value_name = "N")]
+    ///
+    /// Applies to an agent started by this command. Config: `[placement] max_source_streams`.
+    #[arg(long, value_name = "N", help_heading = "Placement tuning")]
     pub max_source_streams: Option<usize>,
-    /// Bytes of placed copies kept in the page cache: `auto` (default: what the memory limit
-    /// of the agent's cgroup, or the node's memory, leaves for file pages, less a reserve),
-    /// `off` (the kernel's LRU decides, as without granary) or a size (e.g. 200G). Copies
+    /// Bytes of copies kept in the page cache: auto (default), off, or a size like 200G.
+    ///
+    /// `auto`: what the memory limit of the agent's cgroup, or the node's memory, leaves for
+    /// file pages, less a reserve; `off`: the kernel's LRU decides, as without granary. Copies
     /// beyond it are dropped from the page cache after each read, so a dataset larger than RAM
     /// misses only those instead of thrashing the cache. Applies to an agent started by this
     /// command. Config: `[placement] page_cache`.
-    #[arg(long, value_name = "auto|off|SIZE")]
+    #[arg(long, value_name = "auto|off|SIZE", help_heading = "Placement tuning")]
     pub page_cache: Option<String>,
-    /// An agent exits after no job used it this long (e.g. 30s, 2m). Default 30s.
-    #[arg(long, value_name = "DURATION")]
+    /// The agent exits after no job used it this long (e.g. 30s, 2m; default 30s).
+    #[arg(long, value_name = "DURATION", help_heading = "Placement tuning")]
     pub idle_timeout: Option<String>,
 }
 
@@ -98,47 +106,57 @@ impl TierArgs {
         Ok(cfg.tiers.clone())
     }
 
-    /// The tiers for a job: flags, config, or the default (announced on stderr unless
-    /// `quiet`). An unusable tier is dropped with a message; none left is an error.
-    pub fn job_tiers(&self, cfg: &Config, quiet: bool) -> Result<Vec<TierSpec>> {
+    /// The tiers for a job: flags, config, or the default. An unusable tier is dropped with a
+    /// message (with `strict`, it is an error); none left is an error. A tier said to be larger
+    /// than its file system is warned about. With each tier: whether it is worth announcing
+    /// (the default tier, or a capacity left to its default), which the caller does with the
+    /// capacity the agent then uses.
+    pub fn job_tiers(&self, cfg: &Config, strict: bool) -> Result<Vec<(TierSpec, bool)>> {
         let r = resolve_job_tiers(&self.named(cfg)?)?;
+        if let (true, Some(d)) = (strict, r.dropped.first()) {
+            bail!("{d}");
+        }
         for d in &r.dropped {
             say(format!("granary: {d}; not using this tier"));
+        }
+        for w in &r.oversized {
+            say(format!("granary: warning: {w}"));
         }
         if r.specs.is_empty() {
             bail!("no usable tier");
         }
-        for (i, (t, cap_default)) in r.specs.iter().zip(&r.capacity_defaulted).enumerate() {
-            if (r.defaulted || *cap_default) && !quiet {
-                say(format!(
-                    "granary: tier {i}: {} ({}{})",
-                    t.path.display(),
-                    format_size(t.capacity),
-                    if *cap_default {
-                        ", 90% of free space"
-                    } else {
-                        ""
-                    }
-                ));
-            }
-        }
-        Ok(r.specs)
+        let defaulted = r.defaulted;
+        Ok(r.specs
+            .into_iter()
+            .zip(r.capacity_defaulted)
+            .map(|(t, cap)| (t, defaulted || cap))
+            .collect())
+    }
+
+    /// `--idle-timeout`, checked (the agent `granary run` starts gets it as given).
+    pub fn idle_timeout(&self) -> Result<Option<std::time::Duration>> {
+        self.idle_timeout
+            .as_deref()
+            .map(|s| {
+                granary_core::size::parse_duration(s).with_context(|| {
+                    format!("bad --idle-timeout `{s}`: expected a duration like 30s or 2m")
+                })
+            })
+            .transpose()
     }
 
     /// `granary agent`: the agent's configuration from these flags over the file's.
     pub fn agent_config(&self) -> Result<AgentConfig> {
         let cfg = self.config()?;
-        let idle_timeout = match &self.idle_timeout {
-            Some(s) => granary_core::size::parse_duration(s)
-                .with_context(|| format!("bad --idle-timeout `{s}`"))?,
-            None => cfg.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),
-        };
+        let idle_timeout = self
+            .idle_timeout()?
+            .unwrap_or(cfg.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT));
         let tiers = resolve_tiers(&self.named(&cfg)?)?
             .into_iter()
             .map(|t| t.0)
             .collect();
         Ok(AgentConfig {
-            workers: self.workers.or(cfg.workers),
+            workers: self.workers.map(usize::from).or(cfg.workers),
             tiers,
             idle_timeout: Some(idle_timeout),
             serving: None,

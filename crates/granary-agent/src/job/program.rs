@@ -6,8 +6,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::jobenv::{launcher, Launcher};
-
 /// How the dynamic loader treats a program file.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Loading {
@@ -167,6 +165,30 @@ pub fn why_not_loaded(program: &OsStr, args: &[OsString], source: &Path) -> Opti
         )),
         Loading::Dynamic => None,
     }
+}
+
+/// Container launchers `granary run` may start, by their program name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    Apptainer,
+    Docker,
+    Podman,
+    Bwrap,
+    Enroot,
+    Env,
+}
+
+pub fn launcher(program: &OsStr) -> Option<Launcher> {
+    let name = Path::new(program).file_name()?.to_str()?;
+    Some(match name {
+        "apptainer" | "singularity" => Launcher::Apptainer,
+        "docker" | "nerdctl" => Launcher::Docker,
+        "podman" => Launcher::Podman,
+        "bwrap" => Launcher::Bwrap,
+        "enroot" => Launcher::Enroot,
+        "env" => Launcher::Env,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,33 @@
+// t_mpi(s) of the remote-read bar (docs/cluster.md): the one-way time of a plain MPI ping-pong of
+// s bytes between two ranks, half the median round trip, buffers allocated and touched once
+// (the transfer's floor: what any MPI program pays for s bytes, with this MPI and launcher).
+// Arguments: repetitions, then sizes in bytes. Prints one JSON object: {"<size>": seconds}.
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int r; MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  int reps = atoi(argv[1]);
+  double *v = malloc(sizeof(double) * reps);
+  if (r == 0) printf("{");
+  for (int k = 2; k < argc; k++) {
+    long n = atol(argv[k]);
+    char *buf = malloc(n); memset(buf, 1, n);
+    for (int i = -3; i < reps; i++) {  // 3 warm-up round trips
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = MPI_Wtime();
+      if (r == 0) { MPI_Send(buf, n, MPI_BYTE, 1, 1, MPI_COMM_WORLD); MPI_Recv(buf, n, MPI_BYTE, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE); }
+      else { MPI_Recv(buf, n, MPI_BYTE, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE); MPI_Send(buf, n, MPI_BYTE, 0, 1, MPI_COMM_WORLD); }
+      if (i >= 0) v[i] = (MPI_Wtime() - t0) / 2;
+    }
+    qsort(v, reps, sizeof(double), cmp);
+    if (r == 0) printf("%s\"%ld\": %.9f", k > 2 ? ", " : "", n, v[reps / 2]);
+    free(buf);
+  }
+  if (r == 0) printf("}\n");
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,164 @@
+//! The owner's side of a transfer's copy: mappings of this rank's own copies, kept with their
+//! pages mapped. With a single-copy transport (OpenMPI's shared memory: `process_vm_readv`; an
+//! RDMA NIC registering the pages) the receiver reads straight from the owner's mapping, and
+//! every page not mapped yet is faulted in on the transfer's critical path: a fresh mapping of
+//! 2 MiB cost +0.05 ms, of 8 MiB +0.31 ms (`bench/floor/mpi_source_map.c`), and unmapping it
+//! after the send costs a TLB shootdown per transfer. So a copy's mapping is made once and kept
+//! (its pages stay mapped after the first transfer), and on tiers in memory (tmpfs: populating
+//! reads no device) a warming pass maps and populates the copies this rank places before anyone
+//! asks for them, a slice per call at idle priority.
+//!
+//! Bounded: at most `MAX_MAPS` mappings (a mapping is one VMA; the kernel's default limit is
+//! 65,530 per process); a warming pass also drops the mappings of copies that are gone (a
+//! mapping of a removed file would keep its pages).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::{Arc, Mutex};
+
+use granary_core::placement::SourceCtx;
+use granary_shm::state;
+
+/// Mappings kept at most.
+const MAX_MAPS: usize = 16384;
+/// The most a warming call populates (`MADV_POPULATE_READ`): a thread at idle priority is not
+/// preempted inside a system call.
+const SLICE: usize = 64 << 10;
+
+struct Kept {
+    object: u64,
+    tier: usize,
+    file: File,
+    map: Arc<memmap2::MmapRaw>,
+}
+
+#[derive(Default)]
+pub struct Maps {
+    kept: Mutex<HashMap<u32, Kept>>,
+}
+
+impl Maps {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Kept>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The mapping of the complete copy of `idx` (`size` bytes, object `object`) on `tier`, for
+    /// sending from: the kept one while it is still that copy, else the copy opened, checked
+    /// (`open`) and mapped now, and kept.
+    pub fn get(
+        &self,
+        ctx: &SourceCtx,
+        idx: u32,
+        tier: usize,
+        object: u64,
+        size: u64,
+        open: impl FnOnce() -> Option<File>,
+    ) -> Option<Arc<memmap2::MmapRaw>> {
+        if let Some(k) = self.lock().get(&idx) {
+            if k.object == object && k.tier == tier && current(ctx, idx, k) {
+                return Some(k.map.clone());
+            }
+        }
+        let file = open()?;
+        let map = Arc::new(
+            memmap2::MmapOptions::new()
+                .len(size as usize)
+                .map_raw_read_only(&file)
+                .ok()?,
+        );
+        self.keep(
+            idx,
+            Kept {
+                object,
+                tier,
+                file,
+                map: map.clone(),
+            },
+        );
+        Some(map)
+    }
+
+    fn keep(&self, idx: u32, k: Kept) {
+        let mut kept = self.lock();
+        if kept.len() < MAX_MAPS || kept.contains_key(&idx) {
+            kept.insert(idx, k);
+        }
+    }
+
+    /// Mappings kept now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// One warming pass: drops the mappings of copies that are gone, then maps and populates
+    /// the copies `own(idx)` says this rank serves from its tiers in memory (`memory[tier]`),
+    /// up to `MAX_MAPS`. `open(idx, tier, object, size)` opens and checks a copy.
+    pub fn warm(
+        &self,
+        ctx: &SourceCtx,
+        memory: &[bool],
+        own: impl Fn(u32) -> bool,
+        open: impl Fn(u32, usize, u64, u64) -> Option<File>,
+        stopping: &dyn Fn() -> bool,
+    ) {
+        self.lock().retain(|&idx, k| current(ctx, idx, k));
+        let t = &ctx.table;
+        for idx in 0..t.entry_count() {
+            if stopping() || self.len() >= MAX_MAPS {
+                return;
+            }
+            let w = t.state(idx);
+            let tier = state::tier_of(w) as usize;
+            if state::state_of(w) != state::PLACED
+                || !memory.get(tier).copied().unwrap_or(false)
+                || !own(idx)
+                || self.lock().contains_key(&idx)
+            {
+                continue;
+            }
+            let Some(e) = t.entry(idx).filter(|e| e.stat.size > 0) else {
+                continue;
+            };
+            let Some(file) = open(idx, tier, e.object, e.stat.size) else {
+                continue;
+            };
+            let Ok(map) = memmap2::MmapOptions::new()
+                .len(e.stat.size as usize)
+                .map_raw_read_only(&file)
+            else {
+                continue;
+            };
+            let mut off = 0;
+            while off < map.len() {
+                let n = (map.len() - off).min(SLICE);
+                if map
+                    .advise_range(memmap2::Advice::PopulateRead, off, n)
+                    .is_err()
+                {
+                    break; // before Linux 5.14: the first transfer maps its pages
+                }
+                off += n;
+            }
+            self.keep(
+                idx,
+                Kept {
+                    object: e.object,
+                    tier,
+                    file,
+                    map: Arc::new(map),
+                },
+            );
+        }
+    }
+}
+
+/// True while `k` is still the complete copy of `idx` the table knows: PLACED on its tier, and
+/// the file it maps has the identity recorded at placement (a copy dropped and placed again
+/// under the same name is another file).
+fn current(ctx: &SourceCtx, idx: u32, k: &Kept) -> bool {
+    let w = ctx.table.state(idx);
+    state::state_of(w) == state::PLACED
+        && state::tier_of(w) as usize == k.tier
+        && ctx.table.entry(idx).is_some_and(|e| e.object == k.object)
+        && granary_core::sys::copy_identity(&k.file).ok() == Some(ctx.table.copy_identity(idx))
+}

@@ -1,0 +1,274 @@
+//! Read-ahead across files: a program that opens a directory's files one after the other in
+//! name order (DLIO's default loader, `for f in sorted(os.listdir(d))`) gets the next ones
+//! fetched while it works on the current one (docs/placement.md, "Read-ahead in name order").
+//!
+//! Without it, a single reader of mid-size files leaves the source idle between two files for
+//! as long as it takes to decode one (DLIO's reader: `numpy.load` plus its own per-sample work),
+//! and epoch 1 runs at fetch + decode per file instead of at the source's bandwidth.
+//!
+//! - **Detection** (`on_open`, from the ring consumer): per directory, its children sorted by
+//!   name (made once, when a file of it is first opened). A *run* follows a stretch of one
+//!   directory being opened: an open at most `SPAN` places behind or ahead of its furthest file
+//!   keeps the run (several workers of one loader open a few files out of order), any other open
+//!   starts a new one. Up to `RUNS` runs are followed at once (several readers), the least
+//!   recent replaced first. A run is sequential once it spans at least `MIN_OPENS` files and
+//!   its opens cover at least three quarters of them: a reader in name order opens every file
+//!   of its stretch, a random order hitting the same stretch leaves most of it unopened.
+//! - **Read-ahead**: the files after the furthest one, in name order, that the agent fetches
+//!   whole and in one request (the source's whole-fetch size up to `DIRECT_FETCH_MAX`: larger
+//!   ones are already read in large blocks, smaller ones the program reads itself), up to
+//!   `WINDOW` bytes of them, are claimed (UNPLACED → QUEUED, as a known-order prefetch claims)
+//!   and queued for the pool ahead of small copies, behind fetches a program waits on. Only
+//!   while a tier has room for them without eviction; a read-ahead never evicts.
+//! - **Position**: opens of files already placed or claimed reach the agent only as
+//!   `request::OPENED`, which clients push while the table asks for them
+//!   (`FLAG_REPORT_OPENS`): asked for while a sequential run has files left to fetch, and no
+//!   longer once none has (a later epoch over placed files costs the program no request).
+//!
+//! What it costs when the guess is wrong: at most `WINDOW` bytes per run read for files the
+//! program then does not open (in an epoch that reads the whole directory, none).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use granary_shm::{lifecycle, state, Table};
+
+use super::pool::{CopyMethod, CopyTask, Pool};
+use super::SourceCtx;
+
+/// Opens this many places behind or ahead of a run's furthest file keep the run.
+pub const SPAN: usize = 16;
+/// Files a run must span before it counts as sequential.
+pub const MIN_OPENS: usize = 6;
+/// Runs followed at once.
+pub const RUNS: usize = 4;
+/// Bytes of files fetched ahead of a run's furthest file.
+pub const WINDOW: u64 = 8 << 20;
+
+/// Name-order read-ahead of one table (`SourceCtx::ahead`).
+#[derive(Default)]
+pub struct NameOrder {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Directory entry → its children (entry indices), sorted by name.
+    sorted: HashMap<u32, Arc<Sorted>>,
+    runs: Vec<Run>,
+    /// Orders the runs by last use.
+    clock: u64,
+}
+
+struct Sorted {
+    /// Children in name order.
+    order: Vec<u32>,
+    /// `rank[child - first_child]`: the child's place in `order`.
+    rank: Vec<u32>,
+    first_child: u32,
+}
+
+struct Run {
+    dir: u32,
+    /// The first and the furthest rank opened, and the opens that fell in the run.
+    start: usize,
+    furthest: usize,
+    opens: usize,
+    used: u64,
+    /// The window after `furthest` held a file not yet placed when last looked at.
+    fetching: bool,
+}
+
+impl Run {
+    /// Opened in name order: a stretch of `MIN_OPENS` files or more, three quarters opened.
+    fn sequential(&self) -> bool {
+        let spanned = self.furthest - self.start + 1;
+        spanned >= MIN_OPENS && 4 * self.opens >= 3 * spanned
+    }
+}
+
+/// What `on_open` decided: files to fetch ahead, claimed already.
+pub struct Ahead {
+    pub claimed: Vec<u32>,
+    /// Some sequential run still has files to fetch: clients should report their opens.
+    pub want_opens: bool,
+}
+
+impl NameOrder {
+    /// A program opened entry `idx` (`OPEN_UNPLACED` or `OPENED`): follows the runs, claims what
+    /// to fetch ahead and hands it to `pool`, and asks clients for their opens while a run has
+    /// files left to fetch.
+    pub fn on_open(&self, ctx: &Arc<SourceCtx>, idx: u32, pool: &Pool) {
+        let t = &ctx.table;
+        let room = |size: u64| {
+            super::free_space(&ctx.tiers)
+                .iter()
+                .enumerate()
+                .any(|(i, &f)| f >= ctx.tiers.charge(i, size) && !ctx.tiers.is_full(i))
+        };
+        let ahead = self.observe(t, idx, &room);
+        for e in ahead.claimed {
+            pool.submit(CopyTask {
+                ctx: ctx.clone(),
+                entry: e,
+                method: CopyMethod::Ahead,
+                slot: 0,
+            });
+        }
+        if t.reports_opens() != ahead.want_opens && ctx.order.is_none() {
+            t.set_reports_opens(ahead.want_opens);
+        }
+    }
+
+    /// `on_open` without the pool: follows the runs and claims the files to fetch ahead.
+    /// `room(size)`: a tier can take `size` more bytes now.
+    pub fn observe(&self, t: &Table, idx: u32, room: &dyn Fn(u64) -> bool) -> Ahead {
+        let mut none = Ahead {
+            claimed: Vec::new(),
+            want_opens: false,
+        };
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(dir) = t.parent_of(idx) else {
+            return none;
+        };
+        let Some(sorted) = g.sorted_children(t, dir) else {
+            return none;
+        };
+        let Some(rank) = sorted.rank_of(idx) else {
+            return none;
+        };
+        g.clock += 1;
+        let now = g.clock;
+        let run =
+            match g.runs.iter().position(|r| {
+                r.dir == dir && rank + SPAN >= r.furthest && rank <= r.furthest + SPAN
+            }) {
+                Some(i) => {
+                    let r = &mut g.runs[i];
+                    r.start = r.start.min(rank);
+                    r.furthest = r.furthest.max(rank);
+                    r.opens += 1;
+                    r.used = now;
+                    i
+                }
+                None => {
+                    let r = Run {
+                        dir,
+                        start: rank,
+                        furthest: rank,
+                        opens: 1,
+                        used: now,
+                        fetching: false,
+                    };
+                    if g.runs.len() < RUNS {
+                        g.runs.push(r);
+                        g.runs.len() - 1
+                    } else {
+                        let lru = (0..g.runs.len())
+                            .min_by_key(|&i| g.runs[i].used)
+                            .unwrap_or(0);
+                        g.runs[lru] = r;
+                        lru
+                    }
+                }
+            };
+        let r = &mut g.runs[run];
+        r.fetching = false;
+        if r.sequential() {
+            let (claimed, fetching) = claim_after(t, &sorted, r.furthest, room);
+            none.claimed = claimed;
+            r.fetching = fetching;
+        }
+        // Clients report their opens while a sequential run has files on their way after it.
+        none.want_opens = g.runs.iter().any(|r| r.sequential() && r.fetching);
+        none
+    }
+}
+
+impl Inner {
+    fn sorted_children(&mut self, t: &Table, dir: u32) -> Option<Arc<Sorted>> {
+        if let Some(s) = self.sorted.get(&dir) {
+            return Some(s.clone());
+        }
+        let d = t.entry(dir)?;
+        if !d.stat.is_dir() {
+            return None;
+        }
+        let first = d.first_child;
+        let mut order: Vec<u32> = (first..first.checked_add(d.child_count)?).collect();
+        let name = |i: u32| t.entry(i).and_then(|e| t.name(&e)).unwrap_or_default();
+        order.sort_by(|&a, &b| name(a).cmp(name(b)).then(a.cmp(&b)));
+        let mut rank = vec![0u32; order.len()];
+        for (k, &i) in order.iter().enumerate() {
+            rank[(i - first) as usize] = k as u32;
+        }
+        let s = Arc::new(Sorted {
+            order,
+            rank,
+            first_child: first,
+        });
+        self.sorted.insert(dir, s.clone());
+        Some(s)
+    }
+}
+
+impl Sorted {
+    fn rank_of(&self, idx: u32) -> Option<usize> {
+        let k = idx.checked_sub(self.first_child)? as usize;
+        self.rank.get(k).map(|&r| r as usize)
+    }
+}
+
+/// Whether entry `e` is a file the agent fetches whole in one request (the only kind read ahead).
+fn fetched_ahead(t: &Table, e: u32) -> bool {
+    t.entry(e).is_some_and(|r| {
+        r.stat.is_file()
+            && r.stat.size >= t.prefetch_min_size()
+            && t.prefetch_min_size() > 0
+            && r.stat.size <= granary_shm::DIRECT_FETCH_MAX
+            && t.locator(e).is_none()
+    })
+}
+
+/// Claims the files after `furthest` in name order that the read-ahead fetches, up to `WINDOW`
+/// bytes of them counting those already on their way or placed; and says whether any of them
+/// is not placed yet.
+fn claim_after(
+    t: &Table,
+    s: &Sorted,
+    furthest: usize,
+    room: &dyn Fn(u64) -> bool,
+) -> (Vec<u32>, bool) {
+    let mut claimed = Vec::new();
+    let mut fetching = false;
+    let mut ahead = 0u64;
+    for &e in &s.order[furthest + 1..] {
+        if ahead >= WINDOW {
+            break;
+        }
+        if !fetched_ahead(t, e) {
+            continue;
+        }
+        let Some(size) = t.entry(e).map(|r| r.stat.size) else {
+            continue;
+        };
+        let w = t.state(e);
+        match state::state_of(w) {
+            state::UNPLACED => {
+                if !room(size) {
+                    break;
+                }
+                if lifecycle::claim_ahead(&lifecycle::EntryCell { table: t, idx: e }, w) {
+                    claimed.push(e);
+                }
+                fetching = true;
+            }
+            state::QUEUED | state::PLACING => fetching = true,
+            state::PLACED => {}
+            // Not ours to touch, and nothing to read ahead for.
+            _ => continue,
+        }
+        ahead += size;
+    }
+    (claimed, fetching)
+}
