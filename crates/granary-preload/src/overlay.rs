@@ -26,8 +26,8 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use granary_shm::{chunk_data_offset, chunks_name, part_name, request, state, EntryRec};
 
-use crate::detour::Guard;
-use crate::fdtable::Tracked;
+use crate::fds::fdtable::Tracked;
+use crate::ops::detour::Guard;
 use crate::sys::{self, sys, KeepErrno};
 
 /// This process mapped a followed file: a forked child has the same mappings to follow.
@@ -154,13 +154,13 @@ pub fn changed() {
     if !MAPPED_ANY.load(Ordering::Relaxed) {
         return;
     }
-    let Some(table) = crate::detour::table() else {
+    let Some(table) = crate::ops::detour::table() else {
         return;
     };
     if table.is_valid() {
         let _keep = KeepErrno::new();
         let pid = sys!(libc::SYS_getpid) as u32;
-        table.push_request_arg(request::MAPPED, pid, crate::detour::job_slot());
+        table.push_request_arg(request::MAPPED, pid, crate::ops::detour::job_slot());
     }
 }
 
@@ -266,9 +266,9 @@ fn overlay_part(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r: 
 /// The entry's chunk file (`chunks`) or part in `tier`, if it is the one the agent recorded.
 fn open_tier_file(g: &Guard, idx: u32, entry: &EntryRec, tier: u8, chunks: bool) -> Option<c_int> {
     if chunks {
-        crate::copies::open_recorded(g, idx, tier, &chunks_name(entry.object))
+        crate::fds::copies::open_recorded(g, idx, tier, &chunks_name(entry.object))
     } else {
-        crate::copies::open_recorded(g, idx, tier, &part_name(entry.object))
+        crate::fds::copies::open_recorded(g, idx, tier, &part_name(entry.object))
     }
 }
 
@@ -304,7 +304,7 @@ pub fn unsplit(g: &Guard, addr: usize, len: usize) -> bool {
         shared: false,
         ok: true,
     };
-    let read_all = crate::procmaps::for_each(|v| {
+    let read_all = crate::sys::procmaps::for_each(|v| {
         if v.end <= addr {
             return true;
         }
@@ -335,7 +335,7 @@ pub fn unsplit(g: &Guard, addr: usize, len: usize) -> bool {
     let Some(e) = g.table.entry(s.idx) else {
         return false;
     };
-    let Some(src) = crate::switch::open_source(g, s.idx, &e, libc::O_RDONLY | libc::O_CLOEXEC)
+    let Some(src) = crate::fds::switch::open_source(g, s.idx, &e, libc::O_RDONLY | libc::O_CLOEXEC)
     else {
         return false;
     };
@@ -361,7 +361,7 @@ pub fn unsplit(g: &Guard, addr: usize, len: usize) -> bool {
 /// The catalog entry a mapped file belongs to, and the file offset of the VMA's first byte:
 /// the source file itself (its device and inode), or a tier file granary wrote for it (a copy,
 /// its part, its chunk file).
-fn vma_entry(g: &Guard, v: &crate::procmaps::Vma) -> Option<(u32, u64)> {
+fn vma_entry(g: &Guard, v: &crate::sys::procmaps::Vma) -> Option<(u32, u64)> {
     if v.ino == 0 || v.path.first() != Some(&b'/') {
         return None;
     }
@@ -388,12 +388,12 @@ fn vma_entry(g: &Guard, v: &crate::procmaps::Vma) -> Option<(u32, u64)> {
         };
         return Some((idx, v.off.checked_sub(base)?));
     }
-    let mut cpath = [0u8; crate::path::BUF];
+    let mut cpath = [0u8; crate::sys::PATH_BUF];
     cpath.get_mut(..v.path.len())?.copy_from_slice(v.path);
     *cpath.get_mut(v.path.len())? = 0;
-    let mut buf = crate::path::Buf::new();
-    let loc = crate::lookup::locate(g, libc::AT_FDCWD, cpath.as_ptr().cast(), &mut buf);
-    let found = crate::lookup::find(g, &loc, false).ok()?;
+    let mut buf = crate::ops::path::Buf::new();
+    let loc = crate::ops::lookup::locate(g, libc::AT_FDCWD, cpath.as_ptr().cast(), &mut buf);
+    let found = crate::ops::lookup::find(g, &loc, false).ok()?;
     let st = &found.entry.stat;
     let same = st.ino == v.ino && (st.dev_major, st.dev_minor) == (v.dev_major, v.dev_minor);
     same.then_some((found.idx, v.off))

@@ -18,8 +18,8 @@ use core::ffi::c_int;
 
 use granary_shm::{job, request, state, EntryRec, Locator};
 
-use crate::detour::Guard;
-use crate::log;
+use crate::ops::detour::Guard;
+use crate::sys::log;
 use crate::sys::{self, sys, KeepErrno};
 use crate::wait::now_ns;
 

@@ -21,7 +21,7 @@ use granary_shm::{
     TableSpec,
 };
 
-use crate::detour;
+use crate::ops::detour;
 
 pub struct Fixture {
     /// The source root (a real directory: no symlink above it).
@@ -202,7 +202,7 @@ fn walk(root: &Path) -> Vec<CatalogEntry> {
 }
 
 mod tests {
-    use crate::detour::{enter, enter_any_creds, Bypass};
+    use crate::ops::detour::{enter, enter_any_creds, Bypass};
 
     #[test]
     fn the_guard_is_one_per_thread() {

@@ -6,8 +6,8 @@
 
 use granary_shm::state;
 
-use crate::detour::Guard;
-use crate::log;
+use crate::ops::detour::Guard;
+use crate::sys::log;
 use crate::sys::{self, sys, KeepErrno};
 
 /// A waiting read gives up when progress stood still this long…

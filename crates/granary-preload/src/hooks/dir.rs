@@ -5,8 +5,8 @@
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_long};
 
-use crate::detour::Detour;
-use crate::fdtable::MAX_DIR_FDS;
+use crate::fds::fdtable::MAX_DIR_FDS;
+use crate::ops::detour::Detour;
 use crate::ops::{dir, fd};
 use crate::sys::real;
 

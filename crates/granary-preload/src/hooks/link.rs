@@ -3,9 +3,9 @@
 
 use core::ffi::{c_char, c_int};
 
-use crate::detour::Detour;
+use crate::ops::detour::Detour;
 use crate::ops::link;
-use crate::path;
+use crate::ops::path;
 use crate::sys::{real, set_errno, sys};
 
 type ReadlinkFn = unsafe extern "C" fn(*const c_char, *mut c_char, usize) -> isize;

@@ -362,7 +362,7 @@ pub unsafe extern "C" fn utimensat(
         real!(UTIMENSAT as UtimensatFn, (dirfd, path, times, flags)
             else sys!(libc::SYS_utimensat, dirfd, path, times, flags) as c_int)
     };
-    if path.is_null() || crate::path::bytes(path).is_some_and(|p| p.is_empty()) {
+    if path.is_null() || crate::ops::path::bytes(path).is_some_and(|p| p.is_empty()) {
         // utimensat(fd, NULL or "" with AT_EMPTY_PATH, …) is futimens.
         let r = call();
         if r == 0 {

@@ -4,9 +4,9 @@
 
 use core::ffi::{c_char, c_int};
 
-use crate::detour::Detour;
+use crate::ops::detour::Detour;
+use crate::ops::path;
 use crate::ops::{fd, open};
-use crate::path;
 use crate::sys::{self, real, set_errno};
 
 /// The open family: granary's fd, or the real call (`real`) and its fd tracked.

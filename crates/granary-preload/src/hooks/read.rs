@@ -6,11 +6,11 @@
 
 use core::ffi::{c_int, c_void};
 
-use crate::detour::Detour;
+use crate::fds::serve::ReadInto;
+use crate::ops::detour::Detour;
 use crate::ops::read;
-use crate::serve::ReadInto;
+use crate::sys::usermem;
 use crate::sys::{self, real, sys};
-use crate::usermem;
 
 /// A read of `fd`: granary's answer, or the real call, counted.
 #[inline]

@@ -5,10 +5,10 @@
 
 use core::ffi::{c_char, c_int, c_uint};
 
-use crate::detour::Detour;
+use crate::ops::detour::Detour;
+use crate::ops::path;
 use crate::ops::stat;
-use crate::path;
-use crate::statbuf::Out;
+use crate::sys::statbuf::Out;
 use crate::sys::{self, real, sys};
 
 /// A stat of `(dirfd, path)`: granary's answer, or `real(dirfd, path)`.

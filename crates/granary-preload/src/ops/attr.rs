@@ -6,7 +6,7 @@
 
 use core::ffi::{c_char, c_int};
 
-use crate::path::{self, Buf};
+use crate::ops::path::{self, Buf};
 use crate::sys::KeepErrno;
 
 use super::lock::onto_source;
@@ -20,7 +20,7 @@ pub fn change(
     real: impl FnOnce() -> c_int,
     by_path: impl FnOnce(*const c_char) -> c_int,
 ) -> c_int {
-    let Some(t) = crate::tracked::get(fd) else {
+    let Some(t) = crate::fds::tracked::get(fd) else {
         let r = real();
         if r == 0 {
             fd_changed(fd, perms);
@@ -35,7 +35,7 @@ pub fn change(
         real()
     } else {
         let mut buf = Buf::new();
-        match crate::detour::table().and_then(|tb| path::entry_path(tb, t.entry, &mut buf)) {
+        match crate::ops::detour::table().and_then(|tb| path::entry_path(tb, t.entry, &mut buf)) {
             Some(p) => by_path(p),
             None => real(),
         }

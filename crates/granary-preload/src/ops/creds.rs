@@ -50,7 +50,7 @@ fn current() -> Option<(u32, u32, u64)> {
 /// Compares this process's credentials with the agent's; the answer holds until the next change.
 pub fn check(table: &Table) -> bool {
     let same = current() == Some(table.agent_creds());
-    crate::detour::set_creds_match(same);
+    crate::ops::detour::set_creds_match(same);
     same
 }
 
@@ -58,7 +58,7 @@ pub fn check(table: &Table) -> bool {
 pub fn changed(r: c_int) -> c_int {
     if r == 0 {
         let _keep = crate::sys::KeepErrno::new();
-        if let Some(t) = crate::detour::table() {
+        if let Some(t) = crate::ops::detour::table() {
             check(t);
         }
     }

@@ -9,10 +9,10 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use granary_shm::job;
 
-use crate::detour::{self, Bypass, Detour};
-use crate::fdtable::{self, FdKind};
-use crate::lookup;
-use crate::path::Buf;
+use crate::fds::fdtable::{self, FdKind};
+use crate::ops::detour::{self, Bypass, Detour};
+use crate::ops::lookup;
+use crate::ops::path::Buf;
 use crate::sys::KeepErrno;
 
 /// `opendir(path)`; `real` opens a directory stream (on `path`, or on the stand-in directory
@@ -25,7 +25,7 @@ pub fn opendir(
     let g = match detour::enter() {
         Ok(g) => g,
         Err(why) => {
-            why.log(b"opendir", crate::path::bytes(path).unwrap_or(b"?"));
+            why.log(b"opendir", crate::ops::path::bytes(path).unwrap_or(b"?"));
             return real(path);
         }
     };
@@ -78,7 +78,7 @@ pub struct Listed {
 
 /// `readdir` of the stream on `fd`: the next catalog entry (`None`: the end of the listing).
 pub fn readdir(fd: c_int) -> Detour<Option<Listed>> {
-    let Some(t) = crate::tracked::get(fd) else {
+    let Some(t) = crate::fds::tracked::get(fd) else {
         return Detour::Bypass(Bypass::Untracked, ());
     };
     if t.kind != FdKind::Dir {
@@ -136,7 +136,7 @@ fn next_entry(fd: c_int, dir_entry: u32) -> Option<Listed> {
 
 /// The listing position of the stream on `fd`, if granary lists it.
 fn position(fd: c_int) -> Option<&'static AtomicU32> {
-    if crate::tracked::get(fd)?.kind != FdKind::Dir {
+    if crate::fds::tracked::get(fd)?.kind != FdKind::Dir {
         return None;
     }
     fdtable::dir_pos(fd)

@@ -16,7 +16,7 @@ use core::ffi::{c_char, c_int, CStr};
 
 use granary_shm::{job, seen};
 
-use crate::path::BUF;
+use crate::sys::PATH_BUF;
 use crate::sys::{self, sys};
 
 /// The program to be started, as the call names it.
@@ -48,8 +48,8 @@ pub fn current_env() -> *const *const c_char {
 /// Looks at a start before the real call. `None` when the table is not mapped in this process
 /// or the program is not expected to attach.
 pub fn before(target: Target, envp: *const *const c_char) -> Option<Counted> {
-    let table = crate::detour::table()?;
-    let slot = crate::detour::job_slot();
+    let table = crate::ops::detour::table()?;
+    let slot = crate::ops::detour::job_slot();
     let env = Env::scan(envp);
     if env.disabled || env.other_job {
         return None;
@@ -60,7 +60,7 @@ pub fn before(target: Target, envp: *const *const c_char) -> Option<Counted> {
     }
     if let Some(fd) = env.table_fd {
         let fd_ok =
-            crate::attach::table_fd() == fd && sys!(libc::SYS_fcntl, fd, libc::F_GETFD) == 0;
+            crate::init::attach::table_fd() == fd && sys!(libc::SYS_fcntl, fd, libc::F_GETFD) == 0;
         if !fd_ok {
             table.mark(slot, job::SEEN, seen::FD_LOST);
         }
@@ -83,7 +83,7 @@ pub fn before(target: Target, envp: *const *const c_char) -> Option<Counted> {
 
 /// The real call returned an error: the program did not start.
 pub fn failed(c: Option<Counted>) {
-    if let (Some(c), Some(table)) = (c, crate::detour::table()) {
+    if let (Some(c), Some(table)) = (c, crate::ops::detour::table()) {
         table.uncount(c.slot, job::EXECS, 1);
     }
 }
@@ -124,9 +124,9 @@ impl Env {
                     .any(|lib| base_name(lib).starts_with(b"libgranary_preload"));
             } else if let Some(v) = var.strip_prefix(b"GRANARY_TABLE_FD=") {
                 e.table = true;
-                e.table_fd = crate::env::parse_u32(v).map(|v| v as c_int);
+                e.table_fd = crate::sys::env::parse_u32(v).map(|v| v as c_int);
             } else if let Some(v) = var.strip_prefix(b"GRANARY_TABLE_ID=") {
-                e.other_job = crate::attach::names_another_table(v);
+                e.other_job = crate::init::attach::names_another_table(v);
             } else if var.starts_with(b"GRANARY_TABLE=") {
                 e.table = true;
             } else if let Some(v) = var.strip_prefix(b"GRANARY_DISABLE=") {
@@ -201,7 +201,7 @@ fn search(name: &[u8]) -> c_int {
             }
         }
     }
-    let mut buf = [0u8; BUF];
+    let mut buf = [0u8; PATH_BUF];
     for dir in path.split(|&b| b == b':') {
         let dir: &[u8] = if dir.is_empty() { b"." } else { dir };
         let len = dir.len() + 1 + name.len();

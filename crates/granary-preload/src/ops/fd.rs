@@ -16,10 +16,10 @@ use core::ffi::{c_int, c_long, c_uint};
 
 use granary_shm::{request, state};
 
-use crate::detour;
-use crate::fdtable::{self, flag, FdKind, Tracked};
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::fds::tracked;
+use crate::ops::detour;
 use crate::sys::KeepErrno;
-use crate::tracked;
 
 /// A tracked fd on its way out: what it was, for `closed`.
 #[must_use]
@@ -28,11 +28,11 @@ pub struct Closing(Option<Tracked>);
 /// Before the real call that closes `fd`: forgets it (and drops a transient copy's pages).
 #[inline]
 pub fn closing(fd: c_int) -> Closing {
-    crate::copies::forget(fd);
+    crate::fds::copies::forget(fd);
     let Some(t) = fdtable::take(fd) else {
         return Closing(None);
     };
-    crate::pagedrop::before_close(fd, t);
+    crate::fds::pagedrop::before_close(fd, t);
     Closing(Some(t))
 }
 
@@ -56,7 +56,7 @@ fn released(t: Tracked) {
     if !table.is_valid() {
         return;
     }
-    let Some(entry) = crate::lookup::entry(table, t.entry) else {
+    let Some(entry) = crate::ops::lookup::entry(table, t.entry) else {
         return;
     };
     let st = state::state_of(table.state(t.entry));
@@ -71,7 +71,7 @@ fn released(t: Tracked) {
 /// leaves it open (`attach`).
 #[inline]
 pub fn keeps_open(fd: c_int) -> bool {
-    crate::attach::is_table_fd(fd)
+    crate::init::attach::is_table_fd(fd)
 }
 
 /// `close_range(first, last, flags)` around the table fd this process keeps for its children;
@@ -82,7 +82,7 @@ pub fn close_range(
     flags: c_int,
     real: impl Fn(c_uint, c_uint, c_int) -> c_int,
 ) -> c_int {
-    let keep = crate::attach::table_fd();
+    let keep = crate::init::attach::table_fd();
     if keep >= 0 && (first..=last).contains(&(keep as c_uint)) {
         let keep = keep as c_uint;
         let mut r = 0;
@@ -108,11 +108,11 @@ fn close_fds(
         return real(first, last, flags);
     }
     let keep = KeepErrno::new();
-    crate::copies::forget_range(first, last);
+    crate::fds::copies::forget_range(first, last);
     let mut closed = [None; 64];
     let mut n = 0;
     fdtable::take_range(first, last, |fd, t| {
-        crate::pagedrop::before_close(fd, t);
+        crate::fds::pagedrop::before_close(fd, t);
         match closed.get_mut(n) {
             Some(slot) => {
                 *slot = Some(t);
@@ -139,7 +139,7 @@ pub fn duplicated(old: c_int, new: c_int) {
 /// Before `dup2`/`dup3` put `old`'s file at `new` (`old != new`): `new` is closed first.
 pub fn replacing(new: c_int) -> Closing {
     // The program puts its own file at that number: the table fd is gone.
-    crate::attach::replaced(new);
+    crate::init::attach::replaced(new);
     closing(new)
 }
 
@@ -192,7 +192,7 @@ pub fn inheritable(fd: c_int) {
 /// `fd`s sent to another process (`sendmsg` with `SCM_RIGHTS`) share their open file
 /// descriptions with the receiver.
 pub fn sending(msg: *const libc::msghdr) {
-    crate::usermem::sent_fds(msg, |fd| {
+    crate::sys::usermem::sent_fds(msg, |fd| {
         // A copy not yet checked is checked before it leaves (`get`): the receiver's reads are
         // out of our sight.
         let _ = tracked::get(fd);
@@ -205,7 +205,7 @@ pub fn cwd_changed(r: c_int) {
     if r == 0 {
         if let Some(t) = detour::table() {
             let _keep = KeepErrno::new();
-            crate::path::note_cwd(t);
+            crate::ops::path::note_cwd(t);
         }
     }
 }

@@ -5,10 +5,10 @@ use core::ffi::{c_char, c_int};
 
 use granary_shm::job;
 
-use crate::detour::{self, Bypass, Detour, Guard};
-use crate::lookup;
-use crate::path::{self, Buf};
-use crate::usermem;
+use crate::ops::detour::{self, Bypass, Detour, Guard};
+use crate::ops::lookup;
+use crate::ops::path::{self, Buf};
+use crate::sys::usermem;
 
 /// `readlink` of `(dirfd, path)` into `buf` (`size` bytes): the link's target, truncated like
 /// the kernel's (no NUL, at most `size` bytes). A bypass holds the guard across the real call.
@@ -72,7 +72,7 @@ pub fn realpath(path: *const c_char, resolved: *mut c_char) -> Detour<*mut c_cha
         .and_then(|f| {
             if f.entry.stat.is_symlink() {
                 Err(Bypass::Link)
-            } else if f.validated || crate::validate::check(g.table, f.idx, &f.entry) {
+            } else if f.validated || crate::ops::validate::check(g.table, f.idx, &f.entry) {
                 Ok(())
             } else {
                 Err(Bypass::Unconfirmed)

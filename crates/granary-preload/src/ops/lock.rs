@@ -6,10 +6,10 @@
 
 use core::ffi::c_int;
 
-use crate::detour;
-use crate::fdtable::{self, FdKind, Tracked};
+use crate::fds::fdtable::{self, FdKind, Tracked};
+use crate::ops::detour;
 use crate::sys::KeepErrno;
-use crate::{switch, tracked};
+use crate::{fds::switch, fds::tracked};
 
 pub fn is_lock(cmd: c_int) -> bool {
     matches!(
@@ -32,7 +32,7 @@ pub fn onto_source(fd: c_int, t: Tracked) -> bool {
     let Ok(g) = detour::enter_any_creds() else {
         return false;
     };
-    let Some(e) = crate::lookup::entry(g.table, t.entry) else {
+    let Some(e) = crate::ops::lookup::entry(g.table, t.entry) else {
         return false;
     };
     if !fdtable::lock(fd) {

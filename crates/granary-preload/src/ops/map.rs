@@ -10,11 +10,11 @@ use core::ffi::{c_int, c_void};
 
 use granary_shm::{job, state, EntryRec};
 
-use crate::detour::{self, Guard};
-use crate::fdtable::{self, flag, FdKind, Tracked};
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::ops::detour::{self, Guard};
 use crate::sys::{self, KeepErrno};
 use crate::wait::{woken_wait, SLEEP_MAX_NS, SLEEP_MIN_NS, STALL_NS};
-use crate::{switch, tracked};
+use crate::{fds::switch, fds::tracked};
 
 use super::read::stale;
 
@@ -78,9 +78,9 @@ fn map_copy(
     if state::state_of(g.table.state(t.entry)) != state::PLACED {
         return None;
     }
-    let e = crate::lookup::entry(g.table, t.entry)?;
+    let e = crate::ops::lookup::entry(g.table, t.entry)?;
     let (copy, tier, _) =
-        crate::copies::open_copy(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)?;
+        crate::fds::copies::open_copy(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)?;
     let p = real(copy);
     let _keep = sys::KeepErrno::new();
     sys::raw_close(copy);
@@ -100,7 +100,7 @@ fn stale_map(
     flags: c_int,
     real: impl Fn(c_int) -> *mut c_void,
 ) -> *mut c_void {
-    let Some(e) = crate::lookup::entry(g.table, t.entry) else {
+    let Some(e) = crate::ops::lookup::entry(g.table, t.entry) else {
         return real(fd);
     };
     if fdtable::lock(fd) {
@@ -141,7 +141,7 @@ fn on_map(g: &Guard, fd: c_int, t: Tracked) {
         // No copy, none coming that a mapping waits for: nothing to look up.
         return;
     }
-    let Some(entry) = crate::lookup::entry(g.table, t.entry) else {
+    let Some(entry) = crate::ops::lookup::entry(g.table, t.entry) else {
         return;
     };
     if st != state::PLACED

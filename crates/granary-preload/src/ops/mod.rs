@@ -7,16 +7,25 @@
 //! that act around the real call — `mutate`, `attr`, `lock`, `fd`, `map`, `exec`, `creds` — run
 //! before and after it, or take it as a closure when it may have to run on another file (the
 //! source instead of a copy).
+//!
+//! What the families share: `detour` (whether a call may consult the table: the guard; `Detour`
+//! and `Bypass`), `lookup` (the live entry a path argument names), `path` (where a path
+//! argument points, decided lexically) and `validate` (an entry checked against the source
+//! ahead of the agent).
 
 pub mod attr;
 pub mod creds;
+pub mod detour;
 pub mod dir;
 pub mod exec;
 pub mod fd;
 pub mod link;
 pub mod lock;
+pub mod lookup;
 pub mod map;
 pub mod mutate;
 pub mod open;
+pub mod path;
 pub mod read;
 pub mod stat;
+pub mod validate;

@@ -19,8 +19,8 @@ use core::ffi::{c_char, c_int};
 
 use granary_shm::{strip_root, Table};
 
-use crate::detour::Guard;
-use crate::path::BUF;
+use crate::ops::detour::Guard;
+use crate::sys::PATH_BUF;
 use crate::sys::{self, sys, KeepErrno};
 
 pub use granary_shm::lifecycle::Void;
@@ -28,9 +28,9 @@ pub use granary_shm::lifecycle::Void;
 /// Marks entry `idx` void (`lifecycle::void_entry`: never making a `GONE` entry merely `STALE`
 /// again) and tells the agent, which drops a copy of it.
 pub fn void(table: &Table, idx: u32, how: Void) {
-    if granary_shm::lifecycle::void_entry(table, idx, how) && crate::log::enabled() {
+    if granary_shm::lifecycle::void_entry(table, idx, how) && crate::sys::log::enabled() {
         let name = table.entry(idx).and_then(|e| table.name(&e));
-        crate::log::line(&[
+        crate::sys::log::line(&[
             b"changed by the program, not served: ",
             name.unwrap_or(b"?"),
         ]);
@@ -38,11 +38,11 @@ pub fn void(table: &Table, idx: u32, how: Void) {
 }
 
 /// The canonical path of what `fd` is open on, relative to the source; written into `out`.
-fn rel_of_fd<'a>(table: &Table, fd: c_int, out: &'a mut [u8; BUF]) -> Option<&'a [u8]> {
+fn rel_of_fd<'a>(table: &Table, fd: c_int, out: &'a mut [u8; PATH_BUF]) -> Option<&'a [u8]> {
     let mut link = [0u8; 40];
     link[..14].copy_from_slice(b"/proc/self/fd/");
     let mut d = [0u8; 20];
-    let digits = crate::log::num(fd as u64, &mut d);
+    let digits = crate::sys::log::num(fd as u64, &mut d);
     link.get_mut(14..14 + digits.len())?.copy_from_slice(digits);
     let n = sys!(
         libc::SYS_readlinkat,
@@ -63,7 +63,7 @@ pub fn entry_at(table: &Table, dirfd: c_int, path: *const c_char, follow: bool) 
     if fd < 0 {
         return None;
     }
-    let mut buf = [0u8; BUF];
+    let mut buf = [0u8; PATH_BUF];
     let idx = rel_of_fd(table, fd, &mut buf).and_then(|rel| table.lookup(rel));
     sys::raw_close(fd);
     idx
@@ -72,14 +72,14 @@ pub fn entry_at(table: &Table, dirfd: c_int, path: *const c_char, follow: bool) 
 /// The catalogued directory the last component of `(dirfd, path)` lives in, as the kernel
 /// resolves the components before it.
 pub fn parent_at(table: &Table, dirfd: c_int, path: *const c_char) -> Option<u32> {
-    let p = crate::path::bytes(path)?;
+    let p = crate::ops::path::bytes(path)?;
     let mut end = p.len();
     while end > 1 && p.get(end - 1) == Some(&b'/') {
         end -= 1;
     }
     let trimmed = p.get(..end)?;
     // Mutations are rare: a zeroed scratch buffer costs nothing that matters here.
-    let mut dir = [0u8; BUF];
+    let mut dir = [0u8; PATH_BUF];
     let dir_path: *const c_char = match trimmed.iter().rposition(|&b| b == b'/') {
         None => c".".as_ptr(),
         Some(0) => c"/".as_ptr(),
@@ -97,7 +97,7 @@ pub fn parent_at(table: &Table, dirfd: c_int, path: *const c_char) -> Option<u32
     if fd < 0 {
         return None;
     }
-    let mut buf = [0u8; BUF];
+    let mut buf = [0u8; PATH_BUF];
     let idx = rel_of_fd(table, fd, &mut buf).and_then(|rel| table.lookup(rel));
     sys::raw_close(fd);
     idx
@@ -142,7 +142,7 @@ pub fn mutating(
 
 /// `mutating` for a call that changes several paths (`rename`, `link`).
 pub fn mutating_all(targets: &[Target], call: impl FnOnce() -> c_int) -> c_int {
-    let Ok(g) = crate::detour::enter_any_creds() else {
+    let Ok(g) = crate::ops::detour::enter_any_creds() else {
         return call();
     };
     let mut before = [None; 2];
@@ -193,15 +193,15 @@ fn is_dir(table: &Table, idx: u32) -> bool {
 /// An fd-based change (`fchmod`, `fchown`, `futimens`, `fsetxattr`, …) of what `fd` is open on;
 /// `perms`: a permission change (a directory's subtree then passes through too).
 pub fn fd_changed(fd: c_int, perms: bool) {
-    let Ok(g) = crate::detour::enter_any_creds() else {
+    let Ok(g) = crate::ops::detour::enter_any_creds() else {
         return;
     };
     let _keep = KeepErrno::new();
-    let idx = match crate::tracked::get(fd) {
+    let idx = match crate::fds::tracked::get(fd) {
         Some(t) if t.entry != u32::MAX => Some(t.entry),
         Some(_) => None,
         None => {
-            let mut buf = [0u8; BUF];
+            let mut buf = [0u8; PATH_BUF];
             rel_of_fd(g.table, fd, &mut buf).and_then(|rel| g.table.lookup(rel))
         }
     };
@@ -220,7 +220,7 @@ pub fn fd_changed(fd: c_int, perms: bool) {
 /// when it is not under the source.
 pub fn opened_for_writing(g: &Guard, fd: c_int) -> Option<u32> {
     let _keep = KeepErrno::new();
-    let mut buf = [0u8; BUF];
+    let mut buf = [0u8; PATH_BUF];
     let rel = rel_of_fd(g.table, fd, &mut buf)?;
     match g.table.lookup(rel) {
         Some(idx) => {

@@ -12,12 +12,12 @@ use core::ffi::{c_char, c_int};
 
 use granary_shm::{job, request, state, EntryRec, Found, Locator};
 
-use crate::detour::{self, Bypass, Detour, Guard};
-use crate::fdtable::{self, flag, FdKind, Tracked};
-use crate::lookup;
-use crate::path::{Buf, Loc};
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::ops::detour::{self, Bypass, Detour, Guard};
+use crate::ops::lookup;
+use crate::ops::path::{Buf, Loc};
 use crate::sys::{self, KeepErrno};
-use crate::{copies, log};
+use crate::{fds::copies, sys::log};
 
 /// Flags under which an open only reads (anything else, e.g. O_DIRECT, O_PATH, O_TMPFILE,
 /// passes through). 0o100000 is the kernel's O_LARGEFILE, which glibc's headers call 0.
@@ -81,7 +81,7 @@ pub fn open(dirfd: c_int, path: *const c_char, flags: c_int) -> Detour<c_int, Th
 /// `fopen`'s open with `mode`: as `open`, but the copy is checked now (stdio reads inside libc,
 /// where no hook sees them). The answer is an fd, which the hook hands to `fdopen`.
 pub fn fopen(path: *const c_char, mode: *const c_char) -> Detour<c_int, Then> {
-    match fopen_flags(crate::path::bytes(mode)) {
+    match fopen_flags(crate::ops::path::bytes(mode)) {
         Some((_, true)) => Detour::Bypass(Bypass::Writes, Then::Written),
         Some((flags, false)) => read_only(libc::AT_FDCWD, path, flags, CheckCopy::AtOpen),
         None => Detour::Bypass(Bypass::Flags, Then::Nothing),
@@ -341,7 +341,7 @@ pub fn fdopen_failed(fd: c_int) {
 
 /// `freopen` reopened a stream as `fd` (negative: it failed) with `mode`.
 pub fn reopened(fd: c_int, mode: *const c_char) {
-    match fopen_flags(crate::path::bytes(mode)) {
+    match fopen_flags(crate::ops::path::bytes(mode)) {
         Some((_, true)) => write_open(fd),
         _ => opened(None, fd, None),
     }

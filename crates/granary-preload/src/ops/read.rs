@@ -24,13 +24,13 @@ use granary_shm::{
     chunk_data_offset, chunks_name, job, object_name, part_name, request, state, EntryRec,
 };
 
-use crate::copies::{self, Expect};
-use crate::detour::{self, Bypass, Detour, Guard};
-use crate::fdtable::{self, flag, FdKind, Tracked};
-use crate::serve::{self, range, ReadInto, Serve, Served};
+use crate::fds::copies::{self, Expect};
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::fds::serve::{self, range, ReadInto, Serve, Served};
+use crate::ops::detour::{self, Bypass, Detour, Guard};
 use crate::sys::{self, sys, KeepErrno};
 use crate::wait::{wait, Waited};
-use crate::{switch, tracked};
+use crate::{fds::switch, fds::tracked};
 
 /// What to do after the real read (`Detour::Bypass`): count what it returned, note a positioned
 /// read's range, ask the agent for a chunk, unlock the fd; the guard is held until then.
@@ -166,8 +166,8 @@ pub fn after_real(fd: c_int, off: Option<i64>, n: isize, then: Then) -> isize {
 #[inline]
 pub fn count(kind: FdKind, n: isize) -> isize {
     if n > 0 {
-        if let Some(table) = crate::detour::table() {
-            let slot = crate::detour::job_slot();
+        if let Some(table) = crate::ops::detour::table() {
+            let slot = crate::ops::detour::job_slot();
             match kind {
                 FdKind::Source | FdKind::Other => {
                     table.count(slot, job::SOURCE_READS, 1);
@@ -186,7 +186,7 @@ pub fn count(kind: FdKind, n: isize) -> isize {
 pub fn stale(t: &Tracked) -> bool {
     matches!(t.kind, FdKind::Tier(_))
         && (t.has(flag::DAMAGED)
-            || crate::detour::table()
+            || crate::ops::detour::table()
                 .is_some_and(|tb| state::state_of(tb.state(t.entry)) == state::STALE))
 }
 
@@ -207,7 +207,7 @@ fn stale_read(
     f: &impl ReadInto,
 ) -> Read {
     let _keep = sys::KeepErrno::new();
-    let Some(e) = crate::lookup::entry(g.table, t.entry) else {
+    let Some(e) = crate::ops::lookup::entry(g.table, t.entry) else {
         return Read::Real(t.kind);
     };
     if switch::to_source(g, fd, t, &e) {
@@ -275,7 +275,7 @@ fn source_read(
 ) -> Read {
     let _keep = KeepErrno::new();
     let idx = t.entry;
-    let Some(entry) = crate::lookup::entry(g.table, idx) else {
+    let Some(entry) = crate::ops::lookup::entry(g.table, idx) else {
         return Read::Real(FdKind::Source);
     };
     let word = g.table.state(idx);
@@ -357,7 +357,7 @@ fn placed(
         return Read::Real(FdKind::Source);
     }
     let Some((file, tier, _)) =
-        crate::copies::open_copy(g, t.entry, e, libc::O_RDONLY | libc::O_CLOEXEC)
+        crate::fds::copies::open_copy(g, t.entry, e, libc::O_RDONLY | libc::O_CLOEXEC)
     else {
         return Read::Real(FdKind::Source);
     };
@@ -454,7 +454,7 @@ fn to_copy_if_placed(g: &Guard, fd: c_int, t: Tracked) {
     }
     let word = g.table.state(t.entry);
     if state::state_of(word) == state::PLACED {
-        if let Some(entry) = crate::lookup::entry(g.table, t.entry) {
+        if let Some(entry) = crate::ops::lookup::entry(g.table, t.entry) {
             switch::to_copy(g, fd, t, &entry);
         }
     }
@@ -480,7 +480,7 @@ pub fn kernel_reads(
     let Ok(g) = detour::enter_any_creds() else {
         return count(t.kind, call(fd_in, off));
     };
-    let Some(e) = crate::lookup::entry(g.table, t.entry) else {
+    let Some(e) = crate::ops::lookup::entry(g.table, t.entry) else {
         return count(t.kind, call(fd_in, off));
     };
     let src = {

@@ -9,13 +9,13 @@ use core::ffi::{c_char, c_int};
 
 use granary_shm::{job, state, EntryRec};
 
-use crate::detour::{self, Bypass, Detour, Guard};
-use crate::fdtable::{self, flag, FdKind, Tracked};
-use crate::lookup;
-use crate::path::Buf;
-use crate::statbuf::Out;
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::fds::tracked;
+use crate::ops::detour::{self, Bypass, Detour, Guard};
+use crate::ops::lookup;
+use crate::ops::path::Buf;
+use crate::sys::statbuf::Out;
 use crate::sys::{self, sys};
-use crate::tracked;
 
 /// Answers a stat of fd `fd` when granary opened it on a tier copy: the source's fields from the
 /// catalog. `Err`: ask the kernel (every other fd is the kernel's to describe, real directory
@@ -109,14 +109,14 @@ fn extracted_answer(g: &Guard, fd: c_int, t: Tracked, out: Out) -> Result<c_int,
 /// path asked).
 fn stale_answer(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec, out: Out) -> Result<c_int, Bypass> {
     if fdtable::lock(fd) {
-        let moved = crate::switch::to_source(g, fd, t, e);
+        let moved = crate::fds::switch::to_source(g, fd, t, e);
         fdtable::unlock(fd);
         if moved {
             return Err(Bypass::OnSource);
         }
     }
     let mut buf = Buf::new();
-    let p = crate::path::entry_path(g.table, t.entry, &mut buf).ok_or(Bypass::OnSource)?;
+    let p = crate::ops::path::entry_path(g.table, t.entry, &mut buf).ok_or(Bypass::OnSource)?;
     Ok(match out {
         Out::Stat(st) => sys::raw_stat(libc::AT_FDCWD, p, st, 0),
         Out::Statx(mask, sx) => sys!(libc::SYS_statx, libc::AT_FDCWD, p, 0, mask, sx) as c_int,
@@ -131,7 +131,9 @@ pub fn stat(
     flags: c_int,
     out: Out,
 ) -> Detour<c_int, Option<Guard>> {
-    if flags & libc::AT_EMPTY_PATH != 0 && crate::path::bytes(path).is_some_and(|p| p.is_empty()) {
+    if flags & libc::AT_EMPTY_PATH != 0
+        && crate::ops::path::bytes(path).is_some_and(|p| p.is_empty())
+    {
         let g = match detour::enter_any_creds() {
             Ok(g) => g,
             Err(why) => return Detour::Bypass(why, None),
@@ -230,7 +232,9 @@ pub fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> Detour<c_int> {
     match tracked::get(fd) {
         Some(t) if matches!(t.kind, FdKind::Tier(_)) => {
             let mut pbuf = Buf::new();
-            match detour::table().and_then(|tb| crate::path::entry_path(tb, t.entry, &mut pbuf)) {
+            match detour::table()
+                .and_then(|tb| crate::ops::path::entry_path(tb, t.entry, &mut pbuf))
+            {
                 Some(p) => Detour::Answer(sys!(libc::SYS_statfs, p, buf) as c_int),
                 None => Detour::Bypass(Bypass::OnSource, ()),
             }

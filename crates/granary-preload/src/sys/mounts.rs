@@ -2,7 +2,7 @@
 //! system calls into stack buffers. Used once, when the source root is not at its catalogued
 //! path, to tell "bound at another path" from "not bound at all".
 
-use crate::path::BUF;
+use crate::sys::PATH_BUF;
 use crate::sys::{self, sys};
 
 /// True when some mount point of this process is the directory `want` (`(st_dev, st_ino)`) on
@@ -71,7 +71,7 @@ fn line_shows(line: &[u8], major: u32, minor: u32, want: (u64, u64)) -> bool {
     if !same_dev(dev, major, minor) {
         return false;
     }
-    let mut path = [0u8; BUF];
+    let mut path = [0u8; PATH_BUF];
     if unescape(point, &mut path).is_none() {
         return false;
     }
@@ -108,7 +108,7 @@ fn same_dev(field: &[u8], major: u32, minor: u32) -> bool {
 
 /// Mount points escape space, tab, newline and backslash as `\ooo`; the result is
 /// NUL-terminated in `out`.
-fn unescape(s: &[u8], out: &mut [u8; BUF]) -> Option<usize> {
+fn unescape(s: &[u8], out: &mut [u8; PATH_BUF]) -> Option<usize> {
     let mut i = 0;
     let mut n = 0;
     while i < s.len() {

@@ -8,6 +8,16 @@
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::sync::atomic::{AtomicUsize, Ordering};
 
+pub mod env;
+pub mod log;
+pub mod mounts;
+pub mod procmaps;
+pub mod statbuf;
+pub mod usermem;
+
+/// Room for one path and its NUL: the buffers paths are built in (on the stack).
+pub const PATH_BUF: usize = libc::PATH_MAX as usize + 1;
+
 pub fn errno() -> c_int {
     // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's life.
     unsafe { *libc::__errno_location() }

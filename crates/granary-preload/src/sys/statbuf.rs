@@ -5,7 +5,7 @@ use core::ffi::c_int;
 
 use granary_shm::StatRec;
 
-use crate::{sys, usermem};
+use crate::{sys, sys::usermem};
 
 pub fn stat(s: &StatRec, out: &mut libc::stat) {
     *out = crate::sys::empty_stat();

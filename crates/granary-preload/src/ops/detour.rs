@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use granary_shm::{Miss, Table};
 
-use crate::log;
+use crate::sys::log;
 use crate::sys::KeepErrno;
 
 /// The job's table, once the constructor mapped and accepted it; never unset (a withdrawn table

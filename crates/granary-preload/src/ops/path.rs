@@ -15,13 +15,11 @@ use core::sync::atomic::{AtomicU8, Ordering};
 
 use granary_shm::{strip_root, Table};
 
-use crate::fdtable::{self, FdKind};
-use crate::sys::sys;
-
-pub const BUF: usize = libc::PATH_MAX as usize + 1;
+use crate::fds::fdtable::{self, FdKind};
+use crate::sys::{sys, PATH_BUF};
 
 /// Scratch space for one normalised absolute path. Never zeroed: only written bytes are read.
-pub struct Buf(MaybeUninit<[u8; BUF]>);
+pub struct Buf(MaybeUninit<[u8; PATH_BUF]>);
 
 impl Buf {
     #[inline]
@@ -51,7 +49,7 @@ impl Loc<'_> {
 }
 
 struct Cursor<'a> {
-    buf: &'a mut [MaybeUninit<u8>; BUF],
+    buf: &'a mut [MaybeUninit<u8>; PATH_BUF],
     len: usize,
 }
 
@@ -59,14 +57,14 @@ impl<'a> Cursor<'a> {
     fn new(buf: &'a mut Buf) -> Cursor<'a> {
         // SAFETY: `[MaybeUninit<u8>; N]` has the layout of `MaybeUninit<[u8; N]>`, and every
         // bit pattern (initialised or not) is valid for it.
-        let buf = unsafe { &mut *buf.0.as_mut_ptr().cast::<[MaybeUninit<u8>; BUF]>() };
+        let buf = unsafe { &mut *buf.0.as_mut_ptr().cast::<[MaybeUninit<u8>; PATH_BUF]>() };
         Cursor { buf, len: 0 }
     }
 
     fn put(&mut self, s: &[u8]) -> Option<()> {
         let end = self.len.checked_add(s.len())?;
         // Keep one byte for the NUL.
-        if end >= BUF {
+        if end >= PATH_BUF {
             return None;
         }
         let dst = self.buf.get_mut(self.len..end)?;
@@ -89,7 +87,7 @@ impl<'a> Cursor<'a> {
         let len = table.rel_path_len(idx)?;
         let base = self.len;
         let end = base.checked_add(len)?;
-        if end >= BUF {
+        if end >= PATH_BUF {
             return None;
         }
         let buf = &mut *self.buf;
@@ -188,7 +186,7 @@ pub fn note_cwd(table: &Table) {
 }
 
 fn getcwd(c: &mut Cursor<'_>) -> Option<()> {
-    let r = sys!(libc::SYS_getcwd, c.buf.as_mut_ptr(), BUF);
+    let r = sys!(libc::SYS_getcwd, c.buf.as_mut_ptr(), PATH_BUF);
     // The kernel returns the length including the NUL, and "(unreachable)…" for a cwd outside
     // our root: only an absolute answer is usable.
     if r <= 1 {

@@ -91,7 +91,7 @@ pub fn serve(
         }
         let n = f.read_into(file, how.base + p, end - p);
         if how.transient && n > 0 {
-            crate::pagedrop::drop_pages(file, how.base + p, n as u64);
+            crate::fds::pagedrop::drop_pages(file, how.base + p, n as u64);
         }
         if exact && n >= 0 && n as u64 != end - p {
             return -1;

@@ -1,25 +1,29 @@
 //! The constructor: resolves the real symbols, reads the environment once, finds and maps the
-//! job's table and attaches to it (`detour::attach`). Hooks only ever read what it stored (no
-//! `env::var`, no allocation after this point).
+//! job's table (`attach`) and attaches to it (`detour::attach`), adopts the fds an exec'd
+//! program inherited (`inherit`). Hooks only ever read what it stored (no `env::var`, no
+//! allocation after this point).
 
 use granary_shm::{job, seen};
 
-use crate::env::{parse_u32, var as env};
-use crate::{detour, log, sys};
+pub mod attach;
+pub mod inherit;
+
+use crate::sys::env::{parse_u32, var as env};
+use crate::{ops::detour, sys, sys::log};
 
 extern "C" fn forked_parent() {
-    crate::fdtable::forked(false);
+    crate::fds::fdtable::forked(false);
 }
 
 extern "C" fn forked_child() {
-    crate::fdtable::set_owner();
-    crate::fdtable::forked(true);
+    crate::fds::fdtable::set_owner();
+    crate::fds::fdtable::forked(true);
     crate::overlay::forked_child();
 }
 
 extern "C" fn init() {
     sys::resolve_all();
-    crate::fdtable::set_owner();
+    crate::fds::fdtable::set_owner();
     // SAFETY: registers handlers that only touch atomics; called once, from the constructor.
     unsafe { libc::pthread_atfork(None, Some(forked_parent), Some(forked_child)) };
     if let Some(spec) = env(c"GRANARY_LOG") {
@@ -32,7 +36,7 @@ extern "C" fn init() {
     if let Some(v) = env(c"GRANARY_JOB_SLOT") {
         detour::set_job_slot(parse_u32(v).unwrap_or(0));
     }
-    let found = match crate::attach::table() {
+    let found = match crate::init::attach::table() {
         Ok(f) => f,
         Err(why) => {
             log::line(&[b"table not usable, passing everything through: ", why]);
@@ -45,20 +49,20 @@ extern "C" fn init() {
     if found.fd_lost {
         table.mark(slot, job::SEEN, seen::FD_LOST);
     }
-    if !crate::attach::same_mount_ns() {
-        if !crate::attach::sees_source(&table, slot) {
+    if !crate::init::attach::same_mount_ns() {
+        if !crate::init::attach::sees_source(&table, slot) {
             log::line(&[b"the source is not at its catalogued path here: passing through"]);
             return;
         }
-        crate::attach::check_tiers(&table, slot);
+        crate::init::attach::check_tiers(&table, slot);
     }
     if !crate::ops::creds::check(&table) {
         table.count(slot, job::CREDS_MISMATCH, 1);
         log::line(&[b"credentials differ from the agent's: passing everything through"]);
     }
     let table = detour::attach(table);
-    crate::path::note_cwd(table);
-    crate::inherit::adopt(table);
+    crate::ops::path::note_cwd(table);
+    crate::init::inherit::adopt(table);
     log::line(&[b"table mapped"]);
 }
 

@@ -10,11 +10,11 @@ use core::ffi::c_int;
 
 use granary_shm::{job, EntryRec, Table};
 
-use crate::copies;
-use crate::detour::Guard;
-use crate::fdtable::{self, flag, FdKind, Tracked};
-use crate::log;
-use crate::path::{self, Buf};
+use crate::fds::copies;
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::ops::detour::Guard;
+use crate::ops::path::{self, Buf};
+use crate::sys::log;
 use crate::sys::{self, sys, KeepErrno};
 
 /// True if `t`'s open file description is this fd's alone, so switching it changes nothing for

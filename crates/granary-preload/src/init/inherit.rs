@@ -13,9 +13,9 @@ use core::ffi::c_int;
 
 use granary_shm::{parse_object_name, state, strip_root, Table};
 
-use crate::copies::ctime_ns;
-use crate::fdtable::{self, flag, FdKind, Tracked};
-use crate::path::BUF;
+use crate::fds::copies::ctime_ns;
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::sys::PATH_BUF;
 use crate::sys::{self, sys};
 
 pub fn adopt(table: &Table) {
@@ -68,11 +68,11 @@ fn parse_fd(name: &[u8]) -> Option<c_int> {
 }
 
 /// The path `/proc/self/fd/<fd>` resolves to, in `out`; `None` if unreadable or deleted.
-fn fd_path(fd: c_int, out: &mut [u8; BUF]) -> Option<usize> {
+fn fd_path(fd: c_int, out: &mut [u8; PATH_BUF]) -> Option<usize> {
     let mut link = [0u8; 40];
     link[..14].copy_from_slice(b"/proc/self/fd/");
     let mut d = [0u8; 20];
-    let digits = crate::log::num(fd as u64, &mut d);
+    let digits = crate::sys::log::num(fd as u64, &mut d);
     link.get_mut(14..14 + digits.len())?.copy_from_slice(digits);
     let n = sys!(
         libc::SYS_readlinkat,
@@ -99,7 +99,7 @@ fn look_at(table: &Table, fd: c_int) {
     if ty != libc::S_IFREG && ty != libc::S_IFDIR {
         return;
     }
-    let mut path = [0u8; BUF];
+    let mut path = [0u8; PATH_BUF];
     let Some(n) = fd_path(fd, &mut path) else {
         return;
     };

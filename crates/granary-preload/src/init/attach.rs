@@ -23,8 +23,8 @@ use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use granary_shm::{job, seen, Mapping, Table};
 
-use crate::env::{parse_u32, parse_u64, var as env, var_ptr as env_ptr};
-use crate::path::BUF;
+use crate::sys::env::{parse_u32, parse_u64, var as env, var_ptr as env_ptr};
+use crate::sys::PATH_BUF;
 use crate::sys::{self, sys};
 
 /// The inherited table fd this process keeps open for its children; -1 when none.
@@ -157,7 +157,7 @@ pub fn same_mount_ns() -> bool {
 
 /// `(st_dev, st_ino)` of what `path` names (following links), if anything.
 fn dev_ino(path: &[u8]) -> Option<(u64, u64)> {
-    let mut buf = [0u8; BUF];
+    let mut buf = [0u8; PATH_BUF];
     buf.get_mut(..path.len())?.copy_from_slice(path);
     *buf.get_mut(path.len())? = 0;
     let mut st = sys::empty_stat();
@@ -185,7 +185,7 @@ pub fn sees_source(table: &Table, slot: u32) -> bool {
         return true;
     }
     let mut bits = seen::SOURCE_HIDDEN;
-    if crate::mounts::shows(root.stat.dev_major, root.stat.dev_minor, want) {
+    if crate::sys::mounts::shows(root.stat.dev_major, root.stat.dev_minor, want) {
         bits |= seen::SOURCE_ELSEWHERE;
     }
     table.mark(slot, job::SEEN, bits);

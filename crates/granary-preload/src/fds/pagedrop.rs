@@ -13,7 +13,7 @@ use core::ffi::c_int;
 
 use granary_shm::job;
 
-use crate::fdtable::{self, FdKind, Tracked};
+use crate::fds::fdtable::{self, FdKind, Tracked};
 use crate::sys::{sys, KeepErrno};
 
 /// Called before the real close of a tracked fd. Advisory: errno is kept, failures ignored.
@@ -21,13 +21,13 @@ pub fn before_close(fd: c_int, t: Tracked) {
     if !matches!(t.kind, FdKind::Tier(_)) {
         return;
     }
-    let Ok(g) = crate::detour::enter_any_creds() else {
+    let Ok(g) = crate::ops::detour::enter_any_creds() else {
         return;
     };
     if !g.table.is_transient(t.entry) {
         return;
     }
-    let Some(size) = crate::lookup::entry(g.table, t.entry).map(|e| e.stat.size) else {
+    let Some(size) = crate::ops::lookup::entry(g.table, t.entry).map(|e| e.stat.size) else {
         return;
     };
     let _keep = KeepErrno::new();

@@ -25,10 +25,10 @@ use core::sync::atomic::{AtomicI32, Ordering};
 use granary_shm::layout::MAX_TIERS;
 use granary_shm::{job, object_name, state, EntryRec, Table};
 
-use crate::detour::Guard;
-use crate::fdtable::flag;
-use crate::log;
-use crate::path::BUF;
+use crate::fds::fdtable::flag;
+use crate::ops::detour::Guard;
+use crate::sys::log;
+use crate::sys::PATH_BUF;
 use crate::sys::{self, sys, KeepErrno};
 
 static DIRS: [AtomicI32; MAX_TIERS] = [const { AtomicI32::new(-1) }; MAX_TIERS];
@@ -45,7 +45,7 @@ pub struct Expect {
 /// Our effective uid without a system call: a process that consults the table has the agent's
 /// credentials (`detour::creds_match`), which the table records.
 fn our_euid(table: &Table) -> u32 {
-    if crate::detour::creds_match() {
+    if crate::ops::detour::creds_match() {
         table.agent_creds().0
     } else {
         sys!(libc::SYS_geteuid) as u32
@@ -72,7 +72,7 @@ fn dir_fd(table: &Table, tier: u8) -> Option<c_int> {
         return None;
     }
     let path = table.tier_dir(tier as u32)?;
-    let mut buf = [0u8; BUF];
+    let mut buf = [0u8; PATH_BUF];
     buf.get_mut(..path.len())?.copy_from_slice(path);
     *buf.get_mut(path.len())? = 0;
     let fd = sys::raw_openat(

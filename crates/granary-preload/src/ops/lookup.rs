@@ -11,8 +11,8 @@ use core::ffi::{c_char, c_int};
 
 use granary_shm::{EntryRec, Found, Table};
 
-use crate::detour::{Bypass, Guard};
-use crate::path::{self, Buf, Loc};
+use crate::ops::detour::{Bypass, Guard};
+use crate::ops::path::{self, Buf, Loc};
 
 thread_local! {
     // const-initialised and destructor-free: usable from any hook, including in a vfork child.
@@ -47,7 +47,7 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Result<Found, Bypass> {
 /// table was checked whole before the program started: its source (if any) is never asked per
 /// entry.
 pub fn confirmed(table: &Table, f: &Found) -> Result<(), Bypass> {
-    if f.validated || !table.is_packed() && crate::validate::check(table, f.idx, &f.entry) {
+    if f.validated || !table.is_packed() && crate::ops::validate::check(table, f.idx, &f.entry) {
         Ok(())
     } else {
         Err(Bypass::Unconfirmed)

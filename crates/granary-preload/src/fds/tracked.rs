@@ -8,10 +8,10 @@ use core::ffi::c_int;
 
 use granary_shm::{job, object_name, state};
 
-use crate::copies;
-use crate::fdtable::{self, flag, FdKind, Tracked};
-use crate::log;
-use crate::switch::{exclusive, open_source_in, put_under_at, replacement_flags};
+use crate::fds::copies;
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::fds::switch::{exclusive, open_source_in, put_under_at, replacement_flags};
+use crate::sys::log;
 use crate::sys::{self, KeepErrno};
 
 /// What `fd` is, its copy checked first if that was left for its first use: every hook that
@@ -52,7 +52,7 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
     let FdKind::Tier(tier) = t.kind else {
         return Some(now);
     };
-    let table = crate::detour::table();
+    let table = crate::ops::detour::table();
     let word = table.map_or(0, |tb| tb.state(t.entry));
     let entry = table.and_then(|tb| tb.entry(t.entry));
     let ok = match (table, &entry) {
@@ -97,7 +97,7 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
             now = to;
         }
         // Counted as a tier file at the open; its bytes come from the source.
-        let slot = crate::detour::job_slot();
+        let slot = crate::ops::detour::job_slot();
         tb.uncount(slot, job::TIER_FILES + tier as usize, 1);
         tb.count(slot, job::SOURCE_OPENS, 1);
         tb.count(slot, job::FALLBACKS, 1);

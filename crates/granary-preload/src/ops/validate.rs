@@ -9,7 +9,7 @@
 use granary_shm::lifecycle::{self, Check, Verdict};
 use granary_shm::{request, EntryRec, StatRec, Table};
 
-use crate::path::{self, Buf};
+use crate::ops::path::{self, Buf};
 use crate::sys::{self, sys, KeepErrno};
 
 /// `statx(AT_SYMLINK_NOFOLLOW)` of entry `idx`'s path on the source, compared with the catalog.
