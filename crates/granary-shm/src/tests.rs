@@ -389,6 +389,43 @@ fn counters_fall_back_to_slot_zero() {
 }
 
 #[test]
+fn the_first_unserved_program_is_named_and_every_one_counted() {
+    let m = Model::new();
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    assert_eq!(t.unserved(2), None);
+    t.record_unserved(
+        2,
+        crate::seen::EXEC_STATIC,
+        b"/opt/tools/cat",
+        b"/pfs/data/a.jpg",
+    );
+    let long = [b'x'; 300];
+    t.record_unserved(2, crate::seen::EXEC_SECURE, &long, &long);
+    let u = t.unserved(2).unwrap();
+    assert_eq!(
+        (u.count, u.why, &u.program[..], &u.arg[..]),
+        (
+            2,
+            crate::seen::EXEC_STATIC,
+            &b"/opt/tools/cat"[..],
+            &b"/pfs/data/a.jpg"[..]
+        )
+    );
+    let seen = t
+        .counter(2, job::SEEN)
+        .unwrap()
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(seen, crate::seen::EXEC_STATIC | crate::seen::EXEC_SECURE);
+    // Longer than the table keeps: the tail, marked.
+    t.record_unserved(3, crate::seen::EXEC_SECURE, &long, b"-");
+    let u = t.unserved(3).unwrap();
+    let kept = job::NAME_WORDS * 8;
+    assert_eq!(u.program, ["…".as_bytes(), &long[..kept]].concat());
+    assert_eq!(u.arg, b"-");
+}
+
+#[test]
 fn ring_survives_concurrent_producers() {
     let m = Model::new();
     let mut spec = Model::spec();

@@ -1,12 +1,14 @@
 //! The constructor: resolves the real symbols, reads the environment once, finds and maps the
-//! job's table (`attach`) and attaches to it (`detour::attach`), adopts the fds an exec'd
-//! program inherited (`inherit`). Hooks only ever read what it stored (no `env::var`, no
+//! job's table (`attach`) and attaches to it (`detour::attach`), saves granary's variables for
+//! children started without them (`jobvars`), adopts the fds an exec'd program inherited
+//! (`inherit`). Hooks only ever read what it stored (no `env::var`, no
 //! allocation after this point).
 
 use granary_shm::{job, seen};
 
 pub mod attach;
 pub mod inherit;
+pub mod jobvars;
 
 use crate::sys::env::{parse_u32, var as env};
 use crate::{ops::detour, sys, sys::log};
@@ -60,6 +62,8 @@ extern "C" fn init() {
         table.count(slot, job::CREDS_MISMATCH, 1);
         log::line(&[b"credentials differ from the agent's: passing everything through"]);
     }
+    // Before the table is attached: a start that finds it attached may put them back.
+    crate::init::jobvars::save();
     let table = detour::attach(table);
     crate::ops::path::note_cwd(table);
     crate::init::inherit::adopt(table);
