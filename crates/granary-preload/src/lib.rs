@@ -42,6 +42,7 @@
 //! init/       the constructor: symbols resolved, environment read, table attached; and
 //!   attach      how a process reaches its job's table (fd or path), what it can see of the job
 //!   inherit     fds inherited across exec, adopted at start
+//!   jobvars     granary's variables as the process got them, for children started without
 //! wait        bounded, interruptible waits on the agent (Gate: signals let in while asleep)
 //! overlay     mappings of files not yet local: tier bytes mapped over the source; followed
 //! pack        a table that serves a pack: packed files waited for, extracted, stand-in dirs

@@ -341,7 +341,6 @@ pub fn extract(g: &Guard, e: &EntryRec, loc: &Locator, flags: c_int) -> Result<c
         g.count(job::PACK_REFUSED, 1);
         return Err(libc::EIO);
     }
-    g.count(job::SOURCE_OPENS, 1);
     let mem = Fd(sys!(
         libc::SYS_memfd_create,
         c"granary-pack".as_ptr(),

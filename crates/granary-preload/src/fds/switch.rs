@@ -138,6 +138,9 @@ pub fn to_copy(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> Option<u8> {
         });
     match switched {
         Some(tier) => {
+            // Its open was counted on the source; from now on the tier serves it. Moved, not
+            // added: the report's opens are each counted once (tier + source + pack = opens).
+            g.table.uncount(g.slot, job::SOURCE_OPENS, 1);
             g.count(job::TIER_FILES + tier as usize, 1);
             if log::enabled() {
                 let mut d = [0u8; 20];

@@ -8,7 +8,7 @@
 
 use core::ffi::{c_int, c_void};
 
-use granary_shm::{job, state, EntryRec};
+use granary_shm::{state, EntryRec};
 
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
 use crate::ops::detour::{self, Guard};
@@ -79,14 +79,13 @@ fn map_copy(
         return None;
     }
     let e = crate::ops::lookup::entry(g.table, t.entry)?;
-    let (copy, tier, _) =
+    let (copy, _, _) =
         crate::fds::copies::open_copy(g, t.entry, &e, libc::O_RDONLY | libc::O_CLOEXEC)?;
     let p = real(copy);
     let _keep = sys::KeepErrno::new();
     sys::raw_close(copy);
-    if p != libc::MAP_FAILED {
-        g.count(job::TIER_FILES + tier as usize, 1);
-    }
+    // Not an open: the fd stays the source's (counted there once, at its open); the agent
+    // counts the mapping's bytes by where its pages come from (`job::MAP_LOCAL_BYTES`).
     Some(p)
 }
 

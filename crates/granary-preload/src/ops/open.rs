@@ -227,7 +227,9 @@ fn extracted(
             // Untrackable (a vfork child, an fd beyond the table): the bytes are still right,
             // only its `fstat` is the memory file's. Nothing else could serve the open.
             fdtable::track(fd, Tracked::new(idx, FdKind::Pack, initial_flags(flags)));
+            // In the report's row of "the source or the pack": an open the tiers did not serve.
             g.count(job::OPENS, 1);
+            g.count(job::SOURCE_OPENS, 1);
             g.count(job::FALLBACKS, 1);
             Detour::Answer(fd)
         }
