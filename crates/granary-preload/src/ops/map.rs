@@ -12,7 +12,7 @@ use granary_shm::{state, EntryRec};
 
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
 use crate::ops::detour::{self, Guard};
-use crate::sys::{self, KeepErrno};
+use crate::sys::{self, log, KeepErrno};
 use crate::wait::{woken_wait, SLEEP_MAX_NS, SLEEP_MIN_NS, STALL_NS};
 use crate::{fds::switch, fds::tracked};
 
@@ -86,6 +86,12 @@ fn map_copy(
     sys::raw_close(copy);
     // Not an open: the fd stays the source's (counted there once, at its open); the agent
     // counts the mapping's bytes by where its pages come from (`job::MAP_LOCAL_BYTES`).
+    if p != libc::MAP_FAILED && log::enabled() {
+        log::line(&[
+            b"mapped from the complete copy: ",
+            g.table.name(&e).unwrap_or(b"?"),
+        ]);
+    }
     Some(p)
 }
 
