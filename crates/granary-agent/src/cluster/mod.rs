@@ -542,6 +542,8 @@ impl ServingNode for Node {
 
     fn status(&self, serving: &Serving) -> ClusterStatus {
         let (files, bytes) = self.owned();
+        // A user asked: this rank's count as of now, not of the last heartbeat's pass.
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).0 = None;
         self.peers.beat(self.rank, self.beat());
         // The other ranks' numbers, asked for now (liveness does not carry them): every live
         // rank answers with a heartbeat, waited for a moment at most.
