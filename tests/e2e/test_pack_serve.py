@@ -400,6 +400,8 @@ os.execv(sys.argv[2], sys.argv[2:])
     files = regular_files(expected)
     assert tier_files(stats) <= 2, stats
     assert source_opens(stats) == len(files) - tier_files(stats), stats
+    # Each open counted once: the pack's extracted files in the row of the source or the pack.
+    assert stats["opens"] == tier_files(stats) + source_opens(stats), stats
     assert not g.agent_pids()
 
 
