@@ -214,17 +214,8 @@ def split(serve, sums):
     return mine, everything - mine
 
 
-<<<<<<< HEAD
-# FanStore's published scaling (Zhang et al., §6.5.1): aggregate bandwidth relative to a baseline.
-FANSTORE = {(1, 4): "1.0–1.5× (25–38 %)", (4, 16): "76.3–83.1 %", (1, 64): "5.8–45.4× (9–71 %)",
-            (64, 512): "81.4–88.2 %"}
-NET_LATENCY = 2e-6        # s per message (stated network: 100 Gb/s, 2 µs)
-NET_BANDWIDTH = 12.5e9    # bytes/s per node and direction
-THREADS = 8               # reader threads per node (e.g. 4 GPUs × 2 loader processes)
-=======
 BAR_SIZES = ("128K", "2M", "8M")
 SLACK = 150e-6   # the bar's allowance per file beyond the transfer's floor and the checksum
->>>>>>> cluster
 
 
 def t_mpi(reps):
