@@ -73,6 +73,8 @@ pub fn serve(config: ServeConfig) -> Result<()> {
 
 /// One rank of the serving job, as the rest of the agent and the other ranks see it.
 pub struct Node {
+    /// This node's own `Arc` (a transfer the communication thread carries on holds one).
+    me: std::sync::Weak<Node>,
     pub rank: u32,
     pub ranks: u32,
     pub agent: Arc<Agent>,
@@ -143,7 +145,8 @@ impl Node {
             (ctx.tiers.placeable() < ctx.tiers.len()).then_some(ctx.tiers.placeable());
         let (fetch_q, fetch_rx) = crossbeam_channel::unbounded();
         let (provide_q, provide_rx) = crossbeam_channel::unbounded();
-        let node = Arc::new(Node {
+        let node = Arc::new_cyclic(|me| Node {
+            me: me.clone(),
             rank: s.rank,
             ranks: s.ranks,
             agent,
@@ -440,6 +443,7 @@ impl Node {
                     idx,
                     slot: 0,
                     copy: true,
+                    skip: None,
                 };
                 if self.fetch_q.send(job).is_ok() {
                     continue;
@@ -550,16 +554,19 @@ impl Remote for Node {
                 _ => None,
             };
         }
+        let me = self.me.upgrade()?;
         ctx.inflight.fetch_add(1, Ordering::AcqRel);
         let job = fetch::RemoteFetch {
             ctx: ctx.clone(),
             idx,
             slot,
             copy: false,
+            skip: None,
         };
-        if let Err(e) = self.fetch_q.send(job) {
+        // A program waits for it: started here (the ring consumer) and carried on by the
+        // communication thread, or a fetcher's.
+        if fetch::start(&me, job).is_err() {
             ctx.inflight.fetch_sub(1, Ordering::AcqRel);
-            drop(e);
             return None;
         }
         Some(PlaceOutcome::Skipped)
