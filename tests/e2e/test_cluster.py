@@ -7,6 +7,7 @@ Source traffic is counted outside granary: the source is a loop-mounted ext4 ima
 in /sys/block/loopN/stat, page cache dropped first) and, for metadata, strace of the serving
 ranks. Skipped only when the granary binary was built without the `mpi` feature.
 """
+import hashlib
 import json
 import math
 import os
@@ -199,8 +200,9 @@ def finish(p, stats_path):
 def cluster(tmp_path):
     made = []
 
-    def make(*args, **kw):
-        c = Cluster(tmp_path / f"c{len(made)}", *args, **kw)
+    def make(*args, at=None, **kw):
+        """A serving job; `at`: the directory (runtime, tiers) of an earlier one, reused."""
+        c = Cluster(at or tmp_path / f"c{len(made)}", *args, **kw)
         made.append(c)
         return c
     yield make
@@ -432,6 +434,61 @@ def test_a_dead_rank_costs_its_share_once_not_once_per_node(cluster, loop_source
     assert agents + survivors_programs <= total + 2 * largest, (agents, survivors_programs, total)
     # Once reading each file before ranks 0 and 2 (rank 1's last reads in flight: 8 workers).
     assert pfs <= 1.01 * stored_bytes(data) + dead_pfs + 2 * largest + 8 * largest, pfs
+
+
+@needs_root
+def test_a_restarted_serve_reuses_every_rank_s_tiers(cluster, loop_source):
+    """A serve stopped and started again on the same tiers: every rank keeps the copies it
+    placed in the first (rank 0 through its saved catalog, the others through theirs, checked
+    against the catalog rank 0 validated in this attach), so the second serve's agents read
+    nothing from the source, and every reader on every rank gets every byte right — the bytes
+    of a file changed in between included (rank 0's check voids it: it passes through, as on
+    one node, and no rank serves its old copy)."""
+    dev, mnt = loop_source
+    data = mnt / "data"
+    fanstore(data)
+    small_files(data, n=60)
+    c = cluster(data)
+    for r, (got, _) in enumerate(c.read_everywhere(data)):
+        assert got["sha256"] == direct(data)["sha256"], r
+    c.wait(lambda: settled(c), "placement settled")
+    held = {r: sorted(p.name for p in tier_copies(c, r)) for r in range(3)}
+    assert all(held.values()), held
+    c.stop()
+    # Changed while no serve ran, in place (same inode): a file rank 1 holds.
+    by_content = {hashlib.sha256(p.read_bytes()).hexdigest(): p
+                  for p in files_under(data) if p.stat().st_size > 0}
+    victim = next(by_content[hashlib.sha256(p.read_bytes()).hexdigest()]
+                  for p in tier_copies(c, 1)
+                  if hashlib.sha256(p.read_bytes()).hexdigest() in by_content)
+    victim.write_bytes(os.urandom(victim.stat().st_size))
+    expected = direct(data)
+    drop_caches()
+    before = device_reads(dev)[1]
+    c2 = cluster(data, at=c.tmp)
+    agents_before = {r: c2.status(r)["cluster"]["peers"][r]["pfs_bytes"] for r in range(3)}
+    programs = 0
+    for r, (got, stats) in enumerate(c2.read_everywhere(data)):
+        assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"], r
+        programs += stats["source_io"]["bytes"]
+    c2.wait(lambda: settled(c2), "placement settled")
+    pfs = (device_reads(dev)[1] - before) * 512
+    agents = {r: c2.status(r)["cluster"]["peers"][r]["pfs_bytes"] - agents_before[r]
+              for r in range(3)}
+    reused = {r: c2.status(r)["sources"][0]["catalog"]["reused_files"] for r in range(3)}
+    size = victim.stat().st_size
+    print(f"second serve: copies reused {reused} (held {[len(h) for h in held.values()]}); "
+          f"agents read {agents} of the source, the programs {programs}; the device served "
+          f"{pfs} bytes (the changed file: {size})")
+    # Every rank reused its copies (but the changed one) …
+    for r in range(3):
+        assert reused[r] >= len(held[r]) - (r == 1), (r, reused, held)
+    # … so no agent read the source again; the programs read only the changed file, which
+    # passes through on every node.
+    assert agents == {0: 0, 1: 0, 2: 0}, agents
+    assert programs <= 3 * size, programs
+    # The device: that file and rank 0's check of the catalog (inodes, directories).
+    assert pfs <= size + (4 << 20), pfs
 
 
 def settled_on(c: "Cluster", ranks) -> bool:

@@ -172,6 +172,7 @@ impl Node {
             held: Mutex::default(),
         });
         node.place_empty_files();
+        node.stage_kept_copies();
         fetch::spawn(&node, fetch_rx, FETCHERS)?;
         provide::spawn(&node, provide_rx, PROVIDERS)?;
         let hook: Arc<dyn Remote> = node.clone();
@@ -296,6 +297,25 @@ impl Node {
         }
         if n > 0 {
             tracing::info!("{n} empty files placed");
+        }
+    }
+
+    /// Copies in the staging tier that an earlier serve of this node left (kept by its saved
+    /// catalog) join the staging tier's order, so they are dropped oldest first like the ones
+    /// this serve stages instead of holding their room for good.
+    fn stage_kept_copies(&self) {
+        let Some(st) = self.staging_tier else { return };
+        let t = &self.ctx.table;
+        let mut n = 0;
+        for idx in 0..t.entry_count() {
+            let w = t.state(idx);
+            if state::state_of(w) == state::PLACED && state::tier_of(w) as usize == st {
+                self.staging.push(idx, None);
+                n += 1;
+            }
+        }
+        if n > 0 {
+            tracing::info!("{n} staged copies of the last serve kept");
         }
     }
 
