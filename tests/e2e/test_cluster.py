@@ -414,8 +414,12 @@ def test_a_dead_rank_costs_its_share_once_not_once_per_node(cluster, loop_source
     c = cluster(data, mpirun=["--enable-recovery"], extra=["--peer-timeout", "500ms"])
     readers = {r: c.start_reader(r, data, every=5) for r in (0, 2)}
     assert all(first_progress(p) == 5 for p, _ in readers.values())
-    dead_pfs = c.status(1)["cluster"]["peers"][1]["pfs_bytes"]
-    os.kill(c.agent_pid(1), signal.SIGKILL)
+    # What rank 1 read before it died (stopped first, so the count is final): every byte it
+    # read, of the source and anything else (its copies die with it: read again).
+    dead = c.agent_pid(1)
+    os.kill(dead, signal.SIGSTOP)
+    dead_pfs = proc_read_bytes(dead)
+    os.kill(dead, signal.SIGKILL)
     survivors_programs = 0
     for r, (p, stats_path) in readers.items():
         got, stats = finish(p, stats_path)
@@ -432,8 +436,10 @@ def test_a_dead_rank_costs_its_share_once_not_once_per_node(cluster, loop_source
     # Each byte once across the survivors (every node's copy of rank 1's files came from one
     # stand-in), but for the file each survivor was receiving from rank 1 when it died.
     assert agents + survivors_programs <= total + 2 * largest, (agents, survivors_programs, total)
-    # Once reading each file before ranks 0 and 2 (rank 1's last reads in flight: 8 workers).
-    assert pfs <= 1.01 * stored_bytes(data) + dead_pfs + 2 * largest + 8 * largest, pfs
+    # The device: the dataset once, what rank 1 had read again (its copies died with it), and
+    # one file of slack. Without stand-ins both survivors read the rest of rank 1's share
+    # (about a third of the dataset, ~40 MiB here) from the source: far above.
+    assert pfs <= 1.01 * stored_bytes(data) + dead_pfs + largest, (pfs, dead_pfs)
 
 
 @needs_root
@@ -489,6 +495,15 @@ def test_a_restarted_serve_reuses_every_rank_s_tiers(cluster, loop_source):
     assert programs <= 3 * size, programs
     # The device: that file and rank 0's check of the catalog (inodes, directories).
     assert pfs <= size + (4 << 20), pfs
+
+
+def proc_read_bytes(pid: int) -> int:
+    """Every byte process `pid` has read so far (`rchar` of /proc/PID/io: read calls of any
+    kind, so at least what it read from the source)."""
+    for line in pathlib.Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no rchar for {pid}")
 
 
 def settled_on(c: "Cluster", ranks) -> bool:

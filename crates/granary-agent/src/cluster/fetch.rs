@@ -30,6 +30,7 @@ use granary_core::placement::{fetch_large, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
 use granary_shm::{state, EntryRec};
 
+use super::peers::{Late, Patience};
 use super::staging::{Evicted, Free, Slot};
 use super::transport::{Event, Flow, Landing, Transfer};
 use super::wire::{Answer, Msg};
@@ -166,8 +167,12 @@ enum Failure {
     NotHeld,
     /// The source changed.
     Stale,
-    /// No message for the peer timeout, or out of order: written off.
+    /// Nothing from it at all for the peer timeout and an `Ask` (`Patience`), or messages out
+    /// of order: written off.
     Silent,
+    /// Heard from, but the transfer did not move for `PATIENCE_MAX` (or no tag was free):
+    /// given up on without writing it off.
+    Slow,
     /// Our side failed (writing the tier, the entry taken away).
     Local(ReceiveError),
 }
@@ -300,9 +305,11 @@ fn remote(
                 rx.give_up(state::STALE);
                 return Got::Outcome(PlaceOutcome::Stale);
             }
-            Err(Failure::Silent) => {
+            Err(f @ (Failure::Silent | Failure::Slow)) => {
                 tracing::debug!("rank {owner} did not send entry {idx} in time");
-                node.write_off(owner);
+                if matches!(f, Failure::Silent) {
+                    node.write_off(owner);
+                }
                 if rx.written() > 0 {
                     // Part of the copy came from it: start over from the source.
                     rx.abandon(&ReceiveError::Mismatch("sender"));
@@ -390,7 +397,7 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
         mapped: Some(landing.map()),
         landing: landing.clone(),
         sum: None,
-        deadline: Instant::now() + node.timeout,
+        patience: Patience::new(node.timeout),
         started,
     };
     node.comm.carry(owner, tag, landing, Box::new(t));
@@ -411,8 +418,8 @@ struct Inline {
     mapped: Option<Arc<memmap2::MmapRaw>>,
     /// The checksum the owner announced (`Coming`).
     sum: Option<u64>,
-    /// The owner's next message is due by then (the peer timeout).
-    deadline: Instant,
+    /// When the owner's next message is due, and what its silence means.
+    patience: Patience,
     started: Instant,
 }
 
@@ -448,7 +455,7 @@ impl Transfer for Inline {
         if let Err(why) = res {
             return self.end(Err(Failure::Local(why)));
         }
-        self.deadline = Instant::now() + self.node.timeout;
+        self.patience.heard();
         match self.sum {
             Some(sum) if rx.written() == rx.size() => self.end(Ok(sum)),
             _ => Flow::More,
@@ -456,10 +463,15 @@ impl Transfer for Inline {
     }
 
     fn tick(&mut self, now: Instant) -> Flow {
-        if now < self.deadline {
-            return Flow::More;
+        match self.patience.late(&self.node.peers, self.owner, now) {
+            Late::Wait => Flow::More,
+            Late::Ask => {
+                self.node.comm.quiet(self.owner, &Msg::Ask);
+                Flow::More
+            }
+            Late::Silent => self.end(Err(Failure::Silent)),
+            Late::Slow => self.end(Err(Failure::Slow)),
         }
-        self.end(Err(Failure::Silent))
     }
 }
 
@@ -506,9 +518,11 @@ impl Inline {
                 rx.abandon(&ReceiveError::Mismatch("sender"));
                 Some(owner)
             }
-            Err(Failure::Silent) => {
+            Err(f @ (Failure::Silent | Failure::Slow)) => {
                 tracing::debug!("rank {owner} did not send entry {idx} in time");
-                node.write_off(owner);
+                if matches!(f, Failure::Silent) {
+                    node.write_off(owner);
+                }
                 rx.abandon(&ReceiveError::Mismatch("sender"));
                 Some(owner)
             }
@@ -553,9 +567,28 @@ fn transfer(
     mapped: &mut Option<Arc<memmap2::MmapRaw>>,
 ) -> Result<u64, Failure> {
     let Some(tag) = node.tags.take(owner) else {
-        return Err(Failure::Silent);
+        return Err(Failure::Slow);
     };
     let events = node.comm.expect(owner, tag);
+    let mut patience = Patience::new(node.timeout);
+    // The owner's next event, waited for with patience.
+    let mut next = || loop {
+        match events.recv_deadline(patience.deadline()) {
+            Ok(ev) => {
+                patience.heard();
+                return Ok(ev);
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(Failure::Silent),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                match patience.late(&node.peers, owner, Instant::now()) {
+                    Late::Wait => {}
+                    Late::Ask => node.comm.quiet(owner, &Msg::Ask),
+                    Late::Silent => return Err(Failure::Silent),
+                    Late::Slow => return Err(Failure::Slow),
+                }
+            }
+        }
+    };
     node.comm.ctrl(
         owner,
         &Msg::Request {
@@ -576,35 +609,35 @@ fn transfer(
         *mapped = Some(landing.map());
         node.comm.land(owner, tag, landing.clone());
         let sum = loop {
-            match events.recv_timeout(node.timeout) {
-                Ok(Event::Reply(Answer::Wait)) => {}
-                Ok(Event::Reply(Answer::Coming { sum })) => break sum,
-                Ok(Event::Reply(Answer::NotHeld)) => {
+            match next()? {
+                Event::Reply(Answer::Wait) => {}
+                Event::Reply(Answer::Coming { sum }) => break sum,
+                Event::Reply(Answer::NotHeld) => {
                     clean = true;
                     return Err(Failure::NotHeld);
                 }
-                Ok(Event::Reply(Answer::Stale)) => {
+                Event::Reply(Answer::Stale) => {
                     clean = true;
                     return Err(Failure::Stale);
                 }
-                Ok(_) | Err(_) => return Err(Failure::Silent),
+                _ => return Err(Failure::Silent),
             }
         };
         while rx.written() < rx.size() {
-            match events.recv_timeout(node.timeout) {
-                Ok(Event::Landed { off, len }) => {
+            match next()? {
+                Event::Landed { off, len } => {
                     rx.landed(landing.landed(off, len))
                         .map_err(Failure::Local)?;
                     arrived(node, idx, len as u64);
                 }
-                Ok(Event::Data(buf)) => {
+                Event::Data(buf) => {
                     node.bounce.fetch_add(buf.len() as u64, Ordering::Relaxed);
                     let r = rx.append(&buf);
                     arrived(node, idx, buf.len() as u64);
                     node.comm.bufs.put(buf);
                     r.map_err(Failure::Local)?;
                 }
-                Ok(_) | Err(_) => return Err(Failure::Silent),
+                _ => return Err(Failure::Silent),
             }
         }
         clean = true;

@@ -364,12 +364,16 @@ impl Node {
             if let Some(next) = self.peers.successor() {
                 self.comm.quiet(next, &Msg::Heartbeat(b));
             }
-            if let Some(dead) = self.peers.check() {
-                tracing::warn!(
-                    "rank {dead} silent for {:?}: written off",
-                    peers::SUSPECT_AFTER
-                );
-                self.tell_down(dead);
+            match self.peers.check() {
+                peers::Watch::Fine => {}
+                peers::Watch::Ask(p) => self.comm.quiet(p, &Msg::Ask),
+                peers::Watch::Down(dead) => {
+                    tracing::warn!(
+                        "rank {dead} silent for {:?}, and did not answer: written off",
+                        peers::SUSPECT_AFTER + peers::ASK_GRACE
+                    );
+                    self.tell_down(dead);
+                }
             }
             std::thread::sleep(peers::BEAT_PERIOD);
         }

@@ -380,8 +380,7 @@ fn carry_copies(t: &Table, saved: &Path) -> u64 {
     let Some((_m, prev)) = open_saved(saved) else {
         return 0;
     };
-    if prev.agent_creds() != t.agent_creds() || prev.source_real_root() != t.source_real_root()
-    {
+    if prev.agent_creds() != t.agent_creds() || prev.source_real_root() != t.source_real_root() {
         return 0;
     }
     let tier_map: Vec<Option<u8>> = (0..prev.tier_count())
