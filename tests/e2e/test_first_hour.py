@@ -147,16 +147,24 @@ def test_serve_is_listed_only_where_it_works(g):
 
 
 def test_a_batch_log_shows_the_walk_moving(g, tmp_path, tier):
-    """stderr is a file here, as in a Slurm job: the walk's progress appears as lines."""
-    source = make_dataset(tmp_path / "big", classes=200, per_class=150, mean_size=64, records=0)
+    """stderr is a file here, as in a Slurm job: the walk's progress appears as lines. The tree is
+    large enough (160,000 empty files) that its walk outlasts the agent's first progress reply
+    (100 ms) on any machine; GRANARY_PROGRESS_EVERY is shorter than that reply's period."""
+    source = tmp_path / "big"
+    for d in range(400):
+        cls = source / f"c{d:03}"
+        cls.mkdir(parents=True)
+        for f in range(400):
+            os.close(os.open(cls / f"{f:04}.bin", os.O_CREAT | os.O_WRONLY, 0o644))
     log = tmp_path / "job.log"
     with open(log, "w") as err:
         p = subprocess.run([g.bin, "run", "--source", str(source), "--tier", str(tier), "--",
                             "true"], stderr=err, timeout=600,
-                           env={**g.env, "GRANARY_PROGRESS_EVERY": "0.2"})
+                           env={**g.env, "GRANARY_PROGRESS_EVERY": "1ms"})
     text = log.read_text()
     assert p.returncode == 0, text
     assert "granary: cataloguing" in text, text
+    assert "granary: catalogued " in text and "160000 files, 401 dirs" in text, text
 
 
 def test_status_writes_metrics_a_collector_parses(g, dataset, tier, tmp_path):

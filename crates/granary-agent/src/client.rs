@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use granary_core::runtime::Runtime;
 
-use crate::protocol::{AgentStatus, Reply, Request};
+use crate::protocol::{AgentStatus, CacheInUse, CacheRefused, CacheTaken, Reply, Request};
 
 /// How long the agent may stay silent: `$GRANARY_AGENT_TIMEOUT` (seconds, or a duration like
 /// `500ms`), default 5 s, at least 0.5 s (five keepalives). Starting an agent and waiting for one
@@ -432,5 +432,38 @@ pub fn status(rt: &Runtime) -> Result<Option<AgentStatus>> {
     match c.ask(&Request::Status)? {
         Reply::Status(s) => Ok(Some(s)),
         other => bail!("unexpected reply to status: {other:?}"),
+    }
+}
+
+/// The running agent's answer to `granary cache`.
+pub struct CacheAnswer {
+    pub in_use: Vec<CacheInUse>,
+    pub taken: Vec<CacheTaken>,
+    pub refused: Vec<CacheRefused>,
+    /// The tier directories its sources use.
+    pub tiers: Vec<std::path::PathBuf>,
+}
+
+/// Asks the running agent to record every source's copies and to take away the source
+/// directories in `clean` no job uses (`Request::Cache`); `None` when no agent runs. An agent
+/// that does not answer is a `Silent` error.
+pub fn cache(rt: &Runtime, clean: Vec<std::path::PathBuf>) -> Result<Option<CacheAnswer>> {
+    let Some(mut c) = connect(rt)? else {
+        return Ok(None);
+    };
+    match c.ask(&Request::Cache { clean })? {
+        Reply::Cache {
+            in_use,
+            taken,
+            refused,
+            tiers,
+        } => Ok(Some(CacheAnswer {
+            in_use,
+            taken,
+            refused,
+            tiers,
+        })),
+        Reply::Error { message, .. } => bail!("the agent: {message}"),
+        other => bail!("unexpected reply to cache: {other:?}"),
     }
 }

@@ -15,6 +15,7 @@
 //!   status as metrics text (Prometheus format).
 
 pub mod agent;
+mod cache;
 pub mod client;
 pub mod cluster;
 pub mod config;

@@ -58,6 +58,13 @@ pub enum Request {
     },
     Status,
     Stop,
+    /// `granary cache`: record every source's copies as they are now, then take away each
+    /// source directory (`<tier root>/<source id>`) in `clean` that no job uses — renamed to
+    /// trash in its tier root, which the caller deletes.
+    Cache {
+        #[serde(default)]
+        clean: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -106,12 +113,44 @@ pub enum Reply {
     },
     Status(AgentStatus),
     Stopping,
+    Cache {
+        /// Sources the agent holds a table of, and their jobs now.
+        in_use: Vec<CacheInUse>,
+        taken: Vec<CacheTaken>,
+        refused: Vec<CacheRefused>,
+        /// Every tier directory its sources use.
+        #[serde(default)]
+        tiers: Vec<PathBuf>,
+    },
     Error {
         message: String,
         /// The attach failed because the pack's index is damaged: what the job's report says.
         #[serde(default)]
         pack_damage: Option<granary_core::stats::PackDamage>,
     },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheInUse {
+    pub id: String,
+    pub source: PathBuf,
+    pub jobs: usize,
+    /// The tier roots of its table.
+    #[serde(default)]
+    pub tiers: Vec<PathBuf>,
+}
+
+/// A source directory taken away: now at `trash`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheTaken {
+    pub dir: PathBuf,
+    pub trash: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheRefused {
+    pub dir: PathBuf,
+    pub reason: String,
 }
 
 /// `granary status --json`.

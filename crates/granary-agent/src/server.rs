@@ -264,6 +264,13 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     send(&w, &reply)?;
                 }
                 Request::Status => send(&w, &Reply::Status(status(agent)))?,
+                Request::Cache { clean } => {
+                    // Withdrawing an idle table waits for its copies in flight: keep talking.
+                    let reply = with_keepalive(&w, &Progress::default(), || {
+                        crate::cache::serve(agent, &clean)
+                    });
+                    send(&w, &reply)?
+                }
                 Request::Stop => {
                     tracing::info!("stop requested");
                     // A serving rank stops the whole job's serve: every rank leaves together.
@@ -358,6 +365,7 @@ fn attach(
         }
     };
     let mut inner = src.inner.lock().unwrap_or_else(|e| e.into_inner());
+    src.used_now();
     let mut notes = Vec::new();
     if inner.jobs == 0 || src.ctx().is_none() {
         // First job on this source (again): its tiers become the source's, and walk, so changes
@@ -393,7 +401,9 @@ fn attach(
             );
         }
         let src_tiers = Arc::new(src_tiers);
+        remember_tiers(&src_tiers);
         let generation = agent.generation.fetch_add(1, Ordering::AcqRel);
+        let release = |id: &str| crate::cache::release(agent, &src, id);
         let walk_threads = (setup.workers * 2).clamp(4, 32);
         let origin = src.prepare(
             &mut inner,
@@ -409,6 +419,11 @@ fn attach(
                 residency: &setup.residency,
                 immutable: immutable || agent.cfg.immutable.unwrap_or(false),
                 validate_threads: agent.cfg.validate_threads.unwrap_or(VALIDATE_THREADS),
+                // A serving rank's copies are dealt out by the job (cluster mode).
+                release: agent
+                    .serving
+                    .is_none()
+                    .then_some(&release as &dyn Fn(&str) -> bool),
             },
             progress,
             &mut notes,
@@ -491,6 +506,15 @@ fn attach(
     Ok((reply, Lease { source: src, slot }))
 }
 
+/// Adds the tiers' roots to the user's list of tiers used (`granary cache` finds copies there
+/// when no flag names them), off the attach's path: the list is in the home directory.
+fn remember_tiers(tiers: &granary_core::Tiers) {
+    let roots: Vec<PathBuf> = tiers.specs().into_iter().map(|t| t.path).collect();
+    let _ = std::thread::Builder::new()
+        .name("tier-list".into())
+        .spawn(move || granary_core::cache::registry::record(&roots));
+}
+
 /// A tier inside the source would put the cache into the dataset's own listings (and copies
 /// of copies): refused, with the fix.
 fn refuse_tiers_inside(src: &SourceState, specs: &[granary_core::tiers::TierSpec]) -> Result<()> {
@@ -511,6 +535,7 @@ fn detach(agent: &Agent, l: Lease) {
     let mut inner = l.source.inner.lock().unwrap_or_else(|e| e.into_inner());
     inner.jobs = inner.jobs.saturating_sub(1);
     l.source.jobs_now.store(inner.jobs, Ordering::Release);
+    l.source.used_now();
     agent.jobs.fetch_sub(1, Ordering::AcqRel);
     agent.touch();
     tracing::info!(

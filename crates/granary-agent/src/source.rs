@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use granary_core::cache::{adopt, copies};
 use granary_core::catalog::{self, Progress};
 use granary_core::config::Verify;
 use granary_core::placement::residency::Residency;
@@ -40,6 +41,10 @@ pub struct WalkOpts<'a> {
     pub immutable: bool,
     /// Threads of the background validation.
     pub validate_threads: usize,
+    /// Asked before copies are taken from another source id's directories (the same dataset
+    /// served another way, `cache::adopt::siblings`): true once no table holds them. `None`:
+    /// none are taken (cluster mode).
+    pub release: Option<&'a dyn Fn(&str) -> bool>,
 }
 
 /// Cluster mode: what rank 0 sends every other rank instead of a walk (`granary serve`).
@@ -75,6 +80,8 @@ pub struct SourceState {
     /// `inner.jobs`, readable without the lock (another source's attach asks whether a tier
     /// is in use while this one may hold its lock for a long walk).
     pub jobs_now: AtomicUsize,
+    /// When a job last attached or detached (Unix ns): the last use its records carry.
+    pub last_use: std::sync::atomic::AtomicU64,
     /// The source root's record read when this source became known, for the first attach.
     fresh_root: Mutex<Option<granary_shm::StatRec>>,
     /// The source root's device (major, minor), for what its requests cost
@@ -144,6 +151,7 @@ impl SourceState {
             inner: Mutex::default(),
             current: RwLock::default(),
             jobs_now: AtomicUsize::new(0),
+            last_use: std::sync::atomic::AtomicU64::new(copies::now_ns()),
             fresh_root: Mutex::new(fresh_root),
             dev,
             warnings: Mutex::default(),
@@ -204,6 +212,7 @@ impl SourceState {
         let origin = if let Some(ctx) = self.ctx().filter(|c| self.reusable(&c.table, &spec)) {
             tracing::info!("{}: re-attach with the kept catalog", self.source.display());
             self.set_policy(inner, &ctx, opts)?;
+            self.drop_second_copies(&ctx, opts);
             let (files, bytes) = granary_core::placement::copies_now(&ctx);
             inner.catalog.walk_s = 0.0;
             inner.catalog.carried = ctx.table.entry_count() as u64;
@@ -212,9 +221,13 @@ impl SourceState {
             inner.catalog.reuse_rejected = 0;
             Origin::Kept
         } else {
+            // A table kept for other tiers (or parameters) records its copies for whichever
+            // table uses its tiers next, and is withdrawn before this one takes anything over.
+            let old = self.ctx();
+            if old.is_some() {
+                self.retire(inner, true);
+            }
             let saved = self.catalog_file(&tiers);
-            let last_saved = self.ctx().map(|c| self.catalog_file(&c.tiers));
-            let last_tiers = self.tier_paths();
             let table_path = rt_dir.table(&self.id, generation);
             let mut origin = Origin::Walked;
             let mut published = None;
@@ -225,7 +238,7 @@ impl SourceState {
                         .context("adopting rank 0's catalog")?,
                 );
                 origin = Origin::Adopted;
-            } else if self.ctx().is_none() {
+            } else {
                 let expect = catalog::Expect {
                     source_real: self.source_real.as_os_str().as_bytes(),
                     creds: spec.creds,
@@ -258,10 +271,13 @@ impl SourceState {
                     stats.reuse_rejected = l.rejected;
                     (l.mapping, l.table, stats)
                 }
-                None => self.walk_into(&tiers, &spec, &table_path, last_saved, progress, opts)?,
+                None => self.walk_into(&tiers, &spec, &table_path, old.as_ref(), progress, opts)?,
             };
-            self.forget_tiers(&last_tiers, &tiers, notes);
-            self.retire(inner, false);
+            if origin != Origin::Adopted {
+                self.take_recorded_copies(&table, &tiers, &dirs, opts);
+            }
+            self.note_tiers_left(old.as_deref(), &tiers, notes);
+            drop(old);
             let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
             let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
             let mut stats = stats;
@@ -327,13 +343,6 @@ impl SourceState {
             && !(0..t.entry_count()).any(|i| state::is_void(state::state_of(t.state(i))))
     }
 
-    /// The current table's tiers (none before the first).
-    fn tier_paths(&self) -> Vec<PathBuf> {
-        self.ctx()
-            .map(|c| c.tiers.specs().into_iter().map(|t| t.path).collect())
-            .unwrap_or_default()
-    }
-
     /// Each tier's object directory for this source, opened and verified (`None`: unusable).
     fn open_tier_dirs(&self, tiers: &Tiers) -> TierDirs {
         let mut d = TierDirs::default();
@@ -397,13 +406,14 @@ impl SourceState {
         tiers: &Tiers,
         spec: &TableSpec,
         table_path: &std::path::Path,
-        last_saved: Option<PathBuf>,
+        old: Option<&Arc<SourceCtx>>,
         progress: &Progress,
         opts: &WalkOpts<'_>,
     ) -> Result<(Mapping, Table, CatalogStats)> {
-        // The earlier knowledge: the agent's own table, else the catalog saved beside the cache
-        // (of this source's last first tier, or of the new one).
-        let current = self.ctx();
+        // The earlier knowledge: the agent's own last table, else the catalog saved beside the
+        // cache (of this source's last first tier, or of the new one).
+        let current = old;
+        let last_saved = old.map(|c| self.catalog_file(&c.tiers));
         let saved = current
             .is_none()
             .then(|| self.saved_catalog(tiers, spec, last_saved.as_deref()))
@@ -520,33 +530,96 @@ impl SourceState {
         }
     }
 
-    /// Tiers this source used before and does not any more (a job asked for others): their
-    /// copies could never be reused (the next walk only looks in the source's tiers), so they
-    /// are removed rather than left on disk, uncounted. Only this source's own directory, and
-    /// only in a tier root that is still ours.
-    fn forget_tiers(&self, old: &[PathBuf], now: &Tiers, notes: &mut Vec<String>) {
+    /// Takes over the copies recorded in this source's directories of the new tiers, then
+    /// those of the same dataset served another way (`granary_core::cache::adopt`), into
+    /// `table` before it is published.
+    fn take_recorded_copies(
+        &self,
+        table: &Table,
+        tiers: &Tiers,
+        dirs: &TierDirs,
+        opts: &WalkOpts<'_>,
+    ) {
+        let stores = self.stores(tiers, &dirs.fds);
+        let own = adopt::own(table, &stores);
+        let other = opts
+            .release
+            .map(|r| adopt::siblings(table, &self.id, &stores, r, true))
+            .unwrap_or_default();
+        tracing::info!(
+            "{}: {} recorded copies taken over ({} bytes), {} moved from the same dataset served \
+             another way ({} bytes), {} second copies of it removed",
+            self.source.display(),
+            own.files,
+            own.bytes,
+            other.files,
+            other.bytes,
+            other.duplicates
+        );
+    }
+
+    /// This source's directory in each usable tier, with its verified `objects` fd.
+    fn stores<'a>(
+        &self,
+        tiers: &Tiers,
+        objects: &'a [Option<std::os::fd::OwnedFd>],
+    ) -> Vec<adopt::Store<'a>> {
+        objects
+            .iter()
+            .enumerate()
+            .filter_map(|(t, fd)| {
+                Some(adopt::Store {
+                    tier: t as u8,
+                    dir: tiers.spec(t).path.join(&self.id),
+                    objects: fd.as_ref()?,
+                })
+            })
+            .collect()
+    }
+
+    /// A kept table's files that another way of serving the dataset also placed in the same
+    /// tier roots while this one was in use (two jobs at once): their second copies go.
+    fn drop_second_copies(&self, ctx: &SourceCtx, opts: &WalkOpts<'_>) {
+        let Some(release) = opts.release else { return };
+        let stores = self.stores(&ctx.tiers, &ctx.object_dirs);
+        let d = adopt::siblings(&ctx.table, &self.id, &stores, release, false).duplicates;
+        if d > 0 {
+            tracing::info!(
+                "{}: {d} second copies removed (the same files, placed by another way of \
+                 serving the dataset)",
+                self.source.display()
+            );
+        }
+    }
+
+    /// The source moved to other tiers: its copies in the ones it left stay, for a later job
+    /// there (or `granary cache clean`); the job is told once.
+    fn note_tiers_left(&self, old: Option<&SourceCtx>, now: &Tiers, notes: &mut Vec<String>) {
+        let Some(old) = old else { return };
         let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
         let current: Vec<PathBuf> = (0..now.len()).map(|t| canon(&now.spec(t).path)).collect();
-        for root in old {
-            if current.contains(&canon(root)) || tierdir::open_root(root).is_err() {
+        for t in 0..old.tiers.len() {
+            let root = old.tiers.spec(t).path.clone();
+            if current.contains(&canon(&root)) {
                 continue;
             }
-            let dir = root.join(&self.id);
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {
-                    tracing::info!(
-                        "{}: copies in {} removed",
-                        self.source.display(),
-                        dir.display()
-                    );
-                    notes.push(format!(
-                        "{} no longer uses tier {}: its copies there were removed",
-                        self.source.display(),
-                        root.display()
-                    ));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!("cannot remove {}: {e}", dir.display()),
+            let (files, bytes) = (0..old.table.entry_count())
+                .filter(|&i| {
+                    let w = old.table.state(i);
+                    state::state_of(w) == state::PLACED && state::tier_of(w) as usize == t
+                })
+                .fold((0u64, 0u64), |(f, b), i| {
+                    (f + 1, b + old.table.entry(i).map_or(0, |e| e.stat.size))
+                });
+            if files > 0 {
+                notes.push(format!(
+                    "{} moved from tier {}: its {files} copies there ({}) are kept for a later \
+                     job on that tier (`granary cache` lists them, `granary cache clean` removes \
+                     them)",
+                    self.source.display(),
+                    root.display(),
+                    granary_core::size::format_size(bytes)
+                ));
             }
         }
     }
@@ -560,6 +633,29 @@ impl SourceState {
         match catalog::save(&file, &ctx.table) {
             Ok(()) => tracing::debug!("saved catalog {}", file.display()),
             Err(e) => tracing::warn!("cannot save catalog {}: {e}", file.display()),
+        }
+        self.save_records(&ctx);
+    }
+
+    /// Records the current table's copies beside them, in each of its tiers
+    /// (`granary_core::cache::copies`): whatever table uses a tier next takes them over.
+    pub fn save_records(&self, ctx: &SourceCtx) {
+        for t in 0..ctx.tiers.len() {
+            if ctx.object_dirs.get(t).is_none_or(|d| d.is_none()) {
+                continue;
+            }
+            let dir = ctx.tiers.spec(t).path.join(&self.id);
+            let used = match self.jobs_now.load(Ordering::Acquire) {
+                0 => self.last_use.load(Ordering::Relaxed),
+                _ => copies::now_ns(),
+            };
+            let rec = copies::Copies::of_table(&ctx.table, t as u32, used);
+            match copies::save(&dir, &rec) {
+                Ok(()) => {
+                    tracing::debug!("recorded {} copies in {}", rec.records.len(), dir.display())
+                }
+                Err(e) => tracing::warn!("cannot record the copies in {}: {e}", dir.display()),
+            }
         }
     }
 
@@ -604,6 +700,11 @@ impl SourceState {
         if let Some(p) = inner.table_path.take() {
             let _ = std::fs::remove_file(p);
         }
+    }
+
+    /// A job attaches or detaches now (the last use the records carry).
+    pub fn used_now(&self) {
+        self.last_use.store(copies::now_ns(), Ordering::Relaxed);
     }
 
     /// A free job slot (1..), its counters zeroed, owned by `pid`.

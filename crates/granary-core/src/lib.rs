@@ -4,6 +4,7 @@
 //! The binary crate (`granary`) owns processes, sockets and the CLI; everything here is a library
 //! that returns errors instead of exiting, so it can be tested in-process.
 
+pub mod cache;
 pub mod catalog;
 pub mod config;
 pub mod memlimit;

@@ -104,6 +104,7 @@ pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
         "ms" => v / 1000.0,
         "m" | "min" => v * 60.0,
         "h" => v * 3600.0,
+        "d" => v * 86400.0,
         _ => return None,
     };
     if !secs.is_finite() || secs < 0.0 {
@@ -171,6 +172,10 @@ mod tests {
         assert_eq!(
             parse_duration("250ms"),
             Some(std::time::Duration::from_millis(250))
+        );
+        assert_eq!(
+            parse_duration("7d"),
+            Some(std::time::Duration::from_secs(7 * 86400))
         );
         assert_eq!(parse_duration("x"), None);
     }

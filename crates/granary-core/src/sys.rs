@@ -176,6 +176,15 @@ pub fn rename_at(dir: &OwnedFd, from: &[u8], to: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Moves `name` from directory `from` to directory `to` (the same name; both fds verified
+/// directories, so no path is followed). Fails with `EXDEV` across file systems.
+pub fn rename_between(from: &OwnedFd, to: &OwnedFd, name: &[u8]) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: the name is NUL-terminated and relative to two open directory fds.
+    check(unsafe { libc::renameat(from.as_raw_fd(), c.as_ptr(), to.as_raw_fd(), c.as_ptr()) })?;
+    Ok(())
+}
+
 pub fn unlink_at(dir: &OwnedFd, name: &[u8]) -> io::Result<()> {
     let c = cstr(name)?;
     // SAFETY: c is NUL-terminated, dir is an open directory fd.
@@ -190,6 +199,10 @@ pub struct CopyStat {
     pub size: u64,
     pub ino: u64,
     pub ctime_ns: u64,
+    /// Owner and bytes allocated (`st_blocks` × 512), for `granary cache`.
+    pub uid: u32,
+    pub allocated: u64,
+    pub mtime_s: i64,
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` of a copy: type, size and identity.
@@ -213,6 +226,9 @@ pub fn copy_stat_at(dir: &OwnedFd, name: &[u8]) -> io::Result<CopyStat> {
         ctime_ns: (st.st_ctime as u64)
             .wrapping_mul(1_000_000_000)
             .wrapping_add(st.st_ctime_nsec as u64),
+        uid: st.st_uid,
+        allocated: st.st_blocks as u64 * 512,
+        mtime_s: st.st_mtime,
     })
 }
 

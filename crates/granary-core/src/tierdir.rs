@@ -164,6 +164,93 @@ pub fn open_source_dirs(root: &Path, source_id: &str) -> Result<SourceDirs, Tier
     })
 }
 
+/// A source's directories in the tier at `root` as they are — never created nor changed (for
+/// `granary cache` and for taking another source's copies): `None` when `<root>/<source id>` or
+/// its `objects` is missing; an error when either is not a directory of the user's.
+pub fn open_existing(root: &Path, source_id: &str) -> Result<Option<SourceDirs>, TierDirError> {
+    let root_fd = open_root(root)?;
+    let source_path = root.join(source_id);
+    let Some(source_dir) = existing_child(&root_fd, source_id, &source_path)? else {
+        return Ok(None);
+    };
+    let objects_path = source_path.join("objects");
+    let Some(objects) = existing_child(&source_dir, "objects", &objects_path)? else {
+        return Ok(None);
+    };
+    let st = stat(&objects).map_err(|cause| TierDirError::Io {
+        path: objects_path.clone(),
+        cause,
+    })?;
+    Ok(Some(SourceDirs {
+        source_dir,
+        objects,
+        objects_id: (st.st_dev, st.st_ino),
+        objects_path,
+    }))
+}
+
+/// `<root>/<source id>` if it exists: a directory of the user's, never followed through a
+/// symlink (its `objects` may be missing).
+pub fn existing_source_dir(root: &Path, source_id: &str) -> Result<Option<OwnedFd>, TierDirError> {
+    let root_fd = open_root(root)?;
+    existing_child(&root_fd, source_id, &root.join(source_id))
+}
+
+/// `name` in the verified directory `parent` if it exists: a directory of ours, never followed
+/// through a symlink.
+fn existing_child(
+    parent: &OwnedFd,
+    name: &str,
+    path: &Path,
+) -> Result<Option<OwnedFd>, TierDirError> {
+    let fd = match open_at(Some(parent), Path::new(name), true) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
+            return Err(TierDirError::NotDir {
+                path: path.to_path_buf(),
+                what: name.to_string(),
+            })
+        }
+        Err(cause) => {
+            return Err(TierDirError::Io {
+                path: path.to_path_buf(),
+                cause,
+            })
+        }
+    };
+    let st = stat(&fd).map_err(|cause| TierDirError::Io {
+        path: path.to_path_buf(),
+        cause,
+    })?;
+    let me = crate::sys::uid();
+    if st.st_uid != me {
+        return Err(TierDirError::NotOwned {
+            path: path.to_path_buf(),
+            owner: st.st_uid,
+            me,
+        });
+    }
+    Ok(Some(fd))
+}
+
+/// True if `name` is a source id (`<up to 32 of [A-Za-z0-9_-]>-<16 hex digits>`,
+/// `source::source_id`): the only names in a tier root granary treats as its own.
+pub fn is_source_id(name: &[u8]) -> bool {
+    let Some(dash) = name.len().checked_sub(17) else {
+        return false;
+    };
+    let (base, hash) = (&name[..dash], &name[dash + 1..]);
+    name[dash] == b'-'
+        && (1..=32).contains(&base.len())
+        && base
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && hash
+            .iter()
+            .all(|&b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +283,46 @@ mod tests {
         let e = open_source_dirs(&root, "s").unwrap_err();
         assert!(matches!(e, TierDirError::OpenToOthers { .. }), "{e}");
         assert!(e.to_string().contains("chmod go-w"), "{e}");
+    }
+
+    #[test]
+    fn existing_directories_are_opened_as_they_are() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("tier");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(open_existing(&root, "s-0123456789abcdef")
+            .unwrap()
+            .is_none());
+        assert!(!root.join("s-0123456789abcdef").exists(), "nothing created");
+        open_source_dirs(&root, "s-0123456789abcdef").unwrap();
+        let d = open_existing(&root, "s-0123456789abcdef").unwrap().unwrap();
+        assert_eq!(d.objects_path, root.join("s-0123456789abcdef/objects"));
+        std::os::unix::fs::symlink(
+            root.join("s-0123456789abcdef"),
+            root.join("l-0123456789abcdef"),
+        )
+        .unwrap();
+        let e = open_existing(&root, "l-0123456789abcdef").unwrap_err();
+        assert!(matches!(e, TierDirError::NotDir { .. }), "{e}");
+    }
+
+    #[test]
+    fn source_ids() {
+        assert!(is_source_id(b"imagenet-0123456789abcdef"));
+        assert!(is_source_id(
+            crate::source::source_id(Path::new("/pfs/a b")).as_bytes()
+        ));
+        for bad in [
+            &b"imagenet-0123456789abcdeF"[..],
+            b"-0123456789abcdef",
+            b"imagenet0123456789abcdef",
+            b"a.b-0123456789abcdef",
+            b".granary-trash-x",
+            b"objects",
+        ] {
+            assert!(!is_source_id(bad), "{}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]

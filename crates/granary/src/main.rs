@@ -47,7 +47,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     }
     if matches!(
         cli.cmd,
-        Command::Status(_) | Command::Stop | Command::Demo(_) | Command::ContainerFlags(_)
+        Command::Status(_)
+            | Command::Stop
+            | Command::Demo(_)
+            | Command::ContainerFlags(_)
+            | Command::Cache(_)
     ) {
         output::die_on_closed_pipe();
     }
@@ -59,6 +63,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Demo(a) => commands::demo::main(a),
         Command::DemoReader(a) => commands::demo::reader(a),
         Command::Pack(a) => commands::pack::main(a),
+        Command::Cache(a) => commands::cache::main(a),
         Command::ContainerFlags(a) => commands::container_flags::main(a),
         Command::Serve(a) => commands::serve::main(a),
     }

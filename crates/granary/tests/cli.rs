@@ -426,7 +426,8 @@ fn entries(dir: &Path) -> Vec<String> {
 /// One agent, two sources run one after the other with different tier directories and
 /// capacities: each source's copies go to its own tier, and the small tier's capacity holds. A
 /// tier's capacity changes when no job uses it; while one does, a job asking another is told
-/// once (and not under `-q`). A source moved to another tier loses its copies in the old one.
+/// once (and not under `-q`). A source moved to another tier keeps its copies in the old one,
+/// and takes them up again when it comes back.
 #[test]
 fn each_source_uses_its_own_tiers() {
     let e = Env::new(0);
@@ -492,7 +493,7 @@ fn each_source_uses_its_own_tiers() {
     assert_eq!(entries(&tier_y.join(&id_b).join("objects")).len(), 20);
 
     // While a job of B uses y, A moves from x to y and asks another capacity: y keeps B's, A
-    // is told once; A's copies in x, which nothing would ever reuse, are removed (and said).
+    // is told once; A's copies in x stay there (and it is said).
     let mut holder = e.cmd();
     holder
         .arg("run")
@@ -516,8 +517,11 @@ fn each_source_uses_its_own_tiers() {
     assert_eq!(o.stdout.len(), 6 * 3000);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.matches(conflict).count(), 1, "{err}");
-    assert!(err.contains("its copies there were removed"), "{err}");
-    assert!(!tier_x.join(&id_a).exists(), "x still holds A's copies");
+    assert!(
+        err.contains("its 6 copies there (17.6 KiB) are kept"),
+        "{err}"
+    );
+    assert_eq!(entries(&tier_x.join(&id_a).join("objects")).len(), 6);
     // Said once: the same request again is quiet.
     let o = run(&src_a, format!("{}=64K", tier_y.display()), &files_a, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
@@ -541,6 +545,17 @@ fn each_source_uses_its_own_tiers() {
     assert_eq!(a["files_placed_now"], 6, "{a}");
     assert_eq!(a["tiers"][0]["used"], 20 * 12288 + 6 * 4096);
     assert_eq!(e.agent_pid(), Some(pid));
+
+    // Back to x: the six copies left there are taken up again, none placed anew.
+    let o = run(&src_a, format!("{}=1G", tier_x.display()), &files_a, &[]);
+    assert_eq!(o.stdout.len(), 6 * 3000);
+    let a = wait_settled(&e, &src_a);
+    assert_eq!(a["catalog"]["reused_files"], 6, "{a}");
+    assert_eq!(
+        a["placement"]["files_placed"],
+        6 + 6,
+        "nothing placed again: {a}"
+    );
 }
 
 /// `pending` counts work not yet decided and returns to 0 once every opened file is placed.

@@ -111,14 +111,20 @@ impl SourceState {
         let dirs = self.open_tier_dirs(&tiers);
         let mut spec = self.spec(&tiers, &dirs, opts.params, 0);
         let table_path = rt_dir.table(&self.id, generation);
-        let last_tiers = self.tier_paths();
+        // The last table records its copies for whichever table uses its tiers next, and is
+        // withdrawn before this one takes anything over.
+        let old = self.ctx();
+        if old.is_some() {
+            self.retire(inner, true);
+        }
         let (made, origin) = match opts.image {
             Some(b) => {
                 let m = self.adopt_pack(&conf, b, &mut spec, rt_dir, &table_path)?;
                 (m, Origin::Adopted)
             }
             None => {
-                let m = self.build_pack(&conf, &tiers, &mut spec, rt_dir, &table_path)?;
+                let m =
+                    self.build_pack(&conf, &tiers, &mut spec, rt_dir, &table_path, old.as_ref())?;
                 (m, Origin::Walked)
             }
         };
@@ -128,9 +134,12 @@ impl SourceState {
             layout,
             mut stats,
         } = made;
+        if origin != Origin::Adopted {
+            self.take_recorded_copies(&table, &tiers, &dirs, opts);
+        }
+        self.note_tiers_left(old.as_deref(), &tiers, notes);
+        drop(old);
         let streamer = Arc::new(Streamer::new(&table, layout, opts.params.block_size));
-        self.forget_tiers(&last_tiers, &tiers, notes);
-        self.retire(inner, false);
         let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
         // Before any job has the table, so every request finds it.
         let _ = ctx.pack.set(streamer);
@@ -168,6 +177,7 @@ impl SourceState {
         spec: &mut granary_shm::TableSpec,
         rt_dir: &granary_core::runtime::Runtime,
         path: &Path,
+        old: Option<&Arc<granary_core::placement::SourceCtx>>,
     ) -> Result<Made> {
         let pack = Pack::open(&conf.dir).map_err(|e| {
             let damaged = e.is_damage();
@@ -183,7 +193,7 @@ impl SourceState {
             }
         })?;
         // Copies of an earlier table: the agent's own, else the catalog saved beside the cache.
-        let current = self.ctx();
+        let current = old;
         let saved = current
             .is_none()
             .then(|| self.saved_catalog(tiers, spec, None))

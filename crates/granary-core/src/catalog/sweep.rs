@@ -198,7 +198,7 @@ pub fn verify_copies(ctx: &SourceCtx) -> SweepOutcome {
 }
 
 /// xxh3 of a whole file as placement computes it (never 0).
-fn hash(f: &std::fs::File, buf: &mut [u8]) -> std::io::Result<u64> {
+pub(crate) fn hash(f: &std::fs::File, buf: &mut [u8]) -> std::io::Result<u64> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut off = 0u64;
     loop {

@@ -350,35 +350,54 @@ mod tests {
 /// user's and was widened. One that exists and is not the user's (another user pre-created it
 /// to plant files in it) is refused, with the fix: never served from.
 pub fn default_tier() -> Result<TierConfig, String> {
-    let user = crate::sys::user_name();
-    let mut dirs: Vec<PathBuf> = ["GRANARY_CACHE_DIR", "SLURM_TMPDIR", "TMPDIR"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .collect();
-    dirs.push(PathBuf::from("/tmp"));
-    let dir = dirs
-        .into_iter()
-        .find(|d| {
-            let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).ok();
-            // SAFETY: access(2) on a NUL-terminated path.
-            d.is_dir()
-                && c.is_some_and(
-                    |c| unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0,
-                )
-        })
-        .ok_or(
-            "no writable directory for a default tier ($GRANARY_CACHE_DIR, $SLURM_TMPDIR, \
-             $TMPDIR, /tmp); use --tier",
-        )?;
-    let path = dir.join(format!("granary-{user}"));
+    let path = default_tier_path()?;
     own_default_dir(&path)?;
     Ok(TierConfig {
         path,
         capacity: None,
         block_size: None,
     })
+}
+
+/// Where the default tier is (see `default_tier`), nothing created. `$GRANARY_CACHE_DIR` set to
+/// what is not a writable directory is an error: a mistyped value must not quietly put the cache
+/// somewhere else.
+pub fn default_tier_path() -> Result<PathBuf, String> {
+    let user = crate::sys::user_name();
+    let writable = |d: &Path| {
+        let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).ok();
+        // SAFETY: access(2) on a NUL-terminated path.
+        d.is_dir()
+            && c.is_some_and(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0)
+    };
+    if let Some(v) = std::env::var_os("GRANARY_CACHE_DIR").filter(|v| !v.is_empty()) {
+        let d = PathBuf::from(v);
+        if !writable(&d) {
+            let why = match std::fs::metadata(&d) {
+                Err(e) => e.to_string(),
+                Ok(m) if !m.is_dir() => "not a directory".into(),
+                Ok(_) => "not writable by you".into(),
+            };
+            return Err(format!(
+                "GRANARY_CACHE_DIR={}: {why}; expected a directory you can write (the default \
+                 tier goes in it): create it, correct the variable or unset it",
+                d.display()
+            ));
+        }
+        return Ok(d.join(format!("granary-{user}")));
+    }
+    let mut dirs: Vec<PathBuf> = ["SLURM_TMPDIR", "TMPDIR"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    dirs.push(PathBuf::from("/tmp"));
+    let dir = dirs.into_iter().find(|d| writable(d)).ok_or(
+        "no writable directory for a default tier ($GRANARY_CACHE_DIR, $SLURM_TMPDIR, \
+         $TMPDIR, /tmp); use --tier",
+    )?;
+    Ok(dir.join(format!("granary-{user}")))
 }
 
 /// See `default_tier`.

@@ -2,6 +2,7 @@
 //! `signals`, `preload`, `jobenv`, `preflight`) and the flags, never another command.
 
 pub mod agent;
+pub mod cache;
 pub mod container_flags;
 pub mod demo;
 pub mod pack;

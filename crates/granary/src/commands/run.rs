@@ -304,6 +304,7 @@ fn attach_on(
     let mut bar: Option<indicatif::ProgressBar> = None;
     let terminal = crate::output::stderr_is_terminal();
     let mut ticker = crate::output::Ticker::new();
+    let mut ticked = false;
     let job = granary_agent::job::attach(conn, request, runtime, &mut |w| {
         // Ctrl-C while the signals are held for the program (`connect_attached` waited): the
         // program runs, without granary, and gets it.
@@ -324,6 +325,7 @@ fn attach_on(
             b.set_message(format!("{dirs} dirs, {}", format_size(bytes)));
         } else if !terminal && !quiet && files + dirs > 0 && ticker.due() {
             // A batch job's log: where the walk is, every few seconds.
+            ticked = true;
             say(format!(
                 "granary: cataloguing {}: {files} files, {dirs} dirs, {} after {:.0} s",
                 source.display(),
@@ -336,7 +338,7 @@ fn attach_on(
     let shown = bar.take().map(|b| b.finish_and_clear()).is_some();
     let job = job?;
     let c = &job.catalog;
-    if shown || (walk_started.elapsed() > Duration::from_secs(1) && !quiet) {
+    if shown || ticked || (walk_started.elapsed() > Duration::from_secs(1) && !quiet) {
         say(format!(
             "granary: catalogued {}: {} files, {} dirs, {} in {:.1} s",
             source.display(),

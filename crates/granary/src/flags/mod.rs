@@ -2,6 +2,7 @@
 //! `tiers` for the flags several share) and, beside each, how its flags become the typed
 //! configuration the libraries take (the agent's `AgentConfig`, cluster mode's `ServeConfig`).
 
+pub mod cache;
 pub mod container;
 pub mod demo;
 pub mod pack;
@@ -22,6 +23,7 @@ Examples:
       refuse to start the program if granary cannot serve it
   granary status          the node's agent: sources, tiers, copies, jobs (--json for scripts)
   granary stop            save the catalogs and stop the agent
+  granary cache           the copies on this node per source and tier; `clean`, `verify`
   granary pack /pfs/imagenet /pfs/imagenet.granary
       millions of small files into a few large partitions, for the fastest first epoch
 
@@ -57,6 +59,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Pack a dataset into a few large partitions and an index; verify, ls, cat, diff a pack.
     Pack(pack::PackArgs),
+    /// The copies on this node, per source and tier: list them, clean some, verify them.
+    Cache(cache::CacheArgs),
     /// Print the flags a container started by a daemon (docker, podman) needs to be served.
     ///
     /// The binds of the source, the tiers, the runtime directory and the preload library, the

@@ -1,0 +1,284 @@
+//! A new table takes over the copies the user already has instead of placing them again.
+//!
+//! - **Its own directories** (`own`): in each tier, the record of copies (`copies`) says what
+//!   the source's directory holds, whichever table wrote it last — this source on these tiers
+//!   before, on other tiers since, in this agent or an earlier one. On a tier with a record,
+//!   the table's placed entries are replaced by the recorded copies of files the table holds in
+//!   the same version. (A tier without a record — a cache from before records — keeps what the
+//!   table says.)
+//! - **The same dataset served another way** (`siblings`): a tree read plainly, from its pack
+//!   (`--pack`) and mounted from the pack elsewhere (`--mount`) has one source id per way, and
+//!   one directory per tier each. A copy another way recorded in the same tier root, of a file
+//!   this table holds in the same version (and, for a file served from the pack, whose bytes
+//!   have the pack's checksum), is moved into this table's directory (a rename) and dropped
+//!   from the other record; a second copy of a file the table holds in that root already (two
+//!   ways ran at once) is removed. One copy per file, whichever way the last job read it.
+//!
+//! A copy taken from another way's directory is checked before it is moved: a regular file of
+//! the user's, of the recorded size, whose inode and ctime are the ones recorded — the file the
+//! placement wrote, never another. Copies in the table's own directories are taken on their
+//! record's word, as a saved catalog's always were: every open checks the copy's identity.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use granary_shm::lifecycle::{self, EntryCell};
+use granary_shm::{object_name, state, Table};
+
+use super::copies::{self, Copies, Record, RootId};
+use crate::sys;
+
+/// One tier of the new table: the source's directory there and its verified `objects` fd.
+pub struct Store<'a> {
+    pub tier: u8,
+    /// `<tier root>/<source id>`.
+    pub dir: PathBuf,
+    pub objects: &'a OwnedFd,
+}
+
+/// What was taken over.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub files: u64,
+    pub bytes: u64,
+    /// Another way's second copies of files the table holds in the same directory root,
+    /// removed (the bytes stay cached, once).
+    pub duplicates: u64,
+}
+
+impl std::ops::AddAssign for Taken {
+    fn add_assign(&mut self, o: Taken) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.duplicates += o.duplicates;
+    }
+}
+
+/// The copies recorded in the table's own directories (see the module comment).
+pub fn own(t: &Table, stores: &[Store<'_>]) -> Taken {
+    let mut taken = Taken::default();
+    for s in stores {
+        let rec = match copies::read(&s.dir) {
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(
+                    "record of copies in {} not used: {e}; what the catalog says stands",
+                    s.dir.display()
+                );
+                continue;
+            }
+        };
+        forget_tier(t, s.tier);
+        // Taken on the record's word, as a saved catalog's copies are (no call per copy: a
+        // re-attach to a million files stays quick): every open checks the copy's identity, a
+        // mismatch is withdrawn and placed again, and the sweep withdraws copies that are gone.
+        for r in &rec.records {
+            let Some(idx) = wanted(t, r) else { continue };
+            if lifecycle::adopt_placed(t, idx, s.tier, r.checksum, r.copy.0, r.copy.1) {
+                taken.files += 1;
+                taken.bytes += r.size;
+            }
+        }
+    }
+    taken
+}
+
+/// Copies of the same dataset that other ways of serving it recorded in the tier roots of
+/// `stores` (see the module comment). `release(id)` is asked before anything is taken from the
+/// directories of source id `id`: false means a table in use holds them (they are left alone).
+/// With `moving` false (a live table, whose charges are already counted), only second copies
+/// are removed.
+pub fn siblings(
+    t: &Table,
+    id: &str,
+    stores: &[Store<'_>],
+    release: &dyn Fn(&str) -> bool,
+    moving: bool,
+) -> Taken {
+    let mut taken = Taken::default();
+    let root_id = RootId::of(t);
+    if root_id == RootId::default() {
+        return taken;
+    }
+    for s in stores {
+        let Some(root) = s.dir.parent() else { continue };
+        for sib in source_dirs(root) {
+            if sib == id {
+                continue;
+            }
+            let sib_dir = root.join(&sib);
+            let mine = |c: &Copies| {
+                c.records
+                    .iter()
+                    .any(|r| (moving && wanted(t, r).is_some()) || is_duplicate(t, r, s.tier))
+            };
+            // The header first: another dataset's record is not read further.
+            let same = copies::read_header(&sib_dir)
+                .is_some_and(|h| h.uid == sys::uid() && h.root == root_id);
+            if !same
+                || !copies::read(&sib_dir)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|c| mine(&c))
+            {
+                continue;
+            }
+            if !release(&sib) {
+                tracing::info!("copies in {} are in use: not taken", sib_dir.display());
+                continue;
+            }
+            // Read again: releasing saved the record afresh.
+            let Ok(Some(rec)) = copies::read(&sib_dir) else {
+                continue;
+            };
+            taken += take_from(t, s, root, &sib, rec, moving);
+        }
+    }
+    taken
+}
+
+/// Moves what `rec` (source id `sib` in `root`) holds for `t` into `s`'s directory (with
+/// `moving`), and removes its second copies of what `t` holds there.
+fn take_from(
+    t: &Table,
+    s: &Store<'_>,
+    root: &Path,
+    sib: &str,
+    mut rec: Copies,
+    moving: bool,
+) -> Taken {
+    let mut taken = Taken::default();
+    let sib_dirs = match crate::tierdir::open_existing(root, sib) {
+        Ok(Some(d)) => d,
+        Ok(None) => return taken,
+        Err(e) => {
+            tracing::warn!("{e}: its copies are not taken");
+            return taken;
+        }
+    };
+    let before = rec.records.len();
+    rec.records.retain(|r| {
+        // Two ways read the dataset at once and each placed its copy: one goes.
+        if is_duplicate(t, r, s.tier) && is_the_copy(&sib_dirs.objects, r) {
+            let gone = sys::unlink_at(&sib_dirs.objects, &object_name(r.object)).is_ok();
+            taken.duplicates += gone as u64;
+            return !gone;
+        }
+        let Some(idx) = wanted(t, r).filter(|_| moving) else {
+            return true;
+        };
+        let name = object_name(r.object);
+        if !is_the_copy(&sib_dirs.objects, r) {
+            return true;
+        }
+        if let Err(e) = sys::rename_between(&sib_dirs.objects, s.objects, &name) {
+            tracing::debug!(
+                "moving a copy out of {}: {e}",
+                sib_dirs.objects_path.display()
+            );
+            return true;
+        }
+        // The rename changed its ctime: the identity clients check is the one it has now.
+        let moved = Record {
+            copy: match sys::copy_stat_at(s.objects, &name) {
+                Ok(c) => (c.ino, c.ctime_ns),
+                Err(_) => return false,
+            },
+            ..*r
+        };
+        if take_in_place(t, idx, &moved, s) {
+            taken.files += 1;
+            taken.bytes += r.size;
+        }
+        false
+    });
+    if rec.records.len() != before {
+        tracing::info!(
+            "{} copies moved from {} (the same files, served another way), {} second copies \
+             removed there",
+            before as u64 - rec.records.len() as u64 - taken.duplicates,
+            sib_dirs.objects_path.display(),
+            taken.duplicates
+        );
+        if let Err(e) = copies::save(&root.join(sib), &rec) {
+            tracing::warn!(
+                "cannot update the record in {}: {e}",
+                root.join(sib).display()
+            );
+        }
+    }
+    taken
+}
+
+/// The entry of `t` that `r` is a copy of, if `t` holds that file in the same version and has
+/// no copy of it yet (and, served from a pack, the pack's checksum is the copy's).
+fn wanted(t: &Table, r: &Record) -> Option<u32> {
+    let idx = t.lookup_object(r.object)?;
+    let e = t.entry(idx)?;
+    if state::state_of(t.state(idx)) != state::UNPLACED || !r.is_copy_of(&e.stat) {
+        return None;
+    }
+    if let Some(l) = t.locator(idx).filter(|l| l.is_packed()) {
+        // The placement's checksum is never 0 (`max(1)`).
+        if l.checksum.max(1) != r.checksum {
+            return None;
+        }
+    }
+    Some(idx)
+}
+
+/// True if `t` holds a copy of the very file `r` is a copy of, with the same bytes, in the
+/// directory of tier `tier` (the same tier root as `r`'s).
+fn is_duplicate(t: &Table, r: &Record, tier: u8) -> bool {
+    let Some(idx) = t.lookup_object(r.object) else {
+        return false;
+    };
+    let w = t.state(idx);
+    state::state_of(w) == state::PLACED
+        && state::tier_of(w) == tier
+        && t.checksum(idx) == r.checksum
+        && t.entry(idx).is_some_and(|e| r.is_copy_of(&e.stat))
+}
+
+/// True if the copy `r` records is in `dir` as recorded.
+fn is_the_copy(dir: &OwnedFd, r: &Record) -> bool {
+    sys::copy_stat_at(dir, &object_name(r.object)).is_ok_and(|c| {
+        c.is_regular && c.uid == sys::uid() && c.size == r.size && (c.ino, c.ctime_ns) == r.copy
+    })
+}
+
+/// Entry `idx` gets the copy `r` records in `s`'s directory, if it is there as recorded.
+fn take_in_place(t: &Table, idx: u32, r: &Record, s: &Store<'_>) -> bool {
+    is_the_copy(s.objects, r)
+        && lifecycle::adopt_placed(t, idx, s.tier, r.checksum, r.copy.0, r.copy.1)
+}
+
+/// The table's complete copies on `tier` are forgotten (its record is what holds).
+fn forget_tier(t: &Table, tier: u8) {
+    for idx in 0..t.entry_count() {
+        let w = t.state(idx);
+        if state::state_of(w) == state::PLACED && state::tier_of(w) == tier {
+            lifecycle::withdraw(&EntryCell { table: t, idx }, w);
+        }
+    }
+}
+
+/// The source directories in the tier root `root` (names that are source ids, directories of
+/// the user's), through a verified fd of the root.
+pub fn source_dirs(root: &Path) -> Vec<String> {
+    let Ok(fd) = crate::tierdir::open_root(root) else {
+        return Vec::new();
+    };
+    let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+        return Vec::new();
+    };
+    let mut v: Vec<String> = rd
+        .flatten()
+        .filter(|d| d.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|d| d.file_name().into_string().ok())
+        .filter(|n| crate::tierdir::is_source_id(n.as_bytes()))
+        .collect();
+    v.sort();
+    v
+}
