@@ -32,7 +32,7 @@ mod transport;
 mod wire;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,6 +109,8 @@ pub struct Node {
     replicas: u32,
     /// `held`'s last count: when, files, bytes.
     held: Mutex<(Option<std::time::Instant>, u64, u64)>,
+    /// The communication thread is stuck in MPI (`transport::Pulse`): no peer is counted on.
+    cut_off: AtomicBool,
 }
 
 /// How often a heartbeat's count of held copies is taken again (a pass over every entry).
@@ -170,6 +172,7 @@ impl Node {
             replicate: s.replicate,
             replicas: s.replicas,
             held: Mutex::default(),
+            cut_off: AtomicBool::new(false),
         });
         node.place_empty_files();
         node.stage_kept_copies();
@@ -352,13 +355,17 @@ impl Node {
     /// silent for `SUSPECT_AFTER`.
     fn heartbeats(&self) {
         let mut last = std::time::Instant::now();
+        // Since when this thread has run without being stopped itself.
+        let mut awake = last;
         while !self.agent.stopping.load(Ordering::Acquire) {
             // This thread was stopped itself (SIGSTOP, a frozen VM): the predecessor's silence
-            // meanwhile says nothing, watch it afresh.
+            // meanwhile says nothing, watch it afresh; so does the communication thread's.
             if last.elapsed() > 4 * peers::BEAT_PERIOD {
                 self.peers.rewatch();
+                awake = std::time::Instant::now();
             }
             last = std::time::Instant::now();
+            self.watch_mpi(awake.elapsed());
             let b = self.beat();
             self.peers.beat(self.rank, b);
             if let Some(next) = self.peers.successor() {
@@ -376,6 +383,39 @@ impl Node {
                 }
             }
             std::thread::sleep(peers::BEAT_PERIOD);
+        }
+    }
+
+    /// A communication thread stuck inside the MPI library (`transport::Pulse`) for
+    /// `STUCK_AFTER` while this thread ran (`awake`: a stopped process is not a stuck one) can
+    /// reach no peer and hear none: every peer is written off here (nobody can be told), so transfers
+    /// waiting on them end, and this node serves what its tiers hold and reads the rest from
+    /// the source until the thread moves again (peers are then heard from again).
+    fn watch_mpi(&self, awake: Duration) {
+        let silent = self.comm.pulse.silent().min(awake);
+        let stuck = silent >= transport::STUCK_AFTER;
+        if stuck == self.cut_off.swap(stuck, Ordering::AcqRel) {
+            if stuck {
+                // Kept written off: a rank written off elsewhere may have been heard from
+                // just before.
+                (0..self.ranks).for_each(|r| {
+                    self.peers.failed(r);
+                });
+            }
+            return;
+        }
+        if stuck {
+            tracing::error!(
+                "the communication thread has not returned from the MPI library for {silent:?}: \
+                 MPI hangs on this rank (OpenMPI's TCP transport can, after a peer died in the \
+                 middle of a message to it). This node serves what its tiers hold and reads the \
+                 rest from the source"
+            );
+            (0..self.ranks).for_each(|r| {
+                self.peers.failed(r);
+            });
+        } else {
+            tracing::warn!("the communication thread moves again after {silent:?} in MPI");
         }
     }
 
@@ -551,6 +591,10 @@ impl ServingNode for Node {
             hashed_bytes: self.hashed_bytes.load(Ordering::Relaxed),
             hashing_ns: self.hashing_ns.load(Ordering::Relaxed),
             maps_kept: self.maps.len() as u64,
+            mpi_stuck_ms: self
+                .cut_off
+                .load(Ordering::Acquire)
+                .then(|| self.comm.pulse.silent().as_millis() as u64),
             files_owned: files,
             bytes_owned: bytes,
             peers: (0..self.ranks)

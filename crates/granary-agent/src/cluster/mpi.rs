@@ -14,8 +14,8 @@ use mpi::ffi;
 use mpi::traits::*;
 
 use super::transport::{
-    Budget, Buffers, Cmd, Event, Flow, Inbox, Landing, Payload, Transfer, Waiter, ACTIVE_FOR,
-    ACTIVE_NAP, BUSY_NAP, IDLE_NAP, IDLE_NAP_MAX,
+    Budget, Buffers, Cmd, Event, Flow, Inbox, Landing, Payload, Pulse, Transfer, Waiter,
+    ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP, IDLE_NAP, IDLE_NAP_MAX,
 };
 use super::wire::{Msg, CTRL};
 
@@ -88,12 +88,14 @@ impl Mpi {
         cmds: Receiver<Cmd>,
         bufs: Arc<Buffers>,
         budget: Arc<Budget>,
+        pulse: Arc<Pulse>,
     ) {
         set_timer_slack();
         let mut l = Loop {
             inbox,
             bufs,
             budget,
+            pulse,
             expect: HashMap::new(),
             orphans: Vec::new(),
             sends: Vec::new(),
@@ -183,6 +185,7 @@ struct Loop {
     inbox: Arc<dyn Inbox>,
     bufs: Arc<Buffers>,
     budget: Arc<Budget>,
+    pulse: Arc<Pulse>,
     expect: HashMap<(u32, i32), Expecting>,
     /// Data nobody waits for any more (a transfer given up): received, then dropped.
     orphans: Vec<Recv>,
@@ -256,6 +259,7 @@ impl Loop {
         let mut nap = BUSY_NAP;
         let mut last = Instant::now();
         loop {
+            self.pulse.beat();
             let mut moved = false;
             loop {
                 match cmds.try_recv() {

@@ -16,7 +16,7 @@
 //! landing and the copy's publication that wakes the program.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -323,12 +323,49 @@ impl Tags {
     }
 }
 
+/// When the communication thread last came round its loop. Every turn is short (nothing
+/// blocks in MPI, and an idle thread sleeps at most `IDLE_NAP_MAX`), so a thread that has not
+/// come round for long is stuck inside the MPI library: OpenMPI 4.1's TCP transport, when a
+/// peer dies in the middle of a message to it, can leave the survivor's progress engine
+/// deadlocked or spinning (docs/cluster.md, "Faults").
+pub struct Pulse {
+    start: Instant,
+    /// Milliseconds since `start` at the last turn.
+    last: AtomicU64,
+}
+
+impl Pulse {
+    fn new() -> Pulse {
+        Pulse {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// A turn of the loop.
+    pub fn beat(&self) {
+        self.last
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long since the last turn.
+    pub fn silent(&self) -> Duration {
+        let now = self.start.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last.load(Ordering::Relaxed)))
+    }
+}
+
+/// A communication thread that has not come round its loop for this long is stuck in MPI
+/// (`Pulse`): its node stops counting on any peer until it moves again.
+pub const STUCK_AFTER: Duration = Duration::from_secs(10);
+
 /// The node's handle on the communication thread.
 #[derive(Clone)]
 pub struct Comm {
     tx: Sender<Cmd>,
     pub bufs: Arc<Buffers>,
     pub budget: Arc<Budget>,
+    pub pulse: Arc<Pulse>,
 }
 
 impl Comm {
@@ -340,6 +377,7 @@ impl Comm {
                 tx,
                 bufs: Arc::new(Buffers::new()),
                 budget: Arc::new(Budget::new(IN_FLIGHT)),
+                pulse: Arc::new(Pulse::new()),
             },
             rx,
         )
