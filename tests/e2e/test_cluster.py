@@ -144,10 +144,11 @@ class Cluster:
     def agent_pid(self, r: int) -> int:
         return int((self.tmp / f"rt{r}" / "agent.alive").read_text())
 
-    def start_reader(self, r: int, root: pathlib.Path, every: int = 0, env=None):
+    def start_reader(self, r: int, root: pathlib.Path, every: int = 0, env=None, seed=None,
+                     extra=()):
         stats = self.tmp / f"stats-{r}-{time.monotonic_ns()}.json"
         cmd = [self.bin, "run", "--attach", "-q", "--stats-json", stats, "--", sys.executable,
-               READER, root, "--seed", r, "--every", every]
+               READER, root, "--seed", r if seed is None else seed, "--every", every, *extra]
         # Unbuffered: `first_progress` reads one line and `finish` the rest through the fd; a
         # buffered reader would keep what it read past that line (the final JSON) to itself.
         p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE,
@@ -593,18 +594,51 @@ def test_a_write_on_one_rank_is_seen_on_every_rank(cluster, tmp_path, packed):
         assert got["sha256"] == want["sha256"] and got["listing"] == want["listing"]
 
 
-def test_a_dataset_larger_than_the_nodes_comes_partly_from_the_source(cluster, tmp_path):
-    data = tmp_path / "pfs" / "data"
+@needs_root
+def test_a_dataset_larger_than_the_nodes_is_read_from_the_source_once(cluster, loop_source,
+                                                                     tmp_path):
+    """Each rank's tier holds a sixth of the dataset: half of it is held nowhere. The ranks
+    read every file, the same files in the same order a step at a time (as the ranks of a
+    model-parallel group do): a file held nowhere is still read from the source once, by its
+    owner into its staging tier, and passed on to the others — not read by every node that
+    wants it. Counted by the agents and the programs (what each read of the source) and by
+    the source's device."""
+    dev, mnt = loop_source
+    data = mnt / "data"
     fanstore(data)
     expected = direct(data)
-    total = sum(p.stat().st_size for p in files_under(data))
-    # Each rank's tier holds a sixth of the dataset: half of it is held nowhere.
-    c = cluster(data, tier_size=str(total // 6), staging_size="16M")
-    for r, (got, stats) in enumerate(c.read_everywhere(data)):
-        assert got["sha256"] == expected["sha256"], f"rank {r}"
-        assert stats["placement"]["failures"] == 0
-    st = c.status(0)["cluster"]
-    assert sum(p["bytes_held"] for p in st["peers"]) <= total // 2 + (16 << 20)
+    files = files_under(data)
+    total = sum(p.stat().st_size for p in files)
+    largest = max(p.stat().st_size for p in files)
+    stored = stored_bytes(data)
+    drop_caches()
+    before = device_reads(dev)[1]
+    # Staging: room for a step of remote and staged copies (4 files of at most 8 MiB).
+    c = cluster(data, tier_size=str(total // 6), staging_size="48M")
+    group = tmp_path / "group"
+    group.mkdir()
+    readers = [c.start_reader(r, data, seed=7, extra=["--step", 4, "--barrier", group,
+                                                      "--group", 3, "--member", r])
+               for r in range(3)]
+    programs = 0
+    for r, (p, stats_path) in enumerate(readers):
+        got, stats = finish(p, stats_path)
+        assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"], r
+        assert stats["placement"]["failures"] == 0, (r, stats["placement"])
+        programs += stats["source_io"]["bytes"]
+    c.wait(lambda: settled(c), "placement settled")
+    peers = [c.status(r)["cluster"]["peers"][r] for r in range(3)]
+    agents = sum(p["pfs_bytes"] for p in peers)
+    held = sum(p["bytes_held"] for p in peers)
+    pfs = (device_reads(dev)[1] - before) * 512
+    print(f"the nodes hold {held} bytes of {total}; the agents read {agents} bytes of the "
+          f"source, the programs {programs}; the device served {pfs} for {stored} stored")
+    assert held <= total // 2 + largest, held
+    # Each byte read from the source once for the job (as the agents and programs count it,
+    # and as the device does): a file held nowhere read by each of the 3 nodes would make it
+    # twice the dataset.
+    assert agents + programs <= total + largest, (agents, programs, total)
+    assert pfs <= 1.01 * stored + largest, (pfs, stored)
 
 
 HOLDER = r"""

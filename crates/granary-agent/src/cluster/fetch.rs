@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 use granary_core::placement::incoming::{self, NotStarted, ReceiveError, Receiving};
-use granary_core::placement::{fetch_large, PlaceOutcome, SourceCtx};
+use granary_core::placement::{fetch_large, fetch_onto, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
 use granary_shm::{state, EntryRec};
 
@@ -156,9 +156,33 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
             let Some(setup) = node.agent.setup.get() else {
                 return PlaceOutcome::Skipped;
             };
-            fetch_large(ctx, idx, setup.pool.shared(), buf)
+            from_source(node, ctx, idx, setup.pool.shared(), buf)
         }
     }
+}
+
+/// Reads `idx` from the source into this node's own tiers, or, when they have no room for it
+/// (`Node::staged_instead`), into the staging tier, dropping its oldest copies to make room.
+/// A staged copy is served to programs here and to other nodes like any copy until it is
+/// dropped in turn.
+fn from_source(
+    node: &Node,
+    ctx: &Arc<SourceCtx>,
+    idx: u32,
+    sh: &granary_core::placement::Shared,
+    buf: &mut Vec<u8>,
+) -> PlaceOutcome {
+    let st = match node.staging_tier {
+        Some(st) if node.staged_instead(ctx, idx) => st,
+        _ => return fetch_large(ctx, idx, sh, buf),
+    };
+    let size = ctx.table.entry(idx).map_or(0, |e| e.stat.size);
+    node.staging.make_room(ctx, st, size);
+    let out = fetch_onto(ctx, idx, sh, buf, &[st]);
+    if matches!(out, PlaceOutcome::Placed { tier, .. } if tier == st) {
+        node.staging.push(idx, None);
+    }
+    out
 }
 
 /// Why a transfer from one owner did not deliver.

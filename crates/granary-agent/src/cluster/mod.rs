@@ -534,6 +534,29 @@ impl Node {
             .find(|&r| self.peers.alive(r))
     }
 
+    /// True if a copy of `idx` read from the source here goes to the staging tier: this node's
+    /// own tiers have no room for it now (the dataset is larger than the nodes' tiers
+    /// together), and the staging tier could hold it. There it is served like any copy until
+    /// the staging tier drops it (oldest first), so the nodes that ask for it meanwhile — in a
+    /// job whose nodes read the same files at about the same time — get it from one source
+    /// read instead of each reading the source.
+    pub fn staged_instead(&self, ctx: &SourceCtx, idx: u32) -> bool {
+        let Some(st) = self.staging_tier else {
+            return false;
+        };
+        let Some(size) = ctx
+            .table
+            .entry(idx)
+            .filter(|e| e.stat.is_file())
+            .map(|e| e.stat.size)
+        else {
+            return false;
+        };
+        let fits = |t: usize| ctx.tiers.reserve(t, size).is_some();
+        let capacity = ctx.tiers.usage().get(st).map_or(0, |u| u.capacity);
+        !(0..ctx.tiers.placeable()).any(fits) && ctx.tiers.charge(st, size) <= capacity
+    }
+
     /// Provider side: was the transfer `(from, tag)` cancelled? `forget` clears the mark.
     fn cancelled(&self, from: u32, tag: i32, keep: bool) -> bool {
         let mut c = self.cancelled.lock().unwrap_or_else(|e| e.into_inner());
@@ -617,6 +640,25 @@ impl Remote for Node {
             return match (ctx.pack.get(), ctx.table.locator(idx)) {
                 (Some(st), Some(_)) => {
                     st.adopt(ctx, idx);
+                    Some(PlaceOutcome::Skipped)
+                }
+                // No room for it here: a fetcher reads it into the staging tier instead
+                // (`fetch::from_source`), so every node asking for it meanwhile gets it from
+                // this one read.
+                _ if self.staged_instead(ctx, idx) => {
+                    let me = self.me.upgrade()?;
+                    ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                    let job = fetch::RemoteFetch {
+                        ctx: ctx.clone(),
+                        idx,
+                        slot,
+                        copy: false,
+                        skip: None,
+                    };
+                    if me.fetch_q.send(job).is_err() {
+                        ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                        return None;
+                    }
                     Some(PlaceOutcome::Skipped)
                 }
                 _ => None,
