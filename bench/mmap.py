@@ -32,7 +32,7 @@ import time
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from granary_bench import dataset, granary, pfs  # noqa: E402
+from granary_bench import compact, dataset, granary, pfs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENTS = os.path.join(REPO, "bench", "clients")
@@ -244,8 +244,7 @@ def main():
                     git=subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                                        capture_output=True, text=True).stdout.strip(),
                     runs=b.runs)
-        with open(os.path.join(k.out, "results.json"), "w") as f:
-            json.dump(data, f, indent=1, default=str)
+        compact.write(data, k.out)
         write_report(data, k.out)
         failed = b.failed
     log(f"done in {time.time() - t_start:.0f} s: {k.out}/report.md")

@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from granary_bench import (clientenv, config, dataset, deps, granary, pfs, report,  # noqa: E402
+from granary_bench import (clientenv, compact, config, dataset, deps, granary, pfs, report,  # noqa: E402
                            runner)
 
 PROBE_BYTES = 64 << 20
@@ -48,8 +48,7 @@ def machine_info():
 def main(argv=None):
     k = config.parse_args(argv)
     if k.report_only:
-        with open(os.path.join(k.report_only, "results.json")) as f:
-            report.write(json.load(f), k.report_only, log)
+        report.write(compact.read(k.report_only), k.report_only, log)
         return 0
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_on_term)
@@ -105,8 +104,7 @@ def main(argv=None):
                 "clients": clients,
                 "results": results, "repeats": repeats, "wall_seconds": time.time() - t_start,
                 "command": " ".join(["python3", "bench/run.py", *(argv or sys.argv[1:])])}
-        with open(os.path.join(k.out, "results.json"), "w") as f:
-            json.dump(data, f, indent=1, default=str)
+        compact.write(data, k.out)
         report.write(data, k.out, log)
         failed = any(r["status"] in ("failed", "MISMATCH") for r in results + repeats)
     log(f"done in {time.time() - t_start:.0f}s: {os.path.join(k.out, 'report.md')}")

@@ -55,7 +55,7 @@ def epochs_stacked(data, path):
         ax.set_ylabel("seconds (epoch 1 darkest)")
     fig.suptitle("Job time per setup, stacked by epoch (hatched: copy before the Local job)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
@@ -120,7 +120,7 @@ def epoch1_throughput(data, path):
         bottom.set_ylabel("MB delivered to the model")
     fig.suptitle("Epoch 1: throughput over time (solid: delivered to the model, dotted: read from the PFS) and progress")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
@@ -153,7 +153,7 @@ def source_traffic(data, path):
     fig.suptitle("Source traffic per epoch from /sys/block/loopN/stat "
                  "(bars per setup: epoch 1, 2, ..., after the job)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
@@ -182,6 +182,6 @@ def fanstore(data, path):
             ax.legend(fontsize=7)
     fig.suptitle("FanStore micro-benchmark: every file of each size read whole")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
     return True

@@ -615,7 +615,7 @@ def render(data, figs):
     gst = [r for r in res if r.get("granary_stats")]
     if gst:
         L.append("granary's placement counters per job (from its `--stats-json`, kept as "
-                 "`logs/<workload>-<setup>.stats.json`): *page cache* = bytes of small-file "
+                 "`raw/logs/<workload>-<setup>.stats.json`, not committed): *page cache* = bytes of small-file "
                  "copies taken from pages the program had just read (no source traffic), "
                  "*duplicate* = bytes the agent read from the source that the program had read "
                  "already (in the device bytes above), *agent source* = all the agent's source "

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import config, counters, setups
+from . import config, counters, packed, setups
 
 CLIENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "clients")
 
@@ -56,7 +56,7 @@ class Bench:
         self.granary_reason = granary_reason
         self.log = log
         self.copies = {}     # dataset -> copy stats
-        self.logdir = os.path.join(knobs.out, "logs")  # stderr of each job, small
+        self.logdir = os.path.join(knobs.out, "raw", "logs")  # stderr of each job (not committed)
         os.makedirs(self.logdir, exist_ok=True)
 
     def source_dir(self, dataset):
@@ -215,7 +215,7 @@ class Bench:
         for spec in self.k.workloads:
             job = Job.parse(spec)
             self.log(f"workload {job.key} (dataset {job.dataset})")
-            made = setups.make_setups(self)
+            made = make_setups(self)
             epoch1 = config.EPOCH1_WORKLOADS.get(job.workload)
             if job.workload == "npz":
                 made = [s for s in made if s.name in self.k.npz_setups]
@@ -319,3 +319,19 @@ def _tail(path, n=15):
             return "".join(f.readlines()[-n:])
     except OSError:
         return ""
+
+
+def make_setups(bench):
+    """The setups named by --setups, in that order."""
+    half = bench.k.granary_half
+    all_setups = {
+        "pfs": setups.PFS(bench),
+        "local": setups.Local(bench),
+        "cache": setups.Cache(bench),
+        "granary-full": setups.GranarySetup(bench, "granary-full", "granary (tier fits all)",
+                                            1.0),
+        "granary-half": setups.GranarySetup(bench, "granary-half",
+                                            f"granary (tier {half:.0%})", half),
+    }
+    all_setups.update(packed.make(bench))
+    return [all_setups[s] for s in bench.k.setups]

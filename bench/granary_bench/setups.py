@@ -140,20 +140,6 @@ def _du(path):
     return total
 
 
-def make_setups(bench):
-    half = bench.k.granary_half
-    all_setups = {
-        "pfs": PFS(bench),
-        "local": Local(bench),
-        "cache": Cache(bench),
-        "granary-full": GranarySetup(bench, "granary-full", "granary (tier fits all)", 1.0),
-        "granary-half": GranarySetup(bench, "granary-half", f"granary (tier {half:.0%})", half),
-    }
-    from . import packed
-    all_setups.update(packed.make(bench))
-    return [all_setups[s] for s in bench.k.setups]
-
-
 def copy_tree(bench, src, dst):
     """cp -a inside the cgroups (so the copy pays the PFS price); returns stats."""
     shutil.rmtree(dst, ignore_errors=True)

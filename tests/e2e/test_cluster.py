@@ -976,3 +976,28 @@ def cpus(spec: str) -> set:
         a, _, b = part.partition("-")
         out.update(range(int(a), int(b or a) + 1))
     return out
+
+
+def test_a_batch_log_shows_each_rank_staging_its_share(cluster, tmp_path, monkeypatch):
+    """mpirun's output is a file, as in a Slurm job: rank 0's walk and each rank's share are
+    reported while they move (a rank places its share as the programs first read it), then that
+    each rank holds its share, with the count its status gives."""
+    data = tmp_path / "pfs" / "data"
+    small_files(data, n=600)
+    monkeypatch.setenv("GRANARY_PROGRESS_EVERY", "1ms")
+    c = cluster(data, ranks=2)
+    expected = direct(data)
+    for got, _ in c.read_everywhere(data):
+        assert got["sha256"] == expected["sha256"]
+    done = {r: f"granary serve: rank {r}: holds its share, " for r in range(2)}
+    c.wait(lambda: all(d in c.log.read_text() for d in done.values()),
+           f"both ranks' shares in {c.log}", timeout=180)
+    text = c.log.read_text()
+    assert "granary serve: rank 0: catalogued " in text and "600 files, " in text, text
+    for r in range(2):
+        owned = c.status(r)["cluster"]["files_owned"]
+        assert f"{done[r]}{owned} files (" in text, text
+        assert f"granary serve: rank {r}: holds " in text.split(done[r])[0], text
+    # Every non-empty file is some rank's (an empty one is every rank's, owned by none).
+    empty = sum(1 for p in data.rglob("*") if p.is_file() and p.stat().st_size == 0)
+    assert empty > 0 and sum(c.status(r)["cluster"]["files_owned"] for r in range(2)) == 600 - empty

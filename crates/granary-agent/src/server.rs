@@ -128,8 +128,8 @@ pub(crate) fn attach_serving(
     source: &std::path::Path,
     immutable: bool,
     image: Option<&Broadcast>,
+    progress: &Progress,
 ) -> Result<Lease> {
-    let progress = Progress::default();
     let serving = agent.serving.as_ref().context("not a serving agent")?;
     let wishes = SourceWishes {
         tiers: &[],
@@ -146,7 +146,7 @@ pub(crate) fn attach_serving(
         page_cache: None,
         mmap: None,
     };
-    attach(agent, &progress, source, std::process::id(), &wishes, &pool).map(|(_, l)| l)
+    attach(agent, progress, source, std::process::id(), &wishes, &pool).map(|(_, l)| l)
 }
 
 fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {

@@ -625,24 +625,36 @@ impl JobReport {
             "granary: {source} — exit {} in {:.2} s; {} opens of dataset files\n",
             self.exit_status, self.wall_time_s, self.opens
         ));
-        s.push_str(&format!(
-            "  {:<40} {:>9} {:>11}\n",
-            "served from", "opens", "bytes read"
-        ));
-        for t in &self.tiers {
-            s.push_str(&format!(
-                "  {:<40} {:>9} {:>11}\n",
-                format!("tier {} {} ({})", t.index, t.path, sz(t.capacity)),
-                t.files_served,
-                sz(t.bytes_served)
-            ));
-        }
         let origin = match &self.pack {
             Some(_) => "the source or the pack".to_string(),
             None => format!("the source {source}"),
         };
+        let tiers: Vec<String> = self
+            .tiers
+            .iter()
+            .map(|t| format!("tier {} {} ({})", t.index, t.path, sz(t.capacity)))
+            .collect();
+        // The first column as wide as its longest label: paths differ in length.
+        let w = tiers
+            .iter()
+            .map(|l| l.chars().count())
+            .chain([origin.chars().count(), "served from".len()])
+            .max()
+            .unwrap_or(0);
         s.push_str(&format!(
-            "  {:<40} {:>9} {:>11}   {} reads, {} metadata calls\n",
+            "  {:<w$} {:>9} {:>11}\n",
+            "served from", "opens", "bytes read"
+        ));
+        for (t, label) in self.tiers.iter().zip(&tiers) {
+            s.push_str(&format!(
+                "  {:<w$} {:>9} {:>11}\n",
+                label,
+                t.files_served,
+                sz(t.bytes_served)
+            ));
+        }
+        s.push_str(&format!(
+            "  {:<w$} {:>9} {:>11}   {} reads, {} metadata calls\n",
             origin,
             self.source_io.opens,
             sz(self.source_io.bytes),
@@ -657,26 +669,30 @@ impl JobReport {
         ));
         if self.placing > 0 {
             s.push_str(&format!(
-                "; {} files still being placed in the background (the next job finds them \
-                 in the tiers)",
+                "; {} more being placed in the background for the next job",
                 self.placing
             ));
         }
         s.push('\n');
-        s.push_str(&format!(
-            "  read by the agent from {}: {} files, {}; {} taken from the page cache, {} read \
-             twice, {} failures\n",
-            if self.pack.is_some() {
-                "the pack"
-            } else {
-                "the source"
-            },
-            p.agent_source_opens,
-            sz(p.agent_source_bytes),
-            sz(p.page_cache_bytes),
-            sz(p.duplicate_bytes),
-            p.failures
-        ));
+        if p.agent_source_opens + p.failures == 0 {
+            s.push_str("  copied by the agent: nothing\n");
+        } else {
+            s.push_str(&format!(
+                "  copied by the agent: {} files, {} ({} from {}, {} from the page cache), {} \
+                 read twice, {} failures\n",
+                p.agent_source_opens,
+                sz(p.agent_source_bytes + p.page_cache_bytes),
+                sz(p.agent_source_bytes),
+                if self.pack.is_some() {
+                    "the pack"
+                } else {
+                    "the source"
+                },
+                sz(p.page_cache_bytes),
+                sz(p.duplicate_bytes),
+                p.failures
+            ));
+        }
         if p.prefetched + p.evictions > 0 {
             s.push_str(&format!(
                 "  known order: {} files placed ahead of the program, {} evicted\n",

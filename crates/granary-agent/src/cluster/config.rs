@@ -39,6 +39,9 @@ pub struct ServeConfig {
     pub immutable: bool,
     /// Keep the CPU binding the MPI launcher gave this rank.
     pub keep_binding: bool,
+    /// How often the rank says on stderr how far it is in holding its share, until it holds
+    /// it (a batch job's log); `None`: only the ready line.
+    pub progress_every: Option<Duration>,
 }
 
 /// `{rank}` replaced by `rank` (several "nodes" on one machine).

@@ -568,14 +568,50 @@ impl Node {
     }
 }
 
-impl ServingNode for Node {
-    fn stop_all(&self) {
-        for r in (0..self.ranks).filter(|&r| r != self.rank) {
-            self.comm.ctrl(r, &Msg::Stop);
+/// This rank's share of the dataset and how much of it is here, from local numbers only.
+pub(crate) struct Share {
+    pub files_owned: u64,
+    pub bytes_owned: u64,
+    pub files_held: u64,
+    pub bytes_held: u64,
+    /// Copies of other ranks' files (replicas, `--replicate`) still to make.
+    pub copies_pending: u64,
+    /// Bytes this rank's agent read from the source.
+    pub pfs_bytes: u64,
+}
+
+impl Node {
+    /// Where this rank stands in holding its share (no other rank is asked): one pass over
+    /// the table.
+    pub(crate) fn share(&self) -> Share {
+        let t = &self.ctx.table;
+        let mut s = Share {
+            files_owned: 0,
+            bytes_owned: 0,
+            files_held: 0,
+            bytes_held: 0,
+            copies_pending: self.copies_pending.load(Ordering::Acquire),
+            pfs_bytes: self.ctx.counters.snapshot().agent_source_bytes,
+        };
+        for i in 0..t.entry_count() {
+            if !self.own.holds(self.rank, i) {
+                continue;
+            }
+            let size = t.entry(i).map_or(0, |e| e.stat.size);
+            s.files_owned += 1;
+            s.bytes_owned += size;
+            let w = t.state(i);
+            let staged = Some(state::tier_of(w) as usize) == self.staging_tier;
+            if state::state_of(w) == state::PLACED && !staged {
+                s.files_held += 1;
+                s.bytes_held += size;
+            }
         }
+        s
     }
 
-    fn status(&self, serving: &Serving) -> ClusterStatus {
+    /// Files and bytes this rank holds of the dataset as dealt out (first owner or replica).
+    fn owned(&self) -> (u64, u64) {
         let t = &self.ctx.table;
         let (mut files, mut bytes) = (0, 0);
         for i in 0..t.entry_count() {
@@ -584,6 +620,21 @@ impl ServingNode for Node {
                 bytes += t.entry(i).map_or(0, |e| e.stat.size);
             }
         }
+        (files, bytes)
+    }
+}
+
+impl ServingNode for Node {
+    fn stop_all(&self) {
+        for r in (0..self.ranks).filter(|&r| r != self.rank) {
+            self.comm.ctrl(r, &Msg::Stop);
+        }
+    }
+
+    fn status(&self, serving: &Serving) -> ClusterStatus {
+        let (files, bytes) = self.owned();
+        // A user asked: this rank's count as of now, not of the last heartbeat's pass.
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).0 = None;
         self.peers.beat(self.rank, self.beat());
         // The other ranks' numbers, asked for now (liveness does not carry them): every live
         // rank answers with a heartbeat, waited for a moment at most.

@@ -66,7 +66,8 @@ pub fn serve(config: ServeConfig) -> Result<()> {
                 image: Mutex::new(image),
                 layout,
             };
-            attach_serving(&agent, &config.source, config.immutable, Some(&b))
+            let none = granary_core::catalog::Progress::default();
+            attach_serving(&agent, &config.source, config.immutable, Some(&b), &none)
                 .context("adopting rank 0's catalog")?
         }
     };
@@ -101,7 +102,7 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     let line =
         format!(
         "granary serve: rank {rank} of {ranks} ready: {} files ({}) in the catalog, {} of them \
-         ({}) held here; runtime {}",
+         ({}) this rank's share; runtime {}",
         lease.source.inner.lock().map(|i| i.catalog.files).unwrap_or(0),
         format_size(lease.source.inner.lock().map(|i| i.catalog.bytes).unwrap_or(0)),
         st.files_owned,
@@ -110,6 +111,12 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     );
     tracing::info!("{line}");
     eprintln!("{line}");
+    if let Some(every) = config.progress_every {
+        let (agent, node) = (agent.clone(), node.clone());
+        std::thread::Builder::new()
+            .name("progress".into())
+            .spawn(move || report_progress(&agent, &node, rank, every))?;
+    }
     daemon::main_loop(&agent);
     agent.shutdown();
     comm.stop();
@@ -118,6 +125,93 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     }
     drop(lease);
     Ok(())
+}
+
+/// Says every `every` how much of its share this rank holds (its own copies, copies of other
+/// ranks' files still to make, bytes read from the source), while that changes; once it holds
+/// its share, says so and stops. A batch job's log shows the staging move, not a silence.
+fn report_progress(agent: &crate::agent::Agent, node: &Node, rank: u32, every: Duration) {
+    let mut last = None;
+    loop {
+        let due = std::time::Instant::now() + every;
+        while std::time::Instant::now() < due {
+            if agent.stopping.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let s = node.share();
+        if s.files_held >= s.files_owned && s.copies_pending == 0 {
+            eprintln!(
+                "granary serve: rank {rank}: holds its share, {} files ({})",
+                s.files_owned,
+                format_size(s.bytes_owned)
+            );
+            return;
+        }
+        let now = (s.files_held, s.copies_pending, s.pfs_bytes);
+        if last != Some(now) {
+            eprintln!(
+                "granary serve: rank {rank}: holds {} of its {} files ({} of {}), {} copies of \
+                 other ranks' files to make, {} read from the source",
+                s.files_held,
+                s.files_owned,
+                format_size(s.bytes_held),
+                format_size(s.bytes_owned),
+                s.copies_pending,
+                format_size(s.pfs_bytes)
+            );
+        }
+        last = Some(now);
+    }
+}
+
+/// Rank 0's catalog of the source (walked, or loaded and checked), saying every
+/// `config.progress_every` where the walk is: a batch log shows a long first walk moving.
+fn walk_with_progress(agent: &Arc<crate::agent::Agent>, config: &ServeConfig) -> Result<Lease> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let progress = granary_core::catalog::Progress::default();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let started = std::time::Instant::now();
+    let source = config.source.display();
+    std::thread::scope(|s| {
+        if let Some(every) = config.progress_every {
+            let (progress, done, source) = (&progress, &done, &source);
+            s.spawn(move || {
+                let mut next = started + every;
+                let mut said = false;
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    if std::time::Instant::now() < next {
+                        continue;
+                    }
+                    next += every;
+                    said = true;
+                    eprintln!(
+                        "granary serve: rank 0: cataloguing {source}: {} files, {} dirs, {} \
+                         after {:.0} s",
+                        progress.files.load(Relaxed),
+                        progress.dirs.load(Relaxed),
+                        format_size(progress.bytes.load(Relaxed)),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                if said {
+                    eprintln!(
+                        "granary serve: rank 0: catalogued {source}: {} files, {} dirs, {} in \
+                         {:.1} s",
+                        progress.files.load(Relaxed),
+                        progress.dirs.load(Relaxed),
+                        format_size(progress.bytes.load(Relaxed)),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            });
+        }
+        let lease = attach_serving(agent, &config.source, config.immutable, None, &progress);
+        done.store(true, std::sync::atomic::Ordering::Release);
+        lease
+    })
 }
 
 type Prepared = (Started, Option<Lease>, Vec<u8>, Vec<u8>);
@@ -202,7 +296,7 @@ fn prepare(config: &ServeConfig, rank: u32, ranks: u32) -> Result<Prepared> {
         return Ok((started, None, Vec::new(), Vec::new()));
     }
     let agent = started.agent.clone();
-    let lease = attach_serving(&agent, &config.source, config.immutable, None)?;
+    let lease = walk_with_progress(&agent, config)?;
     let ctx = lease.source.ctx().context("no table published")?;
     // A loaded catalog is checked against the source in the background: the image every rank
     // adopts carries its verdicts, so wait for them.

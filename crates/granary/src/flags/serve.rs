@@ -149,6 +149,7 @@ impl ServeArgs {
             peer_timeout,
             immutable: self.immutable,
             keep_binding: self.keep_binding,
+            progress_every: Some(crate::output::batch_every()),
             cfg,
         })
     }
