@@ -127,9 +127,12 @@ fn serve(node: &Node, job: &PeerRequest) {
     let tier = state::tier_of(word) as usize;
     // Sent from the copy's kept mapping (`maps`): the pieces go from its pages to the
     // requester's with no buffer in between; read into buffers where it cannot be mapped.
-    let map = node.maps.get(ctx, idx, tier, e.object, e.stat.size, || {
-        open_copy(node, idx, tier, e.object, e.stat.size)
-    });
+    let staged = Some(tier) == node.staging_tier;
+    let map = node
+        .maps
+        .get(ctx, idx, tier, e.object, e.stat.size, staged, || {
+            open_copy(node, idx, tier, e.object, e.stat.size)
+        });
     let mut file = None;
     if map.is_none() {
         file = open_copy(node, idx, tier, e.object, e.stat.size);
@@ -215,7 +218,8 @@ pub fn serve_now(node: &Node, job: &PeerRequest) -> bool {
         return false;
     }
     let tier = state::tier_of(w) as usize;
-    let map = node.maps.get(ctx, idx, tier, e.object, size, || {
+    let staged = Some(tier) == node.staging_tier;
+    let map = node.maps.get(ctx, idx, tier, e.object, size, staged, || {
         open_copy(node, idx, tier, e.object, size)
     });
     let Some(map) = map else {

@@ -30,7 +30,7 @@ mod unpack;
 mod whole_fetch;
 
 pub use copy::{object_dir, PlaceOutcome};
-pub use fetch::fetch_large;
+pub use fetch::{fetch_large, fetch_onto};
 pub use incoming::Remote;
 pub use partial::{adopt_charges, copies_now, release_partial_charges, Partials};
 pub use policy::{
