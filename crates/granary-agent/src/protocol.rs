@@ -331,6 +331,11 @@ pub struct ClusterStatus {
     /// together: the dataset as dealt out.
     pub files_owned: u64,
     pub bytes_owned: u64,
+    /// Milliseconds this rank's communication thread has been stuck inside the MPI library
+    /// (`cluster::transport::Pulse`), once past `STUCK_AFTER`: the rank then counts on no
+    /// peer, serving what its tiers hold and reading the rest from the source.
+    #[serde(default)]
+    pub mpi_stuck_ms: Option<u64>,
     /// Every rank, this one included, as last heard of.
     pub peers: Vec<PeerStatus>,
 }

@@ -234,7 +234,7 @@ impl SourceState {
             if let Some(b) = opts.image {
                 let mut img = b.image.lock().unwrap_or_else(|e| e.into_inner());
                 published = Some(
-                    catalog::adopt(&mut img, &spec, &table_path)
+                    catalog::adopt(&mut img, &spec, &table_path, Some(&saved))
                         .context("adopting rank 0's catalog")?,
                 );
                 origin = Origin::Adopted;

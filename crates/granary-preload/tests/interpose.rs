@@ -527,3 +527,46 @@ fn an_unusable_table_passes_everything_through() {
         b"HELLO GRANARY\n"
     );
 }
+
+/// `GRANARY_LOG=debug` says why a call on the dataset passed through, and only for the dataset:
+/// a file with no copy yet, a path the program changed, an open for writing; not a path outside
+/// the source.
+#[test]
+fn the_debug_log_says_why_a_call_passed_through() {
+    let f = Fixture::new();
+    let log = f.dir.path().join("preload.log");
+    let script = r#"
+import os, sys
+root = sys.argv[1]
+open(os.path.join(root, "train/cls1/img2.jpg"), "rb").read()
+try:
+    os.stat(os.path.join(root, "nothing.here"))
+except FileNotFoundError:
+    pass
+open("/proc/self/status", "rb").read()
+open(os.path.join(root, "a.txt"), "rb").read()
+"#;
+    let out = f
+        .cmd(PY, &["-c", script, &f.p("")], true)
+        .env("GRANARY_LOG", format!("debug:{}", log.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = fs::read_to_string(&log).unwrap();
+    let unplaced = format!(
+        "open passed through (no complete copy yet): {}",
+        f.p("train/cls1/img2.jpg")
+    );
+    assert!(text.contains(&unplaced), "{text}");
+    let missing = format!(
+        "stat passed through (not in the catalog): {}",
+        f.p("nothing.here")
+    );
+    assert!(text.contains(&missing), "{text}");
+    assert!(text.contains("open from tier: a.txt"), "{text}");
+    assert!(!text.contains("/proc/self/status"), "{text}");
+}

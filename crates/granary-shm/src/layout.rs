@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 7.
+//! The on-memory layout of a catalog table, version 8.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -37,12 +37,14 @@
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
 /// validation bits, progress and chunk bitmaps only for large files. Version 6: per-job words for
-/// container visibility (`SEEN`, `EXECS`) and mapping traffic (`MAP_*`). Tables of earlier versions
+/// container visibility (`SEEN`, `EXECS`) and mapping traffic (`MAP_*`).
 /// Version 7: a second bit per entry beside the validation bit, set while one process checks
 /// the entry against the source, so an entry costs the source one call per attach even when the
-/// program and a validator reach it at once. Tables of earlier versions are rejected
-/// (`TableError::BadVersion`): the agent then walks the source again.
-pub const VERSION: u32 = 7;
+/// program and a validator reach it at once. Version 8: per-job words naming the first program
+/// the job started that granary could not serve although it was given a dataset path
+/// (`job::UNSERVED*`). Tables of earlier versions are rejected (`TableError::BadVersion`): the
+/// agent then walks the source again.
+pub const VERSION: u32 = 8;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -674,7 +676,19 @@ pub mod job {
     /// (a partition missing, cut or another pack's, or the file's bytes failing their
     /// checksum) and nothing else holds them (the pack alone, `--mount`).
     pub const PACK_REFUSED: usize = TRANSIENT_DROPS + 10;
-    pub const WORDS: usize = TRANSIENT_DROPS + 12;
+    /// Programs started by a process of the job that granary could not serve (static, run in
+    /// secure mode, or started with granary's variables cleared from an environment they could
+    /// not be put back into) and whose arguments named a path of the dataset. The first such
+    /// start is described in the next words: `UNSERVED_WHY` holds its `seen::EXEC_*` bit in
+    /// the low 32 bits and the full lengths of its program (bits 32..48) and of the argument
+    /// that named the path (bits 48..64); `UNSERVED_PROGRAM` and `UNSERVED_ARG` hold their last
+    /// `NAME_WORDS * 8` bytes, NUL-padded. Written by the process that counted it first.
+    pub const UNSERVED: usize = TRANSIENT_DROPS + 12;
+    pub const UNSERVED_WHY: usize = TRANSIENT_DROPS + 13;
+    pub const UNSERVED_PROGRAM: usize = TRANSIENT_DROPS + 14;
+    pub const UNSERVED_ARG: usize = UNSERVED_PROGRAM + NAME_WORDS;
+    pub const NAME_WORDS: usize = 32;
+    pub const WORDS: usize = UNSERVED_ARG + NAME_WORDS;
 }
 
 /// Bits of the `job::SEEN` word.
@@ -689,12 +703,14 @@ pub mod seen {
     /// another path).
     pub const SOURCE_ELSEWHERE: u64 = 1 << 9;
     /// A program was started with an environment that lacks the preload library or the table
-    /// (`env -i`, a launcher that cleans the environment).
+    /// (`env -i`, a launcher that cleans the environment), granary could not put them back
+    /// (no room), and its arguments named a dataset path (`job::UNSERVED`).
     pub const EXEC_ENV_CLEARED: u64 = 1 << 10;
     /// A program was started that the dynamic loader runs in secure mode (setuid, setgid, file
-    /// capabilities): it ignores `LD_PRELOAD`.
+    /// capabilities): it ignores `LD_PRELOAD`; and its arguments named a dataset path.
     pub const EXEC_SECURE: u64 = 1 << 11;
-    /// A statically linked program was started: no dynamic loader, no preload library.
+    /// A statically linked program was started: no dynamic loader, no preload library; and its
+    /// arguments named a dataset path.
     pub const EXEC_STATIC: u64 = 1 << 12;
     /// A program was started after the table fd (`GRANARY_TABLE_FD`) was closed or replaced:
     /// it can reach the table only by its path.
@@ -705,7 +721,7 @@ pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 const _: () = assert!(ENTRY_LEN == 88);
 const _: () = assert!(CLASS_LEN == 56);
 const _: () = assert!(job::EXECS < job::MAP_LOCAL_BYTES);
-const _: () = assert!(job::PACK_REFUSED < job::WORDS);
+const _: () = assert!(job::PACK_REFUSED < job::UNSERVED);
 const _: () = assert!(H_TIER_DIR_IDS + 16 * MAX_TIERS <= PATHS_OFF);
 const _: () = assert!(H_EPOCH + 8 <= H_PACK_OFF && H_PACK_OFF + 8 <= H_TIER_DIR_IDS);
 const _: () = assert!(HEADER_LEN % 4096 == 0);

@@ -43,7 +43,9 @@ impl Maps {
 
     /// The mapping of the complete copy of `idx` (`size` bytes, object `object`) on `tier`, for
     /// sending from: the kept one while it is still that copy, else the copy opened, checked
-    /// (`open`) and mapped now, and kept.
+    /// (`open`) and mapped now, and kept unless `transient` (a copy in the staging tier, soon
+    /// dropped: a kept mapping would hold its pages until the next warming pass).
+    #[allow(clippy::too_many_arguments)]
     pub fn get(
         &self,
         t: &Table,
@@ -51,6 +53,7 @@ impl Maps {
         tier: usize,
         object: u64,
         size: u64,
+        transient: bool,
         open: impl FnOnce() -> Option<File>,
     ) -> Option<Arc<memmap2::MmapRaw>> {
         if let Some(k) = self.lock().get(&idx) {
@@ -65,15 +68,17 @@ impl Maps {
                 .map_raw_read_only(&file)
                 .ok()?,
         );
-        self.keep(
-            idx,
-            Kept {
-                object,
-                tier,
-                file,
-                map: map.clone(),
-            },
-        );
+        if !transient {
+            self.keep(
+                idx,
+                Kept {
+                    object,
+                    tier,
+                    file,
+                    map: map.clone(),
+                },
+            );
+        }
         Some(map)
     }
 

@@ -32,7 +32,7 @@ mod transport;
 mod wire;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -73,6 +73,8 @@ pub fn serve(config: ServeConfig) -> Result<()> {
 
 /// One rank of the serving job, as the rest of the agent and the other ranks see it.
 pub struct Node {
+    /// This node's own `Arc` (a transfer the communication thread carries on holds one).
+    me: std::sync::Weak<Node>,
     pub rank: u32,
     pub ranks: u32,
     pub agent: Arc<Agent>,
@@ -107,6 +109,8 @@ pub struct Node {
     replicas: u32,
     /// `held`'s last count: when, files, bytes.
     held: Mutex<(Option<std::time::Instant>, u64, u64)>,
+    /// The communication thread is stuck in MPI (`transport::Pulse`): no peer is counted on.
+    cut_off: AtomicBool,
 }
 
 /// How often a heartbeat's count of held copies is taken again (a pass over every entry).
@@ -143,7 +147,8 @@ impl Node {
             .then_some(ctx.space.tiers.placeable());
         let (fetch_q, fetch_rx) = crossbeam_channel::unbounded();
         let (provide_q, provide_rx) = crossbeam_channel::unbounded();
-        let node = Arc::new(Node {
+        let node = Arc::new_cyclic(|me| Node {
+            me: me.clone(),
             rank: s.rank,
             ranks: s.ranks,
             agent,
@@ -167,8 +172,10 @@ impl Node {
             replicate: s.replicate,
             replicas: s.replicas,
             held: Mutex::default(),
+            cut_off: AtomicBool::new(false),
         });
         node.place_empty_files();
+        node.stage_kept_copies();
         fetch::spawn(&node, fetch_rx, FETCHERS)?;
         provide::spawn(&node, provide_rx, PROVIDERS)?;
         let hook: Arc<dyn Remote> = node.clone();
@@ -298,6 +305,25 @@ impl Node {
         }
     }
 
+    /// Copies in the staging tier that an earlier serve of this node left (kept by its saved
+    /// catalog) join the staging tier's order, so they are dropped oldest first like the ones
+    /// this serve stages instead of holding their room for good.
+    fn stage_kept_copies(&self) {
+        let Some(st) = self.staging_tier else { return };
+        let t = &self.ctx.table;
+        let mut n = 0;
+        for idx in 0..t.entry_count() {
+            let w = t.state(idx);
+            if w.state() == State::Placed && w.tier() as usize == st {
+                self.staging.push(idx, None);
+                n += 1;
+            }
+        }
+        if n > 0 {
+            tracing::info!("{n} staged copies of the last serve kept");
+        }
+    }
+
     /// Draws sizes of the files other ranks hold, each file weighted by its bytes (what this
     /// node's staging tier will receive): what the staging filler makes ahead first.
     fn others_sizes(&self) -> impl FnMut() -> Option<u64> {
@@ -331,26 +357,67 @@ impl Node {
     /// silent for `SUSPECT_AFTER`.
     fn heartbeats(&self) {
         let mut last = std::time::Instant::now();
+        // Since when this thread has run without being stopped itself.
+        let mut awake = last;
         while !self.agent.stopping.load(Ordering::Acquire) {
             // This thread was stopped itself (SIGSTOP, a frozen VM): the predecessor's silence
-            // meanwhile says nothing, watch it afresh.
+            // meanwhile says nothing, watch it afresh; so does the communication thread's.
             if last.elapsed() > 4 * peers::BEAT_PERIOD {
                 self.peers.rewatch();
+                awake = std::time::Instant::now();
             }
             last = std::time::Instant::now();
+            self.watch_mpi(awake.elapsed());
             let b = self.beat();
             self.peers.beat(self.rank, b);
             if let Some(next) = self.peers.successor() {
                 self.comm.quiet(next, &Msg::Heartbeat(b));
             }
-            if let Some(dead) = self.peers.check() {
-                tracing::warn!(
-                    "rank {dead} silent for {:?}: written off",
-                    peers::SUSPECT_AFTER
-                );
-                self.tell_down(dead);
+            match self.peers.check() {
+                peers::Watch::Fine => {}
+                peers::Watch::Ask(p) => self.comm.quiet(p, &Msg::Ask),
+                peers::Watch::Down(dead) => {
+                    tracing::warn!(
+                        "rank {dead} silent for {:?}, and did not answer: written off",
+                        peers::SUSPECT_AFTER + peers::ASK_GRACE
+                    );
+                    self.tell_down(dead);
+                }
             }
             std::thread::sleep(peers::BEAT_PERIOD);
+        }
+    }
+
+    /// A communication thread stuck inside the MPI library (`transport::Pulse`) for
+    /// `STUCK_AFTER` while this thread ran (`awake`: a stopped process is not a stuck one) can
+    /// reach no peer and hear none: every peer is written off here (nobody can be told), so transfers
+    /// waiting on them end, and this node serves what its tiers hold and reads the rest from
+    /// the source until the thread moves again (peers are then heard from again).
+    fn watch_mpi(&self, awake: Duration) {
+        let silent = self.comm.pulse.silent().min(awake);
+        let stuck = silent >= transport::STUCK_AFTER;
+        if stuck == self.cut_off.swap(stuck, Ordering::AcqRel) {
+            if stuck {
+                // Kept written off: a rank written off elsewhere may have been heard from
+                // just before.
+                (0..self.ranks).for_each(|r| {
+                    self.peers.failed(r);
+                });
+            }
+            return;
+        }
+        if stuck {
+            tracing::error!(
+                "the communication thread has not returned from the MPI library for {silent:?}: \
+                 MPI hangs on this rank (OpenMPI's TCP transport can, after a peer died in the \
+                 middle of a message to it). This node serves what its tiers hold and reads the \
+                 rest from the source"
+            );
+            (0..self.ranks).for_each(|r| {
+                self.peers.failed(r);
+            });
+        } else {
+            tracing::warn!("the communication thread moves again after {silent:?} in MPI");
         }
     }
 
@@ -442,6 +509,7 @@ impl Node {
                     idx,
                     slot: 0,
                     copy: true,
+                    skip: None,
                 };
                 if self.fetch_q.send(job).is_ok() {
                     continue;
@@ -466,6 +534,29 @@ impl Node {
         (1..self.ranks)
             .map(|k| (first + k) % self.ranks)
             .find(|&r| self.peers.alive(r))
+    }
+
+    /// True if a copy of `idx` read from the source here goes to the staging tier: this node's
+    /// own tiers have no room for it now (the dataset is larger than the nodes' tiers
+    /// together), and the staging tier could hold it. There it is served like any copy until
+    /// the staging tier drops it (oldest first), so the nodes that ask for it meanwhile — in a
+    /// job whose nodes read the same files at about the same time — get it from one source
+    /// read instead of each reading the source.
+    pub fn staged_instead(&self, ctx: &SourceCtx, idx: u32) -> bool {
+        let Some(st) = self.staging_tier else {
+            return false;
+        };
+        let Some(size) = ctx
+            .table
+            .entry(idx)
+            .filter(|e| e.stat.is_file())
+            .map(|e| e.stat.size)
+        else {
+            return false;
+        };
+        let fits = |t: usize| ctx.space.tiers.reserve(t, size).is_some();
+        let capacity = ctx.space.tiers.usage().get(st).map_or(0, |u| u.capacity);
+        !(0..ctx.space.tiers.placeable()).any(fits) && ctx.space.tiers.charge(st, size) <= capacity
     }
 
     /// Provider side: was the transfer `(from, tag)` cancelled? `forget` clears the mark.
@@ -576,6 +667,10 @@ impl ServingNode for Node {
             hashed_bytes: self.hashed_bytes.load(Ordering::Relaxed),
             hashing_ns: self.hashing_ns.load(Ordering::Relaxed),
             maps_kept: self.maps.len() as u64,
+            mpi_stuck_ms: self
+                .cut_off
+                .load(Ordering::Acquire)
+                .then(|| self.comm.pulse.silent().as_millis() as u64),
             files_owned: files,
             bytes_owned: bytes,
             peers: (0..self.ranks)
@@ -600,19 +695,41 @@ impl Remote for Node {
                     st.adopt(ctx, idx);
                     Some(PlaceOutcome::Skipped)
                 }
+                // No room for it here: a fetcher reads it into the staging tier instead
+                // (`fetch::from_source`), so every node asking for it meanwhile gets it from
+                // this one read.
+                _ if self.staged_instead(ctx, idx) => {
+                    let me = self.me.upgrade()?;
+                    ctx.work.hold();
+                    let job = fetch::RemoteFetch {
+                        ctx: ctx.clone(),
+                        idx,
+                        slot,
+                        copy: false,
+                        skip: None,
+                    };
+                    if me.fetch_q.send(job).is_err() {
+                        ctx.work.release();
+                        return None;
+                    }
+                    Some(PlaceOutcome::Skipped)
+                }
                 _ => None,
             };
         }
+        let me = self.me.upgrade()?;
         ctx.work.hold();
         let job = fetch::RemoteFetch {
             ctx: ctx.clone(),
             idx,
             slot,
             copy: false,
+            skip: None,
         };
-        if let Err(e) = self.fetch_q.send(job) {
+        // A program waits for it: started here (the ring consumer) and carried on by the
+        // communication thread, or a fetcher's.
+        if fetch::start(&me, job).is_err() {
             ctx.work.release();
-            drop(e);
             return None;
         }
         Some(PlaceOutcome::Skipped)

@@ -127,9 +127,10 @@ fn serve(node: &Node, job: &PeerRequest) {
     let tier = word.tier() as usize;
     // Sent from the copy's kept mapping (`maps`): the pieces go from its pages to the
     // requester's with no buffer in between; read into buffers where it cannot be mapped.
+    let staged = Some(tier) == node.staging_tier;
     let map = node
         .maps
-        .get(&ctx.table, idx, tier, e.object, e.stat.size, || {
+        .get(&ctx.table, idx, tier, e.object, e.stat.size, staged, || {
             open_copy(node, idx, tier, e.object, e.stat.size)
         });
     let mut file = None;
@@ -217,9 +218,12 @@ pub fn serve_now(node: &Node, job: &PeerRequest) -> bool {
         return false;
     }
     let tier = w.tier() as usize;
-    let map = node.maps.get(&ctx.table, idx, tier, e.object, size, || {
-        open_copy(node, idx, tier, e.object, size)
-    });
+    let staged = Some(tier) == node.staging_tier;
+    let map = node
+        .maps
+        .get(&ctx.table, idx, tier, e.object, size, staged, || {
+            open_copy(node, idx, tier, e.object, size)
+        });
     let Some(map) = map else {
         node.comm.budget.release(size);
         return false;

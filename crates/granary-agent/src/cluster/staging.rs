@@ -185,6 +185,38 @@ impl Staging {
         }
     }
 
+    /// Drops the oldest staged copies, then free files made ahead, until the tier has room for
+    /// `size` bytes (a copy placed from the source, which makes its own file). False if it
+    /// has not even then.
+    pub fn make_room(&self, ctx: &SourceCtx, staging_tier: usize, size: u64) -> bool {
+        loop {
+            if ctx.space.tiers.reserve(staging_tier, size).is_some() {
+                return true;
+            }
+            match self.evict_oldest(ctx, staging_tier, None) {
+                Evicted::Dropped => continue,
+                Evicted::Recycled(f) => {
+                    remove(&ctx.space, staging_tier, &f.name);
+                    continue;
+                }
+                Evicted::Nothing => {}
+            }
+            let free = {
+                let mut f = self.free_lock();
+                let x = f.files.pop();
+                if let Some(x) = &x {
+                    f.bytes = f.bytes.saturating_sub(x.charge);
+                }
+                x
+            };
+            let Some(x) = free else {
+                return false;
+            };
+            ctx.space.tiers.release(staging_tier, x.charge);
+            remove(&ctx.space, staging_tier, &x.name);
+        }
+    }
+
     /// A free file for a copy of `size` bytes (its charge given back to the tier: the copy's
     /// reservation takes it again), if one whose mapping is large enough but at most twice the
     /// size is ready: the same size first, else the smallest larger one. The filler is told

@@ -252,7 +252,7 @@ impl SourceState {
         spec.pack = Some(pack_spec(conf, rt_dir, &partitions.header));
         let loaded = {
             let mut img = b.image.lock().unwrap_or_else(|e| e.into_inner());
-            granary_core::catalog::adopt(&mut img, spec, path)
+            granary_core::catalog::adopt(&mut img, spec, path, None)
                 .context("adopting rank 0's catalog")?
         };
         let t = &loaded.table;

@@ -20,7 +20,6 @@ use super::{PlaceOutcome, SourceCtx, Space};
 use crate::stats::AgentCounters;
 use crate::sync::Arc;
 use crate::sys;
-use crate::tiers::Reservation;
 
 /// Cluster mode's hook into placement (one per table, `SourceCtx::remote`).
 pub trait Remote: Send + Sync {
@@ -47,11 +46,16 @@ pub enum NotStarted {
 
 /// A copy being received: the entry is PLACING (ours), room is reserved on its tier, and the
 /// part file exists once the first piece arrives.
-pub struct Receiving<'a> {
-    ctx: &'a SourceCtx,
+///
+/// It owns its context (the table's `Arc`), so it can move between threads and outlive the
+/// caller that started it: a program's remote read is started by the thread that takes the
+/// program's request and finished by the communication thread as the last piece lands.
+pub struct Receiving {
+    ctx: Arc<SourceCtx>,
     idx: u32,
     entry: EntryRec,
-    res: Option<Reservation<'a>>,
+    /// The reservation on `tier` (`Reservation::set_apart`: held until committed or released).
+    res: Option<(usize, u64)>,
     /// The reservation's tier (kept once the reservation is committed or released).
     tier: usize,
     part: Option<File>,
@@ -67,22 +71,18 @@ pub struct Receiving<'a> {
 
 /// Takes entry `idx` (QUEUED → PLACING) and reserves room for it on the first of `tiers` that
 /// has it. Nothing is written yet.
-pub fn receive<'a>(
-    ctx: &'a SourceCtx,
-    idx: u32,
-    tiers: &[usize],
-) -> Result<Receiving<'a>, NotStarted> {
+pub fn receive(ctx: &Arc<SourceCtx>, idx: u32, tiers: &[usize]) -> Result<Receiving, NotStarted> {
     let b = begin(ctx, idx).map_err(NotStarted::Skipped)?;
     let Some(res) = ctx.space.reserve_on(tiers, b.entry.stat.size) else {
         lifecycle::requeue(&ctx.table, idx);
         return Err(NotStarted::NoRoom);
     };
     Ok(Receiving {
-        ctx,
+        ctx: ctx.clone(),
         idx,
         entry: b.entry,
         tier: res.tier(),
-        res: Some(res),
+        res: Some(res.set_apart()),
         part: None,
         written: 0,
         hasher: twox_hash::XxHash3_64::new(),
@@ -113,7 +113,12 @@ impl std::fmt::Display for ReceiveError {
     }
 }
 
-impl Receiving<'_> {
+impl Receiving {
+    /// The entry being received.
+    pub fn idx(&self) -> u32 {
+        self.idx
+    }
+
     pub fn size(&self) -> u64 {
         self.entry.stat.size
     }
@@ -248,13 +253,14 @@ impl Receiving<'_> {
         if sender_sum != 0 && sender_sum != sum {
             return Err(ReceiveError::Mismatch("checksum"));
         }
-        let (ctx, idx, tier) = (self.ctx, self.idx, self.tier());
+        let (ctx, idx, tier) = (&*self.ctx, self.idx, self.tier());
         let Some(dir) = ctx.space.dir(tier) else {
             return Err(ReceiveError::Lost);
         };
         let Some(res) = self.res.take() else {
             return Err(ReceiveError::Lost);
         };
+        let res = ctx.space.tiers.resume(res);
         let file = self.part.take().ok_or(ReceiveError::Lost)?;
         let (part, name) = (part_name(self.entry.object), object_name(self.entry.object));
         match publish(ctx, idx, res, dir, (&part, &name), &file, sum) {
@@ -284,12 +290,19 @@ impl Receiving<'_> {
                 let _ = sys::unlink_at(dir, &part_name(self.entry.object));
             }
         }
-        self.res.take();
+        self.release();
         lifecycle::requeue(&self.ctx.table, self.idx);
     }
 }
 
-impl Receiving<'_> {
+impl Receiving {
+    /// Gives the reserved room back.
+    fn release(&mut self) {
+        if let Some(res) = self.res.take() {
+            drop(self.ctx.space.tiers.resume(res));
+        }
+    }
+
     /// Ends the copy without one: `to` is SOURCE_ONLY (nobody holds the file: the program reads
     /// the source) or STALE (the source changed). The part is removed and the room released
     /// first.
@@ -299,7 +312,7 @@ impl Receiving<'_> {
                 let _ = sys::unlink_at(dir, &part_name(self.entry.object));
             }
         }
-        self.res.take();
+        self.release();
         let cell = EntryCell {
             table: &self.ctx.table,
             idx: self.idx,
@@ -311,13 +324,15 @@ impl Receiving<'_> {
     }
 }
 
-impl Drop for Receiving<'_> {
-    /// Neither finished nor abandoned (a panic): the part must not stay announced.
+impl Drop for Receiving {
+    /// Neither finished nor abandoned (a panic, a transfer dropped on the way): the part must
+    /// not stay announced, nor the room reserved.
     fn drop(&mut self) {
         if self.res.is_some() {
             if let (Some(_), Some(dir)) = (self.part.take(), self.dir()) {
                 let _ = sys::unlink_at(dir, &part_name(self.entry.object));
             }
+            self.release();
             lifecycle::give_up(
                 &EntryCell {
                     table: &self.ctx.table,

@@ -42,14 +42,42 @@ const ORDER_UNIT: u64 = 1 << 20;
 const MAP_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
 pub fn fetch(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>) -> PlaceOutcome {
+    fetch_whole(ctx, idx, engine, buf, None)
+}
+
+/// `fetch` onto `tiers` instead of the policy's, whole or not at all (no chunks; no room there:
+/// SOURCE_ONLY): cluster mode's staging tier, for a file its owner has no room for.
+pub fn fetch_onto(
+    ctx: &SourceCtx,
+    idx: u32,
+    engine: &Engine,
+    buf: &mut Vec<u8>,
+    tiers: &[usize],
+) -> PlaceOutcome {
+    fetch_whole(ctx, idx, engine, buf, Some(tiers))
+}
+
+fn fetch_whole(
+    ctx: &SourceCtx,
+    idx: u32,
+    engine: &Engine,
+    buf: &mut Vec<u8>,
+    onto: Option<&[usize]>,
+) -> PlaceOutcome {
     let b = match begin(ctx, idx) {
         Ok(b) => b,
         Err(out) => return out,
     };
     // Room first: a file no tier can take never costs the source an open.
     let size = b.entry.stat.size;
-    let order = engine.policy.tiers_for(size, &ctx.space.tiers);
+    let order = onto.map_or_else(
+        || engine.policy.tiers_for(size, &ctx.space.tiers),
+        <[usize]>::to_vec,
+    );
     let Some(res) = ctx.space.reserve_on(&order, size) else {
+        if onto.is_some() {
+            return super::copy::no_room(ctx, b.idx);
+        }
         return super::partial::no_room_for_whole(ctx, b, engine, buf);
     };
     // One source stream for the whole file: sequential reads of one file are what a PFS serves
