@@ -65,7 +65,6 @@ pub use policy::{
 pub use pool::{default_workers, CopyMethod, CopyTask, Pool};
 pub use requests::handle_request;
 pub use space::Space;
-pub use whole_file::fetch_onto;
 pub use whole_file::threshold::SourceRequests;
 pub use work::Work;
 
