@@ -24,7 +24,7 @@
 
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{object_name, request, state};
+use granary_shm::{object_name, request};
 
 use crate::ops::detour::Guard;
 use crate::sys::PATH_BUF;
@@ -98,7 +98,7 @@ fn data_entry(g: &Guard, dirfd: c_int, data_path: *const c_char) -> Option<(u32,
     }
     // Void (a writer appeared) or not ours: what the kernel finds there now.
     let idx = crate::ops::mutate::entry_at(g.table, dirfd, data_path, true)?;
-    let void = state::is_void(state::state_of(g.table.state(idx)));
+    let void = g.table.state(idx).state().is_void();
     (void && g.table.entry(idx)?.stat.is_file()).then_some((idx, false))
 }
 

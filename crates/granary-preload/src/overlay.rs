@@ -24,7 +24,7 @@
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use granary_shm::{chunk_data_offset, chunks_name, part_name, request, state, EntryRec};
+use granary_shm::{chunk_data_offset, chunks_name, part_name, request, EntryRec, State, StateWord};
 
 use crate::fds::fdtable::Tracked;
 use crate::ops::detour::Guard;
@@ -95,7 +95,7 @@ pub fn source_mapped(
         return;
     };
     let word = g.table.state(idx);
-    let st = state::state_of(word);
+    let st = word.state();
     if off >= 0 && prot & libc::PROT_WRITE == 0 {
         let range = Range {
             addr: addr as usize,
@@ -105,15 +105,15 @@ pub fn source_mapped(
             flags,
         };
         match st {
-            state::PARTIAL => overlay_chunks(g, fd, idx, &entry, word, &range),
-            state::PLACING => overlay_part(g, fd, idx, &entry, word, &range),
+            State::Partial => overlay_chunks(g, fd, idx, &entry, word, &range),
+            State::Placing => overlay_part(g, fd, idx, &entry, word, &range),
             _ => {}
         }
     }
     // Worth following: a file large enough to be fetched, not complete locally.
     let followed = matches!(
         st,
-        state::UNPLACED | state::QUEUED | state::PLACING | state::PARTIAL | state::SOURCE_ONLY
+        State::Unplaced | State::Queued | State::Placing | State::Partial | State::SourceOnly
     ) && entry.stat.size >= g.table.prefetch_min_size().max(1);
     if followed {
         remember(addr as usize, (addr as usize).saturating_add(len));
@@ -197,7 +197,7 @@ impl Range {
 
 /// PARTIAL: every present chunk inside the mapping is mapped from the chunk file, so the cached
 /// part faults in locally.
-fn overlay_chunks(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r: &Range) {
+fn overlay_chunks(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: StateWord, r: &Range) {
     let cs = g.table.chunk_size();
     let size = entry.stat.size;
     if cs == 0 {
@@ -213,7 +213,7 @@ fn overlay_chunks(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r
     if r.start >= end || !r.top_ok(top) {
         return;
     }
-    let Some(file) = open_tier_file(g, idx, entry, state::tier_of(word), true) else {
+    let Some(file) = open_tier_file(g, idx, entry, word.tier(), true) else {
         return;
     };
     let mut st = sys::empty_stat();
@@ -232,9 +232,9 @@ fn overlay_chunks(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r
 
 /// PLACING: the part of the partial copy the agent's progress covers (whole pages, or up to the
 /// end of the file once it is all written) is mapped from `<object>.part`.
-fn overlay_part(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r: &Range) {
+fn overlay_part(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: StateWord, r: &Range) {
     let size = entry.stat.size;
-    let tier = state::tier_of(word);
+    let tier = word.tier();
     let (ino, _) = g.table.copy_identity(idx);
     let progress = g.table.progress(idx);
     // Whole pages written, or all of the last one once the whole file is.
@@ -254,7 +254,7 @@ fn overlay_part(g: &Guard, fd: c_int, idx: u32, entry: &EntryRec, word: u64, r: 
     // inode), and its bytes up to `covered` were written before we looked.
     let w = g.table.state(idx);
     let still =
-        (w == word || w == state::word(state::PLACED, tier)) && g.table.copy_identity(idx).0 == ino;
+        (w == word || w.parts() == (State::Placed, tier)) && g.table.copy_identity(idx).0 == ino;
     let mut st = sys::empty_stat();
     let long_enough = sys::raw_fstat(file, &mut st) == 0 && st.st_size as u64 >= end.min(size);
     if still && long_enough {

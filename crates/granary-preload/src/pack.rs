@@ -16,7 +16,7 @@
 
 use core::ffi::c_int;
 
-use granary_shm::{job, request, state, EntryRec, Locator};
+use granary_shm::{job, request, EntryRec, Locator, State};
 
 use crate::ops::detour::Guard;
 use crate::sys::log;
@@ -40,11 +40,11 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
     let mut sleep = SLEEP_MIN_NS;
     let gate = crate::wait::Gate::hold();
     loop {
-        let st = state::state_of(g.table.state(idx));
-        if st == state::PLACED {
+        let st = g.table.state(idx).state();
+        if st == State::Placed {
             return true;
         }
-        if !matches!(st, state::UNPLACED | state::QUEUED | state::PLACING) {
+        if !matches!(st, State::Unplaced | State::Queued | State::Placing) {
             return false;
         }
         let now = now_ns();
@@ -57,7 +57,7 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
         } else if streamed != last {
             (moved, last) = (now, streamed);
         }
-        if st == state::UNPLACED && (asked == 0 || now - asked > ASK_AGAIN_NS) {
+        if st == State::Unplaced && (asked == 0 || now - asked > ASK_AGAIN_NS) {
             g.table
                 .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
             asked = now;
@@ -231,93 +231,18 @@ fn partition_ok(g: &Guard, fd: c_int, n: u32) -> bool {
     ok
 }
 
-/// Decodes a framed file's stored bytes into `out` (its exact size, zeroed): frame table, then
-/// raw, hole, lz4 and zstd frames. False if anything does not add up.
-fn unframe(stored: &[u8], out: &mut [u8], block: u32) -> bool {
-    let size = out.len() as u64;
-    let block = block as u64;
-    if block == 0 {
-        return false;
-    }
-    let frames = size.div_ceil(block) as usize;
-    let Some(table) = stored.get(..frames * 4) else {
-        return false;
-    };
-    let mut at = frames * 4;
-    let mut zstd = ZstdCtx::default();
-    for k in 0..frames {
-        let w = le32(table, k * 4);
-        let (kind, len) = (w >> 30, (w & ((1 << 30) - 1)) as usize);
-        let Some(src) = stored.get(at..at + len) else {
-            return false;
-        };
-        at += len;
-        let start = k * block as usize;
-        let end = (start + block as usize).min(out.len());
-        let dst = &mut out[start..end];
-        let ok = match kind {
-            0 => {
-                let fits = src.len() == dst.len();
-                if fits {
-                    dst.copy_from_slice(src);
-                }
-                fits
-            }
-            1 => len == 0,
-            2 => lz4_flex::block::decompress_into(src, dst).is_ok_and(|n| n == dst.len()),
-            _ => zstd.decompress(src, dst),
-        };
-        if !ok {
-            return false;
-        }
-    }
-    at == stored.len()
-}
-
-/// A zstd decompression context in a mapping of its own (`ZSTD_initStaticDCtx`): zstd never
-/// allocates with it.
+/// Memory for zstd's decompression context, mapped at the first zstd frame: the pack's decoder
+/// (`granary_pack::codec::unframe`) never allocates.
 #[derive(Default)]
-struct ZstdCtx {
-    map: Option<Map>,
-    dctx: usize,
-}
+struct ZstdSpace(Option<Map>);
 
-impl ZstdCtx {
-    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> bool {
-        if self.dctx == 0 {
-            // SAFETY: a pure size computation.
-            let size = unsafe { zstd_sys::ZSTD_estimateDCtxSize() };
-            let Some(mut m) = Map::new(
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-            ) else {
-                return false;
-            };
-            let ws = m.bytes();
-            // SAFETY: `ws` is `size` writable bytes, 8-aligned (a fresh mapping), owned by
-            // `self.map` for as long as the context is used.
-            let d = unsafe { zstd_sys::ZSTD_initStaticDCtx(ws.as_mut_ptr().cast(), ws.len()) };
-            if d.is_null() {
-                return false;
-            }
-            self.dctx = d as usize;
-            self.map = Some(m);
+impl granary_pack::codec::Workspace for ZstdSpace {
+    fn room(&mut self, len: usize) -> Option<&mut [u8]> {
+        if self.0.is_none() {
+            let rw = libc::PROT_READ | libc::PROT_WRITE;
+            self.0 = Map::new(len, rw, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1);
         }
-        // SAFETY: the static context lives in `self.map`; `dst`/`src` are valid slices of
-        // the lengths given; zstd writes at most `dst.len()` bytes.
-        let n = unsafe {
-            zstd_sys::ZSTD_decompressDCtx(
-                self.dctx as *mut zstd_sys::ZSTD_DCtx,
-                dst.as_mut_ptr().cast(),
-                dst.len(),
-                src.as_ptr().cast(),
-                src.len(),
-            )
-        };
-        // SAFETY: a pure check of a return code.
-        unsafe { zstd_sys::ZSTD_isError(n) == 0 && n == dst.len() }
+        self.0.as_mut().map(Map::bytes)
     }
 }
 
@@ -357,7 +282,13 @@ pub fn extract(g: &Guard, e: &EntryRec, loc: &Locator, flags: c_int) -> Result<c
         let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         let mut stored = Map::new(stored_len, rw, anon, -1).ok_or(libc::ENOMEM)?;
         pread_full(part.0, stored.bytes(), loc.offset)
-            && unframe(stored.bytes(), out.bytes(), g.table.pack_block_size())
+            && granary_pack::codec::unframe(
+                stored.bytes(),
+                out.bytes(),
+                g.table.pack_block_size(),
+                &mut ZstdSpace::default(),
+            )
+            .is_ok()
     };
     g.count(job::SOURCE_READS, 1);
     g.count(job::SOURCE_BYTES, loc.stored_len);

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use granary_shm::{
-    build, lifecycle, object_id, object_name, state, CatalogEntry, Mapping, StatRec, Table,
+    build, lifecycle, object_id, object_name, CatalogEntry, Mapping, StatRec, State, Table,
     TableSpec,
 };
 
@@ -139,7 +139,7 @@ fn place(f: &Fixture, rel: &str) {
     let ctime = m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64;
     let idx = f.idx(rel);
     assert!(lifecycle::adopt_placed(f.table, idx, 0, 1, m.ino(), ctime));
-    assert_eq!(state::state_of(f.table.state(idx)), state::PLACED);
+    assert_eq!(f.table.state(idx).state(), State::Placed);
 }
 
 fn stat_rec(p: &Path) -> StatRec {

@@ -4,7 +4,7 @@
 //! bound in all, and at once when a signal the program handles arrives (`Gate`): granary may
 //! make a call slower, never hang it.
 
-use granary_shm::state;
+use granary_shm::State;
 
 use crate::ops::detour::Guard;
 use crate::sys::log;
@@ -101,24 +101,24 @@ fn wait_with(
     loop {
         let seen = g.table.placed_count();
         let word = g.table.state(idx);
-        let st = state::state_of(word);
-        if st == state::PLACED {
+        let st = word.state();
+        if st == State::Placed {
             return Waited::Placed;
         }
-        if st != state::UNPLACED && st != state::QUEUED && st != state::PLACING {
+        if st != State::Unplaced && st != State::Queued && st != State::Placing {
             return Waited::GiveUp;
         }
         // Claimed: an UNPLACED entry from now on was put back, not yet got to.
-        asked &= st == state::UNPLACED;
+        asked &= st == State::Unplaced;
         // Progress is only meaningful while PLACING (a QUEUED entry may carry an old one).
-        let p = if st == state::PLACING {
+        let p = if st == State::Placing {
             g.table.progress(idx)
         } else {
             0
         };
         if let Some(e) = end {
-            if st == state::PLACING && p >= e {
-                return Waited::Covered(state::tier_of(word));
+            if st == State::Placing && p >= e {
+                return Waited::Covered(word.tier());
             }
         }
         let now = now_ns();
@@ -131,7 +131,7 @@ fn wait_with(
             (moved, last) = (now, p);
         }
         // Still UNPLACED after a grace period: our request was lost (ring full) or refused.
-        let unclaimed = !asked && st == state::UNPLACED && now - start > UNCLAIMED_NS;
+        let unclaimed = !asked && st == State::Unplaced && now - start > UNCLAIMED_NS;
         if unclaimed || now - moved > stall || now - start > WAIT_MAX_NS {
             return give_up(b"the copy does not progress");
         }

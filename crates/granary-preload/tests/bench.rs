@@ -168,13 +168,10 @@ print(best * 1e9)
     let src = f.p(REL);
     let copy = f.object(REL).display().to_string();
     for round in 0..3 {
-        f.drive(
-            idx,
-            granary_shm::state::word(granary_shm::state::PLACING, 0),
-        );
+        f.drive(idx, granary_shm::State::Placing);
         granary_shm::lifecycle::progress(f.t(), idx, SIZE as u64);
         let part = ns(&f.run(common::PY, &["-c", script, &src, "20"], true));
-        f.drive(idx, granary_shm::state::word(granary_shm::state::PLACED, 0));
+        f.drive(idx, granary_shm::State::Placed);
         let placed = ns(&f.run(common::PY, &["-c", script, &src, "20"], true));
         let local = ns(&f.run(common::PY, &["-c", script, &copy, "20"], false));
         println!(

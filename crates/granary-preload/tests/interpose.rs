@@ -7,7 +7,7 @@ mod common;
 use std::fs;
 
 use common::{Fixture, BIG, PY};
-use granary_shm::{job, request, state};
+use granary_shm::{job, request, State};
 
 const READS: &str = r#"
 import sys, os, mmap, hashlib
@@ -435,7 +435,7 @@ print(open(p).read(), os.stat(p).st_size)
         String::from_utf8_lossy(&out.stdout),
         "hello granary\n\nrewritten, longer than before\n 30\n"
     );
-    assert_eq!(f.state_of("a.txt"), state::STALE);
+    assert_eq!(f.state_of("a.txt"), State::Stale);
     assert!(f
         .requests()
         .contains(&(request::INVALIDATE, "a.txt".into())));
@@ -459,14 +459,14 @@ print(open(p).read(), os.stat(p).st_size)
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    assert_eq!(f.state_of("train"), state::STALE);
+    assert_eq!(f.state_of("train"), State::Stale);
     // Shell redirection (creat/open O_TRUNC from a C program) and O_APPEND.
     let st = f
         .cmd("sh", &["-c", &format!("echo more >> '{}'", f.p(BIG))], true)
         .status()
         .unwrap();
     assert!(st.success());
-    assert_eq!(f.state_of(BIG), state::STALE);
+    assert_eq!(f.state_of(BIG), State::Stale);
     let tail = f.run("tail", &["-c", "5", &f.p(BIG)], true).stdout;
     assert_eq!(tail, b"more\n");
 }

@@ -78,7 +78,7 @@ pub const H_HEARTBEAT: usize = 128;
 /// Files at least this large are fetched whole by the agent from their first open, and the
 /// program's reads are served from the partial copy (docs/placement.md).
 pub const H_PREFETCH_MIN_SIZE: usize = 136;
-/// Chunk size of partially cached files (`state::PARTIAL`), a multiple of 4096.
+/// Chunk size of partially cached files (`State::Partial`), a multiple of 4096.
 pub const H_CHUNK_SIZE: usize = 144;
 pub const H_CHUNKS_OFF: usize = 152;
 pub const H_CHUNKS_LEN: usize = 160;
@@ -451,7 +451,7 @@ impl DiskEntry {
 
 pub const ENTRY_LEN: usize = core::mem::size_of::<DiskEntry>();
 pub const CLASS_LEN: usize = core::mem::size_of::<StatClass>();
-/// Per entry, all `AtomicU64`: the state word; the copy's identity as the agent wrote it — its
+/// Per entry, all `AtomicU64`: the state word (`state::StateWord`); the copy's identity as the agent wrote it — its
 /// inode (set before the state names a tier, valid for the `.part` file and, after the rename,
 /// the complete copy) and its ctime in nanoseconds (set before PLACED; 0 while PLACING). A client
 /// checks both with `fstat` on what it opened: anything else (damaged, replaced, truncated) is
@@ -466,46 +466,6 @@ pub const STATE_COPY_CTIME: usize = 16;
 pub const LARGE_LEN: usize = 16;
 pub const LARGE_PROGRESS: usize = 0;
 pub const LARGE_CHUNKS: usize = 8;
-
-/// Placement state, low byte of an entry's state word; the tier is the next byte.
-pub mod state {
-    /// Not cached; opens go to the source and ask the agent to place it.
-    pub const UNPLACED: u8 = 0;
-    /// The agent accepted a request and will copy it.
-    pub const QUEUED: u8 = 1;
-    /// A copy is being written (under a temporary name: never visible to clients).
-    pub const PLACING: u8 = 2;
-    /// A complete copy exists in the tier named by the state word.
-    pub const PLACED: u8 = 3;
-    /// Never cached (unreadable for the agent, no tier has room, not a regular file); served from
-    /// the catalog's metadata, opened on the source.
-    pub const SOURCE_ONLY: u8 = 4;
-    /// The source changed under us (a client opened it for writing): the catalog's metadata and
-    /// any copy are void; every call passes through.
-    pub const STALE: u8 = 5;
-    /// Too large for any tier's free space: some chunks live in `<object>.chunks` in the tier
-    /// named by the state word; the chunk bitmap says which.
-    pub const PARTIAL: u8 = 6;
-    /// The path no longer names what the catalog describes, nor does any path below it (the
-    /// program renamed or removed it through granary): every call on it or under it passes
-    /// through. Terminal, like STALE.
-    pub const GONE: u8 = 7;
-
-    /// True for the terminal states in which the catalog answers nothing about the entry.
-    pub const fn is_void(state: u8) -> bool {
-        state == STALE || state == GONE
-    }
-
-    pub const fn word(state: u8, tier: u8) -> u64 {
-        state as u64 | (tier as u64) << 8
-    }
-    pub const fn state_of(word: u64) -> u8 {
-        word as u8
-    }
-    pub const fn tier_of(word: u64) -> u8 {
-        (word >> 8) as u8
-    }
-}
 
 /// The cached copy's file name inside a tier's object directory: 16 lowercase hex digits.
 pub fn object_name(object: u64) -> [u8; 16] {
@@ -540,7 +500,7 @@ pub fn part_name(object: u64) -> [u8; 21] {
     suffixed(object, b".part")
 }
 
-/// Name of the chunk file of a partially cached file (`state::PARTIAL`).
+/// Name of the chunk file of a partially cached file (`State::Partial`).
 pub fn chunks_name(object: u64) -> [u8; 23] {
     suffixed(object, b".chunks")
 }
@@ -626,7 +586,7 @@ pub mod request {
     /// validation had not reached it): validate this directory next.
     pub const VALIDATE: u8 = 7;
     /// A process mapped a catalogued file (or inherited mappings across `fork`): the agent reads
-    /// its `/proc/<pid>/maps` and follows where it reads in them (`placement::mapping`). The
+    /// its `/proc/<pid>/maps` and follows where it reads in them (`placement::mmap`). The
     /// entry field carries the pid as the process sees it, `arg` its job slot.
     pub const MAPPED: u8 = 8;
     /// A program's open of an LMDB lock file was given the node-local lock file of the

@@ -6,8 +6,9 @@
 //! differently from what the catalog can prove (a link leaving the source, `..` after a link,
 //! too many hops) the answer is `PassThrough` and the caller asks the real file system.
 
-use crate::layout::{state, EntryRec, PATH_MAX_LEN};
+use crate::layout::{EntryRec, PATH_MAX_LEN};
 use crate::lifecycle;
+use crate::state::{State, StateWord};
 use crate::table::Table;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,8 +136,8 @@ pub enum Miss {
 pub struct Found {
     pub idx: u32,
     pub entry: EntryRec,
-    /// Its state word as the lookup read it (`state::state_of`, `state::tier_of`).
-    pub word: u64,
+    /// Its state word as the lookup read it (`StateWord::state`, `StateWord::tier`).
+    pub word: StateWord,
     /// Checked against the source in this attach (`lifecycle::is_validated`); if not, whoever
     /// answers from the entry must check it first.
     pub validated: bool,
@@ -152,7 +153,7 @@ impl Table {
             return Err(Miss::Unprovable);
         };
         let word = self.state(idx);
-        if state::is_void(state::state_of(word)) {
+        if word.state().is_void() {
             return Err(Miss::Void);
         }
         if must_dir && !entry.stat.is_dir() {
@@ -171,7 +172,7 @@ impl Table {
 
     /// Entry `idx` (a directory the program holds open, say) is still live: see `find`.
     pub fn is_live(&self, idx: u32) -> Result<(), Miss> {
-        if state::is_void(state::state_of(self.state(idx))) {
+        if self.state(idx).state().is_void() {
             return Err(Miss::Void);
         }
         if !self.ancestors_live(idx) {
@@ -180,7 +181,7 @@ impl Table {
         Ok(())
     }
 
-    /// No ancestor of entry `idx` was renamed or removed by the program (`state::GONE`).
+    /// No ancestor of entry `idx` was renamed or removed by the program (`State::Gone`).
     fn ancestors_live(&self, idx: u32) -> bool {
         let mut cur = idx;
         // Bounded by the depth limit of a path.
@@ -194,7 +195,7 @@ impl Table {
             if parent >= cur {
                 return false;
             }
-            if state::state_of(self.state(parent)) == state::GONE {
+            if self.state(parent).state() == State::Gone {
                 return false;
             }
             cur = parent;

@@ -8,6 +8,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use crate::layout::*;
 
 use crate::region::Region;
+use crate::state::StateWord;
 
 /// Why a mapping is not usable as a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -916,22 +917,25 @@ impl Table {
         h != 0 && now_ns.saturating_sub(h) < HEARTBEAT_STALE_MS * 1_000_000
     }
 
-    /// The entry's state word (`state::*`); Acquire so a PLACED word implies the copy is complete.
-    pub fn state(&self, idx: u32) -> u64 {
-        self.state_cell(idx)
-            .map_or(state::word(state::STALE, 0), |c| c.load(Ordering::Acquire))
+    /// The entry's state word; Acquire so a `Placed` word implies the copy is complete. An index
+    /// outside the table reads as `Stale` (the catalog answers nothing about it).
+    pub fn state(&self, idx: u32) -> StateWord {
+        self.state_cell(idx).map_or(StateWord::VOID, |c| {
+            StateWord::from_bits(c.load(Ordering::Acquire))
+        })
     }
 
-    pub(crate) fn set_state(&self, idx: u32, word: u64) {
+    /// For `lifecycle`.
+    pub(crate) fn set_state(&self, idx: u32, word: StateWord) {
         if let Some(c) = self.state_cell(idx) {
-            c.store(word, Ordering::Release);
+            c.store(word.bits(), Ordering::Release);
         }
     }
 
-    /// Compare-and-swap of a state word; false if it was not `from`.
-    pub(crate) fn swap_state(&self, idx: u32, from: u64, to: u64) -> bool {
+    /// Compare-and-swap of a state word, for `lifecycle`; false if it was not `from`.
+    pub(crate) fn swap_state(&self, idx: u32, from: StateWord, to: StateWord) -> bool {
         self.state_cell(idx).is_some_and(|c| {
-            c.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            c.compare_exchange(from.bits(), to.bits(), Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         })
     }

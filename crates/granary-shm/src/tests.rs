@@ -543,7 +543,7 @@ fn a_gone_entry_never_comes_back_as_merely_stale() {
     let img = build(&Model::spec(), &m.entries).unwrap();
     let (_m, t, _f) = map_image(&img);
     let idx = t.lookup(b"f").unwrap();
-    t.set_state(idx, state::word(state::PLACED, 1));
+    t.set_state(idx, StateWord::new(State::Placed, 1));
     let cell = |idx| lifecycle::EntryCell { table: &t, idx };
     assert!(lifecycle::void(&cell(idx), lifecycle::Void::Stale));
     assert!(
@@ -552,7 +552,7 @@ fn a_gone_entry_never_comes_back_as_merely_stale() {
     );
     assert!(lifecycle::void(&cell(idx), lifecycle::Void::Gone));
     assert!(!lifecycle::void(&cell(idx), lifecycle::Void::Stale));
-    assert_eq!(t.state(idx), state::word(state::GONE, 0));
+    assert_eq!(t.state(idx).parts(), (State::Gone, 0));
 }
 
 #[test]
@@ -893,8 +893,8 @@ fn times_and_classes_round_trip() {
     assert_eq!(e.stat, a);
     let far_idx = t.lookup(b"far").unwrap();
     assert_eq!(
-        state::state_of(t.state(far_idx)),
-        state::STALE,
+        t.state(far_idx).state(),
+        State::Stale,
         "metadata that does not fit is never served"
     );
 }
@@ -972,14 +972,14 @@ fn an_adopted_image_keeps_the_catalog_and_forgets_the_copies() {
     assert_eq!(t.tier_dir(1), None, "the other node's second tier is gone");
     assert_eq!(t.agent_pid(), 4242);
     let p = t.lookup(b"train/placed").unwrap();
-    assert_eq!(state::state_of(t.state(p)), state::UNPLACED);
+    assert_eq!(t.state(p).state(), State::Unplaced);
     assert_eq!(
         (t.copy_identity(p), t.checksum(p), t.progress(p)),
         ((0, 0), 0, 0)
     );
     assert!(!t.is_transient(p) && !t.chunk_present(p, 0) && !t.chunk_present(p, 1));
     let s = t.lookup(b"train/stale").unwrap();
-    assert_eq!(state::state_of(t.state(s)), state::STALE, "void stays void");
+    assert_eq!(t.state(s).state(), State::Stale, "void stays void");
     assert!(
         (0..t.entry_count()).all(|i| t.is_validated(i)),
         "validation holds"
@@ -1046,7 +1046,7 @@ fn a_requeued_entry_forgets_its_part() {
     assert!(lifecycle::announce_part(&t, f, 1, 55));
     lifecycle::progress(&t, f, 4096);
     assert!(lifecycle::requeue(&t, f));
-    assert_eq!(t.state(f), state::word(state::QUEUED, 0));
+    assert_eq!(t.state(f).parts(), (State::Queued, 0));
     assert_eq!((t.progress(f), t.copy_identity(f)), (0, (0, 0)));
     assert!(lifecycle::start(&t, f), "a worker may take it again");
 }

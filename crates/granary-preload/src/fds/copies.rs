@@ -23,7 +23,7 @@ use core::ffi::c_int;
 use core::sync::atomic::{AtomicI32, Ordering};
 
 use granary_shm::layout::MAX_TIERS;
-use granary_shm::{job, object_name, state, EntryRec, Table};
+use granary_shm::{job, object_name, EntryRec, State, Table};
 
 use crate::fds::fdtable::flag;
 use crate::ops::detour::Guard;
@@ -332,10 +332,10 @@ fn recheck_dir(table: &Table, tier: u8, dir: c_int) {
 /// placed. Reports a damaged copy. Never changes errno.
 pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_int, u8, u64)> {
     let word = g.table.state(idx);
-    if state::state_of(word) != state::PLACED {
+    if word.state() != State::Placed {
         return None;
     }
-    let tier = state::tier_of(word);
+    let tier = word.tier();
     let expect = recorded(g.table, idx, e);
     let opened = open(g.table, tier, &object_name(e.object), flags, &expect);
     if opened.is_none() {
@@ -372,10 +372,10 @@ pub fn open_copy_unchecked(
     flags: c_int,
 ) -> Option<(c_int, u8, u64)> {
     let word = g.table.state(idx);
-    if state::state_of(word) != state::PLACED || flags & libc::O_CLOEXEC == 0 {
+    if word.state() != State::Placed || flags & libc::O_CLOEXEC == 0 {
         return open_copy(g, idx, e, flags);
     }
-    let tier = state::tier_of(word);
+    let tier = word.tier();
     match open_unchecked(g.table, tier, &object_name(e.object), flags) {
         Some((fd, added)) => Some((fd, tier, flag::added(added) | flag::UNCHECKED)),
         // Gone: the checked open reports it.

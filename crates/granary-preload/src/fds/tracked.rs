@@ -6,7 +6,7 @@
 
 use core::ffi::c_int;
 
-use granary_shm::{job, object_name, state};
+use granary_shm::{job, object_name, State, StateWord};
 
 use crate::fds::copies;
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
@@ -53,12 +53,12 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
         return Some(now);
     };
     let table = crate::ops::detour::table();
-    let word = table.map_or(0, |tb| tb.state(t.entry));
+    let word = table.map_or(StateWord::default(), |tb| tb.state(t.entry));
     let entry = table.and_then(|tb| tb.entry(t.entry));
     let ok = match (table, &entry) {
         (Some(tb), Some(e)) => {
-            state::state_of(word) == state::PLACED
-                && state::tier_of(word) == tier
+            word.state() == State::Placed
+                && word.tier() == tier
                 && copies::is_copy(tb, tier, st, &copies::recorded(tb, t.entry, e))
         }
         _ => false,
@@ -101,7 +101,7 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
         tb.uncount(slot, job::TIER_FILES + tier as usize, 1);
         tb.count(slot, job::SOURCE_OPENS, 1);
         tb.count(slot, job::FALLBACKS, 1);
-        if state::state_of(word) == state::PLACED {
+        if word.state() == State::Placed {
             let expect = copies::recorded(tb, t.entry, e);
             match copies::open(
                 tb,

@@ -11,7 +11,7 @@
 
 use core::ffi::c_int;
 
-use granary_shm::{parse_object_name, state, strip_root, Table};
+use granary_shm::{parse_object_name, strip_root, State, Table};
 
 use crate::fds::copies::ctime_ns;
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
@@ -127,7 +127,7 @@ fn copy_entry(table: &Table, p: &[u8], st: &libc::stat) -> Option<Tracked> {
         let idx = table.lookup_object(parse_object_name(name)?)?;
         let word = table.state(idx);
         let (ino, ctime) = table.copy_identity(idx);
-        let placed = state::state_of(word) == state::PLACED && state::tier_of(word) as u32 == tier;
+        let placed = word.state() == State::Placed && word.tier() as u32 == tier;
         let e = table.entry(idx)?;
         if placed
             && st.st_ino == ino

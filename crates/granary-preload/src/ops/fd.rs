@@ -14,7 +14,7 @@
 
 use core::ffi::{c_int, c_long, c_uint};
 
-use granary_shm::{request, state};
+use granary_shm::{request, State};
 
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
 use crate::fds::tracked;
@@ -59,8 +59,8 @@ fn released(t: Tracked) {
     let Some(entry) = crate::ops::lookup::entry(table, t.entry) else {
         return;
     };
-    let st = state::state_of(table.state(t.entry));
-    if entry.stat.size < table.prefetch_min_size() && (st == state::UNPLACED || st == state::QUEUED)
+    let st = table.state(t.entry).state();
+    if entry.stat.size < table.prefetch_min_size() && (st == State::Unplaced || st == State::Queued)
     {
         let slot = detour::job_slot();
         table.push_request_arg(request::CLOSED, t.entry, slot);

@@ -8,7 +8,7 @@
 
 use core::ffi::{c_int, c_void};
 
-use granary_shm::{state, EntryRec};
+use granary_shm::{EntryRec, State};
 
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
 use crate::ops::detour::{self, Guard};
@@ -75,7 +75,7 @@ fn map_copy(
     if prot & libc::PROT_WRITE != 0 && flags & libc::MAP_SHARED != 0 {
         return None;
     }
-    if state::state_of(g.table.state(t.entry)) != state::PLACED {
+    if g.table.state(t.entry).state() != State::Placed {
         return None;
     }
     let e = crate::ops::lookup::entry(g.table, t.entry)?;
@@ -138,10 +138,10 @@ fn on_map(g: &Guard, fd: c_int, t: Tracked) {
     if t.has(flag::PINNED) {
         return;
     }
-    let st = state::state_of(g.table.state(t.entry));
+    let st = g.table.state(t.entry).state();
     if !matches!(
         st,
-        state::PLACED | state::UNPLACED | state::QUEUED | state::PLACING
+        State::Placed | State::Unplaced | State::Queued | State::Placing
     ) {
         // No copy, none coming that a mapping waits for: nothing to look up.
         return;
@@ -149,7 +149,7 @@ fn on_map(g: &Guard, fd: c_int, t: Tracked) {
     let Some(entry) = crate::ops::lookup::entry(g.table, t.entry) else {
         return;
     };
-    if st != state::PLACED
+    if st != State::Placed
         && !(fetched_direct(g, t.entry, &entry)
             // As a read waits (its naps and stall), woken by the agent's publications.
             && woken_wait(g, t.entry, (SLEEP_MIN_NS, SLEEP_MAX_NS), STALL_NS, false))
@@ -163,8 +163,8 @@ fn on_map(g: &Guard, fd: c_int, t: Tracked) {
 fn fetched_direct(g: &Guard, idx: u32, entry: &EntryRec) -> bool {
     let size = entry.stat.size;
     matches!(
-        state::state_of(g.table.state(idx)),
-        state::UNPLACED | state::QUEUED | state::PLACING
+        g.table.state(idx).state(),
+        State::Unplaced | State::Queued | State::Placing
     ) && size >= g.table.prefetch_min_size()
         && size <= granary_shm::DIRECT_FETCH_MAX
         && g.table.locator(idx).is_none()

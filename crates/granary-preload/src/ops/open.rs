@@ -10,7 +10,7 @@
 
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{job, request, state, EntryRec, Found, Locator};
+use granary_shm::{job, request, EntryRec, Found, Locator, State};
 
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
 use crate::ops::detour::{self, Bypass, Detour, Guard};
@@ -151,14 +151,14 @@ pub fn plan(
         return Detour::Bypass(Bypass::NotAFile, None);
     }
     let loc = g.table.locator(idx);
-    if loc.is_some() && state::state_of(g.table.state(idx)) != state::PLACED {
+    if loc.is_some() && g.table.state(idx).state() != State::Placed {
         // Its bytes come from the pack: wait for the copy the agent streams now.
         crate::pack::wait(g, idx);
     }
-    let st = state::state_of(g.table.state(idx));
+    let st = g.table.state(idx).state();
     let mut why = Bypass::NotPlaced;
     // (A packed file was waited for just now, in cluster mode too: no second wait.)
-    if st == state::PLACED || loc.is_none() && cluster_wait(g, idx, &entry, st) {
+    if st == State::Placed || loc.is_none() && cluster_wait(g, idx, &entry, st) {
         // A tree that exists only in the pack has no file to put under a damaged copy's fd: the
         // copy is checked now, and the pack serves it otherwise.
         let check = if mount { CheckCopy::AtOpen } else { check };
@@ -242,16 +242,16 @@ fn extracted(
 /// agent alive and the copy progressing, a signal ends it) until it is, rather than opening the
 /// source — once per file on every node, the metadata load a cluster's shared file system
 /// must be spared. True if the copy is there now; false: open the source as usual.
-fn cluster_wait(g: &Guard, idx: u32, entry: &EntryRec, st: u8) -> bool {
+fn cluster_wait(g: &Guard, idx: u32, entry: &EntryRec, st: State) -> bool {
     if !g.table.cluster() || entry.stat.size < g.table.prefetch_min_size() {
         return false;
     }
-    if !matches!(st, state::UNPLACED | state::QUEUED | state::PLACING) {
+    if !matches!(st, State::Unplaced | State::Queued | State::Placing) {
         return false;
     }
     // Pushed: the agent claims it when it gets to it, however loaded the node (never refused
     // for an UNPLACED file); not pushed (a full ring): only a short grace.
-    let asked = st == state::UNPLACED
+    let asked = st == State::Unplaced
         && g.table
             .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
     crate::wait::wait_placed(g, idx, asked)
@@ -261,10 +261,7 @@ fn cluster_wait(g: &Guard, idx: u32, entry: &EntryRec, st: u8) -> bool {
 fn source_opened(g: &Guard, idx: u32) {
     // PLACED here means its copy was just found unusable (DAMAGED is on the ring before this):
     // the agent withdraws it first, then places the file again.
-    if matches!(
-        state::state_of(g.table.state(idx)),
-        state::UNPLACED | state::PLACED
-    ) {
+    if matches!(g.table.state(idx).state(), State::Unplaced | State::Placed) {
         // OPEN_UNPLACED tells a known-order agent where the program is as well.
         g.table
             .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);

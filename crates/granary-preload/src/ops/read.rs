@@ -21,7 +21,8 @@
 use core::ffi::c_int;
 
 use granary_shm::{
-    chunk_data_offset, chunks_name, job, object_name, part_name, request, state, EntryRec,
+    chunk_data_offset, chunks_name, job, object_name, part_name, request, EntryRec, State,
+    StateWord,
 };
 
 use crate::fds::copies::{self, Expect};
@@ -187,7 +188,7 @@ pub fn stale(t: &Tracked) -> bool {
     matches!(t.kind, FdKind::Tier(_))
         && (t.has(flag::DAMAGED)
             || crate::ops::detour::table()
-                .is_some_and(|tb| state::state_of(tb.state(t.entry)) == state::STALE))
+                .is_some_and(|tb| tb.state(t.entry).state() == State::Stale))
 }
 
 /// True if a read on `t` may be served by granary (and so needs the caller's buffers).
@@ -279,12 +280,12 @@ fn source_read(
         return Read::Real(FdKind::Source);
     };
     let word = g.table.state(idx);
-    match state::state_of(word) {
-        state::PLACED => return placed(g, fd, t, &entry, off, len, f),
-        state::PARTIAL => return partial(g, fd, idx, &entry, word, off, len, f),
+    match word.state() {
+        State::Placed => return placed(g, fd, t, &entry, off, len, f),
+        State::Partial => return partial(g, fd, idx, &entry, word, off, len, f),
         // UNPLACED too: our open asked the agent for it, which claims it within a ring poll.
         // (A packed file is never copied through a partial copy: its open already waited.)
-        state::UNPLACED | state::QUEUED | state::PLACING
+        State::Unplaced | State::Queued | State::Placing
             if entry.stat.size >= g.table.prefetch_min_size() && g.table.locator(idx).is_none() => {
         }
         _ => return Read::Real(FdKind::Source),
@@ -307,9 +308,9 @@ fn source_read(
     // agent's progress covers it (or the copy completed: the part renamed into place).
     let covered = |_: u64, end: u64| {
         let w = g.table.state(idx);
-        let s = state::state_of(w);
-        (s == state::PLACED || s == state::PLACING && g.table.progress(idx) >= end)
-            && state::tier_of(w) == tier
+        let s = w.state();
+        (s == State::Placed || s == State::Placing && g.table.progress(idx) >= end)
+            && w.tier() == tier
             && g.table.copy_identity(idx).0 == ino
     };
     let how = Serve {
@@ -329,7 +330,7 @@ fn source_read(
         Some(r) => r,
         None => {
             // The copy may have completed (renamed) between our look at progress and the open.
-            if state::state_of(g.table.state(idx)) == state::PLACED {
+            if g.table.state(idx).state() == State::Placed {
                 return placed(g, fd, t, &entry, off, len, f);
             }
             g.count(job::FALLBACKS, 1);
@@ -361,7 +362,7 @@ fn placed(
     else {
         return Read::Real(FdKind::Source);
     };
-    let covered = |_: u64, _: u64| state::state_of(g.table.state(t.entry)) == state::PLACED;
+    let covered = |_: u64, _: u64| g.table.state(t.entry).state() == State::Placed;
     let how = Serve {
         base: 0,
         size: e.stat.size,
@@ -380,7 +381,7 @@ fn partial(
     fd: c_int,
     idx: u32,
     entry: &EntryRec,
-    word: u64,
+    word: StateWord,
     off: Option<i64>,
     len: u64,
     f: &impl ReadInto,
@@ -401,9 +402,9 @@ fn partial(
             return Read::Real(FdKind::Source);
         }
     }
-    let tier = state::tier_of(word);
+    let tier = word.tier();
     let covered = |p: u64, end: u64| {
-        state::state_of(g.table.state(idx)) == state::PARTIAL
+        g.table.state(idx).state() == State::Partial
             && (p / cs..=(end - 1) / cs).all(|k| g.table.chunk_present(idx, k))
     };
     let how = Serve {
@@ -453,7 +454,7 @@ fn to_copy_if_placed(g: &Guard, fd: c_int, t: Tracked) {
         return;
     }
     let word = g.table.state(t.entry);
-    if state::state_of(word) == state::PLACED {
+    if word.state() == State::Placed {
         if let Some(entry) = crate::ops::lookup::entry(g.table, t.entry) {
             switch::to_copy(g, fd, t, &entry);
         }

@@ -7,7 +7,7 @@
 
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{job, state, EntryRec};
+use granary_shm::{job, EntryRec, State};
 
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
 use crate::fds::tracked;
@@ -46,9 +46,8 @@ fn fd_answer(g: &Guard, fd: c_int, out: Out) -> Result<c_int, Bypass> {
         _ => return Err(Bypass::OnSource),
     }
     let entry = lookup::entry(g.table, t.entry).ok_or(UNREADABLE)?;
-    let stale = |t: &Tracked| {
-        t.has(flag::DAMAGED) || state::state_of(g.table.state(t.entry)) == state::STALE
-    };
+    let stale =
+        |t: &Tracked| t.has(flag::DAMAGED) || g.table.state(t.entry).state() == State::Stale;
     if !check_after && stale(&t) {
         return stale_answer(g, fd, t, &entry, out);
     }
@@ -202,7 +201,7 @@ pub fn access(
     let why = if known_flags && mode & !(libc::R_OK | libc::X_OK) == 0 {
         match lookup::find(&g, &loc, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
             Ok(f) => {
-                let placed = state::state_of(g.table.state(f.idx)) == state::PLACED;
+                let placed = g.table.state(f.idx).state() == State::Placed;
                 // A tree that exists only in the pack has nobody else to ask: its mode bits say.
                 let mount = g.table.pack_mount() && crate::pack::may(&f.entry.stat, mode);
                 let granted = match mode {

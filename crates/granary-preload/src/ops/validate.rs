@@ -51,7 +51,7 @@ pub fn check(table: &Table, idx: u32, e: &EntryRec) -> bool {
     if table.immutable() && !e.stat.is_dir() && e.parent != idx {
         if !lifecycle::is_validated(table, e.parent) {
             if let Some(d) = table.entry(e.parent) {
-                if d.stat.is_dir() && !granary_shm::state::is_void(state_of(table, e.parent)) {
+                if d.stat.is_dir() && !table.state(e.parent).is_void() {
                     check_once(table, e.parent, &d);
                 }
             }
@@ -84,7 +84,7 @@ fn check_once(table: &Table, idx: u32, e: &EntryRec) -> bool {
                 if lifecycle::is_validated(table, idx) {
                     return true;
                 }
-                if granary_shm::state::is_void(state_of(table, idx)) {
+                if table.state(idx).is_void() {
                     return false;
                 }
             }
@@ -106,8 +106,4 @@ fn wait_for_other_check(table: &Table, idx: u32) -> bool {
         }
     }
     true
-}
-
-fn state_of(table: &Table, idx: u32) -> u8 {
-    granary_shm::state::state_of(table.state(idx))
 }

@@ -3,29 +3,22 @@
 //! frame is stored raw, as a hole (all zeros, nothing stored), or compressed with lz4 or zstd —
 //! chosen per frame, so what does not compress costs nothing to read back, and each frame decodes
 //! on its own (a reader can place a large file as its frames arrive).
+//!
+//! Encoding is here; decoding is `unframe`, the one decoder of the project: the agent's
+//! placement, the pack reader and the preload library's extraction all call it, and it never
+//! allocates (lz4 straight into the output, zstd with a context in memory the caller lends).
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::format::entry::codec;
 
-/// Top two bits of a frame word; the low 30 bits are the frame's stored length.
-pub mod frame {
-    pub const RAW: u32 = 0;
-    pub const ZERO: u32 = 1;
-    pub const LZ4: u32 = 2;
-    pub const ZSTD: u32 = 3;
-    pub const LEN_MASK: u32 = (1 << 30) - 1;
-    pub fn word(kind: u32, len: usize) -> u32 {
-        kind << 30 | (len as u32 & LEN_MASK)
-    }
-    pub fn kind(word: u32) -> u32 {
-        word >> 30
-    }
-    pub fn len(word: u32) -> usize {
-        (word & LEN_MASK) as usize
-    }
-}
+pub mod frame;
+mod unframe;
+mod zstd_dctx;
+
+pub use frame::{frame_count, frame_raw_len};
+pub use unframe::{decode_frame, frame_table, unframe, FrameError, Workspace};
 
 /// What `granary pack --compress` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -61,17 +54,6 @@ impl fmt::Display for Compression {
             Compression::Zstd(l) => write!(f, "zstd:{l}"),
         }
     }
-}
-
-/// Number of frames of a framed file of `size` bytes.
-pub fn frame_count(size: u64, block: u32) -> u64 {
-    size.div_ceil(block as u64)
-}
-
-/// Raw length of frame `i` of a file of `size` bytes.
-pub fn frame_raw_len(i: u64, size: u64, block: u32) -> usize {
-    let start = i * block as u64;
-    size.saturating_sub(start).min(block as u64) as usize
 }
 
 /// One encoder per worker thread (it keeps a zstd context).
@@ -163,84 +145,8 @@ impl Encoder {
     }
 }
 
-/// Decodes one frame into `out` (appending exactly `raw_len` bytes) or says what is wrong.
-pub fn decode_frame(
-    word: u32,
-    stored: &[u8],
-    raw_len: usize,
-    out: &mut Vec<u8>,
-) -> Result<(), String> {
-    if stored.len() != frame::len(word) {
-        return Err("frame length mismatch".into());
-    }
-    let start = out.len();
-    match frame::kind(word) {
-        frame::RAW => {
-            if stored.len() != raw_len {
-                return Err(format!(
-                    "raw frame of {} bytes where {raw_len} expected",
-                    stored.len()
-                ));
-            }
-            out.extend_from_slice(stored);
-        }
-        frame::ZERO => {
-            if !stored.is_empty() {
-                return Err("hole frame with stored bytes".into());
-            }
-            out.resize(start + raw_len, 0);
-        }
-        frame::LZ4 => {
-            out.resize(start + raw_len, 0);
-            let n = lz4_flex::block::decompress_into(stored, &mut out[start..])
-                .map_err(|e| format!("lz4 frame: {e}"))?;
-            if n != raw_len {
-                return Err(format!("lz4 frame gave {n} bytes where {raw_len} expected"));
-            }
-        }
-        _ => {
-            // zstd: the capacity bounds the output, so a hostile frame cannot make it grow.
-            let mut buf = Vec::with_capacity(raw_len);
-            let n = zstd::bulk::Decompressor::new()
-                .and_then(|mut d| d.decompress_to_buffer(stored, &mut buf))
-                .map_err(|e| format!("zstd frame: {e}"))?;
-            if n != raw_len {
-                return Err(format!(
-                    "zstd frame gave {n} bytes where {raw_len} expected"
-                ));
-            }
-            out.extend_from_slice(&buf);
-        }
-    }
-    Ok(())
-}
-
-/// Checks a framed file's frame table against its stored length; returns the words.
-pub fn frame_table(
-    table: &[u8],
-    stored_len: u64,
-    size: u64,
-    block: u32,
-) -> Result<Vec<u32>, String> {
-    let n = frame_count(size, block);
-    if table.len() as u64 != n * 4 {
-        return Err("frame table cut short".into());
-    }
-    let words: Vec<u32> = table
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let frames: u64 = words.iter().map(|&w| frame::len(w) as u64).sum();
-    if n * 4 + frames != stored_len {
-        return Err(format!(
-            "frames add up to {} bytes, the index says {stored_len}",
-            n * 4 + frames
-        ));
-    }
-    Ok(words)
-}
-
-/// Decodes a file's whole stored form (`codec`, as the index says) into its bytes.
+/// A file's whole stored form (`codec`, as the index says) decoded into a new buffer: for
+/// tools and tests (`unframe` decodes in place, without allocating).
 pub fn decode(codec_id: u8, stored: &[u8], size: u64, block: u32) -> Result<Vec<u8>, String> {
     match codec_id {
         codec::NONE => {
@@ -250,20 +156,8 @@ pub fn decode(codec_id: u8, stored: &[u8], size: u64, block: u32) -> Result<Vec<
             Ok(stored.to_vec())
         }
         codec::FRAMED => {
-            let n = frame_count(size, block);
-            let table_len = usize::try_from(n * 4).map_err(|_| "frame table too large")?;
-            let table = stored.get(..table_len).ok_or("frame table cut short")?;
-            let words = frame_table(table, stored.len() as u64, size, block)?;
-            let mut out = Vec::with_capacity(usize::try_from(size).map_err(|_| "file too large")?);
-            let mut at = table_len;
-            for (i, &w) in words.iter().enumerate() {
-                let len = frame::len(w);
-                let bytes = stored
-                    .get(at..at + len)
-                    .ok_or("frame beyond stored bytes")?;
-                decode_frame(w, bytes, frame_raw_len(i as u64, size, block), &mut out)?;
-                at += len;
-            }
+            let mut out = vec![0u8; usize::try_from(size).map_err(|_| "file too large")?];
+            unframe(stored, &mut out, block, &mut Vec::new()).map_err(|e| e.to_string())?;
             Ok(out)
         }
         other => Err(format!("unknown codec {other}")),

@@ -2,7 +2,7 @@
 //! program maps it; behind the programs that map it, while some do.
 //!
 //! A program reading through a mapping faults the source's pages itself (and the agent reads
-//! ahead of it, `placement::mapping`); the fetch reads through the page cache, so what the
+//! ahead of it, `placement::mmap`); the fetch reads through the page cache, so what the
 //! reader just read is what the fetch finds there — as long as it is still there. So, while
 //! readers are known:
 //!
@@ -39,7 +39,7 @@ pub struct Reader {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
     /// `[off, off + len)`, and whether its pages stay cached: a reader needs them or brought
-    /// them in (`keep`), or only the copy needed them.
+    /// them in (`keep_cached`), or only the copy needed them.
     Read { off: u64, len: u64, keep: bool },
     /// Everything left is ahead of the readers' windows: wait for them to move.
     Wait,

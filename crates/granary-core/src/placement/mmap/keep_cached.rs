@@ -44,9 +44,9 @@ pub(super) fn round(
         let window::Phase::Streaming { front, .. } = r.win.phase else {
             continue;
         };
-        if r.cached_windows >= CACHED_WINDOWS || r.layout.is_some() {
+        if r.cached_windows >= CACHED_WINDOWS || r.page_order.is_some() {
             // Its windows find everything cached: nothing to keep for it. Or it reads in record
-            // order (`layout`): what lies in its way is not a file range, and readers of
+            // order (`page_order`): what lies in its way is not a file range, and readers of
             // contiguous shares of an LMDB in random key order have no pages in each other's
             // way to speak of.
             continue;
@@ -99,7 +99,7 @@ pub(super) fn round(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{maps, Reader, Window};
+    use super::super::{proc_maps, Reader, Window};
     use super::*;
     use crate::sys;
     use std::io::Write;
@@ -110,7 +110,7 @@ mod tests {
     const KB: u64 = 1 << 10;
 
     fn reader(phase: window::Phase, pos: u64, issued_to: u64, len: u64) -> Reader {
-        let m = maps::Mapped {
+        let m = proc_maps::Mapped {
             idx: 0,
             base: 0,
             start: 0,
@@ -153,7 +153,7 @@ mod tests {
             f.read_exact_at(&mut buf[..n as usize], off).unwrap();
         }
         let src = Source {
-            cache: sys::Residency::of(&f).ok(),
+            cache: sys::CachedPages::of(&f).ok(),
             file: f,
             fetched: Vec::new(),
         };

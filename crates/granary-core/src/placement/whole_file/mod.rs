@@ -10,50 +10,57 @@
 //! unlinked before progress is reset and the next tier is announced, so a client holding the old
 //! word finds no file (and reads the source) rather than someone else's bytes.
 
+mod direct;
+pub mod order;
+pub mod threshold;
+
 use std::os::fd::OwnedFd;
 
 use granary_shm::lifecycle;
-use granary_shm::part_name;
+use granary_shm::{part_name, Table};
+
+use order::{Next, Order};
 
 use super::copy::{
-    aligned, begin, open_started, place_on_tiers, reserve_on, still_ours, write_all_at, CopyError,
-    Opened, SourceReader, Written, DIRECT_ALIGN, SETTLE,
+    aligned, begin, open_started, place_on_tiers, still_ours, write_all_at, CopyError, Opened,
+    SourceReader, Written, DIRECT_ALIGN, SETTLE,
 };
-use super::fetch_direct;
-use super::fetch_order::{Next, Order};
-use super::pool::Shared;
+use super::engine::Engine;
+use super::mmap::Follower;
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
+use crate::sync::thread;
 use crate::sys;
 
 /// The first read of a fetch; each next one doubles, up to the block size.
 const RAMP_START: usize = 1 << 20;
-/// The pieces a fetch keeps track of (`fetch_order`).
+/// The pieces a fetch keeps track of (`whole_file::order`), at most: never more than one block, the
+/// largest read the worker's buffer takes (`whole_file::order` reads at least one piece at a time).
 const ORDER_UNIT: u64 = 1 << 20;
 /// What a fetch reads this soon after it started stays in the page cache: a program that
 /// opened the file may be about to map it.
 const MAP_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
-pub fn fetch_large(ctx: &SourceCtx, idx: u32, sh: &Shared, buf: &mut Vec<u8>) -> PlaceOutcome {
-    fetch_whole(ctx, idx, sh, buf, None)
+pub fn fetch(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>) -> PlaceOutcome {
+    fetch_whole(ctx, idx, engine, buf, None)
 }
 
-/// `fetch_large` onto `tiers` instead of the policy's, whole or not at all (no chunks; no room
-/// there: SOURCE_ONLY): cluster mode's staging tier, for a file its owner has no room for.
+/// `fetch` onto `tiers` instead of the policy's, whole or not at all (no chunks; no room there:
+/// SOURCE_ONLY): cluster mode's staging tier, for a file its owner has no room for.
 pub fn fetch_onto(
     ctx: &SourceCtx,
     idx: u32,
-    sh: &Shared,
+    engine: &Engine,
     buf: &mut Vec<u8>,
     tiers: &[usize],
 ) -> PlaceOutcome {
-    fetch_whole(ctx, idx, sh, buf, Some(tiers))
+    fetch_whole(ctx, idx, engine, buf, Some(tiers))
 }
 
 fn fetch_whole(
     ctx: &SourceCtx,
     idx: u32,
-    sh: &Shared,
+    engine: &Engine,
     buf: &mut Vec<u8>,
     onto: Option<&[usize]>,
 ) -> PlaceOutcome {
@@ -63,17 +70,20 @@ fn fetch_whole(
     };
     // Room first: a file no tier can take never costs the source an open.
     let size = b.entry.stat.size;
-    let order = onto.map_or_else(|| sh.policy.tiers_for(size, &ctx.tiers), <[usize]>::to_vec);
-    let Some(res) = reserve_on(ctx, &order, size) else {
+    let order = onto.map_or_else(
+        || engine.policy.tiers_for(size, &ctx.space.tiers),
+        <[usize]>::to_vec,
+    );
+    let Some(res) = ctx.space.reserve_on(&order, size) else {
         if onto.is_some() {
             return super::copy::no_room(ctx, b.idx);
         }
-        return super::partial::no_room_for_whole(ctx, b, sh, buf);
+        return super::partial::no_room_for_whole(ctx, b, engine, buf);
     };
     // One source stream for the whole file: sequential reads of one file are what a PFS serves
     // best, and the cap keeps many workers (and nodes) from hammering it. A program may be
     // waiting on this fetch: it never backs off.
-    let _stream = sh.stream_for(ctx, true);
+    let _stream = engine.stream_for(ctx, true);
     let mut cl = match open_started(ctx, b) {
         Ok(cl) => cl,
         Err(out) => return out,
@@ -82,13 +92,13 @@ fn fetch_whole(
     // from now: its open started this fetch) faults the source's pages itself, and must find
     // the ones the agent read — or is reading — there, so no byte is read twice. What the
     // copy took is dropped behind it (`copy_part`) unless a program maps the file.
-    let block = (sh.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
+    let block = (engine.params.block_size as usize).max(DIRECT_ALIGN) / DIRECT_ALIGN * DIRECT_ALIGN;
     let mut reader = SourceReader::new_buffered(&cl.src);
-    let direct = fetch_direct::wanted(ctx, idx, size);
+    let direct = direct::wanted(&ctx.mmap, idx, size);
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, tier, dir| {
         copy_part(ctx, cl, &mut reader, tier, dir, buf, block, direct)
     });
-    if !ctx.mappings.is_mapped(idx) {
+    if !ctx.mmap.is_mapped(idx) {
         tracing::trace!("entry {idx}: fetch done, the source's pages dropped");
         sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
     }
@@ -131,14 +141,14 @@ fn copy_part(
         let c = &ctx.counters;
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         if direct {
-            if let Some(n) = fetch_direct::read_whole(ctx, cl, reader, buf)? {
+            if let Some(n) = direct::read_whole(ctx, cl, reader, buf)? {
                 write_all_at(&out, &buf[..n], 0).map_err(CopyError::Tier)?;
                 hasher.update(&buf[..n]);
                 lifecycle::progress(t, idx, size);
                 if !memory {
-                    settle(ctx, idx, &out, 0, size);
+                    settle(&ctx.table, &ctx.mmap, idx, &out, 0, size);
                 }
-                if !still_ours(ctx, idx) {
+                if !still_ours(&ctx.table, idx) {
                     return Err(CopyError::Lost);
                 }
                 return Ok(hasher.digest().max(1));
@@ -150,7 +160,7 @@ fn copy_part(
         // read is done, if still no program maps it (one that is about to — its open started
         // this fetch — finds them).
         let mut drop_later: Option<(u64, u64)> = None;
-        let mut order = Order::new(size, ORDER_UNIT, &cl.extents);
+        let mut order = Order::new(size, ORDER_UNIT.min(buf.len() as u64), &cl.extents);
         // The first reads are short and grow to a block: a program waiting for the file's
         // first bytes (its first record, through a mapping or a read) gets them in the time of
         // a short read, not of a whole block.
@@ -158,30 +168,30 @@ fn copy_part(
         let mut waited = 0u32;
         let began = std::time::Instant::now();
         // Which of the source's pages are in the page cache (made when a reader is first seen).
-        let mut residency: Option<Option<sys::Residency>> = None;
+        let mut cached_pages: Option<Option<sys::CachedPages>> = None;
         let mut res = Vec::new();
         loop {
-            let steer = ctx.mappings.steering(idx);
+            let steer = ctx.mmap.steering(idx);
             let (readers, window, lead, idle) =
                 steer.as_ref().map_or((&[][..], 0, 0, false), |s| {
                     (&s.readers[..], s.window, s.lead, s.idle)
                 });
             // While programs map this source's files, reads are short: a program's fault (or a
             // new mapping's first one) waits at the source behind what the agent has in flight
-            // there (`mapping::flight`).
-            let flight = ctx.mappings.flight();
-            let max = if ctx.mappings.followed() > 0 {
+            // there (`mmap::in_flight`).
+            let flight = ctx.mmap.flight();
+            let max = if ctx.mmap.followed() > 0 {
                 (ramp as u64).min(flight.piece())
             } else {
                 ramp as u64
             };
             // Pages all in the page cache now (read ahead for a reader, or by it): copied first
-            // (`fetch_order`), while they cost the source nothing.
+            // (`whole_file::order`), while they cost the source nothing.
             let mut cached = |off: u64, len: u64| {
-                if residency.is_none() {
-                    residency = Some(sys::Residency::of(&cl.src).ok());
+                if cached_pages.is_none() {
+                    cached_pages = Some(sys::CachedPages::of(&cl.src).ok());
                 }
-                residency
+                cached_pages
                     .as_ref()
                     .and_then(|c| c.as_ref())
                     .is_some_and(|c| {
@@ -200,10 +210,10 @@ fn copy_part(
                     // Everything left is ahead of the readers: wait for them to read it
                     // (bounded: the follower says `idle` once they stop).
                     waited += 1;
-                    if waited % 64 == 0 && !still_ours(ctx, idx) {
+                    if waited % 64 == 0 && !still_ours(&ctx.table, idx) {
                         return Err(CopyError::Lost);
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    thread::sleep(std::time::Duration::from_millis(2));
                     continue;
                 }
                 Next::Read { off, len, keep } => (off, len, keep),
@@ -272,19 +282,19 @@ fn copy_part(
                 // tier's copy does not double the page cache.
                 sys::sync_range(&out, off, len, libc::SYNC_FILE_RANGE_WRITE);
                 if let Some((po, pn)) = last {
-                    settle(ctx, idx, &out, po, pn);
+                    settle(&ctx.table, &ctx.mmap, idx, &out, po, pn);
                 }
             }
             if !keep {
                 drop_later = Some((off, len));
             }
             last = Some((off, len));
-            if !still_ours(ctx, idx) {
+            if !still_ours(&ctx.table, idx) {
                 return Err(CopyError::Lost);
             }
         }
         if let Some((o, n)) = drop_later {
-            if !ctx.mappings.is_mapped(idx) {
+            if !ctx.mmap.is_mapped(idx) {
                 sys::fadvise(&cl.src, o, n, libc::POSIX_FADV_DONTNEED);
             }
         }
@@ -295,7 +305,7 @@ fn copy_part(
         }
         if !memory {
             if let Some((po, pn)) = last {
-                settle(ctx, idx, &out, po, pn);
+                settle(&ctx.table, &ctx.mmap, idx, &out, po, pn);
             }
         }
         Ok(hasher.digest().max(1))
@@ -340,9 +350,9 @@ fn read_part(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<()>
 /// reads leave the read-ahead ahead of it no room (measured: three readers of a 384 MiB LMDB
 /// under a 256 MiB cap read 16–42 % of it twice, the kernel evicting read-ahead pages before
 /// they were read).
-fn settle(ctx: &SourceCtx, idx: u32, out: &std::fs::File, off: u64, len: u64) {
+fn settle(t: &Table, mmap: &Follower, idx: u32, out: &std::fs::File, off: u64, len: u64) {
     sys::sync_range(out, off, len, SETTLE);
-    if ctx.table.is_transient(idx) || ctx.mappings.is_mapped(idx) {
+    if t.is_transient(idx) || mmap.is_mapped(idx) {
         sys::fadvise(out, off, len, libc::POSIX_FADV_DONTNEED);
     }
 }

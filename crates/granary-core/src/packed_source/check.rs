@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use granary_shm::lifecycle::{self, Void};
-use granary_shm::{state, Table};
+use granary_shm::{State, Table};
 
 use crate::sys::statx_nofollow;
 
@@ -35,7 +35,7 @@ pub fn recheck(table: &Table, source: &Path) -> Recheck {
     let mut r = Recheck::default();
     for i in 0..table.entry_count() {
         let Some(e) = table.entry(i) else { continue };
-        if !e.stat.is_dir() || state::state_of(table.state(i)) == state::GONE {
+        if !e.stat.is_dir() || table.state(i).state() == State::Gone {
             continue;
         }
         let Some(path) = path_of(source, table, i) else {
@@ -62,7 +62,7 @@ pub fn recheck(table: &Table, source: &Path) -> Recheck {
         }
         for c in e.first_child..e.first_child.saturating_add(e.child_count) {
             let Some(ce) = table.entry(c) else { continue };
-            if ce.stat.is_dir() || state::is_void(state::state_of(table.state(c))) {
+            if ce.stat.is_dir() || table.state(c).is_void() {
                 continue;
             }
             let Some(cp) = path_of(source, table, c) else {

@@ -1,7 +1,7 @@
 //! The record-offset index of an LMDB data file (LMDBIO's lesson, without code changes): the
 //! pages a cursor reads, in the order it reads them — the B-tree's branch pages, then each leaf
 //! page followed by the overflow pages of its large values, in key order, every database of
-//! the environment in turn. The follower reads ahead in that order (`layout`), so a cursor over
+//! the environment in turn. The follower reads ahead in that order (`page_order`), so a cursor over
 //! an LMDB written in random key order streams like one written in order.
 //!
 //! Built by reading the tree's branch pages and — when the tree holds values in overflow pages
@@ -42,7 +42,7 @@ pub enum NoIndex {
 
 /// The order of an environment's pages, as `(file page, pages)` extents, and the page size.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Index {
+pub struct LmdbIndex {
     pub page_size: u64,
     pub extents: Vec<(u64, u64)>,
     /// Tree pages read to build it.
@@ -85,7 +85,7 @@ pub fn build(
     len: u64,
     budget: u64,
     mut read: impl FnMut(u64, &mut [u8]) -> bool,
-) -> Result<Index, NoIndex> {
+) -> Result<LmdbIndex, NoIndex> {
     // Page 0's meta gives the page size; the current meta is the one with the larger txnid.
     let mut head = [0u8; 160];
     if len < 2 * 4096 || !read(0, &mut head) {
@@ -123,7 +123,7 @@ pub fn build(
         read_pages: 0,
     };
     w.tree(&main, 0, &mut read)?;
-    Ok(Index {
+    Ok(LmdbIndex {
         page_size: psize,
         extents: w.out,
         pages_read: w.read_pages,

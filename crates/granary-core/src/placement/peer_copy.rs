@@ -10,15 +10,15 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
 
 use granary_shm::lifecycle::{self, EntryCell};
-use granary_shm::{object_name, part_name, state, EntryRec};
+use granary_shm::{object_name, part_name, EntryRec, State, Table};
 
-use super::copy::{begin, publish, reserve_on, write_all_at};
+use super::copy::{begin, publish, write_all_at};
 use super::states::{self, Finish};
-use super::{PlaceOutcome, SourceCtx};
+use super::{PlaceOutcome, SourceCtx, Space};
 use crate::stats::AgentCounters;
+use crate::sync::Arc;
 use crate::sys;
 
 /// Cluster mode's hook into placement (one per table, `SourceCtx::remote`).
@@ -27,7 +27,7 @@ pub trait Remote: Send + Sync {
     /// consumer, for a packed file this node does not stream). `None`: read the source as on
     /// one node (a file this node owns, or nobody else can serve).
     /// `Some(outcome)`: handled — placed from a peer, decided, or handed to another thread
-    /// (`Skipped`), which then holds its own `ctx.inflight` count until it is done.
+    /// (`Skipped`), which then holds its own piece of `ctx.work` until it is done.
     fn fetch(&self, ctx: &Arc<SourceCtx>, idx: u32, slot: u32) -> Option<PlaceOutcome>;
 
     /// A client voided entry `idx` on this node (it wrote, renamed or removed it, or found it
@@ -73,7 +73,7 @@ pub struct Receiving {
 /// has it. Nothing is written yet.
 pub fn receive(ctx: &Arc<SourceCtx>, idx: u32, tiers: &[usize]) -> Result<Receiving, NotStarted> {
     let b = begin(ctx, idx).map_err(NotStarted::Skipped)?;
-    let Some(res) = reserve_on(ctx, tiers, b.entry.stat.size) else {
+    let Some(res) = ctx.space.reserve_on(tiers, b.entry.stat.size) else {
         lifecycle::requeue(&ctx.table, idx);
         return Err(NotStarted::NoRoom);
     };
@@ -138,10 +138,7 @@ impl Receiving {
     }
 
     fn dir(&self) -> Option<&OwnedFd> {
-        self.ctx
-            .object_dirs
-            .get(self.tier())
-            .and_then(|d| d.as_ref())
+        self.ctx.space.dir(self.tier())
     }
 
     /// Creates the part file and announces it (PLACING | tier): from here on clients may read
@@ -222,7 +219,7 @@ impl Receiving {
         self.hashing += t.elapsed();
         lifecycle::progress(&self.ctx.table, self.idx, end);
         self.written = end;
-        if state::state_of(self.ctx.table.state(self.idx)) != state::PLACING {
+        if self.ctx.table.state(self.idx).state() != State::Placing {
             return Err(ReceiveError::Lost);
         }
         Ok(())
@@ -257,13 +254,13 @@ impl Receiving {
             return Err(ReceiveError::Mismatch("checksum"));
         }
         let (ctx, idx, tier) = (&*self.ctx, self.idx, self.tier());
-        let Some(dir) = ctx.object_dirs.get(tier).and_then(|d| d.as_ref()) else {
+        let Some(dir) = ctx.space.dir(tier) else {
             return Err(ReceiveError::Lost);
         };
         let Some(res) = self.res.take() else {
             return Err(ReceiveError::Lost);
         };
-        let res = ctx.tiers.resume(res);
+        let res = ctx.space.tiers.resume(res);
         let file = self.part.take().ok_or(ReceiveError::Lost)?;
         let (part, name) = (part_name(self.entry.object), object_name(self.entry.object));
         match publish(ctx, idx, res, dir, (&part, &name), &file, sum) {
@@ -286,7 +283,7 @@ impl Receiving {
     /// released, so the caller can read the source instead. A tier error marks the tier full.
     pub fn abandon(mut self, why: &ReceiveError) {
         if let ReceiveError::Tier(e) = why {
-            super::copy::tier_failed(&self.ctx, self.tier(), e);
+            self.ctx.space.tier_failed(self.tier(), e);
         }
         if self.part.take().is_some() {
             if let Some(dir) = self.dir() {
@@ -302,14 +299,14 @@ impl Receiving {
     /// Gives the reserved room back.
     fn release(&mut self) {
         if let Some(res) = self.res.take() {
-            drop(self.ctx.tiers.resume(res));
+            drop(self.ctx.space.tiers.resume(res));
         }
     }
 
     /// Ends the copy without one: `to` is SOURCE_ONLY (nobody holds the file: the program reads
     /// the source) or STALE (the source changed). The part is removed and the room released
     /// first.
-    pub fn give_up(mut self, to: u8) {
+    pub fn give_up(mut self, to: State) {
         if self.part.take().is_some() {
             if let Some(dir) = self.dir() {
                 let _ = sys::unlink_at(dir, &part_name(self.entry.object));
@@ -321,7 +318,7 @@ impl Receiving {
             idx: self.idx,
         };
         lifecycle::give_up(&cell, to);
-        if to == state::STALE {
+        if to == State::Stale {
             AgentCounters::add(&self.ctx.counters.stale, 1);
         }
     }
@@ -341,7 +338,7 @@ impl Drop for Receiving {
                     table: &self.ctx.table,
                     idx: self.idx,
                 },
-                state::UNPLACED,
+                State::Unplaced,
             );
         }
     }
@@ -351,8 +348,8 @@ impl Drop for Receiving {
 /// first, so no new client opens it, then the object is unlinked and its space given back.
 /// Clients that opened it keep reading their fd. Returns the tier it was on, or `None` if the
 /// entry was not PLACED any more.
-pub fn evict(ctx: &SourceCtx, idx: u32) -> Option<usize> {
-    withdraw_object(ctx, idx, |dir, name| sys::unlink_at(dir, name).is_ok())
+pub fn evict(t: &Table, space: &Space, idx: u32) -> Option<usize> {
+    states::withdraw_copy(t, space, idx, |dir, name| sys::unlink_at(dir, name).is_ok())
 }
 
 /// Evicts the complete copy of `idx` as `evict` does, but renames its file to `keep` (in the
@@ -362,34 +359,13 @@ pub fn evict(ctx: &SourceCtx, idx: u32) -> Option<usize> {
 /// caller must not write into the file before it knows nobody else has it open
 /// (`sys::nobody_else_has_open`); the rename changes its ctime, so a client that opens the old
 /// name in that instant rejects it (the identity recorded at placement no longer matches).
-pub fn evict_to(ctx: &SourceCtx, idx: u32, keep: &[u8]) -> Option<(usize, bool)> {
+pub fn evict_to(t: &Table, space: &Space, idx: u32, keep: &[u8]) -> Option<(usize, bool)> {
     let mut kept = false;
-    let tier = withdraw_object(ctx, idx, |dir, name| {
+    let tier = states::withdraw_copy(t, space, idx, |dir, name| {
         kept = sys::rename_at(dir, name, keep).is_ok();
         kept || sys::unlink_at(dir, name).is_ok()
     })?;
     Some((tier, kept))
-}
-
-/// PLACED → UNPLACED for `idx`, then `gone(object dir, object name)` takes the file away and
-/// its space is given back (`states::drop_object`). The tier, or `None` if it was not PLACED.
-fn withdraw_object(
-    ctx: &SourceCtx,
-    idx: u32,
-    gone: impl FnOnce(&std::os::fd::OwnedFd, &[u8]) -> bool,
-) -> Option<usize> {
-    let t = &ctx.table;
-    let w = t.state(idx);
-    let e = t.entry(idx)?;
-    if !lifecycle::withdraw(&EntryCell { table: t, idx }, w) {
-        return None;
-    }
-    let tier = state::tier_of(w) as usize;
-    if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
-        let name = object_name(e.object);
-        states::drop_object(&ctx.tiers, tier, e.stat.size, || gone(dir, &name));
-    }
-    Some(tier)
 }
 
 /// Drops every copy of a void entry on this node (another node told us the file changed).

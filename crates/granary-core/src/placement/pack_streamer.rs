@@ -28,24 +28,24 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use granary_shm::lifecycle::{self, EntryCell};
-use granary_shm::{state, EntryRec, Locator, Table};
+use granary_shm::{EntryRec, Locator, State, Table};
 
 use super::copy::{
-    align_up, no_room, publish as publish_copy, reserve_on, source_only, tier_failed, write_all_at,
-    SourceReader, DIRECT_ALIGN, SETTLE,
+    align_up, no_room, publish as publish_copy, source_only, write_all_at, SourceReader,
+    DIRECT_ALIGN, SETTLE,
 };
-use super::pool::Shared;
+use super::engine::Engine;
 use super::states::Finish;
-use super::unpack::{Damaged, Decoder};
-use super::SourceCtx;
-use crate::packed::damage::Damage;
-use crate::packed::Layout;
+use super::unpack::{Damaged, Decoder, Scratch};
+use super::{SourceCtx, Work};
+use crate::packed_source::damage::Damage;
+use crate::packed_source::Partitions;
 use crate::stats::{AgentCounters, PackDamage};
+use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use crate::sync::{lock, statics, thread, Arc, Condvar, Mutex};
 use crate::sys;
 use crate::tiers::Reservation;
 
@@ -78,7 +78,7 @@ enum PartFile {
 
 /// The partition streamer of one table (`SourceCtx::pack`).
 pub struct Streamer {
-    layout: Layout,
+    pack: Partitions,
     block: u64,
     segments: Vec<Segment>,
     /// Table entries, grouped by segment, in data order.
@@ -99,7 +99,7 @@ pub struct Streamer {
     wake: Condvar,
     /// Partitions refused and files found damaged, for the jobs' reports.
     damage: Damage,
-    /// Segments not done; while any are, the table has placement work pending (`inflight`).
+    /// Segments not done; while any are, the table has placement work pending (`SourceCtx::work`).
     remaining: AtomicUsize,
     held: AtomicBool,
 }
@@ -107,7 +107,7 @@ pub struct Streamer {
 impl Streamer {
     /// Segments of every packed file of `table` (the locators), cut at `SEGMENT_SPAN` bytes
     /// (at most `block`), read by sweeps of up to `block` bytes.
-    pub fn new(table: &Table, layout: Layout, block: u64) -> Streamer {
+    pub fn new(table: &Table, pack: Partitions, block: u64) -> Streamer {
         let block = block.max(DIRECT_ALIGN as u64);
         let span = block.min(SEGMENT_SPAN);
         let n = table.entry_count();
@@ -118,7 +118,7 @@ impl Streamer {
             })
             .collect();
         files.sort_unstable();
-        let parts_n = layout.partitions.len();
+        let parts_n = pack.records.len();
         let mut segments: Vec<Segment> = Vec::new();
         let mut members = Vec::with_capacity(files.len());
         let mut segment_of = vec![NONE; n as usize];
@@ -153,7 +153,7 @@ impl Streamer {
         }
         let count = segments.len();
         Streamer {
-            layout,
+            pack,
             block,
             seg_state: (0..count).map(|_| AtomicU8::new(TODO)).collect(),
             segments,
@@ -183,13 +183,13 @@ impl Streamer {
     }
 
     /// The pack's partitions as this streamer opens and checks them.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
+    pub fn partitions(&self) -> &Partitions {
+        &self.pack
     }
 
     /// What was found damaged in the pack so far (`None`: nothing).
     pub fn damage(&self) -> Option<PackDamage> {
-        self.damage.report(&self.layout.dir)
+        self.damage.report(&self.pack.dir)
     }
 
     /// Files of the table in partition `n`.
@@ -244,7 +244,7 @@ impl Streamer {
         let Some(&seg) = self.segment_of.get(idx as usize) else {
             return;
         };
-        if ctx.retired.load(Ordering::Acquire) {
+        if ctx.work.is_retired() {
             return;
         }
         if seg == NONE {
@@ -252,8 +252,8 @@ impl Streamer {
         }
         let st = &self.seg_state[seg as usize];
         let unplaced = matches!(
-            state::state_of(ctx.table.state(idx)),
-            state::UNPLACED | state::QUEUED
+            ctx.table.state(idx).state(),
+            State::Unplaced | State::Queued
         );
         loop {
             let now = st.load(Ordering::Acquire);
@@ -275,11 +275,18 @@ impl Streamer {
                 return;
             }
             if self.remaining.fetch_add(1, Ordering::AcqRel) == 0 {
-                self.hold(ctx);
+                self.hold(&ctx.work);
             }
             break;
         }
         self.urge(seg);
+    }
+
+    /// Wakes the idle streamers (the table was retired: they stop now, not at their next
+    /// timeout).
+    pub fn wake_all(&self) {
+        let _q = lock(&self.urgent);
+        self.wake.notify_all();
     }
 
     fn urge(&self, seg: u32) {
@@ -287,19 +294,19 @@ impl Streamer {
         self.wake.notify_all();
     }
 
-    fn hold(&self, ctx: &SourceCtx) {
+    fn hold(&self, work: &Work) {
         if !self.held.swap(true, Ordering::AcqRel) {
-            ctx.inflight.fetch_add(1, Ordering::AcqRel);
+            work.hold();
         }
-        // Retiring waits for `inflight` to drain: never hold a retired table.
-        if ctx.retired.load(Ordering::Acquire) {
-            self.unhold(ctx);
+        // Retiring waits for the work held to drain: never hold a retired table.
+        if work.is_retired() {
+            self.unhold(work);
         }
     }
 
-    fn unhold(&self, ctx: &SourceCtx) {
+    fn unhold(&self, work: &Work) {
         if self.held.swap(false, Ordering::AcqRel) {
-            ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+            work.release();
         }
     }
 
@@ -309,7 +316,7 @@ impl Streamer {
             .is_ok()
     }
 
-    fn done(&self, ctx: &SourceCtx, seg: u32) {
+    fn done(&self, work: &Work, seg: u32) {
         let st = &self.seg_state[seg as usize];
         loop {
             let cas = |from, to| {
@@ -328,7 +335,7 @@ impl Streamer {
             }
         }
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.unhold(ctx);
+            self.unhold(work);
         }
     }
 
@@ -372,26 +379,26 @@ impl Streamer {
     }
 
     /// Partition `n`, opened and checked against the index once (header, pack id, length).
-    fn part_file(&self, ctx: &SourceCtx, n: u32) -> Option<Arc<File>> {
+    fn part_file(&self, counters: &AgentCounters, n: u32) -> Option<Arc<File>> {
         let mut f = lock(self.files.get(n as usize)?);
         match &*f {
             PartFile::Open(file) => return Some(file.clone()),
             PartFile::Refused => return None,
             PartFile::Unopened => {}
         }
-        let path = self.layout.partition_path(n);
-        let rec = self.layout.partitions.get(n as usize).copied()?;
+        let path = self.pack.partition_path(n);
+        let rec = self.pack.records.get(n as usize).copied()?;
         // No readahead from the first read on (the header's): a window the kernel opened
         // then goes on reading ahead of later reads whatever they advise, past the runs this
         // node reads — into other nodes' bytes, in cluster mode (`SourceReader`).
         let opened = File::open(&path).map_err(|e| granary_pack::PackError::io(&path, e));
         let checked = opened.and_then(|f| {
             sys::fadvise(&f, 0, 0, libc::POSIX_FADV_RANDOM);
-            granary_pack::partition::check(f, &path, n, &self.layout.header, &rec)
+            granary_pack::partition::check(f, &path, n, &self.pack.header, &rec)
         });
         match checked {
             Ok(p) => {
-                AgentCounters::add(&ctx.counters.source_opens, 1);
+                AgentCounters::add(&counters.source_opens, 1);
                 let file = Arc::new(p.file);
                 *f = PartFile::Open(file.clone());
                 Some(file)
@@ -406,24 +413,20 @@ impl Streamer {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Starts `ctx`'s partition streamers (a table serving a pack), as many as the node's source
 /// streams and the partitions allow. They run until the table is retired.
-pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> std::io::Result<()> {
+pub fn spawn(ctx: Arc<SourceCtx>, engine: Arc<Engine>) -> std::io::Result<()> {
     let Some(st) = ctx.pack.get().cloned() else {
         return Ok(());
     };
     if st.remaining.load(Ordering::Acquire) > 0 {
-        st.hold(&ctx);
+        st.hold(&ctx.work);
     }
     let todo = |r: &Range<u32>| {
         r.clone()
             .any(|k| st.seg_state[k as usize].load(Ordering::Acquire) == TODO)
     };
-    let threads = sh
+    let threads = engine
         .params
         .max_source_streams
         .min(st.parts.iter().filter(|r| todo(r)).count())
@@ -436,38 +439,40 @@ pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> std::io::Result<()> {
         st.segments.len()
     );
     for i in 0..threads {
-        let (ctx, sh, st) = (ctx.clone(), sh.clone(), st.clone());
-        std::thread::Builder::new()
+        let (ctx, engine, st) = (ctx.clone(), engine.clone(), st.clone());
+        thread::Builder::new()
             .name(format!("partition-{i}"))
-            .spawn(move || run(&ctx, &sh, &st))?;
+            .spawn(move || run(&ctx, &engine, &st))?;
     }
     Ok(())
 }
 
-fn run(ctx: &SourceCtx, sh: &Shared, st: &Streamer) {
+fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
     // One block, aligned, plus room for the alignment of a segment's start.
     let mut buf = vec![0u8; st.block as usize + 2 * DIRECT_ALIGN];
-    let mut scratch = Vec::new();
+    let mut scratch = Scratch::default();
     let mut current = None;
-    while !ctx.retired.load(Ordering::Acquire) {
+    while !ctx.work.is_retired() {
         match st.next(&mut current) {
             Some(segs) => {
-                segment(ctx, sh, st, segs.clone(), &mut buf, &mut scratch);
+                segment(ctx, engine, st, segs.clone(), &mut buf, &mut scratch);
                 for seg in segs {
-                    st.done(ctx, seg);
+                    st.done(&ctx.work, seg);
                 }
             }
             None => {
                 sys::release_pages(&mut buf);
-                scratch = Vec::new();
+                scratch = Scratch::default();
+                // `retired` is looked at under the lock `wake_all` takes: a retirement is
+                // never missed between the loop's check and the wait.
                 let q = lock(&st.urgent);
-                if q.is_empty() {
+                if q.is_empty() && !ctx.work.is_retired() {
                     let _ = st.wake.wait_timeout(q, Duration::from_millis(100));
                 }
             }
         }
     }
-    st.unhold(ctx);
+    st.unhold(&ctx.work);
 }
 
 /// One file of a segment being written: where, and how far.
@@ -492,15 +497,15 @@ enum Failed {
     Lost,
 }
 
-static TMP_SEQ: AtomicUsize = AtomicUsize::new(0);
+static TMP_SEQ: statics::AtomicUsize = statics::AtomicUsize::new(0);
 
 fn segment(
     ctx: &SourceCtx,
-    sh: &Shared,
+    engine: &Engine,
     st: &Streamer,
     segs: Range<u32>,
     buf: &mut [u8],
-    scratch: &mut Vec<u8>,
+    scratch: &mut Scratch,
 ) {
     let t = &ctx.table;
     let (Some(first), Some(last)) = (
@@ -521,17 +526,15 @@ fn segment(
         let (Some(entry), Some(loc)) = (t.entry(idx), t.locator(idx)) else {
             continue;
         };
-        let claimable = match state::state_of(t.state(idx)) {
-            state::UNPLACED => {
-                lifecycle::claim(&cell) || state::state_of(t.state(idx)) == state::QUEUED
-            }
-            state::QUEUED => true,
+        let claimable = match t.state(idx).state() {
+            State::Unplaced => lifecycle::claim(&cell) || t.state(idx).state() == State::Queued,
+            State::Queued => true,
             _ => false,
         };
         if !claimable {
             continue;
         }
-        if ctx.retired.load(Ordering::Acquire) {
+        if ctx.work.is_retired() {
             lifecycle::unclaim(&cell);
             continue;
         }
@@ -539,8 +542,8 @@ fn segment(
             continue;
         }
         let size = entry.stat.size;
-        let order: Vec<usize> = sh.policy.tiers_for(size, &ctx.tiers);
-        let Some(res) = reserve_on(ctx, &order, size) else {
+        let order: Vec<usize> = engine.policy.tiers_for(size, &ctx.space.tiers);
+        let Some(res) = ctx.space.reserve_on(&order, size) else {
             no_room(ctx, idx);
             continue;
         };
@@ -559,7 +562,7 @@ fn segment(
     if outs.is_empty() {
         return;
     }
-    let Some(file) = st.part_file(ctx, part) else {
+    let Some(file) = st.part_file(&ctx.counters, part) else {
         for o in outs {
             drop(o.res);
             source_only(ctx, o.idx);
@@ -574,7 +577,7 @@ fn segment(
     // Only the stored bytes of the files that need them, in runs without gaps: what lies
     // between is placed already or another node's (cluster mode), which reads it itself.
     for (start, end) in runs(&outs) {
-        if let Err(e) = stream(ctx, sh, st, &file, start, end, buf, scratch, &mut outs) {
+        if let Err(e) = stream(ctx, engine, st, &file, start, end, buf, scratch, &mut outs) {
             for o in outs.iter_mut() {
                 o.failed
                     .get_or_insert(Failed::Source(std::io::Error::new(e.kind(), e.to_string())));
@@ -608,7 +611,7 @@ fn create(ctx: &SourceCtx, o: &mut Out<'_>) -> std::io::Result<()> {
         return Err(std::io::Error::other("no reservation"));
     };
     let tier = res.tier();
-    let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+    let Some(dir) = ctx.space.dir(tier) else {
         return Err(std::io::Error::other("tier unusable"));
     };
     o.tmp = format!(
@@ -633,13 +636,13 @@ fn create(ctx: &SourceCtx, o: &mut Out<'_>) -> std::io::Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn stream(
     ctx: &SourceCtx,
-    sh: &Shared,
+    engine: &Engine,
     st: &Streamer,
     file: &File,
     start: u64,
     end: u64,
     buf: &mut [u8],
-    scratch: &mut Vec<u8>,
+    scratch: &mut Scratch,
     outs: &mut [Out<'_>],
 ) -> std::io::Result<()> {
     let c = &ctx.counters;
@@ -650,13 +653,13 @@ fn stream(
     // Empty files have nothing stored: they are complete before any read.
     feed(outs, at, &[], scratch);
     let _stream = if end > start {
-        Some(sh.stream_for(ctx, true))
+        Some(engine.stream_for(ctx, true))
     } else {
         None
     };
     let mut reader = SourceReader::new_buffered(file);
     while at < end {
-        if ctx.retired.load(Ordering::Acquire) || outs.iter().all(|o| o.failed.is_some()) {
+        if ctx.work.is_retired() || outs.iter().all(|o| o.failed.is_some()) {
             return Err(std::io::Error::other("stopped"));
         }
         let len = ((end - at) as usize).min(piece_max);
@@ -675,7 +678,7 @@ fn stream(
 }
 
 /// Hands each file the part of `data` (partition bytes from `at`) that is its stored bytes.
-fn feed(outs: &mut [Out<'_>], at: u64, data: &[u8], scratch: &mut Vec<u8>) {
+fn feed(outs: &mut [Out<'_>], at: u64, data: &[u8], scratch: &mut Scratch) {
     let end = at + data.len() as u64;
     for o in outs.iter_mut() {
         if o.failed.is_some() {
@@ -708,7 +711,7 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
     let size = o.entry.stat.size;
     let res = o.res.take();
     let tier = res.as_ref().map_or(0, |r| r.tier());
-    let dir = ctx.object_dirs.get(tier).and_then(|d| d.as_ref());
+    let dir = ctx.space.dir(tier);
     let failed = match (&o.failed, &o.file) {
         (Some(_), _) | (_, None) => true,
         (None, Some(_)) => {
@@ -743,18 +746,18 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
                 source_only(ctx, o.idx);
             }
             Some(Failed::Tier(e)) => {
-                tier_failed(ctx, tier, &e);
+                ctx.space.tier_failed(tier, &e);
                 source_only(ctx, o.idx);
             }
             Some(Failed::Source(e)) => {
                 tracing::debug!("reading the pack for {} failed: {e}", path_of(t, o.idx));
-                if ctx.retired.load(Ordering::Acquire) {
+                if ctx.work.is_retired() {
                     lifecycle::give_up(
                         &EntryCell {
                             table: t,
                             idx: o.idx,
                         },
-                        state::UNPLACED,
+                        State::Unplaced,
                     );
                 } else {
                     source_only(ctx, o.idx);
@@ -771,7 +774,7 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
         return;
     };
     let sum = o.dec.finish(o.loc.checksum).unwrap_or(0).max(1);
-    settle(ctx, o.idx, file, size);
+    settle(&ctx.table, o.idx, file, size);
     let name = granary_shm::object_name(o.entry.object);
     match publish_copy(ctx, o.idx, res, dir, (&o.tmp, &name), file, sum) {
         Finish::Placed { .. } => {}
@@ -792,11 +795,11 @@ fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
 
 /// Starts write-back of a finished copy; a transient one is written back now and its pages
 /// dropped (`residency`), as for every copy.
-fn settle(ctx: &SourceCtx, idx: u32, file: &File, size: u64) {
+fn settle(t: &Table, idx: u32, file: &File, size: u64) {
     if sys::is_memory_fs(file) {
         return;
     }
-    if ctx.table.is_transient(idx) {
+    if t.is_transient(idx) {
         sys::sync_range(file, 0, size, SETTLE);
         sys::fadvise(file, 0, 0, libc::POSIX_FADV_DONTNEED);
     } else {

@@ -11,15 +11,16 @@
 //! `mmap` of a file of this size still being fetched waits for the copy instead of mapping the
 //! source (`granary_preload::place::on_map`; the wait is one request long).
 
-use super::copy::{align_up, CopyError, Opened, SourceReader, DIRECT_ALIGN};
-use super::SourceCtx;
+use crate::placement::copy::{align_up, CopyError, Opened, SourceReader, DIRECT_ALIGN};
+use crate::placement::mmap::Follower;
+use crate::placement::SourceCtx;
 use crate::stats::AgentCounters;
 use crate::sys;
 
 /// Whether entry `idx`, of `size` bytes, is fetched in one direct read: small enough for the
 /// library's `mmap` to wait for it, and mapped by no program the agent follows.
-pub(super) fn wanted(ctx: &SourceCtx, idx: u32, size: u64) -> bool {
-    size <= granary_shm::DIRECT_FETCH_MAX && !ctx.mappings.is_mapped(idx)
+pub(super) fn wanted(mmap: &Follower, idx: u32, size: u64) -> bool {
+    size <= granary_shm::DIRECT_FETCH_MAX && !mmap.is_mapped(idx)
 }
 
 /// Reads the whole source file of `cl` into the start of `buf` with `O_DIRECT`, and says how
@@ -41,7 +42,7 @@ pub(super) fn read_whole(
     if sys::set_direct(&cl.src, true).is_err() {
         return Ok(None);
     }
-    let res = read_direct(ctx, cl, reader, &mut buf[..want]);
+    let res = read_direct(&ctx.mmap, cl, reader, &mut buf[..want]);
     // The rest of the fetch (the end-of-file probe, drop-behind) uses the page cache.
     let restored = sys::set_direct(&cl.src, false);
     let (got, calls) = match res {
@@ -71,12 +72,12 @@ pub(super) fn read_whole(
 /// direct read is short only at end of file (or, on some network file systems, at a block
 /// boundary, where the next read continues).
 fn read_direct(
-    ctx: &SourceCtx,
+    mmap: &Follower,
     cl: &Opened,
     reader: &mut SourceReader,
     buf: &mut [u8],
 ) -> std::io::Result<(usize, u64)> {
-    let _in_flight = ctx.mappings.flight().sync_read(buf.len() as u64);
+    let _in_flight = mmap.flight().sync_read(buf.len() as u64);
     let (mut got, mut calls) = (0usize, 0u64);
     while got < buf.len() {
         let n = reader.read_at(&cl.src, &mut buf[got..], got as u64)?;

@@ -18,9 +18,10 @@
 //! was in flight.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{lock, Mutex};
 
 /// The source's time worth of bytes the agent keeps in flight.
 pub const IN_FLIGHT: Duration = Duration::from_millis(64);
@@ -88,10 +89,6 @@ impl Drop for SyncRead<'_> {
         self.f.sync.fetch_sub(self.n, Ordering::Relaxed);
         self.f.completed.fetch_add(self.n, Ordering::Relaxed);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Flight {

@@ -1,12 +1,12 @@
 //! Following programs through their mappings, and reading the source ahead of them
-//! (docs/placement.md, "Mappings").
+//! (docs/placement.md, "Follower").
 //!
 //! A program that reads a file through `mmap` makes no call granary can see: its reads are page
 //! faults. The preload library maps what the tier holds over the source and tells the agent
 //! which process mapped something (`request::MAPPED`); from then on the agent:
 //!
 //! - reads `/proc/<pid>/maps` (again every second: `munmap`, `exec` and exit end the following)
-//!   and groups the process's mappings of catalogued files (`maps`);
+//!   and groups the process's mappings of catalogued files (`proc_maps`);
 //! - looks at the process's page tables (`/proc/<pid>/pagemap`, the present bit: readable for
 //!   the same user, no privilege) around where the reader was and, a slice per tick, the rest
 //!   of each mapping: pages that became present are the pages the program touched — including
@@ -28,87 +28,34 @@
 //! serve regular files' pages.
 
 mod config;
-pub mod flight;
-mod keep;
-pub mod layout;
+pub mod in_flight;
+mod keep_cached;
 pub mod lmdb_index;
-mod maps;
-mod pace;
+pub mod page_order;
+mod proc_maps;
+mod reader_pace;
 pub mod window;
 
-pub use config::MmapConfig;
+pub use config::{
+    MmapConfig, MmapParams, Mode, DEFAULT_DISTANCE, DEFAULT_SIZE, DEFAULT_THRESHOLD_PCT,
+};
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use granary_shm::{job, state};
-use serde::{Deserialize, Serialize};
+use granary_shm::{job, State};
 
-pub use layout::Layout;
+pub use page_order::PageOrder;
 pub use window::{Shape, Window};
 
 use super::SourceCtx;
 use crate::stats::AgentCounters;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::statics::{self, OnceLock, Thread};
+use crate::sync::{lock, thread, Arc, Mutex};
 use crate::sys;
-
-/// What the agent does for mappings (`[mmap] mode`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Follow readers and read the source ahead of them.
-    #[default]
-    Prefetch,
-    /// Follow readers (and count what they touch), read nothing ahead.
-    Watch,
-    /// Follow nothing.
-    Off,
-}
-
-impl Mode {
-    pub fn parse(s: &str) -> Option<Mode> {
-        match s {
-            "prefetch" => Some(Mode::Prefetch),
-            "watch" => Some(Mode::Watch),
-            "off" => Some(Mode::Off),
-            _ => None,
-        }
-    }
-}
-
-/// `[mmap]`, resolved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MmapParams {
-    pub mode: Mode,
-    /// How far a reader must read forward before it is read ahead of (the checkpoint
-    /// distance of Haderbache et al., 8–10 MiB best).
-    pub distance: u64,
-    /// Bytes read ahead at a time (Haderbache et al.: 50 MiB best); less when memory is tight.
-    pub size: u64,
-    /// Percent of the last window the reader passes before the next is read (Haderbache: 75).
-    pub threshold_pct: u64,
-    /// Readers of an LMDB whose pages are not in key order are followed in key order
-    /// (`lmdb_index`, `layout`).
-    pub lmdb_index: bool,
-}
-
-pub const DEFAULT_DISTANCE: u64 = 8 << 20;
-pub const DEFAULT_SIZE: u64 = 50 << 20;
-pub const DEFAULT_THRESHOLD_PCT: u64 = 75;
-
-impl Default for MmapParams {
-    fn default() -> MmapParams {
-        MmapParams {
-            mode: Mode::Prefetch,
-            distance: DEFAULT_DISTANCE,
-            size: DEFAULT_SIZE,
-            threshold_pct: DEFAULT_THRESHOLD_PCT,
-            lmdb_index: true,
-        }
-    }
-}
 
 const PAGE: u64 = 4096;
 /// A reader that stops for this many untouched pages has ended its run (it may skip a few
@@ -128,16 +75,16 @@ const STALL_LOOKS: u32 = 3;
 const CACHED_WINDOWS: u32 = 2;
 const CACHED_EVERY: u32 = 8;
 /// One `readahead(2)` call at most: the kernel caps each at its largest request.
-const RA_PIECE: u64 = flight::MAX_PIECE;
-/// Mappings are read again this often (unmapped, exited, exec'd).
+const RA_PIECE: u64 = in_flight::MAX_PIECE;
+/// Follower are read again this often (unmapped, exited, exec'd).
 const MAPS_EVERY: Duration = Duration::from_secs(1);
 
 /// The follower thread, woken when a request arrives.
-static FOLLOWER: OnceLock<std::thread::Thread> = OnceLock::new();
+static FOLLOWER: OnceLock<Thread> = OnceLock::new();
 
 /// The calling thread is the agent's follower (`wake` unparks it).
 pub fn register_follower() {
-    let _ = FOLLOWER.set(std::thread::current());
+    let _ = FOLLOWER.set(statics::current());
 }
 
 fn wake() {
@@ -146,31 +93,32 @@ fn wake() {
     }
 }
 
-/// The mappings of one source's files the agent follows.
+/// The follower of one source: the programs' mappings of its files the agent follows, where
+/// their readers are, and what it has in flight at the source (`SourceCtx::mmap`).
 #[derive(Debug, Default)]
-pub struct Mappings {
+pub struct Follower {
     /// `(pid, job slot)` of processes that mapped something, not looked at yet.
     pending: Mutex<Vec<(u32, u32)>>,
     /// Entries some followed process maps now, and where their readers are: a whole-file
-    /// fetch of such an entry reads where they read (`fetch_order`) and keeps those pages.
+    /// fetch of such an entry reads where they read (`whole_file::order`) and keeps those pages.
     steer: Mutex<HashMap<u32, Steering>>,
-    state: Mutex<State>,
+    state: Mutex<Followed>,
     /// The read-ahead window last used (logged when it changes).
-    last_size: std::sync::atomic::AtomicU64,
-    /// What the agent has in flight at this source, and may have (`flight`).
-    flight: flight::Flight,
+    last_size: AtomicU64,
+    /// What the agent has in flight at this source, and may have (`in_flight`).
+    flight: in_flight::Flight,
     /// Per entry, its record order (`lmdb_index`), built once per version of the file.
-    orders: Arc<Mutex<HashMap<u32, Order>>>,
+    orders: Arc<Mutex<HashMap<u32, RecordOrder>>>,
 }
 
 /// The record order of an entry: being built, or built for the file of `key` (`None`: it has
 /// none worth following — not an LMDB, or one in about its own order).
 #[derive(Debug, Clone)]
-enum Order {
+enum RecordOrder {
     Building,
     Built {
         key: FileKey,
-        layout: Option<Arc<Layout>>,
+        page_order: Option<Arc<PageOrder>>,
     },
 }
 
@@ -193,7 +141,7 @@ fn index_budget(len: u64) -> u64 {
 /// The readers of one entry, for its whole-file fetch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Steering {
-    pub readers: Vec<super::fetch_order::Reader>,
+    pub readers: Vec<super::whole_file::order::Reader>,
     /// How far behind a reader its pages are likely still cached.
     pub window: u64,
     /// How far ahead of a reader not read ahead of yet the fetch reads for it (`distance`).
@@ -205,14 +153,15 @@ pub struct Steering {
 /// Readers that did not move for this long are idle: the fetch stops waiting for them.
 const IDLE_AFTER: Duration = Duration::from_secs(1);
 
+/// What the tracker follows: the mapping processes, the mapped files, where readers started.
 #[derive(Debug, Default)]
-struct State {
+struct Followed {
     procs: HashMap<u32, Proc>,
     files: HashMap<u32, Source>,
     /// Per entry, where readers started reading in sequence (kept after they end, until a
     /// reader reads through: `issue`).
     starts: HashMap<u32, Vec<u64>>,
-    /// When what lies cached in the readers' way was last made to look used (`keep`).
+    /// When what lies cached in the readers' way was last made to look used (`keep_cached`).
     kept_at: Option<Instant>,
 }
 
@@ -228,14 +177,14 @@ struct Proc {
 /// One mapping of one process.
 #[derive(Debug)]
 struct Reader {
-    m: maps::Mapped,
-    /// The file's size: nothing past it is followed (with a layout: its pages).
+    m: proc_maps::Mapped,
+    /// The file's size: nothing past it is followed (with a page order: its pages).
     len: u64,
-    /// The order it reads the file in, when not the file's (`layout`): then its positions,
+    /// The order it reads the file in, when not the file's (`page_order`): then its positions,
     /// windows and `seen` bits are offsets in that order, translated at the page tables, the
     /// read-ahead and the counters. `order_known`: looked up (a mapping of the whole file
     /// only; until its entry's order is built, it is followed in file order).
-    layout: Option<Arc<Layout>>,
+    page_order: Option<Arc<PageOrder>>,
     order_known: bool,
     /// One bit per page of `[m.start, end)`: present at the last look.
     seen: Vec<u64>,
@@ -251,7 +200,7 @@ struct Reader {
     cached_windows: u32,
     ticks: u32,
     /// What is left to read ahead of the last window (issued a piece at a time as the source
-    /// has room: `flight`), and what that window wanted from the source and issued so far.
+    /// has room: `in_flight`), and what that window wanted from the source and issued so far.
     pending: Option<(u64, u64)>,
     win_wanted: u64,
     win_issued: u64,
@@ -263,21 +212,17 @@ struct Reader {
     /// what was issued (or found local or cached) for it ends.
     lead: u64,
     issued_to: u64,
-    /// How fast it reads: read-ahead runs at most `pace::AHEAD` of it ahead (`issue`).
-    pace: pace::Pace,
+    /// How fast it reads: read-ahead runs at most `reader_pace::AHEAD` of it ahead (`issue`).
+    pace: reader_pace::Pace,
 }
 
 /// The agent's handle on a source file it reads ahead.
 #[derive(Debug)]
 struct Source {
     file: File,
-    cache: Option<sys::Residency>,
+    cache: Option<sys::CachedPages>,
     /// One bit per page: asked for by a read-ahead.
     fetched: Vec<u64>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn bit(v: &[u64], i: u64) -> bool {
@@ -295,7 +240,7 @@ fn set_bit(v: &mut [u64], i: u64, on: bool) {
     }
 }
 
-impl Mappings {
+impl Follower {
     /// `request::MAPPED`: process `pid` (job slot `slot`) mapped something of this source.
     pub fn request(&self, pid: u32, slot: u32) {
         lock(&self.pending).push((pid, slot));
@@ -318,7 +263,7 @@ impl Mappings {
     }
 
     /// What the agent has in flight at this source (a whole-file fetch counts its reads).
-    pub fn flight(&self) -> &flight::Flight {
+    pub fn flight(&self) -> &in_flight::Flight {
         &self.flight
     }
 
@@ -352,12 +297,7 @@ impl Mappings {
         let readers: usize = st.procs.values().map(|pr| pr.readers.len()).sum();
         // Read-ahead that memory cannot hold until the reader gets there is read twice.
         let size = p.size.min((room / 8 / readers.max(1) as u64).max(RA_PIECE));
-        if readers > 0
-            && self
-                .last_size
-                .swap(size, std::sync::atomic::Ordering::Relaxed)
-                != size
-        {
+        if readers > 0 && self.last_size.swap(size, Ordering::Relaxed) != size {
             tracing::debug!(
                 "mappings: {readers} readers, page-cache room {room}: windows of {size}"
             );
@@ -369,7 +309,7 @@ impl Mappings {
                 threshold_pct: p.threshold_pct,
             };
             {
-                let State { procs, files, .. } = &mut *st;
+                let Followed { procs, files, .. } = &mut *st;
                 // What completed since the last tick leaves room at the source.
                 let arrived = self.flight.retire(now, |pc| {
                     let mut res = Vec::new();
@@ -400,16 +340,16 @@ impl Mappings {
                 issue(ctx, &mut st, &self.flight);
                 if st
                     .kept_at
-                    .is_none_or(|t| now.duration_since(t) >= keep::EVERY)
+                    .is_none_or(|t| now.duration_since(t) >= keep_cached::EVERY)
                 {
                     st.kept_at = Some(now);
-                    let State {
+                    let Followed {
                         procs,
                         files,
                         starts,
                         ..
                     } = &*st;
-                    let kept = keep::round(procs, files, starts, &mut Vec::new());
+                    let kept = keep_cached::round(procs, files, starts, &mut Vec::new());
                     if kept > 0 {
                         tracing::trace!("mappings: {kept} bytes in the readers' way kept cached");
                     }
@@ -446,17 +386,17 @@ impl Mappings {
             } else {
                 (r.win.start, r.win.pos)
             };
-            s.readers.push(if r.layout.is_some() {
+            s.readers.push(if r.page_order.is_some() {
                 // In file order it is where its current page is, not read ahead of.
                 let at = r.file_off(pos) / PAGE * PAGE;
-                super::fetch_order::Reader {
+                super::whole_file::order::Reader {
                     from: at,
                     pos: at,
                     streaming: false,
                     ahead: at,
                 }
             } else {
-                super::fetch_order::Reader {
+                super::whole_file::order::Reader {
                     from,
                     pos,
                     streaming: matches!(r.win.phase, window::Phase::Streaming { .. }),
@@ -473,11 +413,11 @@ impl Mappings {
     }
 }
 
-impl Mappings {
+impl Follower {
     /// Readers of whole-file mappings take their entry's record order once it is known; the
     /// first reader of an entry has it built (on a thread of its own: it reads the tree's
     /// pages from the source, which may be slow, and the follower must not wait for that).
-    fn apply_orders(&self, ctx: &SourceCtx, st: &mut State, now: Instant) {
+    fn apply_orders(&self, ctx: &SourceCtx, st: &mut Followed, now: Instant) {
         let mut orders = lock(&self.orders);
         let mut switched = Vec::new();
         for r in st.procs.values_mut().flat_map(|pr| pr.readers.iter_mut()) {
@@ -495,10 +435,10 @@ impl Mappings {
             }
             let key = file_key(&e);
             match orders.get(&r.m.idx) {
-                Some(Order::Building) => {}
-                Some(Order::Built { key: k, layout }) if *k == key => {
+                Some(RecordOrder::Building) => {}
+                Some(RecordOrder::Built { key: k, page_order }) if *k == key => {
                     r.order_known = true;
-                    if let Some(l) = layout {
+                    if let Some(l) = page_order {
                         // Followed in record order from now on; what it touched so far stays
                         // seen (it is not counted again).
                         let mut n = Reader::new(r.m.clone(), e.stat.size, now, Some(l.clone()));
@@ -517,9 +457,12 @@ impl Mappings {
                     orders.insert(
                         r.m.idx,
                         if started {
-                            Order::Building
+                            RecordOrder::Building
                         } else {
-                            Order::Built { key, layout: None }
+                            RecordOrder::Built {
+                                key,
+                                page_order: None,
+                            }
                         },
                     );
                 }
@@ -535,12 +478,12 @@ impl Mappings {
         let orders = Arc::clone(&self.orders);
         let counters = Arc::clone(&ctx.counters);
         let file = open_catalogued(ctx, idx).map(|(f, _)| f);
-        let built = std::thread::Builder::new()
+        let built = thread::Builder::new()
             .name("granary-index".into())
             .spawn(move || {
-                let layout = file.and_then(|f| record_order(&f, idx, len, &counters));
-                let found = layout.is_some();
-                lock(&orders).insert(idx, Order::Built { key, layout });
+                let page_order = file.and_then(|f| record_order(&f, idx, len, &counters));
+                let found = page_order.is_some();
+                lock(&orders).insert(idx, RecordOrder::Built { key, page_order });
                 if found {
                     // Its readers change order at the next tick (no order: nothing changes,
                     // the follower keeps its pace).
@@ -553,7 +496,7 @@ impl Mappings {
 
 /// The record order of entry `idx`'s file `f` (`lmdb_index`), if it is an LMDB whose pages are
 /// not in about key order already.
-fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Option<Arc<Layout>> {
+fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Option<Arc<PageOrder>> {
     let t0 = Instant::now();
     // One page per read: the kernel's read-ahead around each would read 32 times more.
     sys::fadvise(f, 0, 0, libc::POSIX_FADV_RANDOM);
@@ -577,22 +520,22 @@ fn record_order(f: &File, idx: u32, len: u64, counters: &AgentCounters) -> Optio
         .iter()
         .map(|&(p, n)| (p * per, n * per))
         .collect();
-    let layout = Layout::new(&extents, len);
+    let page_order = PageOrder::new(&extents, len);
     tracing::info!(
         "entry {idx}: an LMDB data file, {} tree pages read in {:?}: {}",
         ix.pages_read,
         t0.elapsed(),
-        match &layout {
+        match &page_order {
             Some(l) => format!("followed in key order ({} runs)", l.extents()),
             None => "its pages are in key order".to_string(),
         }
     );
-    layout.map(Arc::new)
+    page_order.map(Arc::new)
 }
 
 /// (Re-)reads `pid`'s mappings; readers that are still mapped the same way keep their state.
-fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: Instant) {
-    let Some(found) = maps::of_process(pid, &ctx.table, &ctx.source_real) else {
+fn refresh(ctx: &SourceCtx, st: &mut Followed, pid: u32, slot: Option<u32>, now: Instant) {
+    let Some(found) = proc_maps::of_process(pid, &ctx.table, &ctx.source_real) else {
         st.procs.remove(&pid);
         return;
     };
@@ -654,8 +597,13 @@ fn refresh(ctx: &SourceCtx, st: &mut State, pid: u32, slot: Option<u32>, now: In
 }
 
 impl Reader {
-    fn new(m: maps::Mapped, len: u64, now: Instant, layout: Option<Arc<Layout>>) -> Reader {
-        let len = match &layout {
+    fn new(
+        m: proc_maps::Mapped,
+        len: u64,
+        now: Instant,
+        page_order: Option<Arc<PageOrder>>,
+    ) -> Reader {
+        let len = match &page_order {
             Some(_) => len.div_ceil(PAGE) * PAGE,
             None => len,
         };
@@ -664,8 +612,8 @@ impl Reader {
             sweep: m.start,
             m,
             len,
-            order_known: layout.is_some(),
-            layout,
+            order_known: page_order.is_some(),
+            page_order,
             seen: vec![0; pages.div_ceil(64) as usize],
             win: Window::default(),
             stalled: 0,
@@ -678,23 +626,23 @@ impl Reader {
             run_from: 0,
             lead: LEAD_MIN,
             issued_to: 0,
-            pace: pace::Pace::default(),
+            pace: reader_pace::Pace::default(),
         }
     }
 
-    /// The size of its file (`len` is its pages' with a layout).
+    /// The size of its file (`len` is its pages' with a page order).
     fn file_len(&self) -> u64 {
-        self.layout.as_ref().map_or(self.len, |l| l.file_len())
+        self.page_order.as_ref().map_or(self.len, |l| l.file_len())
     }
 
     /// The file offset of its offset `v`.
     fn file_off(&self, v: u64) -> u64 {
-        self.layout.as_ref().map_or(v, |l| l.to_file(v))
+        self.page_order.as_ref().map_or(v, |l| l.to_file(v))
     }
 
     /// The file ranges of its range `[a, b)`.
     fn file_runs(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
-        match &self.layout {
+        match &self.page_order {
             Some(l) => l.file_runs(a, b),
             None if a < b => vec![(a, b)],
             None => Vec::new(),
@@ -721,7 +669,7 @@ fn follow(
         // reads its file (in file order: what the follower read ahead in record order would be
         // read again by the fetch once evicted); the fetch serves it where it is.
         let prefetch = prefetch
-            && !(r.layout.is_some() && state::state_of(ctx.table.state(r.m.idx)) == state::PLACING);
+            && !(r.page_order.is_some() && ctx.table.state(r.m.idx).state() == State::Placing);
         // A reader whose last windows found everything cached has nothing to gain: it is
         // looked at less often (following costs the program a share of a CPU).
         r.ticks = r.ticks.wrapping_add(1);
@@ -793,7 +741,7 @@ fn follow(
 }
 
 /// Issues read-ahead pieces for the readers' pending windows while the source has room
-/// (`flight`): the piece nearest ahead of its reader first, so a reader about to wait is served
+/// (`in_flight`): the piece nearest ahead of its reader first, so a reader about to wait is served
 /// before one that has a lead.
 ///
 /// A window stops where another reader of the file started reading in sequence (`stop`):
@@ -802,8 +750,8 @@ fn follow(
 /// then not worth reading again for a reader that most likely stops there (measured: 2–3 % of
 /// the file read twice, all of it at the shares' starts). A reader that does go on is read
 /// ahead of again once it passed that start.
-fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
-    let State {
+fn issue(ctx: &SourceCtx, st: &mut Followed, flight: &in_flight::Flight) {
+    let Followed {
         procs,
         files,
         starts,
@@ -846,7 +794,7 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
                 r.pending = Some((a, b));
                 let stop = stop(r);
                 // Not more than its pace allows ahead of it: read-ahead waiting long in the page
-                // cache is what the kernel evicts first (`pace`). A whole piece once allowed.
+                // cache is what the kernel evicts first (`reader_pace`). A whole piece once allowed.
                 let paced = r.win.pos.saturating_add(r.pace.ahead(piece));
                 (a < stop.min(paced)).then_some((a - r.win.pos.min(a), stop, r))
             })
@@ -858,7 +806,7 @@ fn issue(ctx: &SourceCtx, st: &mut State, flight: &flight::Flight) {
             break;
         };
         let mut end = (a + piece.min(room.max(MIN_ISSUE))).min(b).min(stop);
-        if let Some(l) = &r.layout {
+        if let Some(l) = &r.page_order {
             // Not a record cut in two requests: to the end of the run the piece ends in.
             let e = l.run_end(end - 1).min(b).min(stop);
             if e - end <= RA_PIECE / 2 {
@@ -946,7 +894,7 @@ fn takes_source_in_file(r: &Reader, a: u64, b: u64) -> bool {
 const THROUGH: u64 = 1 << 20;
 
 /// The smallest piece issued when the source has little room left.
-const MIN_ISSUE: u64 = flight::MIN_PIECE;
+const MIN_ISSUE: u64 = in_flight::MIN_PIECE;
 
 /// What one look at a reader's page tables found.
 struct Look {
@@ -1080,7 +1028,7 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
             }
         }
     }
-    if r.layout.is_some() {
+    if r.page_order.is_some() {
         // In record order, a program's fault also maps pages of the records next to it in the
         // file (the kernel maps the cached pages around a fault, up to 16, after reading
         // 128 KiB around it): single clusters scattered over the record order, which are not
@@ -1112,7 +1060,7 @@ fn look(pm: &File, r: &mut Reader) -> Option<Look> {
 }
 
 /// Pages newly touched in one run (in record order) that make a jump for a reader with a
-/// layout: more than the kernel's fault-around maps at once (16 pages).
+/// page_order: more than the kernel's fault-around maps at once (16 pages).
 const LAYOUT_JUMP_PAGES: u64 = 64;
 
 /// The last run of `pages` (ascending offsets; gaps of two pages allowed) of at least `min`
@@ -1146,7 +1094,7 @@ fn account(
         return;
     }
     let t = &ctx.table;
-    let placing = state::state_of(t.state(r.m.idx)) == state::PLACING;
+    let placing = t.state(r.m.idx).state() == State::Placing;
     // A whole-file fetch has read (or is reading) one block past its progress.
     let fetched_to = if placing {
         t.progress(r.m.idx).saturating_add(block)
@@ -1172,7 +1120,7 @@ fn account(
     t.count(slot, job::MAP_LOCAL_BYTES, local);
     t.count(slot, job::MAP_SOURCE_BYTES, source);
     t.count(slot, job::MAP_FAULTED_BYTES, faulted);
-    ctx.mappings.flight().observed(faulted);
+    ctx.mmap.flight().observed(faulted);
 }
 
 /// Reads `[a, b)` of the reader's file ahead, where the mapping takes it from the source and
@@ -1183,7 +1131,7 @@ fn read_ahead(
     ctx: &SourceCtx,
     r: &Reader,
     files: &mut HashMap<u32, Source>,
-    flight: &flight::Flight,
+    flight: &in_flight::Flight,
     a: u64,
     b: u64,
 ) -> (u64, u64) {
@@ -1257,7 +1205,7 @@ fn read_ahead(
                 if sys::readahead(&src.file, p, n).is_err() {
                     break;
                 }
-                flight.issued(flight::Piece {
+                flight.issued(in_flight::Piece {
                     idx,
                     off: p,
                     len: n,
@@ -1352,7 +1300,7 @@ fn open_catalogued(ctx: &SourceCtx, idx: u32) -> Option<(File, granary_shm::Entr
     let e = ctx.table.entry(idx)?;
     let rel = ctx.table.rel_path_vec(idx)?;
     let path = ctx.source_real.join(std::ffi::OsStr::from_bytes(&rel));
-    let file = super::copy::open_source(ctx, &path).ok()?;
+    let file = super::copy::open_source(&ctx.counters, &path).ok()?;
     if !super::copy::matches_catalog(&file, &e) {
         return None;
     }
@@ -1363,7 +1311,7 @@ fn open_catalogued(ctx: &SourceCtx, idx: u32) -> Option<(File, granary_shm::Entr
 /// Opens entry `idx` on the source for read-ahead, if it is still the catalogued file.
 fn open_source(ctx: &SourceCtx, idx: u32) -> Option<Source> {
     let (file, e) = open_catalogued(ctx, idx)?;
-    let cache = sys::Residency::of(&file).ok();
+    let cache = sys::CachedPages::of(&file).ok();
     let pages = e.stat.size.div_ceil(PAGE);
     Some(Source {
         file,

@@ -19,10 +19,10 @@ use std::path::{Path, PathBuf};
 
 use granary_pack::format::entry::flags as pflags;
 use granary_pack::format::header::info;
-use granary_pack::format::EntryRec as PackEntry;
+use granary_pack::format::IndexEntry;
 use granary_pack::Index;
 use granary_shm::layout::pack::{LOC_PACKED, LOC_REPLICATE, LOC_SPARSE};
-use granary_shm::{object_id, state, Catalog, Locator, Node, StatRec};
+use granary_shm::{lifecycle, object_id, Catalog, Locator, Node, StatRec, State};
 
 use crate::catalog::Prev;
 use crate::stats::CatalogStats;
@@ -147,7 +147,7 @@ pub fn build<B: AsRef<[u8]>>(ix: &Index<B>, opts: &Options<'_>) -> Result<Built,
     b.stats.dirs = 1;
     let mut cat = Catalog::new(&root_stat);
     if b.subset && b.source.is_some() {
-        cat.nodes[0].state = state::word(state::STALE, 0);
+        cat.nodes[0].state = lifecycle::initial_void();
     }
     let mut queue = VecDeque::from([Todo {
         idx: 0,
@@ -163,7 +163,7 @@ pub fn build<B: AsRef<[u8]>>(ix: &Index<B>, opts: &Options<'_>) -> Result<Built,
                     // An incomplete listing must never be answered from the catalog.
                     b.stats.unreadable += 1;
                     if let Some(n) = cat.nodes.get_mut(todo.idx as usize) {
-                        n.state = state::word(state::STALE, 0);
+                        n.state = lifecycle::initial_void();
                     }
                     continue;
                 }
@@ -202,8 +202,8 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
     /// The packed record of `e` as the source would report it now: the device remapped, and
     /// atime (which a pack records as mtime and marks absent) served as present, as the tree's
     /// own `statx` says it is.
-    fn packed_stat(&self, e: &PackEntry) -> StatRec {
-        let mut s = e.stat.to_stat_rec();
+    fn packed_stat(&self, e: &IndexEntry) -> StatRec {
+        let mut s = super::stat::stat_rec(&e.stat);
         s.mask |= libc::STATX_ATIME;
         if let Some(d) = self.devs {
             d.map(&mut s);
@@ -212,7 +212,7 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
     }
 
     /// A directory present in both: from the index if its identity is the packed one.
-    fn dir_mode(&mut self, packed: &PackEntry, now: &StatRec, pe: u32) -> Mode {
+    fn dir_mode(&mut self, packed: &IndexEntry, now: &StatRec, pe: u32) -> Mode {
         self.stats.pack_dirs_checked += 1;
         if now.is_dir() && self.packed_stat(packed).same_version(now) {
             Mode::Pack(pe)
@@ -222,7 +222,7 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
         }
     }
 
-    fn locator(e: &PackEntry) -> Locator {
+    fn locator(e: &IndexEntry) -> Locator {
         Locator {
             offset: e.offset,
             stored_len: e.stored_len,
@@ -348,15 +348,13 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
         let nodes: Vec<Node> = children
             .iter()
             .map(|c| {
-                let initial = if c.stale {
-                    state::word(state::STALE, 0)
-                } else if c.stat.is_file() {
-                    state::word(state::UNPLACED, 0)
-                } else if c.stat.is_dir() && self.subset && self.source.is_some() {
-                    // Part of this directory may not be in the pack: its listing is the source's.
-                    state::word(state::STALE, 0)
+                // Part of a directory of a subset may not be in the pack: its listing is the
+                // source's.
+                let partial_dir = c.stat.is_dir() && self.subset && self.source.is_some();
+                let initial = if c.stale || partial_dir {
+                    lifecycle::initial_void()
                 } else {
-                    state::word(state::SOURCE_ONLY, 0)
+                    lifecycle::initial(&c.stat)
                 };
                 let mut n = cat.node(dir, object_id(&c.rel), &c.rel, &c.stat, &c.link, initial);
                 if c.stat.is_file() && !c.stale {
@@ -406,16 +404,19 @@ impl<B: AsRef<[u8]>> Builder<'_, B> {
         let Some(pe) = p.table.entry(pi) else { return };
         let w = p.table.state(pi);
         let sum = p.table.checksum(pi);
-        if state::state_of(w) != state::PLACED || sum == 0 || !pe.stat.same_version(&c.stat) {
+        if w.state() != State::Placed || sum == 0 || !pe.stat.same_version(&c.stat) {
             return;
         }
         if c.locator.is_packed() && c.locator.checksum != sum {
             return;
         }
-        let Some(Some(tier)) = p.tier_map.get(state::tier_of(w) as usize) else {
+        let Some(Some(tier)) = p.tier_map.get(w.tier() as usize) else {
             return;
         };
-        n.state = state::word(state::PLACED, *tier);
+        let Some(carried) = lifecycle::carried(w, *tier) else {
+            return;
+        };
+        n.state = carried;
         n.checksum = sum;
         (n.copy_ino, n.copy_ctime) = p.table.copy_identity(pi);
         self.stats.carried += 1;

@@ -1,4 +1,4 @@
-//! A pack's index as the catalog (`granary_core::packed`), against the real tree: the same
+//! A pack's index as the catalog (`granary_core::packed_source`), against the real tree: the same
 //! paths and `statx` records as a walk, a locator for every packed file, and the per-directory
 //! check finding what changed since packing (and, for a job joining others, since the table
 //! was built).
@@ -8,8 +8,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use granary_core::catalog::{self, Progress};
-use granary_core::packed::{self, catalog::Options, Pack};
-use granary_shm::{state, Catalog, Mapping, StatRec, Table, TableSpec};
+use granary_core::packed_source::{self, catalog::Options, PackIndex};
+use granary_shm::{Catalog, Mapping, StatRec, State, StateWord, Table, TableSpec};
 
 fn tree(root: &Path) {
     for d in ["a", "b", "b/deep", "c"] {
@@ -25,17 +25,17 @@ fn tree(root: &Path) {
     std::fs::hard_link(root.join("a/1"), root.join("c/hard")).unwrap();
 }
 
-fn pack(src: &Path, out: &Path) -> Pack {
+fn pack(src: &Path, out: &Path) -> PackIndex {
     let opts = granary_pack::Options {
         sync: false,
         ..Default::default()
     };
     granary_pack::pack(src, out, &opts, &granary_pack::Progress::default()).unwrap();
-    Pack::open(out).unwrap()
+    PackIndex::open(out).unwrap()
 }
 
 /// Relative path → (record, locator present) of every node.
-fn nodes(cat: &Catalog) -> BTreeMap<Vec<u8>, (StatRec, bool, u64)> {
+fn nodes(cat: &Catalog) -> BTreeMap<Vec<u8>, (StatRec, bool, StateWord)> {
     let mut paths = vec![Vec::new(); cat.len()];
     let mut out = BTreeMap::new();
     for i in 0..cat.len() {
@@ -71,14 +71,14 @@ fn the_index_is_the_tree_a_walk_sees() {
         prev: None,
         root_parent_ino: 0,
     };
-    let built = packed::build(&p.index, &opts).unwrap();
+    let built = packed_source::build(&p.index, &opts).unwrap();
     let (w, b) = (nodes(&walk.catalog), nodes(&built.catalog));
     assert_eq!(w.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     for (path, (ws, _, _)) in &w {
         let (bs, packed, st) = b[path];
         assert_eq!(without_atime(*ws), without_atime(bs), "{path:?}");
         assert_eq!(packed, ws.is_file(), "{path:?}");
-        assert!(!state::is_void(state::state_of(st)), "{path:?}");
+        assert!(!st.is_void(), "{path:?}");
     }
     assert_eq!(built.stats.files, 7);
     assert_eq!(built.stats.pack_files, 7);
@@ -91,7 +91,7 @@ fn the_index_is_the_tree_a_walk_sees() {
         prev: None,
         root_parent_ino: 7,
     };
-    let m = packed::build(&p.index, &alone).unwrap();
+    let m = packed_source::build(&p.index, &alone).unwrap();
     assert_eq!(m.root_parent_ino, 7);
     let mm = nodes(&m.catalog);
     for (path, (ws, _, _)) in &w {
@@ -121,7 +121,7 @@ fn changed_directories_are_listed_and_their_changes_come_from_the_source() {
         prev: None,
         root_parent_ino: 0,
     };
-    let b = packed::build(&p.index, &opts).unwrap();
+    let b = packed_source::build(&p.index, &opts).unwrap();
     let n = nodes(&b.catalog);
     let walk = nodes(
         &catalog::walk(&src, None, 2, &Progress::default())
@@ -183,16 +183,16 @@ fn a_joining_job_voids_what_changed_per_directory() {
         prev: None,
         root_parent_ino: 0,
     };
-    let b = packed::build(&p.index, &opts).unwrap();
+    let b = packed_source::build(&p.index, &opts).unwrap();
     let (_m, table) = table_of(&b.catalog, &src, t.path());
-    assert_eq!(packed::recheck(&table, &src).dirs_changed, 0);
+    assert_eq!(packed_source::recheck(&table, &src).dirs_changed, 0);
     change(&src);
-    let r = packed::recheck(&table, &src);
+    let r = packed_source::recheck(&table, &src);
     assert_eq!((r.dirs_checked, r.dirs_changed), (5, 3), "{r:?}");
-    let st = |rel: &[u8]| state::state_of(table.state(table.lookup(rel).unwrap()));
-    assert_eq!(st(b"a"), state::STALE);
-    assert_eq!(st(b"a/2"), state::STALE);
-    assert_eq!(st(b"b/3"), state::GONE);
-    assert_eq!(st(b"a/1"), state::UNPLACED);
-    assert_eq!(st(b"b/deep/4"), state::UNPLACED);
+    let st = |rel: &[u8]| table.state(table.lookup(rel).unwrap()).state();
+    assert_eq!(st(b"a"), State::Stale);
+    assert_eq!(st(b"a/2"), State::Stale);
+    assert_eq!(st(b"b/3"), State::Gone);
+    assert_eq!(st(b"a/1"), State::Unplaced);
+    assert_eq!(st(b"b/deep/4"), State::Unplaced);
 }

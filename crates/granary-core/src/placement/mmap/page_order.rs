@@ -3,7 +3,7 @@
 //! A cursor over an LMDB written in random key order (keys `"1"`, `"10"`, `"100"` … inserted
 //! as integers count up; hashes; a shuffled conversion) reads its leaf and overflow pages in key
 //! order, which jumps around the file: the follower sees scattered reads and reads nothing
-//! ahead. A `Layout` is a permutation of the file's pages — the record order first
+//! ahead. A `PageOrder` is a permutation of the file's pages — the record order first
 //! (`lmdb_index`), then every page it does not name in file order — so that the follower can
 //! follow the reader in *its* order: positions, windows and the `seen` bits of a reader with a
 //! layout are in record order ("virtual" offsets), and only the page tables, the read-ahead
@@ -13,7 +13,7 @@ const PAGE: u64 = 4096;
 
 /// A permutation of the pages of a file of `len` bytes.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Layout {
+pub struct PageOrder {
     /// `(virtual page, file page, pages)`, by virtual page, contiguous from 0.
     by_virtual: Vec<(u64, u64, u64)>,
     /// The same extents by file page, as `(file page, virtual page, pages)`.
@@ -27,12 +27,12 @@ pub struct Layout {
 /// order, as before — the follower passes over a few pages out of place.
 const RUN_PAGES: u64 = 256;
 
-impl Layout {
+impl PageOrder {
     /// The layout that reads `extents` (`(file page, pages)`, in reading order) first, then the
     /// pages they do not name in file order. Pages named twice, or past the end, are taken the
     /// first time, within the file. `None` when it is (nearly) the file's own order
     /// (`RUN_PAGES`).
-    pub fn new(extents: &[(u64, u64)], len: u64) -> Option<Layout> {
+    pub fn new(extents: &[(u64, u64)], len: u64) -> Option<PageOrder> {
         let pages = len.div_ceil(PAGE);
         let mut taken = vec![false; pages as usize];
         let mut by_virtual: Vec<(u64, u64, u64)> = Vec::new();
@@ -66,7 +66,7 @@ impl Layout {
         }
         let mut by_file: Vec<_> = by_virtual.iter().map(|&(v, f, n)| (f, v, n)).collect();
         by_file.sort_unstable();
-        Some(Layout {
+        Some(PageOrder {
             by_virtual,
             by_file,
             len,
@@ -154,11 +154,11 @@ mod tests {
     fn the_files_own_order_needs_no_layout() {
         let pages = 4096;
         let inorder: Vec<(u64, u64)> = (0..pages).map(|p| (p, 1)).collect();
-        assert_eq!(Layout::new(&inorder, pages * PAGE), None);
+        assert_eq!(PageOrder::new(&inorder, pages * PAGE), None);
         // An LMDB written in key order: its few branch pages come first.
         let mut btree = vec![(4000, 2)];
         btree.extend((0..4000).map(|p| (p, 1)));
-        assert_eq!(Layout::new(&btree, pages * PAGE), None);
+        assert_eq!(PageOrder::new(&btree, pages * PAGE), None);
     }
 
     #[test]
@@ -168,7 +168,7 @@ mod tests {
         let mut ext = shuffled(pages);
         ext.push((5, 10)); // named twice
         ext.push((pages + 7, 4)); // past the end
-        let l = Layout::new(&ext, len).expect("a layout");
+        let l = PageOrder::new(&ext, len).expect("a layout");
         let mut seen = vec![false; pages as usize];
         for vp in 0..pages {
             let f = l.to_file(vp * PAGE + 17);
@@ -185,7 +185,7 @@ mod tests {
     #[test]
     fn file_runs_cover_a_virtual_range_in_its_order() {
         let pages = 3000;
-        let l = Layout::new(&shuffled(pages), pages * PAGE).expect("a layout");
+        let l = PageOrder::new(&shuffled(pages), pages * PAGE).expect("a layout");
         let runs = l.file_runs(PAGE + 10, 7 * PAGE);
         let total: u64 = runs.iter().map(|(a, b)| b - a).sum();
         assert_eq!(total, 6 * PAGE - 10);

@@ -11,12 +11,11 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::Ordering;
 
 use granary_shm::lifecycle;
-use granary_shm::{object_name, parse_object_name, state};
+use granary_shm::{object_name, parse_object_name, State, StateWord, Table};
 
-use crate::placement::SourceCtx;
+use super::{Space, Work};
 use crate::sys;
 
 /// Temporary files younger than this may belong to a copy in progress.
@@ -33,23 +32,23 @@ pub struct SweepOutcome {
 }
 
 /// What a name in tier `tier`'s object directory is, for the current table.
-fn wanted(ctx: &SourceCtx, tier: usize, name: &[u8]) -> Option<u32> {
+fn wanted(t: &Table, tier: usize, name: &[u8]) -> Option<u32> {
     let (stem, suffix) = match name.iter().position(|&b| b == b'.') {
         Some(p) => (&name[..p], &name[p..]),
         None => (name, &b""[..]),
     };
-    let idx = ctx.table.lookup_object(parse_object_name(stem)?)?;
-    let w = ctx.table.state(idx);
-    if state::tier_of(w) as usize != tier {
+    let idx = t.lookup_object(parse_object_name(stem)?)?;
+    let w = t.state(idx);
+    if w.tier() as usize != tier {
         return None;
     }
     // An object name while the entry is PLACING on this tier: a copy being published right now
     // (renamed, not yet PLACED) — deleting it would leave a PLACED entry with no copy.
     let keep = matches!(
-        (suffix, state::state_of(w)),
-        (b"", state::PLACED | state::PLACING)
-            | (b".part", state::PLACING)
-            | (b".chunks", state::PARTIAL)
+        (suffix, w.state()),
+        (b"", State::Placed | State::Placing)
+            | (b".part", State::Placing)
+            | (b".chunks", State::Partial)
     );
     keep.then_some(idx)
 }
@@ -57,14 +56,14 @@ fn wanted(ctx: &SourceCtx, tier: usize, name: &[u8]) -> Option<u32> {
 /// The node-local lock file of an LMDB environment whose data file the catalog names (the
 /// preload's `lmdb`), whatever the data file's state: processes may hold it open, and LMDB
 /// re-initialises a stale one itself.
-fn is_lmdb_lock(ctx: &SourceCtx, tier: usize, name: &[u8]) -> bool {
+fn is_lmdb_lock(t: &Table, tier: usize, name: &[u8]) -> bool {
     let Some(stem) = name.strip_suffix(b".lmdb-lock") else {
         return false;
     };
     tier == 0
         && parse_object_name(stem)
-            .and_then(|o| ctx.table.lookup_object(o))
-            .and_then(|idx| ctx.table.entry(idx))
+            .and_then(|o| t.lookup_object(o))
+            .and_then(|idx| t.entry(idx))
             .is_some_and(|e| e.stat.is_file())
 }
 
@@ -81,24 +80,24 @@ fn is_young_tmp(dir: &OwnedFd, name: &[u8]) -> bool {
     now - (c.ctime_ns / 1_000_000_000) as i64 <= TMP_GRACE_S
 }
 
-/// Deletes what the catalog does not name and withdraws what it names but the tier lost.
-pub fn sweep(ctx: &SourceCtx) -> SweepOutcome {
+/// Deletes from `space`'s object directories what table `t` does not name, and withdraws what
+/// it names but the tier lost; stops early once `work` is retired.
+pub fn sweep(t: &Table, space: &Space, work: &Work) -> SweepOutcome {
     let mut out = SweepOutcome::default();
-    let t = &ctx.table;
     let words = granary_shm::layout::bitmap_words(t.entry_count() as usize);
     let mut seen = vec![0u64; words];
-    for (tier, dir) in ctx.object_dirs.iter().enumerate() {
+    for (tier, dir) in space.dirs().iter().enumerate() {
         let Some(dir) = dir else { continue };
         let Ok(rd) = list(dir) else { continue };
         for de in rd.flatten() {
-            if ctx.retired.load(Ordering::Acquire) {
+            if work.is_retired() {
                 return out;
             }
             let name = de.file_name();
             let b = name.as_bytes();
-            match wanted(ctx, tier, b) {
+            match wanted(t, tier, b) {
                 Some(idx) => seen[(idx / 64) as usize] |= 1 << (idx % 64),
-                None if is_young_tmp(dir, b) || is_lmdb_lock(ctx, tier, b) => {}
+                None if is_young_tmp(dir, b) || is_lmdb_lock(t, tier, b) => {}
                 None => {
                     if sys::unlink_at(dir, b).is_ok() {
                         out.removed += 1;
@@ -109,19 +108,18 @@ pub fn sweep(ctx: &SourceCtx) -> SweepOutcome {
     }
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
-        if state::state_of(w) != state::PLACED || seen[(idx / 64) as usize] & (1 << (idx % 64)) != 0
-        {
+        if w.state() != State::Placed || seen[(idx / 64) as usize] & (1 << (idx % 64)) != 0 {
             continue;
         }
-        let tier = state::tier_of(w) as usize;
-        let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+        let tier = w.tier() as usize;
+        let Some(dir) = space.dir(tier) else {
             continue;
         };
         // Placed after the listing went by: there, not missing.
         let there = t
             .entry(idx)
             .is_some_and(|e| sys::copy_stat_at(dir, &object_name(e.object)).is_ok());
-        if !there && withdraw(ctx, idx, w, false) {
+        if !there && withdraw(t, space, idx, w, false) {
             out.missing += 1;
         }
     }
@@ -135,41 +133,41 @@ fn list(dir: &OwnedFd) -> std::io::Result<std::fs::ReadDir> {
 
 /// Takes a placed copy back (PLACED → UNPLACED) and gives its space back; `delete` removes the
 /// object too. False if the entry moved meanwhile.
-fn withdraw(ctx: &SourceCtx, idx: u32, placed: u64, delete: bool) -> bool {
-    let t = &ctx.table;
-    let tier = state::tier_of(placed) as usize;
+fn withdraw(t: &Table, space: &Space, idx: u32, placed: StateWord, delete: bool) -> bool {
+    let tier = placed.tier() as usize;
     if !lifecycle::withdraw(&lifecycle::EntryCell { table: t, idx }, placed) {
         return false;
     }
-    if let (true, Some(Some(dir)), Some(e)) = (delete, ctx.object_dirs.get(tier), t.entry(idx)) {
+    if let (true, Some(dir), Some(e)) = (delete, space.dir(tier), t.entry(idx)) {
         let _ = sys::unlink_at(dir, &object_name(e.object));
     }
     if let Some(e) = t.entry(idx) {
-        if tier < ctx.tiers.len() {
-            ctx.tiers.release(tier, ctx.tiers.charge(tier, e.stat.size));
+        if tier < space.tiers.len() {
+            space
+                .tiers
+                .release(tier, space.tiers.charge(tier, e.stat.size));
         }
     }
     true
 }
 
-/// Re-hashes every placed copy against its recorded checksum; withdraws and deletes the ones that
-/// fail. Tiers that take no direct I/O on a disk are skipped (hashing through the page cache
-/// would push resident copies out).
-pub fn verify_copies(ctx: &SourceCtx) -> SweepOutcome {
+/// Re-hashes every copy table `t` places in `space` against its recorded checksum; withdraws
+/// and deletes the ones that fail; stops early once `work` is retired. Tiers that take no direct
+/// I/O on a disk are skipped (hashing through the page cache would push resident copies out).
+pub fn verify_copies(t: &Table, space: &Space, work: &Work) -> SweepOutcome {
     let mut out = SweepOutcome::default();
-    let t = &ctx.table;
     let mut buf = AlignedBuf::new(1 << 20);
-    let mut skip = vec![false; ctx.object_dirs.len()];
+    let mut skip = vec![false; space.dirs().len()];
     for idx in 0..t.entry_count() {
-        if ctx.retired.load(Ordering::Acquire) {
+        if work.is_retired() {
             break;
         }
         let w = t.state(idx);
-        let tier = state::tier_of(w) as usize;
-        if state::state_of(w) != state::PLACED || skip.get(tier).copied().unwrap_or(true) {
+        let tier = w.tier() as usize;
+        if w.state() != State::Placed || skip.get(tier).copied().unwrap_or(true) {
             continue;
         }
-        let (Some(Some(dir)), Some(e)) = (ctx.object_dirs.get(tier), t.entry(idx)) else {
+        let (Some(dir), Some(e)) = (space.dir(tier), t.entry(idx)) else {
             continue;
         };
         let Ok(f) = sys::open_read_at(dir, &object_name(e.object)) else {
@@ -185,7 +183,7 @@ pub fn verify_copies(ctx: &SourceCtx) -> SweepOutcome {
             continue;
         };
         // Only a copy still the one recorded counts (it may have been replaced meanwhile).
-        if t.state(idx) == w && sum != t.checksum(idx) && withdraw(ctx, idx, w, true) {
+        if t.state(idx) == w && sum != t.checksum(idx) && withdraw(t, space, idx, w, true) {
             tracing::warn!(
                 "cached copy of {} failed its checksum: withdrawn, placed again on demand",
                 crate::catalog::walk::rel_display(&t.rel_path_vec(idx).unwrap_or_default())

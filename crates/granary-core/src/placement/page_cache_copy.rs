@@ -6,15 +6,16 @@
 //! from the source too).
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::copy::{
-    begin, hash_zeros, open_started, place_on_tiers, reserve_on, write_all_at, CopyError, Opened,
-    Written, SETTLE,
+    begin, hash_zeros, open_started, place_on_tiers, write_all_at, CopyError, Opened, Written,
+    SETTLE,
 };
-use super::pool::{Held, Shared};
+use super::engine::{Engine, Held};
 use super::{PlaceOutcome, SourceCtx};
 use crate::stats::AgentCounters;
+use crate::sync::statics::{AtomicU64, Ordering};
+use crate::sync::thread;
 use crate::sys;
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -27,7 +28,7 @@ const UNCACHED_READ: usize = 128 << 10;
 pub fn copy_small(
     ctx: &SourceCtx,
     idx: u32,
-    sh: &Shared,
+    engine: &Engine,
     buf: &mut Vec<u8>,
     closed: bool,
 ) -> PlaceOutcome {
@@ -37,9 +38,9 @@ pub fn copy_small(
     };
     // Room first: a file no tier can take never costs the source an open.
     let size = b.entry.stat.size;
-    let order = sh.policy.tiers_for(size, &ctx.tiers);
-    let Some(res) = reserve_on(ctx, &order, size) else {
-        return super::partial::no_room_for_whole(ctx, b, sh, buf);
+    let order = engine.policy.tiers_for(size, &ctx.space.tiers);
+    let Some(res) = ctx.space.reserve_on(&order, size) else {
+        return super::partial::no_room_for_whole(ctx, b, engine, buf);
     };
     let mut cl = match open_started(ctx, b) {
         Ok(cl) => cl,
@@ -47,7 +48,7 @@ pub fn copy_small(
     };
     let mut stream = None;
     let out = place_on_tiers(ctx, &mut cl, &order, res, |cl, _tier, dir| {
-        copy_tmp(ctx, cl, dir, buf, sh, &mut stream)
+        copy_tmp(ctx, cl, dir, buf, engine, &mut stream)
     });
     if closed && matches!(out, PlaceOutcome::Placed { .. }) {
         // The copy holds these bytes now and the program is done with them: two copies of every
@@ -62,7 +63,7 @@ fn copy_tmp<'s>(
     cl: &mut Opened,
     dir: &OwnedFd,
     buf: &mut [u8],
-    sh: &'s Shared,
+    engine: &'s Engine,
     stream: &mut Option<Held<'s>>,
 ) -> Result<Written, CopyError> {
     let tmp = format!(
@@ -114,7 +115,7 @@ fn copy_tmp<'s>(
                     // taken once per file, as for any source read; nobody waits for this copy, so
                     // it backs off while the program reads the source itself.
                     if stream.is_none() {
-                        *stream = Some(sh.stream_for(ctx, false));
+                        *stream = Some(engine.stream_for(ctx, false));
                     }
                     let want = want.min(if nowait { UNCACHED_READ } else { want });
                     let n =
@@ -173,7 +174,7 @@ fn pread_cached(src: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Resul
         match sys::pread_nowait(src, buf, off) {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < 2 => {
                 tries += 1;
-                std::thread::sleep(std::time::Duration::from_micros(500));
+                thread::sleep(std::time::Duration::from_micros(500));
             }
             other => return other,
         }

@@ -6,7 +6,7 @@
 //!   every open of a catalogued file (placed ones included, which the agent never saw before);
 //!   `OPENED` and `OPEN_UNPLACED` both move `KnownOrder`'s position (`on_request`).
 //! - Prefetch: one thread per table (`spawn`) copies the files `prefetch` names, one at a time
-//!   through `fetch_large` (the agent is the only reader, in large sequential reads, and a
+//!   through `whole_file::fetch` (the agent is the only reader, in large sequential reads, and a
 //!   program that opens the file meanwhile is served from the partial copy). One at a time means
 //!   at most one of the node's `max_source_streams` ever goes to work nobody waits on yet, so
 //!   the fetches a program waits on (the pool's) keep the others.
@@ -20,16 +20,15 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use granary_shm::{object_name, request, state, Table};
+use granary_shm::{request, State, Table};
 use serde::{Deserialize, Serialize};
 
-use super::pool::Shared;
+use super::engine::Engine;
 use super::{KnownOrder, PlaceOutcome, Policy, SourceCtx};
 use crate::stats::AgentCounters;
+use crate::sync::{lock, thread, Arc, Condvar, Mutex};
 use crate::sys;
 
 /// What a job asks for when it wants the known-order policy (`--access-order`, or
@@ -124,9 +123,7 @@ impl Prefetcher {
             return;
         }
         self.order.observe(idx);
-        if kind == request::OPEN_UNPLACED
-            && state::state_of(ctx.table.state(idx)) == state::UNPLACED
-        {
+        if kind == request::OPEN_UNPLACED && ctx.table.state(idx).state() == State::Unplaced {
             if let Some(e) = ctx.table.entry(idx) {
                 self.make_room(ctx, e.stat.size);
             }
@@ -139,15 +136,15 @@ impl Prefetcher {
     /// it may evict (nothing placed was read this epoch): the file goes where it can.
     pub fn make_room(&self, ctx: &SourceCtx, size: u64) -> bool {
         let room = || {
-            super::free_space(&ctx.tiers)
+            super::free_space(&ctx.space.tiers)
                 .iter()
                 .enumerate()
-                .any(|(t, &f)| f >= ctx.tiers.charge(t, size) && !ctx.tiers.is_full(t))
+                .any(|(t, &f)| f >= ctx.space.tiers.charge(t, size) && !ctx.space.tiers.is_full(t))
         };
         if room() {
             return true;
         }
-        let placed = |e: u32| state::state_of(ctx.table.state(e)) == state::PLACED;
+        let placed = |e: u32| ctx.table.state(e).state() == State::Placed;
         for v in self.order.victims(size, &placed) {
             self.evict(ctx, v);
             if room() {
@@ -161,22 +158,12 @@ impl Prefetcher {
     /// entry was not PLACED any more when we tried.
     pub fn evict(&self, ctx: &SourceCtx, idx: u32) -> bool {
         let t = &ctx.table;
-        let w = t.state(idx);
-        let Some(e) = t.entry(idx) else { return false };
-        if !granary_shm::lifecycle::withdraw(
-            &granary_shm::lifecycle::EntryCell { table: t, idx },
-            w,
-        ) {
+        let Some(tier) = super::states::withdraw_copy(t, &ctx.space, idx, |dir, name| {
+            sys::unlink_at(dir, name).is_ok()
+        }) else {
             return false;
-        }
-        let tier = state::tier_of(w) as usize;
+        };
         let st = self.order.state();
-        if let Some(Some(dir)) = ctx.object_dirs.get(tier) {
-            let name = object_name(e.object);
-            super::states::drop_object(&ctx.tiers, tier, e.stat.size, || {
-                sys::unlink_at(dir, &name).is_ok()
-            });
-        }
         AgentCounters::add(&ctx.counters.evictions, 1);
         // The test suite checks from this line that every evicted file was read in the epoch
         // it was evicted in (the clock is the same the program can read: CLOCK_MONOTONIC).
@@ -197,9 +184,9 @@ impl Prefetcher {
         let epoch = self.order.state().epoch;
         // SOURCE_ONLY counts as "to place" once per epoch (it may have been a moment without
         // room); QUEUED/PLACING/PLACED/STALE/PARTIAL are on their way or not ours to touch.
-        let want = |e: u32| match state::state_of(t.state(e)) {
-            state::UNPLACED => true,
-            state::SOURCE_ONLY => lock(&self.retried).get(&e) != Some(&epoch),
+        let want = |e: u32| match t.state(e).state() {
+            State::Unplaced => true,
+            State::SourceOnly => lock(&self.retried).get(&e) != Some(&epoch),
             _ => false,
         };
         for idx in self.order.prefetch(&|e| !want(e)) {
@@ -208,8 +195,8 @@ impl Prefetcher {
                 return None;
             }
             let w = t.state(idx);
-            let from = state::state_of(w);
-            if from == state::SOURCE_ONLY {
+            let from = w.state();
+            if from == State::SourceOnly {
                 lock(&self.retried).insert(idx, epoch);
             }
             if granary_shm::lifecycle::claim_ahead(
@@ -223,40 +210,36 @@ impl Prefetcher {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Starts the prefetch thread of a table with a known order (no-op otherwise). It ends when
-/// the table is retired; its placement counts in `inflight`, so retirement and `pending`
+/// the table is retired; its placement counts in `SourceCtx::work`, so retirement and `pending`
 /// wait for the copy in hand.
-pub fn spawn(ctx: Arc<SourceCtx>, sh: Arc<Shared>) -> io::Result<()> {
+pub fn spawn(ctx: Arc<SourceCtx>, engine: Arc<Engine>) -> io::Result<()> {
     if ctx.order.is_none() {
         return Ok(());
     }
     ctx.table.set_reports_opens(true);
-    std::thread::Builder::new()
+    thread::Builder::new()
         .name("prefetch".into())
-        .spawn(move || run(&ctx, &sh))?;
+        .spawn(move || run(&ctx, &engine))?;
     Ok(())
 }
 
-fn run(ctx: &SourceCtx, sh: &Shared) {
+fn run(ctx: &SourceCtx, engine: &Engine) {
     let Some(pf) = ctx.order.as_deref() else {
         return;
     };
-    let mut buf = super::copy::worker_buffer(sh.params.block_size);
-    while !ctx.retired.load(Ordering::Acquire) {
-        ctx.inflight.fetch_add(1, Ordering::AcqRel);
+    let mut buf = super::copy::worker_buffer(engine.params.block_size);
+    while !ctx.work.is_retired() {
+        ctx.work.hold();
         let next = pf.next(ctx);
         if let Some(idx) = next {
-            let out = super::fetch_large(ctx, idx, sh, &mut buf);
+            let out = super::whole_file::fetch(ctx, idx, engine, &mut buf);
             if matches!(out, PlaceOutcome::Placed { .. }) {
                 AgentCounters::add(&ctx.counters.prefetched, 1);
             }
             tracing::trace!("prefetch of entry {idx}: {out:?}");
         }
-        ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+        ctx.work.release();
         if next.is_some() {
             continue;
         }
