@@ -45,14 +45,17 @@ import json, os, sys, threading, time
 # The serving agents (owner and requester): their CPU over the timed loop only.
 pids = [p for p in os.environ.get("BENCH_AGENT_PIDS", "").split(",") if p]
 def agents_cpu():
-    total = 0
+    """Each agent's CPU seconds so far, in the order of BENCH_AGENT_PIDS (rank 0 first)."""
+    out = []
     for p in pids:
+        total = 0
         for t in os.listdir(f"/proc/{p}/task"):
             try:
                 total += int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0])
             except (OSError, ValueError, IndexError):
                 pass
-    return total / 1e9
+        out.append(total / 1e9)
+    return out
 files = [l for l in open(sys.argv[1]).read().split("\n") if l]
 threads, mode, size = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 it = iter(files); lock = threading.Lock(); total = [0]; lat = []
@@ -83,9 +86,9 @@ t0, c0 = time.perf_counter(), time.process_time()
 ts = [threading.Thread(target=work) for _ in range(threads)]
 [t.start() for t in ts]; [t.join() for t in ts]
 s, cpu = time.perf_counter() - t0, time.process_time() - c0
-agent = agents_cpu() - a0
-print(json.dumps({"files": len(files), "bytes": total[0], "s": s, "cpu": cpu, "agent_cpu": agent,
-                  "lat": sorted(lat)}))
+agents = [b - a for a, b in zip(a0, agents_cpu())]
+print(json.dumps({"files": len(files), "bytes": total[0], "s": s, "cpu": cpu,
+                  "agent_cpu": sum(agents), "agent_cpus": agents, "lat": sorted(lat)}))
 '''
 
 
@@ -137,13 +140,19 @@ class Serve:
         """Every agent's CPU seconds so far, summed."""
         return sum(cpu_s(self.pid(r)) for r in range(self.ranks))
 
-    def idle_rate(self, seconds=3.0):
-        """The agents' CPU (cores, summed over ranks) while nothing reads, after their start-up
-        work (placement, the staging filler's reserve) has stopped moving."""
+    def idle_rates(self, seconds=3.0):
+        """Each agent's CPU (cores, by rank) while nothing reads, after their start-up work
+        (placement, the staging filler's reserve) has stopped moving."""
         time.sleep(1.0)
-        c0, t0 = self.cpu(), time.monotonic()
+        pids = [self.pid(r) for r in range(self.ranks)]
+        c0, t0 = [cpu_s(p) for p in pids], time.monotonic()
         time.sleep(seconds)
-        return (self.cpu() - c0) / (time.monotonic() - t0)
+        dt = time.monotonic() - t0
+        return [(cpu_s(p) - c) / dt for p, c in zip(pids, c0)]
+
+    def idle_rate(self, seconds=3.0):
+        """`idle_rates` summed over the ranks."""
+        return sum(self.idle_rates(seconds))
 
     def status(self, r):
         p = subprocess.run([self.g, "status", "--json"], capture_output=True, env=self.env(r))
@@ -214,17 +223,8 @@ def split(serve, sums):
     return mine, everything - mine
 
 
-<<<<<<< HEAD
-# FanStore's published scaling (Zhang et al., §6.5.1): aggregate bandwidth relative to a baseline.
-FANSTORE = {(1, 4): "1.0–1.5× (25–38 %)", (4, 16): "76.3–83.1 %", (1, 64): "5.8–45.4× (9–71 %)",
-            (64, 512): "81.4–88.2 %"}
-NET_LATENCY = 2e-6        # s per message (stated network: 100 Gb/s, 2 µs)
-NET_BANDWIDTH = 12.5e9    # bytes/s per node and direction
-THREADS = 8               # reader threads per node (e.g. 4 GPUs × 2 loader processes)
-=======
 BAR_SIZES = ("128K", "2M", "8M")
 SLACK = 150e-6   # the bar's allowance per file beyond the transfer's floor and the checksum
->>>>>>> cluster
 
 
 def t_mpi(reps):
@@ -262,13 +262,17 @@ def epochs(g, args, source, work, sums):
             rem = sorted(p for p in theirs if f"/{d}/" in p)
             (work / "e.txt").write_text("\n".join(rem))
             theirs_bytes = len(rem) * SIZES[d]
-            idle = serve.idle_rate()
+            idles = serve.idle_rates()
+            idle = sum(idles)
             for e in (1, 2):
                 r = serve.read(0, str(work / "e.txt"), 1, "read", SIZES[d])
                 agent = r["agent_cpu"] - idle * r["s"]
+                gib = r["bytes"] / 2**30
+                requester = r["agent_cpus"][0] - idles[0] * r["s"]
                 out.setdefault(d, {})[e] = {"agent_cpu": agent, "bytes": r["bytes"], "s": r["s"],
                                             "reader_cpu": r["cpu"], "idle": idle,
-                                            "per_gib": agent / (r["bytes"] / 2**30)}
+                                            "per_gib": agent / gib,
+                                            "requester_per_gib": requester / gib}
             c = serve.status(0).get("cluster") or {}
             out[d]["recycled"] = c.get("staging_recycled", 0)
             out[d]["bounce"] = sum(p.get("bounce_bytes", 0) for p in c.get("peers", []))
@@ -301,8 +305,9 @@ def bar(rows, side, extra):
     tm = extra["t_mpi"]
     lines = ["## The bar (one run)", "",
              "| size | Δ = remote − local, median (ms) | t_mpi | t_hash | bound t_mpi + t_hash + 0.150 | Δ / bound | "
-             "agent CPU s per remote GiB (idle subtracted) | reader CPU remote / local |",
-             "|---|---|---|---|---|---|---|---|"]
+             "agent CPU s per remote GiB (idle subtracted): owner + requester | requester | "
+             "reader CPU remote / local |",
+             "|---|---|---|---|---|---|---|---|---|"]
     costs = {"hash_s_per_byte": hash_s_per_b, "t_mpi": tm, "sizes": {}}
     med = lambda xs: xs[len(xs) // 2] if xs else float("nan")
     for d in BAR_SIZES:
@@ -316,12 +321,14 @@ def bar(rows, side, extra):
         bound = tm[d] + th + SLACK
         gib = sum(x["bytes"] for x in r) / 2**30
         agent = sum(x["agent_cpu"] - x["idle"] * x["s"] for x in r) / gib
+        requester = sum(x["agent_cpus"][0] - x["idles"][0] * x["s"] for x in r) / gib
         reader = sum(x["cpu"] for x in r) / max(sum(x["cpu"] for x in l), 1e-9)
         lines.append(f"| {d} | {delta * 1e3:.3f} | {tm[d] * 1e3:.3f} | {th * 1e3:.3f} | {bound * 1e3:.3f} | "
-                     f"{delta / bound:.2f} | {agent:.2f} | {reader:.2f} |")
+                     f"{delta / bound:.2f} | {agent:.2f} | {requester:.2f} | {reader:.2f} |")
         costs["sizes"][d] = {"size": SIZES[d], "local": med(loc), "remote": med(rem),
                              "remote_p90": rem[int(len(rem) * 0.9)], "remote_p99": rem[int(len(rem) * 0.99)],
                              "delta": delta, "t_hash": th, "agent_cpu_per_gib": agent,
+                             "requester_cpu_per_gib": requester,
                              "files": len(rem)}
     lines += ["", f"t_mpi: bench/floor/mpi_pingpong.c, 2 ranks, this run's launcher and environment; "
               f"t_hash: the requester's own checksum time per byte in this run ({hash_s_per_b * 1e9:.3f} ns/B, "
@@ -329,16 +336,17 @@ def bar(rows, side, extra):
               f"(`bounce_bytes`, every pair): {sorted(set(side.get((0, 'bounce'), [])))}."]
     ep = extra.get("epochs")
     if ep:
-        lines += ["", "| size | agent CPU s per remote GiB, epoch 1 | later epoch | reader CPU s per GiB, epoch 1 / later | staging copies recycled | bytes through buffers |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| size | agent CPU s per remote GiB (owner + requester), epoch 1 | later epoch | requester's, epoch 1 / later | reader CPU s per GiB, epoch 1 / later | staging copies recycled | bytes through buffers |",
+                  "|---|---|---|---|---|---|---|"]
         for d, e in ep.items():
             g1, g2 = e[1]["bytes"] / 2**30, e[2]["bytes"] / 2**30
             lines.append(f"| {d} | {e[1]['per_gib']:.2f} | {e[2]['per_gib']:.2f} | "
+                         f"{e[1]['requester_per_gib']:.2f} / {e[2]['requester_per_gib']:.2f} | "
                          f"{e[1]['reader_cpu'] / g1:.2f} / {e[2]['reader_cpu'] / g2:.2f} | {e['recycled']} | {e['bounce']} |")
         costs["epochs"] = {d: {k: e[k]["per_gib"] for k in (1, 2)} for d, e in ep.items()}
     idle = extra.get("idle3")
     if idle:
-        lines += ["", f"Idle ranks (3 ranks serving, nothing reading, 10 s): "
+        lines += ["", f"Idle ranks (3 ranks serving, nothing reading, {extra['idle_seconds']:.0f} s): "
                   f"{', '.join(f'{c:.4f}' for c in idle)} cores."]
         costs["idle_cores"] = max(idle)
     idles = side.get((0, "idle")) or []
@@ -355,6 +363,7 @@ PFS_BANDWIDTH = 50e9      # bytes/s, the whole file system
 THREADS = 8               # reader threads per node (e.g. 4 GPUs × 2 loader processes)
 BATCH = 256               # files one node reads per training step
 BEAT_COST = 20e-6         # CPU s per liveness message, sent or received (upper bound: below)
+BEAT_HZ = 4               # heartbeats a rank sends per second (cluster/peers.rs: every 250 ms)
 
 
 def scaling(costs):
@@ -372,7 +381,8 @@ def scaling(costs):
                (balls into bins); its excess bytes through its link delay the step
       incast   a node receives from min(THREADS, N−1) owners at once into one port: the last
                file of each wave waits for the others' bytes, half a wave on average
-      liveness heartbeats per rank per second (ring: 1 sent, 1 received; all-to-all: 2(N−1))
+      liveness heartbeats per rank per second (ring: BEAT_HZ sent, as many received;
+               all-to-all: 2·BEAT_HZ·(N−1))
                × BEAT_COST of CPU, taken from the step's time
       epoch 1  the dataset's first read from the PFS: N nodes · BATCH files share PFS_BANDWIDTH
                (one read per byte per job); only in the first epoch
@@ -404,7 +414,7 @@ def scaling(costs):
             fan = min(THREADS, n - 1)
             t["incast"] = BATCH * f / THREADS * max(fan - 1, 0) / 2 * s / NET_BANDWIDTH / max(fan, 1)
             base = sum(t.values())
-            beats = 2.0 if n > 1 else 0.0           # ring: one sent, one received per second
+            beats = 2.0 * BEAT_HZ if n > 1 else 0.0  # ring: BEAT_HZ sent, as many received
             t["liveness"] = base * beats * BEAT_COST
             p_tail = 1 - 0.99 ** (BATCH * f * n) if n > 1 else 0
             t["tail"] = p_tail * (m["remote_p99"] - m["remote"]) / THREADS
@@ -419,9 +429,10 @@ def scaling(costs):
             out.append(f"| {d} | {n} | {later * 1e3:.1f} / {first * 1e3:.1f} | "
                        + " | ".join(share(k) for k in ("local", "remote", "link", "hot spot", "incast", "liveness", "tail"))
                        + f" | {t['epoch 1'] / first:.0%} | {t1 / later:.0%} |")
-    a2a = 2 * 511 * BEAT_COST
-    out += ["", f"Liveness at 512 nodes: the ring costs a rank {2 * BEAT_COST * 1e3:.2f} ms of CPU per second; "
-            f"all-to-all heartbeats would cost {a2a * 1e3:.1f} ms ({2 * 511} messages). BEAT_COST is an upper bound "
+    a2a = 2 * BEAT_HZ * 511 * BEAT_COST
+    out += ["", f"Liveness at 512 nodes: the ring costs a rank {2 * BEAT_HZ * BEAT_COST * 1e3:.2f} ms of CPU per "
+            f"second ({2 * BEAT_HZ} messages, whatever the node count); all-to-all heartbeats would cost "
+            f"{a2a * 1e3:.1f} ms ({2 * BEAT_HZ * 511} messages). BEAT_COST is an upper bound "
             f"from this run's idle rank ({costs.get('idle_cores', float('nan')):.4f} cores, every wake-up counted as a message)."]
     return out
 
@@ -452,6 +463,8 @@ def main():
                          "remote files read twice)")
     ap.add_argument("--no-idle", dest="idle", action="store_false",
                     help="skip the idle-rank phase (3 ranks, nothing reading)")
+    ap.add_argument("--idle-seconds", type=float, default=10.0,
+                    help="how long the idle-rank phase measures")
     ap.add_argument("--tmp-mpi-reps", type=int, default=41, help=argparse.SUPPRESS)
     args = ap.parse_args()
     bins = [args.granary] + ([args.compare] if args.compare else [])
@@ -487,7 +500,8 @@ def main():
     if args.epochs:
         extra["epochs"] = epochs(bins[0], args, source, work, sums)
     if args.idle:
-        extra["idle3"] = idle3(bins[0], args, source, work)
+        extra["idle3"] = idle3(bins[0], args, source, work, args.idle_seconds)
+        extra["idle_seconds"] = args.idle_seconds
     report(rows, args, counts, bins, extra)
 
 
@@ -499,7 +513,8 @@ def one_pair(g, b, k, args, source, pack, work, sums, everything, threads, modes
         serve.read(1, str(everything), 4, "read", 8 << 20)
         serve.settle()
         mine, theirs = split(serve, sums)
-        idle = serve.idle_rate()
+        idles = serve.idle_rates()
+        idle = sum(idles)
         rows.setdefault((b, "idle"), []).append(idle)
         for d, size in SIZES.items():
             rem = sorted(p for p in theirs if f"/{d}/" in p)
@@ -524,6 +539,7 @@ def one_pair(g, b, k, args, source, pack, work, sums, everything, threads, modes
                         uncache(serve.tiers)
                     res = serve.read(0, str(work / f), t, m, size)
                     res["idle"] = idle
+                    res["idles"] = idles
                     rows.setdefault((b, d, t, m, what), []).append(res)
         c = serve.status(0).get("cluster") or {}
         if c.get("hashed_bytes"):

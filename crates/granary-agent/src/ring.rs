@@ -10,10 +10,14 @@ use crate::agent::Agent;
 
 /// Naps of the consumer when its rings are empty: from `NAP_MIN` after a request, doubling up
 /// to `NAP_MAX`, so a program opening file after file is answered within tens of microseconds
-/// while an idle agent wakes about a thousand times a second. With one table the consumer sleeps
-/// on the ring's doorbell instead, and a client's push wakes it at once.
+/// while an idle agent wakes about a thousand times a second. With one table (a job's source, a
+/// serving agent's) the consumer sleeps on the ring's doorbell instead — a client's push wakes
+/// it at once — for up to `BELL_NAP_MAX`: it only wakes by itself to step over a ring slot a
+/// dead client left, and to look for a second table (an idle agent's consumer used a hundredth
+/// of a core waking every millisecond).
 const NAP_MIN: Duration = Duration::from_micros(50);
 const NAP_MAX: Duration = Duration::from_millis(1);
+const BELL_NAP_MAX: Duration = Duration::from_millis(50);
 
 pub fn consume(agent: Arc<Agent>) {
     let mut empty_since: Option<Instant> = None;
@@ -33,7 +37,7 @@ pub fn consume(agent: Arc<Agent>) {
                 // Held from before the pop until the request is handed on, so `pending` never
                 // sees a request that is neither in the ring nor in the pool (see
                 // `SourceCtx::pending`).
-                ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                ctx.work.hold();
                 fence(Ordering::SeqCst);
                 let Some(granary_shm::Request {
                     kind,
@@ -41,11 +45,11 @@ pub fn consume(agent: Arc<Agent>) {
                     arg,
                 }) = ctx.table.pop_request()
                 else {
-                    ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                    ctx.work.release();
                     break;
                 };
                 handle_request(ctx, kind, idx, arg, &setup.pool);
-                ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                ctx.work.release();
                 did += 1;
             }
         }
@@ -66,9 +70,14 @@ pub fn consume(agent: Arc<Agent>) {
         }
         match ctxs.as_slice() {
             // One table (a job's source, a serving agent's): woken by a client's push.
-            [one] => one.table.wait_for_requests(nap),
-            _ => std::thread::sleep(nap),
+            [one] => {
+                one.table.wait_for_requests(nap);
+                nap = (nap * 2).min(BELL_NAP_MAX);
+            }
+            _ => {
+                std::thread::sleep(nap.min(NAP_MAX));
+                nap = (nap * 2).min(NAP_MAX);
+            }
         }
-        nap = (nap * 2).min(NAP_MAX);
     }
 }

@@ -99,6 +99,16 @@ impl Reservation<'_> {
         std::mem::forget(self);
         charge
     }
+
+    /// The reservation as plain numbers (tier, charge), still held: for a holder that keeps the
+    /// `Tiers` itself and outlives any borrow of it (a copy received on one thread and finished
+    /// on another). `Tiers::resume` on the same tiers makes it a `Reservation` again; until
+    /// then nothing releases it.
+    pub(crate) fn set_apart(self) -> (usize, u64) {
+        let held = (self.tier, self.charge);
+        std::mem::forget(self);
+        held
+    }
 }
 
 impl Drop for Reservation<'_> {
@@ -199,6 +209,15 @@ impl Tiers {
                 }
                 Err(now) => cur = now,
             }
+        }
+    }
+
+    /// A reservation `Reservation::set_apart` made of one of these tiers, held again.
+    pub(crate) fn resume(&self, (tier, charge): (usize, u64)) -> Reservation<'_> {
+        Reservation {
+            tiers: self,
+            tier,
+            charge,
         }
     }
 
@@ -561,9 +580,9 @@ mod tests {
 
     #[test]
     fn concurrent_reservations_never_overfill() {
-        let t = std::sync::Arc::new(tiers(&[1 << 20], 4096));
-        let granted = std::sync::atomic::AtomicU64::new(0);
-        std::thread::scope(|s| {
+        let t = crate::sync::Arc::new(tiers(&[1 << 20], 4096));
+        let granted = crate::sync::atomic::AtomicU64::new(0);
+        crate::sync::thread::scope(|s| {
             for i in 0..8u64 {
                 let t = &t;
                 let granted = &granted;

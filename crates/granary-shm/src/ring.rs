@@ -60,9 +60,10 @@ impl<'a> Ring<'a> {
         fence(Ordering::SeqCst);
         if self.backlog() > 0 {
             // A producer between its claim and its publication (or one that died there, until
-            // the consumer skips its slot): nap instead of spinning on it.
+            // the consumer skips its slot): nap instead of spinning on it — briefly, since it
+            // will not ring for a request it is still publishing.
             b.store(0, Ordering::Relaxed);
-            std::thread::sleep(timeout);
+            std::thread::sleep(timeout.min(core::time::Duration::from_millis(1)));
             return;
         }
         let _ = crate::region::futex_wait(b, 1, timeout);

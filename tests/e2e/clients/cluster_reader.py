@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Reads a dataset the way one rank of a data-parallel job does: lists the tree, then reads every
-file under it whole, in a shuffled order, with a few threads.
+file under it whole, in a shuffled order, with a few threads. `--step S --barrier DIR --group N
+--member K`: the ranks of a group that read the same files (a model-parallel group: the same
+--seed) in the same order, step by step: after every S files a rank waits (bounded) until all N
+of the group have read theirs.
 
 Prints {"progress": n} after every --every files (flushed: a test waits for these to act
 mid-epoch), then {"listing": [[rel, kind], ...], "sha256": {rel: hex}} with every file's digest.
@@ -13,11 +16,29 @@ import queue
 import random
 import sys
 import threading
+import time
+
+# A group's barrier waits at most this long for the slowest member.
+BARRIER_WAIT = 600
 
 
-def read_tree(root: str, seed: int = 0, threads: int = 4, every: int = 0):
+def barrier(directory: str, step: int, group: int, member: int) -> bool:
+    """Marks step `step` done by `member` and waits until the whole group has; False if the
+    wait expired."""
+    open(os.path.join(directory, f"{step}.{member}"), "w").close()
+    deadline = time.monotonic() + BARRIER_WAIT
+    while time.monotonic() < deadline:
+        if all(os.path.exists(os.path.join(directory, f"{step}.{m}")) for m in range(group)):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def read_tree(root: str, seed: int = 0, threads: int = 4, every: int = 0, step: int = 0,
+              group=None):
     """The tree's listing ([rel, kind], sorted) and every file's sha256 by relative path, and
-    the errors met."""
+    the errors met. `step` and `group` (barrier directory, size, member): read in steps of
+    `step` files, the group waiting for each other after each."""
     listing, files = [], []
     for d, dirs, names in os.walk(root):
         for n in dirs:
@@ -29,12 +50,21 @@ def read_tree(root: str, seed: int = 0, threads: int = 4, every: int = 0):
             if kind == "file":
                 files.append(p)
     listing.sort()
+    files.sort()
     random.Random(seed).shuffle(files)
+    sums, errors, lock = {}, [], threading.Lock()
+    steps = [files[i:i + step] for i in range(0, len(files), step)] if step else [files]
+    for number, batch in enumerate(steps):
+        read_files(root, batch, threads, every, sums, errors, lock)
+        if group and not barrier(group[0], number, group[1], group[2]):
+            errors.append(f"step {number}: the group did not arrive within {BARRIER_WAIT} s")
+    return listing, sums, errors
 
+
+def read_files(root, files, threads, every, sums, errors, lock):
     todo: "queue.Queue[str]" = queue.Queue()
     for f in files:
         todo.put(f)
-    sums, errors, lock = {}, [], threading.Lock()
 
     def worker() -> None:
         while True:
@@ -58,7 +88,6 @@ def read_tree(root: str, seed: int = 0, threads: int = 4, every: int = 0):
         t.start()
     for t in pool:
         t.join()
-    return listing, sums, errors
 
 
 def main() -> None:
@@ -67,8 +96,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--every", type=int, default=0)
+    ap.add_argument("--step", type=int, default=0)
+    ap.add_argument("--barrier", help="the group's barrier directory (with --step)")
+    ap.add_argument("--group", type=int, default=1)
+    ap.add_argument("--member", type=int, default=0)
     args = ap.parse_args()
-    listing, sums, errors = read_tree(args.root, args.seed, args.threads, args.every)
+    group = (args.barrier, args.group, args.member) if args.barrier else None
+    listing, sums, errors = read_tree(args.root, args.seed, args.threads, args.every,
+                                      args.step, group)
     if errors:
         print("\n".join(errors), file=sys.stderr)
         sys.exit(1)

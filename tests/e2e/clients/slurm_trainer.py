@@ -2,9 +2,10 @@
 """The training program of tests/e2e/test_slurm.py: one per node, started by the job script's
 `granary run --attach`. Reads the dataset as a rank of a data-parallel job does
 (cluster_reader.read_tree), then waits, bounded, until SIGUSR1 has arrived (Slurm's
-`--signal=B:USR1@T`, passed on by the job script, srun and `granary run`) and until the test
-has looked at the serving ranks (the file --hold names exists). Writes what it saw to
-OUT/<host name>.read.json once read and OUT/<host name>.done.json at the end: listing and digests, whether it ran under granary, when USR1 came.
+`--signal=B:USR1@T`, passed on by the job script, srun and `granary run`; not with --no-usr1)
+and until the test has looked at the serving ranks (the file --hold names exists). Writes what
+it saw to OUT/<host name>.read.json once read and OUT/<host name>.done.json at the end: listing
+and digests, whether it ran under granary, when USR1 came.
 """
 import argparse
 import json
@@ -27,6 +28,8 @@ def main() -> None:
     ap.add_argument("--hold", required=True)
     ap.add_argument("--every", type=int, default=0)
     ap.add_argument("--wait", type=float, default=240, help="at most this long for USR1")
+    ap.add_argument("--no-usr1", dest="usr1", action="store_false",
+                    help="wait for the hold file only")
     args = ap.parse_args()
     host = socket.gethostname()
     started = time.monotonic()
@@ -41,7 +44,8 @@ def main() -> None:
         json.dump(result, f)
     os.rename(tmp, os.path.join(args.out, f"{host}.read.json"))
     deadline = time.monotonic() + args.wait
-    while (not usr1_at or not os.path.exists(args.hold)) and time.monotonic() < deadline:
+    while ((args.usr1 and not usr1_at) or not os.path.exists(args.hold)) \
+            and time.monotonic() < deadline:
         time.sleep(0.1)
     result["usr1"] = bool(usr1_at)
     with open(tmp, "w") as f:

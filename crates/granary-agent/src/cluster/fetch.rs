@@ -1,24 +1,38 @@
 //! The requesting side: a program on this node opened a file another rank reads from the source
-//! (or this rank holds a replica of). A fetcher thread takes the entry (PLACING), reserves room
-//! — the staging tier for a file of another rank's, this rank's own tiers for a replica —,
-//! asks the file's owners in turn and writes what arrives through the ordinary publication path
-//! (`placement::incoming`). Every wait is bounded by the peer timeout: an owner that is silent
-//! that long (stopped, dead, hung) is written off (`Peers::failed`) and the next owner, or
-//! finally the source, serves the file — a packed file is then read from the pack by this
-//! node's partition streamer (only its stored bytes, by its partition offset). Fetchers never wait for this node's placement pool, and
-//! the pool never waits for a peer, so two ranks asking each other cannot deadlock.
+//! (or this rank holds a replica of). The entry is taken (PLACING), room reserved — the staging
+//! tier for a file of another rank's, this rank's own tiers for a replica —, the file's owners
+//! asked in turn, and what arrives written through the ordinary publication path
+//! (`placement::peer_copy`).
+//!
+//! **The program's read, inline.** The thread that takes the program's request (the ring
+//! consumer) starts the transfer itself (`start`): it reserves the room, sends the request to
+//! the owner and readies the landing while the owner answers; from there the communication
+//! thread carries the transfer on (`Inline`, a `transport::Transfer`): it checksums each piece
+//! as it lands and publishes the copy as the last one does, which wakes the program. No thread
+//! stands in between: the request reaches the thread that makes the MPI call, and completion
+//! wakes the program from it.
+//!
+//! **The slow path.** Anything else — an owner that says "wait" for longer than the peer
+//! timeout or is silent (written off, `Peers::failed`), one that holds no copy, a failure on
+//! this side, copies made at start (`Node::copy_others`), no live owner — is a fetcher thread's
+//! (`place`): it asks the next owner, or the file's stand-in, or finally reads the source — a
+//! packed file from the pack, by this node's partition streamer (only its stored bytes, by its
+//! partition offset). Fetchers never wait for this node's placement pool, and the pool never
+//! waits for a peer, so two ranks asking each other cannot deadlock.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crossbeam_channel::Receiver;
-use granary_core::placement::incoming::{self, NotStarted, ReceiveError, Receiving};
-use granary_core::placement::{fetch_large, PlaceOutcome, SourceCtx};
+use granary_core::placement::peer_copy::{self, NotStarted, ReceiveError, Receiving};
+use granary_core::placement::{whole_file, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
-use granary_shm::{state, EntryRec};
+use granary_shm::{EntryRec, State};
 
+use super::peers::{Late, Patience};
 use super::staging::{Evicted, Free, Slot};
-use super::transport::{Event, Landing};
+use super::transport::{Event, Flow, Landing, Transfer};
 use super::wire::{Answer, Msg};
 use super::Node;
 
@@ -30,9 +44,38 @@ pub struct RemoteFetch {
     pub slot: u32,
     /// One of the copies made at start (`Node::copy_others`): counted down when done.
     pub copy: bool,
+    /// An owner not to ask again (it holds no copy, or sent a bad one).
+    pub skip: Option<u32>,
 }
 
-/// Fetcher threads: each takes jobs until the node stops. A job holds one `ctx.inflight`
+/// A program's request for `job` (the ring consumer's, or a pool worker's): carried on by the
+/// communication thread when it can be (`inline`), else handed to a fetcher. `Err`: neither
+/// (the node is stopping); the caller keeps the job's `inflight` count.
+pub fn start(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
+    if job.copy {
+        return node.fetch_q.send(job).map_err(|e| e.0);
+    }
+    match inline(node, job) {
+        Ok(()) => Ok(()),
+        Err(job) => node.fetch_q.send(job).map_err(|e| e.0),
+    }
+}
+
+/// A job is over: its placement credited to its job slot, its counts given back.
+fn done(node: &Node, job: &RemoteFetch, out: PlaceOutcome) {
+    tracing::trace!("remote placement of entry {}: {out:?}", job.idx);
+    if let PlaceOutcome::Placed { tier, bytes } = out {
+        job.ctx
+            .counters
+            .credit_placement(&job.ctx.table, job.slot, tier, bytes);
+    }
+    if job.copy {
+        node.copies_pending.fetch_sub(1, Ordering::AcqRel);
+    }
+    job.ctx.work.release();
+}
+
+/// Fetcher threads: each takes jobs until the node stops. A job holds one piece of `ctx.work`
 /// count, given back when it is done.
 pub fn spawn(node: &Arc<Node>, jobs: Receiver<RemoteFetch>, threads: usize) -> std::io::Result<()> {
     for k in 0..threads {
@@ -43,16 +86,7 @@ pub fn spawn(node: &Arc<Node>, jobs: Receiver<RemoteFetch>, threads: usize) -> s
                 let mut buf = Vec::new();
                 for job in jobs {
                     let out = place(&node, &job, &mut buf);
-                    tracing::trace!("remote placement of entry {}: {out:?}", job.idx);
-                    if let PlaceOutcome::Placed { tier, bytes } = out {
-                        job.ctx
-                            .counters
-                            .credit_placement(&job.ctx.table, job.slot, tier, bytes);
-                    }
-                    if job.copy {
-                        node.copies_pending.fetch_sub(1, Ordering::AcqRel);
-                    }
-                    job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                    done(&node, &job, out);
                     granary_core::sys::release_pages(&mut buf);
                 }
             })?;
@@ -65,8 +99,24 @@ enum Got {
     Placed(PlaceOutcome),
     /// Decided without a copy (stale, nobody holds it, not ours to place).
     Outcome(PlaceOutcome),
-    /// Nobody delivered: read the source (the entry is QUEUED for `fetch_large`).
+    /// Nobody delivered: read the source (the entry is QUEUED for `whole_file::fetch`).
     Source,
+}
+
+/// Where a copy of `idx` goes and whom to ask: the staging tier for another rank's file, this
+/// rank's own tiers for a replica; its live owners but this rank (and `skip`).
+fn plan(node: &Node, ctx: &SourceCtx, idx: u32, skip: Option<u32>) -> (Vec<usize>, Vec<u32>) {
+    let tiers: Vec<usize> = match node.staging_tier {
+        Some(st) if !node.own.holds(node.rank, idx) => vec![st],
+        _ => (0..ctx.space.tiers.placeable()).collect(),
+    };
+    let owners = node
+        .own
+        .owners(idx)
+        .into_iter()
+        .filter(|&r| r != node.rank && Some(r) != skip && node.peers.alive(r))
+        .collect();
+    (tiers, owners)
 }
 
 fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
@@ -74,17 +124,7 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
     let Some(e) = ctx.table.entry(idx) else {
         return PlaceOutcome::Skipped;
     };
-    // A replica belongs in this rank's own tiers; another rank's file in the staging tier.
-    let tiers: Vec<usize> = match node.staging_tier {
-        Some(st) if !node.own.holds(node.rank, idx) => vec![st],
-        _ => (0..ctx.tiers.placeable()).collect(),
-    };
-    let mut owners: Vec<u32> = node
-        .own
-        .owners(idx)
-        .into_iter()
-        .filter(|&r| r != node.rank && node.peers.alive(r))
-        .collect();
+    let (tiers, mut owners) = plan(node, ctx, idx, job.skip);
     // Every owner written off: the file's stand-in reads it from the source once and serves
     // it (this rank, if it is the stand-in: below).
     if owners.is_empty() && !node.own.holds(node.rank, idx) {
@@ -116,9 +156,33 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
             let Some(setup) = node.agent.setup.get() else {
                 return PlaceOutcome::Skipped;
             };
-            fetch_large(ctx, idx, setup.pool.shared(), buf)
+            from_source(node, ctx, idx, setup.pool.engine(), buf)
         }
     }
+}
+
+/// Reads `idx` from the source into this node's own tiers, or, when they have no room for it
+/// (`Node::staged_instead`), into the staging tier, dropping its oldest copies to make room.
+/// A staged copy is served to programs here and to other nodes like any copy until it is
+/// dropped in turn.
+fn from_source(
+    node: &Node,
+    ctx: &Arc<SourceCtx>,
+    idx: u32,
+    sh: &granary_core::placement::Engine,
+    buf: &mut Vec<u8>,
+) -> PlaceOutcome {
+    let st = match node.staging_tier {
+        Some(st) if node.staged_instead(ctx, idx) => st,
+        _ => return whole_file::fetch(ctx, idx, sh, buf),
+    };
+    let size = ctx.table.entry(idx).map_or(0, |e| e.stat.size);
+    node.staging.make_room(ctx, st, size);
+    let out = whole_file::fetch_onto(ctx, idx, sh, buf, &[st]);
+    if matches!(out, PlaceOutcome::Placed { tier, .. } if tier == st) {
+        node.staging.push(idx, None);
+    }
+    out
 }
 
 /// Why a transfer from one owner did not deliver.
@@ -127,40 +191,45 @@ enum Failure {
     NotHeld,
     /// The source changed.
     Stale,
-    /// No message for the peer timeout, or out of order: written off.
+    /// Nothing from it at all for the peer timeout and an `Ask` (`Patience`), or messages out
+    /// of order: written off.
     Silent,
+    /// Heard from, but the transfer did not move for `PATIENCE_MAX` (or no tag was free):
+    /// given up on without writing it off.
+    Slow,
     /// Our side failed (writing the tier, the entry taken away).
     Local(ReceiveError),
 }
 
-fn remote(
+/// Takes entry `idx` and reserves room for its copy on `tiers` (the staging tier: making room
+/// by dropping its oldest copies, whose files may be reused for this one). The copy and the
+/// free staging file it may land in; or how it ended without one.
+fn prepare(
     node: &Node,
-    ctx: &SourceCtx,
+    ctx: &Arc<SourceCtx>,
     idx: u32,
-    e: &EntryRec,
+    size: u64,
     tiers: &[usize],
-    owners: &[u32],
-) -> Got {
+) -> Result<(Receiving, Option<Free>), Got> {
     let staging = node.staging_tier.filter(|st| tiers == [*st]);
-    let size = e.stat.size;
     // A staging file ready for reuse (its pages allocated and mapped), if there is one.
-    let mut free = staging.and_then(|st| node.staging.take(ctx, st, size));
+    let mut free = staging.and_then(|st| node.staging.take(&ctx.space, st, size));
     let give_back = |free: Option<Free>| {
         if let (Some(st), Some(f)) = (staging, free) {
-            node.staging.give_back(ctx, st, f);
+            node.staging.give_back(&ctx.space, st, f);
         }
     };
-    let mut rx = loop {
-        match incoming::receive(ctx, idx, tiers) {
-            Ok(rx) => break rx,
+    loop {
+        match peer_copy::receive(ctx, idx, tiers) {
+            Ok(rx) => return Ok((rx, free)),
             Err(NotStarted::Skipped(o)) => {
                 give_back(free);
-                return Got::Outcome(o);
+                return Err(Got::Outcome(o));
             }
             Err(NotStarted::NoRoom) => {
                 let Some(st) = staging else {
                     // No room for a replica: the source.
-                    return Got::Source;
+                    return Err(Got::Source);
                 };
                 let want = free.is_none().then_some(size);
                 match node.staging.evict_oldest(ctx, st, want) {
@@ -169,54 +238,85 @@ fn remote(
                         if free.is_none() && f.slot.map.len() as u64 >= size {
                             free = Some(f);
                         } else {
-                            node.staging.give_back(ctx, st, f);
+                            node.staging.give_back(&ctx.space, st, f);
                         }
                         continue;
                     }
                     // Larger than the staging tier: the source.
                     Evicted::Nothing => {
                         give_back(free);
-                        return Got::Source;
+                        return Err(Got::Source);
                     }
                 }
             }
         }
+    }
+}
+
+/// The whole copy arrived from `owner` with its announced checksum `sum`: checked and published
+/// (PLACED: programs waiting for it wake), counted, and kept in the staging tier's order with
+/// the file and mapping it landed in (`mapped`) for reuse. `Err`: not published (the caller
+/// abandons it).
+fn publish(
+    node: &Node,
+    rx: &mut Receiving,
+    sum: u64,
+    owner: u32,
+    mapped: &mut Option<Arc<memmap2::MmapRaw>>,
+    started: Instant,
+) -> Result<PlaceOutcome, ReceiveError> {
+    let ctx = &node.ctx;
+    let idx = rx.idx();
+    // A packed file is checked against the index's checksum itself, not only the owner's word
+    // for it.
+    let sum = ctx.table.locator(idx).map_or(sum, |l| l.checksum.max(1));
+    let done = rx.finish(sum);
+    node.hashed_bytes.fetch_add(rx.written(), Ordering::Relaxed);
+    node.hashing_ns
+        .fetch_add(rx.hashing().as_nanos() as u64, Ordering::Relaxed);
+    let out = done?;
+    tracing::debug!(
+        "entry {idx}: {} bytes from rank {owner} in {:?}",
+        rx.size(),
+        started.elapsed()
+    );
+    let c = &ctx.counters;
+    AgentCounters::add(&c.remote_files, 1);
+    AgentCounters::add(&c.remote_bytes, rx.size());
+    if let (Some(st), PlaceOutcome::Placed { tier, .. }) = (node.staging_tier, &out) {
+        if *tier == st {
+            let slot = rx
+                .take_file()
+                .zip(mapped.take())
+                .map(|(file, map)| Slot { file, map });
+            node.staging.push(idx, slot);
+        }
+    }
+    Ok(out)
+}
+
+fn remote(
+    node: &Node,
+    ctx: &Arc<SourceCtx>,
+    idx: u32,
+    e: &EntryRec,
+    tiers: &[usize],
+    owners: &[u32],
+) -> Got {
+    let staging = node.staging_tier.filter(|st| tiers == [*st]);
+    let (mut rx, mut free) = match prepare(node, ctx, idx, e.stat.size, tiers) {
+        Ok(p) => p,
+        Err(got) => return got,
     };
     let mut not_held = 0;
     // The mapping the copy landed in, kept with its file for reuse once staged.
     let mut mapped = None;
     for &owner in owners {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         match transfer(node, &mut rx, owner, idx, e, &mut free, &mut mapped) {
             Ok(sum) => {
-                // A packed file is checked against the index's checksum itself, not only the
-                // owner's word for it.
-                let sum = ctx.table.locator(idx).map_or(sum, |l| l.checksum.max(1));
-                let done = rx.finish(sum);
-                node.hashed_bytes.fetch_add(rx.written(), Ordering::Relaxed);
-                node.hashing_ns
-                    .fetch_add(rx.hashing().as_nanos() as u64, Ordering::Relaxed);
-                return match done {
-                    Ok(out) => {
-                        tracing::debug!(
-                            "entry {idx}: {} bytes from rank {owner} in {:?}",
-                            e.stat.size,
-                            started.elapsed()
-                        );
-                        let c = &ctx.counters;
-                        AgentCounters::add(&c.remote_files, 1);
-                        AgentCounters::add(&c.remote_bytes, e.stat.size);
-                        if let (Some(st), PlaceOutcome::Placed { tier, .. }) = (staging, &out) {
-                            if *tier == st {
-                                let slot = rx
-                                    .take_file()
-                                    .zip(mapped.take())
-                                    .map(|(file, map)| Slot { file, map });
-                                node.staging.push(idx, slot);
-                            }
-                        }
-                        Got::Placed(out)
-                    }
+                return match publish(node, &mut rx, sum, owner, &mut mapped, started) {
+                    Ok(out) => Got::Placed(out),
                     Err(why) => {
                         tracing::warn!("copy of entry {idx} from rank {owner}: {why}");
                         rx.abandon(&why);
@@ -226,12 +326,14 @@ fn remote(
             }
             Err(Failure::NotHeld) => not_held += 1,
             Err(Failure::Stale) => {
-                rx.give_up(state::STALE);
+                rx.give_up(State::Stale);
                 return Got::Outcome(PlaceOutcome::Stale);
             }
-            Err(Failure::Silent) => {
+            Err(f @ (Failure::Silent | Failure::Slow)) => {
                 tracing::debug!("rank {owner} did not send entry {idx} in time");
-                node.write_off(owner);
+                if matches!(f, Failure::Silent) {
+                    node.write_off(owner);
+                }
                 if rx.written() > 0 {
                     // Part of the copy came from it: start over from the source.
                     rx.abandon(&ReceiveError::Mismatch("sender"));
@@ -245,16 +347,235 @@ fn remote(
             }
         }
     }
-    give_back(free.take());
+    if let (Some(st), Some(f)) = (staging, free.take()) {
+        node.staging.give_back(&ctx.space, st, f);
+    }
     if not_held == owners.len() {
-        // Held nowhere (the dataset exceeds the nodes' room): the program reads the source, as
-        // on one node, and this node keeps no copy either.
+        // Held nowhere (larger than the owner's staging tier too): the program reads the
+        // source, as on one node, and this node keeps no copy either.
         AgentCounters::add(&ctx.counters.remote_fallbacks, 1);
-        rx.give_up(state::SOURCE_ONLY);
+        rx.give_up(State::SourceOnly);
         return Got::Outcome(PlaceOutcome::SourceOnly);
     }
     rx.abandon(&ReceiveError::Mismatch("sender"));
     Got::Source
+}
+
+/// Starts a program's remote read of `job` on the communication thread: the entry taken, room
+/// reserved, the request sent to its first live owner, the landing readied meanwhile and the
+/// transfer handed to the communication thread (`Inline`). `Err`: the job is a fetcher's (no
+/// live owner, no tag, no room but the source, a failure before the transfer started).
+fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
+    let (ctx, idx) = (job.ctx.clone(), job.idx);
+    let Some(e) = ctx.table.entry(idx) else {
+        return Err(job);
+    };
+    let (tiers, owners) = plan(node, &ctx, idx, job.skip);
+    let Some(&owner) = owners.first() else {
+        return Err(job);
+    };
+    let (mut rx, mut free) = match prepare(node, &ctx, idx, e.stat.size, &tiers) {
+        Ok(p) => p,
+        Err(Got::Outcome(out)) => {
+            done(node, &job, out);
+            return Ok(());
+        }
+        Err(_) => return Err(job),
+    };
+    let Some(tag) = node.tags.take(owner) else {
+        if let (Some(st), Some(f)) = (node.staging_tier, free) {
+            node.staging.give_back(&ctx.space, st, f);
+        }
+        rx.abandon(&ReceiveError::Lost);
+        return Err(job);
+    };
+    let started = Instant::now();
+    node.comm.expect_inline(owner, tag);
+    node.comm.ctrl(
+        owner,
+        &Msg::Request {
+            tag,
+            idx,
+            object: e.object,
+            size: e.stat.size,
+        },
+    );
+    // While the owner answers: the part file, allocated and mapped, where the pieces land
+    // straight from the owner's copy (the first ones wait for it, matched, not received).
+    let landing = match land(node, &mut rx, &mut free) {
+        Ok(l) => Arc::new(l),
+        Err(why) => {
+            node.comm.forget(owner, tag);
+            node.tags.give_back(owner, tag, false);
+            node.comm.ctrl(owner, &Msg::Cancel { tag });
+            rx.abandon(&why);
+            return Err(job);
+        }
+    };
+    let t = Inline {
+        node: node.clone(),
+        job: Some(job),
+        rx: Some(rx),
+        owner,
+        tag,
+        mapped: Some(landing.map()),
+        landing: landing.clone(),
+        sum: None,
+        patience: Patience::new(node.timeout),
+        started,
+    };
+    node.comm.carry(owner, tag, landing, Box::new(t));
+    Ok(())
+}
+
+/// A program's remote read from `owner`, carried on by the communication thread (module
+/// comment): every event is handled as it arrives, on that thread, and never blocks.
+struct Inline {
+    node: Arc<Node>,
+    /// `None` once over.
+    job: Option<RemoteFetch>,
+    rx: Option<Receiving>,
+    owner: u32,
+    tag: i32,
+    landing: Arc<Landing>,
+    /// The landing's mapping, kept with the staged copy's file for reuse.
+    mapped: Option<Arc<memmap2::MmapRaw>>,
+    /// The checksum the owner announced (`Coming`).
+    sum: Option<u64>,
+    /// When the owner's next message is due, and what its silence means.
+    patience: Patience,
+    started: Instant,
+}
+
+impl Transfer for Inline {
+    fn event(&mut self, ev: Event) -> Flow {
+        let Some(rx) = self.rx.as_mut() else {
+            return Flow::Done;
+        };
+        let res = match ev {
+            Event::Reply(Answer::Wait) => Ok(()),
+            Event::Reply(Answer::Coming { sum }) => {
+                self.sum = Some(sum);
+                Ok(())
+            }
+            Event::Reply(Answer::NotHeld) => return self.end(Err(Failure::NotHeld)),
+            Event::Reply(Answer::Stale) => return self.end(Err(Failure::Stale)),
+            Event::Landed { off, len } => {
+                let r = rx.landed(self.landing.landed(off, len));
+                arrived(&self.node, rx.idx(), len as u64);
+                r
+            }
+            Event::Data(buf) => {
+                self.node
+                    .bounce
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                let r = rx.append(&buf);
+                arrived(&self.node, rx.idx(), buf.len() as u64);
+                self.node.comm.bufs.put(buf);
+                r
+            }
+            Event::Overflow => return self.end(Err(Failure::Silent)),
+        };
+        if let Err(why) = res {
+            return self.end(Err(Failure::Local(why)));
+        }
+        self.patience.heard();
+        match self.sum {
+            Some(sum) if rx.written() == rx.size() => self.end(Ok(sum)),
+            _ => Flow::More,
+        }
+    }
+
+    fn tick(&mut self, now: Instant) -> Flow {
+        match self.patience.late(&self.node.peers, self.owner, now) {
+            Late::Wait => Flow::More,
+            Late::Ask => {
+                self.node.comm.quiet(self.owner, &Msg::Ask);
+                Flow::More
+            }
+            Late::Silent => self.end(Err(Failure::Silent)),
+            Late::Slow => self.end(Err(Failure::Slow)),
+        }
+    }
+}
+
+impl Inline {
+    /// The transfer is over: every announced byte arrived with its checksum (`Ok`), or not.
+    /// The copy is published (the program wakes) or given up, or the job goes to a fetcher.
+    fn end(&mut self, how: Result<u64, Failure>) -> Flow {
+        let (Some(mut rx), Some(mut job)) = (self.rx.take(), self.job.take()) else {
+            return Flow::Done;
+        };
+        let (node, owner, tag, idx) = (&*self.node, self.owner, self.tag, job.idx);
+        // A tag is used again only if nothing more can arrive for it.
+        let clean = matches!(how, Ok(_) | Err(Failure::NotHeld | Failure::Stale));
+        node.tags.give_back(owner, tag, clean);
+        if !clean {
+            node.comm.ctrl(owner, &Msg::Cancel { tag });
+        }
+        let retry = match how {
+            Ok(sum) => match publish(node, &mut rx, sum, owner, &mut self.mapped, self.started) {
+                Ok(out) => {
+                    done(node, &job, out);
+                    return Flow::Done;
+                }
+                Err(why) => {
+                    tracing::warn!("copy of entry {idx} from rank {owner}: {why}");
+                    rx.abandon(&why);
+                    Some(owner)
+                }
+            },
+            Err(Failure::Stale) => {
+                rx.give_up(State::Stale);
+                done(node, &job, PlaceOutcome::Stale);
+                return Flow::Done;
+            }
+            Err(Failure::NotHeld) if node.own.owners(idx).len() <= 1 => {
+                // Held nowhere (larger than the owner's staging tier too): the program reads
+                // the source, as on one node, and this node keeps no copy either.
+                AgentCounters::add(&job.ctx.counters.remote_fallbacks, 1);
+                rx.give_up(State::SourceOnly);
+                done(node, &job, PlaceOutcome::SourceOnly);
+                return Flow::Done;
+            }
+            Err(Failure::NotHeld) => {
+                rx.abandon(&ReceiveError::Mismatch("sender"));
+                Some(owner)
+            }
+            Err(f @ (Failure::Silent | Failure::Slow)) => {
+                tracing::debug!("rank {owner} did not send entry {idx} in time");
+                if matches!(f, Failure::Silent) {
+                    node.write_off(owner);
+                }
+                rx.abandon(&ReceiveError::Mismatch("sender"));
+                Some(owner)
+            }
+            Err(Failure::Local(why)) => {
+                tracing::warn!("receiving entry {idx} from rank {owner}: {why}");
+                rx.abandon(&why);
+                None
+            }
+        };
+        // The rest is a fetcher's: the next owner, the stand-in or the source.
+        job.skip = retry;
+        if let Err(e) = node.fetch_q.send(job) {
+            done(node, &e.0, PlaceOutcome::Skipped);
+        }
+        Flow::Done
+    }
+}
+
+impl Drop for Inline {
+    /// Dropped unfinished (the node stops): the copy is given up, the counts given back.
+    fn drop(&mut self) {
+        if let Some(job) = self.job.take() {
+            self.node.tags.give_back(self.owner, self.tag, false);
+            if let Some(rx) = self.rx.take() {
+                rx.abandon(&ReceiveError::Lost);
+            }
+            done(&self.node, &job, PlaceOutcome::Skipped);
+        }
+    }
 }
 
 /// Asks `owner` for entry `idx` and appends what it sends to `rx`; returns the checksum it
@@ -262,7 +583,7 @@ fn remote(
 /// without data): otherwise late pieces could land in a later transfer, so it is retired.
 fn transfer(
     node: &Node,
-    rx: &mut Receiving<'_>,
+    rx: &mut Receiving,
     owner: u32,
     idx: u32,
     e: &EntryRec,
@@ -270,9 +591,28 @@ fn transfer(
     mapped: &mut Option<Arc<memmap2::MmapRaw>>,
 ) -> Result<u64, Failure> {
     let Some(tag) = node.tags.take(owner) else {
-        return Err(Failure::Silent);
+        return Err(Failure::Slow);
     };
     let events = node.comm.expect(owner, tag);
+    let mut patience = Patience::new(node.timeout);
+    // The owner's next event, waited for with patience.
+    let mut next = || loop {
+        match events.recv_deadline(patience.deadline()) {
+            Ok(ev) => {
+                patience.heard();
+                return Ok(ev);
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(Failure::Silent),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                match patience.late(&node.peers, owner, Instant::now()) {
+                    Late::Wait => {}
+                    Late::Ask => node.comm.quiet(owner, &Msg::Ask),
+                    Late::Silent => return Err(Failure::Silent),
+                    Late::Slow => return Err(Failure::Slow),
+                }
+            }
+        }
+    };
     node.comm.ctrl(
         owner,
         &Msg::Request {
@@ -293,35 +633,35 @@ fn transfer(
         *mapped = Some(landing.map());
         node.comm.land(owner, tag, landing.clone());
         let sum = loop {
-            match events.recv_timeout(node.timeout) {
-                Ok(Event::Reply(Answer::Wait)) => {}
-                Ok(Event::Reply(Answer::Coming { sum })) => break sum,
-                Ok(Event::Reply(Answer::NotHeld)) => {
+            match next()? {
+                Event::Reply(Answer::Wait) => {}
+                Event::Reply(Answer::Coming { sum }) => break sum,
+                Event::Reply(Answer::NotHeld) => {
                     clean = true;
                     return Err(Failure::NotHeld);
                 }
-                Ok(Event::Reply(Answer::Stale)) => {
+                Event::Reply(Answer::Stale) => {
                     clean = true;
                     return Err(Failure::Stale);
                 }
-                Ok(_) | Err(_) => return Err(Failure::Silent),
+                _ => return Err(Failure::Silent),
             }
         };
         while rx.written() < rx.size() {
-            match events.recv_timeout(node.timeout) {
-                Ok(Event::Landed { off, len }) => {
+            match next()? {
+                Event::Landed { off, len } => {
                     rx.landed(landing.landed(off, len))
                         .map_err(Failure::Local)?;
                     arrived(node, idx, len as u64);
                 }
-                Ok(Event::Data(buf)) => {
+                Event::Data(buf) => {
                     node.bounce.fetch_add(buf.len() as u64, Ordering::Relaxed);
                     let r = rx.append(&buf);
                     arrived(node, idx, buf.len() as u64);
                     node.comm.bufs.put(buf);
                     r.map_err(Failure::Local)?;
                 }
-                Ok(_) | Err(_) => return Err(Failure::Silent),
+                _ => return Err(Failure::Silent),
             }
         }
         clean = true;
@@ -337,11 +677,7 @@ fn transfer(
 
 /// Where the pieces land: a free staging file made part file (its pages reused, mapped
 /// already), else a new part file, allocated and mapped.
-fn land(
-    node: &Node,
-    rx: &mut Receiving<'_>,
-    free: &mut Option<Free>,
-) -> Result<Landing, ReceiveError> {
+fn land(node: &Node, rx: &mut Receiving, free: &mut Option<Free>) -> Result<Landing, ReceiveError> {
     if let Some(f) = free.take() {
         let size = rx.size() as usize;
         let Free { slot, name, .. } = f;
@@ -353,7 +689,7 @@ fn land(
             }
             Err(why) => {
                 tracing::debug!("reusing a staging file: {why}");
-                if let Some(Some(dir)) = node.ctx.object_dirs.get(rx.tier()) {
+                if let Some(dir) = node.ctx.space.dir(rx.tier()) {
                     let _ = granary_core::sys::unlink_at(dir, &name);
                 }
             }

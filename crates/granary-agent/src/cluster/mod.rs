@@ -6,7 +6,7 @@
 //! - One source read per byte: every file has owners (`ownership`); the first one reads it from
 //!   the source (through the ordinary placement pool) and serves it to the others. A pack's
 //!   files are dealt out in contiguous stretches of the pack, which each rank's partition
-//!   streamer reads in large sequential reads (`placement::partition`).
+//!   streamer reads in large sequential reads (`placement::pack_streamer`).
 //! - Remote reads: a program opening a file another rank holds waits (the table's cluster flag)
 //!   while a fetcher (`fetch`) gets it from an owner's provider (`provide`) into this node's
 //!   staging tier (`staging`); then it opens a real local copy, as on one node.
@@ -32,7 +32,7 @@ mod transport;
 mod wire;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,7 +40,7 @@ use anyhow::Result;
 use crossbeam_channel::Sender;
 use granary_core::placement::{PlaceOutcome, Remote, SourceCtx};
 use granary_shm::lifecycle::{self, EntryCell, Void};
-use granary_shm::state;
+use granary_shm::State;
 
 use crate::agent::Agent;
 use crate::protocol::{ClusterStatus, PeerStatus};
@@ -73,6 +73,8 @@ pub fn serve(config: ServeConfig) -> Result<()> {
 
 /// One rank of the serving job, as the rest of the agent and the other ranks see it.
 pub struct Node {
+    /// This node's own `Arc` (a transfer the communication thread carries on holds one).
+    me: std::sync::Weak<Node>,
     pub rank: u32,
     pub ranks: u32,
     pub agent: Arc<Agent>,
@@ -107,6 +109,8 @@ pub struct Node {
     replicas: u32,
     /// `held`'s last count: when, files, bytes.
     held: Mutex<(Option<std::time::Instant>, u64, u64)>,
+    /// The communication thread is stuck in MPI (`transport::Pulse`): no peer is counted on.
+    cut_off: AtomicBool,
 }
 
 /// How often a heartbeat's count of held copies is taken again (a pass over every entry).
@@ -139,11 +143,12 @@ impl Node {
         let own = Ownership::assign(t, s.ranks, s.replicas, |rel| {
             replicated(&s.replicate_set, rel)
         });
-        let staging_tier =
-            (ctx.tiers.placeable() < ctx.tiers.len()).then_some(ctx.tiers.placeable());
+        let staging_tier = (ctx.space.tiers.placeable() < ctx.space.tiers.len())
+            .then_some(ctx.space.tiers.placeable());
         let (fetch_q, fetch_rx) = crossbeam_channel::unbounded();
         let (provide_q, provide_rx) = crossbeam_channel::unbounded();
-        let node = Arc::new(Node {
+        let node = Arc::new_cyclic(|me| Node {
+            me: me.clone(),
             rank: s.rank,
             ranks: s.ranks,
             agent,
@@ -167,8 +172,10 @@ impl Node {
             replicate: s.replicate,
             replicas: s.replicas,
             held: Mutex::default(),
+            cut_off: AtomicBool::new(false),
         });
         node.place_empty_files();
+        node.stage_kept_copies();
         fetch::spawn(&node, fetch_rx, FETCHERS)?;
         provide::spawn(&node, provide_rx, PROVIDERS)?;
         let hook: Arc<dyn Remote> = node.clone();
@@ -208,7 +215,7 @@ impl Node {
                     granary_core::sys::sched_idle();
                     let sample = n.others_sizes();
                     let stopping = || n.agent.stopping.load(Ordering::Acquire);
-                    n.staging.fill(&n.ctx, st, sample, &stopping);
+                    n.staging.fill(&n.ctx.space, st, sample, &stopping);
                 })?;
         }
         Ok(node)
@@ -219,13 +226,12 @@ impl Node {
     /// those of copies gone).
     fn warm_maps(&self) {
         let ctx = &self.ctx;
-        let memory: Vec<bool> = (0..ctx.tiers.len())
+        let memory: Vec<bool> = (0..ctx.space.tiers.len())
             .map(|t| {
                 Some(t) != self.staging_tier
                     && ctx
-                        .object_dirs
-                        .get(t)
-                        .and_then(|d| d.as_ref())
+                        .space
+                        .dir(t)
                         .is_some_and(granary_core::sys::is_memory_fs)
             })
             .collect();
@@ -238,7 +244,7 @@ impl Node {
                 seen = Some(held);
                 at = std::time::Instant::now();
                 self.maps.warm(
-                    ctx,
+                    &ctx.table,
                     &memory,
                     |idx| self.own.holds(self.rank, idx),
                     |idx, tier, object, size| provide::open_copy(self, idx, tier, object, size),
@@ -255,7 +261,10 @@ impl Node {
             return Ok(());
         };
         st.restrict(|idx| self.own.primary(idx) == Some(self.rank));
-        granary_core::placement::partition::spawn(self.ctx.clone(), setup.pool.shared().clone())?;
+        granary_core::placement::pack_streamer::spawn(
+            self.ctx.clone(),
+            setup.pool.engine().clone(),
+        )?;
         Ok(())
     }
 
@@ -269,7 +278,7 @@ impl Node {
     /// of at least one byte).
     fn place_empty_files(&self) {
         let t = &self.ctx.table;
-        let tiers: Vec<usize> = (0..self.ctx.tiers.placeable()).collect();
+        let tiers: Vec<usize> = (0..self.ctx.space.tiers.placeable()).collect();
         let mut n = 0;
         for idx in 0..t.entry_count() {
             let empty = t
@@ -278,12 +287,12 @@ impl Node {
             if !empty || !lifecycle::claim(&EntryCell { table: t, idx }) {
                 continue;
             }
-            match granary_core::placement::incoming::receive(&self.ctx, idx, &tiers) {
+            match granary_core::placement::peer_copy::receive(&self.ctx, idx, &tiers) {
                 Ok(mut rx) => match rx.finish(0) {
                     Ok(_) => n += 1,
                     Err(why) => {
                         tracing::debug!("empty file {idx}: {why}");
-                        rx.give_up(state::SOURCE_ONLY);
+                        rx.give_up(State::SourceOnly);
                     }
                 },
                 Err(_) => {
@@ -293,6 +302,25 @@ impl Node {
         }
         if n > 0 {
             tracing::info!("{n} empty files placed");
+        }
+    }
+
+    /// Copies in the staging tier that an earlier serve of this node left (kept by its saved
+    /// catalog) join the staging tier's order, so they are dropped oldest first like the ones
+    /// this serve stages instead of holding their room for good.
+    fn stage_kept_copies(&self) {
+        let Some(st) = self.staging_tier else { return };
+        let t = &self.ctx.table;
+        let mut n = 0;
+        for idx in 0..t.entry_count() {
+            let w = t.state(idx);
+            if w.state() == State::Placed && w.tier() as usize == st {
+                self.staging.push(idx, None);
+                n += 1;
+            }
+        }
+        if n > 0 {
+            tracing::info!("{n} staged copies of the last serve kept");
         }
     }
 
@@ -329,26 +357,67 @@ impl Node {
     /// silent for `SUSPECT_AFTER`.
     fn heartbeats(&self) {
         let mut last = std::time::Instant::now();
+        // Since when this thread has run without being stopped itself.
+        let mut awake = last;
         while !self.agent.stopping.load(Ordering::Acquire) {
             // This thread was stopped itself (SIGSTOP, a frozen VM): the predecessor's silence
-            // meanwhile says nothing, watch it afresh.
+            // meanwhile says nothing, watch it afresh; so does the communication thread's.
             if last.elapsed() > 4 * peers::BEAT_PERIOD {
                 self.peers.rewatch();
+                awake = std::time::Instant::now();
             }
             last = std::time::Instant::now();
+            self.watch_mpi(awake.elapsed());
             let b = self.beat();
             self.peers.beat(self.rank, b);
             if let Some(next) = self.peers.successor() {
                 self.comm.quiet(next, &Msg::Heartbeat(b));
             }
-            if let Some(dead) = self.peers.check() {
-                tracing::warn!(
-                    "rank {dead} silent for {:?}: written off",
-                    peers::SUSPECT_AFTER
-                );
-                self.tell_down(dead);
+            match self.peers.check() {
+                peers::Watch::Fine => {}
+                peers::Watch::Ask(p) => self.comm.quiet(p, &Msg::Ask),
+                peers::Watch::Down(dead) => {
+                    tracing::warn!(
+                        "rank {dead} silent for {:?}, and did not answer: written off",
+                        peers::SUSPECT_AFTER + peers::ASK_GRACE
+                    );
+                    self.tell_down(dead);
+                }
             }
             std::thread::sleep(peers::BEAT_PERIOD);
+        }
+    }
+
+    /// A communication thread stuck inside the MPI library (`transport::Pulse`) for
+    /// `STUCK_AFTER` while this thread ran (`awake`: a stopped process is not a stuck one) can
+    /// reach no peer and hear none: every peer is written off here (nobody can be told), so transfers
+    /// waiting on them end, and this node serves what its tiers hold and reads the rest from
+    /// the source until the thread moves again (peers are then heard from again).
+    fn watch_mpi(&self, awake: Duration) {
+        let silent = self.comm.pulse.silent().min(awake);
+        let stuck = silent >= transport::STUCK_AFTER;
+        if stuck == self.cut_off.swap(stuck, Ordering::AcqRel) {
+            if stuck {
+                // Kept written off: a rank written off elsewhere may have been heard from
+                // just before.
+                (0..self.ranks).for_each(|r| {
+                    self.peers.failed(r);
+                });
+            }
+            return;
+        }
+        if stuck {
+            tracing::error!(
+                "the communication thread has not returned from the MPI library for {silent:?}: \
+                 MPI hangs on this rank (OpenMPI's TCP transport can, after a peer died in the \
+                 middle of a message to it). This node serves what its tiers hold and reads the \
+                 rest from the source"
+            );
+            (0..self.ranks).for_each(|r| {
+                self.peers.failed(r);
+            });
+        } else {
+            tracing::warn!("the communication thread moves again after {silent:?} in MPI");
         }
     }
 
@@ -379,8 +448,8 @@ impl Node {
         let (mut files, mut bytes) = (0, 0);
         for i in 0..t.entry_count() {
             let w = t.state(i);
-            let staged = Some(state::tier_of(w) as usize) == self.staging_tier;
-            if state::state_of(w) == state::PLACED && !staged {
+            let staged = Some(w.tier() as usize) == self.staging_tier;
+            if w.state() == State::Placed && !staged {
                 files += 1;
                 bytes += t.entry(i).map_or(0, |e| e.stat.size);
             }
@@ -397,7 +466,7 @@ impl Node {
             bytes_held: bytes,
             bytes_staged: self
                 .staging_tier
-                .map_or(0, |st| self.staging.bytes(&self.ctx, st)),
+                .map_or(0, |st| self.staging.bytes(&self.ctx.space, st)),
             remote_files: p.remote_files,
             remote_bytes: p.remote_bytes,
             peer_files: p.peer_files,
@@ -426,7 +495,7 @@ impl Node {
             if self.agent.stopping.load(Ordering::Acquire) {
                 return;
             }
-            while self.ctx.inflight.load(Ordering::Acquire) >= FETCHERS / 2 {
+            while self.ctx.work.held() >= FETCHERS / 2 {
                 std::thread::sleep(Duration::from_millis(2));
             }
             let claimed = lifecycle::claim(&EntryCell {
@@ -434,17 +503,18 @@ impl Node {
                 idx,
             });
             if claimed {
-                self.ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                self.ctx.work.hold();
                 let job = fetch::RemoteFetch {
                     ctx: self.ctx.clone(),
                     idx,
                     slot: 0,
                     copy: true,
+                    skip: None,
                 };
                 if self.fetch_q.send(job).is_ok() {
                     continue;
                 }
-                self.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                self.ctx.work.release();
             }
             // Placed or on its way already (a program asked first).
             self.copies_pending.fetch_sub(1, Ordering::AcqRel);
@@ -464,6 +534,29 @@ impl Node {
         (1..self.ranks)
             .map(|k| (first + k) % self.ranks)
             .find(|&r| self.peers.alive(r))
+    }
+
+    /// True if a copy of `idx` read from the source here goes to the staging tier: this node's
+    /// own tiers have no room for it now (the dataset is larger than the nodes' tiers
+    /// together), and the staging tier could hold it. There it is served like any copy until
+    /// the staging tier drops it (oldest first), so the nodes that ask for it meanwhile — in a
+    /// job whose nodes read the same files at about the same time — get it from one source
+    /// read instead of each reading the source.
+    pub fn staged_instead(&self, ctx: &SourceCtx, idx: u32) -> bool {
+        let Some(st) = self.staging_tier else {
+            return false;
+        };
+        let Some(size) = ctx
+            .table
+            .entry(idx)
+            .filter(|e| e.stat.is_file())
+            .map(|e| e.stat.size)
+        else {
+            return false;
+        };
+        let fits = |t: usize| ctx.space.tiers.reserve(t, size).is_some();
+        let capacity = ctx.space.tiers.usage().get(st).map_or(0, |u| u.capacity);
+        !(0..ctx.space.tiers.placeable()).any(fits) && ctx.space.tiers.charge(st, size) <= capacity
     }
 
     /// Provider side: was the transfer `(from, tag)` cancelled? `forget` clears the mark.
@@ -510,8 +603,8 @@ impl Node {
             s.files_owned += 1;
             s.bytes_owned += size;
             let w = t.state(i);
-            let staged = Some(state::tier_of(w) as usize) == self.staging_tier;
-            if state::state_of(w) == state::PLACED && !staged {
+            let staged = Some(w.tier() as usize) == self.staging_tier;
+            if w.state() == State::Placed && !staged {
                 s.files_held += 1;
                 s.bytes_held += size;
             }
@@ -574,6 +667,10 @@ impl ServingNode for Node {
             hashed_bytes: self.hashed_bytes.load(Ordering::Relaxed),
             hashing_ns: self.hashing_ns.load(Ordering::Relaxed),
             maps_kept: self.maps.len() as u64,
+            mpi_stuck_ms: self
+                .cut_off
+                .load(Ordering::Acquire)
+                .then(|| self.comm.pulse.silent().as_millis() as u64),
             files_owned: files,
             bytes_owned: bytes,
             peers: (0..self.ranks)
@@ -598,19 +695,41 @@ impl Remote for Node {
                     st.adopt(ctx, idx);
                     Some(PlaceOutcome::Skipped)
                 }
+                // No room for it here: a fetcher reads it into the staging tier instead
+                // (`fetch::from_source`), so every node asking for it meanwhile gets it from
+                // this one read.
+                _ if self.staged_instead(ctx, idx) => {
+                    let me = self.me.upgrade()?;
+                    ctx.work.hold();
+                    let job = fetch::RemoteFetch {
+                        ctx: ctx.clone(),
+                        idx,
+                        slot,
+                        copy: false,
+                        skip: None,
+                    };
+                    if me.fetch_q.send(job).is_err() {
+                        ctx.work.release();
+                        return None;
+                    }
+                    Some(PlaceOutcome::Skipped)
+                }
                 _ => None,
             };
         }
-        ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        let me = self.me.upgrade()?;
+        ctx.work.hold();
         let job = fetch::RemoteFetch {
             ctx: ctx.clone(),
             idx,
             slot,
             copy: false,
+            skip: None,
         };
-        if let Err(e) = self.fetch_q.send(job) {
-            ctx.inflight.fetch_sub(1, Ordering::AcqRel);
-            drop(e);
+        // A program waits for it: started here (the ring consumer) and carried on by the
+        // communication thread, or a fetcher's.
+        if fetch::start(&me, job).is_err() {
+            ctx.work.release();
             return None;
         }
         Some(PlaceOutcome::Skipped)
@@ -620,7 +739,7 @@ impl Remote for Node {
         let Some(e) = ctx.table.entry(idx) else {
             return;
         };
-        let gone = state::state_of(ctx.table.state(idx)) == state::GONE;
+        let gone = ctx.table.state(idx).state() == State::Gone;
         let msg = Msg::Invalidate {
             idx,
             object: e.object,
@@ -687,7 +806,7 @@ impl Inbox for Node {
                     // Not through the ring: that would tell every rank again.
                     if lifecycle::void(&EntryCell { table: t, idx }, how) {
                         tracing::debug!("entry {idx} invalidated by rank {from}");
-                        granary_core::placement::incoming::drop_void(&self.ctx, idx);
+                        granary_core::placement::peer_copy::drop_void(&self.ctx, idx);
                     }
                 }
             }

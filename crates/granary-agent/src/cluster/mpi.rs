@@ -14,8 +14,8 @@ use mpi::ffi;
 use mpi::traits::*;
 
 use super::transport::{
-    Budget, Buffers, Cmd, Event, Inbox, Landing, Payload, ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP,
-    IDLE_NAP,
+    Budget, Buffers, Cmd, Event, Flow, Inbox, Landing, Payload, Pulse, Transfer, Waiter,
+    ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP, IDLE_NAP, IDLE_NAP_MAX,
 };
 use super::wire::{Msg, CTRL};
 
@@ -88,12 +88,14 @@ impl Mpi {
         cmds: Receiver<Cmd>,
         bufs: Arc<Buffers>,
         budget: Arc<Budget>,
+        pulse: Arc<Pulse>,
     ) {
         set_timer_slack();
         let mut l = Loop {
             inbox,
             bufs,
             budget,
+            pulse,
             expect: HashMap::new(),
             orphans: Vec::new(),
             sends: Vec::new(),
@@ -157,8 +159,18 @@ struct Send {
     quiet: bool,
 }
 
+/// Who gets a transfer's events (`Waiter`, with the inline transfer once attached).
+enum To {
+    Channel(crossbeam_channel::Sender<Event>),
+    Inline {
+        transfer: Option<Box<dyn Transfer>>,
+        /// Events that came before the transfer was attached, in order.
+        early: Vec<Event>,
+    },
+}
+
 struct Expecting {
-    sink: crossbeam_channel::Sender<Event>,
+    to: To,
     /// Its landing, once the waiter attached it (`Cmd::Land`); until then its pieces are
     /// matched but not received (`parked`): they go straight into it when it comes.
     landing: Option<Arc<Landing>>,
@@ -173,10 +185,47 @@ struct Loop {
     inbox: Arc<dyn Inbox>,
     bufs: Arc<Buffers>,
     budget: Arc<Budget>,
+    pulse: Arc<Pulse>,
     expect: HashMap<(u32, i32), Expecting>,
     /// Data nobody waits for any more (a transfer given up): received, then dropped.
     orphans: Vec<Recv>,
     sends: Vec<Send>,
+}
+
+impl Expecting {
+    fn new(waiter: Waiter) -> Expecting {
+        Expecting {
+            to: match waiter {
+                Waiter::Channel(sink) => To::Channel(sink),
+                Waiter::Inline => To::Inline {
+                    transfer: None,
+                    early: Vec::new(),
+                },
+            },
+            landing: None,
+            parked: VecDeque::new(),
+            next: 0,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Hands `ev` to the waiter: sent to its thread, or carried on here. `Done`: the transfer
+    /// is over (the caller forgets it).
+    fn deliver(&mut self, ev: Event) -> Flow {
+        match &mut self.to {
+            To::Channel(sink) => {
+                let _ = sink.send(ev);
+                Flow::More
+            }
+            To::Inline {
+                transfer: Some(t), ..
+            } => t.event(ev),
+            To::Inline { early, .. } => {
+                early.push(ev);
+                Flow::More
+            }
+        }
+    }
 }
 
 /// A send not completed after this long (its receiver is stopped or gone) no longer counts
@@ -200,12 +249,17 @@ impl Loop {
     fn run(&mut self, cmds: &Receiver<Cmd>) {
         // Naps double from BUSY_NAP after each activity, up to ACTIVE_NAP while a transfer is
         // awaited or anything happened within ACTIVE_FOR (a job is reading: a request or a
-        // piece is answered within that), up to IDLE_NAP otherwise. Liveness traffic
-        // (heartbeats, status questions) is not activity: an idle rank stays at IDLE_NAP. A
-        // command of this node (a request a program is waiting for) wakes the thread at once.
+        // piece is answered within that). Idle, the thread sleeps on its command channel — a
+        // command of this node (a program's request, a message to send) wakes it at once —
+        // and looks at MPI for other ranks' messages after IDLE_NAP, doubling up to
+        // IDLE_NAP_MAX: MPI has no wait that sleeps (OpenMPI's and MPICH's blocking calls spin
+        // on a core), so a peer's first request to an idle rank waits that long at most, and
+        // the rank is active from then on. Liveness traffic (heartbeats, status questions) is
+        // not activity.
         let mut nap = BUSY_NAP;
         let mut last = Instant::now();
         loop {
+            self.pulse.beat();
             let mut moved = false;
             loop {
                 match cmds.try_recv() {
@@ -216,14 +270,19 @@ impl Loop {
             }
             moved |= self.probe();
             moved |= self.progress();
+            self.tick();
             if moved {
                 nap = BUSY_NAP;
                 last = Instant::now();
                 continue;
             }
             let active = !self.expect.is_empty() || last.elapsed() < ACTIVE_FOR;
-            let cap = if active { ACTIVE_NAP } else { IDLE_NAP };
-            match cmds.recv_timeout(nap.min(cap)) {
+            let wait = if active {
+                nap.min(ACTIVE_NAP)
+            } else {
+                nap.clamp(IDLE_NAP, IDLE_NAP_MAX)
+            };
+            match cmds.recv_timeout(wait) {
                 Ok(Cmd::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                 Ok(cmd) => {
                     if self.command(cmd) {
@@ -231,7 +290,7 @@ impl Loop {
                         last = Instant::now();
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(IDLE_NAP),
+                Err(RecvTimeoutError::Timeout) => nap = (wait * 2).min(IDLE_NAP_MAX),
             }
         }
     }
@@ -249,30 +308,19 @@ impl Loop {
                 self.send(to, CTRL, Payload::Owned(data), 0, true);
                 return false;
             }
-            Cmd::Expect { from, tag, sink } => {
-                self.expect.insert(
-                    (from, tag),
-                    Expecting {
-                        sink,
-                        landing: None,
-                        parked: VecDeque::new(),
-                        next: 0,
-                        queue: VecDeque::new(),
-                    },
-                );
-            }
-            Cmd::Land { from, tag, landing } => {
-                let parked = match self.expect.get_mut(&(from, tag)) {
-                    Some(e) => {
-                        e.landing = Some(landing);
-                        std::mem::take(&mut e.parked)
-                    }
-                    None => VecDeque::new(),
-                };
-                for (msg, len) in parked {
-                    self.receive(from, tag, msg, len);
+            Cmd::Expect { from, tag, waiter } => {
+                if let Some(old) = self.expect.insert((from, tag), Expecting::new(waiter)) {
+                    // Never with tags handed out once at a time; if it were, what is in flight
+                    // for the old one must stay owned until it completes.
+                    self.drop_expecting(from, tag, old);
                 }
             }
+            Cmd::Land {
+                from,
+                tag,
+                landing,
+                transfer,
+            } => self.land(from, tag, landing, transfer),
             Cmd::Forget { from, tag } => self.forget(from, tag),
             Cmd::Stop => {}
         }
@@ -366,9 +414,7 @@ impl Loop {
                 any |= !matches!(msg, Ok(ref m) if m.liveness());
                 match msg {
                     Ok(Msg::Reply { tag, answer }) => {
-                        if let Some(e) = self.expect.get(&(from, tag)) {
-                            let _ = e.sink.send(Event::Reply(answer));
-                        }
+                        self.deliver(from, tag, Event::Reply(answer));
                     }
                     Ok(m) => self.inbox.control(from, m),
                     Err(e) => tracing::warn!("bad control message from rank {from}: {e}"),
@@ -396,9 +442,7 @@ impl Loop {
             Some((l, off, Some(ptr))) => (Into::Landing { _map: l, off }, ptr),
             other => {
                 if other.is_some() {
-                    if let Some(e) = self.expect.get(&(from, tag)) {
-                        let _ = e.sink.send(Event::Overflow);
-                    }
+                    self.deliver(from, tag, Event::Overflow);
                 }
                 let mut b = self.bufs.get(len);
                 let p = b.as_mut_ptr();
@@ -431,10 +475,83 @@ impl Loop {
     /// buffers and dropped.
     fn forget(&mut self, from: u32, tag: i32) {
         if let Some(e) = self.expect.remove(&(from, tag)) {
-            self.orphans.extend(e.queue);
-            for (msg, len) in e.parked {
-                self.receive(from, tag, msg, len);
+            self.drop_expecting(from, tag, e);
+        }
+    }
+
+    fn drop_expecting(&mut self, from: u32, tag: i32, e: Expecting) {
+        self.orphans.extend(e.queue);
+        for (msg, len) in e.parked {
+            self.receive(from, tag, msg, len);
+        }
+    }
+
+    /// Hands `ev` to `(from, tag)`'s waiter, if any; forgets the transfer when it is over.
+    fn deliver(&mut self, from: u32, tag: i32, ev: Event) {
+        let done = self
+            .expect
+            .get_mut(&(from, tag))
+            .is_some_and(|e| e.deliver(ev) == Flow::Done);
+        if done {
+            self.forget(from, tag);
+        }
+    }
+
+    /// `(from, tag)`'s landing (and, inline, its transfer, which gets the events that came
+    /// before it); then its pieces that waited, matched, go into the landing.
+    fn land(
+        &mut self,
+        from: u32,
+        tag: i32,
+        landing: Arc<Landing>,
+        transfer: Option<Box<dyn Transfer>>,
+    ) {
+        let Some(e) = self.expect.get_mut(&(from, tag)) else {
+            return;
+        };
+        e.landing = Some(landing);
+        let mut flow = Flow::More;
+        if let (
+            To::Inline {
+                transfer: slot,
+                early,
+            },
+            Some(mut t),
+        ) = (&mut e.to, transfer)
+        {
+            for ev in std::mem::take(early) {
+                flow = t.event(ev);
+                if flow == Flow::Done {
+                    break;
+                }
             }
+            *slot = Some(t);
+        }
+        if flow == Flow::Done {
+            self.forget(from, tag);
+            return;
+        }
+        let parked = std::mem::take(&mut e.parked);
+        for (msg, len) in parked {
+            self.receive(from, tag, msg, len);
+        }
+    }
+
+    /// Inline transfers' deadlines (one look per turn of the loop).
+    fn tick(&mut self) {
+        let now = Instant::now();
+        let done: Vec<(u32, i32)> = self
+            .expect
+            .iter_mut()
+            .filter_map(|(&k, e)| match &mut e.to {
+                To::Inline {
+                    transfer: Some(t), ..
+                } => (t.tick(now) == Flow::Done).then_some(k),
+                _ => None,
+            })
+            .collect();
+        for (from, tag) in done {
+            self.forget(from, tag);
         }
     }
 
@@ -443,7 +560,8 @@ impl Loop {
     fn progress(&mut self) -> bool {
         let mut any = false;
         let mut failed = Vec::new();
-        for (&(from, _), e) in self.expect.iter_mut() {
+        let mut done = Vec::new();
+        for (&(from, tag), e) in self.expect.iter_mut() {
             while let Some(head) = e.queue.front_mut() {
                 match test(&mut head.req) {
                     Ok(false) => break,
@@ -459,7 +577,10 @@ impl Loop {
                             }
                             Into::Landing { off, .. } => Event::Landed { off, len: r.len },
                         };
-                        let _ = e.sink.send(ev);
+                        if e.deliver(ev) == Flow::Done {
+                            done.push((from, tag));
+                            break;
+                        }
                     }
                     Err(rc) => {
                         tracing::debug!("receive from rank {from} failed ({rc})");
@@ -468,6 +589,9 @@ impl Loop {
                     }
                 }
             }
+        }
+        for (from, tag) in done {
+            self.forget(from, tag);
         }
         let bufs = &self.bufs;
         self.orphans.retain_mut(|r| match test(&mut r.req) {

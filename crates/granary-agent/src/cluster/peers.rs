@@ -5,17 +5,23 @@
 //! (the next rank it holds alive, cyclically), and watches only its predecessor: a rank sends and
 //! receives O(1) liveness messages per second however many ranks there are (all-to-all beats
 //! cost 2,044 messages per rank per second at 512 ranks). A predecessor silent for
-//! `SUSPECT_AFTER` is written off, and the watcher tells every rank (`Msg::Down`, one message
-//! per rank per failure); the dead rank's predecessor then beats to its new successor, which
-//! watches it from then on. A transfer that timed out writes its owner off the same way. A rank
-//! that learns it was written off (a stopped rank, continued) tells every rank it is back (a
-//! heartbeat to each); any message from a written-off rank brings it back.
+//! `SUSPECT_AFTER` is asked for a sign of life (`Msg::Ask`, which its communication thread
+//! answers with a heartbeat) and written off if nothing came from it within `ASK_GRACE` more;
+//! the watcher then tells every rank (`Msg::Down`, one message per rank per failure); the dead
+//! rank's predecessor then beats to its new successor, which watches it from then on. A
+//! transfer whose owner went silent writes it off the same way (`Patience`). A rank that learns
+//! it was written off (a stopped rank, continued) tells every rank it is back (a heartbeat to
+//! each); any message from a written-off rank brings it back.
 //!
-//! Detection delay: `SUSPECT_AFTER` (3 s) for one dead rank, plus one message to each rank; a
-//! transfer from it is given up after the peer timeout (1 s) already. k consecutive dead ranks
-//! on the ring are found one after the other, within k × `SUSPECT_AFTER`. Numbers of ranks other
-//! than the predecessor are asked for when `granary status` runs (`Msg::Ask`), not sent
-//! periodically.
+//! Why ask first: on a loaded node a live rank's threads can wait seconds for a core, and a
+//! rank written off while alive costs the source a read of every file of its that is asked for
+//! meanwhile (its stand-in reads it again).
+//!
+//! Detection delay: `SUSPECT_AFTER` + `ASK_GRACE` (4 s) for one dead rank, plus one message to
+//! each rank; a transfer from it is given up after twice the peer timeout (2 s) already. k
+//! consecutive dead ranks on the ring are found one after the other, within k × 4 s. Numbers of
+//! ranks other than the predecessor are asked for when `granary status` runs (`Msg::Ask`), not
+//! sent periodically.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -25,6 +31,10 @@ use super::wire::Beat;
 
 pub const BEAT_PERIOD: Duration = Duration::from_millis(250);
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(3000);
+/// How long a suspected predecessor has to answer an `Ask`.
+pub const ASK_GRACE: Duration = Duration::from_millis(1000);
+/// The longest a transfer waits on an owner that is heard from but does not deliver.
+pub const PATIENCE_MAX: Duration = Duration::from_secs(30);
 
 pub struct Peers {
     me: u32,
@@ -38,6 +48,18 @@ pub struct Peers {
     /// just became the predecessor, or a watcher that was itself stopped, is given a full
     /// `SUSPECT_AFTER` from then.
     watch_from: AtomicU64,
+    /// When the silent predecessor was asked for a sign of life (ms since `start`, + 1; 0: not).
+    asked: AtomicU64,
+}
+
+/// What the watch of the predecessor found (`Peers::check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watch {
+    Fine,
+    /// Silent for `SUSPECT_AFTER`: ask it for a sign of life.
+    Ask(u32),
+    /// No answer to that either: written off now (the caller tells the others).
+    Down(u32),
 }
 
 impl Peers {
@@ -50,6 +72,7 @@ impl Peers {
             beats: Mutex::new(vec![(Beat::default(), 0); ranks as usize]),
             beat_cv: Condvar::new(),
             watch_from: AtomicU64::new(1),
+            asked: AtomicU64::new(0),
         }
     }
 
@@ -136,15 +159,36 @@ impl Peers {
             .find(|&r| self.alive(r))
     }
 
-    /// The predecessor if it has been silent for `SUSPECT_AFTER` since it was last heard from
-    /// or since the watch began, whichever is later: it is written off now (the caller tells
-    /// the others).
-    pub fn check(&self) -> Option<u32> {
-        let p = self.predecessor()?;
-        let h = self.heard.get(p as usize)?.load(Ordering::Acquire);
+    /// The watch of the predecessor: silent for `SUSPECT_AFTER` since it was last heard from
+    /// or since the watch began, whichever is later, it is to be asked for a sign of life; and
+    /// still silent `ASK_GRACE` after that, it is written off now (the caller tells the others).
+    pub fn check(&self) -> Watch {
+        let Some(p) = self.predecessor() else {
+            return Watch::Fine;
+        };
+        let Some(h) = self
+            .heard
+            .get(p as usize)
+            .map(|h| h.load(Ordering::Acquire))
+        else {
+            return Watch::Fine;
+        };
+        let now = self.now_ms();
         let since = h.max(self.watch_from.load(Ordering::Acquire));
-        let silent = Duration::from_millis(self.now_ms().saturating_sub(since));
-        (silent >= SUSPECT_AFTER && self.failed(p)).then_some(p)
+        if Duration::from_millis(now.saturating_sub(since)) < SUSPECT_AFTER {
+            self.asked.store(0, Ordering::Release);
+            return Watch::Fine;
+        }
+        let asked = self.asked.load(Ordering::Acquire);
+        if asked == 0 || asked < since {
+            self.asked.store(now, Ordering::Release);
+            return Watch::Ask(p);
+        }
+        if Duration::from_millis(now.saturating_sub(asked)) < ASK_GRACE || !self.failed(p) {
+            return Watch::Fine;
+        }
+        self.asked.store(0, Ordering::Release);
+        Watch::Down(p)
     }
 
     pub fn last_beat(&self, rank: u32) -> Beat {
@@ -178,6 +222,80 @@ impl Peers {
                 .wait_timeout(beats, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        }
+    }
+}
+
+/// A transfer's wait on its owner (module comment): the owner's next message is due within the
+/// peer timeout; when it is late, an owner heard from within that time (by any message) is slow,
+/// not gone, and is waited for again; one not heard from is asked for a sign of life, and is
+/// written off only if nothing came from it within one more timeout. Heard from but delivering
+/// nothing, it is given up on after `PATIENCE_MAX` without being written off.
+pub struct Patience {
+    timeout: Duration,
+    since: Instant,
+    deadline: Instant,
+    asked: Option<Instant>,
+}
+
+/// What a late owner's silence means (`Patience::late`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Late {
+    /// Wait on, until `Patience::deadline`.
+    Wait,
+    /// Ask it for a sign of life (`Msg::Ask`), and wait on.
+    Ask,
+    /// Nothing from it at all: write it off.
+    Silent,
+    /// Alive but not delivering: give up on it, without writing it off.
+    Slow,
+}
+
+impl Patience {
+    pub fn new(timeout: Duration) -> Patience {
+        let now = Instant::now();
+        Patience {
+            timeout,
+            since: now,
+            deadline: now + timeout,
+            asked: None,
+        }
+    }
+
+    /// A message of the transfer arrived: the next is due a timeout from now.
+    pub fn heard(&mut self) {
+        self.asked = None;
+        self.deadline = Instant::now() + self.timeout;
+    }
+
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The deadline passed (`now`): what to make of `owner`'s silence.
+    pub fn late(&mut self, peers: &Peers, owner: u32, now: Instant) -> Late {
+        if now < self.deadline {
+            return Late::Wait;
+        }
+        if !peers.alive(owner) {
+            return Late::Silent;
+        }
+        if now.duration_since(self.since) >= PATIENCE_MAX {
+            return Late::Slow;
+        }
+        let heard_within = |d: Duration| peers.silence(owner).is_some_and(|s| s < d);
+        self.deadline = now + self.timeout;
+        match self.asked {
+            None if heard_within(self.timeout) => Late::Wait,
+            None => {
+                self.asked = Some(now);
+                Late::Ask
+            }
+            Some(at) if heard_within(now.duration_since(at)) => {
+                self.asked = None;
+                Late::Wait
+            }
+            Some(_) => Late::Silent,
         }
     }
 }
@@ -224,7 +342,7 @@ mod tests {
     #[test]
     fn only_a_silent_predecessor_is_suspected() {
         let p = Peers::new(1, 3);
-        assert_eq!(p.check(), None, "just started");
+        assert_eq!(p.check(), Watch::Fine, "just started");
         p.heard.iter().for_each(|h| h.store(1, Ordering::Release));
         p.watch_from.store(1, Ordering::Release);
         // Pretend SUSPECT_AFTER passed: every rank last heard at the start.
@@ -232,8 +350,55 @@ mod tests {
             start: Instant::now() - SUSPECT_AFTER - Duration::from_millis(10),
             ..p
         };
-        assert_eq!(p.check(), Some(0), "the predecessor, not rank 2");
+        assert_eq!(p.check(), Watch::Ask(0), "the predecessor, not rank 2");
+        assert_eq!(p.check(), Watch::Fine, "asked: it has ASK_GRACE to answer");
+        assert!(p.alive(0));
+        // Pretend ASK_GRACE passed too, with no answer.
+        p.asked.store(1, Ordering::Release);
+        let p = Peers {
+            start: p.start - ASK_GRACE,
+            ..p
+        };
+        p.watch_from.store(1, Ordering::Release);
+        assert_eq!(p.check(), Watch::Down(0));
         assert!(!p.alive(0) && p.alive(2));
-        assert_eq!(p.check(), None, "the new predecessor's watch just began");
+        assert_eq!(
+            p.check(),
+            Watch::Fine,
+            "the new predecessor's watch just began"
+        );
+    }
+
+    #[test]
+    fn a_late_owner_heard_from_is_waited_for_one_not_heard_from_is_asked_then_written_off() {
+        let peers = Peers::new(0, 3);
+        let t = Duration::from_millis(100);
+        let mut p = Patience::new(t);
+        let now = Instant::now();
+        assert_eq!(p.late(&peers, 1, now), Late::Wait, "not due yet");
+        // Due, but heard from just now (another message): slow, not gone.
+        peers.heard(1);
+        assert_eq!(p.late(&peers, 1, now + 2 * t), Late::Wait);
+        // Due again, nothing heard within the timeout: asked.
+        let later = Instant::now() + 3 * t;
+        let peers = Peers {
+            start: peers.start - 3 * t,
+            ..peers
+        };
+        assert_eq!(p.late(&peers, 1, later), Late::Ask);
+        assert_eq!(
+            p.late(&peers, 1, later + t / 2),
+            Late::Wait,
+            "it has a timeout to answer"
+        );
+        assert_eq!(p.late(&peers, 1, later + 2 * t), Late::Silent, "no answer");
+        // An answer in time.
+        let mut p = Patience::new(t);
+        assert_eq!(p.late(&peers, 2, later), Late::Ask);
+        peers.heard(2);
+        assert_eq!(p.late(&peers, 2, later + 2 * t), Late::Wait);
+        // A rank written off already is silent.
+        peers.failed(2);
+        assert_eq!(p.late(&peers, 2, later + 4 * t), Late::Silent);
     }
 }

@@ -89,11 +89,11 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
     {
         let inbox: Arc<dyn Inbox> = node.clone();
-        let (bufs, budget) = (comm.bufs.clone(), comm.budget.clone());
+        let (bufs, budget, pulse) = (comm.bufs.clone(), comm.budget.clone(), comm.pulse.clone());
         std::thread::Builder::new()
             .name("mpi".into())
             .spawn(move || {
-                mpi.serve(inbox, cmds, bufs, budget);
+                mpi.serve(inbox, cmds, bufs, budget, pulse);
                 let _ = done_tx.send(());
             })?;
     }
@@ -316,7 +316,7 @@ fn prepare(config: &ServeConfig, rank: u32, ranks: u32) -> Result<Prepared> {
     let layout = ctx
         .pack
         .get()
-        .map(|st| st.layout().encode())
+        .map(|st| st.partitions().encode())
         .unwrap_or_default();
     Ok((started, Some(lease), image, layout))
 }

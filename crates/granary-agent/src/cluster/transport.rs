@@ -9,11 +9,14 @@
 //! Messages: control records (`wire::Msg`, tag `wire::CTRL`) and file bytes, sent in pieces of
 //! up to `PIECE` bytes with the transfer's own tag, non-blocking (`MPI_Isend`, several in flight
 //! per transfer, bounded node-wide by `Budget`), received without a copy into pooled buffers
-//! (`MPI_Improbe` + `MPI_Imrecv` of exactly the probed size). Each transfer's pieces reach its
-//! waiter in order through its own channel (`Event`).
+//! (`MPI_Improbe` + `MPI_Imrecv` of exactly the probed size). Each transfer's events (`Event`)
+//! reach its waiter in order: a thread waiting on a channel, or — a program's remote read — the
+//! transfer itself, carried on by the communication thread as they arrive (`Transfer`), so no
+//! thread hand-off stands between the request and the MPI call, nor between the last piece
+//! landing and the copy's publication that wakes the program.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -125,23 +128,48 @@ pub enum Cmd {
     },
     /// A liveness or status message (`Msg::liveness`) to `to`: not activity.
     Quiet { to: u32, data: Vec<u8> },
-    /// Messages from `from` with data tag `tag` (and replies naming it) go to `sink`; its data
+    /// Messages from `from` with data tag `tag` (and replies naming it) go to `waiter`; its data
     /// waits (matched, not received) until `Land` gives it a landing.
-    Expect {
-        from: u32,
-        tag: i32,
-        sink: Sender<Event>,
-    },
-    /// `(from, tag)`'s pieces go into `landing`, one after the other.
+    Expect { from: u32, tag: i32, waiter: Waiter },
+    /// `(from, tag)`'s pieces go into `landing`, one after the other; `transfer`: the
+    /// communication thread carries the transfer on itself from here (`Waiter::Inline`).
     Land {
         from: u32,
         tag: i32,
         landing: Arc<Landing>,
+        transfer: Option<Box<dyn Transfer>>,
     },
     /// No more interest in `(from, tag)`: what still arrives for it is received and dropped.
     Forget { from: u32, tag: i32 },
     /// Finish what is in flight (bounded) and leave MPI.
     Stop,
+}
+
+/// Who receives a transfer's events.
+pub enum Waiter {
+    /// A thread waiting on a channel (a copy made at start, a fetcher's slow path).
+    Channel(Sender<Event>),
+    /// The communication thread itself, through the `Transfer` that `Cmd::Land` attaches; the
+    /// events that come before it are kept for it.
+    Inline,
+}
+
+/// A transfer the communication thread carries on by itself (a program's remote read,
+/// `fetch::Inline`): every event is handed to it as it arrives, on that thread, so it must
+/// never block (no source read, no wait on another thread).
+pub trait Transfer: Send {
+    /// The transfer's next event. `Flow::Done`: it is over and its tag no longer expected
+    /// (what still arrives for it is received and dropped).
+    fn event(&mut self, ev: Event) -> Flow;
+    /// A turn of the loop without an event for it: its own deadline (an owner gone silent).
+    fn tick(&mut self, now: Instant) -> Flow;
+}
+
+/// Whether a `Transfer` goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    More,
+    Done,
 }
 
 /// What a transfer's waiter receives, in order.
@@ -295,12 +323,49 @@ impl Tags {
     }
 }
 
+/// When the communication thread last came round its loop. Every turn is short (nothing
+/// blocks in MPI, and an idle thread sleeps at most `IDLE_NAP_MAX`), so a thread that has not
+/// come round for long is stuck inside the MPI library: OpenMPI 4.1's TCP transport, when a
+/// peer dies in the middle of a message to it, can leave the survivor's progress engine
+/// deadlocked or spinning (docs/cluster.md, "Faults").
+pub struct Pulse {
+    start: Instant,
+    /// Milliseconds since `start` at the last turn.
+    last: AtomicU64,
+}
+
+impl Pulse {
+    fn new() -> Pulse {
+        Pulse {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// A turn of the loop.
+    pub fn beat(&self) {
+        self.last
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long since the last turn.
+    pub fn silent(&self) -> Duration {
+        let now = self.start.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last.load(Ordering::Relaxed)))
+    }
+}
+
+/// A communication thread that has not come round its loop for this long is stuck in MPI
+/// (`Pulse`): its node stops counting on any peer until it moves again.
+pub const STUCK_AFTER: Duration = Duration::from_secs(10);
+
 /// The node's handle on the communication thread.
 #[derive(Clone)]
 pub struct Comm {
     tx: Sender<Cmd>,
     pub bufs: Arc<Buffers>,
     pub budget: Arc<Budget>,
+    pub pulse: Arc<Pulse>,
 }
 
 impl Comm {
@@ -312,6 +377,7 @@ impl Comm {
                 tx,
                 bufs: Arc::new(Buffers::new()),
                 budget: Arc::new(Budget::new(IN_FLIGHT)),
+                pulse: Arc::new(Pulse::new()),
             },
             rx,
         )
@@ -348,14 +414,43 @@ impl Comm {
     /// in order, so nothing of the answer can arrive unclaimed).
     pub fn expect(&self, from: u32, tag: i32) -> Receiver<Event> {
         let (sink, events) = crossbeam_channel::unbounded();
-        let _ = self.tx.send(Cmd::Expect { from, tag, sink });
+        let _ = self.tx.send(Cmd::Expect {
+            from,
+            tag,
+            waiter: Waiter::Channel(sink),
+        });
         events
+    }
+
+    /// As `expect`, for a transfer the communication thread will carry on itself (`carry`).
+    pub fn expect_inline(&self, from: u32, tag: i32) {
+        let _ = self.tx.send(Cmd::Expect {
+            from,
+            tag,
+            waiter: Waiter::Inline,
+        });
     }
 
     /// Where `(from, tag)`'s data goes: it can be attached after the request went out (the
     /// pieces that arrived meanwhile wait for it, matched but not received).
     pub fn land(&self, from: u32, tag: i32, landing: Arc<Landing>) {
-        let _ = self.tx.send(Cmd::Land { from, tag, landing });
+        let _ = self.tx.send(Cmd::Land {
+            from,
+            tag,
+            landing,
+            transfer: None,
+        });
+    }
+
+    /// `land`, and from here the communication thread carries the transfer on itself (an
+    /// `expect_inline` one): its events so far, then each as it arrives.
+    pub fn carry(&self, from: u32, tag: i32, landing: Arc<Landing>, transfer: Box<dyn Transfer>) {
+        let _ = self.tx.send(Cmd::Land {
+            from,
+            tag,
+            landing,
+            transfer: Some(transfer),
+        });
     }
 
     pub fn forget(&self, from: u32, tag: i32) {
@@ -369,12 +464,14 @@ impl Comm {
 
 /// How long the communication thread naps when nothing moved: from `BUSY_NAP` after activity,
 /// doubling up to `ACTIVE_NAP` while a transfer is awaited or anything happened within
-/// `ACTIVE_FOR` (a job reading: a new request waits that long at most), else up to `IDLE_NAP`
-/// (a command from this node wakes it at once).
+/// `ACTIVE_FOR` (a job reading: a new request waits that long at most); idle, from `IDLE_NAP`
+/// doubling up to `IDLE_NAP_MAX`, asleep on its command channel (a command from this node wakes
+/// it at once; another rank's first request waits one nap at most).
 pub const BUSY_NAP: Duration = Duration::from_micros(20);
 pub const ACTIVE_NAP: Duration = Duration::from_micros(100);
 pub const ACTIVE_FOR: Duration = Duration::from_millis(500);
 pub const IDLE_NAP: Duration = Duration::from_millis(2);
+pub const IDLE_NAP_MAX: Duration = Duration::from_millis(20);
 
 #[cfg(test)]
 mod tests {

@@ -9,13 +9,13 @@
 //! new table. Whether each source file is unchanged is then checked per file in the background
 //! (`validate`), and each copy's identity on every open (the preload library).
 
+use crate::sync::atomic::Ordering;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
-use granary_shm::{job, layout, lifecycle, state, Mapping, Table};
+use granary_shm::{job, layout, lifecycle, Mapping, State, Table};
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, then rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -126,7 +126,7 @@ fn chunk_file_identity(t: &Table, idx: u32) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
     let w = t.state(idx);
-    let dir = t.tier_dir(state::tier_of(w) as u32)?;
+    let dir = t.tier_dir(w.tier() as u32)?;
     let e = t.entry(idx)?;
     let path = Path::new(std::ffi::OsStr::from_bytes(dir)).join(std::ffi::OsStr::from_bytes(
         &granary_shm::chunks_name(e.object),
@@ -144,7 +144,7 @@ fn chunk_file_identity(t: &Table, idx: u32) -> Option<(u64, u64)> {
 /// any more): the next agent trusts the chunk bits only if the file was not written since.
 fn seal_partials(t: &Table) {
     for i in 0..t.entry_count() {
-        if state::state_of(t.state(i)) != state::PARTIAL {
+        if t.state(i).state() != State::Partial {
             continue;
         }
         let w = t.state(i);
@@ -164,7 +164,7 @@ fn seal_partials(t: &Table) {
 fn unseal_partials(t: &Table) -> u64 {
     let mut rejected = 0;
     for i in 0..t.entry_count() {
-        if state::state_of(t.state(i)) != state::PARTIAL {
+        if t.state(i).state() != State::Partial {
             continue;
         }
         let sealed = t.copy_identity(i);
@@ -343,16 +343,79 @@ pub fn image_bytes(table: &Table) -> Vec<u8> {
 /// about copies are cleared (`lifecycle::forget_placement`). The entries and their validation
 /// are kept: the node that sent it checked them against the source in this attach, so this one
 /// makes no call on the source for them.
+///
+/// This node's own copies from its last serve are kept where they are still good
+/// (`carry_copies`, from the catalog it saved at `saved` when it stopped): a restarted serve
+/// reuses every rank's tiers, not only those of the rank that catalogs the source.
 pub fn adopt(
     img: &mut [u8],
     spec: &granary_shm::TableSpec,
     dest: &Path,
+    saved: Option<&Path>,
 ) -> Result<Loaded, LoadError> {
     granary_shm::rebase(img, spec).map_err(LoadError::Foreign)?;
     write_atomic(dest, img)?;
     take_over(dest, img.len(), |t| {
         clear_run_words(t);
         lifecycle::forget_placement(t);
+        if let Some(saved) = saved {
+            let n = carry_copies(t, saved);
+            if n > 0 {
+                tracing::info!("{n} copies of the last serve kept ({})", saved.display());
+            }
+        }
         Ok(0)
     })
+}
+
+/// Copies this node placed in an earlier serve, recorded in the catalog it saved then
+/// (`saved`), made this adopted table's again: a complete copy (with its checksum) of the same
+/// version of the same file — same path, object id and source identity (`same_version`: device,
+/// inode, size, mtime, ctime), which the node that sent the table checked against the source
+/// in this attach — on a tier directory this table still has (same path and identity). Its
+/// copy identity comes along: a client checks it at every open, and the attach's sweep
+/// withdraws copies that are gone from their tier. A catalog of another user or source is
+/// ignored. Returns the copies kept.
+fn carry_copies(t: &Table, saved: &Path) -> u64 {
+    let Some((_m, prev)) = open_saved(saved) else {
+        return 0;
+    };
+    if prev.agent_creds() != t.agent_creds() || prev.source_real_root() != t.source_real_root() {
+        return 0;
+    }
+    let tier_map: Vec<Option<u8>> = (0..prev.tier_count())
+        .map(|k| {
+            (0..t.tier_count())
+                .find(|&j| {
+                    prev.tier_dir(k).is_some()
+                        && prev.tier_dir(k) == t.tier_dir(j)
+                        && prev.tier_dir_id(k) == t.tier_dir_id(j)
+                })
+                .map(|j| j as u8)
+        })
+        .collect();
+    let mut kept = 0;
+    for i in 0..t.entry_count() {
+        let Some(e) = t.entry(i) else { continue };
+        if !e.stat.is_file() || t.state(i).state() != State::Unplaced {
+            continue;
+        }
+        let Some(pi) = t.rel_path_vec(i).and_then(|rel| prev.lookup(&rel)) else {
+            continue;
+        };
+        let Some(pe) = prev.entry(pi) else { continue };
+        let w = prev.state(pi);
+        let same = pe.object == e.object && pe.stat.same_version(&e.stat);
+        if !same || w.state() != State::Placed || prev.checksum(pi) == 0 {
+            continue;
+        }
+        let Some(Some(tier)) = tier_map.get(w.tier() as usize) else {
+            continue;
+        };
+        let (ino, ctime) = prev.copy_identity(pi);
+        if lifecycle::adopt_placed(t, i, *tier, prev.checksum(pi), ino, ctime) {
+            kept += 1;
+        }
+    }
+    kept
 }

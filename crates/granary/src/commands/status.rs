@@ -189,6 +189,13 @@ fn print_cluster(c: &ClusterStatus) {
             String::new()
         }
     ));
+    if let Some(ms) = c.mpi_stuck_ms {
+        out(&format!(
+            "  MPI stuck for {:.0} s on this rank (the MPI library does not return): it serves \
+             what its tiers hold and reads the rest from the source",
+            ms as f64 / 1000.0
+        ));
+    }
     for p in &c.peers {
         let (alive, silent, p_rank) = (p.alive, p.silent_ms, p.rank);
         let p = &p.numbers;
