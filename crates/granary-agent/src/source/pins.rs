@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use granary_core::placement::SourceCtx;
 use granary_core::sys;
-use granary_shm::{state, Table};
+use granary_shm::Table;
 
 /// Kernel memory one held entry keeps from being reclaimed: an ext4 inode (1,128 B), a dentry
 /// (192 B) and an open file (192 B) as `/proc/slabinfo` shows them, rounded up.
@@ -107,7 +107,7 @@ impl Pins {
         // The earlier table's references go first: they count against the budget.
         self.clear();
         let budget = budget().saturating_sub(HELD.load(Ordering::Acquire));
-        let retired = || ctx.retired.load(Ordering::Acquire);
+        let retired = || ctx.work.is_retired();
         let (fds, counts) = hold(&ctx.table, &ctx.source_real, budget, dirs_only, &retired);
         let mut h = lock(&self.held);
         h.taking = 0;
@@ -154,7 +154,7 @@ pub fn hold(
     stop: &dyn Fn() -> bool,
 ) -> (Vec<OwnedFd>, Counts) {
     let mut counts = Counts::default();
-    let live = |i: u32| !state::is_void(state::state_of(table.state(i)));
+    let live = |i: u32| !table.state(i).is_void();
     if budget == 0 || !live(0) {
         return (Vec::new(), counts);
     }
