@@ -34,3 +34,77 @@ def test_report_counts_source_bytes(granary, tmp_path, tier, how):
     got, stats = run_job(granary, src, cmd, tier)
     output(got)
     assert stats["source_io"]["bytes"] >= N, stats["source_io"]
+
+
+# Opens a large file twice on the source (nothing placed yet), waits until the test has let the
+# agent place it, then reads the first fd on (switched to the copy at that read) and maps the
+# second (CPython's mmap dups it first, so a copy of its own backs the mapping); reads the small
+# files last. Prints the digests of everything read and of the mapping.
+SWITCH = r"""
+import hashlib, mmap, os, sys
+big, smalls = sys.argv[1], sys.argv[2:]
+h = hashlib.sha256()
+fa = os.open(big, os.O_RDONLY)
+fb = os.open(big, os.O_RDONLY)
+h.update(os.read(fa, 4096))
+print("opened", flush=True)
+sys.stdin.readline()
+while chunk := os.read(fa, 1 << 20):
+    h.update(chunk)
+with mmap.mmap(fb, 0, prot=mmap.PROT_READ) as m:
+    mapped = hashlib.sha256(m[:]).hexdigest()
+for p in smalls:
+    with open(p, "rb") as f:
+        h.update(f.read())
+print(h.hexdigest(), mapped)
+"""
+
+
+def test_opens_add_up_to_tier_and_source(granary, tmp_path, tier):
+    """opens = files served from the tiers + opens of the source (or the pack): each open counted
+    once, in the row that served it — an fd moved from the source to the copy mid-read included,
+    and a mapping the copy backs, which is no open at all."""
+    import hashlib
+    import json
+    import subprocess
+
+    big = rand(8 << 20, 3)
+    smalls = {f"s/{i:02}.bin": rand(1000 + i, 10 + i) for i in range(12)}
+    src = make_tree(tmp_path / "src", {"big.bin": big, **smalls})
+    args = [src / "big.bin", *(src / rel for rel in smalls)]
+    want_all = hashlib.sha256(big + b"".join(smalls.values())).hexdigest()
+    want = f"{want_all} {hashlib.sha256(big).hexdigest()}"
+
+    def check(stats):
+        assert stats["opens"] == stats["files_served_from_tiers"] + stats["source_io"]["opens"], (
+            stats["opens"], [t["files_served"] for t in stats["tiers"]], stats["source_io"])
+        # Two opens of the large file, one of each small one.
+        assert stats["opens"] == 2 + len(smalls), stats["opens"]
+
+    # First run: everything on the source, the large file placed while its fds are open.
+    stats_path = tmp_path / "first.json"
+    proc = subprocess.Popen(
+        [granary.bin, "run", "--source", src, "--tier", f"{tier}=1G", "--stats-json", stats_path,
+         "-q", "--", sys.executable, "-c", SWITCH, *args],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**granary.env, "GRANARY_LOG": "debug"}, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == b"opened\n"
+        granary.settle(src)
+        out, err = proc.communicate(b"\n", timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
+    assert out.decode().strip() == want
+    assert b"switched fd" in err, "the scenario must move an fd to the copy"
+    stats = json.loads(stats_path.read_text())
+    check(stats)
+    assert stats["files_served_from_tiers"] == 1, stats["tiers"]
+    # Second run: every open from the tier.
+    granary.settle(src)
+    got, stats = run_job(granary, src, [sys.executable, "-c", SWITCH.replace(
+        'sys.stdin.readline()', ''), *args], tier)
+    assert output(got).decode().split()[-2:] == want.split()
+    check(stats)
+    assert stats["source_io"]["opens"] == 0, stats["source_io"]

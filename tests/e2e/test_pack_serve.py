@@ -234,6 +234,23 @@ def flip(path, offset):
         f.write(bytes([b[0] ^ 0x5A]))
 
 
+def table_opens(report: str) -> dict:
+    """The report table's opens column by row: tiers, the source (or pack), refused opens."""
+    rows, lines = {}, report.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.split()[:3] == ["served", "from", "opens"])
+    for l in lines[start + 1:]:
+        w = l.split()
+        if w[0] == "tier":
+            rows[" ".join(w[:2])] = int(w[-3])
+        elif w[0] == "the":
+            rows["source"] = int(w[-8])
+        elif w[0] == "refused":
+            rows["refused"] = int(w[1])
+        else:
+            return rows
+    return rows
+
+
 @pytest.mark.parametrize("damage", ["data", "header", "cut"])
 @pytest.mark.parametrize("mode", ["source", "mount"])
 def test_a_damaged_partition_is_never_served(granary, tmp_path, damage, mode):
@@ -283,6 +300,10 @@ def test_a_damaged_partition_is_never_served(granary, tmp_path, damage, mode):
     report = proc.stderr.decode()
     assert f"DAMAGED: {len(refused)} of its files cannot be read from it" in report, report
     assert f"warning: pack {real} is damaged" in report, report
+    # The table's opens add up to the job's, the refused ones in a row of their own.
+    assert sum(table_opens(report).values()) == int(report.split(" opens of dataset files")[0]
+                                                    .rsplit("; ", 1)[1]), report
+    assert ("refused" in table_opens(report)) == (mode == "mount"), report
     # What the user runs next says the same.
     v = subprocess.run([granary_bin(), "pack", "verify", str(packed)], capture_output=True)
     assert v.returncode == 1
@@ -400,6 +421,8 @@ os.execv(sys.argv[2], sys.argv[2:])
     files = regular_files(expected)
     assert tier_files(stats) <= 2, stats
     assert source_opens(stats) == len(files) - tier_files(stats), stats
+    # Each open counted once: the pack's extracted files in the row of the source or the pack.
+    assert stats["opens"] == tier_files(stats) + source_opens(stats), stats
     assert not g.agent_pids()
 
 

@@ -26,7 +26,7 @@ pub struct PoolWishes {
     pub block_size: Option<u64>,
     pub max_source_streams: Option<usize>,
     pub page_cache: Option<Budget>,
-    pub mmap: Option<granary_core::placement::mapping::MmapConfig>,
+    pub mmap: Option<granary_core::placement::mmap::MmapConfig>,
 }
 
 /// The placement pool, started by the first job. It serves every source: each job carries its
@@ -40,7 +40,7 @@ pub struct Setup {
     /// Which copies keep their pages in the page cache, for every source.
     pub residency: Arc<Residency>,
     /// How programs' mappings are followed (`[mmap]`).
-    pub mmap: granary_core::placement::mapping::MmapParams,
+    pub mmap: granary_core::placement::mmap::MmapParams,
 }
 
 pub struct Agent {

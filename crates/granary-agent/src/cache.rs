@@ -31,7 +31,13 @@ pub(crate) fn serve(agent: &Agent, clean: &[PathBuf]) -> Reply {
                 id: s.id.clone(),
                 source: s.source.clone(),
                 jobs: s.jobs_now.load(Ordering::Acquire),
-                tiers: ctx.tiers.specs().into_iter().map(|t| t.path).collect(),
+                tiers: ctx
+                    .space
+                    .tiers
+                    .specs()
+                    .into_iter()
+                    .map(|t| t.path)
+                    .collect(),
             })
         })
         .collect();
@@ -118,8 +124,9 @@ fn take(agent: &Agent, dir: &Path) -> Result<Option<PathBuf>, String> {
 fn uses_root(s: &SourceState, root: &Path) -> bool {
     let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let root = canon(root);
-    s.ctx()
-        .is_some_and(|c| (0..c.tiers.len()).any(|t| canon(&c.tiers.spec(t).path) == root))
+    s.ctx().is_some_and(|c| {
+        (0..c.space.tiers.len()).any(|t| canon(&c.space.tiers.spec(t).path) == root)
+    })
 }
 
 /// `SourceWishes`' release for the same dataset served another way: the source directories of

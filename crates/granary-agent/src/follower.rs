@@ -1,5 +1,5 @@
 //! The follower thread: every few milliseconds, each source's followed mappings are looked at
-//! and read ahead of (`granary_core::placement::mapping`). It sleeps until a `MAPPED` request
+//! and read ahead of (`granary_core::placement::mmap`). It sleeps until a `MAPPED` request
 //! wakes it when nothing is followed, and ticks slower when no reader moved for a while.
 
 use std::sync::atomic::Ordering;
@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use granary_core::memlimit::Probe;
-use granary_core::placement::mapping;
+use granary_core::placement::mmap;
 
 use crate::agent::Agent;
 
@@ -22,7 +22,7 @@ const IDLE: Duration = Duration::from_millis(500);
 const ROOM_EVERY: Duration = Duration::from_millis(250);
 
 pub fn follow(agent: Arc<Agent>) {
-    mapping::register_follower();
+    mmap::register_follower();
     let probe = Probe::find();
     let mut room = 0u64;
     let mut room_at: Option<Instant> = None;
@@ -38,10 +38,10 @@ pub fn follow(agent: Arc<Agent>) {
         }
         let mut followed = 0;
         for ctx in agent.tables() {
-            if ctx.mappings.tick(&ctx, &setup.mmap, room, setup.block_size) {
+            if ctx.mmap.tick(&ctx, &setup.mmap, room, setup.block_size) {
                 moved_at = Instant::now();
             }
-            followed += ctx.mappings.followed();
+            followed += ctx.mmap.followed();
         }
         let pause = if followed == 0 {
             IDLE

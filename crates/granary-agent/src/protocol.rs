@@ -30,7 +30,7 @@ pub enum Request {
         /// Known-order placement (`--access-order`): the source's policy if no other job is
         /// attached to it (like `tiers`); `None`: fill highest first.
         #[serde(default)]
-        order: Option<granary_core::placement::prefetch::OrderSpec>,
+        order: Option<granary_core::placement::known_order::OrderSpec>,
         /// The dataset is declared immutable (`--immutable`, `[catalog] immutable`): a job
         /// attaching to an idle source validates the catalog by directory only.
         #[serde(default)]
@@ -44,7 +44,7 @@ pub enum Request {
         mount: bool,
         /// `[mmap]` of an agent that has no pool yet; the agent's own configuration wins.
         #[serde(default)]
-        mmap: Option<granary_core::placement::mapping::MmapConfig>,
+        mmap: Option<granary_core::placement::mmap::MmapConfig>,
     },
     /// Agent counters of one source (placement, its own source traffic) and its tiers' usage;
     /// with the job's slot, what was placed for that job.

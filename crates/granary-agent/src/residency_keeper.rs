@@ -8,7 +8,7 @@ use std::sync::Arc;
 use granary_core::placement::residency::{Copies, CopyView, REBALANCE_PERIOD};
 use granary_core::placement::SourceCtx;
 use granary_core::sys;
-use granary_shm::{object_name, state};
+use granary_shm::{object_name, State};
 
 use crate::agent::Agent;
 
@@ -55,7 +55,8 @@ struct TableCopies<'a> {
 impl<'a> TableCopies<'a> {
     fn new(ctx: &'a SourceCtx) -> TableCopies<'a> {
         let cached_tier = ctx
-            .object_dirs
+            .space
+            .dirs()
             .iter()
             .map(|d| d.as_ref().is_some_and(|d| !sys::is_memory_fs(d)))
             .collect();
@@ -66,8 +67,7 @@ impl<'a> TableCopies<'a> {
         let t = &self.ctx.table;
         let w = t.state(i);
         let Some(e) = t.entry(i) else { return };
-        let dir = self.ctx.object_dirs.get(state::tier_of(w) as usize);
-        if let Some(Some(dir)) = dir {
+        if let Some(dir) = self.ctx.space.dir(w.tier() as usize) {
             if let Ok(f) = sys::open_read_at(dir, &object_name(e.object)) {
                 sys::fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
             }
@@ -82,12 +82,12 @@ impl Copies for TableCopies<'_> {
 
     fn copy(&self, i: u32) -> Option<CopyView> {
         let w = self.ctx.table.state(i);
-        let placed = match state::state_of(w) {
-            state::PLACED => true,
-            state::PLACING => false,
+        let placed = match w.state() {
+            State::Placed => true,
+            State::Placing => false,
             _ => return None,
         };
-        if !self.cached_tier.get(state::tier_of(w) as usize).copied()? {
+        if !self.cached_tier.get(w.tier() as usize).copied()? {
             return None;
         }
         let size = self.ctx.table.entry(i)?.stat.size;

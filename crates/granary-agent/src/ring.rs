@@ -37,7 +37,7 @@ pub fn consume(agent: Arc<Agent>) {
                 // Held from before the pop until the request is handed on, so `pending` never
                 // sees a request that is neither in the ring nor in the pool (see
                 // `SourceCtx::pending`).
-                ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                ctx.work.hold();
                 fence(Ordering::SeqCst);
                 let Some(granary_shm::Request {
                     kind,
@@ -45,11 +45,11 @@ pub fn consume(agent: Arc<Agent>) {
                     arg,
                 }) = ctx.table.pop_request()
                 else {
-                    ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                    ctx.work.release();
                     break;
                 };
                 handle_request(ctx, kind, idx, arg, &setup.pool);
-                ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                ctx.work.release();
                 did += 1;
             }
         }

@@ -102,7 +102,7 @@ fn with_keepalive<T>(w: &Writer, progress: &Progress, f: impl FnOnce() -> T) -> 
 /// What the first job attaching to an idle source decides for it (later jobs share it).
 struct SourceWishes<'a> {
     tiers: &'a [granary_core::tiers::TierSpec],
-    order: Option<&'a granary_core::placement::prefetch::OrderSpec>,
+    order: Option<&'a granary_core::placement::known_order::OrderSpec>,
     immutable: bool,
     /// The pack to serve, and whether only the pack exists.
     pack: Option<&'a std::path::Path>,
@@ -232,7 +232,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                                 message: format!("{e:#}"),
                                 pack_damage: pack_dir.as_deref().and_then(|dir| {
                                     let pe = e.chain().find_map(|c| c.downcast_ref())?;
-                                    granary_core::packed::damage::of_open_error(dir, pe)
+                                    granary_core::packed_source::damage::of_open_error(dir, pe)
                                 }),
                             },
                         )?,
@@ -242,7 +242,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     let reply = match find_source(agent, &source, pack.as_deref()) {
                         Some(s) => Reply::Stats {
                             placement: s.counters.snapshot(),
-                            tiers: s.ctx().map(|c| c.tiers.usage()).unwrap_or_default(),
+                            tiers: s.ctx().map(|c| c.space.tiers.usage()).unwrap_or_default(),
                             warnings: s.warnings(),
                             job: s.counters.jobs.get(slot),
                             cluster: agent.serving.as_ref().map(|c| {
@@ -384,8 +384,9 @@ fn attach(
             sources.values().any(|s| {
                 !Arc::ptr_eq(s, &src)
                     && s.jobs_now.load(Ordering::Acquire) > 0
-                    && s.ctx()
-                        .is_some_and(|c| (0..c.tiers.len()).any(|i| c.tiers.shares(i, t)))
+                    && s.ctx().is_some_and(|c| {
+                        (0..c.space.tiers.len()).any(|i| c.space.tiers.shares(i, t))
+                    })
             })
         };
         let (src_tiers, conflicts) = agent.registry.resolve(specs, in_use);
@@ -433,11 +434,17 @@ fn attach(
         // one its partition streamers).
         if origin != crate::source::Origin::Kept {
             if let Some(ctx) = src.ctx() {
-                granary_core::placement::prefetch::spawn(ctx.clone(), setup.pool.shared().clone())?;
+                granary_core::placement::known_order::spawn(
+                    ctx.clone(),
+                    setup.pool.engine().clone(),
+                )?;
                 // A serving rank streams only its share of a pack: its node starts the
                 // streamers once the pack is dealt out (`cluster::Node::start`).
                 if agent.serving.is_none() {
-                    granary_core::placement::partition::spawn(ctx, setup.pool.shared().clone())?;
+                    granary_core::placement::pack_streamer::spawn(
+                        ctx,
+                        setup.pool.engine().clone(),
+                    )?;
                 }
             }
         }
@@ -449,12 +456,12 @@ fn attach(
     if inner.jobs > 0 && !tiers.is_empty() {
         // Jobs already share this source's table, and with it its tiers.
         let ctx = src.ctx().context("no table published")?;
-        let same = tiers.len() == ctx.tiers.len()
+        let same = tiers.len() == ctx.space.tiers.len()
             && tiers.iter().enumerate().all(|(i, s)| {
                 agent
                     .registry
                     .get(&s.path)
-                    .is_some_and(|t| ctx.tiers.shares(i, &t))
+                    .is_some_and(|t| ctx.space.tiers.shares(i, &t))
             });
         if same {
             notes.extend(agent.registry.conflicts(tiers));
@@ -462,7 +469,8 @@ fn attach(
             notes.push(format!(
                 "{} is in use by another job with tiers {}; using them",
                 src.source.display(),
-                ctx.tiers
+                ctx.space
+                    .tiers
                     .specs()
                     .iter()
                     .map(|t| t.path.display().to_string())
@@ -496,7 +504,7 @@ fn attach(
         table: inner.table_path.clone().context("no table published")?,
         job_slot: slot,
         source_id: src.id.clone(),
-        tiers: src.ctx().map(|c| c.tiers.usage()).unwrap_or_default(),
+        tiers: src.ctx().map(|c| c.space.tiers.usage()).unwrap_or_default(),
         notes,
         warnings: src.warnings(),
         catalog: inner.catalog.clone(),

@@ -3,7 +3,7 @@
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -12,11 +12,11 @@ use granary_core::cache::{adopt, copies};
 use granary_core::catalog::{self, Progress};
 use granary_core::config::Verify;
 use granary_core::placement::residency::Residency;
-use granary_core::placement::{object_dir, Params, SourceCtx};
+use granary_core::placement::{self, object_dir, Params, SourceCtx};
 use granary_core::stats::AgentCounters;
 use granary_core::stats::CatalogStats;
 use granary_core::{sys, tierdir, Tiers};
-use granary_shm::{job, lifecycle, state, Mapping, Table, TableSpec};
+use granary_shm::{job, lifecycle, Mapping, State, Table, TableSpec};
 
 mod packed;
 
@@ -35,7 +35,7 @@ pub struct WalkOpts<'a> {
     pub params: &'a Params,
     pub verify: Verify,
     /// The known-order policy the new table gets (`None`: fill highest first).
-    pub order: Option<&'a granary_core::placement::prefetch::OrderSpec>,
+    pub order: Option<&'a granary_core::placement::known_order::OrderSpec>,
     pub residency: &'a Arc<Residency>,
     /// Validate by directory only (the dataset is declared immutable).
     pub immutable: bool,
@@ -51,7 +51,7 @@ pub struct WalkOpts<'a> {
 pub struct Broadcast {
     /// Its table image, made this rank's in place (`catalog::adopt`).
     pub image: Mutex<Vec<u8>>,
-    /// A packed source's index header and partition table (`packed::Layout::encode`), so no
+    /// A packed source's index header and partition table (`packed_source::Partitions::encode`), so no
     /// other rank reads the index; empty otherwise.
     pub layout: Vec<u8>,
 }
@@ -85,7 +85,7 @@ pub struct SourceState {
     /// The source root's record read when this source became known, for the first attach.
     fresh_root: Mutex<Option<granary_shm::StatRec>>,
     /// The source root's device (major, minor), for what its requests cost
-    /// (`placement::whole_fetch`).
+    /// (`placement::whole_file::threshold`).
     dev: (u32, u32),
     /// What every job on the current table is told even with `-q`: tiers refused at the walk
     /// (not the user's, open to other users, …) or lost since (removed, renamed).
@@ -104,7 +104,7 @@ pub struct Inner {
     pub catalog: CatalogStats,
     /// The current table's policy, for the jobs that attach to it: the access-order file
     /// (`None`: fill highest first), and what its resolution has to tell them.
-    pub order: Option<granary_core::placement::prefetch::OrderSpec>,
+    pub order: Option<granary_core::placement::known_order::OrderSpec>,
     pub order_note: Option<String>,
 }
 
@@ -213,7 +213,7 @@ impl SourceState {
             tracing::info!("{}: re-attach with the kept catalog", self.source.display());
             self.set_policy(inner, &ctx, opts)?;
             self.drop_second_copies(&ctx, opts);
-            let (files, bytes) = granary_core::placement::copies_now(&ctx);
+            let (files, bytes) = granary_core::placement::copies_now(&ctx.table);
             inner.catalog.walk_s = 0.0;
             inner.catalog.carried = ctx.table.entry_count() as u64;
             inner.catalog.reused_files = files;
@@ -279,7 +279,7 @@ impl SourceState {
             self.note_tiers_left(old.as_deref(), &tiers, notes);
             drop(old);
             let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
-            let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
+            let (files, bytes) = granary_core::placement::adopt_charges(&ctx.table, &ctx.space);
             let mut stats = stats;
             stats.reused_files = files;
             stats.reused_bytes = bytes;
@@ -340,7 +340,7 @@ impl SourceState {
             && t.prefetch_min_size() == prefetch
             && t.agent_creds() == spec.creds
             && t.job_slots() == spec.job_slots
-            && !(0..t.entry_count()).any(|i| state::is_void(state::state_of(t.state(i))))
+            && !(0..t.entry_count()).any(|i| t.state(i).is_void())
     }
 
     /// Each tier's object directory for this source, opened and verified (`None`: unusable).
@@ -413,7 +413,7 @@ impl SourceState {
         // The earlier knowledge: the agent's own last table, else the catalog saved beside the
         // cache (of this source's last first tier, or of the new one).
         let current = old;
-        let last_saved = old.map(|c| self.catalog_file(&c.tiers));
+        let last_saved = old.map(|c| self.catalog_file(&c.space.tiers));
         let saved = current
             .is_none()
             .then(|| self.saved_catalog(tiers, spec, last_saved.as_deref()))
@@ -460,7 +460,7 @@ impl SourceState {
         table.beat(granary_core::sys::monotonic_ns());
         let order = match opts.order {
             Some(o) => {
-                let pf = granary_core::placement::prefetch::Prefetcher::build(
+                let pf = granary_core::placement::known_order::Prefetcher::build(
                     o,
                     &table,
                     &self.source,
@@ -489,26 +489,15 @@ impl SourceState {
             }
         };
         inner.order = opts.order.cloned();
-        let ctx = Arc::new(SourceCtx {
-            table,
-            mapping,
-            source_real: self.source_real.clone(),
+        let ctx = SourceCtx::new(
+            (mapping, table),
+            self.source_real.clone(),
             tiers,
-            object_dirs: dirs.fds,
-            counters: self.counters.clone(),
-            retired: AtomicBool::new(false),
-            inflight: AtomicUsize::new(0),
-            order,
-            partials: Default::default(),
-            program: Default::default(),
-            residency: opts.residency.clone(),
-            lost: Default::default(),
-            validation: Default::default(),
-            pack: Default::default(),
-            mappings: Default::default(),
-            remote: Default::default(),
-            ahead: Default::default(),
-        });
+            dirs.fds,
+            self.counters.clone(),
+            opts.residency.clone(),
+        );
+        let ctx = Arc::new(ctx.with_order(order));
         // Beaten before any job has it: a client never takes a new table's agent for dead.
         ctx.table.beat(granary_core::sys::monotonic_ns());
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
@@ -581,7 +570,7 @@ impl SourceState {
     /// tier roots while this one was in use (two jobs at once): their second copies go.
     fn drop_second_copies(&self, ctx: &SourceCtx, opts: &WalkOpts<'_>) {
         let Some(release) = opts.release else { return };
-        let stores = self.stores(&ctx.tiers, &ctx.object_dirs);
+        let stores = self.stores(&ctx.space.tiers, ctx.space.dirs());
         let d = adopt::siblings(&ctx.table, &self.id, &stores, release, false).duplicates;
         if d > 0 {
             tracing::info!(
@@ -598,15 +587,15 @@ impl SourceState {
         let Some(old) = old else { return };
         let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
         let current: Vec<PathBuf> = (0..now.len()).map(|t| canon(&now.spec(t).path)).collect();
-        for t in 0..old.tiers.len() {
-            let root = old.tiers.spec(t).path.clone();
+        for t in 0..old.space.tiers.len() {
+            let root = old.space.tiers.spec(t).path.clone();
             if current.contains(&canon(&root)) {
                 continue;
             }
             let (files, bytes) = (0..old.table.entry_count())
                 .filter(|&i| {
                     let w = old.table.state(i);
-                    state::state_of(w) == state::PLACED && state::tier_of(w) as usize == t
+                    w.state() == State::Placed && w.tier() as usize == t
                 })
                 .fold((0u64, 0u64), |(f, b), i| {
                     (f + 1, b + old.table.entry(i).map_or(0, |e| e.stat.size))
@@ -629,7 +618,7 @@ impl SourceState {
         let Some(ctx) = self.ctx() else {
             return;
         };
-        let file = self.catalog_file(&ctx.tiers);
+        let file = self.catalog_file(&ctx.space.tiers);
         match catalog::save(&file, &ctx.table) {
             Ok(()) => tracing::debug!("saved catalog {}", file.display()),
             Err(e) => tracing::warn!("cannot save catalog {}: {e}", file.display()),
@@ -640,11 +629,11 @@ impl SourceState {
     /// Records the current table's copies beside them, in each of its tiers
     /// (`granary_core::cache::copies`): whatever table uses a tier next takes them over.
     pub fn save_records(&self, ctx: &SourceCtx) {
-        for t in 0..ctx.tiers.len() {
-            if ctx.object_dirs.get(t).is_none_or(|d| d.is_none()) {
+        for t in 0..ctx.space.tiers.len() {
+            if ctx.space.dir(t).is_none() {
                 continue;
             }
-            let dir = ctx.tiers.spec(t).path.join(&self.id);
+            let dir = ctx.space.tiers.spec(t).path.join(&self.id);
             let used = match self.jobs_now.load(Ordering::Acquire) {
                 0 => self.last_use.load(Ordering::Relaxed),
                 _ => copies::now_ns(),
@@ -672,10 +661,10 @@ impl SourceState {
         {
             v.stop();
         }
-        let tiers = &*ctx.tiers;
-        ctx.retired.store(true, Ordering::Release);
+        let tiers = &*ctx.space.tiers;
+        ctx.retire();
         let deadline = Instant::now() + Duration::from_secs(120);
-        while ctx.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        while ctx.work.held() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         if persist {
@@ -684,9 +673,9 @@ impl SourceState {
         let t = &ctx.table;
         for i in 0..t.entry_count() {
             let w = t.state(i);
-            if state::state_of(w) == state::PLACED {
+            if w.state() == State::Placed {
                 if let Some(e) = t.entry(i) {
-                    let tier = state::tier_of(w) as usize;
+                    let tier = w.tier() as usize;
                     if tier < tiers.len() {
                         tiers.release(tier, tiers.charge(tier, e.stat.size));
                     }
@@ -694,7 +683,7 @@ impl SourceState {
             }
         }
         // Chunk files are charged per present chunk; the next walk re-adopts what it keeps.
-        granary_core::placement::release_partial_charges(&ctx);
+        granary_core::placement::release_partial_charges(&ctx.table, &ctx.space.tiers);
         t.set_valid(false);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = None;
         if let Some(p) = inner.table_path.take() {
@@ -771,17 +760,17 @@ impl SourceState {
         };
         let t = &ctx.table;
         let mut s = Snapshot {
-            tiers: ctx.tiers.usage(),
+            tiers: ctx.space.tiers.usage(),
             ..Snapshot::default()
         };
         let mut busy = 0;
         for i in 0..t.entry_count() {
-            match state::state_of(t.state(i)) {
-                state::PLACED => {
+            match t.state(i).state() {
+                State::Placed => {
                     s.files_placed += 1;
                     s.bytes_placed += t.entry(i).map_or(0, |e| e.stat.size);
                 }
-                state::QUEUED | state::PLACING => busy += 1,
+                State::Queued | State::Placing => busy += 1,
                 _ => {}
             }
         }
@@ -859,9 +848,9 @@ fn spawn_sweep(ctx: &Arc<SourceCtx>, verify: Verify) {
         .name("sweep".into())
         .spawn(move || {
             granary_core::sys::sched_idle();
-            let s = catalog::sweep::sweep(&c);
+            let s = placement::sweep::sweep(&c.table, &c.space, &c.work);
             let v = if verify == Verify::Checksum {
-                catalog::sweep::verify_copies(&c)
+                placement::sweep::verify_copies(&c.table, &c.space, &c.work)
             } else {
                 Default::default()
             };

@@ -28,17 +28,17 @@ pub fn watch(agent: Arc<Agent>) {
 fn check(agent: &Agent) {
     for src in agent.source_states() {
         let Some(ctx) = src.ctx() else { continue };
-        for (t, fd) in ctx.object_dirs.iter().enumerate() {
+        for (t, fd) in ctx.space.dirs().iter().enumerate() {
             let Some(fd) = fd else { continue };
-            if ctx.tiers.is_gone(t) {
+            if ctx.space.tiers.is_gone(t) {
                 continue;
             }
-            let path = object_dir(&ctx.tiers.spec(t).path, &src.id);
+            let path = object_dir(&ctx.space.tiers.spec(t).path, &src.id);
             let opened = granary_core::sys::dev_ino(fd).ok();
             let there = std::fs::symlink_metadata(&path)
                 .ok()
                 .map(|m| (m.dev(), m.ino()));
-            if opened.is_none() || opened == there || !ctx.tiers.mark_gone(t) {
+            if opened.is_none() || opened == there || !ctx.space.tiers.mark_gone(t) {
                 continue;
             }
             let w = format!(

@@ -8,7 +8,7 @@ pub mod cache;
 pub mod catalog;
 pub mod config;
 pub mod memlimit;
-pub mod packed;
+pub mod packed_source;
 pub mod placement;
 pub mod runtime;
 pub mod size;

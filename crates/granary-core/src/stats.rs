@@ -2,7 +2,7 @@
 //! prints and writes with `--stats-json`. The program's own I/O is counted by the preload library
 //! in the table's job slots (`granary_shm::job`); `JobReport` puts both together.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 use granary_shm::layout::MAX_TIERS;
 use serde::{Deserialize, Serialize};
@@ -43,9 +43,9 @@ pub struct AgentCounters {
     pub chunks_placed: AtomicU64,
     pub chunk_bytes_placed: AtomicU64,
     /// Times source-reading work nobody waited on backed off because the program's own source
-    /// reads were moving (`Shared::stream_for`).
+    /// reads were moving (`Engine::stream_for`).
     pub backoffs: AtomicU64,
-    /// Bytes of the source read ahead of programs' mappings (`placement::mapping`; also in
+    /// Bytes of the source read ahead of programs' mappings (`placement::mmap`; also in
     /// `source_bytes`), and the read-ahead windows issued.
     pub mmap_read_ahead: AtomicU64,
     pub mmap_windows: AtomicU64,
@@ -377,7 +377,7 @@ pub struct SourceReport {
 }
 
 /// What the job's programs read through mappings of catalogued files that were not all local
-/// (`placement::mapping`), as the agent saw pages appear in their page tables: pages backed by
+/// (`placement::mmap`), as the agent saw pages appear in their page tables: pages backed by
 /// a tier file (`tier_bytes`), by the source (`source_bytes`), and of those the ones no read of
 /// the agent had asked for first (`faulted_bytes`: the program's own faults; pages touched and
 /// reclaimed between two looks are missed). `read_ahead_bytes`: what the agent read from the
@@ -621,9 +621,13 @@ impl JobReport {
             self.render_warnings(&mut s);
             return s;
         }
+        // Opens the library refused with EIO (a damaged pack) are opens of the job too.
+        let refused = self.pack_damage.as_ref().map_or(0, |d| d.refused_opens);
         s.push_str(&format!(
             "granary: {source} — exit {} in {:.2} s; {} opens of dataset files\n",
-            self.exit_status, self.wall_time_s, self.opens
+            self.exit_status,
+            self.wall_time_s,
+            self.opens + refused
         ));
         let origin = match &self.pack {
             Some(_) => "the source or the pack".to_string(),
@@ -661,6 +665,14 @@ impl JobReport {
             self.source_io.reads,
             self.source_io.metadata_calls
         ));
+        if refused > 0 {
+            s.push_str(&format!(
+                "  {:<w$} {:>9} {:>11}   EIO: the pack is damaged (below)\n",
+                "refused",
+                refused,
+                sz(0)
+            ));
+        }
         let p = &self.placement;
         s.push_str(&format!(
             "  placed for this job: {} files, {}",
@@ -773,8 +785,8 @@ impl JobReport {
                 None => String::new(),
             };
             s.push_str(&format!(
-                "  pack: {} files from the pack, {} from the source; {} dirs checked, {} \
-                 changed{damaged}\n",
+                "  pack: {} files catalogued from the pack, {} from the source; {} dirs checked, \
+                 {} changed{damaged}\n",
                 c.pack_files, c.pack_source_files, c.pack_dirs_checked, c.pack_dirs_changed
             ));
         }

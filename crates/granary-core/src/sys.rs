@@ -444,7 +444,7 @@ pub fn connect_unix(path: &Path, limit: std::time::Duration) -> io::Result<UnixS
             Some(libc::EINTR) => continue,
             // The backlog is full: nobody is accepting right now.
             Some(libc::EAGAIN) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
+                crate::sync::thread::sleep(std::time::Duration::from_millis(20))
             }
             Some(libc::EAGAIN) => {
                 return Err(io::Error::new(
@@ -516,7 +516,7 @@ pub fn flock_exclusive_within(f: &File, limit: std::time::Duration) -> io::Resul
         if std::time::Instant::now() >= deadline {
             return Ok(false);
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        crate::sync::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
@@ -753,16 +753,16 @@ pub fn map_new_file(f: &File) -> io::Result<memmap2::MmapMut> {
 /// A read-only shared mapping of a file, never read through: `resident` asks the kernel which of
 /// its pages are in the page cache (`mincore`), so the agent reads ahead only what is missing.
 #[derive(Debug)]
-pub struct Residency {
+pub struct CachedPages {
     map: memmap2::Mmap,
 }
 
-impl Residency {
-    pub fn of(f: &File) -> io::Result<Residency> {
+impl CachedPages {
+    pub fn of(f: &File) -> io::Result<CachedPages> {
         // SAFETY: the mapping is only ever passed to mincore, never dereferenced, so a file
         // that shrinks or changes under it cannot fault or mislead us.
         let map = unsafe { memmap2::MmapOptions::new().map(f) }?;
-        Ok(Residency { map })
+        Ok(CachedPages { map })
     }
 
     pub fn len(&self) -> u64 {

@@ -580,9 +580,9 @@ mod tests {
 
     #[test]
     fn concurrent_reservations_never_overfill() {
-        let t = std::sync::Arc::new(tiers(&[1 << 20], 4096));
-        let granted = std::sync::atomic::AtomicU64::new(0);
-        std::thread::scope(|s| {
+        let t = crate::sync::Arc::new(tiers(&[1 << 20], 4096));
+        let granted = crate::sync::atomic::AtomicU64::new(0);
+        crate::sync::thread::scope(|s| {
             for i in 0..8u64 {
                 let t = &t;
                 let granted = &granted;

@@ -1,17 +1,14 @@
 //! The catalog against what std reports; a walk that takes over an earlier table; saved
 //! catalogs; the validation of a reused catalog against every identity field.
 
+use granary_core::catalog::{self, Progress};
+use granary_core::sys;
+use granary_shm::{lifecycle, Mapping, State, Table, TableSpec};
+use proptest::prelude::*;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-
-use std::sync::atomic::AtomicBool;
-
-use granary_core::catalog::{self, Progress};
-use granary_core::sys;
-use granary_shm::{lifecycle, state, Mapping, Table, TableSpec};
-use proptest::prelude::*;
 
 fn spec(root: &Path, tier_dirs: &[PathBuf]) -> TableSpec {
     TableSpec {
@@ -137,7 +134,7 @@ fn unreadable_directory_is_stale_not_empty() {
     std::fs::set_permissions(root.join("closed"), std::fs::Permissions::from_mode(0o755)).unwrap();
     let cat = &w.catalog;
     let i = (0..cat.len()).find(|&i| cat.name(i) == b"closed").unwrap();
-    assert_eq!(state::state_of(cat.nodes[i].state), state::STALE);
+    assert_eq!(cat.nodes[i].state.state(), State::Stale);
     assert_eq!(cat.nodes[i].disk.aux2, 0);
 }
 
@@ -215,7 +212,7 @@ fn a_walk_takes_over_what_the_earlier_table_vouches_for() {
     );
     assert!(!t2.is_validated(a3), "and left to the validation");
     let p2 = idx(&t2, "a/f1");
-    assert_eq!(t2.state(p2), state::word(state::PLACED, 0));
+    assert_eq!(t2.state(p2).parts(), (State::Placed, 0));
     assert_eq!((t2.checksum(p2), t2.copy_identity(p2)), (77, (5, 6)));
     assert!(w2.stats.carried >= 10, "{:?}", w2.stats);
     // A tier the new table does not have: the copy is not carried.
@@ -225,13 +222,13 @@ fn a_walk_takes_over_what_the_earlier_table_vouches_for() {
         chunk_size: 0,
     };
     let (_m3, t3, _) = table_of(&root, t.path(), Some(&prev));
-    assert_eq!(t3.state(idx(&t3, "a/f1")), state::word(state::UNPLACED, 0));
+    assert_eq!(t3.state(idx(&t3, "a/f1")).parts(), (State::Unplaced, 0));
 }
 
 fn validate(t: &Table, root: &Path, immutable: bool) -> catalog::Validation {
     let epoch = lifecycle::new_attach(t, immutable);
     let v = catalog::Validation::new(t, epoch, immutable);
-    catalog::validate::run(t, root, &AtomicBool::new(false), &v);
+    catalog::validate::run(t, root, || false, &v);
     v
 }
 
@@ -273,20 +270,20 @@ fn validation_catches_every_identity_change() {
     std::fs::remove_file(root.join("a/f3")).unwrap();
     std::fs::write(root.join("b/extra"), b"x").unwrap();
     let v = validate(&table, &root, false);
-    let st = |p: &str| state::state_of(table.state(table.lookup(p.as_bytes()).unwrap()));
+    let st = |p: &str| table.state(table.lookup(p.as_bytes()).unwrap()).state();
     let ok = |p: &str| table.is_validated(table.lookup(p.as_bytes()).unwrap());
-    assert_eq!(st("a/f0"), state::STALE);
-    assert_eq!(st("a/f1"), state::STALE);
-    assert_eq!(st("a/f2"), state::STALE);
-    assert_eq!(st("a/f3"), state::GONE);
+    assert_eq!(st("a/f0"), State::Stale);
+    assert_eq!(st("a/f1"), State::Stale);
+    assert_eq!(st("a/f2"), State::Stale);
+    assert_eq!(st("a/f3"), State::Gone);
     assert_eq!(
         st("b"),
-        state::STALE,
+        State::Stale,
         "a directory whose names changed lists from the source"
     );
     assert_eq!(
         st("a"),
-        state::STALE,
+        State::Stale,
         "renamed over and removed in: its names changed"
     );
     for p in ["a/f4", "b/f0", "b/f4", "c", "c/f1", ""] {
@@ -312,10 +309,10 @@ fn immutable_validation_checks_directories() {
         table.is_validated(idx("c/f1")),
         "vouched for by its directory"
     );
-    assert_eq!(state::state_of(table.state(idx("b"))), state::STALE);
+    assert_eq!(table.state(idx("b")).state(), State::Stale);
     assert_eq!(
-        state::state_of(table.state(idx("b/f0"))),
-        state::STALE,
+        table.state(idx("b/f0")).state(),
+        State::Stale,
         "checked one by one"
     );
     assert!(table.is_validated(idx("b/f1")));
@@ -353,7 +350,7 @@ fn the_validator_leaves_an_entry_a_client_is_checking() {
             std::thread::sleep(std::time::Duration::from_millis(10));
             dir.finish(lifecycle::Verdict::Same)
         });
-        catalog::validate::run(&table, &root, &AtomicBool::new(false), &v);
+        catalog::validate::run(&table, &root, || false, &v);
         assert!(client.join().unwrap());
     });
     assert!(!table.is_validated(idx("a/f1")), "left to the client");
@@ -407,14 +404,14 @@ fn saved_catalogs_round_trip_and_are_refused_elsewhere() {
             "nothing is trusted before this attach's validation"
         );
     }
-    assert_eq!(back.state(placed), state::word(state::PLACED, 0));
+    assert_eq!(back.state(placed).parts(), (State::Placed, 0));
     assert_eq!(
         (back.checksum(placed), back.copy_identity(placed)),
         (9, (3, 4))
     );
     assert_eq!(
-        back.state(busy),
-        state::word(state::UNPLACED, 0),
+        back.state(busy).parts(),
+        (State::Unplaced, 0),
         "a copy in progress is not one"
     );
     assert!(back.pop_request().is_none());

@@ -4,7 +4,7 @@
 use std::os::fd::AsRawFd;
 
 use granary_core::placement::ahead::{NameOrder, WINDOW};
-use granary_shm::{build, state, CatalogEntry, Mapping, StatRec, Table, TableSpec};
+use granary_shm::{build, CatalogEntry, Mapping, StatRec, State, Table, TableSpec};
 
 const WHOLE_FROM: u64 = 131_073;
 const NPZ: u64 = 716_214;
@@ -106,7 +106,7 @@ fn table(sizes: &[u64]) -> Fixture {
 }
 
 fn queued(t: &Table, e: u32) -> bool {
-    state::state_of(t.state(e)) == state::QUEUED
+    t.state(e).state() == State::Queued
 }
 
 /// Opens `order` (indices into `files`) one by one; returns every file claimed, in order.
@@ -219,7 +219,7 @@ fn nothing_is_claimed_without_room() {
     assert!(fx
         .files
         .iter()
-        .all(|&e| state::state_of(fx.t.state(e)) == state::UNPLACED));
+        .all(|&e| fx.t.state(e).state() == State::Unplaced));
 }
 
 #[test]

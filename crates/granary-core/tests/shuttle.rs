@@ -5,6 +5,15 @@
 //! Run: `cargo test -p granary-core --features shuttle --test shuttle`.
 #![cfg(feature = "shuttle")]
 
+#[path = "shuttle/fixture.rs"]
+mod fixture;
+#[path = "shuttle/in_flight.rs"]
+mod in_flight;
+#[path = "shuttle/pack_streamer.rs"]
+mod pack_streamer;
+#[path = "shuttle/pool.rs"]
+mod pool;
+
 use std::collections::HashSet;
 use std::path::PathBuf;
 
@@ -13,7 +22,7 @@ use granary_core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use granary_core::sync::{Arc, Mutex};
 use granary_core::tiers::{TierSpec, Tiers};
 use granary_shm::lifecycle::{self, Cell};
-use granary_shm::state;
+use granary_shm::{State, StateWord};
 use shuttle::thread;
 
 const ITERATIONS: usize = 3000;
@@ -132,20 +141,25 @@ impl Dir {
 
 const SIZE: u64 = 1000;
 
-/// One entry's state word over Shuttle's atomics: the lifecycle's own transitions run on it.
-struct Word(AtomicU64);
+/// One entry's state word behind a Shuttle lock (each operation one step, as the table's atomic
+/// is): the lifecycle's own transitions run on it.
+#[derive(Default)]
+struct Word(Mutex<StateWord>);
 
 impl Cell for Word {
-    fn load(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
+    fn load(&self) -> StateWord {
+        *granary_core::sync::lock(&self.0)
     }
-    fn cas(&self, from: u64, to: u64) -> bool {
-        self.0
-            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+    fn cas(&self, from: StateWord, to: StateWord) -> bool {
+        let mut w = granary_core::sync::lock(&self.0);
+        let swapped = *w == from;
+        if swapped {
+            *w = to;
+        }
+        swapped
     }
-    fn store(&self, word: u64) {
-        self.0.store(word, Ordering::Release)
+    fn store(&self, word: StateWord) {
+        *granary_core::sync::lock(&self.0) = word
     }
 }
 
@@ -158,7 +172,8 @@ impl Cell for Word {
 fn opens_and_invalidation_race() {
     shuttle::check_random(
         || {
-            let cell = Arc::new(Word(AtomicU64::new(state::word(state::UNPLACED, 0))));
+            // Unplaced, as a regular file starts.
+            let cell = Arc::new(Word::default());
             let t = Arc::new(tiers(&[4096], 512));
             let dir = Arc::new(Dir::default());
             let copies = Arc::new(AtomicUsize::new(0));
@@ -168,12 +183,13 @@ fn opens_and_invalidation_race() {
             let worker = {
                 let (cell, t, dir, copies) = (cell.clone(), t.clone(), dir.clone(), copies.clone());
                 move || {
-                    if !lifecycle::begin(&*cell, state::word(state::QUEUED, 0), 0) {
+                    let queued = cell.load();
+                    if queued.state() != State::Queued || !lifecycle::begin(&*cell, queued, 0) {
                         return;
                     }
                     assert_eq!(copies.fetch_add(1, Ordering::AcqRel), 0, "a second copy");
                     let Some(res) = t.reserve(0, SIZE) else {
-                        lifecycle::give_up(&*cell, state::SOURCE_ONLY);
+                        lifecycle::give_up(&*cell, State::SourceOnly);
                         return;
                     };
                     dir.create("tmp");
@@ -217,12 +233,12 @@ fn opens_and_invalidation_race() {
                 let n = handles.len();
                 handles.push(thread::spawn(move || {
                     while done.load(Ordering::Acquire) < n {
-                        let s = state::state_of(cell.load());
-                        if s == state::STALE {
+                        let s = cell.load().state();
+                        if s == State::Stale {
                             stale_seen.store(1, Ordering::Release);
                         }
                         if stale_seen.load(Ordering::Acquire) == 1 {
-                            assert_ne!(s, state::PLACED, "PLACED after STALE");
+                            assert_ne!(s, State::Placed, "PLACED after STALE");
                         }
                         thread::yield_now();
                     }
@@ -237,7 +253,7 @@ fn opens_and_invalidation_race() {
 
             // The client's invalidation always happens, so the entry ends STALE, with no
             // object, no temporary file, and no bytes charged.
-            assert_eq!(state::state_of(cell.load()), state::STALE);
+            assert_eq!(cell.load().state(), State::Stale);
             assert!(!dir.exists("obj") && !dir.exists("tmp"));
             let u = &t.usage()[0];
             assert_eq!(

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use crate::error::{PackError, Result};
 use crate::format::header::info;
-use crate::format::{EntryRec, Stat};
+use crate::format::{IndexEntry, Stat};
 use crate::index::Index;
 use crate::sys::{open_under, statx_at};
 use crate::writer::walk::Source;
@@ -122,7 +122,7 @@ pub fn diff<B: AsRef<[u8]>>(src: &Path, ix: &Index<B>) -> Result<DiffReport> {
             && de.stat.ino == now.ino
             && de.stat.mtime == now.mtime
             && de.stat.ctime == now.ctime;
-        let children: Vec<(u32, EntryRec)> = ix
+        let children: Vec<(u32, IndexEntry)> = ix
             .children(&de)
             .filter_map(|c| ix.entry(c).map(|e| (c, e)))
             .collect();

@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 
 use crate::codec::frame_count;
 use crate::error::{PackError, Result};
-use crate::format::entry::{codec, flags, ENTRY_LEN};
+use crate::format::entry::{codec, flags, INDEX_ENTRY_LEN};
 use crate::format::header::{PARTITION_HEADER_LEN, PARTITION_REC_LEN};
 use crate::format::name::{component_problem, split_relative};
 use crate::format::{
-    checksum, EntryRec, IndexHeader, PartitionRec, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
+    checksum, IndexEntry, IndexHeader, PartitionRec, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
 
 pub struct Index<B = Vec<u8>> {
@@ -88,7 +88,7 @@ impl<B: AsRef<[u8]>> Index<B> {
         {
             return Err(self.bad(format!("block size {}", h.block_size)));
         }
-        if (h.entry_len as usize) < ENTRY_LEN || h.entry_len % 8 != 0 {
+        if (h.entry_len as usize) < INDEX_ENTRY_LEN || h.entry_len % 8 != 0 {
             return Err(self.bad(format!("entry length {}", h.entry_len)));
         }
         if (h.partition_rec_len as usize) < PARTITION_REC_LEN || h.partition_rec_len % 8 != 0 {
@@ -130,12 +130,14 @@ impl<B: AsRef<[u8]>> Index<B> {
     }
 
     /// Entry `i`, or `None` past the end.
-    pub fn entry(&self, i: u32) -> Option<EntryRec> {
+    pub fn entry(&self, i: u32) -> Option<IndexEntry> {
         if i as u64 >= self.hdr.entry_count {
             return None;
         }
         let off = self.hdr.entries.off as usize + i as usize * self.hdr.entry_len as usize;
-        self.bytes().get(off..off + ENTRY_LEN).map(EntryRec::decode)
+        self.bytes()
+            .get(off..off + INDEX_ENTRY_LEN)
+            .map(IndexEntry::decode)
     }
 
     fn names_slice(&self, off: u64, len: u32) -> Option<&[u8]> {
@@ -149,16 +151,16 @@ impl<B: AsRef<[u8]>> Index<B> {
     }
 
     /// The entry's own name (empty for the root).
-    pub fn name(&self, e: &EntryRec) -> &[u8] {
+    pub fn name(&self, e: &IndexEntry) -> &[u8] {
         self.names_slice(e.name_off, e.name_len).unwrap_or_default()
     }
 
     /// A symlink's target as `readlink` returns it.
-    pub fn link_target(&self, e: &EntryRec) -> &[u8] {
+    pub fn link_target(&self, e: &IndexEntry) -> &[u8] {
         self.names_slice(e.link_off, e.link_len).unwrap_or_default()
     }
 
-    pub fn children(&self, e: &EntryRec) -> Range<u32> {
+    pub fn children(&self, e: &IndexEntry) -> Range<u32> {
         if !e.stat.is_dir() {
             return 0..0;
         }
@@ -249,7 +251,7 @@ impl<B: AsRef<[u8]>> Index<B> {
 
     /// Every child names `dir` as its parent (so no entry is listed twice) and names strictly
     /// increase (so no name appears twice and lookups may bisect).
-    fn check_listing(&self, dir: u32, e: &EntryRec) -> Result<()> {
+    fn check_listing(&self, dir: u32, e: &IndexEntry) -> Result<()> {
         let mut prev: Option<&[u8]> = None;
         for c in self.children(e) {
             let child = self
@@ -272,7 +274,7 @@ impl<B: AsRef<[u8]>> Index<B> {
         Ok(())
     }
 
-    fn check_data(&self, i: u32, e: &EntryRec) -> Result<()> {
+    fn check_data(&self, i: u32, e: &IndexEntry) -> Result<()> {
         let at = |what: String| self.bad(format!("entry {i}: {what}"));
         if e.is_hardlink() {
             let t = self
@@ -356,7 +358,7 @@ impl<B: AsRef<[u8]>> Index<B> {
     }
 
     /// Binary search of a directory's sorted children.
-    pub fn find_child(&self, dir: &EntryRec, name: &[u8]) -> Option<u32> {
+    pub fn find_child(&self, dir: &IndexEntry, name: &[u8]) -> Option<u32> {
         let r = self.children(dir);
         let (mut lo, mut hi) = (r.start, r.end);
         while lo < hi {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::format::{EntryRec, Ts};
+use crate::format::{IndexEntry, Timestamp};
 use crate::index::Index;
 
 /// `name` with backslash escapes for control characters, backslashes and bytes that are not
@@ -66,7 +66,7 @@ pub fn mode_string(mode: u32) -> String {
 }
 
 /// `YYYY-MM-DD HH:MM` in UTC (days to civil date after Howard Hinnant's algorithm).
-pub fn time_string(t: Ts) -> String {
+pub fn time_string(t: Timestamp) -> String {
     let days = t.sec.div_euclid(86_400);
     let secs = t.sec.rem_euclid(86_400);
     let z = days + 719_468;
@@ -86,7 +86,7 @@ pub fn time_string(t: Ts) -> String {
 }
 
 /// One `ls -l` line for entry `e`, shown as `shown` (its name, or its path).
-pub fn long_line<B: AsRef<[u8]>>(ix: &Index<B>, e: &EntryRec, shown: &[u8]) -> String {
+pub fn long_line<B: AsRef<[u8]>>(ix: &Index<B>, e: &IndexEntry, shown: &[u8]) -> String {
     let s = &e.stat;
     let mut line = format!(
         "{} {:>3} {:>5} {:>5} {:>12} {} {}",
@@ -114,9 +114,12 @@ mod tests {
         assert_eq!(escape(b"a b\n\xffc\\"), "a b\\n\\377c\\\\");
         assert_eq!(mode_string(0o104755), "-rwsr-xr-x");
         assert_eq!(mode_string(0o041777), "drwxrwxrwt");
-        assert_eq!(time_string(Ts { sec: 0, nsec: 0 }), "1970-01-01 00:00");
         assert_eq!(
-            time_string(Ts {
+            time_string(Timestamp { sec: 0, nsec: 0 }),
+            "1970-01-01 00:00"
+        );
+        assert_eq!(
+            time_string(Timestamp {
                 sec: 1_709_251_199,
                 nsec: 0
             }),

@@ -44,7 +44,7 @@ pub fn check(
     let len = file.metadata().map_err(|e| PackError::io(path, e))?.len();
     let mut head = vec![0u8; PARTITION_HEADER_LEN];
     read_exact_at(&file, &mut head, 0, path)?;
-    let header_len = crate::format::get_u32(&head, 16) as usize;
+    let header_len = crate::format::fields::get_u32(&head, 16) as usize;
     if header_len > PARTITION_HEADER_LEN && header_len as u64 <= len && header_len <= 1 << 20 {
         head.resize(header_len, 0);
         read_exact_at(&file, &mut head, 0, path)?;

@@ -1,6 +1,6 @@
 //! The system calls std does not offer: `statx` (every field the index records) and opening a
 //! path below a directory fd in pieces short enough for `PATH_MAX`, so 3,800-byte paths under a
-//! long source path still open. The only module with `unsafe`.
+//! long source path still open. With `codec::zstd_dctx`, the only modules with `unsafe`.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use crate::format::Stat;
+use crate::format::{Stat, Timestamp};
 
 fn cstr(bytes: &[u8]) -> io::Result<CString> {
     CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL"))
@@ -41,7 +41,38 @@ fn statx_raw(dirfd: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> i
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(Stat::from_stat_rec(&granary_shm::StatRec::from_statx(&sx)))
+    Ok(stat_of(&sx))
+}
+
+/// What a pack records of a file's `statx` record: everything but atime, which reading the
+/// file to pack it changes — recorded as mtime, so that packing the same tree gives the same
+/// bytes.
+fn stat_of(sx: &libc::statx) -> Stat {
+    let ts = |t: libc::statx_timestamp| Timestamp {
+        sec: t.tv_sec,
+        nsec: t.tv_nsec,
+    };
+    Stat {
+        mask: sx.stx_mask & !libc::STATX_ATIME,
+        blksize: sx.stx_blksize,
+        attributes: sx.stx_attributes,
+        attributes_mask: sx.stx_attributes_mask,
+        nlink: sx.stx_nlink,
+        uid: sx.stx_uid,
+        gid: sx.stx_gid,
+        mode: sx.stx_mode as u32,
+        ino: sx.stx_ino,
+        size: sx.stx_size,
+        blocks: sx.stx_blocks,
+        atime: ts(sx.stx_mtime),
+        btime: ts(sx.stx_btime),
+        ctime: ts(sx.stx_ctime),
+        mtime: ts(sx.stx_mtime),
+        rdev_major: sx.stx_rdev_major,
+        rdev_minor: sx.stx_rdev_minor,
+        dev_major: sx.stx_dev_major,
+        dev_minor: sx.stx_dev_minor,
+    }
 }
 
 fn openat(dir: libc::c_int, name: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {

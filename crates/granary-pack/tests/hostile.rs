@@ -4,12 +4,12 @@
 mod common;
 
 use common::{packed, read_all};
-use granary_pack::format::entry::{codec, flags, EntryRec, ENTRY_LEN};
+use granary_pack::format::entry::{codec, flags, IndexEntry, INDEX_ENTRY_LEN};
 use granary_pack::format::header::{reseal_index, IndexHeader};
 use granary_pack::{Compression, Index, Pack, PackError};
 use std::path::Path;
 
-type EntryEdit = Box<dyn FnOnce(&mut EntryRec)>;
+type EntryEdit = Box<dyn FnOnce(&mut IndexEntry)>;
 type HeaderEdit = Box<dyn Fn(&mut IndexHeader)>;
 
 fn index_bytes(p: &common::Packed) -> Vec<u8> {
@@ -21,13 +21,13 @@ fn header(b: &[u8]) -> IndexHeader {
 }
 
 /// Applies `f` to entry `i` of the index image, recomputes every checksum, parses.
-fn forge(b: &[u8], i: u32, f: impl FnOnce(&mut EntryRec)) -> Result<Index, PackError> {
+fn forge(b: &[u8], i: u32, f: impl FnOnce(&mut IndexEntry)) -> Result<Index, PackError> {
     let mut b = b.to_vec();
     let h = header(&b);
-    let off = h.entries.off as usize + i as usize * ENTRY_LEN;
-    let mut e = EntryRec::decode(&b[off..off + ENTRY_LEN]);
+    let off = h.entries.off as usize + i as usize * INDEX_ENTRY_LEN;
+    let mut e = IndexEntry::decode(&b[off..off + INDEX_ENTRY_LEN]);
     f(&mut e);
-    b[off..off + ENTRY_LEN].copy_from_slice(&e.encode());
+    b[off..off + INDEX_ENTRY_LEN].copy_from_slice(&e.encode());
     reseal(&mut b);
     Index::parse(b, Path::new("index"))
 }
@@ -40,7 +40,7 @@ fn reseal(b: &mut [u8]) {
     b[..256].copy_from_slice(&h.encode());
 }
 
-fn find(ix: &Index, path: &[u8]) -> (u32, EntryRec) {
+fn find(ix: &Index, path: &[u8]) -> (u32, IndexEntry) {
     let i = ix.lookup(path).unwrap();
     (i, ix.entry(i).unwrap())
 }
@@ -226,10 +226,10 @@ fn forged_structures_are_refused() {
         m[at..at + bad.len()].copy_from_slice(bad);
         reseal(&mut m);
         let mut m2 = m.clone();
-        let off = h.entries.off as usize + noise as usize * ENTRY_LEN;
-        let mut e = EntryRec::decode(&m2[off..off + ENTRY_LEN]);
+        let off = h.entries.off as usize + noise as usize * INDEX_ENTRY_LEN;
+        let mut e = IndexEntry::decode(&m2[off..off + INDEX_ENTRY_LEN]);
         e.name_len = bad.len() as u32;
-        m2[off..off + ENTRY_LEN].copy_from_slice(&e.encode());
+        m2[off..off + INDEX_ENTRY_LEN].copy_from_slice(&e.encode());
         reseal(&mut m2);
         let msg = corrupt_msg(Index::parse(m2, Path::new("index")));
         assert!(msg.contains(&format!("entry {noise}")), "{msg}");

@@ -24,10 +24,11 @@
 
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{object_name, request, state};
+use granary_shm::{object_name, request};
 
-use crate::detour::{self, sys, Guard, KeepErrno};
-use crate::path::BUF;
+use crate::ops::detour::Guard;
+use crate::sys::PATH_BUF;
+use crate::sys::{self, sys, KeepErrno};
 
 /// `MDB_MAGIC`, the first word of an LMDB meta page after its 16-byte page header.
 const MDB_MAGIC: u32 = 0xBEEF_C0DE;
@@ -41,17 +42,17 @@ pub fn lock_open(dirfd: c_int, path: *const c_char, flags: c_int) -> Option<c_in
     if flags & libc::O_ACCMODE != libc::O_RDWR || flags & !wanted != 0 {
         return None;
     }
-    let p = crate::path::bytes(path)?;
+    let p = crate::ops::path::bytes(path)?;
     let name = p.rsplit(|&b| b == b'/').next()?;
     let data_name: &[u8] = if name == b"lock.mdb" {
         b"data.mdb"
     } else {
         name.strip_suffix(b"-lock").filter(|n| !n.is_empty())?
     };
-    let g = detour::enter()?;
+    let g = crate::ops::detour::enter().ok()?;
     let _keep = KeepErrno::new();
     // The data file's path: the lock file's with its last component replaced.
-    let mut data = [0u8; BUF];
+    let mut data = [0u8; PATH_BUF];
     let dir_len = p.len() - name.len();
     data.get_mut(..dir_len)?.copy_from_slice(p.get(..dir_len)?);
     data.get_mut(dir_len..dir_len + data_name.len())?
@@ -74,12 +75,12 @@ pub fn lock_open(dirfd: c_int, path: *const c_char, flags: c_int) -> Option<c_in
     if !source_would_open(dirfd, path, flags) {
         return None;
     }
-    let fd = crate::copies::open_own(g.table, 0, lname, flags)?;
-    crate::fdtable::take(fd);
-    crate::copies::forget(fd);
+    let fd = crate::fds::copies::open_own(g.table, 0, lname, flags)?;
+    crate::fds::fdtable::take(fd);
+    crate::fds::copies::forget(fd);
     g.table.push_request_arg(request::LMDB_LOCK, idx, g.slot);
-    if crate::log::enabled() {
-        crate::log::line(&[
+    if crate::sys::log::enabled() {
+        crate::sys::log::line(&[
             b"LMDB lock file node-local: ",
             g.table.name(&entry).unwrap_or(b"?"),
         ]);
@@ -90,14 +91,14 @@ pub fn lock_open(dirfd: c_int, path: *const c_char, flags: c_int) -> Option<c_in
 /// The data file's entry, and whether it is served as the catalog describes it (validated, not
 /// opened for writing by the program); `None` when it is no catalogued LMDB data file.
 fn data_entry(g: &Guard, dirfd: c_int, data_path: *const c_char) -> Option<(u32, bool)> {
-    let mut buf = crate::path::Buf::new();
-    let loc = crate::hooks::locate(g, dirfd, data_path, &mut buf);
-    if let Some(f) = crate::hooks::find(g, &loc, true) {
+    let mut buf = crate::ops::path::Buf::new();
+    let loc = crate::ops::lookup::locate(g, dirfd, data_path, &mut buf);
+    if let Ok(f) = crate::ops::lookup::find(g, &loc, true) {
         return (f.entry.stat.is_file() && is_lmdb(g, f.idx, &f.entry)).then_some((f.idx, true));
     }
     // Void (a writer appeared) or not ours: what the kernel finds there now.
-    let idx = crate::hooks::mutate::entry_at(g.table, dirfd, data_path, true)?;
-    let void = state::is_void(state::state_of(g.table.state(idx)));
+    let idx = crate::ops::mutate::entry_at(g.table, dirfd, data_path, true)?;
+    let void = g.table.state(idx).state().is_void();
     (void && g.table.entry(idx)?.stat.is_file()).then_some((idx, false))
 }
 
@@ -105,15 +106,15 @@ fn data_entry(g: &Guard, dirfd: c_int, data_path: *const c_char) -> Option<(u32,
 /// else from the source: the page LMDB reads next anyway).
 fn is_lmdb(g: &Guard, idx: u32, e: &granary_shm::EntryRec) -> bool {
     let flags = libc::O_RDONLY | libc::O_CLOEXEC;
-    let fd = crate::switch::open_copy(g, idx, e, flags)
+    let fd = crate::fds::copies::open_copy(g, idx, e, flags)
         .map(|(fd, _, _)| fd)
-        .or_else(|| crate::switch::open_source(g, idx, e, flags));
+        .or_else(|| crate::fds::switch::open_source(g, idx, e, flags));
     let Some(fd) = fd else {
         return false;
     };
     let mut word = [0u8; 4];
     let n = sys!(libc::SYS_pread64, fd, word.as_mut_ptr(), 4, 16);
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     n == 4 && u32::from_ne_bytes(word) == MDB_MAGIC
 }
 
@@ -121,11 +122,10 @@ fn is_lmdb(g: &Guard, idx: u32, e: &granary_shm::EntryRec) -> bool {
 /// first byte while an environment is open).
 fn in_use(g: &Guard, name: &[u8]) -> bool {
     let flags = libc::O_RDWR | libc::O_CLOEXEC;
-    let Some(fd) = crate::copies::open_own(g.table, 0, name, flags) else {
+    let Some(fd) = crate::fds::copies::open_own(g.table, 0, name, flags) else {
         return false;
     };
-    // SAFETY: `struct flock` is plain integers; all-zero is a valid value.
-    let mut lk: libc::flock = unsafe { core::mem::zeroed() };
+    let mut lk = sys::empty_flock();
     lk.l_type = libc::F_WRLCK as i16;
     lk.l_whence = libc::SEEK_SET as i16;
     lk.l_start = 0;
@@ -136,7 +136,7 @@ fn in_use(g: &Guard, name: &[u8]) -> bool {
         libc::F_GETLK,
         &mut lk as *mut libc::flock
     );
-    detour::raw_close(fd);
+    sys::raw_close(fd);
     r == 0 && lk.l_type != libc::F_UNLCK as i16
 }
 
@@ -149,15 +149,15 @@ fn source_would_open(dirfd: c_int, path: *const c_char, flags: c_int) -> bool {
     if sys!(libc::SYS_faccessat2, dirfd, path, rw, libc::AT_EACCESS) == 0 {
         return true;
     }
-    if detour::errno() != libc::ENOENT || flags & libc::O_CREAT == 0 {
+    if sys::errno() != libc::ENOENT || flags & libc::O_CREAT == 0 {
         return false;
     }
     // Created in its directory: write and search permission there.
-    let p = match crate::path::bytes(path) {
+    let p = match crate::ops::path::bytes(path) {
         Some(p) => p,
         None => return false,
     };
-    let mut dir = [0u8; BUF];
+    let mut dir = [0u8; PATH_BUF];
     let dir_path: *const c_char = match p.iter().rposition(|&b| b == b'/') {
         None => c".".as_ptr(),
         Some(0) => c"/".as_ptr(),

@@ -7,7 +7,7 @@ mod common;
 use std::fs;
 
 use common::{Fixture, BIG, PY};
-use granary_shm::{job, request, state};
+use granary_shm::{job, request, State};
 
 const READS: &str = r#"
 import sys, os, mmap, hashlib
@@ -435,7 +435,7 @@ print(open(p).read(), os.stat(p).st_size)
         String::from_utf8_lossy(&out.stdout),
         "hello granary\n\nrewritten, longer than before\n 30\n"
     );
-    assert_eq!(f.state_of("a.txt"), state::STALE);
+    assert_eq!(f.state_of("a.txt"), State::Stale);
     assert!(f
         .requests()
         .contains(&(request::INVALIDATE, "a.txt".into())));
@@ -459,14 +459,14 @@ print(open(p).read(), os.stat(p).st_size)
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    assert_eq!(f.state_of("train"), state::STALE);
+    assert_eq!(f.state_of("train"), State::Stale);
     // Shell redirection (creat/open O_TRUNC from a C program) and O_APPEND.
     let st = f
         .cmd("sh", &["-c", &format!("echo more >> '{}'", f.p(BIG))], true)
         .status()
         .unwrap();
     assert!(st.success());
-    assert_eq!(f.state_of(BIG), state::STALE);
+    assert_eq!(f.state_of(BIG), State::Stale);
     let tail = f.run("tail", &["-c", "5", &f.p(BIG)], true).stdout;
     assert_eq!(tail, b"more\n");
 }
@@ -526,4 +526,47 @@ fn an_unusable_table_passes_everything_through() {
         f.run("cat", &[&f.p("a.txt")], true).stdout,
         b"HELLO GRANARY\n"
     );
+}
+
+/// `GRANARY_LOG=debug` says why a call on the dataset passed through, and only for the dataset:
+/// a file with no copy yet, a path the program changed, an open for writing; not a path outside
+/// the source.
+#[test]
+fn the_debug_log_says_why_a_call_passed_through() {
+    let f = Fixture::new();
+    let log = f.dir.path().join("preload.log");
+    let script = r#"
+import os, sys
+root = sys.argv[1]
+open(os.path.join(root, "train/cls1/img2.jpg"), "rb").read()
+try:
+    os.stat(os.path.join(root, "nothing.here"))
+except FileNotFoundError:
+    pass
+open("/proc/self/status", "rb").read()
+open(os.path.join(root, "a.txt"), "rb").read()
+"#;
+    let out = f
+        .cmd(PY, &["-c", script, &f.p("")], true)
+        .env("GRANARY_LOG", format!("debug:{}", log.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = fs::read_to_string(&log).unwrap();
+    let unplaced = format!(
+        "open passed through (no complete copy yet): {}",
+        f.p("train/cls1/img2.jpg")
+    );
+    assert!(text.contains(&unplaced), "{text}");
+    let missing = format!(
+        "stat passed through (not in the catalog): {}",
+        f.p("nothing.here")
+    );
+    assert!(text.contains(&missing), "{text}");
+    assert!(text.contains("open from tier: a.txt"), "{text}");
+    assert!(!text.contains("/proc/self/status"), "{text}");
 }

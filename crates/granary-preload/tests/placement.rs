@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{pattern, Fixture, PY};
-use granary_shm::{chunk_data_offset, job, request, state};
+use granary_shm::{chunk_data_offset, job, request, State};
 
 const MIB: usize = 1 << 20;
 const LARGE: &str = "large/a.bin";
@@ -124,7 +124,7 @@ fn reads_wait_on_the_partial_copy_and_fds_switch_to_the_complete_one() {
     let f = fixture();
     let data = pattern(SIZE, 42);
     let idx = f.idx(LARGE);
-    f.drive(idx, state::word(state::PLACING, 0));
+    f.drive(idx, State::Placing);
     let half = SIZE / 2;
     f.agent_write(LARGE, &f.part(LARGE), &data[..half]);
     granary_shm::lifecycle::progress(f.t(), idx, half as u64);
@@ -174,7 +174,7 @@ fn reads_wait_on_the_partial_copy_and_fds_switch_to_the_complete_one() {
     // Complete: renamed into place, then PLACED.
     fs::rename(f.part(LARGE), f.object(LARGE)).unwrap();
     f.record_identity(LARGE);
-    f.drive(idx, state::word(state::PLACED, 0));
+    f.drive(idx, State::Placed);
     child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
@@ -289,7 +289,7 @@ fn a_silent_agent_sends_reads_beyond_progress_to_the_source() {
     let f = fixture();
     let data = pattern(SIZE, 42);
     let idx = f.idx(LARGE);
-    f.drive(idx, state::word(state::PLACING, 0));
+    f.drive(idx, State::Placing);
     f.agent_write(LARGE, &f.part(LARGE), &data[..SIZE / 2]);
     granary_shm::lifecycle::progress(f.t(), idx, (SIZE / 2) as u64);
     // Never beaten: the agent is gone.
@@ -300,14 +300,14 @@ fn a_silent_agent_sends_reads_beyond_progress_to_the_source() {
     // the rest from the source.
     assert!(source >= SIZE as u64, "source bytes {source}");
     assert!(tier >= (SIZE - MIB) as u64, "tier bytes {tier}");
-    assert_eq!(f.state_of(LARGE), state::PLACING);
+    assert_eq!(f.state_of(LARGE), State::Placing);
 }
 
 #[test]
 fn a_placing_file_that_is_complete_is_read_from_the_partial_copy() {
     let f = fixture();
     let idx = f.idx(LARGE);
-    f.drive(idx, state::word(state::PLACING, 0));
+    f.drive(idx, State::Placing);
     f.agent_write(LARGE, &f.part(LARGE), &pattern(SIZE, 42));
     granary_shm::lifecycle::progress(f.t(), idx, SIZE as u64);
     read_all(&f);
@@ -337,7 +337,7 @@ fn partial_files_read_present_chunks_from_the_chunk_file_and_ask_for_the_rest() 
         file[base + k * MIB..base + (k + 1) * MIB].fill(0xee);
     }
     f.agent_write(LARGE, &f.chunks(LARGE), &file);
-    f.drive(idx, state::word(state::PARTIAL, 0));
+    f.drive(idx, State::Partial);
     read_all(&f);
     let source = f.counter(job::SOURCE_BYTES);
     let tier = f.counter(job::TIER_BYTES);
@@ -365,7 +365,7 @@ fn mapping_a_partial_file_maps_its_present_chunks_over_the_source() {
         granary_shm::lifecycle::chunk(f.t(), idx, k as u64, true);
     }
     f.agent_write(LARGE, &f.chunks(LARGE), &file);
-    f.drive(idx, state::word(state::PARTIAL, 0));
+    f.drive(idx, State::Partial);
     // A read-only shared mapping (LMDB's), one at an offset, and a private writable one.
     let script = r#"
 import hashlib, mmap, os, sys
@@ -401,7 +401,7 @@ print("chunk-file-mapped" if ".chunks" in maps else "source-only", file=sys.stde
 fn closing_a_small_unplaced_file_asks_for_a_copy_from_the_page_cache() {
     let f = fixture();
     let small = "train/cls1/img3.jpg";
-    f.drive(f.idx("train/cls1/img4.jpg"), state::word(state::QUEUED, 0));
+    f.drive(f.idx("train/cls1/img4.jpg"), State::Queued);
     let script = r#"
 import sys, os
 root = sys.argv[1]
@@ -430,10 +430,7 @@ for rel in ["train/cls1/img3.jpg", "a.txt", "large/a.bin", "train/cls1/img4.jpg"
 fn opens_with_report_flag(on: bool) -> Vec<(u8, String)> {
     let f = fixture();
     f.t().set_reports_opens(on);
-    f.drive(
-        f.idx("train/cls1/img4.jpg"),
-        state::word(state::SOURCE_ONLY, 0),
-    );
+    f.drive(f.idx("train/cls1/img4.jpg"), State::SourceOnly);
     let script = r#"
 import sys, os
 root = sys.argv[1]

@@ -10,6 +10,8 @@
 use std::collections::HashMap;
 
 use crate::layout::*;
+use crate::lifecycle;
+use crate::state::StateWord;
 
 /// One path of the source, as plain data. `entries[0]` is the root; `children` index into the
 /// same slice, in the order the source listed them.
@@ -19,8 +21,9 @@ pub struct CatalogEntry {
     pub stat: StatRec,
     pub link_target: Vec<u8>,
     pub children: Vec<usize>,
-    /// Initial state word and checksum (a placement reused from an earlier run).
-    pub state: u64,
+    /// Initial state word (`lifecycle::initial` and its kin) and checksum (a placement reused
+    /// from an earlier run).
+    pub state: StateWord,
     pub checksum: u64,
     /// Initial chunk bitmap words (a partial copy reused from an earlier run); may be shorter
     /// than the file's bitmap, missing words are zero.
@@ -37,7 +40,8 @@ pub struct Node {
     /// range in the catalog, for a symlink its target in the catalog's strings. A file's `aux`
     /// (large record) is assigned by the builder.
     pub disk: DiskEntry,
-    pub state: u64,
+    /// Made by `lifecycle` (`initial`, `initial_void`, `carried`).
+    pub state: StateWord,
     pub checksum: u64,
     pub copy_ino: u64,
     pub copy_ctime: u64,
@@ -70,14 +74,7 @@ impl Catalog {
     /// A catalog of just the root.
     pub fn new(root: &StatRec) -> Catalog {
         let mut c = Catalog::default();
-        let node = c.node(
-            0,
-            object_id(b""),
-            b"",
-            root,
-            b"",
-            state::word(state::SOURCE_ONLY, 0),
-        );
+        let node = c.node(0, object_id(b""), b"", root, b"", lifecycle::initial_root());
         c.nodes.push(node);
         c
     }
@@ -150,7 +147,7 @@ impl Catalog {
         rel: &[u8],
         stat: &StatRec,
         link: &[u8],
-        initial: u64,
+        initial: StateWord,
     ) -> Node {
         let name = rel
             .iter()
@@ -167,7 +164,7 @@ impl Catalog {
             (0, 0)
         };
         let state = if void {
-            state::word(state::STALE, 0)
+            lifecycle::initial_void()
         } else {
             initial
         };
@@ -729,7 +726,7 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
         }
         img.put_entry(p.entries_off + i * ENTRY_LEN, &d);
         let st = p.states_off + i * STATE_LEN;
-        img.put_u64(st + STATE_WORD, node.state);
+        img.put_u64(st + STATE_WORD, node.state.bits());
         img.put_u64(st + STATE_COPY_INO, node.copy_ino);
         img.put_u64(st + STATE_COPY_CTIME, node.copy_ctime);
         img.put_u64(p.checksums_off + i * 8, node.checksum);

@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 7.
+//! The on-memory layout of a catalog table, version 8.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -37,12 +37,14 @@
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
 /// validation bits, progress and chunk bitmaps only for large files. Version 6: per-job words for
-/// container visibility (`SEEN`, `EXECS`) and mapping traffic (`MAP_*`). Tables of earlier versions
+/// container visibility (`SEEN`, `EXECS`) and mapping traffic (`MAP_*`).
 /// Version 7: a second bit per entry beside the validation bit, set while one process checks
 /// the entry against the source, so an entry costs the source one call per attach even when the
-/// program and a validator reach it at once. Tables of earlier versions are rejected
-/// (`TableError::BadVersion`): the agent then walks the source again.
-pub const VERSION: u32 = 7;
+/// program and a validator reach it at once. Version 8: per-job words naming the first program
+/// the job started that granary could not serve although it was given a dataset path
+/// (`job::UNSERVED*`). Tables of earlier versions are rejected (`TableError::BadVersion`): the
+/// agent then walks the source again.
+pub const VERSION: u32 = 8;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -76,7 +78,7 @@ pub const H_HEARTBEAT: usize = 128;
 /// Files at least this large are fetched whole by the agent from their first open, and the
 /// program's reads are served from the partial copy (docs/placement.md).
 pub const H_PREFETCH_MIN_SIZE: usize = 136;
-/// Chunk size of partially cached files (`state::PARTIAL`), a multiple of 4096.
+/// Chunk size of partially cached files (`State::Partial`), a multiple of 4096.
 pub const H_CHUNK_SIZE: usize = 144;
 pub const H_CHUNKS_OFF: usize = 152;
 pub const H_CHUNKS_LEN: usize = 160;
@@ -449,7 +451,7 @@ impl DiskEntry {
 
 pub const ENTRY_LEN: usize = core::mem::size_of::<DiskEntry>();
 pub const CLASS_LEN: usize = core::mem::size_of::<StatClass>();
-/// Per entry, all `AtomicU64`: the state word; the copy's identity as the agent wrote it — its
+/// Per entry, all `AtomicU64`: the state word (`state::StateWord`); the copy's identity as the agent wrote it — its
 /// inode (set before the state names a tier, valid for the `.part` file and, after the rename,
 /// the complete copy) and its ctime in nanoseconds (set before PLACED; 0 while PLACING). A client
 /// checks both with `fstat` on what it opened: anything else (damaged, replaced, truncated) is
@@ -464,46 +466,6 @@ pub const STATE_COPY_CTIME: usize = 16;
 pub const LARGE_LEN: usize = 16;
 pub const LARGE_PROGRESS: usize = 0;
 pub const LARGE_CHUNKS: usize = 8;
-
-/// Placement state, low byte of an entry's state word; the tier is the next byte.
-pub mod state {
-    /// Not cached; opens go to the source and ask the agent to place it.
-    pub const UNPLACED: u8 = 0;
-    /// The agent accepted a request and will copy it.
-    pub const QUEUED: u8 = 1;
-    /// A copy is being written (under a temporary name: never visible to clients).
-    pub const PLACING: u8 = 2;
-    /// A complete copy exists in the tier named by the state word.
-    pub const PLACED: u8 = 3;
-    /// Never cached (unreadable for the agent, no tier has room, not a regular file); served from
-    /// the catalog's metadata, opened on the source.
-    pub const SOURCE_ONLY: u8 = 4;
-    /// The source changed under us (a client opened it for writing): the catalog's metadata and
-    /// any copy are void; every call passes through.
-    pub const STALE: u8 = 5;
-    /// Too large for any tier's free space: some chunks live in `<object>.chunks` in the tier
-    /// named by the state word; the chunk bitmap says which.
-    pub const PARTIAL: u8 = 6;
-    /// The path no longer names what the catalog describes, nor does any path below it (the
-    /// program renamed or removed it through granary): every call on it or under it passes
-    /// through. Terminal, like STALE.
-    pub const GONE: u8 = 7;
-
-    /// True for the terminal states in which the catalog answers nothing about the entry.
-    pub const fn is_void(state: u8) -> bool {
-        state == STALE || state == GONE
-    }
-
-    pub const fn word(state: u8, tier: u8) -> u64 {
-        state as u64 | (tier as u64) << 8
-    }
-    pub const fn state_of(word: u64) -> u8 {
-        word as u8
-    }
-    pub const fn tier_of(word: u64) -> u8 {
-        (word >> 8) as u8
-    }
-}
 
 /// The cached copy's file name inside a tier's object directory: 16 lowercase hex digits.
 pub fn object_name(object: u64) -> [u8; 16] {
@@ -538,7 +500,7 @@ pub fn part_name(object: u64) -> [u8; 21] {
     suffixed(object, b".part")
 }
 
-/// Name of the chunk file of a partially cached file (`state::PARTIAL`).
+/// Name of the chunk file of a partially cached file (`State::Partial`).
 pub fn chunks_name(object: u64) -> [u8; 23] {
     suffixed(object, b".chunks")
 }
@@ -624,7 +586,7 @@ pub mod request {
     /// validation had not reached it): validate this directory next.
     pub const VALIDATE: u8 = 7;
     /// A process mapped a catalogued file (or inherited mappings across `fork`): the agent reads
-    /// its `/proc/<pid>/maps` and follows where it reads in them (`placement::mapping`). The
+    /// its `/proc/<pid>/maps` and follows where it reads in them (`placement::mmap`). The
     /// entry field carries the pid as the process sees it, `arg` its job slot.
     pub const MAPPED: u8 = 8;
     /// A program's open of an LMDB lock file was given the node-local lock file of the
@@ -714,7 +676,19 @@ pub mod job {
     /// (a partition missing, cut or another pack's, or the file's bytes failing their
     /// checksum) and nothing else holds them (the pack alone, `--mount`).
     pub const PACK_REFUSED: usize = TRANSIENT_DROPS + 10;
-    pub const WORDS: usize = TRANSIENT_DROPS + 12;
+    /// Programs started by a process of the job that granary could not serve (static, run in
+    /// secure mode, or started with granary's variables cleared from an environment they could
+    /// not be put back into) and whose arguments named a path of the dataset. The first such
+    /// start is described in the next words: `UNSERVED_WHY` holds its `seen::EXEC_*` bit in
+    /// the low 32 bits and the full lengths of its program (bits 32..48) and of the argument
+    /// that named the path (bits 48..64); `UNSERVED_PROGRAM` and `UNSERVED_ARG` hold their last
+    /// `NAME_WORDS * 8` bytes, NUL-padded. Written by the process that counted it first.
+    pub const UNSERVED: usize = TRANSIENT_DROPS + 12;
+    pub const UNSERVED_WHY: usize = TRANSIENT_DROPS + 13;
+    pub const UNSERVED_PROGRAM: usize = TRANSIENT_DROPS + 14;
+    pub const UNSERVED_ARG: usize = UNSERVED_PROGRAM + NAME_WORDS;
+    pub const NAME_WORDS: usize = 32;
+    pub const WORDS: usize = UNSERVED_ARG + NAME_WORDS;
 }
 
 /// Bits of the `job::SEEN` word.
@@ -729,12 +703,14 @@ pub mod seen {
     /// another path).
     pub const SOURCE_ELSEWHERE: u64 = 1 << 9;
     /// A program was started with an environment that lacks the preload library or the table
-    /// (`env -i`, a launcher that cleans the environment).
+    /// (`env -i`, a launcher that cleans the environment), granary could not put them back
+    /// (no room), and its arguments named a dataset path (`job::UNSERVED`).
     pub const EXEC_ENV_CLEARED: u64 = 1 << 10;
     /// A program was started that the dynamic loader runs in secure mode (setuid, setgid, file
-    /// capabilities): it ignores `LD_PRELOAD`.
+    /// capabilities): it ignores `LD_PRELOAD`; and its arguments named a dataset path.
     pub const EXEC_SECURE: u64 = 1 << 11;
-    /// A statically linked program was started: no dynamic loader, no preload library.
+    /// A statically linked program was started: no dynamic loader, no preload library; and its
+    /// arguments named a dataset path.
     pub const EXEC_STATIC: u64 = 1 << 12;
     /// A program was started after the table fd (`GRANARY_TABLE_FD`) was closed or replaced:
     /// it can reach the table only by its path.
@@ -745,7 +721,7 @@ pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 const _: () = assert!(ENTRY_LEN == 88);
 const _: () = assert!(CLASS_LEN == 56);
 const _: () = assert!(job::EXECS < job::MAP_LOCAL_BYTES);
-const _: () = assert!(job::PACK_REFUSED < job::WORDS);
+const _: () = assert!(job::PACK_REFUSED < job::UNSERVED);
 const _: () = assert!(H_TIER_DIR_IDS + 16 * MAX_TIERS <= PATHS_OFF);
 const _: () = assert!(H_EPOCH + 8 <= H_PACK_OFF && H_PACK_OFF + 8 <= H_TIER_DIR_IDS);
 const _: () = assert!(HEADER_LEN % 4096 == 0);

@@ -10,6 +10,7 @@ pub mod mapping;
 pub mod region;
 pub mod resolve;
 mod ring;
+pub mod state;
 pub mod table;
 
 pub use build::{
@@ -18,12 +19,13 @@ pub use build::{
 };
 pub use layout::{
     chunk_count, chunk_data_offset, chunks_name, groups_hash, job, object_id, object_name,
-    parse_object_name, part_name, path_hash, request, seen, state, DiskEntry, EntryRec, Locator,
+    parse_object_name, part_name, path_hash, request, seen, DiskEntry, EntryRec, Locator,
     StatClass, StatRec, Ts,
 };
 pub use mapping::{MapError, Mapping};
-pub use resolve::{resolve, strip_root, Resolved};
-pub use table::{Request, Table, TableError};
+pub use resolve::{resolve, strip_root, Found, Miss, Resolved};
+pub use state::{State, StateWord};
+pub use table::{Request, Table, TableError, Unserved};
 
 /// The largest file the agent fetches whole in one direct read, not through the page cache (a
 /// mid-size file: one device request instead of one per `max_segments` scattered pages). A

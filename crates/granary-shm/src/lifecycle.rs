@@ -1,5 +1,6 @@
-//! The life of a catalog entry: the one module that writes an entry's state word, and the rules
-//! that decide when the catalog may answer for it.
+//! The life of a catalog entry: the one module that makes and writes an entry's state word (a
+//! new table's initial words too: `initial`, `initial_void`, `carried`), and the rules that
+//! decide when the catalog may answer for it.
 //!
 //! Several parties move an entry at once — the preload library in every process of a job, the
 //! agent's ring consumer, its placement workers, its validator — so each transition is one
@@ -26,15 +27,16 @@
 //! The logic is written against `Cell` so the concurrency tests run it over Shuttle's atomics;
 //! production runs it over the shared table (`EntryCell`).
 
-use crate::layout::{request, state, StatRec};
+use crate::layout::{request, StatRec};
+use crate::state::{State, StateWord};
 use crate::table::Table;
 
 /// One entry's state word.
 pub trait Cell {
-    fn load(&self) -> u64;
+    fn load(&self) -> StateWord;
     /// Compare-and-swap; false if the word was not `from`.
-    fn cas(&self, from: u64, to: u64) -> bool;
-    fn store(&self, word: u64);
+    fn cas(&self, from: StateWord, to: StateWord) -> bool;
+    fn store(&self, word: StateWord);
 }
 
 /// An entry of a mapped table.
@@ -45,73 +47,104 @@ pub struct EntryCell<'a> {
 }
 
 impl Cell for EntryCell<'_> {
-    fn load(&self) -> u64 {
+    fn load(&self) -> StateWord {
         self.table.state(self.idx)
     }
-    fn cas(&self, from: u64, to: u64) -> bool {
+    fn cas(&self, from: StateWord, to: StateWord) -> bool {
         self.table.swap_state(self.idx, from, to)
     }
-    fn store(&self, word: u64) {
+    fn store(&self, word: StateWord) {
         self.table.set_state(self.idx, word)
     }
 }
 
-const fn w(s: u8) -> u64 {
-    state::word(s, 0)
+const fn w(s: State) -> StateWord {
+    StateWord::new(s, 0)
+}
+
+/// The word an entry of a table being built starts with: a regular file `Unplaced` (its first
+/// open asks for a copy), anything else `SourceOnly` (answered from the catalog's metadata,
+/// opened on the source).
+pub fn initial(stat: &StatRec) -> StateWord {
+    if stat.is_file() {
+        w(State::Unplaced)
+    } else {
+        w(State::SourceOnly)
+    }
+}
+
+/// The word a table's root starts with: answered from the catalog's metadata, never copied.
+pub const fn initial_root() -> StateWord {
+    w(State::SourceOnly)
+}
+
+/// The word of an entry the catalog must never answer for, from the start (its record does not
+/// fit the table, its listing was incomplete, the pack does not hold all of a directory).
+pub const fn initial_void() -> StateWord {
+    StateWord::VOID
+}
+
+/// A copy an earlier table recorded, taken over by a table being built: its complete copy
+/// (`Placed`) or chunk file (`Partial`) on tier `tier` of the new table. `None` for any other
+/// state (nothing to take over).
+pub fn carried(earlier: StateWord, tier: u8) -> Option<StateWord> {
+    match earlier.state() {
+        s @ (State::Placed | State::Partial) => Some(StateWord::new(s, tier)),
+        _ => None,
+    }
 }
 
 /// A client opened an unplaced file: true if the caller is the one to enqueue its copy.
 pub fn claim(c: &impl Cell) -> bool {
-    c.cas(w(state::UNPLACED), w(state::QUEUED))
+    c.cas(w(State::Unplaced), w(State::Queued))
 }
 
 /// The known-order policy queues a file ahead of the program: from UNPLACED, or from
 /// SOURCE_ONLY (once per epoch: there may be room now). `from` is the word it inspected.
-pub fn claim_ahead(c: &impl Cell, from: u64) -> bool {
-    matches!(state::state_of(from), state::UNPLACED | state::SOURCE_ONLY)
-        && c.cas(from, w(state::QUEUED))
+pub fn claim_ahead(c: &impl Cell, from: StateWord) -> bool {
+    matches!(from.state(), State::Unplaced | State::SourceOnly) && c.cas(from, w(State::Queued))
 }
 
 /// A queued copy is dropped (its table retired, or the policy declined): it may be asked again.
 pub fn unclaim(c: &impl Cell) -> bool {
-    c.cas(w(state::QUEUED), w(state::UNPLACED))
+    c.cas(w(State::Queued), w(State::Unplaced))
 }
 
 /// A worker starts copying into `tier` (a large file's partial copy is readable from then on):
 /// from QUEUED, or from PARTIAL when a chunked file turns out to fit whole. False if the entry
 /// moved meanwhile.
-pub fn begin(c: &impl Cell, from: u64, tier: u8) -> bool {
-    matches!(state::state_of(from), state::QUEUED | state::PARTIAL)
-        && c.cas(from, state::word(state::PLACING, tier))
+pub fn begin(c: &impl Cell, from: StateWord, tier: u8) -> bool {
+    matches!(from.state(), State::Queued | State::Partial)
+        && c.cas(from, StateWord::new(State::Placing, tier))
 }
 
 /// The worker gives up (`to` = SOURCE_ONLY, STALE or UNPLACED). False if a client invalidated
 /// meanwhile.
-pub fn give_up(c: &impl Cell, to: u8) -> bool {
+pub fn give_up(c: &impl Cell, to: State) -> bool {
     let cur = c.load();
-    state::state_of(cur) == state::PLACING && c.cas(cur, w(to))
+    cur.state() == State::Placing && c.cas(cur, w(to))
 }
 
 /// A complete copy is in place (renamed, identity recorded): PLACED on `tier`. False if a
 /// client took the entry away meanwhile — the copy is then void.
 pub fn complete(c: &impl Cell, tier: u8) -> bool {
     let cur = c.load();
-    state::state_of(cur) == state::PLACING && c.cas(cur, state::word(state::PLACED, tier))
+    cur.state() == State::Placing && c.cas(cur, StateWord::new(State::Placed, tier))
 }
 
 /// A file too large for any tier's free space is cached in chunks on `tier`.
-pub fn cut_partial(c: &impl Cell, placing: u64, tier: u8) -> bool {
-    state::state_of(placing) == state::PLACING && c.cas(placing, state::word(state::PARTIAL, tier))
+pub fn cut_partial(c: &impl Cell, placing: StateWord, tier: u8) -> bool {
+    placing.state() == State::Placing && c.cas(placing, StateWord::new(State::Partial, tier))
 }
 
 /// A chunk file is dropped (damaged, or its tier lost): the file is unplaced again.
-pub fn drop_partial(c: &impl Cell, partial: u64) -> bool {
-    state::state_of(partial) == state::PARTIAL && c.cas(partial, w(state::UNPLACED))
+pub fn drop_partial(c: &impl Cell, partial: StateWord) -> bool {
+    partial.state() == State::Partial && c.cas(partial, w(State::Unplaced))
 }
 
 /// `drop_partial` on a table entry, its chunk bits cleared with it (a later chunk file starts
 /// with none present) and its copy identity forgotten.
-pub fn unplace_partial(table: &Table, idx: u32, partial: u64) -> bool {
+pub fn unplace_partial(table: &Table, idx: u32, partial: StateWord) -> bool {
     if !drop_partial(&EntryCell { table, idx }, partial) {
         return false;
     }
@@ -124,14 +157,14 @@ pub fn unplace_partial(table: &Table, idx: u32, partial: u64) -> bool {
 
 /// A placed copy is taken back (damaged, evicted by the known-order policy): only the party that
 /// moves `placed` (the word it inspected) deletes the copy and releases its space.
-pub fn withdraw(c: &impl Cell, placed: u64) -> bool {
-    state::state_of(placed) == state::PLACED && c.cas(placed, w(state::UNPLACED))
+pub fn withdraw(c: &impl Cell, placed: StateWord) -> bool {
+    placed.state() == State::Placed && c.cas(placed, w(State::Unplaced))
 }
 
 /// The agent's INVALIDATE handler, for a copy a client did not void itself: PLACED → STALE.
 pub fn invalidate_placed(c: &impl Cell) -> bool {
     let cur = c.load();
-    state::state_of(cur) == state::PLACED && c.cas(cur, w(state::STALE))
+    cur.state() == State::Placed && c.cas(cur, w(State::Stale))
 }
 
 /// A worker hands its entry back to the queue without a copy (cluster mode: the peer that was to
@@ -140,19 +173,19 @@ pub fn invalidate_placed(c: &impl Cell) -> bool {
 /// moves, so a client never measures a later copy against them. False if the entry moved.
 pub fn requeue(table: &Table, idx: u32) -> bool {
     let cur = table.state(idx);
-    if state::state_of(cur) != state::PLACING {
+    if cur.state() != State::Placing {
         return false;
     }
     table.reset_progress(idx);
     table.set_copy_identity(idx, 0, 0);
-    table.swap_state(idx, cur, w(state::QUEUED))
+    table.swap_state(idx, cur, w(State::Queued))
 }
 
 /// A worker takes its queued copy: QUEUED → PLACING (no tier yet). Any progress left from an
 /// earlier attempt is cleared first, so it is never read against a new partial copy.
 pub fn start(table: &Table, idx: u32) -> bool {
     table.reset_progress(idx);
-    begin(&EntryCell { table, idx }, w(state::QUEUED), 0)
+    begin(&EntryCell { table, idx }, w(State::Queued), 0)
 }
 
 /// The worker's partial copy (`<object>.part`, inode `part_ino`) is on `tier` and readable up to
@@ -162,8 +195,8 @@ pub fn announce_part(table: &Table, idx: u32, tier: u8, part_ino: u64) -> bool {
     table.set_copy_identity(idx, part_ino, 0);
     table.reset_progress(idx);
     let cur = table.state(idx);
-    state::state_of(cur) == state::PLACING
-        && table.swap_state(idx, cur, state::word(state::PLACING, tier))
+    cur.state() == State::Placing
+        && table.swap_state(idx, cur, StateWord::new(State::Placing, tier))
 }
 
 /// The inode of a file the agent is still writing (`.part`, `.chunks`): clients check what they
@@ -186,7 +219,7 @@ pub fn record_copy(table: &Table, idx: u32, ino: u64, ctime_ns: u64, checksum: u
 
 /// A file too large for any tier's free space becomes a chunk file (inode `ino`) on `tier`:
 /// PLACING → PARTIAL|tier, the identity recorded first. False if the entry moved meanwhile.
-pub fn to_partial(table: &Table, idx: u32, placing: u64, tier: u8, ino: u64) -> bool {
+pub fn to_partial(table: &Table, idx: u32, placing: StateWord, tier: u8, ino: u64) -> bool {
     table.set_copy_identity(idx, ino, 0);
     cut_partial(&EntryCell { table, idx }, placing, tier)
 }
@@ -215,7 +248,7 @@ pub fn adopt_placed(
     ctime_ns: u64,
 ) -> bool {
     record_copy(table, idx, ino, ctime_ns, checksum);
-    table.swap_state(idx, w(state::UNPLACED), state::word(state::PLACED, tier))
+    table.swap_state(idx, w(State::Unplaced), StateWord::new(State::Placed, tier))
 }
 
 /// A table saved for the next agent (or loaded from one): what belonged to this run goes —
@@ -226,8 +259,8 @@ pub fn forget_run(t: &Table) {
     for i in 0..t.entry_count() {
         t.set_transient(i, false);
         t.reset_progress(i);
-        if matches!(state::state_of(t.state(i)), state::QUEUED | state::PLACING) {
-            t.set_state(i, w(state::UNPLACED));
+        if matches!(t.state(i).state(), State::Queued | State::Placing) {
+            t.set_state(i, w(State::Unplaced));
             t.set_copy_identity(i, 0, 0);
         }
     }
@@ -239,7 +272,7 @@ pub fn forget_run(t: &Table) {
 /// copy identity, checksum, progress, chunk bits and transient bit cleared; void entries stay
 /// void, directories and symlinks as they are. Runs before the table is published.
 pub fn forget_placement(t: &Table) {
-    let unplaced = w(state::UNPLACED);
+    let unplaced = w(State::Unplaced);
     for i in 0..t.entry_count() {
         let Some(e) = t.entry(i) else { continue };
         if !e.stat.is_file() {
@@ -252,7 +285,7 @@ pub fn forget_placement(t: &Table) {
         }
         t.set_copy_identity(i, 0, 0);
         t.set_checksum(i, 0);
-        if !state::is_void(state::state_of(t.state(i))) {
+        if !t.state(i).is_void() {
             t.set_state(i, unplaced);
         }
     }
@@ -278,13 +311,13 @@ pub enum Void {
 /// this call changed it (the caller then tells the agent, which drops a copy).
 pub fn void(c: &impl Cell, how: Void) -> bool {
     let to = match how {
-        Void::Stale => state::STALE,
-        Void::Gone => state::GONE,
+        Void::Stale => State::Stale,
+        Void::Gone => State::Gone,
     };
     for _ in 0..64 {
         let cur = c.load();
-        let s = state::state_of(cur);
-        if s == state::GONE || s == to {
+        let s = cur.state();
+        if s == State::Gone || s == to {
             return false;
         }
         if c.cas(cur, w(to)) {
@@ -508,12 +541,10 @@ pub fn new_attach(table: &Table, immutable: bool) -> u64 {
 /// Regular files left on the source (no tier had room, the agent could not read them) are
 /// tried again from the next open: room or permissions may have changed since.
 pub fn retry_source_only(table: &Table) {
-    let unplaced = w(state::UNPLACED);
+    let unplaced = w(State::Unplaced);
     for idx in 0..table.entry_count() {
         let cur = table.state(idx);
-        if state::state_of(cur) == state::SOURCE_ONLY
-            && table.entry(idx).is_some_and(|e| e.stat.is_file())
-        {
+        if cur.state() == State::SourceOnly && table.entry(idx).is_some_and(|e| e.stat.is_file()) {
             table.swap_state(idx, cur, unplaced);
         }
     }

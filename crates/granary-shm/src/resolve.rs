@@ -1,10 +1,14 @@
-//! Following symlinks inside the catalog, without allocation.
+//! From a source-relative path to the catalog entry it names, without allocation: symlinks
+//! followed inside the catalog (`resolve`), and the one lookup a reader of the table makes
+//! (`Table::find`): the entry, provided the catalog may speak for it now.
 //!
 //! Only positive answers come from the catalog. Whenever the kernel could resolve a path
 //! differently from what the catalog can prove (a link leaving the source, `..` after a link,
 //! too many hops) the answer is `PassThrough` and the caller asks the real file system.
 
 use crate::layout::{EntryRec, PATH_MAX_LEN};
+use crate::lifecycle;
+use crate::state::{State, StateWord};
 use crate::table::Table;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,9 +26,14 @@ const MAX_HOPS: usize = 40;
 /// Resolves `rel` (relative to the source root, normalised: no `.`/`..`/empty components, no
 /// leading or trailing `/`). With `follow`, a final symlink is followed as `stat` and `open` do.
 pub fn resolve(table: &Table, rel: &[u8], follow: bool) -> Resolved {
-    let Some(mut idx) = table.lookup(rel) else {
+    let Some(idx) = table.lookup(rel) else {
         return Resolved::PassThrough;
     };
+    resolve_from(table, idx, follow)
+}
+
+/// `resolve` of the path that names entry `idx`.
+fn resolve_from(table: &Table, mut idx: u32, follow: bool) -> Resolved {
     let Some(e) = table.entry(idx) else {
         return Resolved::PassThrough;
     };
@@ -104,4 +113,93 @@ pub fn strip_root<'a>(path: &'a [u8], root: &[u8]) -> Option<&'a [u8]> {
         return Some(rest);
     }
     rest.strip_prefix(b"/")
+}
+
+/// Why the catalog does not answer for a path: the caller asks the file system instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// No entry has that path.
+    NotCatalogued,
+    /// A symlink on the way the catalog cannot follow exactly (it leaves the source, a `..`
+    /// comes after it, too many hops) or a damaged record.
+    Unprovable,
+    /// The program changed the entry (`STALE`) or removed or renamed it (`GONE`).
+    Void,
+    /// The program renamed or removed a directory above it.
+    AncestorGone,
+    /// The path ends as a directory (`dir/`) but names something else.
+    NotADirectory,
+}
+
+/// An entry the catalog may answer for.
+#[derive(Debug, Clone, Copy)]
+pub struct Found {
+    pub idx: u32,
+    pub entry: EntryRec,
+    /// Its state word as the lookup read it (`StateWord::state`, `StateWord::tier`).
+    pub word: StateWord,
+    /// Checked against the source in this attach (`lifecycle::is_validated`); if not, whoever
+    /// answers from the entry must check it first.
+    pub validated: bool,
+}
+
+impl Table {
+    /// The one lookup of a path a reader of the table makes: the entry `rel` names (following a
+    /// final symlink with `follow`), if it is live — not voided by the program, nor below a
+    /// directory the program renamed or removed — and, with `must_dir`, a directory.
+    pub fn find(&self, rel: &[u8], follow: bool, must_dir: bool) -> Result<Found, Miss> {
+        let idx = self.lookup(rel).ok_or(Miss::NotCatalogued)?;
+        let Resolved::Entry(idx, entry) = resolve_from(self, idx, follow) else {
+            return Err(Miss::Unprovable);
+        };
+        let word = self.state(idx);
+        if word.state().is_void() {
+            return Err(Miss::Void);
+        }
+        if must_dir && !entry.stat.is_dir() {
+            return Err(Miss::NotADirectory);
+        }
+        if !self.ancestors_live(idx) {
+            return Err(Miss::AncestorGone);
+        }
+        Ok(Found {
+            idx,
+            entry,
+            word,
+            validated: lifecycle::is_validated(self, idx),
+        })
+    }
+
+    /// Entry `idx` (a directory the program holds open, say) is still live: see `find`.
+    pub fn is_live(&self, idx: u32) -> Result<(), Miss> {
+        if self.state(idx).state().is_void() {
+            return Err(Miss::Void);
+        }
+        if !self.ancestors_live(idx) {
+            return Err(Miss::AncestorGone);
+        }
+        Ok(())
+    }
+
+    /// No ancestor of entry `idx` was renamed or removed by the program (`State::Gone`).
+    fn ancestors_live(&self, idx: u32) -> bool {
+        let mut cur = idx;
+        // Bounded by the depth limit of a path.
+        for _ in 0..4096 {
+            if cur == 0 {
+                return true;
+            }
+            let Some(parent) = self.parent_of(cur) else {
+                return false;
+            };
+            if parent >= cur {
+                return false;
+            }
+            if self.state(parent).state() == State::Gone {
+                return false;
+            }
+            cur = parent;
+        }
+        false
+    }
 }

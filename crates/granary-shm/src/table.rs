@@ -8,6 +8,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use crate::layout::*;
 
 use crate::region::Region;
+use crate::state::StateWord;
 
 /// Why a mapping is not usable as a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +70,20 @@ pub struct Request {
     pub entry: u32,
     /// Kind-specific (the chunk index of `request::CHUNK`).
     pub arg: u32,
+}
+
+/// The programs a job started that granary could not serve although their arguments named a
+/// dataset path (`Table::unserved`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unserved {
+    /// How many such starts.
+    pub count: u64,
+    /// The first one's reason, a `seen::EXEC_*` bit.
+    pub why: u64,
+    /// Its program as the start named it, and the argument that named a dataset path (their
+    /// last bytes, after `…`, when they were longer than the table keeps).
+    pub program: Vec<u8>,
+    pub arg: Vec<u8>,
 }
 
 fn section(
@@ -902,22 +917,25 @@ impl Table {
         h != 0 && now_ns.saturating_sub(h) < HEARTBEAT_STALE_MS * 1_000_000
     }
 
-    /// The entry's state word (`state::*`); Acquire so a PLACED word implies the copy is complete.
-    pub fn state(&self, idx: u32) -> u64 {
-        self.state_cell(idx)
-            .map_or(state::word(state::STALE, 0), |c| c.load(Ordering::Acquire))
+    /// The entry's state word; Acquire so a `Placed` word implies the copy is complete. An index
+    /// outside the table reads as `Stale` (the catalog answers nothing about it).
+    pub fn state(&self, idx: u32) -> StateWord {
+        self.state_cell(idx).map_or(StateWord::VOID, |c| {
+            StateWord::from_bits(c.load(Ordering::Acquire))
+        })
     }
 
-    pub(crate) fn set_state(&self, idx: u32, word: u64) {
+    /// For `lifecycle`.
+    pub(crate) fn set_state(&self, idx: u32, word: StateWord) {
         if let Some(c) = self.state_cell(idx) {
-            c.store(word, Ordering::Release);
+            c.store(word.bits(), Ordering::Release);
         }
     }
 
-    /// Compare-and-swap of a state word; false if it was not `from`.
-    pub(crate) fn swap_state(&self, idx: u32, from: u64, to: u64) -> bool {
+    /// Compare-and-swap of a state word, for `lifecycle`; false if it was not `from`.
+    pub(crate) fn swap_state(&self, idx: u32, from: StateWord, to: StateWord) -> bool {
         self.state_cell(idx).is_some_and(|c| {
-            c.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            c.compare_exchange(from.bits(), to.bits(), Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         })
     }
@@ -1144,6 +1162,79 @@ impl Table {
         if let Some(c) = self.counter(slot, word) {
             c.fetch_or(bits, Ordering::Relaxed);
         }
+    }
+
+    /// Records a program started by a process of job slot `slot` that granary could not serve
+    /// although its argument `arg` named a dataset path (`job::UNSERVED`): `why` is its
+    /// `seen::EXEC_*` bit, set in `job::SEEN` as well. The first one is described by name (the
+    /// last bytes of `program` and `arg`). Allocation-free, for the preload library.
+    pub fn record_unserved(&self, slot: u32, why: u64, program: &[u8], arg: &[u8]) {
+        self.mark(slot, job::SEEN, why);
+        let Some(n) = self.counter(slot, job::UNSERVED) else {
+            return;
+        };
+        if n.fetch_add(1, Ordering::AcqRel) != 0 {
+            return;
+        }
+        let len = |b: &[u8]| b.len().min(0xffff) as u64;
+        if let Some(w) = self.counter(slot, job::UNSERVED_WHY) {
+            w.store(
+                (why & 0xffff_ffff) | len(program) << 32 | len(arg) << 48,
+                Ordering::Release,
+            );
+        }
+        self.put_name(slot, job::UNSERVED_PROGRAM, program);
+        self.put_name(slot, job::UNSERVED_ARG, arg);
+    }
+
+    /// The last `NAME_WORDS * 8` bytes of `name` into the words from `first`, NUL-padded.
+    fn put_name(&self, slot: u32, first: usize, name: &[u8]) {
+        let room = job::NAME_WORDS * 8;
+        let tail = name.get(name.len().saturating_sub(room)..).unwrap_or(b"");
+        for i in 0..job::NAME_WORDS {
+            let mut w = [0u8; 8];
+            for (j, b) in w.iter_mut().enumerate() {
+                *b = tail.get(i * 8 + j).copied().unwrap_or(0);
+            }
+            if let Some(c) = self.counter(slot, first + i) {
+                c.store(u64::from_le_bytes(w), Ordering::Release);
+            }
+        }
+    }
+
+    fn name_at(&self, slot: u32, first: usize, len: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(job::NAME_WORDS * 8);
+        for i in 0..job::NAME_WORDS {
+            let w = self
+                .counter(slot, first + i)
+                .map_or(0, |c| c.load(Ordering::Acquire));
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        let end = out.iter().position(|&b| b == 0).unwrap_or(out.len());
+        out.truncate(end);
+        if len as usize > out.len() {
+            // Only the tail was kept.
+            out.splice(0..0, "…".bytes());
+        }
+        out
+    }
+
+    /// The programs job slot `slot` started that granary could not serve although they were
+    /// given a dataset path (`record_unserved`): how many, and the first.
+    pub fn unserved(&self, slot: u32) -> Option<Unserved> {
+        let count = self.counter(slot, job::UNSERVED)?.load(Ordering::Acquire);
+        if count == 0 {
+            return None;
+        }
+        let w = self
+            .counter(slot, job::UNSERVED_WHY)?
+            .load(Ordering::Acquire);
+        Some(Unserved {
+            count,
+            why: w & 0xffff_ffff,
+            program: self.name_at(slot, job::UNSERVED_PROGRAM, w >> 32 & 0xffff),
+            arg: self.name_at(slot, job::UNSERVED_ARG, w >> 48),
+        })
     }
 
     /// Takes back `n` of a counter (a call counted ahead that did not happen).

@@ -389,6 +389,43 @@ fn counters_fall_back_to_slot_zero() {
 }
 
 #[test]
+fn the_first_unserved_program_is_named_and_every_one_counted() {
+    let m = Model::new();
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    assert_eq!(t.unserved(2), None);
+    t.record_unserved(
+        2,
+        crate::seen::EXEC_STATIC,
+        b"/opt/tools/cat",
+        b"/pfs/data/a.jpg",
+    );
+    let long = [b'x'; 300];
+    t.record_unserved(2, crate::seen::EXEC_SECURE, &long, &long);
+    let u = t.unserved(2).unwrap();
+    assert_eq!(
+        (u.count, u.why, &u.program[..], &u.arg[..]),
+        (
+            2,
+            crate::seen::EXEC_STATIC,
+            &b"/opt/tools/cat"[..],
+            &b"/pfs/data/a.jpg"[..]
+        )
+    );
+    let seen = t
+        .counter(2, job::SEEN)
+        .unwrap()
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(seen, crate::seen::EXEC_STATIC | crate::seen::EXEC_SECURE);
+    // Longer than the table keeps: the tail, marked.
+    t.record_unserved(3, crate::seen::EXEC_SECURE, &long, b"-");
+    let u = t.unserved(3).unwrap();
+    let kept = job::NAME_WORDS * 8;
+    assert_eq!(u.program, ["…".as_bytes(), &long[..kept]].concat());
+    assert_eq!(u.arg, b"-");
+}
+
+#[test]
 fn ring_survives_concurrent_producers() {
     let m = Model::new();
     let mut spec = Model::spec();
@@ -506,7 +543,7 @@ fn a_gone_entry_never_comes_back_as_merely_stale() {
     let img = build(&Model::spec(), &m.entries).unwrap();
     let (_m, t, _f) = map_image(&img);
     let idx = t.lookup(b"f").unwrap();
-    t.set_state(idx, state::word(state::PLACED, 1));
+    t.set_state(idx, StateWord::new(State::Placed, 1));
     let cell = |idx| lifecycle::EntryCell { table: &t, idx };
     assert!(lifecycle::void(&cell(idx), lifecycle::Void::Stale));
     assert!(
@@ -515,7 +552,7 @@ fn a_gone_entry_never_comes_back_as_merely_stale() {
     );
     assert!(lifecycle::void(&cell(idx), lifecycle::Void::Gone));
     assert!(!lifecycle::void(&cell(idx), lifecycle::Void::Stale));
-    assert_eq!(t.state(idx), state::word(state::GONE, 0));
+    assert_eq!(t.state(idx).parts(), (State::Gone, 0));
 }
 
 #[test]
@@ -856,8 +893,8 @@ fn times_and_classes_round_trip() {
     assert_eq!(e.stat, a);
     let far_idx = t.lookup(b"far").unwrap();
     assert_eq!(
-        state::state_of(t.state(far_idx)),
-        state::STALE,
+        t.state(far_idx).state(),
+        State::Stale,
         "metadata that does not fit is never served"
     );
 }
@@ -935,14 +972,14 @@ fn an_adopted_image_keeps_the_catalog_and_forgets_the_copies() {
     assert_eq!(t.tier_dir(1), None, "the other node's second tier is gone");
     assert_eq!(t.agent_pid(), 4242);
     let p = t.lookup(b"train/placed").unwrap();
-    assert_eq!(state::state_of(t.state(p)), state::UNPLACED);
+    assert_eq!(t.state(p).state(), State::Unplaced);
     assert_eq!(
         (t.copy_identity(p), t.checksum(p), t.progress(p)),
         ((0, 0), 0, 0)
     );
     assert!(!t.is_transient(p) && !t.chunk_present(p, 0) && !t.chunk_present(p, 1));
     let s = t.lookup(b"train/stale").unwrap();
-    assert_eq!(state::state_of(t.state(s)), state::STALE, "void stays void");
+    assert_eq!(t.state(s).state(), State::Stale, "void stays void");
     assert!(
         (0..t.entry_count()).all(|i| t.is_validated(i)),
         "validation holds"
@@ -1009,7 +1046,7 @@ fn a_requeued_entry_forgets_its_part() {
     assert!(lifecycle::announce_part(&t, f, 1, 55));
     lifecycle::progress(&t, f, 4096);
     assert!(lifecycle::requeue(&t, f));
-    assert_eq!(t.state(f), state::word(state::QUEUED, 0));
+    assert_eq!(t.state(f).parts(), (State::Queued, 0));
     assert_eq!((t.progress(f), t.copy_identity(f)), (0, (0, 0)));
     assert!(lifecycle::start(&t, f), "a worker may take it again");
 }
@@ -1026,4 +1063,53 @@ fn the_cluster_flag_is_independent_of_the_others() {
     assert!(t.cluster() && t.is_valid() && t.immutable());
     t.set_cluster(false);
     assert!(!t.cluster() && t.is_valid() && t.immutable());
+}
+
+#[test]
+fn find_answers_only_for_live_entries_and_says_why_not() {
+    let mut m = Model::new();
+    let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    m.add(d, "a.jpg", stat(libc::S_IFREG | 0o644, 3, 10), "");
+    m.add(d, "b.jpg", stat(libc::S_IFREG | 0o644, 4, 10), "");
+    m.add(0, "to_a", stat(libc::S_IFLNK | 0o777, 5, 11), "train/a.jpg");
+    m.add(0, "out", stat(libc::S_IFLNK | 0o777, 6, 4), "/etc");
+    let (_m, t, _f) = map_image(&build(&Model::spec(), &m.entries).unwrap());
+    let a = t.lookup(b"train/a.jpg").unwrap();
+    let found = t.find(b"train/a.jpg", true, false).unwrap();
+    assert_eq!((found.idx, found.entry.stat.ino), (a, 3));
+    assert_eq!(found.word, t.state(a));
+    assert_eq!(found.validated, lifecycle::is_validated(&t, a));
+    // A final symlink: followed or named itself.
+    assert_eq!(t.find(b"to_a", true, false).unwrap().idx, a);
+    assert!(t
+        .find(b"to_a", false, false)
+        .unwrap()
+        .entry
+        .stat
+        .is_symlink());
+    assert_eq!(t.find(b"out", true, false).unwrap_err(), Miss::Unprovable);
+    assert_eq!(
+        t.find(b"nope", true, false).unwrap_err(),
+        Miss::NotCatalogued
+    );
+    assert_eq!(
+        t.find(b"train/a.jpg", true, true).unwrap_err(),
+        Miss::NotADirectory
+    );
+    assert!(t.find(b"train", true, true).is_ok());
+    // Changed by the program: the entry itself, then everything below a removed directory.
+    assert!(lifecycle::void_entry(&t, a, lifecycle::Void::Stale));
+    assert_eq!(t.find(b"train/a.jpg", true, false).unwrap_err(), Miss::Void);
+    assert_eq!(t.is_live(a), Err(Miss::Void));
+    let train = t.lookup(b"train").unwrap();
+    assert!(lifecycle::void_entry(&t, train, lifecycle::Void::Gone));
+    assert_eq!(
+        t.find(b"train/b.jpg", true, false).unwrap_err(),
+        Miss::AncestorGone
+    );
+    assert_eq!(
+        t.is_live(t.lookup(b"train/b.jpg").unwrap()),
+        Err(Miss::AncestorGone)
+    );
+    assert_eq!(t.is_live(0), Ok(()));
 }

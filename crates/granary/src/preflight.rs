@@ -14,7 +14,7 @@ use crate::output::say;
 /// Every variable granary reads, with the form it accepts (shown in errors and docs).
 /// `GRANARY_TABLE*`, `GRANARY_JOB_SLOT` and `GRANARY_MNT_NS` are set by `granary run` for the
 /// program; the rest are the user's.
-const KNOWN: [(&str, &str); 17] = [
+const KNOWN: [(&str, &str); 18] = [
     (
         "GRANARY_LOG",
         "a level (error, warn, info, debug, trace, off), optionally `:FILE`",
@@ -56,6 +56,10 @@ const KNOWN: [(&str, &str); 17] = [
     ("GRANARY_MNT_NS", "set by granary run"),
     ("GRANARY_EMBED_PRELOAD", "1 or 0, when building granary"),
     ("GRANARY_TEST_LOG", "used by granary's own tests"),
+    (
+        "GRANARY_BIN",
+        "the granary binary granary's tests and benchmarks run",
+    ),
 ];
 
 /// Checks every `GRANARY_*` variable of the environment: a bad value is an error naming it and

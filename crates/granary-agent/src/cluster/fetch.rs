@@ -2,7 +2,7 @@
 //! (or this rank holds a replica of). The entry is taken (PLACING), room reserved — the staging
 //! tier for a file of another rank's, this rank's own tiers for a replica —, the file's owners
 //! asked in turn, and what arrives written through the ordinary publication path
-//! (`placement::incoming`).
+//! (`placement::peer_copy`).
 //!
 //! **The program's read, inline.** The thread that takes the program's request (the ring
 //! consumer) starts the transfer itself (`start`): it reserves the room, sends the request to
@@ -25,10 +25,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::Receiver;
-use granary_core::placement::incoming::{self, NotStarted, ReceiveError, Receiving};
-use granary_core::placement::{fetch_large, fetch_onto, PlaceOutcome, SourceCtx};
+use granary_core::placement::peer_copy::{self, NotStarted, ReceiveError, Receiving};
+use granary_core::placement::{whole_file, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
-use granary_shm::{state, EntryRec};
+use granary_shm::{EntryRec, State};
 
 use super::peers::{Late, Patience};
 use super::staging::{Evicted, Free, Slot};
@@ -72,10 +72,10 @@ fn done(node: &Node, job: &RemoteFetch, out: PlaceOutcome) {
     if job.copy {
         node.copies_pending.fetch_sub(1, Ordering::AcqRel);
     }
-    job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+    job.ctx.work.release();
 }
 
-/// Fetcher threads: each takes jobs until the node stops. A job holds one `ctx.inflight`
+/// Fetcher threads: each takes jobs until the node stops. A job holds one piece of `ctx.work`
 /// count, given back when it is done.
 pub fn spawn(node: &Arc<Node>, jobs: Receiver<RemoteFetch>, threads: usize) -> std::io::Result<()> {
     for k in 0..threads {
@@ -99,7 +99,7 @@ enum Got {
     Placed(PlaceOutcome),
     /// Decided without a copy (stale, nobody holds it, not ours to place).
     Outcome(PlaceOutcome),
-    /// Nobody delivered: read the source (the entry is QUEUED for `fetch_large`).
+    /// Nobody delivered: read the source (the entry is QUEUED for `whole_file::fetch`).
     Source,
 }
 
@@ -108,7 +108,7 @@ enum Got {
 fn plan(node: &Node, ctx: &SourceCtx, idx: u32, skip: Option<u32>) -> (Vec<usize>, Vec<u32>) {
     let tiers: Vec<usize> = match node.staging_tier {
         Some(st) if !node.own.holds(node.rank, idx) => vec![st],
-        _ => (0..ctx.tiers.placeable()).collect(),
+        _ => (0..ctx.space.tiers.placeable()).collect(),
     };
     let owners = node
         .own
@@ -156,7 +156,7 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
             let Some(setup) = node.agent.setup.get() else {
                 return PlaceOutcome::Skipped;
             };
-            from_source(node, ctx, idx, setup.pool.shared(), buf)
+            from_source(node, ctx, idx, setup.pool.engine(), buf)
         }
     }
 }
@@ -169,16 +169,16 @@ fn from_source(
     node: &Node,
     ctx: &Arc<SourceCtx>,
     idx: u32,
-    sh: &granary_core::placement::Shared,
+    sh: &granary_core::placement::Engine,
     buf: &mut Vec<u8>,
 ) -> PlaceOutcome {
     let st = match node.staging_tier {
         Some(st) if node.staged_instead(ctx, idx) => st,
-        _ => return fetch_large(ctx, idx, sh, buf),
+        _ => return whole_file::fetch(ctx, idx, sh, buf),
     };
     let size = ctx.table.entry(idx).map_or(0, |e| e.stat.size);
     node.staging.make_room(ctx, st, size);
-    let out = fetch_onto(ctx, idx, sh, buf, &[st]);
+    let out = whole_file::fetch_onto(ctx, idx, sh, buf, &[st]);
     if matches!(out, PlaceOutcome::Placed { tier, .. } if tier == st) {
         node.staging.push(idx, None);
     }
@@ -213,14 +213,14 @@ fn prepare(
 ) -> Result<(Receiving, Option<Free>), Got> {
     let staging = node.staging_tier.filter(|st| tiers == [*st]);
     // A staging file ready for reuse (its pages allocated and mapped), if there is one.
-    let mut free = staging.and_then(|st| node.staging.take(ctx, st, size));
+    let mut free = staging.and_then(|st| node.staging.take(&ctx.space, st, size));
     let give_back = |free: Option<Free>| {
         if let (Some(st), Some(f)) = (staging, free) {
-            node.staging.give_back(ctx, st, f);
+            node.staging.give_back(&ctx.space, st, f);
         }
     };
     loop {
-        match incoming::receive(ctx, idx, tiers) {
+        match peer_copy::receive(ctx, idx, tiers) {
             Ok(rx) => return Ok((rx, free)),
             Err(NotStarted::Skipped(o)) => {
                 give_back(free);
@@ -238,7 +238,7 @@ fn prepare(
                         if free.is_none() && f.slot.map.len() as u64 >= size {
                             free = Some(f);
                         } else {
-                            node.staging.give_back(ctx, st, f);
+                            node.staging.give_back(&ctx.space, st, f);
                         }
                         continue;
                     }
@@ -326,7 +326,7 @@ fn remote(
             }
             Err(Failure::NotHeld) => not_held += 1,
             Err(Failure::Stale) => {
-                rx.give_up(state::STALE);
+                rx.give_up(State::Stale);
                 return Got::Outcome(PlaceOutcome::Stale);
             }
             Err(f @ (Failure::Silent | Failure::Slow)) => {
@@ -348,13 +348,13 @@ fn remote(
         }
     }
     if let (Some(st), Some(f)) = (staging, free.take()) {
-        node.staging.give_back(ctx, st, f);
+        node.staging.give_back(&ctx.space, st, f);
     }
     if not_held == owners.len() {
         // Held nowhere (larger than the owner's staging tier too): the program reads the
         // source, as on one node, and this node keeps no copy either.
         AgentCounters::add(&ctx.counters.remote_fallbacks, 1);
-        rx.give_up(state::SOURCE_ONLY);
+        rx.give_up(State::SourceOnly);
         return Got::Outcome(PlaceOutcome::SourceOnly);
     }
     rx.abandon(&ReceiveError::Mismatch("sender"));
@@ -384,7 +384,7 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     };
     let Some(tag) = node.tags.take(owner) else {
         if let (Some(st), Some(f)) = (node.staging_tier, free) {
-            node.staging.give_back(&ctx, st, f);
+            node.staging.give_back(&ctx.space, st, f);
         }
         rx.abandon(&ReceiveError::Lost);
         return Err(job);
@@ -526,7 +526,7 @@ impl Inline {
                 }
             },
             Err(Failure::Stale) => {
-                rx.give_up(state::STALE);
+                rx.give_up(State::Stale);
                 done(node, &job, PlaceOutcome::Stale);
                 return Flow::Done;
             }
@@ -534,7 +534,7 @@ impl Inline {
                 // Held nowhere (larger than the owner's staging tier too): the program reads
                 // the source, as on one node, and this node keeps no copy either.
                 AgentCounters::add(&job.ctx.counters.remote_fallbacks, 1);
-                rx.give_up(state::SOURCE_ONLY);
+                rx.give_up(State::SourceOnly);
                 done(node, &job, PlaceOutcome::SourceOnly);
                 return Flow::Done;
             }
@@ -689,7 +689,7 @@ fn land(node: &Node, rx: &mut Receiving, free: &mut Option<Free>) -> Result<Land
             }
             Err(why) => {
                 tracing::debug!("reusing a staging file: {why}");
-                if let Some(Some(dir)) = node.ctx.object_dirs.get(rx.tier()) {
+                if let Some(dir) = node.ctx.space.dir(rx.tier()) {
                     let _ = granary_core::sys::unlink_at(dir, &name);
                 }
             }

@@ -16,8 +16,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::sync::{Arc, Mutex};
 
-use granary_core::placement::SourceCtx;
-use granary_shm::state;
+use granary_shm::{State, Table};
 
 /// Mappings kept at most.
 const MAX_MAPS: usize = 16384;
@@ -49,7 +48,7 @@ impl Maps {
     #[allow(clippy::too_many_arguments)]
     pub fn get(
         &self,
-        ctx: &SourceCtx,
+        t: &Table,
         idx: u32,
         tier: usize,
         object: u64,
@@ -58,7 +57,7 @@ impl Maps {
         open: impl FnOnce() -> Option<File>,
     ) -> Option<Arc<memmap2::MmapRaw>> {
         if let Some(k) = self.lock().get(&idx) {
-            if k.object == object && k.tier == tier && current(ctx, idx, k) {
+            if k.object == object && k.tier == tier && current(t, idx, k) {
                 return Some(k.map.clone());
             }
         }
@@ -100,21 +99,20 @@ impl Maps {
     /// up to `MAX_MAPS`. `open(idx, tier, object, size)` opens and checks a copy.
     pub fn warm(
         &self,
-        ctx: &SourceCtx,
+        t: &Table,
         memory: &[bool],
         own: impl Fn(u32) -> bool,
         open: impl Fn(u32, usize, u64, u64) -> Option<File>,
         stopping: &dyn Fn() -> bool,
     ) {
-        self.lock().retain(|&idx, k| current(ctx, idx, k));
-        let t = &ctx.table;
+        self.lock().retain(|&idx, k| current(t, idx, k));
         for idx in 0..t.entry_count() {
             if stopping() || self.len() >= MAX_MAPS {
                 return;
             }
             let w = t.state(idx);
-            let tier = state::tier_of(w) as usize;
-            if state::state_of(w) != state::PLACED
+            let tier = w.tier() as usize;
+            if w.state() != State::Placed
                 || !memory.get(tier).copied().unwrap_or(false)
                 || !own(idx)
                 || self.lock().contains_key(&idx)
@@ -160,10 +158,10 @@ impl Maps {
 /// True while `k` is still the complete copy of `idx` the table knows: PLACED on its tier, and
 /// the file it maps has the identity recorded at placement (a copy dropped and placed again
 /// under the same name is another file).
-fn current(ctx: &SourceCtx, idx: u32, k: &Kept) -> bool {
-    let w = ctx.table.state(idx);
-    state::state_of(w) == state::PLACED
-        && state::tier_of(w) as usize == k.tier
-        && ctx.table.entry(idx).is_some_and(|e| e.object == k.object)
-        && granary_core::sys::copy_identity(&k.file).ok() == Some(ctx.table.copy_identity(idx))
+fn current(t: &Table, idx: u32, k: &Kept) -> bool {
+    let w = t.state(idx);
+    w.state() == State::Placed
+        && w.tier() as usize == k.tier
+        && t.entry(idx).is_some_and(|e| e.object == k.object)
+        && granary_core::sys::copy_identity(&k.file).ok() == Some(t.copy_identity(idx))
 }

@@ -6,7 +6,7 @@
 //! - One source read per byte: every file has owners (`ownership`); the first one reads it from
 //!   the source (through the ordinary placement pool) and serves it to the others. A pack's
 //!   files are dealt out in contiguous stretches of the pack, which each rank's partition
-//!   streamer reads in large sequential reads (`placement::partition`).
+//!   streamer reads in large sequential reads (`placement::pack_streamer`).
 //! - Remote reads: a program opening a file another rank holds waits (the table's cluster flag)
 //!   while a fetcher (`fetch`) gets it from an owner's provider (`provide`) into this node's
 //!   staging tier (`staging`); then it opens a real local copy, as on one node.
@@ -40,7 +40,7 @@ use anyhow::Result;
 use crossbeam_channel::Sender;
 use granary_core::placement::{PlaceOutcome, Remote, SourceCtx};
 use granary_shm::lifecycle::{self, EntryCell, Void};
-use granary_shm::state;
+use granary_shm::State;
 
 use crate::agent::Agent;
 use crate::protocol::{ClusterStatus, PeerStatus};
@@ -143,8 +143,8 @@ impl Node {
         let own = Ownership::assign(t, s.ranks, s.replicas, |rel| {
             replicated(&s.replicate_set, rel)
         });
-        let staging_tier =
-            (ctx.tiers.placeable() < ctx.tiers.len()).then_some(ctx.tiers.placeable());
+        let staging_tier = (ctx.space.tiers.placeable() < ctx.space.tiers.len())
+            .then_some(ctx.space.tiers.placeable());
         let (fetch_q, fetch_rx) = crossbeam_channel::unbounded();
         let (provide_q, provide_rx) = crossbeam_channel::unbounded();
         let node = Arc::new_cyclic(|me| Node {
@@ -215,7 +215,7 @@ impl Node {
                     granary_core::sys::sched_idle();
                     let sample = n.others_sizes();
                     let stopping = || n.agent.stopping.load(Ordering::Acquire);
-                    n.staging.fill(&n.ctx, st, sample, &stopping);
+                    n.staging.fill(&n.ctx.space, st, sample, &stopping);
                 })?;
         }
         Ok(node)
@@ -226,13 +226,12 @@ impl Node {
     /// those of copies gone).
     fn warm_maps(&self) {
         let ctx = &self.ctx;
-        let memory: Vec<bool> = (0..ctx.tiers.len())
+        let memory: Vec<bool> = (0..ctx.space.tiers.len())
             .map(|t| {
                 Some(t) != self.staging_tier
                     && ctx
-                        .object_dirs
-                        .get(t)
-                        .and_then(|d| d.as_ref())
+                        .space
+                        .dir(t)
                         .is_some_and(granary_core::sys::is_memory_fs)
             })
             .collect();
@@ -245,7 +244,7 @@ impl Node {
                 seen = Some(held);
                 at = std::time::Instant::now();
                 self.maps.warm(
-                    ctx,
+                    &ctx.table,
                     &memory,
                     |idx| self.own.holds(self.rank, idx),
                     |idx, tier, object, size| provide::open_copy(self, idx, tier, object, size),
@@ -262,7 +261,10 @@ impl Node {
             return Ok(());
         };
         st.restrict(|idx| self.own.primary(idx) == Some(self.rank));
-        granary_core::placement::partition::spawn(self.ctx.clone(), setup.pool.shared().clone())?;
+        granary_core::placement::pack_streamer::spawn(
+            self.ctx.clone(),
+            setup.pool.engine().clone(),
+        )?;
         Ok(())
     }
 
@@ -276,7 +278,7 @@ impl Node {
     /// of at least one byte).
     fn place_empty_files(&self) {
         let t = &self.ctx.table;
-        let tiers: Vec<usize> = (0..self.ctx.tiers.placeable()).collect();
+        let tiers: Vec<usize> = (0..self.ctx.space.tiers.placeable()).collect();
         let mut n = 0;
         for idx in 0..t.entry_count() {
             let empty = t
@@ -285,12 +287,12 @@ impl Node {
             if !empty || !lifecycle::claim(&EntryCell { table: t, idx }) {
                 continue;
             }
-            match granary_core::placement::incoming::receive(&self.ctx, idx, &tiers) {
+            match granary_core::placement::peer_copy::receive(&self.ctx, idx, &tiers) {
                 Ok(mut rx) => match rx.finish(0) {
                     Ok(_) => n += 1,
                     Err(why) => {
                         tracing::debug!("empty file {idx}: {why}");
-                        rx.give_up(state::SOURCE_ONLY);
+                        rx.give_up(State::SourceOnly);
                     }
                 },
                 Err(_) => {
@@ -312,7 +314,7 @@ impl Node {
         let mut n = 0;
         for idx in 0..t.entry_count() {
             let w = t.state(idx);
-            if state::state_of(w) == state::PLACED && state::tier_of(w) as usize == st {
+            if w.state() == State::Placed && w.tier() as usize == st {
                 self.staging.push(idx, None);
                 n += 1;
             }
@@ -446,8 +448,8 @@ impl Node {
         let (mut files, mut bytes) = (0, 0);
         for i in 0..t.entry_count() {
             let w = t.state(i);
-            let staged = Some(state::tier_of(w) as usize) == self.staging_tier;
-            if state::state_of(w) == state::PLACED && !staged {
+            let staged = Some(w.tier() as usize) == self.staging_tier;
+            if w.state() == State::Placed && !staged {
                 files += 1;
                 bytes += t.entry(i).map_or(0, |e| e.stat.size);
             }
@@ -464,7 +466,7 @@ impl Node {
             bytes_held: bytes,
             bytes_staged: self
                 .staging_tier
-                .map_or(0, |st| self.staging.bytes(&self.ctx, st)),
+                .map_or(0, |st| self.staging.bytes(&self.ctx.space, st)),
             remote_files: p.remote_files,
             remote_bytes: p.remote_bytes,
             peer_files: p.peer_files,
@@ -493,7 +495,7 @@ impl Node {
             if self.agent.stopping.load(Ordering::Acquire) {
                 return;
             }
-            while self.ctx.inflight.load(Ordering::Acquire) >= FETCHERS / 2 {
+            while self.ctx.work.held() >= FETCHERS / 2 {
                 std::thread::sleep(Duration::from_millis(2));
             }
             let claimed = lifecycle::claim(&EntryCell {
@@ -501,7 +503,7 @@ impl Node {
                 idx,
             });
             if claimed {
-                self.ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                self.ctx.work.hold();
                 let job = fetch::RemoteFetch {
                     ctx: self.ctx.clone(),
                     idx,
@@ -512,7 +514,7 @@ impl Node {
                 if self.fetch_q.send(job).is_ok() {
                     continue;
                 }
-                self.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                self.ctx.work.release();
             }
             // Placed or on its way already (a program asked first).
             self.copies_pending.fetch_sub(1, Ordering::AcqRel);
@@ -552,9 +554,9 @@ impl Node {
         else {
             return false;
         };
-        let fits = |t: usize| ctx.tiers.reserve(t, size).is_some();
-        let capacity = ctx.tiers.usage().get(st).map_or(0, |u| u.capacity);
-        !(0..ctx.tiers.placeable()).any(fits) && ctx.tiers.charge(st, size) <= capacity
+        let fits = |t: usize| ctx.space.tiers.reserve(t, size).is_some();
+        let capacity = ctx.space.tiers.usage().get(st).map_or(0, |u| u.capacity);
+        !(0..ctx.space.tiers.placeable()).any(fits) && ctx.space.tiers.charge(st, size) <= capacity
     }
 
     /// Provider side: was the transfer `(from, tag)` cancelled? `forget` clears the mark.
@@ -601,8 +603,8 @@ impl Node {
             s.files_owned += 1;
             s.bytes_owned += size;
             let w = t.state(i);
-            let staged = Some(state::tier_of(w) as usize) == self.staging_tier;
-            if state::state_of(w) == state::PLACED && !staged {
+            let staged = Some(w.tier() as usize) == self.staging_tier;
+            if w.state() == State::Placed && !staged {
                 s.files_held += 1;
                 s.bytes_held += size;
             }
@@ -698,7 +700,7 @@ impl Remote for Node {
                 // this one read.
                 _ if self.staged_instead(ctx, idx) => {
                     let me = self.me.upgrade()?;
-                    ctx.inflight.fetch_add(1, Ordering::AcqRel);
+                    ctx.work.hold();
                     let job = fetch::RemoteFetch {
                         ctx: ctx.clone(),
                         idx,
@@ -707,7 +709,7 @@ impl Remote for Node {
                         skip: None,
                     };
                     if me.fetch_q.send(job).is_err() {
-                        ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+                        ctx.work.release();
                         return None;
                     }
                     Some(PlaceOutcome::Skipped)
@@ -716,7 +718,7 @@ impl Remote for Node {
             };
         }
         let me = self.me.upgrade()?;
-        ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        ctx.work.hold();
         let job = fetch::RemoteFetch {
             ctx: ctx.clone(),
             idx,
@@ -727,7 +729,7 @@ impl Remote for Node {
         // A program waits for it: started here (the ring consumer) and carried on by the
         // communication thread, or a fetcher's.
         if fetch::start(&me, job).is_err() {
-            ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+            ctx.work.release();
             return None;
         }
         Some(PlaceOutcome::Skipped)
@@ -737,7 +739,7 @@ impl Remote for Node {
         let Some(e) = ctx.table.entry(idx) else {
             return;
         };
-        let gone = state::state_of(ctx.table.state(idx)) == state::GONE;
+        let gone = ctx.table.state(idx).state() == State::Gone;
         let msg = Msg::Invalidate {
             idx,
             object: e.object,
@@ -804,7 +806,7 @@ impl Inbox for Node {
                     // Not through the ring: that would tell every rank again.
                     if lifecycle::void(&EntryCell { table: t, idx }, how) {
                         tracing::debug!("entry {idx} invalidated by rank {from}");
-                        granary_core::placement::incoming::drop_void(&self.ctx, idx);
+                        granary_core::placement::peer_copy::drop_void(&self.ctx, idx);
                     }
                 }
             }

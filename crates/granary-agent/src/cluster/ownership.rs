@@ -28,7 +28,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use granary_shm::layout::pack::LOC_REPLICATE;
-use granary_shm::{state, Table};
+use granary_shm::Table;
 
 /// No rank: not a regular file (or an empty one), or void.
 pub const NONE: u16 = u16::MAX;
@@ -61,8 +61,7 @@ impl Ownership {
         let mut packed = Vec::new();
         for i in 0..t.entry_count() {
             let Some(e) = t.entry(i) else { continue };
-            if !e.stat.is_file() || e.stat.size == 0 || state::is_void(state::state_of(t.state(i)))
-            {
+            if !e.stat.is_file() || e.stat.size == 0 || t.state(i).is_void() {
                 continue;
             }
             let rel = t.rel_path_vec(i).unwrap_or_default();

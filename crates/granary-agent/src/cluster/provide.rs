@@ -14,7 +14,7 @@ use crossbeam_channel::Receiver;
 use granary_core::placement::{CopyMethod, CopyTask};
 use granary_core::stats::AgentCounters;
 use granary_shm::lifecycle::{self, EntryCell};
-use granary_shm::{object_name, state};
+use granary_shm::{object_name, State};
 
 use super::transport::{Payload, PIECE};
 use super::wire::{Answer, Msg};
@@ -77,10 +77,10 @@ fn serve(node: &Node, job: &PeerRequest) {
             return;
         }
         let w = t.state(idx);
-        match state::state_of(w) {
-            state::PLACED => break w,
+        match w.state() {
+            State::Placed => break w,
             // Asked again now and then: a sweep may have passed it meanwhile (a lost race).
-            state::UNPLACED | state::QUEUED if streams => {
+            State::Unplaced | State::Queued if streams => {
                 if asked.is_none_or(|at| at.elapsed() >= KEEPALIVE) {
                     if let Some(st) = ctx.pack.get() {
                         st.request(ctx, idx);
@@ -90,7 +90,7 @@ fn serve(node: &Node, job: &PeerRequest) {
             }
             // Ours, or a file whose owners are all written off and which this rank stands in
             // for (`Node::stand_in`): placed here from the source, once, for every asker.
-            state::UNPLACED
+            State::Unplaced
                 if node.own.holds(node.rank, idx) || node.stand_in(idx) == Some(node.rank) =>
             {
                 if lifecycle::claim(&EntryCell { table: t, idx }) {
@@ -106,8 +106,8 @@ fn serve(node: &Node, job: &PeerRequest) {
                     });
                 }
             }
-            state::QUEUED | state::PLACING => {}
-            state::STALE | state::GONE => {
+            State::Queued | State::Placing => {}
+            State::Stale | State::Gone => {
                 reply(Answer::Stale);
                 return;
             }
@@ -124,13 +124,13 @@ fn serve(node: &Node, job: &PeerRequest) {
         std::thread::sleep(nap);
         nap = (nap * 2).min(Duration::from_millis(2));
     };
-    let tier = state::tier_of(word) as usize;
+    let tier = word.tier() as usize;
     // Sent from the copy's kept mapping (`maps`): the pieces go from its pages to the
     // requester's with no buffer in between; read into buffers where it cannot be mapped.
     let staged = Some(tier) == node.staging_tier;
     let map = node
         .maps
-        .get(ctx, idx, tier, e.object, e.stat.size, staged, || {
+        .get(&ctx.table, idx, tier, e.object, e.stat.size, staged, || {
             open_copy(node, idx, tier, e.object, e.stat.size)
         });
     let mut file = None;
@@ -211,17 +211,19 @@ pub fn serve_now(node: &Node, job: &PeerRequest) -> bool {
     };
     let w = t.state(idx);
     let size = e.stat.size;
-    if state::state_of(w) != state::PLACED || size == 0 || size > AT_ONCE {
+    if w.state() != State::Placed || size == 0 || size > AT_ONCE {
         return false;
     }
     if node.cancelled(job.from, job.tag, true) || !node.comm.budget.acquire(size, Instant::now()) {
         return false;
     }
-    let tier = state::tier_of(w) as usize;
+    let tier = w.tier() as usize;
     let staged = Some(tier) == node.staging_tier;
-    let map = node.maps.get(ctx, idx, tier, e.object, size, staged, || {
-        open_copy(node, idx, tier, e.object, size)
-    });
+    let map = node
+        .maps
+        .get(&ctx.table, idx, tier, e.object, size, staged, || {
+            open_copy(node, idx, tier, e.object, size)
+        });
     let Some(map) = map else {
         node.comm.budget.release(size);
         return false;
@@ -260,14 +262,14 @@ pub(super) fn open_copy(
     size: u64,
 ) -> Option<std::fs::File> {
     let ctx = &node.ctx;
-    let dir = ctx.object_dirs.get(tier)?.as_ref()?;
+    let dir = ctx.space.dir(tier)?;
     let f = granary_core::sys::open_read_at(dir, &object_name(object)).ok()?;
     let md = f.metadata().ok()?;
     let id = granary_core::sys::copy_identity(&f).ok()?;
     let ok = md.is_file()
         && md.len() == size
         && id == ctx.table.copy_identity(idx)
-        && state::state_of(ctx.table.state(idx)) == state::PLACED;
+        && ctx.table.state(idx).state() == State::Placed;
     if !ok {
         ctx.table.push_request(granary_shm::request::DAMAGED, idx);
         return None;

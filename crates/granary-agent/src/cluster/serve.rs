@@ -316,7 +316,7 @@ fn prepare(config: &ServeConfig, rank: u32, ranks: u32) -> Result<Prepared> {
     let layout = ctx
         .pack
         .get()
-        .map(|st| st.layout().encode())
+        .map(|st| st.partitions().encode())
         .unwrap_or_default();
     Ok((started, Some(lease), image, layout))
 }

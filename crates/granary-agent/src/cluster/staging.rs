@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use granary_core::placement::incoming;
-use granary_core::placement::SourceCtx;
+use granary_core::placement::peer_copy;
+use granary_core::placement::{SourceCtx, Space};
 use granary_core::stats::AgentCounters;
 use granary_core::sys;
-use granary_shm::state;
+use granary_shm::State;
 
 /// A staging file the agent holds open for reading and writing, with its pages mapped.
 pub struct Slot {
@@ -135,26 +135,27 @@ impl Staging {
                 return Evicted::Nothing;
             };
             let w = ctx.table.state(s.idx);
-            if state::state_of(w) != state::PLACED || state::tier_of(w) as usize != staging_tier {
+            if w.state() != State::Placed || w.tier() as usize != staging_tier {
                 continue; // invalidated or evicted meanwhile
             }
             let recycle = want.is_some() && s.at.elapsed() >= RECYCLE_AGE;
             if !recycle {
-                if incoming::evict(ctx, s.idx).is_some() {
+                if peer_copy::evict(&ctx.table, &ctx.space, s.idx).is_some() {
                     AgentCounters::add(&ctx.counters.staging_evictions, 1);
                     return Evicted::Dropped;
                 }
                 continue;
             }
             let name = self.free_name();
-            let Some((_, renamed)) = incoming::evict_to(ctx, s.idx, &name) else {
+            let Some((_, renamed)) = peer_copy::evict_to(&ctx.table, &ctx.space, s.idx, &name)
+            else {
                 continue;
             };
             AgentCounters::add(&ctx.counters.staging_evictions, 1);
             if !renamed {
                 return Evicted::Dropped;
             }
-            let Some(dir) = ctx.object_dirs.get(staging_tier).and_then(|d| d.as_ref()) else {
+            let Some(dir) = ctx.space.dir(staging_tier) else {
                 return Evicted::Dropped;
             };
             // Its own file and mapping (one open file description), else opened now by the
@@ -189,13 +190,13 @@ impl Staging {
     /// has not even then.
     pub fn make_room(&self, ctx: &SourceCtx, staging_tier: usize, size: u64) -> bool {
         loop {
-            if ctx.tiers.reserve(staging_tier, size).is_some() {
+            if ctx.space.tiers.reserve(staging_tier, size).is_some() {
                 return true;
             }
             match self.evict_oldest(ctx, staging_tier, None) {
                 Evicted::Dropped => continue,
                 Evicted::Recycled(f) => {
-                    remove(ctx, staging_tier, &f.name);
+                    remove(&ctx.space, staging_tier, &f.name);
                     continue;
                 }
                 Evicted::Nothing => {}
@@ -211,8 +212,8 @@ impl Staging {
             let Some(x) = free else {
                 return false;
             };
-            ctx.tiers.release(staging_tier, x.charge);
-            remove(ctx, staging_tier, &x.name);
+            ctx.space.tiers.release(staging_tier, x.charge);
+            remove(&ctx.space, staging_tier, &x.name);
         }
     }
 
@@ -220,7 +221,7 @@ impl Staging {
     /// reservation takes it again), if one whose mapping is large enough but at most twice the
     /// size is ready: the same size first, else the smallest larger one. The filler is told
     /// either way.
-    pub fn take(&self, ctx: &SourceCtx, staging_tier: usize, size: u64) -> Option<Free> {
+    pub fn take(&self, space: &Space, staging_tier: usize, size: u64) -> Option<Free> {
         let mut f = self.free_lock();
         let best = f
             .files
@@ -246,22 +247,23 @@ impl Staging {
         f.bytes = f.bytes.saturating_sub(got.charge);
         drop(f);
         self.wanted_cv.notify_one();
-        ctx.tiers
+        space
+            .tiers
             .release(staging_tier, std::mem::take(&mut got.charge));
         Some(got)
     }
 
     /// A free file that was not used after all: kept (charged again) if the tier has room for
     /// it, else removed.
-    pub fn give_back(&self, ctx: &SourceCtx, staging_tier: usize, mut free: Free) {
+    pub fn give_back(&self, space: &Space, staging_tier: usize, mut free: Free) {
         let len = free.slot.map.len() as u64;
-        let fits = free.charge > 0 || ctx.tiers.adopt(staging_tier, len);
+        let fits = free.charge > 0 || space.tiers.adopt(staging_tier, len);
         if !fits {
-            remove(ctx, staging_tier, &free.name);
+            remove(space, staging_tier, &free.name);
             return;
         }
         if free.charge == 0 {
-            free.charge = ctx.tiers.charge(staging_tier, len);
+            free.charge = space.tiers.charge(staging_tier, len);
         }
         let mut f = self.free_lock();
         f.bytes += free.charge;
@@ -280,8 +282,8 @@ impl Staging {
     }
 
     /// Bytes of copies in the staging tier now.
-    pub fn bytes(&self, ctx: &SourceCtx, staging_tier: usize) -> u64 {
-        ctx.tiers.usage().get(staging_tier).map_or(0, |u| u.used)
+    pub fn bytes(&self, space: &Space, staging_tier: usize) -> u64 {
+        space.tiers.usage().get(staging_tier).map_or(0, |u| u.used)
     }
 
     /// The filler: keeps free files ready (up to `RESERVE_MAX` bytes or an eighth of the tier)
@@ -291,12 +293,12 @@ impl Staging {
     /// the dataset's mix of sizes). Removes every free file when the node stops.
     pub fn fill(
         &self,
-        ctx: &SourceCtx,
+        space: &Space,
         staging_tier: usize,
         mut sample: impl FnMut() -> Option<u64>,
         stopping: &dyn Fn() -> bool,
     ) {
-        let cap = ctx
+        let cap = space
             .tiers
             .usage()
             .get(staging_tier)
@@ -327,15 +329,15 @@ impl Staging {
             let Some(size) = size.filter(|&s| s > 0 && s <= RESERVE_FILE_MAX) else {
                 continue;
             };
-            if !ctx.tiers.adopt(staging_tier, size) {
+            if !space.tiers.adopt(staging_tier, size) {
                 // The tier is full: dropped copies are recycled from now on.
                 started = true;
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
-            let charge = ctx.tiers.charge(staging_tier, size);
+            let charge = space.tiers.charge(staging_tier, size);
             let name = self.free_name();
-            match make(ctx, staging_tier, &name, size) {
+            match make(space, staging_tier, &name, size) {
                 Ok(slot) => {
                     let mut f = self.free_lock();
                     f.bytes += charge;
@@ -343,16 +345,16 @@ impl Staging {
                 }
                 Err(e) => {
                     tracing::debug!("making a staging file ahead: {e}");
-                    ctx.tiers.release(staging_tier, charge);
-                    remove(ctx, staging_tier, &name);
+                    space.tiers.release(staging_tier, charge);
+                    remove(space, staging_tier, &name);
                     std::thread::sleep(Duration::from_millis(200));
                 }
             }
         }
         let files = std::mem::take(&mut self.free_lock().files);
         for x in files {
-            ctx.tiers.release(staging_tier, x.charge);
-            remove(ctx, staging_tier, &x.name);
+            space.tiers.release(staging_tier, x.charge);
+            remove(space, staging_tier, &x.name);
         }
     }
 }
@@ -363,12 +365,10 @@ impl Staging {
 /// thread inside a call, and one call allocating or mapping megabytes kept a program woken on
 /// the same core waiting ~1 ms, once per remote read, right after its copy was published (the
 /// reserve is refilled then).
-fn make(ctx: &SourceCtx, staging_tier: usize, name: &[u8], size: u64) -> std::io::Result<Slot> {
+fn make(space: &Space, staging_tier: usize, name: &[u8], size: u64) -> std::io::Result<Slot> {
     use std::os::unix::fs::FileExt;
-    let dir = ctx
-        .object_dirs
-        .get(staging_tier)
-        .and_then(|d| d.as_ref())
+    let dir = space
+        .dir(staging_tier)
         .ok_or_else(|| std::io::Error::other("no staging directory"))?;
     let file = sys::create_excl_at(dir, name, 0o600)?;
     let zeros = vec![0u8; SLICE.min(size as usize)];
@@ -410,8 +410,8 @@ fn map_populated(file: &File) -> std::io::Result<Arc<memmap2::MmapRaw>> {
     ))
 }
 
-fn remove(ctx: &SourceCtx, staging_tier: usize, name: &[u8]) {
-    if let Some(Some(dir)) = ctx.object_dirs.get(staging_tier) {
+fn remove(space: &Space, staging_tier: usize, name: &[u8]) {
+    if let Some(dir) = space.dir(staging_tier) {
         let _ = sys::unlink_at(dir, name);
     }
 }

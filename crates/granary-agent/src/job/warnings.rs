@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use granary_core::stats::TierReport;
-use granary_shm::{job, layout::MAX_TIERS, seen, Table};
+use granary_shm::{job, layout::MAX_TIERS, seen, Table, Unserved};
 
-use super::program::{env_clears, why_not_loaded};
+use super::program::why_not_loaded;
 
 /// What the warnings are made from.
 pub struct Job<'a> {
@@ -92,35 +92,8 @@ pub fn of(j: &Job) -> Vec<String> {
             ));
         }
     }
-    if seen & seen::EXEC_ENV_CLEARED != 0 {
-        let by = if env_clears(j.program, j.args) {
-            " (`env -i`)"
-        } else {
-            ""
-        };
-        out.push(format!(
-            "a process of the program started another program with an environment cleared of \
-             granary's variables{by}: what that program read came from the source; keep \
-             LD_PRELOAD, GRANARY_TABLE, GRANARY_TABLE_FD, GRANARY_TABLE_ID and GRANARY_JOB_SLOT \
-             in its environment (apptainer: they are passed even with --cleanenv; docker/podman: \
-             see `granary container-flags`)"
-        ));
-    }
-    if seen & seen::EXEC_SECURE != 0 {
-        out.push(
-            "a process of the program started a setuid, setgid or file-capability program: the \
-             dynamic loader ignores LD_PRELOAD for it, so what it read came from the source; run \
-             it without that bit"
-                .to_string(),
-        );
-    }
-    if seen & seen::EXEC_STATIC != 0 {
-        out.push(
-            "a process of the program started a statically linked program, which cannot load \
-             granary's library: what it read came from the source (granary serves dynamically \
-             linked programs only)"
-                .to_string(),
-        );
+    if let Some(u) = j.table.unserved(j.slot) {
+        out.push(unserved(&u, seen));
     }
     let missing = (1 + execs).saturating_sub(processes);
     if missing > 0 {
@@ -153,4 +126,47 @@ pub fn of(j: &Job) -> Vec<String> {
         ));
     }
     out
+}
+
+/// A program the job started that granary could not serve although it was given a path of the
+/// dataset (`Table::unserved`): named, with why and the fix; `seen` says whether others had
+/// other reasons.
+fn unserved(u: &Unserved, seen: u64) -> String {
+    let program = String::from_utf8_lossy(&u.program);
+    let arg = String::from_utf8_lossy(&u.arg);
+    let reasons = [seen::EXEC_STATIC, seen::EXEC_SECURE, seen::EXEC_ENV_CLEARED]
+        .iter()
+        .filter(|&&b| seen & b != 0)
+        .count();
+    let others = match u.count {
+        1 => String::new(),
+        n if reasons > 1 => format!(
+            " ({} more such program start(s), some for other reasons: static, setuid or a \
+             cleared environment)",
+            n - 1
+        ),
+        n => format!(" ({} more such program start(s))", n - 1),
+    };
+    match u.why {
+        seen::EXEC_STATIC => format!(
+            "a process of the program started {program}, which is statically linked and cannot \
+             load granary's library, with a path of the dataset ({arg}): what it read there came \
+             from the source, not the tiers{others}; granary serves dynamically linked programs \
+             only"
+        ),
+        seen::EXEC_SECURE => format!(
+            "a process of the program started {program}, which is setuid, setgid or has file \
+             capabilities, so the dynamic loader ignores LD_PRELOAD for it, with a path of the \
+             dataset ({arg}): what it read there came from the source, not the tiers{others}; \
+             run it without that bit"
+        ),
+        _ => format!(
+            "a process of the program started {program} with an environment cleared of \
+             granary's variables, which could not be put back (granary's library is not visible \
+             where it runs, or there was no room: over 1,000 variables, or an LD_PRELOAD over 4 \
+             KiB), with a path of the dataset ({arg}): what it read there came from the source, \
+             not the tiers{others}; keep LD_PRELOAD, GRANARY_TABLE, GRANARY_TABLE_FD, \
+             GRANARY_TABLE_ID and GRANARY_JOB_SLOT in its environment"
+        ),
+    }
 }

@@ -1,6 +1,6 @@
 //! A source served from a pack (`granary run --pack`): the table is built from the pack's
 //! index — checked against the original tree per directory when there is one — instead of a
-//! walk, and placement streams the pack's partitions (`placement::partition`).
+//! walk, and placement streams the pack's partitions (`placement::pack_streamer`).
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use granary_core::packed::{self, Layout, Pack};
-use granary_core::placement::partition::Streamer;
+use granary_core::packed_source::{self, PackIndex, Partitions};
+use granary_core::placement::pack_streamer::Streamer;
 use granary_core::Tiers;
 use granary_shm::{lifecycle, PackSpec};
 
@@ -131,7 +131,7 @@ impl SourceState {
         let Made {
             mapping,
             table,
-            layout,
+            partitions,
             mut stats,
         } = made;
         if origin != Origin::Adopted {
@@ -139,11 +139,11 @@ impl SourceState {
         }
         self.note_tiers_left(old.as_deref(), &tiers, notes);
         drop(old);
-        let streamer = Arc::new(Streamer::new(&table, layout, opts.params.block_size));
+        let streamer = Arc::new(Streamer::new(&table, partitions, opts.params.block_size));
         let ctx = self.publish(inner, table, mapping, tiers, dirs, opts)?;
         // Before any job has the table, so every request finds it.
         let _ = ctx.pack.set(streamer);
-        let (files, bytes) = granary_core::placement::adopt_charges(&ctx);
+        let (files, bytes) = granary_core::placement::adopt_charges(&ctx.table, &ctx.space);
         stats.reused_files = files;
         stats.reused_bytes = bytes;
         stats.walk_s = started.elapsed().as_secs_f64();
@@ -179,7 +179,7 @@ impl SourceState {
         path: &Path,
         old: Option<&Arc<granary_core::placement::SourceCtx>>,
     ) -> Result<Made> {
-        let pack = Pack::open(&conf.dir).map_err(|e| {
+        let pack = PackIndex::open(&conf.dir).map_err(|e| {
             let damaged = e.is_damage();
             let e = anyhow::Error::new(e);
             if damaged {
@@ -208,9 +208,9 @@ impl SourceState {
             .parent()
             .and_then(|p| granary_core::sys::statx_nofollow(p).ok())
             .map_or(0, |s| s.ino);
-        let built = packed::build(
+        let built = packed_source::build(
             &pack.index,
-            &packed::catalog::Options {
+            &packed_source::catalog::Options {
                 source: (!conf.mount).then_some(self.source_real.as_path()),
                 prev: prev.as_ref(),
                 root_parent_ino,
@@ -219,7 +219,7 @@ impl SourceState {
         drop(saved);
         spec.root_parent_ino = built.root_parent_ino;
         spec.pack = Some(pack_spec(conf, rt_dir, pack.index.header()));
-        let layout = pack.layout();
+        let partitions = pack.partitions();
         // The index is no longer needed (a mapping of a file on the shared file system).
         drop(pack);
         let (mapping, table) = write_table(path, spec, &built.catalog)?;
@@ -231,7 +231,7 @@ impl SourceState {
         Ok(Made {
             mapping,
             table,
-            layout,
+            partitions,
             stats: built.stats,
         })
     }
@@ -247,9 +247,9 @@ impl SourceState {
         rt_dir: &granary_core::runtime::Runtime,
         path: &Path,
     ) -> Result<Made> {
-        let layout = Layout::decode(&conf.dir, &b.layout)
+        let partitions = Partitions::decode(&conf.dir, &b.layout)
             .context("rank 0's partition table of the pack is damaged")?;
-        spec.pack = Some(pack_spec(conf, rt_dir, &layout.header));
+        spec.pack = Some(pack_spec(conf, rt_dir, &partitions.header));
         let loaded = {
             let mut img = b.image.lock().unwrap_or_else(|e| e.into_inner());
             granary_core::catalog::adopt(&mut img, spec, path, None)
@@ -264,13 +264,13 @@ impl SourceState {
         Ok(Made {
             mapping: loaded.mapping,
             table: loaded.table,
-            layout,
+            partitions,
             stats,
         })
     }
 
     /// A job joins the packed table other jobs hold: the original tree checked again per
-    /// directory before it starts (`packed::recheck`); only the pack exists: nothing to check.
+    /// directory before it starts (`packed_source::recheck`); only the pack exists: nothing to check.
     pub(super) fn recheck_packed(&self) {
         let (Some(conf), Some(ctx)) = (&self.pack, self.ctx()) else {
             return;
@@ -278,7 +278,7 @@ impl SourceState {
         if conf.mount {
             return;
         }
-        let r = packed::recheck(&ctx.table, &self.source_real);
+        let r = packed_source::recheck(&ctx.table, &self.source_real);
         tracing::info!(
             "{}: a joining job checked {} directories against the pack: {} changed, {} entries \
              voided",
@@ -294,7 +294,7 @@ impl SourceState {
 struct Made {
     mapping: granary_shm::Mapping,
     table: granary_shm::Table,
-    layout: Layout,
+    partitions: Partitions,
     stats: granary_core::stats::CatalogStats,
 }
 

@@ -23,7 +23,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use granary_shm::lifecycle::{self, EntryCell};
-use granary_shm::{object_name, state, Table};
+use granary_shm::{object_name, State, Table};
 
 use super::copies::{self, Copies, Record, RootId};
 use crate::sys;
@@ -216,7 +216,7 @@ fn take_from(
 fn wanted(t: &Table, r: &Record) -> Option<u32> {
     let idx = t.lookup_object(r.object)?;
     let e = t.entry(idx)?;
-    if state::state_of(t.state(idx)) != state::UNPLACED || !r.is_copy_of(&e.stat) {
+    if t.state(idx).state() != State::Unplaced || !r.is_copy_of(&e.stat) {
         return None;
     }
     if let Some(l) = t.locator(idx).filter(|l| l.is_packed()) {
@@ -235,8 +235,8 @@ fn is_duplicate(t: &Table, r: &Record, tier: u8) -> bool {
         return false;
     };
     let w = t.state(idx);
-    state::state_of(w) == state::PLACED
-        && state::tier_of(w) == tier
+    w.state() == State::Placed
+        && w.tier() == tier
         && t.checksum(idx) == r.checksum
         && t.entry(idx).is_some_and(|e| r.is_copy_of(&e.stat))
 }
@@ -258,7 +258,7 @@ fn take_in_place(t: &Table, idx: u32, r: &Record, s: &Store<'_>) -> bool {
 fn forget_tier(t: &Table, tier: u8) {
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
-        if state::state_of(w) == state::PLACED && state::tier_of(w) == tier {
+        if w.state() == State::Placed && w.tier() == tier {
             lifecycle::withdraw(&EntryCell { table: t, idx }, w);
         }
     }

@@ -36,7 +36,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use granary_shm::{state, StatRec, Table, Ts};
+use granary_shm::{StatRec, State, Table, Ts};
+
+use crate::sync::statics;
 
 /// The record's name in a source's directory of a tier.
 pub const FILE: &str = "copies";
@@ -97,7 +99,7 @@ pub struct Record {
 impl Record {
     /// The placed copy of entry `idx` (complete, checksummed, its identity recorded).
     pub fn of_entry(t: &Table, idx: u32) -> Option<Record> {
-        if state::state_of(t.state(idx)) != state::PLACED {
+        if t.state(idx).state() != State::Placed {
             return None;
         }
         let e = t.entry(idx)?;
@@ -153,7 +155,7 @@ impl Copies {
             mount: t.pack_mount(),
         };
         let records = (0..t.entry_count())
-            .filter(|&i| state::tier_of(t.state(i)) as u32 == tier)
+            .filter(|&i| t.state(i).tier() as u32 == tier)
             .filter_map(|i| Record::of_entry(t, i))
             .collect();
         Copies { header, records }
@@ -280,8 +282,8 @@ fn decode_header(b: &[u8]) -> Result<Header, Error> {
 /// file of its own (two threads may save one record at once), synced, then renamed.
 pub fn save(dir: &Path, c: &Copies) -> io::Result<()> {
     use std::io::Write;
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    static SEQ: statics::AtomicU64 = statics::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, statics::Ordering::Relaxed);
     let tmp = dir.join(format!(".tmp-{FILE}-{}-{n}", std::process::id()));
     let res = std::fs::OpenOptions::new()
         .write(true)

@@ -9,7 +9,7 @@
 //!
 //! Copies go only when capacity requires it (the placement policy: docs/cache.md) or the user
 //! asks (`granary cache clean`); a copy of a file that changed on the source, or one no record
-//! vouches for, is removed by the source's next job (`catalog::sweep`).
+//! vouches for, is removed by the source's next job (`placement::sweep`).
 
 pub mod adopt;
 pub mod copies;

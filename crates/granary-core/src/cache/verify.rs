@@ -66,7 +66,7 @@ pub fn verify(
         let sum = there
             .then(|| sys::open_read_at(&objects, &obj).ok())
             .flatten()
-            .and_then(|f| crate::catalog::sweep::hash(&f, &mut buf).ok());
+            .and_then(|f| crate::placement::sweep::hash(&f, &mut buf).ok());
         match sum {
             None => {
                 v.missing.push(n());

@@ -1,12 +1,10 @@
 //! The catalog: every path of a source with its `statx` record, placement state and tier.
 //!
 //! `walk` builds it from the source (taking over what an earlier table still vouches for),
-//! `persist` saves it beside the cache and loads it back, `validate` checks a reused catalog
-//! against the source in the background of each attach, and `sweep` keeps the tiers' object
-//! directories to what the catalog names.
+//! `persist` saves it beside the cache and loads it back, and `validate` checks a reused catalog
+//! against the source in the background of each attach.
 
 pub mod persist;
-pub mod sweep;
 pub mod validate;
 pub mod walk;
 

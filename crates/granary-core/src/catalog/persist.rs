@@ -9,13 +9,13 @@
 //! new table. Whether each source file is unchanged is then checked per file in the background
 //! (`validate`), and each copy's identity on every open (the preload library).
 
+use crate::sync::atomic::Ordering;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
-use granary_shm::{job, layout, lifecycle, state, Mapping, Table};
+use granary_shm::{job, layout, lifecycle, Mapping, State, Table};
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, then rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -126,7 +126,7 @@ fn chunk_file_identity(t: &Table, idx: u32) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
     let w = t.state(idx);
-    let dir = t.tier_dir(state::tier_of(w) as u32)?;
+    let dir = t.tier_dir(w.tier() as u32)?;
     let e = t.entry(idx)?;
     let path = Path::new(std::ffi::OsStr::from_bytes(dir)).join(std::ffi::OsStr::from_bytes(
         &granary_shm::chunks_name(e.object),
@@ -144,7 +144,7 @@ fn chunk_file_identity(t: &Table, idx: u32) -> Option<(u64, u64)> {
 /// any more): the next agent trusts the chunk bits only if the file was not written since.
 fn seal_partials(t: &Table) {
     for i in 0..t.entry_count() {
-        if state::state_of(t.state(i)) != state::PARTIAL {
+        if t.state(i).state() != State::Partial {
             continue;
         }
         let w = t.state(i);
@@ -164,7 +164,7 @@ fn seal_partials(t: &Table) {
 fn unseal_partials(t: &Table) -> u64 {
     let mut rejected = 0;
     for i in 0..t.entry_count() {
-        if state::state_of(t.state(i)) != state::PARTIAL {
+        if t.state(i).state() != State::Partial {
             continue;
         }
         let sealed = t.copy_identity(i);
@@ -397,7 +397,7 @@ fn carry_copies(t: &Table, saved: &Path) -> u64 {
     let mut kept = 0;
     for i in 0..t.entry_count() {
         let Some(e) = t.entry(i) else { continue };
-        if !e.stat.is_file() || state::state_of(t.state(i)) != state::UNPLACED {
+        if !e.stat.is_file() || t.state(i).state() != State::Unplaced {
             continue;
         }
         let Some(pi) = t.rel_path_vec(i).and_then(|rel| prev.lookup(&rel)) else {
@@ -406,10 +406,10 @@ fn carry_copies(t: &Table, saved: &Path) -> u64 {
         let Some(pe) = prev.entry(pi) else { continue };
         let w = prev.state(pi);
         let same = pe.object == e.object && pe.stat.same_version(&e.stat);
-        if !same || state::state_of(w) != state::PLACED || prev.checksum(pi) == 0 {
+        if !same || w.state() != State::Placed || prev.checksum(pi) == 0 {
             continue;
         }
-        let Some(Some(tier)) = tier_map.get(state::tier_of(w) as usize) else {
+        let Some(Some(tier)) = tier_map.get(w.tier() as usize) else {
             continue;
         };
         let (ino, ctime) = prev.copy_identity(pi);

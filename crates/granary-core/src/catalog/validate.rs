@@ -16,14 +16,13 @@ use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use granary_shm::lifecycle::{self, Check, Verdict};
 use granary_shm::Table;
 
-use crate::placement::SourceCtx;
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{thread, Arc, Mutex};
 use crate::sys::statx_nofollow;
 
 /// One attach's validation: its progress and the program's hints.
@@ -108,9 +107,18 @@ impl Validation {
     }
 }
 
+/// What the validation threads of an attach hold while they run (`placement::SourceCtx` is
+/// one): a table, the source it describes, and whether the table was withdrawn (they stop).
+pub trait Subject: Send + Sync + 'static {
+    fn table(&self) -> &Table;
+    /// The source root with symlinks resolved.
+    fn root(&self) -> &Path;
+    fn withdrawn(&self) -> bool;
+}
+
 /// Starts validating `ctx`'s table with `threads` threads; returns at once. With 0 threads
 /// nothing runs in the background: each entry is checked by the first client that needs it.
-pub fn spawn(ctx: Arc<SourceCtx>, v: Arc<Validation>, threads: usize) {
+pub fn spawn<S: Subject>(ctx: Arc<S>, v: Arc<Validation>, threads: usize) {
     if threads == 0 {
         v.done.store(true, Ordering::Release);
         return;
@@ -118,17 +126,17 @@ pub fn spawn(ctx: Arc<SourceCtx>, v: Arc<Validation>, threads: usize) {
     v.running.store(threads, Ordering::Release);
     for k in 0..threads {
         let (ctx, vt) = (ctx.clone(), v.clone());
-        let spawned = std::thread::Builder::new()
+        let spawned = thread::Builder::new()
             .name(format!("validate{k}"))
             .spawn(move || {
                 let v = vt;
                 crate::sys::sched_idle();
-                run(&ctx.table, &ctx.source_real, &ctx.retired, &v);
+                run(ctx.table(), ctx.root(), || ctx.withdrawn(), &v);
                 if v.running.fetch_sub(1, Ordering::AcqRel) == 1 {
                     v.done.store(true, Ordering::Release);
                     tracing::info!(
                         "{}: validation of attach {} done: {} directories, {} files checked, {} changed",
-                        ctx.source_real.display(),
+                        ctx.root().display(),
                         v.epoch,
                         v.dirs_checked.load(Ordering::Relaxed),
                         v.files_checked.load(Ordering::Relaxed),
@@ -143,10 +151,10 @@ pub fn spawn(ctx: Arc<SourceCtx>, v: Arc<Validation>, threads: usize) {
 }
 
 /// Validates `table` (of the source at `root`) on the calling thread until every directory is
-/// done, `v` is stopped, `retired` is set or another attach began.
-pub fn run(table: &Table, root: &Path, retired: &AtomicBool, v: &Validation) {
+/// done, `v` is stopped, the table is `withdrawn` or another attach began.
+pub fn run(table: &Table, root: &Path, withdrawn: impl Fn() -> bool, v: &Validation) {
     let ctx = Target { table, root };
-    while !v.stop.load(Ordering::Acquire) && !retired.load(Ordering::Acquire) {
+    while !v.stop.load(Ordering::Acquire) && !withdrawn() {
         if table.epoch() != v.epoch {
             return;
         }
@@ -187,7 +195,7 @@ fn check(ctx: &Target<'_>, idx: u32) -> Verdict {
 fn check_dir(ctx: &Target<'_>, v: &Validation, d: u32) {
     let t = ctx.table;
     let Some(e) = t.entry(d) else { return };
-    let void = granary_shm::state::is_void(granary_shm::state::state_of(t.state(d)));
+    let void = t.state(d).is_void();
     let mut vouched = false;
     if !void {
         let claim = match lifecycle::claim_check(t, d) {
@@ -232,7 +240,7 @@ fn check_dir(ctx: &Target<'_>, v: &Validation, d: u32) {
         if ce.stat.is_dir() || t.is_validated(c) {
             continue;
         }
-        if granary_shm::state::is_void(granary_shm::state::state_of(t.state(c))) {
+        if t.state(c).is_void() {
             continue;
         }
         // A client checking it now makes the entry's one call; one that stopped mid-check
@@ -256,6 +264,6 @@ const OTHERS_CHECK: Duration = Duration::from_millis(50);
 fn wait_for_other_check(t: &Table, idx: u32) {
     let start = Instant::now();
     while lifecycle::is_being_checked(t, idx) && start.elapsed() < OTHERS_CHECK {
-        std::thread::sleep(Duration::from_micros(20));
+        thread::sleep(Duration::from_micros(20));
     }
 }

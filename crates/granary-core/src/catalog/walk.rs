@@ -14,12 +14,14 @@ use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
 
-use granary_shm::{object_id, state, Catalog, EntryRec, Node, StatRec, Table};
+use granary_shm::{
+    lifecycle, object_id, Catalog, EntryRec, Node, StatRec, State, StateWord, Table,
+};
 
 use crate::stats::CatalogStats;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{thread, Condvar, Mutex};
 use crate::sys::statx_nofollow;
 
 #[derive(Debug, thiserror::Error)]
@@ -86,7 +88,7 @@ struct Child {
     rel: Vec<u8>,
     stat: StatRec,
     link: Vec<u8>,
-    state: u64,
+    state: StateWord,
     checksum: u64,
     copy: (u64, u64),
     chunks: Vec<u64>,
@@ -135,7 +137,7 @@ pub fn walk(
         prev,
         progress,
     };
-    std::thread::scope(|s| {
+    thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| worker(&shared));
         }
@@ -161,7 +163,7 @@ pub fn walk(
 /// True if the earlier table cannot vouch for directory `idx`'s names: it marked it void, or
 /// the directory is no longer the one it describes.
 fn must_list(t: &Table, idx: u32, now: &StatRec) -> bool {
-    let void = state::is_void(state::state_of(t.state(idx)));
+    let void = t.state(idx).is_void();
     void || t.entry(idx).is_none_or(|e| !e.stat.same_version(now))
 }
 
@@ -230,7 +232,7 @@ fn do_dir(shared: &Shared<'_>, todo: Todo) -> Vec<Todo> {
         shared.unreadable.fetch_add(1, Ordering::Relaxed);
         // An incomplete listing must never be answered from the catalog.
         if let Some(n) = cat.nodes.get_mut(todo.idx as usize) {
-            n.state = state::word(state::STALE, 0);
+            n.state = lifecycle::initial_void();
         }
         return Vec::new();
     }
@@ -261,7 +263,7 @@ fn do_dir(shared: &Shared<'_>, todo: Todo) -> Vec<Todo> {
         if !c.chunks.is_empty() {
             cat.chunks.insert(idx, c.chunks);
         }
-        if c.stat.is_dir() && !state::is_void(state::state_of(c.state)) {
+        if c.stat.is_dir() && !c.state.is_void() {
             let name = c.rel.rsplit(|&b| b == b'/').next().unwrap_or(b"");
             subdirs.push(Todo {
                 idx,
@@ -329,7 +331,7 @@ fn fresh_child(shared: &Shared<'_>, rel: Vec<u8>, stat: StatRec, path: &Path) ->
         }
     }
     let mut c = Child {
-        state: initial_state(&stat),
+        state: lifecycle::initial(&stat),
         rel,
         stat,
         link,
@@ -343,7 +345,7 @@ fn fresh_child(shared: &Shared<'_>, rel: Vec<u8>, stat: StatRec, path: &Path) ->
     if let Some(p) = shared.prev {
         if let Some(pi) = p.table.lookup(&c.rel) {
             if let Some(pe) = p.table.entry(pi) {
-                let live = !state::is_void(state::state_of(p.table.state(pi)));
+                let live = !p.table.state(pi).is_void();
                 if live && pe.stat.same_version(&c.stat) {
                     carry_placement(p, pi, &pe, &mut c);
                     if c.stat.is_dir() {
@@ -357,14 +359,6 @@ fn fresh_child(shared: &Shared<'_>, rel: Vec<u8>, stat: StatRec, path: &Path) ->
     Some(c)
 }
 
-fn initial_state(stat: &StatRec) -> u64 {
-    if stat.is_file() {
-        state::word(state::UNPLACED, 0)
-    } else {
-        state::word(state::SOURCE_ONLY, 0)
-    }
-}
-
 /// The earlier table's copy of entry `pi` (a complete copy, or a chunk file of the same chunk
 /// size), on a tier the new table still has.
 fn carry_placement(p: &Prev<'_>, pi: u32, pe: &EntryRec, c: &mut Child) {
@@ -372,17 +366,19 @@ fn carry_placement(p: &Prev<'_>, pi: u32, pe: &EntryRec, c: &mut Child) {
         return;
     }
     let w = p.table.state(pi);
-    let tier = state::tier_of(w) as usize;
-    let Some(Some(nt)) = p.tier_map.get(tier) else {
+    let Some(Some(nt)) = p.tier_map.get(w.tier() as usize) else {
         return;
     };
-    match state::state_of(w) {
-        state::PLACED if p.table.checksum(pi) != 0 => {
-            c.state = state::word(state::PLACED, *nt);
+    let Some(carried) = lifecycle::carried(w, *nt) else {
+        return;
+    };
+    match w.state() {
+        State::Placed if p.table.checksum(pi) != 0 => {
+            c.state = carried;
             c.checksum = p.table.checksum(pi);
             c.copy = p.table.copy_identity(pi);
         }
-        state::PARTIAL if p.chunk_size == p.table.chunk_size() && p.chunk_size != 0 => {
+        State::Partial if p.chunk_size == p.table.chunk_size() && p.chunk_size != 0 => {
             let n = p.table.chunk_count(pi);
             let mut words = vec![0u64; n.div_ceil(64) as usize];
             for k in 0..n {
@@ -391,7 +387,7 @@ fn carry_placement(p: &Prev<'_>, pi: u32, pe: &EntryRec, c: &mut Child) {
                 }
             }
             if words.iter().any(|w| *w != 0) {
-                c.state = state::word(state::PARTIAL, *nt);
+                c.state = carried;
                 c.copy = p.table.copy_identity(pi);
                 c.chunks = words;
             }
@@ -416,8 +412,8 @@ fn take_over(shared: &Shared<'_>, todo: &Todo) -> (Vec<Child>, bool) {
         };
         let name = p.table.name(&pe).unwrap_or(b"");
         let rel = child_rel(&todo.rel, name);
-        let st = state::state_of(p.table.state(pi));
-        if state::is_void(st) {
+        let st = p.table.state(pi).state();
+        if st.is_void() {
             // Changed or removed through granary: what is there now.
             let path = todo.path.join(OsStr::from_bytes(name));
             match statx_nofollow(&path) {
@@ -432,7 +428,7 @@ fn take_over(shared: &Shared<'_>, todo: &Todo) -> (Vec<Child>, bool) {
         }
         shared.carried.fetch_add(1, Ordering::Relaxed);
         let mut c = Child {
-            state: initial_state(&pe.stat),
+            state: lifecycle::initial(&pe.stat),
             rel,
             stat: pe.stat,
             link: p.table.link_target(&pe).unwrap_or(b"").to_vec(),

@@ -27,7 +27,7 @@
 //! validate_threads = 4     # background validation of a reused catalog (0: inline only)
 //! [reuse]
 //! verify = "identity"      # or "checksum": also re-hash reused copies in the background
-//! [mmap]                  # see placement::mapping::config
+//! [mmap]                  # see placement::mmap::config
 //! mode = "prefetch"
 //! [agent]
 //! idle_timeout = "30s"     # exit when no job used the agent this long
@@ -45,14 +45,6 @@ use serde::{Deserialize, Serialize};
 mod schema;
 
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Large reads reach a PFS's bandwidth limit where the program's 128–256 KiB reads hit its
-/// per-request (IOPS) limit.
-pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
-/// Per node: many nodes times many streams is what overwhelms a PFS (LMDBIO's staggering).
-pub const DEFAULT_MAX_SOURCE_STREAMS: usize = 4;
-pub const DEFAULT_PREFETCH_MIN_SIZE: u64 = 1 << 20;
-pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
-pub const DEFAULT_SMALL_COPY_DELAY: Duration = Duration::from_secs(2);
 
 /// Which placement policy a source gets (`[placement] policy`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,7 +104,7 @@ pub struct Config {
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
     /// `[mmap]`: following programs through their mappings.
-    pub mmap: Option<crate::placement::mapping::MmapConfig>,
+    pub mmap: Option<crate::placement::mmap::MmapConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +120,21 @@ pub enum ConfigError {
     TierFlag(String),
     #[error("bad --tier `{0}`: {1}")]
     TierCapacity(String, String),
+}
+
+/// Placement reads no configuration itself: the configuration names placement's parameters.
+impl crate::placement::Params {
+    /// The configuration's values over the defaults.
+    pub fn from_config(cfg: &Config) -> crate::placement::Params {
+        let d = crate::placement::Params::default();
+        crate::placement::Params {
+            block_size: cfg.block_size.unwrap_or(d.block_size),
+            max_source_streams: cfg.max_source_streams.unwrap_or(d.max_source_streams),
+            prefetch_min_size: cfg.prefetch_min_size.unwrap_or(d.prefetch_min_size),
+            chunk_size: cfg.chunk_size.unwrap_or(d.chunk_size),
+            small_copy_delay: cfg.small_copy_delay.unwrap_or(d.small_copy_delay),
+        }
+    }
 }
 
 impl Config {

@@ -112,7 +112,7 @@ impl File {
             idle_timeout: self.agent.idle_timeout.map(|c| c.0),
             log_level: self.agent.log_level.map(|c| c.0),
             log_file: self.agent.log_file.map(|c| c.0),
-            mmap: self.mmap.map(|m| crate::placement::mapping::MmapConfig {
+            mmap: self.mmap.map(|m| crate::placement::mmap::MmapConfig {
                 mode: m.mode.map(|c| c.0),
                 distance: m.distance.map(|c| c.0),
                 size: m.size.map(|c| c.0),
@@ -361,10 +361,10 @@ impl Rule for LogLevel {
 
 struct MmapMode;
 impl Rule for MmapMode {
-    type Out = crate::placement::mapping::Mode;
+    type Out = crate::placement::mmap::Mode;
     const EXPECTED: &'static str = "\"prefetch\", \"watch\" or \"off\"";
     fn str(v: &str) -> Option<Self::Out> {
-        crate::placement::mapping::Mode::parse(v)
+        crate::placement::mmap::Mode::parse(v)
     }
 }
 

@@ -29,12 +29,12 @@
 //! program then does not open (in an epoch that reads the whole directory, none).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
-use granary_shm::{lifecycle, state, Table};
+use granary_shm::{lifecycle, State, Table};
 
 use super::pool::{CopyMethod, CopyTask, Pool};
 use super::SourceCtx;
+use crate::sync::{lock, Arc, Mutex};
 
 /// Opens this many places behind or ahead of a run's furthest file keep the run.
 pub const SPAN: usize = 16;
@@ -101,10 +101,10 @@ impl NameOrder {
     pub fn on_open(&self, ctx: &Arc<SourceCtx>, idx: u32, pool: &Pool) {
         let t = &ctx.table;
         let room = |size: u64| {
-            super::free_space(&ctx.tiers)
+            super::free_space(&ctx.space.tiers)
                 .iter()
                 .enumerate()
-                .any(|(i, &f)| f >= ctx.tiers.charge(i, size) && !ctx.tiers.is_full(i))
+                .any(|(i, &f)| f >= ctx.space.tiers.charge(i, size) && !ctx.space.tiers.is_full(i))
         };
         let ahead = self.observe(t, idx, &room);
         for e in ahead.claimed {
@@ -127,7 +127,7 @@ impl NameOrder {
             claimed: Vec::new(),
             want_opens: false,
         };
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.inner);
         let Some(dir) = t.parent_of(idx) else {
             return none;
         };
@@ -253,8 +253,8 @@ fn claim_after(
             continue;
         };
         let w = t.state(e);
-        match state::state_of(w) {
-            state::UNPLACED => {
+        match w.state() {
+            State::Unplaced => {
                 if !room(size) {
                     break;
                 }
@@ -263,8 +263,8 @@ fn claim_after(
                 }
                 fetching = true;
             }
-            state::QUEUED | state::PLACING => fetching = true,
-            state::PLACED => {}
+            State::Queued | State::Placing => fetching = true,
+            State::Placed => {}
             // Not ours to touch, and nothing to read ahead for.
             _ => continue,
         }

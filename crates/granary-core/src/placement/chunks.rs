@@ -1,5 +1,5 @@
 //! Chunk files: the partial copy of a file too large for any tier's free space
-//! (`state::PARTIAL`), as fixed-size chunks of a sparse `<object>.chunks` file.
+//! (`State::Partial`), as fixed-size chunks of a sparse `<object>.chunks` file.
 //!
 //! Format (`granary_shm::layout`): a header — `CHUNK_MAGIC`, `CHUNK_VERSION`, chunk size, source
 //! size, mtime, chunk count, ctime, device, inode, then one xxh3 per chunk (0 = absent) — padded to

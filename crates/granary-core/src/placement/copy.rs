@@ -7,9 +7,8 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 
-use granary_shm::{object_name, state, EntryRec};
+use granary_shm::{object_name, EntryRec, State, Table};
 
 use granary_shm::lifecycle::{self, EntryCell};
 
@@ -82,7 +81,7 @@ pub(super) struct Written {
 pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Started, PlaceOutcome> {
     let t = &ctx.table;
     let cell = EntryCell { table: t, idx };
-    if ctx.retired.load(Ordering::Acquire) {
+    if ctx.work.is_retired() {
         lifecycle::unclaim(&cell);
         return Err(PlaceOutcome::Skipped);
     }
@@ -93,7 +92,7 @@ pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Started, PlaceOutcome> 
         .entry(idx)
         .and_then(|e| t.rel_path_vec(idx).map(|r| (e, r)))
     else {
-        lifecycle::give_up(&cell, state::SOURCE_ONLY);
+        lifecycle::give_up(&cell, State::SourceOnly);
         return Err(PlaceOutcome::SourceOnly);
     };
     let path = ctx.source_real.join(std::ffi::OsStr::from_bytes(&rel));
@@ -102,19 +101,22 @@ pub(super) fn begin(ctx: &SourceCtx, idx: u32) -> Result<Started, PlaceOutcome> 
 
 /// Opens the source of an entry the caller owns, read-only, never through a symlink and never
 /// blocking (a FIFO put in its place opens at once and then fails `matches_catalog`).
-pub(super) fn open_source(ctx: &SourceCtx, path: &std::path::Path) -> std::io::Result<File> {
+pub(super) fn open_source(
+    counters: &AgentCounters,
+    path: &std::path::Path,
+) -> std::io::Result<File> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)?;
-    AgentCounters::add(&ctx.counters.source_opens, 1);
+    AgentCounters::add(&counters.source_opens, 1);
     sys::set_nonblock(&f, false)?;
     Ok(f)
 }
 
 /// Opens the source of a begun entry and checks it still matches the catalog.
 pub(super) fn open_started(ctx: &SourceCtx, b: Started) -> Result<Opened, PlaceOutcome> {
-    let src = match open_source(ctx, &b.path) {
+    let src = match open_source(&ctx.counters, &b.path) {
         Ok(f) => f,
         Err(err) => {
             tracing::debug!("placement: cannot open {}: {err}", b.path.display());
@@ -135,19 +137,6 @@ pub(super) fn open_started(ctx: &SourceCtx, b: Started) -> Result<Opened, PlaceO
     })
 }
 
-/// The first of the policy's tiers with room for `size` (reserved), in the policy's order.
-pub(super) fn reserve_on<'a>(
-    ctx: &'a SourceCtx,
-    tiers_order: &[usize],
-    size: u64,
-) -> Option<Reservation<'a>> {
-    tiers_order.iter().find_map(|&t| {
-        (matches!(ctx.object_dirs.get(t), Some(Some(_))) && !super::tier_lost(ctx, t))
-            .then(|| ctx.tiers.reserve(t, size))
-            .flatten()
-    })
-}
-
 /// No tier has room for the whole file: SOURCE_ONLY, counted as `no_room` (not a failure),
 /// without a single call on the source.
 pub(super) fn no_room(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
@@ -157,15 +146,15 @@ pub(super) fn no_room(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
             table: &ctx.table,
             idx,
         },
-        state::SOURCE_ONLY,
+        State::SourceOnly,
     );
     PlaceOutcome::SourceOnly
 }
 
 /// The entry's state is whatever PLACING word this copy announced last; any other word means
 /// a client took it away (INVALIDATE).
-pub(super) fn still_ours(ctx: &SourceCtx, idx: u32) -> bool {
-    state::state_of(ctx.table.state(idx)) == state::PLACING
+pub(super) fn still_ours(t: &Table, idx: u32) -> bool {
+    t.state(idx).state() == State::Placing
 }
 
 pub(super) fn stale(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
@@ -175,7 +164,7 @@ pub(super) fn stale(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
             table: &ctx.table,
             idx,
         },
-        state::STALE,
+        State::Stale,
     );
     PlaceOutcome::Stale
 }
@@ -187,7 +176,7 @@ pub(super) fn source_only(ctx: &SourceCtx, idx: u32) -> PlaceOutcome {
             table: &ctx.table,
             idx,
         },
-        state::SOURCE_ONLY,
+        State::SourceOnly,
     );
     PlaceOutcome::SourceOnly
 }
@@ -231,7 +220,7 @@ fn write_and_publish(
     let mut next = Some(first);
     while let Some(res) = next.take() {
         let tier = res.tier();
-        let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+        let Some(dir) = ctx.space.dir(tier) else {
             break;
         };
         let Written {
@@ -248,8 +237,8 @@ fn write_and_publish(
             }
             Err(CopyError::Tier(err)) => {
                 drop(res);
-                tier_failed(ctx, tier, &err);
-                next = later_tier(ctx, order, tier, size);
+                ctx.space.tier_failed(tier, &err);
+                next = ctx.space.reserve_after(order, tier, size);
                 continue;
             }
         };
@@ -266,7 +255,7 @@ fn write_and_publish(
             Finish::RenameFailed => {
                 tracing::debug!("placement: rename in tier {tier} failed");
                 let _ = sys::unlink_at(dir, &tmp);
-                next = later_tier(ctx, order, tier, size);
+                next = ctx.space.reserve_after(order, tier, size);
             }
             // A client invalidated the file while we copied: the copy is void, and whoever
             // unlinked it (we or the INVALIDATE handler) gave the space back.
@@ -294,7 +283,7 @@ pub(super) fn publish(
     let size = t.entry(idx).map_or(0, |e| e.stat.size);
     let out = states::finish(
         &EntryCell { table: t, idx },
-        &ctx.tiers,
+        &ctx.space.tiers,
         res,
         || {
             sys::rename_at(dir, names.0, names.1)?;
@@ -313,35 +302,6 @@ pub(super) fn publish(
         AgentCounters::add(&c.tier_bytes[tier], size);
     }
     out
-}
-
-/// A reservation on a tier after `failed` in the policy's order.
-fn later_tier<'a>(
-    ctx: &'a SourceCtx,
-    order: &[usize],
-    failed: usize,
-    size: u64,
-) -> Option<Reservation<'a>> {
-    let at = order.iter().position(|&t| t == failed)?;
-    reserve_on(ctx, &order[at + 1..], size)
-}
-
-/// A write to `tier` failed: ENOSPC/EDQUOT/EIO mean the tier cannot take more now, whatever
-/// the accounting says (a tier configured larger than its file system, a failing disk).
-pub(super) fn tier_failed(ctx: &SourceCtx, tier: usize, err: &std::io::Error) {
-    let full = matches!(
-        err.raw_os_error(),
-        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EIO) | Some(libc::EFBIG)
-    );
-    if full && ctx.tiers.mark_full(tier) {
-        tracing::warn!(
-            "tier {} ({}): {err}; no new copies there until space is freed",
-            tier,
-            ctx.tiers.spec(tier).path.display()
-        );
-    } else {
-        tracing::debug!("placement: writing tier {tier} failed: {err}");
-    }
 }
 
 /// True if the open source file is still the version the catalog describes: device, inode,

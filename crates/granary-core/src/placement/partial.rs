@@ -1,4 +1,4 @@
-//! Partial copies (`state::PARTIAL`): a file no tier has room for, kept as fixed-size chunks of
+//! Partial copies (`State::Partial`): a file no tier has room for, kept as fixed-size chunks of
 //! a sparse `<object>.chunks` file (`placement::chunks`) on the tier with most free space.
 //!
 //! When a placement finds no room for the whole file and the file has a chunk bitmap, the
@@ -14,19 +14,21 @@
 //! for the chunks whose bits are set, so it is released once, however the two race.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
 
-use granary_shm::{chunks_name, state, EntryRec};
+use granary_shm::{chunks_name, EntryRec, State, StateWord, Table};
 
 use super::chunks::{self, ChunkFile, ChunkGeometry};
 use super::copy::{
-    align_up, aligned, matches_catalog, no_room, open_source, source_only, tier_failed,
-    SourceReader, Started, DIRECT_ALIGN,
+    align_up, aligned, matches_catalog, no_room, open_source, source_only, SourceReader, Started,
+    DIRECT_ALIGN,
 };
-use super::pool::{CopyMethod, CopyTask, Pool, Shared};
-use super::{free_space, PlaceOutcome, SourceCtx};
+use super::engine::Engine;
+use super::mmap::Follower;
+use super::{free_space, PlaceOutcome, SourceCtx, Space};
 use crate::stats::AgentCounters;
+use crate::sync::{lock, Arc, Mutex};
 use crate::sys;
+use crate::tiers::Tiers;
 
 /// The PARTIAL entries of one table the agent has touched, by entry index.
 #[derive(Debug, Default)]
@@ -43,20 +45,16 @@ struct Slot {
     busy: Vec<bool>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The chunk geometry of an entry in this table.
-fn geometry(ctx: &SourceCtx, e: &EntryRec) -> ChunkGeometry {
-    ChunkGeometry::of(&e.stat, ctx.table.chunk_size())
+fn geometry(t: &Table, e: &EntryRec) -> ChunkGeometry {
+    ChunkGeometry::of(&e.stat, t.chunk_size())
 }
 
-/// Bytes charged on `tier` for the chunks whose bits are set.
-fn present_charge(ctx: &SourceCtx, idx: u32, geo: &ChunkGeometry, tier: usize) -> u64 {
-    (0..ctx.table.chunk_count(idx))
-        .filter(|&k| ctx.table.chunk_present(idx, k))
-        .map(|k| ctx.tiers.charge(tier, geo.range(k).1))
+/// Bytes charged on `tiers`' tier `tier` for the chunks of entry `idx` whose bits are set.
+fn present_charge(t: &Table, tiers: &Tiers, idx: u32, geo: &ChunkGeometry, tier: usize) -> u64 {
+    (0..t.chunk_count(idx))
+        .filter(|&k| t.chunk_present(idx, k))
+        .map(|k| tiers.charge(tier, geo.range(k).1))
         .sum()
 }
 
@@ -68,16 +66,15 @@ fn slot(ctx: &SourceCtx, idx: u32) -> Option<Arc<Mutex<Slot>>> {
         return Some(s.clone());
     }
     let w = ctx.table.state(idx);
-    if state::state_of(w) != state::PARTIAL {
+    if w.state() != State::Partial {
         return None;
     }
-    let tier = state::tier_of(w) as usize;
+    let tier = w.tier() as usize;
     let e = ctx.table.entry(idx)?;
-    let geo = geometry(ctx, &e);
+    let geo = geometry(&ctx.table, &e);
     let opened = ctx
-        .object_dirs
-        .get(tier)
-        .and_then(|d| d.as_ref())
+        .space
+        .dir(tier)
         .and_then(|dir| ChunkFile::open_matching(dir, &chunks_name(e.object), geo).ok())
         .flatten();
     let Some(cf) = opened else {
@@ -101,7 +98,7 @@ fn slot(ctx: &SourceCtx, idx: u32) -> Option<Arc<Mutex<Slot>>> {
 pub(super) fn no_room_for_whole(
     ctx: &SourceCtx,
     b: Started,
-    sh: &Shared,
+    engine: &Engine,
     buf: &mut Vec<u8>,
 ) -> PlaceOutcome {
     let idx = b.idx;
@@ -109,16 +106,16 @@ pub(super) fn no_room_for_whole(
     if t.chunk_count(idx) == 0 || t.chunk_size() == 0 {
         return no_room(ctx, idx);
     }
-    let geo = geometry(ctx, &b.entry);
+    let geo = geometry(&ctx.table, &b.entry);
     let first_len = geo.range(0).1;
-    let free = free_space(&ctx.tiers);
-    let tier = sh.policy.chunk_tier(&ctx.tiers).filter(|&tier| {
-        matches!(ctx.object_dirs.get(tier), Some(Some(_)))
+    let free = free_space(&ctx.space.tiers);
+    let tier = engine.policy.chunk_tier(&ctx.space.tiers).filter(|&tier| {
+        ctx.space.dir(tier).is_some()
             && free
                 .get(tier)
-                .is_some_and(|&f| f >= ctx.tiers.charge(tier, first_len))
+                .is_some_and(|&f| f >= ctx.space.tiers.charge(tier, first_len))
     });
-    let (Some(tier), Some(Some(dir))) = (tier, tier.and_then(|x| ctx.object_dirs.get(x))) else {
+    let (Some(tier), Some(dir)) = (tier, tier.and_then(|x| ctx.space.dir(x))) else {
         return no_room(ctx, idx);
     };
     AgentCounters::add(&ctx.counters.no_room, 1);
@@ -129,7 +126,7 @@ pub(super) fn no_room_for_whole(
     let cf = match ChunkFile::create(dir, &name, geo) {
         Ok(cf) => cf,
         Err(err) => {
-            tier_failed(ctx, tier, &err);
+            ctx.space.tier_failed(tier, &err);
             return source_only(ctx, idx);
         }
     };
@@ -152,55 +149,46 @@ pub(super) fn no_room_for_whole(
         return PlaceOutcome::Skipped;
     }
     // The program just opened it: a streaming reader wants the start next.
-    chunk_job(ctx, idx, sh, 0, false, buf)
+    chunk_job(ctx, idx, engine, 0, false, buf)
 }
 
-/// CHUNK from a client (its read missed chunk `k`): queue a fetch unless the chunk is present,
-/// already queued or being fetched, or there is no room for it.
-pub fn request_chunk(ctx: &Arc<SourceCtx>, idx: u32, k: u64, pool: &Pool) {
-    if ctx.retired.load(std::sync::atomic::Ordering::Acquire)
-        || k >= ctx.table.chunk_count(idx)
-        || ctx.table.chunk_present(idx, k)
-    {
-        return;
+/// CHUNK from a client (its read missed chunk `k`): true if a fetch of it is to be queued
+/// (`CopyMethod::Chunk`, requested), marked busy here; false if the chunk is present, already
+/// queued or being fetched, or there is no room for it.
+pub(super) fn claim_chunk(ctx: &SourceCtx, idx: u32, k: u64) -> bool {
+    if ctx.work.is_retired() || k >= ctx.table.chunk_count(idx) || ctx.table.chunk_present(idx, k) {
+        return false;
     }
-    let Some(s) = slot(ctx, idx) else { return };
+    let Some(s) = slot(ctx, idx) else {
+        return false;
+    };
     let mut g = lock(&s);
     if g.file.is_none() || g.busy.get(k as usize) != Some(&false) {
-        return;
+        return false;
     }
     let Some(e) = ctx.table.entry(idx) else {
-        return;
+        return false;
     };
-    let len = geometry(ctx, &e).range(k).1;
+    let len = geometry(&ctx.table, &e).range(k).1;
     // Cheap early answer for a full tier: every missed read of a file that cannot grow would
     // otherwise queue a job that only finds no room.
-    if free_space(&ctx.tiers)
+    if free_space(&ctx.space.tiers)
         .get(g.tier)
-        .is_none_or(|&f| f < ctx.tiers.charge(g.tier, len))
+        .is_none_or(|&f| f < ctx.space.tiers.charge(g.tier, len))
     {
-        return;
+        return false;
     }
     g.busy[k as usize] = true;
-    drop(g);
-    pool.submit(CopyTask {
-        ctx: ctx.clone(),
-        entry: idx,
-        method: CopyMethod::Chunk {
-            first: k as u32,
-            requested: true,
-        },
-        slot: 0,
-    });
+    true
 }
 
 /// Fetches chunks of a PARTIAL entry: with `requested`, chunk `first` (already marked busy by
-/// `request_chunk`) and the missing chunks right after it, up to `block_size`, in one source
+/// `claim_chunk`) and the missing chunks right after it, up to `block_size`, in one source
 /// read; otherwise runs of missing chunks from `first` on, until the end or no room.
 pub(super) fn chunk_job(
     ctx: &SourceCtx,
     idx: u32,
-    sh: &Shared,
+    engine: &Engine,
     first: u64,
     requested: bool,
     buf: &mut Vec<u8>,
@@ -208,7 +196,7 @@ pub(super) fn chunk_job(
     let Some(s) = slot(ctx, idx) else {
         return PlaceOutcome::Skipped;
     };
-    let out = fetch_runs(ctx, idx, sh, &s, first, requested, buf);
+    let out = fetch_runs(ctx, idx, engine, &s, first, requested, buf);
     if requested {
         // However it ended, the requested chunk is no longer queued.
         if let Some(b) = lock(&s).busy.get_mut(first as usize) {
@@ -221,7 +209,7 @@ pub(super) fn chunk_job(
 fn fetch_runs(
     ctx: &SourceCtx,
     idx: u32,
-    sh: &Shared,
+    engine: &Engine,
     s: &Mutex<Slot>,
     first: u64,
     requested: bool,
@@ -232,13 +220,13 @@ fn fetch_runs(
     let Some(e) = t.entry(idx) else {
         return PlaceOutcome::Skipped;
     };
-    let geo = geometry(ctx, &e);
+    let geo = geometry(&ctx.table, &e);
     let mut src = None;
     let mut cursor = first;
     let mut placed = 0u64;
     let mut tier = 0;
     loop {
-        if ctx.retired.load(std::sync::atomic::Ordering::Acquire) {
+        if ctx.work.is_retired() {
             break;
         }
         // The next run: its chunks are marked busy while we hold them.
@@ -258,7 +246,7 @@ fn fetch_runs(
                     None => break,
                 }
             };
-            let n = chunks::coalesce(&geo, k0, sh.params.block_size, |k| {
+            let n = chunks::coalesce(&geo, k0, engine.params.block_size, |k| {
                 present(k) || (k != k0 && g.busy[k as usize])
             });
             if n == 0 {
@@ -272,7 +260,7 @@ fn fetch_runs(
         // Room for each chunk before the source is touched; the run ends at the first that
         // does not fit.
         let mut res: Vec<_> = (k0..k0 + n)
-            .map_while(|k| ctx.tiers.reserve(tier, geo.range(k).1))
+            .map_while(|k| ctx.space.tiers.reserve(tier, geo.range(k).1))
             .map(Some)
             .collect();
         let got = res.len() as u64;
@@ -289,13 +277,13 @@ fn fetch_runs(
         }
         // A requested chunk is waited on; the chunks after it ride along in the same read.
         // Sequential prefetch is waited on by nobody and backs off.
-        let _stream = sh.stream_for(ctx, requested);
+        let _stream = engine.stream_for(ctx, requested);
         if src.is_none() {
             let path = t.rel_path_vec(idx).map(|r| {
                 use std::os::unix::ffi::OsStrExt;
                 ctx.source_real.join(std::ffi::OsStr::from_bytes(&r))
             });
-            match path.map(|p| open_source(ctx, &p)) {
+            match path.map(|p| open_source(&ctx.counters, &p)) {
                 Some(Ok(f)) if matches_catalog(&f, &e) => {
                     // Buffered, not O_DIRECT: the program reads these chunks from the source
                     // too until their bits are set, and shares the agent's pages that way
@@ -318,34 +306,44 @@ fn fetch_runs(
         let Some((f, reader)) = src.as_mut() else {
             break;
         };
-        let r = fetch_run(ctx, f, reader, &cf, k0, got, requested, buf, |k| {
-            let mut g = lock(s);
-            let live = g.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &cf));
-            let Some(r) = res[(k - k0) as usize].take() else {
-                return;
-            };
-            if live {
-                // Commit and bit together, under the lock `drop_partial` takes.
-                let len = geo.range(k).1;
-                r.commit();
-                granary_shm::lifecycle::chunk(t, idx, k, true);
-                AgentCounters::add(&c.chunks_placed, 1);
-                AgentCounters::add(&c.chunk_bytes_placed, len);
-                AgentCounters::add(&c.tier_bytes[tier], len);
-                placed += len;
-            }
-            g.busy[k as usize] = false;
-        });
+        let r = fetch_run(
+            &ctx.counters,
+            f,
+            reader,
+            &cf,
+            k0,
+            got,
+            requested,
+            buf,
+            |k| {
+                let mut g = lock(s);
+                let live = g.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &cf));
+                let Some(r) = res[(k - k0) as usize].take() else {
+                    return;
+                };
+                if live {
+                    // Commit and bit together, under the lock `drop_partial` takes.
+                    let len = geo.range(k).1;
+                    r.commit();
+                    granary_shm::lifecycle::chunk(t, idx, k, true);
+                    AgentCounters::add(&c.chunks_placed, 1);
+                    AgentCounters::add(&c.chunk_bytes_placed, len);
+                    AgentCounters::add(&c.tier_bytes[tier], len);
+                    placed += len;
+                }
+                g.busy[k as usize] = false;
+            },
+        );
         drop(res);
         unbusy(s, k0, n);
         match r {
-            Ok(()) => drop_behind(ctx, idx, f, &geo, k0, got),
+            Ok(()) => drop_behind(&ctx.mmap, idx, f, &geo, k0, got),
             Err(err) => {
                 if matches!(
                     err.raw_os_error(),
                     Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EIO) | Some(libc::EFBIG)
                 ) {
-                    tier_failed(ctx, tier, &err);
+                    ctx.space.tier_failed(tier, &err);
                 } else {
                     AgentCounters::add(&c.failures, 1);
                     tracing::debug!("chunks of entry {idx}: {err}");
@@ -376,7 +374,7 @@ fn fetch_runs(
 /// source shrank) is an error: the chunks already written stay valid, the rest are not written.
 #[allow(clippy::too_many_arguments)]
 fn fetch_run(
-    ctx: &SourceCtx,
+    c: &AgentCounters,
     f: &std::fs::File,
     reader: &mut SourceReader,
     cf: &ChunkFile,
@@ -386,7 +384,6 @@ fn fetch_run(
     buf: &mut Vec<u8>,
     mut done: impl FnMut(u64),
 ) -> std::io::Result<()> {
-    let c = &ctx.counters;
     let geo = cf.geo;
     let (start, len0) = geo.range(k0);
     let (lstart, llen) = geo.range(k0 + n - 1);
@@ -421,8 +418,8 @@ fn fetch_run(
 /// source right now, and its pages are what the agent copies when asked for that chunk (dropping
 /// the whole file here made every later request read its chunk from the source again). A
 /// program mapping the file still faults these pages from the source: they stay then.
-fn drop_behind(ctx: &SourceCtx, idx: u32, f: &std::fs::File, geo: &ChunkGeometry, k0: u64, n: u64) {
-    if n == 0 || ctx.mappings.is_mapped(idx) {
+fn drop_behind(mmap: &Follower, idx: u32, f: &std::fs::File, geo: &ChunkGeometry, k0: u64, n: u64) {
+    if n == 0 || mmap.is_mapped(idx) {
         return;
     }
     let (start, _) = geo.range(k0);
@@ -453,19 +450,19 @@ pub fn drop_partial(ctx: &SourceCtx, idx: u32) {
     let Some(e) = ctx.table.entry(idx) else {
         return;
     };
-    let geo = geometry(ctx, &e);
+    let geo = geometry(&ctx.table, &e);
     let name = chunks_name(e.object);
     // The chunks were charged on the slot's tier (when we know it); the one unlink that
     // succeeds gives that charge back (as `states::drop_object` does for whole copies).
     let charged = g.as_ref().map(|g| g.tier);
-    for (tier, dir) in ctx.object_dirs.iter().enumerate() {
+    for (tier, dir) in ctx.space.dirs().iter().enumerate() {
         let Some(dir) = dir else { continue };
         if charged.is_some_and(|c| c != tier) {
             continue;
         }
-        let charge = present_charge(ctx, idx, &geo, tier);
+        let charge = present_charge(&ctx.table, &ctx.space.tiers, idx, &geo, tier);
         if sys::unlink_at(dir, &name).is_ok() {
-            ctx.tiers.release(tier, charge);
+            ctx.space.tiers.release(tier, charge);
         }
     }
     for k in 0..ctx.table.chunk_count(idx) {
@@ -476,7 +473,7 @@ pub fn drop_partial(ctx: &SourceCtx, idx: u32) {
 }
 
 /// DAMAGED or an unusable chunk file: moves `word` (PARTIAL) back to UNPLACED, then drops it.
-pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: u64) -> bool {
+pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: StateWord) -> bool {
     if granary_shm::lifecycle::drop_partial(
         &granary_shm::lifecycle::EntryCell {
             table: &ctx.table,
@@ -494,34 +491,33 @@ pub fn withdraw_partial(ctx: &SourceCtx, idx: u32, word: u64) -> bool {
 /// saved catalog): complete copies by size, chunk files by present chunk. A copy its tier has no
 /// room for any more (its capacity shrank) is unplaced; the sweep deletes its file. Returns the
 /// files and bytes adopted.
-pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
-    let t = &ctx.table;
+pub fn adopt_charges(t: &Table, space: &Space) -> (u64, u64) {
     let (mut files, mut bytes) = (0u64, 0u64);
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
-        let s = state::state_of(w);
-        if s != state::PLACED && s != state::PARTIAL {
+        let s = w.state();
+        if s != State::Placed && s != State::Partial {
             continue;
         }
-        let tier = state::tier_of(w) as usize;
+        let tier = w.tier() as usize;
         let Some(e) = t.entry(idx) else { continue };
         let cell = granary_shm::lifecycle::EntryCell { table: t, idx };
-        let (charge, present) = if s == state::PLACED {
+        let (charge, present) = if s == State::Placed {
             (e.stat.size, e.stat.size)
         } else {
-            let geo = geometry(ctx, &e);
-            let c = present_charge(ctx, idx, &geo, tier);
-            (c, super::chunks::present_bytes(&geo, &bitmap_of(ctx, idx)))
+            let geo = geometry(t, &e);
+            let c = present_charge(t, &space.tiers, idx, &geo, tier);
+            (c, super::chunks::present_bytes(&geo, &bitmap_of(t, idx)))
         };
-        let ok = tier < ctx.tiers.len()
-            && ctx.object_dirs.get(tier).is_some_and(|d| d.is_some())
-            && ctx.tiers.adopt(tier, charge);
+        let ok = tier < space.tiers.len()
+            && space.dir(tier).is_some()
+            && space.tiers.adopt(tier, charge);
         if ok {
             files += 1;
             bytes += present;
             continue;
         }
-        let undone = if s == state::PLACED {
+        let undone = if s == State::Placed {
             granary_shm::lifecycle::withdraw(&cell, w)
         } else {
             granary_shm::lifecycle::unplace_partial(t, idx, w)
@@ -533,52 +529,51 @@ pub fn adopt_charges(ctx: &SourceCtx) -> (u64, u64) {
     (files, bytes)
 }
 
-/// The copies a table holds now: complete ones and chunk files, with the bytes they hold.
-pub fn copies_now(ctx: &SourceCtx) -> (u64, u64) {
-    let t = &ctx.table;
+/// The copies table `t` holds now: complete ones and chunk files, with the bytes they hold.
+pub fn copies_now(t: &Table) -> (u64, u64) {
     let (mut files, mut bytes) = (0u64, 0u64);
     for idx in 0..t.entry_count() {
-        let s = state::state_of(t.state(idx));
+        let s = t.state(idx).state();
         let Some(e) = t
             .entry(idx)
-            .filter(|_| s == state::PLACED || s == state::PARTIAL)
+            .filter(|_| s == State::Placed || s == State::Partial)
         else {
             continue;
         };
         files += 1;
-        bytes += if s == state::PLACED {
+        bytes += if s == State::Placed {
             e.stat.size
         } else {
-            super::chunks::present_bytes(&geometry(ctx, &e), &bitmap_of(ctx, idx))
+            super::chunks::present_bytes(&geometry(t, &e), &bitmap_of(t, idx))
         };
     }
     (files, bytes)
 }
 
-fn bitmap_of(ctx: &SourceCtx, idx: u32) -> Vec<u64> {
-    let n = ctx.table.chunk_count(idx);
+fn bitmap_of(t: &Table, idx: u32) -> Vec<u64> {
+    let n = t.chunk_count(idx);
     let mut words = vec![0u64; n.div_ceil(64) as usize];
     for k in 0..n {
-        if ctx.table.chunk_present(idx, k) {
+        if t.chunk_present(idx, k) {
             words[(k / 64) as usize] |= 1 << (k % 64);
         }
     }
     words
 }
 
-/// At retirement (no job running): gives back what the table's PARTIAL entries charge.
-pub fn release_partial_charges(ctx: &SourceCtx) {
-    let t = &ctx.table;
+/// At retirement (no job running): gives back what table `t`'s PARTIAL entries charge on
+/// `tiers`.
+pub fn release_partial_charges(t: &Table, tiers: &Tiers) {
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
-        if state::state_of(w) != state::PARTIAL {
+        if w.state() != State::Partial {
             continue;
         }
-        let tier = state::tier_of(w) as usize;
+        let tier = w.tier() as usize;
         let Some(e) = t.entry(idx) else { continue };
-        if tier < ctx.tiers.len() {
-            let charge = present_charge(ctx, idx, &geometry(ctx, &e), tier);
-            ctx.tiers.release(tier, charge);
+        if tier < tiers.len() {
+            let charge = present_charge(t, tiers, idx, &geometry(t, &e), tier);
+            tiers.release(tier, charge);
         }
     }
 }

@@ -1,20 +1,22 @@
-//! The placement pool: worker threads, a two-level priority queue, small-file copies held back
-//! until the program closed the file, and the node-wide cap on concurrent source streams.
+//! The placement pool: worker threads, a two-level priority queue, and small-file copies held
+//! back until the program closed the file. The workers run each task with the `Engine` (the
+//! node-wide cap on source streams, the parameters, the policy).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::engine::Engine;
 use super::{Params, Policy, SourceCtx};
+use crate::sync::thread::{self, JoinHandle};
+use crate::sync::{lock, Arc, Condvar, Mutex};
 
 /// How a copy task copies its entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyMethod {
-    /// Whole-file fetch of a large file by the agent (`fetch::fetch_large`): a program may be
+    /// Whole-file fetch of a large file by the agent (`whole_file::fetch`): a program may be
     /// waiting on its progress, so it goes first.
     Fetch,
-    /// Copy of a small file the program has read, from the page cache (`small::copy_small`):
+    /// Copy of a small file the program has read, from the page cache (`page_cache_copy::copy_small`):
     /// nobody waits for it. `closed`: the program closed the file (CLOSED), so once the copy
     /// holds its bytes the source's pages can go.
     Small { closed: bool },
@@ -35,48 +37,6 @@ pub struct CopyTask {
     pub slot: u32,
 }
 
-/// A counting semaphore: at most `max` source streams at once, node-wide. A placement holds one
-/// for as long as it reads the source; page-cache copies take none.
-pub struct Streams {
-    max: usize,
-    used: Mutex<usize>,
-    freed: Condvar,
-}
-
-/// One stream held; dropping it lets the next placement read the source.
-pub struct Stream<'a>(&'a Streams);
-
-impl Streams {
-    pub fn new(max: usize) -> Streams {
-        Streams {
-            max: max.max(1),
-            used: Mutex::new(0),
-            freed: Condvar::new(),
-        }
-    }
-
-    pub fn acquire(&self) -> Stream<'_> {
-        let mut used = lock(&self.used);
-        while *used >= self.max {
-            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
-        }
-        *used += 1;
-        Stream(self)
-    }
-
-    /// Streams in use now (for tests and status).
-    pub fn in_use(&self) -> usize {
-        *lock(&self.used)
-    }
-}
-
-impl Drop for Stream<'_> {
-    fn drop(&mut self) {
-        *lock(&self.0.used) -= 1;
-        self.0.freed.notify_one();
-    }
-}
-
 #[derive(Default)]
 struct Queue {
     high: VecDeque<CopyTask>,
@@ -87,18 +47,13 @@ struct Queue {
 }
 
 /// Shared by the workers, the timer and the submitters.
-pub struct Shared {
+struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
     /// Small files opened and not yet closed: copied when CLOSED arrives (`promote`) or when the
     /// deadline passes. Keyed by (table, entry).
     delayed: Mutex<HashMap<(usize, u32), (Instant, CopyTask)>>,
-    pub streams: Streams,
-    /// One stream: what source-reading work nobody waits on holds, besides its stream, while
-    /// the program's own source reads are moving (`stream_for`).
-    background: Streams,
-    pub params: Params,
-    pub policy: Arc<dyn Policy>,
+    engine: Arc<Engine>,
 }
 
 /// A fixed pool of placement workers shared by every source (each job's `SourceCtx` carries the
@@ -106,7 +61,7 @@ pub struct Shared {
 /// UNPLACED → QUEUED enqueues), so the queues hold each file once.
 pub struct Pool {
     shared: Arc<Shared>,
-    workers: Vec<std::thread::JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
 }
 
 /// Workers when the configuration does not say: the copies are I/O-bound, so one per core, at
@@ -116,10 +71,6 @@ pub fn default_workers() -> usize {
         .map(|n| n.get())
         .unwrap_or(2)
         .clamp(2, 8)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn key(job: &CopyTask) -> (usize, u32) {
@@ -132,22 +83,19 @@ impl Pool {
             queue: Mutex::default(),
             ready: Condvar::new(),
             delayed: Mutex::default(),
-            streams: Streams::new(params.max_source_streams),
-            background: Streams::new(1),
-            params,
-            policy,
+            engine: Arc::new(Engine::new(policy, params)),
         });
         let mut handles = (0..workers.max(1))
             .map(|i| {
                 let sh = shared.clone();
-                std::thread::Builder::new()
+                thread::Builder::new()
                     .name(format!("place-{i}"))
                     .spawn(move || worker(&sh))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         let sh = shared.clone();
         handles.push(
-            std::thread::Builder::new()
+            thread::Builder::new()
                 .name("place-timer".into())
                 .spawn(move || timer(&sh))?,
         );
@@ -158,28 +106,30 @@ impl Pool {
     }
 
     pub fn params(&self) -> &Params {
-        &self.shared.params
+        &self.shared.engine.params
     }
 
-    pub fn shared(&self) -> &Arc<Shared> {
-        &self.shared
+    /// What the pool's workers run their tasks with: for placement work started elsewhere
+    /// (partition streamers, the known-order prefetcher, cluster-mode fetches).
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.shared.engine
     }
 
     /// Queues a job now: fetches before small copies.
     pub fn submit(&self, job: CopyTask) {
-        job.ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        job.ctx.work.hold();
         enqueue(&self.shared, job);
     }
 
     /// Queues a small copy for later: `promote` (the program closed the file) or the deadline
     /// (`small_copy_delay`; no close came, e.g. the program keeps it open) releases it.
     pub fn submit_delayed(&self, job: CopyTask) {
-        job.ctx.inflight.fetch_add(1, Ordering::AcqRel);
-        let at = Instant::now() + self.shared.params.small_copy_delay;
+        job.ctx.work.hold();
+        let at = Instant::now() + self.shared.engine.params.small_copy_delay;
         let k = key(&job);
         if let Some((_, old)) = lock(&self.shared.delayed).insert(k, (at, job)) {
             // Cannot happen (one QUEUED per entry), but never strand a count.
-            old.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+            old.ctx.work.release();
         }
     }
 
@@ -211,31 +161,6 @@ impl Pool {
     }
 }
 
-/// A source stream held by a placement, and the background slot when it backed off.
-pub struct Held<'a> {
-    // Dropped after the stream (fields drop in order): the slot was taken first.
-    _stream: Stream<'a>,
-    _background: Option<Stream<'a>>,
-}
-
-impl Shared {
-    /// A source stream for placement work on `ctx`. Work a client waits on (`waited`: a large
-    /// file it opened, a chunk its read missed) keeps its priority. Work nobody waits on (a
-    /// small copy whose pages are gone, chunk prefetch) backs off while the program's own
-    /// source reads moved within the last `BUSY_WINDOW` (`SourceCtx::program_busy`): such work
-    /// then runs one stream at a time node-wide, so the program's reads find the source free.
-    pub fn stream_for(&self, ctx: &SourceCtx, waited: bool) -> Held<'_> {
-        let background = (!waited && ctx.program_busy()).then(|| {
-            crate::stats::AgentCounters::add(&ctx.counters.backoffs, 1);
-            self.background.acquire()
-        });
-        Held {
-            _stream: self.streams.acquire(),
-            _background: background,
-        }
-    }
-}
-
 fn enqueue(sh: &Shared, job: CopyTask) {
     let mut q = lock(&sh.queue);
     match job.method {
@@ -253,7 +178,8 @@ fn enqueue(sh: &Shared, job: CopyTask) {
 fn worker(sh: &Shared) {
     // With slack for an aligned block inside (`copy::aligned`: page-aligned, huge-page backed
     // where it can be, so large reads and tier writes move whole pages).
-    let mut buf = super::copy::worker_buffer(sh.params.block_size);
+    let engine = &*sh.engine;
+    let mut buf = super::copy::worker_buffer(engine.params.block_size);
     loop {
         let job = {
             let mut q = lock(&sh.queue);
@@ -277,21 +203,21 @@ fn worker(sh: &Shared) {
             }
         };
         let out = match job.method {
-            // Cluster mode: another node may hold the file (`incoming::Remote`).
+            // Cluster mode: another node may hold the file (`peer_copy::Remote`).
             CopyMethod::Fetch | CopyMethod::Ahead => match job.ctx.remote.get() {
                 Some(r) => match r.fetch(&job.ctx, job.entry, job.slot) {
                     Some(out) => out,
-                    None => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
+                    None => super::whole_file::fetch(&job.ctx, job.entry, engine, &mut buf),
                 },
-                None => super::fetch::fetch_large(&job.ctx, job.entry, sh, &mut buf),
+                None => super::whole_file::fetch(&job.ctx, job.entry, engine, &mut buf),
             },
             CopyMethod::Small { closed } => {
-                super::small::copy_small(&job.ctx, job.entry, sh, &mut buf, closed)
+                super::page_cache_copy::copy_small(&job.ctx, job.entry, engine, &mut buf, closed)
             }
             CopyMethod::Chunk { first, requested } => super::partial::chunk_job(
                 &job.ctx,
                 job.entry,
-                sh,
+                engine,
                 first as u64,
                 requested,
                 &mut buf,
@@ -310,7 +236,7 @@ fn worker(sh: &Shared) {
                 crate::stats::AgentCounters::add(&job.ctx.counters.read_ahead, 1);
             }
         }
-        job.ctx.inflight.fetch_sub(1, Ordering::AcqRel);
+        job.ctx.work.release();
     }
 }
 
@@ -318,7 +244,7 @@ fn worker(sh: &Shared) {
 /// retiring a table never waits for them).
 fn timer(sh: &Shared) {
     loop {
-        std::thread::sleep(Duration::from_millis(20));
+        thread::sleep(Duration::from_millis(20));
         if lock(&sh.queue).closed {
             return;
         }
@@ -327,7 +253,7 @@ fn timer(sh: &Shared) {
             let mut d = lock(&sh.delayed);
             let keys: Vec<_> = d
                 .iter()
-                .filter(|(_, (at, j))| *at <= now || j.ctx.retired.load(Ordering::Acquire))
+                .filter(|(_, (at, j))| *at <= now || j.ctx.work.is_retired())
                 .map(|(k, _)| *k)
                 .collect();
             keys.into_iter()

@@ -1,11 +1,12 @@
-use std::sync::Arc;
+//! Acting on the requests clients push to a table's ring (`granary_shm::request`).
 
-use granary_shm::{object_name, request, state};
+use granary_shm::{object_name, request, State};
 
 use granary_shm::lifecycle::{self, EntryCell};
 
 use super::states;
-use super::{CopyMethod, CopyTask, Pool, SourceCtx};
+use super::{CopyMethod, CopyTask, Pool, SourceCtx, Space};
+use crate::sync::Arc;
 use crate::sys;
 
 /// Acts on one request from a table's ring. Requests are hints from untrusted-but-same-user
@@ -14,9 +15,9 @@ use crate::sys;
 /// `arg` is the request's argument (`request::arg_of`; the chunk index of CHUNK).
 pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: &Pool) {
     let t = &ctx.table;
-    let tiers = &*ctx.tiers;
+    let tiers = &*ctx.space.tiers;
     if kind == request::MAPPED {
-        ctx.mappings.request(idx, arg);
+        ctx.mmap.request(idx, arg);
         return;
     }
     let Some(e) = t.entry(idx) else { return };
@@ -93,8 +94,18 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         }
         request::CHUNK => {
             // A client's read of a PARTIAL file missed chunk `arg`.
-            if state::state_of(t.state(idx)) == state::PARTIAL {
-                super::partial::request_chunk(ctx, idx, arg as u64, pool);
+            if t.state(idx).state() == State::Partial
+                && super::partial::claim_chunk(ctx, idx, arg as u64)
+            {
+                pool.submit(CopyTask {
+                    ctx: ctx.clone(),
+                    entry: idx,
+                    method: CopyMethod::Chunk {
+                        first: arg,
+                        requested: true,
+                    },
+                    slot: 0,
+                });
             }
         }
         request::INVALIDATE => {
@@ -112,24 +123,24 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         }
         request::DAMAGED => {
             let w = t.state(idx);
-            if state::state_of(w) == state::PARTIAL {
+            if w.state() == State::Partial {
                 // A chunk file that cannot be used: withdraw it, the next open starts over.
                 super::partial::withdraw_partial(ctx, idx, w);
                 return;
             }
-            if state::state_of(w) != state::PLACED {
+            if w.state() != State::Placed {
                 return;
             }
-            let tier = state::tier_of(w) as usize;
+            let tier = w.tier() as usize;
             let name = object_name(e.object);
-            let Some(Some(dir)) = ctx.object_dirs.get(tier) else {
+            let Some(dir) = ctx.space.dir(tier) else {
                 return;
             };
             let recorded = t.copy_identity(idx);
             let intact = matches!(sys::copy_stat_at(dir, &name),
                 Ok(c) if c.is_regular && c.size == e.stat.size
                     && (c.ino, c.ctime_ns) == recorded);
-            if intact && !super::tier_lost(ctx, tier) {
+            if intact && !ctx.space.is_lost(tier) {
                 // The copy is the one we wrote, where we wrote it: the client's trouble was its
                 // own (a closed directory fd, a signal). Nothing to do.
                 return;
@@ -160,16 +171,16 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
 /// Deletes every copy of a void entry (whole copies on any tier, a chunk file) and gives their
 /// space back.
 pub(crate) fn drop_all_copies(ctx: &SourceCtx, idx: u32, e: &granary_shm::EntryRec) {
-    drop_copies(ctx, e);
+    drop_copies(&ctx.space, e);
     super::partial::drop_partial(ctx, idx);
 }
 
-fn drop_copies(ctx: &SourceCtx, e: &granary_shm::EntryRec) {
+fn drop_copies(space: &Space, e: &granary_shm::EntryRec) {
     let name = object_name(e.object);
-    for (tier, dir) in ctx.object_dirs.iter().enumerate() {
+    for (tier, dir) in space.dirs().iter().enumerate() {
         let Some(dir) = dir else { continue };
         // Racing with a worker's `states::finish`: whoever unlinks releases, once.
-        states::drop_object(&ctx.tiers, tier, e.stat.size, || {
+        states::drop_object(&space.tiers, tier, e.stat.size, || {
             sys::unlink_at(dir, &name).is_ok()
         });
     }

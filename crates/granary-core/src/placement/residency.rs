@@ -18,10 +18,10 @@
 //! from their next read on). A copy on a memory file system (a `/dev/shm` tier) is in RAM by
 //! construction and never counted.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::memlimit::{Probe, Room};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// How often the budget is re-measured and the resident set adjusted.
 pub const REBALANCE_PERIOD: Duration = Duration::from_millis(500);

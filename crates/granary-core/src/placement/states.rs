@@ -5,9 +5,12 @@
 //! Shuttle's atomics, and the agent over the shared table.
 
 use std::io;
+use std::os::fd::OwnedFd;
 
-use granary_shm::lifecycle::{self, Cell};
+use granary_shm::lifecycle::{self, Cell, EntryCell};
+use granary_shm::{object_name, Table};
 
+use super::Space;
 use crate::tiers::{Reservation, Tiers};
 
 /// How a finished copy ended.
@@ -51,6 +54,29 @@ pub fn finish(
         tiers.release(tier, charge);
     }
     Finish::Invalidated
+}
+
+/// Withdraws entry `idx`'s complete copy (eviction): PLACED → UNPLACED first, so no new client
+/// opens it, then `gone(object dir, object name)` takes the file away and its space comes back
+/// (`drop_object`). Clients that opened it keep reading their fd. Returns the tier it was on, or
+/// `None` if the entry was not PLACED any more.
+pub fn withdraw_copy(
+    t: &Table,
+    space: &Space,
+    idx: u32,
+    gone: impl FnOnce(&OwnedFd, &[u8]) -> bool,
+) -> Option<usize> {
+    let w = t.state(idx);
+    let e = t.entry(idx)?;
+    if !lifecycle::withdraw(&EntryCell { table: t, idx }, w) {
+        return None;
+    }
+    let tier = w.tier() as usize;
+    if let Some(dir) = space.dir(tier) {
+        let name = object_name(e.object);
+        drop_object(&space.tiers, tier, e.stat.size, || gone(dir, &name));
+    }
+    Some(tier)
 }
 
 /// Drops an entry's object from one tier (INVALIDATE, eviction): the space comes back only if

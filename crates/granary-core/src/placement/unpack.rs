@@ -7,6 +7,14 @@
 use granary_pack::codec::{decode_frame, frame, frame_count, frame_raw_len, frame_table};
 use granary_pack::format::entry::codec;
 
+/// A streaming thread's buffers, reused from file to file: a decompressed frame, and the
+/// memory of zstd's decompression context.
+#[derive(Default)]
+pub struct Scratch {
+    frame: Vec<u8>,
+    zstd: Vec<u8>,
+}
+
 /// Why a file's stored bytes cannot be its bytes: the pack is damaged (or hostile).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Damaged(pub String);
@@ -56,7 +64,7 @@ impl Decoder {
     pub fn feed<E>(
         &mut self,
         mut data: &[u8],
-        scratch: &mut Vec<u8>,
+        scratch: &mut Scratch,
         out: &mut impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> Result<Result<(), E>, Damaged> {
         if self.seen + data.len() as u64 > self.stored_len {
@@ -81,7 +89,7 @@ impl Decoder {
                 data = &data[n..];
                 if self.table.len() as u64 == self.table_len() {
                     self.words = frame_table(&self.table, self.stored_len, self.size, self.block)
-                        .map_err(Damaged)?;
+                        .map_err(|e| Damaged(e.to_string()))?;
                 }
                 continue;
             }
@@ -126,7 +134,7 @@ impl Decoder {
         &mut self,
         w: u32,
         stored: &[u8],
-        scratch: &mut Vec<u8>,
+        scratch: &mut Scratch,
         out: &mut impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> Result<Result<(), E>, Damaged> {
         let k = self.frame as u64;
@@ -147,11 +155,13 @@ impl Decoder {
                 Ok(out(at, stored))
             }
             _ => {
-                scratch.clear();
-                decode_frame(w, stored, raw_len, scratch)
+                let buf = &mut scratch.frame;
+                buf.clear();
+                buf.resize(raw_len, 0);
+                decode_frame(w, stored, buf, &mut scratch.zstd)
                     .map_err(|m| Damaged(format!("frame {k}: {m}")))?;
-                self.hasher.update(scratch);
-                Ok(out(at, scratch))
+                self.hasher.update(buf);
+                Ok(out(at, buf))
             }
         }
     }
@@ -190,7 +200,7 @@ mod tests {
         let sum = xxhash_rust::xxh3::xxh3_64(data);
         let mut d = Decoder::new(e.codec, data.len() as u64, e.bytes.len() as u64, block);
         let mut got = vec![0u8; data.len()];
-        let mut scratch = Vec::new();
+        let mut scratch = Scratch::default();
         for chunk in e.bytes.chunks(piece.max(1)) {
             d.feed(chunk, &mut scratch, &mut |at, b: &[u8]| {
                 got[at as usize..at as usize + b.len()].copy_from_slice(b);
@@ -237,14 +247,18 @@ mod tests {
             let mut bad = e.bytes.clone();
             bad[flip] ^= 0x40;
             let mut d = Decoder::new(e.codec, text.len() as u64, bad.len() as u64, 4096);
-            let r = d.feed(&bad, &mut Vec::new(), &mut |_, _: &[u8]| Ok::<(), ()>(()));
+            let r = d.feed(&bad, &mut Scratch::default(), &mut |_, _: &[u8]| {
+                Ok::<(), ()>(())
+            });
             assert!(r.is_err() || d.finish(sum).is_err(), "flip at {flip}");
         }
         let mut d = Decoder::new(e.codec, text.len() as u64, e.bytes.len() as u64, 4096);
         let half = &e.bytes[..e.bytes.len() / 2];
-        d.feed(half, &mut Vec::new(), &mut |_, _: &[u8]| Ok::<(), ()>(()))
-            .unwrap()
-            .unwrap();
+        d.feed(half, &mut Scratch::default(), &mut |_, _: &[u8]| {
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
         assert!(d.finish(sum).is_err(), "a cut file is never complete");
     }
 }

@@ -2,9 +2,9 @@
 //! docs/pack-format.md). Entries are stored breadth-first with each directory's children
 //! contiguous and sorted by name, so a listing is one slice and a lookup a binary search.
 
-use super::*;
+use super::fields::*;
 
-pub const ENTRY_LEN: usize = 200;
+pub const INDEX_ENTRY_LEN: usize = 200;
 /// `link_entry` of an entry that is not a second name of a hard-linked file.
 pub const NO_LINK: u32 = u32::MAX;
 
@@ -28,7 +28,7 @@ pub mod flags {
 
 /// `struct statx_timestamp`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Ts {
+pub struct Timestamp {
     pub sec: i64,
     pub nsec: u32,
 }
@@ -51,10 +51,10 @@ pub struct Stat {
     pub blocks: u64,
     /// Reading a file to pack it changes its atime, so a pack records mtime here: the same tree
     /// then gives the same bytes.
-    pub atime: Ts,
-    pub btime: Ts,
-    pub ctime: Ts,
-    pub mtime: Ts,
+    pub atime: Timestamp,
+    pub btime: Timestamp,
+    pub ctime: Timestamp,
+    pub mtime: Timestamp,
     pub rdev_major: u32,
     pub rdev_minor: u32,
     pub dev_major: u32,
@@ -85,71 +85,11 @@ impl Stat {
             && self.mtime == o.mtime
             && self.ctime == o.ctime
     }
-
-    /// What a pack records of a file's `statx` record: everything but atime, which reading the
-    /// file changes (recorded as mtime, so that packing is deterministic).
-    pub fn from_stat_rec(s: &granary_shm::StatRec) -> Stat {
-        let ts = |t: granary_shm::Ts| Ts {
-            sec: t.sec,
-            nsec: t.nsec,
-        };
-        Stat {
-            mask: s.mask & !libc::STATX_ATIME,
-            blksize: s.blksize,
-            attributes: s.attributes,
-            attributes_mask: s.attributes_mask,
-            nlink: s.nlink,
-            uid: s.uid,
-            gid: s.gid,
-            mode: s.mode,
-            ino: s.ino,
-            size: s.size,
-            blocks: s.blocks,
-            atime: ts(s.mtime),
-            btime: ts(s.btime),
-            ctime: ts(s.ctime),
-            mtime: ts(s.mtime),
-            rdev_major: s.rdev_major,
-            rdev_minor: s.rdev_minor,
-            dev_major: s.dev_major,
-            dev_minor: s.dev_minor,
-        }
-    }
-
-    /// The catalog's record of the same metadata (atime served as mtime, see `atime`).
-    pub fn to_stat_rec(&self) -> granary_shm::StatRec {
-        let ts = |t: Ts| granary_shm::Ts {
-            sec: t.sec,
-            nsec: t.nsec,
-            _pad: 0,
-        };
-        granary_shm::StatRec {
-            mask: self.mask,
-            blksize: self.blksize,
-            attributes: self.attributes,
-            nlink: self.nlink,
-            uid: self.uid,
-            gid: self.gid,
-            mode: self.mode,
-            ino: self.ino,
-            size: self.size,
-            blocks: self.blocks,
-            attributes_mask: self.attributes_mask,
-            atime: ts(self.atime),
-            btime: ts(self.btime),
-            ctime: ts(self.ctime),
-            mtime: ts(self.mtime),
-            rdev_major: self.rdev_major,
-            rdev_minor: self.rdev_minor,
-            dev_major: self.dev_major,
-            dev_minor: self.dev_minor,
-        }
-    }
 }
 
 /// A decoded entry record. Offsets into the names section are not checked here (the index does).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EntryRec {
+pub struct IndexEntry {
     pub name_off: u64,
     pub name_len: u32,
     /// The directory listing this entry (the root is its own parent).
@@ -174,13 +114,13 @@ pub struct EntryRec {
     pub link_entry: u32,
 }
 
-impl EntryRec {
-    pub fn decode(b: &[u8]) -> EntryRec {
-        let ts = |s, n| Ts {
+impl IndexEntry {
+    pub fn decode(b: &[u8]) -> IndexEntry {
+        let ts = |s, n| Timestamp {
             sec: get_i64(b, s),
             nsec: get_u32(b, n),
         };
-        EntryRec {
+        IndexEntry {
             name_off: get_u64(b, 0),
             name_len: get_u32(b, 8),
             parent: get_u32(b, 12),
@@ -219,8 +159,8 @@ impl EntryRec {
         }
     }
 
-    pub fn encode(&self) -> [u8; ENTRY_LEN] {
-        let mut b = [0u8; ENTRY_LEN];
+    pub fn encode(&self) -> [u8; INDEX_ENTRY_LEN] {
+        let mut b = [0u8; INDEX_ENTRY_LEN];
         let s = &self.stat;
         put_u64(&mut b, 0, self.name_off);
         put_u32(&mut b, 8, self.name_len);
@@ -269,7 +209,7 @@ mod tests {
 
     #[test]
     fn record_round_trips() {
-        let e = EntryRec {
+        let e = IndexEntry {
             name_off: 7,
             name_len: 3,
             parent: 1,
@@ -278,8 +218,8 @@ mod tests {
             stat: Stat {
                 mode: 0o100644,
                 size: 12345,
-                mtime: Ts { sec: -5, nsec: 9 },
-                btime: Ts { sec: 1, nsec: 2 },
+                mtime: Timestamp { sec: -5, nsec: 9 },
+                btime: Timestamp { sec: 1, nsec: 2 },
                 dev_minor: 3,
                 ..Default::default()
             },
@@ -293,6 +233,6 @@ mod tests {
             link_len: 0,
             link_entry: NO_LINK,
         };
-        assert_eq!(EntryRec::decode(&e.encode()), e);
+        assert_eq!(IndexEntry::decode(&e.encode()), e);
     }
 }

@@ -3,8 +3,17 @@
 
 use std::path::Path;
 
-use super::*;
+use super::fields::*;
 use crate::error::{PackError, Result};
+
+/// First bytes of every pack file.
+pub const MAGIC: [u8; 8] = *b"GRANPACK";
+pub const KIND_INDEX: [u8; 4] = *b"INDX";
+pub const KIND_PARTITION: [u8; 4] = *b"PART";
+/// Readers refuse another major version; a higher minor version only adds what old readers may
+/// ignore (reserved fields, longer records).
+pub const VERSION_MAJOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 0;
 
 pub const INDEX_HEADER_LEN: usize = 256;
 pub const PARTITION_HEADER_LEN: usize = 128;

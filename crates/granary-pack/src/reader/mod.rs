@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use crate::codec::{decode_frame, frame_count, frame_raw_len, frame_table};
 use crate::error::{PackError, Result};
 use crate::format::entry::codec;
-use crate::format::{partition_file, EntryRec};
+use crate::format::{partition_file, IndexEntry};
 use crate::index::Index;
 use crate::listing::escape;
 use crate::partition::{self, read_exact_at, Partition};
@@ -77,7 +77,7 @@ impl Pack {
             .ok_or_else(|| PackError::corrupt(self.index.path(), "partition slot"))
     }
 
-    fn entry_of(&self, i: u32) -> Result<EntryRec> {
+    fn entry_of(&self, i: u32) -> Result<IndexEntry> {
         let e = self
             .index
             .entry(i)
@@ -141,20 +141,17 @@ impl Pack {
                 let n = frame_count(e.stat.size, block);
                 let mut table = vec![0u8; (n * 4) as usize];
                 read_at(&mut table, e.offset)?;
-                let words = frame_table(&table, e.stored_len, e.stat.size, block).map_err(bad)?;
+                let words = frame_table(&table, e.stored_len, e.stat.size, block)
+                    .map_err(|m| bad(m.to_string()))?;
                 let mut at = e.offset + table.len() as u64;
-                let (mut stored, mut raw) = (Vec::new(), Vec::new());
+                let (mut stored, mut raw, mut zstd) = (Vec::new(), Vec::new(), Vec::new());
                 for (k, &w) in words.iter().enumerate() {
                     stored.resize(crate::codec::frame::len(w), 0);
                     read_at(&mut stored, at)?;
                     raw.clear();
-                    decode_frame(
-                        w,
-                        &stored,
-                        frame_raw_len(k as u64, e.stat.size, block),
-                        &mut raw,
-                    )
-                    .map_err(|m| bad(format!("frame {k}: {m}")))?;
+                    raw.resize(frame_raw_len(k as u64, e.stat.size, block), 0);
+                    decode_frame(w, &stored, &mut raw, &mut zstd)
+                        .map_err(|m| bad(format!("frame {k}: {m}")))?;
                     hash.update(&raw);
                     sink(&raw).map_err(sink_err)?;
                     at += stored.len() as u64;

@@ -10,7 +10,7 @@ use globset::GlobSet;
 use crate::error::{PackError, Result};
 use crate::format::entry::{flags, NO_LINK};
 use crate::format::header::{Section, INDEX_HEADER_LEN, PARTITION_REC_LEN};
-use crate::format::{checksum, EntryRec, IndexHeader, PartitionRec};
+use crate::format::{checksum, IndexEntry, IndexHeader, PartitionRec};
 use crate::index::pack_id;
 use crate::writer::pipeline::Loc;
 use crate::writer::plan::Item;
@@ -53,13 +53,13 @@ pub fn build(
     meta: &Meta,
 ) -> Result<Built> {
     let (replicate, block_size, info) = (&meta.replicate, meta.block_size, meta.info);
-    let mut entries: Vec<EntryRec> = Vec::new();
+    let mut entries: Vec<IndexEntry> = Vec::new();
     let mut names: Vec<u8> = Vec::new();
     let mut entry_of_item: Vec<u32> = vec![NO_LINK; items.len()];
     let mut counts = (0u64, 0u64, 0u64); // files, dirs, symlinks
                                          // (node, its path, its entry index)
     let mut queue: VecDeque<(&Node, Vec<u8>, u32)> = VecDeque::new();
-    entries.push(EntryRec {
+    entries.push(IndexEntry {
         stat: root.stat,
         link_entry: NO_LINK,
         ..Default::default()
@@ -79,7 +79,7 @@ pub fn build(
         for (name, child) in &node.children {
             let i = entries.len() as u32;
             let path = join(&rel, name);
-            let mut e = EntryRec {
+            let mut e = IndexEntry {
                 name_off: names.len() as u64,
                 name_len: name.len() as u32,
                 parent: idx,
@@ -162,7 +162,7 @@ pub fn build(
             len: names.len() as u64,
             sum: checksum(&names),
         },
-        entry_len: crate::format::entry::ENTRY_LEN as u32,
+        entry_len: crate::format::entry::INDEX_ENTRY_LEN as u32,
         partition_rec_len: PARTITION_REC_LEN as u32,
         file_count: counts.0,
         raw_bytes: partitions.iter().map(|p| p.raw_bytes).sum(),

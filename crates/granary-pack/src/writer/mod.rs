@@ -7,91 +7,25 @@
 //! looks valid — the next pack to the same OUT names it.
 
 pub mod build;
+pub mod options;
 pub mod output;
 pub mod pipeline;
 pub mod plan;
+pub mod progress;
 pub mod walk;
+
+pub use options::{Options, DEFAULT_PARTITION_SIZE};
+pub use progress::{phase, Progress};
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
-use crate::codec::Compression;
 use crate::error::{PackError, Result};
-use crate::format::{partition_file, PartitionHeader, DEFAULT_BLOCK_SIZE, INDEX_FILE};
-
-pub const DEFAULT_PARTITION_SIZE: u64 = 1 << 30;
-
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Partitions wanted (balanced by size).
-    pub partitions: Option<u32>,
-    /// Largest partition (data bytes); also sets the count when `partitions` is not given.
-    pub partition_size: Option<u64>,
-    pub compression: Compression,
-    /// `--files`: pack these paths (relative to the source), in this order.
-    pub files: Option<PathBuf>,
-    /// `--replicate` patterns (globs on paths relative to the source).
-    pub replicate: Vec<String>,
-    pub threads: usize,
-    pub block_size: u32,
-    /// fsync partitions, index and directories before the rename.
-    pub sync: bool,
-    /// Replace an existing OUT.
-    pub force: bool,
-}
-
-impl Default for Options {
-    fn default() -> Options {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        Options {
-            partitions: None,
-            partition_size: None,
-            compression: Compression::None,
-            files: None,
-            replicate: Vec::new(),
-            // Reads block on the source: a few more threads than cores keep it busy.
-            threads: (cores * 2).max(4),
-            block_size: DEFAULT_BLOCK_SIZE,
-            sync: true,
-            force: false,
-        }
-    }
-}
-
-pub mod phase {
-    pub const WALKING: u8 = 0;
-    pub const PACKING: u8 = 1;
-    pub const FINISHING: u8 = 2;
-}
-
-/// Live counters for a progress display, and the caller's way to stop the pack.
-#[derive(Debug, Default)]
-pub struct Progress {
-    pub phase: AtomicU8,
-    pub dirs: AtomicU64,
-    pub files_total: AtomicU64,
-    pub bytes_total: AtomicU64,
-    pub files_done: AtomicU64,
-    pub bytes_done: AtomicU64,
-    /// Set by the caller (Ctrl-C): the pack stops within a directory or a piece of a file and
-    /// returns `PackError::Interrupted`, its temporary directory removed.
-    pub stop: AtomicBool,
-}
-
-impl Progress {
-    /// `Err(Interrupted)` once `stop` is set.
-    pub fn check_stop(&self) -> Result<()> {
-        if self.stop.load(Ordering::Relaxed) {
-            Err(PackError::Interrupted)
-        } else {
-            Ok(())
-        }
-    }
-}
+use crate::format::{partition_file, PartitionHeader, INDEX_FILE};
 
 #[derive(Clone, Debug)]
 pub struct Summary {

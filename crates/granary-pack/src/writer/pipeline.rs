@@ -22,9 +22,10 @@ use crate::format::entry::codec;
 use crate::format::header::PARTITION_HEADER_LEN;
 use crate::format::{checksum, partition_file, PartitionRec, Stat};
 use crate::sys::{open_under, statx_at};
+use crate::writer::options::Options;
 use crate::writer::plan::{Cutter, Item};
+use crate::writer::progress::Progress;
 use crate::writer::walk::Source;
-use crate::writer::{Options, Progress};
 
 /// Frames per job of a large file.
 const FRAMES_PER_JOB: u64 = 16;

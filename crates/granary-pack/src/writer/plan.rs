@@ -112,7 +112,7 @@ impl Cutter {
         let target = match (partitions, max) {
             (Some(n), _) => n as u64,
             (None, Some(m)) => total_raw.div_ceil(m.max(1)),
-            (None, None) => total_raw.div_ceil(crate::writer::DEFAULT_PARTITION_SIZE),
+            (None, None) => total_raw.div_ceil(crate::writer::options::DEFAULT_PARTITION_SIZE),
         };
         Cutter {
             target: target.clamp(1, data_files.max(1)),

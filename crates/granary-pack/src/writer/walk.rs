@@ -15,7 +15,7 @@ use crate::error::{PackError, Result};
 use crate::format::name::{component_problem, split_relative};
 use crate::format::Stat;
 use crate::sys::{open_under, statx_at};
-use crate::writer::Progress;
+use crate::writer::progress::Progress;
 
 /// One path of the tree; a directory's children are sorted by name.
 #[derive(Debug, Default)]

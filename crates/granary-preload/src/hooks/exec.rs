@@ -1,12 +1,14 @@
-//! Starting programs: `execve`, `execv`, `execvp`, `execvpe`, `fexecve`, `posix_spawn`,
-//! `posix_spawnp`. Nothing is changed: the call runs with the caller's arguments. `handoff` only
-//! notes, for the job's report, whether the new program will get granary. The variadic `execl*`
-//! calls are not seen (glibc builds their argument vector and calls its internal `execve`).
+//! The C entry points of the calls that start programs: `execve`, `execv`, `execvp`,
+//! `execvpe`, `fexecve`, `posix_spawn`, `posix_spawnp`. The call runs with the caller's
+//! arguments, its environment with granary's variables put back when they were cleared
+//! (`ops::exec`, which also notes whether the new program will get granary). The
+//! variadic `execl*` calls are not seen (glibc builds their argument vector and calls its
+//! internal `execve`).
 
 use core::ffi::{c_char, c_int};
 
-use crate::detour::{real, sys};
-use crate::handoff::{self, current_env, Target};
+use crate::ops::exec::{self, current_env, EnvBuf, Target};
+use crate::sys::{real, sys};
 
 type ExecveFn =
     unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
@@ -27,26 +29,43 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Path(path), envp);
-    let r = real!(EXECVE as ExecveFn, (path, argv, envp)
-        else sys!(libc::SYS_execve, path, argv, envp) as c_int);
-    handoff::failed(c);
+    let mut buf = EnvBuf::new();
+    let s = exec::before(Target::Path(path), argv, envp, &mut buf);
+    let r = real!(EXECVE as ExecveFn, (path, argv, s.envp)
+        else sys!(libc::SYS_execve, path, argv, s.envp) as c_int);
+    exec::failed(s.counted);
     r
 }
 
+/// `execv` passes the current environment: when granary's variables had to be put back, the
+/// call becomes `execve` with the new one.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    let c = handoff::before(Target::Path(path), current_env());
-    let r = real!(EXECV as ExecvFn, c"execv", (path, argv) or -1);
-    handoff::failed(c);
+    let mut buf = EnvBuf::new();
+    let env = current_env();
+    let s = exec::before(Target::Path(path), argv, env, &mut buf);
+    let r = if s.envp == env {
+        real!(EXECV as ExecvFn, c"execv", (path, argv) or -1)
+    } else {
+        real!(EXECVE as ExecveFn, (path, argv, s.envp)
+            else sys!(libc::SYS_execve, path, argv, s.envp) as c_int)
+    };
+    exec::failed(s.counted);
     r
 }
 
+/// As `execv`: `execvpe` with the new environment when it had to be made.
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    let c = handoff::before(Target::Search(file), current_env());
-    let r = real!(EXECVP as ExecvFn, c"execvp", (file, argv) or -1);
-    handoff::failed(c);
+    let mut buf = EnvBuf::new();
+    let env = current_env();
+    let s = exec::before(Target::Search(file), argv, env, &mut buf);
+    let r = if s.envp == env {
+        real!(EXECVP as ExecvFn, c"execvp", (file, argv) or -1)
+    } else {
+        real!(EXECVPE as ExecveFn, c"execvpe", (file, argv, s.envp) or -1)
+    };
+    exec::failed(s.counted);
     r
 }
 
@@ -56,9 +75,10 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Search(file), envp);
-    let r = real!(EXECVPE as ExecveFn, c"execvpe", (file, argv, envp) or -1);
-    handoff::failed(c);
+    let mut buf = EnvBuf::new();
+    let s = exec::before(Target::Search(file), argv, envp, &mut buf);
+    let r = real!(EXECVPE as ExecveFn, c"execvpe", (file, argv, s.envp) or -1);
+    exec::failed(s.counted);
     r
 }
 
@@ -68,9 +88,10 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Fd(fd), envp);
-    let r = real!(FEXECVE as FexecveFn, c"fexecve", (fd, argv, envp) or -1);
-    handoff::failed(c);
+    let mut buf = EnvBuf::new();
+    let s = exec::before(Target::Fd(fd), argv, envp, &mut buf);
+    let r = real!(FEXECVE as FexecveFn, c"fexecve", (fd, argv, s.envp) or -1);
+    exec::failed(s.counted);
     r
 }
 
@@ -83,11 +104,13 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Path(path), envp.cast());
+    let mut buf = EnvBuf::new();
+    let s = exec::before(Target::Path(path), argv.cast(), envp.cast(), &mut buf);
+    let envp: *const *mut c_char = s.envp.cast();
     let r = real!(POSIX_SPAWN as SpawnFn, c"posix_spawn", (pid, path, actions, attr, argv, envp)
         or libc::ENOSYS);
     if r != 0 {
-        handoff::failed(c);
+        exec::failed(s.counted);
     }
     r
 }
@@ -101,11 +124,13 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    let c = handoff::before(Target::Search(file), envp.cast());
+    let mut buf = EnvBuf::new();
+    let s = exec::before(Target::Search(file), argv.cast(), envp.cast(), &mut buf);
+    let envp: *const *mut c_char = s.envp.cast();
     let r = real!(POSIX_SPAWNP as SpawnFn, c"posix_spawnp", (pid, file, actions, attr, argv, envp)
         or libc::ENOSYS);
     if r != 0 {
-        handoff::failed(c);
+        exec::failed(s.counted);
     }
     r
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use granary_shm::{
-    build, chunks_name, object_id, object_name, part_name, state, CatalogEntry, Mapping, StatRec,
+    build, chunks_name, object_id, object_name, part_name, CatalogEntry, Mapping, StatRec, State,
     Table, TableSpec, Ts,
 };
 
@@ -257,46 +257,46 @@ impl Fixture {
         fs::set_permissions(&obj, fs::Permissions::from_mode(0o600)).unwrap();
         let idx = self.t().lookup(rel.as_bytes()).unwrap();
         self.record_identity(rel);
-        self.drive(idx, state::word(state::PLACED, 0));
+        self.drive(idx, State::Placed);
     }
 
-    /// Moves entry `idx` to `target` the way the agent does, through the lifecycle's own
-    /// transitions (back to UNPLACED first when needed), keeping the copy identity recorded.
-    pub fn drive(&self, idx: u32, target: u64) {
+    /// Moves entry `idx` to `target` (on tier 0) the way the agent does, through the lifecycle's
+    /// own transitions (back to UNPLACED first when needed), keeping the copy identity recorded.
+    pub fn drive(&self, idx: u32, target: State) {
         use granary_shm::lifecycle as lc;
         let t = self.t();
         let cell = lc::EntryCell { table: t, idx };
         let (ino, ctime) = t.copy_identity(idx);
         let cur = t.state(idx);
-        let back = match state::state_of(cur) {
-            state::UNPLACED => true,
-            state::QUEUED => lc::unclaim(&cell),
-            state::PLACING => lc::give_up(&cell, state::UNPLACED),
-            state::PLACED => lc::withdraw(&cell, cur),
-            state::PARTIAL => lc::drop_partial(&cell, cur),
-            state::SOURCE_ONLY => lc::claim_ahead(&cell, cur) && lc::unclaim(&cell),
-            s => panic!("state {s} is terminal"),
+        let back = match cur.state() {
+            State::Unplaced => true,
+            State::Queued => lc::unclaim(&cell),
+            State::Placing => lc::give_up(&cell, State::Unplaced),
+            State::Placed => lc::withdraw(&cell, cur),
+            State::Partial => lc::drop_partial(&cell, cur),
+            State::SourceOnly => lc::claim_ahead(&cell, cur) && lc::unclaim(&cell),
+            s => panic!("state {s:?} is terminal"),
         };
         assert!(back, "entry {idx} moved under the test");
-        let tier = state::tier_of(target);
-        let ok = match state::state_of(target) {
-            state::UNPLACED => true,
-            state::QUEUED => lc::claim(&cell),
-            state::PLACING => {
+        let tier = 0;
+        let ok = match target {
+            State::Unplaced => true,
+            State::Queued => lc::claim(&cell),
+            State::Placing => {
                 lc::claim(&cell) && lc::start(t, idx) && lc::announce_part(t, idx, tier, ino)
             }
-            state::PLACED => lc::adopt_placed(t, idx, tier, 1, ino, ctime),
-            state::PARTIAL => {
+            State::Placed => lc::adopt_placed(t, idx, tier, 1, ino, ctime),
+            State::Partial => {
                 lc::claim(&cell)
                     && lc::start(t, idx)
                     && lc::to_partial(t, idx, t.state(idx), tier, ino)
             }
-            state::SOURCE_ONLY => {
-                lc::claim(&cell) && lc::start(t, idx) && lc::give_up(&cell, state::SOURCE_ONLY)
+            State::SourceOnly => {
+                lc::claim(&cell) && lc::start(t, idx) && lc::give_up(&cell, State::SourceOnly)
             }
-            s => panic!("cannot drive to state {s}"),
+            s => panic!("cannot drive to state {s:?}"),
         };
-        assert!(ok, "entry {idx}: no transition to {target:#x}");
+        assert!(ok, "entry {idx}: no transition to {target:?}");
     }
 
     /// Records the identity of `rel`'s object file (after the test changed it on purpose, or as
@@ -370,8 +370,10 @@ impl Fixture {
         out
     }
 
-    pub fn state_of(&self, rel: &str) -> u8 {
-        state::state_of(self.t().state(self.t().lookup(rel.as_bytes()).unwrap()))
+    pub fn state_of(&self, rel: &str) -> State {
+        self.t()
+            .state(self.t().lookup(rel.as_bytes()).unwrap())
+            .state()
     }
 
     pub fn counter(&self, word: usize) -> u64 {

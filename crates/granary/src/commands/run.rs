@@ -9,7 +9,7 @@ use granary_agent::client::{connect_or_spawn, replace_unresponsive, silent_pid, 
 use granary_agent::job::{Ended, Job, Refused};
 use granary_agent::protocol::{Reply, Request};
 use granary_core::config::Config;
-use granary_core::placement::prefetch::OrderSpec;
+use granary_core::placement::known_order::OrderSpec;
 use granary_core::runtime::Runtime;
 use granary_core::size::format_size;
 use granary_core::stats::{JobReport, PackDamage};

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use granary_core::config::{default_tier, Config, PolicyKind};
-use granary_core::placement::prefetch::OrderSpec;
+use granary_core::placement::known_order::OrderSpec;
 
 use super::tiers::TierArgs;
 

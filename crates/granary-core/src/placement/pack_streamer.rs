@@ -1,0 +1,814 @@
+//! Placement of a packed source: whole partitions streamed from the pack in large sequential
+//! reads, each file's copy written as its bytes arrive (docs/pack-format.md, "Serving a pack").
+//!
+//! Each partition is cut into **segments**: runs of consecutive files whose stored bytes span
+//! at most `SEGMENT_SPAN` (a file larger than that is a segment of its own, read in
+//! `block_size` pieces). A few streamer threads per table — as many as the node's source-stream
+//! cap allows, at most one per partition — sweep the partitions, each read holding one of the
+//! node's source streams (`Streams`); the sweep takes as many consecutive segments as one
+//! `block_size` read spans and reads them at once. A file a program opened and waits for
+//! (`request`) moves its segment to the front: the next read of any streamer is that one
+//! segment — a small read, so a program that opens files in random order (a shuffled first
+//! epoch) waits for its files, not for 8 MiB around each — and the sweep then goes on where it
+//! was, never reading a byte twice.
+//!
+//! In cluster mode (`granary serve`) each node streams only the files it owns (`restrict`):
+//! its segments of the pack, each read once for the whole job; it reads another file of the
+//! pack only when the nodes that own it cannot send it (`adopt`).
+//!
+//! Per segment, room comes first: each file that still needs a copy is claimed and reserved on
+//! the policy's tiers before a byte is read (a file no tier can take becomes SOURCE_ONLY, and a
+//! segment nobody can take is never read). Its stored bytes are decoded (`unpack`) into a
+//! temporary file, checked against the index's checksum, and published through the same path
+//! as every copy (identity recorded, `lifecycle::record_copy`, `states::finish`). A partition
+//! whose header does not match the index, or a file whose bytes fail their checksum, is never
+//! placed: those files stay served from the source (or, with only the pack, extracted and
+//! checked by the preload library).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::ops::Range;
+use std::time::Duration;
+
+use granary_shm::lifecycle::{self, EntryCell};
+use granary_shm::{EntryRec, Locator, State, Table};
+
+use super::copy::{
+    align_up, no_room, publish as publish_copy, source_only, write_all_at, SourceReader,
+    DIRECT_ALIGN, SETTLE,
+};
+use super::engine::Engine;
+use super::states::Finish;
+use super::unpack::{Damaged, Decoder, Scratch};
+use super::{SourceCtx, Work};
+use crate::packed_source::damage::Damage;
+use crate::packed_source::Partitions;
+use crate::stats::{AgentCounters, PackDamage};
+use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use crate::sync::{lock, statics, thread, Arc, Condvar, Mutex};
+use crate::sys;
+use crate::tiers::Reservation;
+
+const TODO: u8 = 0;
+const TAKEN: u8 = 1;
+const DONE: u8 = 2;
+/// Taken, and asked for again meanwhile (a file it did not place then): streamed once more.
+const AGAIN: u8 = 3;
+const NONE: u32 = u32::MAX;
+/// Most stored bytes one segment spans (unless one file is larger): what a program waiting for
+/// one file makes the source read first. The emulated PFS of the benchmark serves 60 MB/s and
+/// 150 requests/s, so anything from 0.4 MB up streams at full bandwidth.
+const SEGMENT_SPAN: u64 = 1 << 20;
+
+struct Segment {
+    part: u32,
+    /// Stored bytes `[start, end)` of the partition file.
+    start: u64,
+    end: u64,
+    /// Into `Streamer::members`.
+    members: Range<u32>,
+}
+
+enum PartFile {
+    Unopened,
+    Open(Arc<File>),
+    /// The partition does not match the index (or cannot be opened): never read.
+    Refused,
+}
+
+/// The partition streamer of one table (`SourceCtx::pack`).
+pub struct Streamer {
+    pack: Partitions,
+    block: u64,
+    segments: Vec<Segment>,
+    /// Table entries, grouped by segment, in data order.
+    members: Vec<u32>,
+    /// Segment of each table entry (`NONE`: not packed).
+    segment_of: Vec<u32>,
+    /// Per table entry: this node streams it (every packed file on one node; in cluster mode
+    /// the files it owns, and those it took over from nodes that could not send them).
+    mine: Vec<AtomicBool>,
+    seg_state: Vec<AtomicU8>,
+    /// Each partition's segments, and the next one its sweep looks at.
+    parts: Vec<Range<u32>>,
+    cursor: Vec<AtomicUsize>,
+    started: Vec<AtomicBool>,
+    files: Vec<Mutex<PartFile>>,
+    /// Segments a program waits on, first come first served.
+    urgent: Mutex<VecDeque<u32>>,
+    wake: Condvar,
+    /// Partitions refused and files found damaged, for the jobs' reports.
+    damage: Damage,
+    /// Segments not done; while any are, the table has placement work pending (`SourceCtx::work`).
+    remaining: AtomicUsize,
+    held: AtomicBool,
+}
+
+impl Streamer {
+    /// Segments of every packed file of `table` (the locators), cut at `SEGMENT_SPAN` bytes
+    /// (at most `block`), read by sweeps of up to `block` bytes.
+    pub fn new(table: &Table, pack: Partitions, block: u64) -> Streamer {
+        let block = block.max(DIRECT_ALIGN as u64);
+        let span = block.min(SEGMENT_SPAN);
+        let n = table.entry_count();
+        let mut files: Vec<(u32, u64, u64, u32)> = (0..n)
+            .filter_map(|i| {
+                let l = table.locator(i)?;
+                Some((l.partition, l.offset, l.offset + l.stored_len, i))
+            })
+            .collect();
+        files.sort_unstable();
+        let parts_n = pack.records.len();
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut members = Vec::with_capacity(files.len());
+        let mut segment_of = vec![NONE; n as usize];
+        for (part, start, end, idx) in files {
+            let extend = segments.last().is_some_and(|s| {
+                s.part == part && start >= s.start && end.max(s.end) - s.start <= span
+            });
+            if !extend {
+                let at = members.len() as u32;
+                segments.push(Segment {
+                    part,
+                    start,
+                    end,
+                    members: at..at,
+                });
+            }
+            let seg = segments.len() - 1;
+            let s = &mut segments[seg];
+            s.end = s.end.max(end);
+            members.push(idx);
+            s.members.end = members.len() as u32;
+            segment_of[idx as usize] = seg as u32;
+        }
+        let mut parts = vec![0u32..0u32; parts_n];
+        for (k, s) in segments.iter().enumerate() {
+            if let Some(r) = parts.get_mut(s.part as usize) {
+                if r.start == r.end {
+                    *r = k as u32..k as u32;
+                }
+                r.end = k as u32 + 1;
+            }
+        }
+        let count = segments.len();
+        Streamer {
+            pack,
+            block,
+            seg_state: (0..count).map(|_| AtomicU8::new(TODO)).collect(),
+            segments,
+            members,
+            segment_of,
+            mine: (0..n).map(|_| AtomicBool::new(true)).collect(),
+            cursor: parts
+                .iter()
+                .map(|r| AtomicUsize::new(r.start as usize))
+                .collect(),
+            started: (0..parts_n).map(|_| AtomicBool::new(false)).collect(),
+            files: (0..parts_n)
+                .map(|_| Mutex::new(PartFile::Unopened))
+                .collect(),
+            parts,
+            urgent: Mutex::default(),
+            wake: Condvar::new(),
+            damage: Damage::default(),
+            remaining: AtomicUsize::new(count),
+            held: AtomicBool::new(false),
+        }
+    }
+
+    /// Segments in all (for the log).
+    pub fn segments(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// The pack's partitions as this streamer opens and checks them.
+    pub fn partitions(&self) -> &Partitions {
+        &self.pack
+    }
+
+    /// What was found damaged in the pack so far (`None`: nothing).
+    pub fn damage(&self) -> Option<PackDamage> {
+        self.damage.report(&self.pack.dir)
+    }
+
+    /// Files of the table in partition `n`.
+    fn files_in(&self, n: u32) -> u64 {
+        let Some(r) = self.parts.get(n as usize) else {
+            return 0;
+        };
+        self.segments[r.start as usize..r.end as usize]
+            .iter()
+            .map(|s| u64::from(s.members.end - s.members.start))
+            .sum()
+    }
+
+    /// Cluster mode, before `spawn`: this node streams only the entries `mine` says it owns;
+    /// segments without one are never read here.
+    pub fn restrict(&self, mine: impl Fn(u32) -> bool) {
+        for (i, m) in self.mine.iter().enumerate() {
+            m.store(mine(i as u32), Ordering::Release);
+        }
+        for (k, s) in self.segments.iter().enumerate() {
+            let members = &self.members[s.members.start as usize..s.members.end as usize];
+            if !members.iter().any(|&i| self.streams(i))
+                && self.seg_state[k]
+                    .compare_exchange(TODO, DONE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                self.remaining.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// True if this node streams entry `idx` itself.
+    pub fn streams(&self, idx: u32) -> bool {
+        self.mine
+            .get(idx as usize)
+            .is_some_and(|m| m.load(Ordering::Acquire))
+    }
+
+    /// Cluster mode: packed entry `idx`, another node's, could not be had from it; this node
+    /// reads it from its partition after all (only its stored bytes) and keeps the copy.
+    pub fn adopt(&self, ctx: &SourceCtx, idx: u32) {
+        if let Some(m) = self.mine.get(idx as usize) {
+            m.store(true, Ordering::Release);
+            self.request(ctx, idx);
+        }
+    }
+
+    /// A program opened packed entry `idx` and waits for its copy: its segment goes first. A
+    /// segment already streamed is streamed again if the entry lost its copy since (withdrawn
+    /// as damaged).
+    pub fn request(&self, ctx: &SourceCtx, idx: u32) {
+        let Some(&seg) = self.segment_of.get(idx as usize) else {
+            return;
+        };
+        if ctx.work.is_retired() {
+            return;
+        }
+        if seg == NONE {
+            return;
+        }
+        let st = &self.seg_state[seg as usize];
+        let unplaced = matches!(
+            ctx.table.state(idx).state(),
+            State::Unplaced | State::Queued
+        );
+        loop {
+            let now = st.load(Ordering::Acquire);
+            let next = match now {
+                TODO => break,
+                DONE if unplaced => TODO,
+                // Being streamed: it may have passed this file over (not this node's then, or
+                // not yet asked for), so once done it is streamed again.
+                TAKEN if unplaced => AGAIN,
+                _ => return,
+            };
+            if st
+                .compare_exchange(now, next, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            if next == AGAIN {
+                return;
+            }
+            if self.remaining.fetch_add(1, Ordering::AcqRel) == 0 {
+                self.hold(&ctx.work);
+            }
+            break;
+        }
+        self.urge(seg);
+    }
+
+    /// Wakes the idle streamers (the table was retired: they stop now, not at their next
+    /// timeout).
+    pub fn wake_all(&self) {
+        let _q = lock(&self.urgent);
+        self.wake.notify_all();
+    }
+
+    fn urge(&self, seg: u32) {
+        lock(&self.urgent).push_back(seg);
+        self.wake.notify_all();
+    }
+
+    fn hold(&self, work: &Work) {
+        if !self.held.swap(true, Ordering::AcqRel) {
+            work.hold();
+        }
+        // Retiring waits for the work held to drain: never hold a retired table.
+        if work.is_retired() {
+            self.unhold(work);
+        }
+    }
+
+    fn unhold(&self, work: &Work) {
+        if self.held.swap(false, Ordering::AcqRel) {
+            work.release();
+        }
+    }
+
+    fn take(&self, seg: u32) -> bool {
+        self.seg_state[seg as usize]
+            .compare_exchange(TODO, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    fn done(&self, work: &Work, seg: u32) {
+        let st = &self.seg_state[seg as usize];
+        loop {
+            let cas = |from, to| {
+                st.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            };
+            if cas(AGAIN, TODO) {
+                self.urge(seg);
+                return;
+            }
+            if cas(TAKEN, DONE) {
+                break;
+            }
+            if !matches!(st.load(Ordering::Acquire), TAKEN | AGAIN) {
+                return; // not taken (cannot happen): nothing to count
+            }
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.unhold(work);
+        }
+    }
+
+    /// The next segments for a streamer sweeping `current`: a segment a program waits on,
+    /// else the next of the current partition with as many after it as one `block` read
+    /// spans, else the first of a partition nobody sweeps. All taken, all of one partition.
+    fn next(&self, current: &mut Option<usize>) -> Option<Range<u32>> {
+        while let Some(seg) = lock(&self.urgent).pop_front() {
+            if self.take(seg) {
+                return Some(seg..seg + 1);
+            }
+        }
+        loop {
+            if let Some(p) = *current {
+                let r = &self.parts[p];
+                loop {
+                    let c = self.cursor[p].fetch_add(1, Ordering::AcqRel);
+                    if c >= r.end as usize {
+                        break;
+                    }
+                    if self.take(c as u32) {
+                        let first = c as u32;
+                        let mut end = first + 1;
+                        while end < r.end
+                            && self.segments[end as usize].end - self.segments[first as usize].start
+                                <= self.block
+                            && self.take(end)
+                        {
+                            end += 1;
+                        }
+                        self.cursor[p].fetch_max(end as usize, Ordering::AcqRel);
+                        return Some(first..end);
+                    }
+                }
+                *current = None;
+            }
+            let p =
+                (0..self.parts.len()).find(|&p| !self.started[p].swap(true, Ordering::AcqRel))?;
+            *current = Some(p);
+        }
+    }
+
+    /// Partition `n`, opened and checked against the index once (header, pack id, length).
+    fn part_file(&self, counters: &AgentCounters, n: u32) -> Option<Arc<File>> {
+        let mut f = lock(self.files.get(n as usize)?);
+        match &*f {
+            PartFile::Open(file) => return Some(file.clone()),
+            PartFile::Refused => return None,
+            PartFile::Unopened => {}
+        }
+        let path = self.pack.partition_path(n);
+        let rec = self.pack.records.get(n as usize).copied()?;
+        // No readahead from the first read on (the header's): a window the kernel opened
+        // then goes on reading ahead of later reads whatever they advise, past the runs this
+        // node reads — into other nodes' bytes, in cluster mode (`SourceReader`).
+        let opened = File::open(&path).map_err(|e| granary_pack::PackError::io(&path, e));
+        let checked = opened.and_then(|f| {
+            sys::fadvise(&f, 0, 0, libc::POSIX_FADV_RANDOM);
+            granary_pack::partition::check(f, &path, n, &self.pack.header, &rec)
+        });
+        match checked {
+            Ok(p) => {
+                AgentCounters::add(&counters.source_opens, 1);
+                let file = Arc::new(p.file);
+                *f = PartFile::Open(file.clone());
+                Some(file)
+            }
+            Err(e) => {
+                tracing::warn!("{e}; its files are served from the source");
+                self.damage.partition(n, self.files_in(n), e.to_string());
+                *f = PartFile::Refused;
+                None
+            }
+        }
+    }
+}
+
+/// Starts `ctx`'s partition streamers (a table serving a pack), as many as the node's source
+/// streams and the partitions allow. They run until the table is retired.
+pub fn spawn(ctx: Arc<SourceCtx>, engine: Arc<Engine>) -> std::io::Result<()> {
+    let Some(st) = ctx.pack.get().cloned() else {
+        return Ok(());
+    };
+    if st.remaining.load(Ordering::Acquire) > 0 {
+        st.hold(&ctx.work);
+    }
+    let todo = |r: &Range<u32>| {
+        r.clone()
+            .any(|k| st.seg_state[k as usize].load(Ordering::Acquire) == TODO)
+    };
+    let threads = engine
+        .params
+        .max_source_streams
+        .min(st.parts.iter().filter(|r| todo(r)).count())
+        .max(1);
+    tracing::info!(
+        "{}: streaming {} partitions ({} of {} segments here) with {threads} streams",
+        ctx.source_real.display(),
+        st.parts.len(),
+        st.remaining.load(Ordering::Acquire),
+        st.segments.len()
+    );
+    for i in 0..threads {
+        let (ctx, engine, st) = (ctx.clone(), engine.clone(), st.clone());
+        thread::Builder::new()
+            .name(format!("partition-{i}"))
+            .spawn(move || run(&ctx, &engine, &st))?;
+    }
+    Ok(())
+}
+
+fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
+    // One block, aligned, plus room for the alignment of a segment's start.
+    let mut buf = vec![0u8; st.block as usize + 2 * DIRECT_ALIGN];
+    let mut scratch = Scratch::default();
+    let mut current = None;
+    while !ctx.work.is_retired() {
+        match st.next(&mut current) {
+            Some(segs) => {
+                segment(ctx, engine, st, segs.clone(), &mut buf, &mut scratch);
+                for seg in segs {
+                    st.done(&ctx.work, seg);
+                }
+            }
+            None => {
+                sys::release_pages(&mut buf);
+                scratch = Scratch::default();
+                // `retired` is looked at under the lock `wake_all` takes: a retirement is
+                // never missed between the loop's check and the wait.
+                let q = lock(&st.urgent);
+                if q.is_empty() && !ctx.work.is_retired() {
+                    let _ = st.wake.wait_timeout(q, Duration::from_millis(100));
+                }
+            }
+        }
+    }
+    st.unhold(&ctx.work);
+}
+
+/// One file of a segment being written: where, and how far.
+struct Out<'a> {
+    idx: u32,
+    entry: EntryRec,
+    loc: Locator,
+    res: Option<Reservation<'a>>,
+    /// Admitted to the page cache's resident set (`residency`): forgotten unless published.
+    resident: bool,
+    tmp: Vec<u8>,
+    file: Option<File>,
+    dec: Decoder,
+    /// Why it will not be published.
+    failed: Option<Failed>,
+}
+
+enum Failed {
+    Damaged(Damaged),
+    Tier(std::io::Error),
+    Source(std::io::Error),
+    Lost,
+}
+
+static TMP_SEQ: statics::AtomicUsize = statics::AtomicUsize::new(0);
+
+fn segment(
+    ctx: &SourceCtx,
+    engine: &Engine,
+    st: &Streamer,
+    segs: Range<u32>,
+    buf: &mut [u8],
+    scratch: &mut Scratch,
+) {
+    let t = &ctx.table;
+    let (Some(first), Some(last)) = (
+        st.segments.get(segs.start as usize),
+        st.segments.get((segs.end as usize).saturating_sub(1)),
+    ) else {
+        return;
+    };
+    // Consecutive segments of one partition: their members are consecutive too.
+    let (part, members) = (first.part, first.members.start..last.members.end);
+    let block = t.pack_block_size();
+    let mut outs: Vec<Out<'_>> = Vec::new();
+    for &idx in &st.members[members.start as usize..members.end as usize] {
+        if !st.streams(idx) {
+            continue; // another node's (cluster mode)
+        }
+        let cell = EntryCell { table: t, idx };
+        let (Some(entry), Some(loc)) = (t.entry(idx), t.locator(idx)) else {
+            continue;
+        };
+        let claimable = match t.state(idx).state() {
+            State::Unplaced => lifecycle::claim(&cell) || t.state(idx).state() == State::Queued,
+            State::Queued => true,
+            _ => false,
+        };
+        if !claimable {
+            continue;
+        }
+        if ctx.work.is_retired() {
+            lifecycle::unclaim(&cell);
+            continue;
+        }
+        if !lifecycle::start(t, idx) {
+            continue;
+        }
+        let size = entry.stat.size;
+        let order: Vec<usize> = engine.policy.tiers_for(size, &ctx.space.tiers);
+        let Some(res) = ctx.space.reserve_on(&order, size) else {
+            no_room(ctx, idx);
+            continue;
+        };
+        outs.push(Out {
+            idx,
+            entry,
+            loc,
+            res: Some(res),
+            resident: false,
+            tmp: Vec::new(),
+            file: None,
+            dec: Decoder::new(loc.codec, size, loc.stored_len, block),
+            failed: None,
+        });
+    }
+    if outs.is_empty() {
+        return;
+    }
+    let Some(file) = st.part_file(&ctx.counters, part) else {
+        for o in outs {
+            drop(o.res);
+            source_only(ctx, o.idx);
+        }
+        return;
+    };
+    for o in outs.iter_mut() {
+        if let Err(e) = create(ctx, o) {
+            o.failed = Some(Failed::Tier(e));
+        }
+    }
+    // Only the stored bytes of the files that need them, in runs without gaps: what lies
+    // between is placed already or another node's (cluster mode), which reads it itself.
+    for (start, end) in runs(&outs) {
+        if let Err(e) = stream(ctx, engine, st, &file, start, end, buf, scratch, &mut outs) {
+            for o in outs.iter_mut() {
+                o.failed
+                    .get_or_insert(Failed::Source(std::io::Error::new(e.kind(), e.to_string())));
+            }
+            break;
+        }
+    }
+    for o in outs {
+        publish(ctx, o);
+    }
+}
+
+/// The stored byte ranges of `outs` (in data order), merged where one starts in the page the
+/// previous one ends in (reads are page-aligned: that page is read once either way).
+fn runs(outs: &[Out<'_>]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for o in outs {
+        let (start, end) = (o.loc.offset, o.loc.offset + o.loc.stored_len);
+        match runs.last_mut() {
+            Some(last) if start <= align_up(last.1) => last.1 = last.1.max(end),
+            _ => runs.push((start, end)),
+        }
+    }
+    runs
+}
+
+/// The copy's temporary file in the reserved tier, with the file's length when it may have
+/// holes (framed), so a hole frame is left unwritten.
+fn create(ctx: &SourceCtx, o: &mut Out<'_>) -> std::io::Result<()> {
+    let Some(res) = &o.res else {
+        return Err(std::io::Error::other("no reservation"));
+    };
+    let tier = res.tier();
+    let Some(dir) = ctx.space.dir(tier) else {
+        return Err(std::io::Error::other("tier unusable"));
+    };
+    o.tmp = format!(
+        ".tmp-{:016x}-{}-{}",
+        o.entry.object,
+        std::process::id(),
+        TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+    .into_bytes();
+    let f = sys::create_excl_at(dir, &o.tmp, 0o600)?;
+    o.resident = ctx.residency.admit(o.entry.stat.size);
+    lifecycle::set_transient(&ctx.table, o.idx, !o.resident);
+    if o.loc.codec != granary_pack::format::entry::codec::NONE {
+        f.set_len(o.entry.stat.size)?;
+    }
+    o.file = Some(f);
+    Ok(())
+}
+
+/// Reads `[start, end)` of the partition in block reads (page-aligned buffers) and feeds
+/// every file its stored bytes as they arrive.
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    ctx: &SourceCtx,
+    engine: &Engine,
+    st: &Streamer,
+    file: &File,
+    start: u64,
+    end: u64,
+    buf: &mut [u8],
+    scratch: &mut Scratch,
+    outs: &mut [Out<'_>],
+) -> std::io::Result<()> {
+    let c = &ctx.counters;
+    let mut at = start / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
+    let base = (buf.as_ptr() as usize).wrapping_neg() % DIRECT_ALIGN;
+    let room = (buf.len() - base) / DIRECT_ALIGN * DIRECT_ALIGN;
+    let piece_max = (st.block as usize).min(room);
+    // Empty files have nothing stored: they are complete before any read.
+    feed(outs, at, &[], scratch);
+    let _stream = if end > start {
+        Some(engine.stream_for(ctx, true))
+    } else {
+        None
+    };
+    let mut reader = SourceReader::new_buffered(file);
+    while at < end {
+        if ctx.work.is_retired() || outs.iter().all(|o| o.failed.is_some()) {
+            return Err(std::io::Error::other("stopped"));
+        }
+        let len = ((end - at) as usize).min(piece_max);
+        let want = (align_up(len as u64) as usize).min(room);
+        let b = &mut buf[base..base + want];
+        let calls = reader.read_exact_at(file, b, at, len)?;
+        AgentCounters::add(&c.source_reads, calls);
+        AgentCounters::add(&c.source_bytes, len as u64);
+        ctx.table.add_pack_streamed(len as u64);
+        feed(outs, at, &buf[base..base + len], scratch);
+        // No program maps a pack's partition: its pages are of no use once copied.
+        sys::fadvise(file, at, len as u64, libc::POSIX_FADV_DONTNEED);
+        at += len as u64;
+    }
+    Ok(())
+}
+
+/// Hands each file the part of `data` (partition bytes from `at`) that is its stored bytes.
+fn feed(outs: &mut [Out<'_>], at: u64, data: &[u8], scratch: &mut Scratch) {
+    let end = at + data.len() as u64;
+    for o in outs.iter_mut() {
+        if o.failed.is_some() {
+            continue;
+        }
+        let (fs, fe) = (o.loc.offset, o.loc.offset + o.loc.stored_len);
+        let (s, e) = (fs.max(at), fe.min(end));
+        if s > e || (s == e && !(data.is_empty() && fs == fe)) {
+            continue;
+        }
+        let piece = &data[(s - at) as usize..(e - at) as usize];
+        let Some(file) = &o.file else {
+            o.failed = Some(Failed::Lost);
+            continue;
+        };
+        let r = o.dec.feed(piece, scratch, &mut |off, bytes: &[u8]| {
+            write_all_at(file, bytes, off)
+        });
+        match r {
+            Err(d) => o.failed = Some(Failed::Damaged(d)),
+            Ok(Err(e)) => o.failed = Some(Failed::Tier(e)),
+            Ok(Ok(())) => {}
+        }
+    }
+}
+
+/// Publishes one file's copy (checked against the index's checksum), or gives it up.
+fn publish(ctx: &SourceCtx, mut o: Out<'_>) {
+    let t = &ctx.table;
+    let size = o.entry.stat.size;
+    let res = o.res.take();
+    let tier = res.as_ref().map_or(0, |r| r.tier());
+    let dir = ctx.space.dir(tier);
+    let failed = match (&o.failed, &o.file) {
+        (Some(_), _) | (_, None) => true,
+        (None, Some(_)) => {
+            if let Err(d) = o.dec.finish(o.loc.checksum) {
+                o.failed = Some(Failed::Damaged(d));
+                true
+            } else {
+                false
+            }
+        }
+    };
+    let resident = o.resident;
+    if failed {
+        if let (Some(dir), false) = (dir, o.tmp.is_empty()) {
+            let _ = sys::unlink_at(dir, &o.tmp);
+        }
+        drop(res);
+        if resident {
+            ctx.residency.forget(size);
+        }
+        match o.failed {
+            Some(Failed::Damaged(d)) => {
+                tracing::warn!(
+                    "{}: damaged in the pack ({}); served from the source",
+                    path_of(t, o.idx),
+                    d.0
+                );
+                if let Some(st) = ctx.pack.get() {
+                    st.damage
+                        .file(o.idx, format!("{}: {}", path_of(t, o.idx), d.0));
+                }
+                source_only(ctx, o.idx);
+            }
+            Some(Failed::Tier(e)) => {
+                ctx.space.tier_failed(tier, &e);
+                source_only(ctx, o.idx);
+            }
+            Some(Failed::Source(e)) => {
+                tracing::debug!("reading the pack for {} failed: {e}", path_of(t, o.idx));
+                if ctx.work.is_retired() {
+                    lifecycle::give_up(
+                        &EntryCell {
+                            table: t,
+                            idx: o.idx,
+                        },
+                        State::Unplaced,
+                    );
+                } else {
+                    source_only(ctx, o.idx);
+                }
+            }
+            _ => {
+                source_only(ctx, o.idx);
+            }
+        }
+        return;
+    }
+    let (Some(file), Some(res), Some(dir)) = (o.file.as_ref(), res, dir) else {
+        source_only(ctx, o.idx);
+        return;
+    };
+    let sum = o.dec.finish(o.loc.checksum).unwrap_or(0).max(1);
+    settle(&ctx.table, o.idx, file, size);
+    let name = granary_shm::object_name(o.entry.object);
+    match publish_copy(ctx, o.idx, res, dir, (&o.tmp, &name), file, sum) {
+        Finish::Placed { .. } => {}
+        Finish::RenameFailed => {
+            let _ = sys::unlink_at(dir, &o.tmp);
+            if resident {
+                ctx.residency.forget(size);
+            }
+            source_only(ctx, o.idx);
+        }
+        Finish::Invalidated => {
+            if resident {
+                ctx.residency.forget(size);
+            }
+        }
+    }
+}
+
+/// Starts write-back of a finished copy; a transient one is written back now and its pages
+/// dropped (`residency`), as for every copy.
+fn settle(t: &Table, idx: u32, file: &File, size: u64) {
+    if sys::is_memory_fs(file) {
+        return;
+    }
+    if t.is_transient(idx) {
+        sys::sync_range(file, 0, size, SETTLE);
+        sys::fadvise(file, 0, 0, libc::POSIX_FADV_DONTNEED);
+    } else {
+        sys::sync_range(file, 0, size, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+fn path_of(t: &Table, idx: u32) -> String {
+    t.rel_path_vec(idx)
+        .map(|p| String::from_utf8_lossy(&p).into_owned())
+        .unwrap_or_else(|| format!("entry {idx}"))
+}

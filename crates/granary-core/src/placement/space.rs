@@ -1,0 +1,128 @@
+//! Where a table's copies go (`Space`): the tiers, this source's object directory in each, the
+//! tiers lost while in use, and the reservation steps every kind of copy shares.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use granary_shm::Table;
+
+use crate::sync::atomic::{AtomicU8, Ordering};
+use crate::sync::Arc;
+use crate::tiers::{Reservation, Tiers};
+
+/// Where a table's copies go: the tiers it was published with (its `SLOT_TIER0 + t`; placement
+/// reserves on them, so one pool serves sources with different tiers) and this source's object
+/// directory in each.
+pub struct Space {
+    pub tiers: Arc<Tiers>,
+    /// Tier `t`'s object directory for this source (`None`: unusable, never placed on).
+    dirs: Vec<Option<OwnedFd>>,
+    /// Per tier, the object directory as the table records it: clients open copies by its path.
+    recorded: Vec<RecordedDir>,
+    /// Tiers whose object directory is no longer where the table says (removed or renamed
+    /// while the agent ran), one bit each: nothing is placed there any more.
+    lost: AtomicU8,
+}
+
+impl Space {
+    pub(super) fn new(table: &Table, tiers: Arc<Tiers>, dirs: Vec<Option<OwnedFd>>) -> Space {
+        let recorded = (0..dirs.len() as u32)
+            .map(|t| {
+                let path = table
+                    .tier_dir(t)
+                    .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)));
+                RecordedDir {
+                    path,
+                    id: table.tier_dir_id(t),
+                }
+            })
+            .collect();
+        Space {
+            tiers,
+            dirs,
+            recorded,
+            lost: AtomicU8::new(0),
+        }
+    }
+
+    /// Tier `tier`'s object directory (`None`: unusable, never placed on).
+    pub fn dir(&self, tier: usize) -> Option<&OwnedFd> {
+        self.dirs.get(tier)?.as_ref()
+    }
+
+    /// The object directories, tier by tier (`None`: unusable).
+    pub fn dirs(&self) -> &[Option<OwnedFd>] {
+        &self.dirs
+    }
+
+    /// True if tier `tier`'s object directory is gone from its path (removed, renamed,
+    /// replaced): clients open copies by that path, so a copy placed in the orphan could never
+    /// be served. Noticed once (a warning), then remembered.
+    pub fn is_lost(&self, tier: usize) -> bool {
+        let bit = 1u8 << (tier as u32 & 7);
+        if self.lost.load(Ordering::Acquire) & bit != 0 {
+            return true;
+        }
+        let rec = self.recorded.get(tier);
+        let path = rec.and_then(|r| r.path.as_deref());
+        let here = path
+            .and_then(|p| std::fs::symlink_metadata(p).ok())
+            .map(|m| (m.dev(), m.ino()));
+        let lost = here.is_none() || here != rec.and_then(|r| r.id);
+        if lost && self.lost.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+            tracing::warn!(
+                "tier {tier} ({}) was removed or renamed while in use: no more copies there",
+                path.unwrap_or(Path::new("?")).display()
+            );
+        }
+        lost
+    }
+
+    /// The first of the policy's tiers with room for `size` (reserved), in the policy's order.
+    pub fn reserve_on(&self, tiers_order: &[usize], size: u64) -> Option<Reservation<'_>> {
+        tiers_order.iter().find_map(|&t| {
+            (self.dir(t).is_some() && !self.is_lost(t))
+                .then(|| self.tiers.reserve(t, size))
+                .flatten()
+        })
+    }
+
+    /// A reservation on a tier after `failed` in the policy's order.
+    pub fn reserve_after(
+        &self,
+        order: &[usize],
+        failed: usize,
+        size: u64,
+    ) -> Option<Reservation<'_>> {
+        let at = order.iter().position(|&t| t == failed)?;
+        self.reserve_on(&order[at + 1..], size)
+    }
+
+    /// A write to `tier` failed: ENOSPC/EDQUOT/EIO mean the tier cannot take more now,
+    /// whatever the accounting says (a tier configured larger than its file system, a failing
+    /// disk).
+    pub fn tier_failed(&self, tier: usize, err: &std::io::Error) {
+        let full = matches!(
+            err.raw_os_error(),
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EIO) | Some(libc::EFBIG)
+        );
+        if full && self.tiers.mark_full(tier) {
+            tracing::warn!(
+                "tier {} ({}): {err}; no new copies there until space is freed",
+                tier,
+                self.tiers.spec(tier).path.display()
+            );
+        } else {
+            tracing::debug!("placement: writing tier {tier} failed: {err}");
+        }
+    }
+}
+
+/// A tier's object directory as the table records it.
+struct RecordedDir {
+    path: Option<PathBuf>,
+    /// Device and inode.
+    id: Option<(u64, u64)>,
+}

@@ -1,0 +1,379 @@
+//! Which fds granary opened, and for what: a static array of atomics indexed by fd, so the
+//! fd-taking hooks (`read`, `fstat`, `close`, …) pay one load on the fast path. Fds beyond the
+//! array are never tracked (their calls pass through).
+//!
+//! Besides what an fd is, each word says whether its open file description (OFD) may be shared
+//! with another fd or process (`SHARED`): after `dup`, `fork`, an `SCM_RIGHTS` send, or while it is
+//! inheritable across `exec`. Only an fd whose OFD is ours alone may be switched to another file
+//! (`dup3` over it): a sharer would keep the old OFD, and reads alternating between the two would
+//! no longer share an offset. `BUSY` keeps, among the threads of this process, a switch apart
+//! from the reads of the same fd (a read in flight on the old OFD would move an offset the switch
+//! already copied). Served reads need no lock of ours against other sharers: they claim their
+//! range on the OFD's offset atomically (`serve::serve`).
+//!
+//! Atomics in static memory survive fork unchanged, which is what a forked child's inherited fds
+//! need; nothing here needs a lock of its own.
+
+use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use crate::sys::sys;
+
+const MAX_FDS: usize = 65536;
+/// Directory fds get a listing cursor and a dirent buffer each; more than this pass through.
+pub const MAX_DIR_FDS: usize = 4096;
+
+static FDS: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+/// One past the highest fd ever tracked: the end of the scans `fork` and `close_range` make.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// Listing position of each tracked directory fd: 0 = `.`, 1 = `..`, 2 + i = child i.
+static DIR_POS: [AtomicU32; MAX_DIR_FDS] = [const { AtomicU32::new(0) }; MAX_DIR_FDS];
+
+/// The range the positioned reads (`pread` family) of each tracked tier fd covered: the highest
+/// end in `PREAD_END`, the lowest start stored bitwise-inverted in `PREAD_START_INV`, so both
+/// grow with `fetch_max` and zero means "none" (zeroed statics cost nothing until touched).
+/// Page-cache residency drops that range of a transient copy at close.
+static PREAD_START_INV: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+static PREAD_END: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+
+/// The process this table describes. A vfork child (CPython's subprocess, posix_spawn) runs in
+/// its parent's memory until exec: its closes and dup2s must not rewrite the parent's table.
+/// fork children update it from the atfork handler (which vfork does not run).
+static OWNER: AtomicI32 = AtomicI32::new(0);
+
+pub fn set_owner() {
+    OWNER.store(sys!(libc::SYS_getpid) as i32, Ordering::Relaxed);
+}
+
+/// Called only when the table is about to change, so untracked fds never pay the syscall.
+pub fn owned() -> bool {
+    sys!(libc::SYS_getpid) as i32 == OWNER.load(Ordering::Relaxed)
+}
+
+const KIND_MASK: u64 = 0xff;
+const KIND_SOURCE: u64 = 1;
+const KIND_TIER: u64 = 2;
+const KIND_DIR: u64 = 3;
+const KIND_OTHER: u64 = 4;
+const KIND_PACK: u64 = 5;
+
+/// Flags, bits 16..24 of the word.
+pub mod flag {
+    /// A source fd that stays on the source for good (a switch failed, or it holds a lock).
+    pub const PINNED: u64 = 1 << 16;
+    /// The OFD may be shared with another fd or process: never switch it.
+    pub const SHARED: u64 = 1 << 17;
+    /// Keeps a switch apart from this process's other reads of the fd.
+    pub const BUSY: u64 = 1 << 18;
+    /// A tier fd opened with `O_NOFOLLOW` added by granary: hidden
+    /// from `fcntl(F_GETFL)`.
+    pub const NOFOLLOW_ADDED: u64 = 1 << 19;
+    /// A tier fd opened with `O_NONBLOCK` added by granary (so a FIFO planted in place of a
+    /// copy never blocks the open): hidden from `fcntl(F_GETFL)` until the program sets the
+    /// status flags itself.
+    pub const NONBLOCK_ADDED: u64 = 1 << 20;
+    /// A tier fd whose copy was opened without its identity check: the check comes with the
+    /// fd's first use (`tracked::confirm`), merged into the program's own `fstat` when that is
+    /// the first (CPython's open). Only close-on-exec fds, so no other program gets one.
+    pub const UNCHECKED: u64 = 1 << 21;
+    /// A tier fd whose copy failed that check: its bytes and metadata come from the source, as
+    /// for a copy the program changed in place.
+    pub const DAMAGED: u64 = 1 << 22;
+
+    /// The fd flags that record the open flags `copies::open` added.
+    pub fn added(open_flags: core::ffi::c_int) -> u64 {
+        let mut f = 0;
+        if open_flags & libc::O_NOFOLLOW != 0 {
+            f |= NOFOLLOW_ADDED;
+        }
+        if open_flags & libc::O_NONBLOCK != 0 {
+            f |= NONBLOCK_ADDED;
+        }
+        f
+    }
+
+    /// The open flags to hide from `F_GETFL` for fd flags `f`.
+    pub fn hidden(f: u64) -> core::ffi::c_int {
+        let mut o = 0;
+        if f & NOFOLLOW_ADDED != 0 {
+            o |= libc::O_NOFOLLOW;
+        }
+        if f & NONBLOCK_ADDED != 0 {
+            o |= libc::O_NONBLOCK;
+        }
+        o
+    }
+}
+const FLAGS_MASK: u64 = 0xff << 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FdKind {
+    /// A catalogued regular file opened on the source (read-only).
+    Source,
+    /// A catalogued regular file served from tier `t`'s copy.
+    Tier(u8),
+    /// A catalogued directory (a real fd of the source directory; listings from the catalog).
+    Dir,
+    /// Any other file under the source (opened for writing, or not catalogued): only counted.
+    Other,
+    /// A catalogued regular file extracted from the pack into memory (only the pack exists
+    /// and the agent could not place it): `fstat` describes the catalog's file.
+    Pack,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    /// Catalog entry; `u32::MAX` for `Other` files the catalog does not know.
+    pub entry: u32,
+    pub kind: FdKind,
+    pub flags: u64,
+}
+
+impl Tracked {
+    pub fn new(entry: u32, kind: FdKind, flags: u64) -> Tracked {
+        Tracked { entry, kind, flags }
+    }
+    pub fn has(&self, f: u64) -> bool {
+        self.flags & f != 0
+    }
+}
+
+fn encode(t: Tracked) -> u64 {
+    let (kind, tier) = match t.kind {
+        FdKind::Source => (KIND_SOURCE, 0),
+        FdKind::Tier(x) => (KIND_TIER, x as u64),
+        FdKind::Dir => (KIND_DIR, 0),
+        FdKind::Other => (KIND_OTHER, 0),
+        FdKind::Pack => (KIND_PACK, 0),
+    };
+    (t.entry as u64) << 32 | (t.flags & FLAGS_MASK) | (tier & 0xff) << 8 | kind
+}
+
+fn decode(v: u64) -> Option<Tracked> {
+    let kind = match v & KIND_MASK {
+        KIND_SOURCE => FdKind::Source,
+        KIND_TIER => FdKind::Tier((v >> 8) as u8),
+        KIND_DIR => FdKind::Dir,
+        KIND_OTHER => FdKind::Other,
+        KIND_PACK => FdKind::Pack,
+        _ => return None,
+    };
+    Some(Tracked {
+        entry: (v >> 32) as u32,
+        kind,
+        flags: v & FLAGS_MASK,
+    })
+}
+
+fn cell(fd: i32) -> Option<&'static AtomicU64> {
+    FDS.get(usize::try_from(fd).ok()?)
+}
+
+/// What `fd` is, as recorded (an `UNCHECKED` copy stays unchecked: hooks ask `tracked::get`).
+#[inline]
+pub fn peek(fd: i32) -> Option<Tracked> {
+    decode(cell(fd)?.load(Ordering::Acquire))
+}
+
+/// Records `fd` (keeping a `BUSY` bit its holder will clear); false if it cannot be tracked
+/// (out of range, a directory beyond the cursor array, or not our table: a vfork child), in
+/// which case the caller must not rely on it.
+pub fn track(fd: i32, t: Tracked) -> bool {
+    owned() && store(fd, t)
+}
+
+fn store(fd: i32, t: Tracked) -> bool {
+    let Some(c) = cell(fd) else {
+        return false;
+    };
+    if t.kind == FdKind::Dir {
+        let Some(pos) = usize::try_from(fd).ok().and_then(|i| DIR_POS.get(i)) else {
+            return false;
+        };
+        pos.store(0, Ordering::Relaxed);
+    }
+    if matches!(t.kind, FdKind::Tier(_)) {
+        if let (Some(a), Some(b)) = (PREAD_START_INV.get(fd as usize), PREAD_END.get(fd as usize)) {
+            a.store(0, Ordering::Relaxed);
+            b.store(0, Ordering::Relaxed);
+        }
+    }
+    HIGH.fetch_max(fd as usize + 1, Ordering::Relaxed);
+    let mut cur = c.load(Ordering::Relaxed);
+    loop {
+        let new = encode(t) | (cur & flag::BUSY);
+        match c.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(v) => cur = v,
+        }
+    }
+}
+
+/// `track` for a copy this very call opened unchecked (`flag::UNCHECKED`), without asking
+/// whose table this is: in a vfork child (which may only `exec` or `_exit`) the entry would land
+/// in the parent's table under a number that is free there — and whatever the parent later gets
+/// under that number is checked before any use and forgotten when it names no copy
+/// (`tracked::confirm_with`). Saves the `getpid` of a placed open.
+pub fn track_unchecked_copy(fd: i32, t: Tracked) -> bool {
+    if t.flags & flag::UNCHECKED == 0 || !matches!(t.kind, FdKind::Tier(_)) {
+        return track(fd, t);
+    }
+    store(fd, t)
+}
+
+/// Clears `f` on a tracked fd, whichever process's table it is: for a fact about the open file
+/// itself (its copy passed the check), true for every fd that shares it.
+pub fn clear_file_flag(fd: i32, f: u64) {
+    if let Some(c) = cell(fd) {
+        if c.load(Ordering::Relaxed) & KIND_MASK != 0 {
+            c.fetch_and(!f, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Sets `f` on a tracked fd (no-op for untracked ones or in a vfork child).
+pub fn set_flag(fd: i32, f: u64) {
+    if let Some(c) = cell(fd) {
+        if c.load(Ordering::Relaxed) & KIND_MASK != 0 && owned() {
+            c.fetch_or(f, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Clears `f` on a tracked fd (no-op for untracked ones or in a vfork child).
+pub fn clear_flag(fd: i32, f: u64) {
+    if let Some(c) = cell(fd) {
+        if c.load(Ordering::Relaxed) & KIND_MASK != 0 && owned() {
+            c.fetch_and(!f, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Takes the fd's `BUSY` bit, waiting (briefly sleeping) while another thread holds it. The
+/// holder's work is bounded (a read, or a wait on the agent that gives up within seconds), so
+/// is this wait; false if the fd is not tracked any more.
+pub fn lock(fd: i32) -> bool {
+    let Some(c) = cell(fd) else { return false };
+    let mut spins = 0u32;
+    loop {
+        let cur = c.load(Ordering::Relaxed);
+        if cur & KIND_MASK == 0 {
+            return false;
+        }
+        if cur & flag::BUSY == 0
+            && c.compare_exchange_weak(cur, cur | flag::BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return true;
+        }
+        spins += 1;
+        if spins < 64 {
+            core::hint::spin_loop();
+        } else {
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 50_000,
+            };
+            sys!(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize);
+        }
+    }
+}
+
+pub fn unlock(fd: i32) {
+    if let Some(c) = cell(fd) {
+        c.fetch_and(!flag::BUSY, Ordering::Release);
+    }
+}
+
+/// A positioned read of `n` bytes at `off` on tier fd `fd`.
+#[inline]
+pub fn note_pread(fd: i32, off: u64, n: u64) {
+    let Ok(i) = usize::try_from(fd) else { return };
+    if let (Some(a), Some(b)) = (PREAD_START_INV.get(i), PREAD_END.get(i)) {
+        a.fetch_max(!off, Ordering::Relaxed);
+        b.fetch_max(off.saturating_add(n), Ordering::Relaxed);
+    }
+}
+
+/// `[start, end)` of the positioned reads on tier fd `fd` since it was opened, if any.
+pub fn pread_range(fd: i32) -> Option<(u64, u64)> {
+    let i = usize::try_from(fd).ok()?;
+    let end = PREAD_END.get(i)?.load(Ordering::Relaxed);
+    let start = !PREAD_START_INV.get(i)?.load(Ordering::Relaxed);
+    (end > 0 && start < end).then_some((start, end))
+}
+
+/// Forgets `fd` and returns what it was (closed, or now naming something granary did not open).
+/// `None` in a vfork child, whose closes are not the parent's.
+#[inline]
+pub fn take(fd: i32) -> Option<Tracked> {
+    let c = cell(fd)?;
+    if c.load(Ordering::Relaxed) == 0 || !owned() {
+        return None;
+    }
+    decode(c.swap(0, Ordering::AcqRel))
+}
+
+/// `new` now names `old`'s OFD (the dup family), `old` being `t` (as `tracked::get` saw it):
+/// both are marked shared.
+pub fn dup(old: i32, new: i32, t: Option<Tracked>) {
+    if old == new {
+        return;
+    }
+    match t {
+        Some(mut t) => {
+            set_flag(old, flag::SHARED);
+            t.flags = (t.flags | flag::SHARED) & !flag::BUSY;
+            if !track(new, t) {
+                take(new);
+            }
+        }
+        None => {
+            take(new);
+        }
+    }
+}
+
+pub fn can_track_dir(fd: i32) -> bool {
+    usize::try_from(fd).is_ok_and(|i| i < MAX_DIR_FDS)
+}
+
+pub fn dir_pos(fd: i32) -> Option<&'static AtomicU32> {
+    DIR_POS.get(usize::try_from(fd).ok()?)
+}
+
+/// Forgets the fds `first..=last`, telling `closed` what each tracked one was.
+pub fn take_range(first: u32, last: u32, mut closed: impl FnMut(i32, Tracked)) {
+    if !owned() {
+        return;
+    }
+    let end = (last as usize).min(HIGH.load(Ordering::Relaxed).saturating_sub(1));
+    let mut fd = first as usize;
+    while fd <= end {
+        if let Some(c) = FDS.get(fd) {
+            if c.load(Ordering::Relaxed) != 0 {
+                if let Some(t) = decode(c.swap(0, Ordering::AcqRel)) {
+                    closed(fd as i32, t);
+                }
+            }
+        }
+        fd += 1;
+    }
+}
+
+/// After `fork`, in parent and child: every tracked OFD is now shared by two processes, and no
+/// thread of the child holds a `BUSY` bit (only the forking thread exists there).
+pub fn forked(in_child: bool) {
+    let end = HIGH.load(Ordering::Relaxed).min(MAX_FDS);
+    for c in FDS.iter().take(end) {
+        let v = c.load(Ordering::Relaxed);
+        if v == 0 {
+            continue;
+        }
+        if in_child {
+            // The child has one thread: plain stores race with nobody.
+            c.store((v | flag::SHARED) & !flag::BUSY, Ordering::Release);
+        } else {
+            c.fetch_or(flag::SHARED, Ordering::AcqRel);
+        }
+    }
+}

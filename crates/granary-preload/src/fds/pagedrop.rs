@@ -1,0 +1,56 @@
+//! The client side of page-cache residency (docs/placement.md, "Page-cache residency"): when the
+//! program closes a tier fd of a *transient* copy it has read, the copy's pages are dropped, so
+//! they never push the resident copies' pages out of a page cache too small for the dataset.
+//!
+//! Only what the program is done with, as far as a close can tell: a small file whole (data
+//! loaders read those whole), a large one whole if its offset reached its end (read through),
+//! else the range its `pread`s covered (a TFRecord reader's whole shard; a per-sample open of
+//! an HDF5 file just that sample, so the readahead beyond it stays for the next open). A large
+//! file read neither way (`mmap`, `read` closed midway) keeps its pages to the kernel's LRU, as
+//! without granary.
+
+use core::ffi::c_int;
+
+use granary_shm::job;
+
+use crate::fds::fdtable::{self, FdKind, Tracked};
+use crate::sys::{sys, KeepErrno};
+
+/// Called before the real close of a tracked fd. Advisory: errno is kept, failures ignored.
+pub fn before_close(fd: c_int, t: Tracked) {
+    if !matches!(t.kind, FdKind::Tier(_)) {
+        return;
+    }
+    let Ok(g) = crate::ops::detour::enter_any_creds() else {
+        return;
+    };
+    if !g.table.is_transient(t.entry) {
+        return;
+    }
+    let Some(size) = crate::ops::lookup::entry(g.table, t.entry).map(|e| e.stat.size) else {
+        return;
+    };
+    let _keep = KeepErrno::new();
+    let (start, len) = if size < g.table.prefetch_min_size() {
+        (0, 0)
+    } else {
+        let pos = sys!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR);
+        if pos >= 0 && pos as u64 >= size {
+            (0, 0)
+        } else if let Some((start, end)) = fdtable::pread_range(fd) {
+            (start, end - start)
+        } else {
+            return;
+        }
+    };
+    if drop_pages(fd, start, len) {
+        g.count(job::TRANSIENT_DROPS, 1);
+    }
+}
+
+/// `posix_fadvise(DONTNEED)` of `[off, off + len)` (`len` 0: to the end of the file); true if
+/// the kernel took it. Advisory: the caller's errno is kept.
+pub fn drop_pages(fd: c_int, off: u64, len: u64) -> bool {
+    let _keep = KeepErrno::new();
+    sys!(libc::SYS_fadvise64, fd, off, len, libc::POSIX_FADV_DONTNEED) == 0
+}

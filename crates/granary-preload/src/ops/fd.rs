@@ -1,0 +1,211 @@
+//! What granary does for the fd calls that only matter for fds it tracks: closing and
+//! duplicating keep the fd table honest, anything that may share an fd's open file description
+//! marks it shared (`dup*`, `F_DUPFD*`, clearing close-on-exec, `SCM_RIGHTS`), `chdir`/`fchdir`
+//! keep the working-directory shortcut of `path` right, and `F_GETFL` hides the status flags
+//! granary added to a copy's fd. Every one costs an untracked fd a single atomic load.
+//!
+//! Every way an fd goes away — `close`, `fclose`, `closedir`, `close_range`, `dup2`/`dup3` over
+//! a tracked fd, `freopen` — takes one path (`closing`, then the real call, then `closed`), so
+//! that each does what a close means: the fd is forgotten before the kernel can hand its number
+//! out again, a transient copy's pages are dropped while the fd still names it, and the agent
+//! hears of a small source file the program has read. In a vfork child (which shares its
+//! parent's memory until `exec`) nothing happens: its closes are not the parent's, and dropping
+//! pages there would drop the parent's.
+
+use core::ffi::{c_int, c_long, c_uint};
+
+use granary_shm::{request, State};
+
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::fds::tracked;
+use crate::ops::detour;
+use crate::sys::KeepErrno;
+
+/// A tracked fd on its way out: what it was, for `closed`.
+#[must_use]
+pub struct Closing(Option<Tracked>);
+
+/// Before the real call that closes `fd`: forgets it (and drops a transient copy's pages).
+#[inline]
+pub fn closing(fd: c_int) -> Closing {
+    crate::fds::copies::forget(fd);
+    let Some(t) = fdtable::take(fd) else {
+        return Closing(None);
+    };
+    crate::fds::pagedrop::before_close(fd, t);
+    Closing(Some(t))
+}
+
+/// After the real call: what the agent should learn from it.
+pub fn closed(c: Closing) {
+    if let Some(t) = c.0 {
+        let _keep = KeepErrno::new();
+        released(t);
+    }
+}
+
+/// A tracked fd went away: a small source file still waiting for placement has its pages in
+/// the page cache now, so the agent should copy it from there.
+fn released(t: Tracked) {
+    if t.kind != FdKind::Source {
+        return;
+    }
+    let Some(table) = detour::table() else {
+        return;
+    };
+    if !table.is_valid() {
+        return;
+    }
+    let Some(entry) = crate::ops::lookup::entry(table, t.entry) else {
+        return;
+    };
+    let st = table.state(t.entry).state();
+    if entry.stat.size < table.prefetch_min_size() && (st == State::Unplaced || st == State::Queued)
+    {
+        let slot = detour::job_slot();
+        table.push_request_arg(request::CLOSED, t.entry, slot);
+    }
+}
+
+/// True for the fd that carries the table to this process's children: a program's close of it
+/// leaves it open (`attach`).
+#[inline]
+pub fn keeps_open(fd: c_int) -> bool {
+    crate::init::attach::is_table_fd(fd)
+}
+
+/// `close_range(first, last, flags)` around the table fd this process keeps for its children;
+/// `real` makes the real call for a range.
+pub fn close_range(
+    first: c_uint,
+    last: c_uint,
+    flags: c_int,
+    real: impl Fn(c_uint, c_uint, c_int) -> c_int,
+) -> c_int {
+    let keep = crate::init::attach::table_fd();
+    if keep >= 0 && (first..=last).contains(&(keep as c_uint)) {
+        let keep = keep as c_uint;
+        let mut r = 0;
+        if keep > first {
+            r = close_fds(first, keep - 1, flags, &real);
+        }
+        if keep < last && r == 0 {
+            r = close_fds(keep + 1, last, flags, &real);
+        }
+        return r;
+    }
+    close_fds(first, last, flags, &real)
+}
+
+fn close_fds(
+    first: c_uint,
+    last: c_uint,
+    flags: c_int,
+    real: &impl Fn(c_uint, c_uint, c_int) -> c_int,
+) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
+        // The fds stay open until an exec: nothing goes away now, but they stop being shared.
+        return real(first, last, flags);
+    }
+    let keep = KeepErrno::new();
+    crate::fds::copies::forget_range(first, last);
+    let mut closed = [None; 64];
+    let mut n = 0;
+    fdtable::take_range(first, last, |fd, t| {
+        crate::fds::pagedrop::before_close(fd, t);
+        match closed.get_mut(n) {
+            Some(slot) => {
+                *slot = Some(t);
+                n += 1;
+            }
+            // More tracked fds than we keep notes of: tell the agent now (a CLOSED request
+            // sent a moment early only means the copy starts a moment early).
+            None => released(t),
+        }
+    });
+    drop(keep);
+    let r = real(first, last, flags);
+    for t in closed.into_iter().take(n) {
+        self::closed(Closing(t));
+    }
+    r
+}
+
+/// `new` now names `old`'s open file description (`dup`, `F_DUPFD*`, a successful `dup2`).
+pub fn duplicated(old: c_int, new: c_int) {
+    fdtable::dup(old, new, tracked::get(old));
+}
+
+/// Before `dup2`/`dup3` put `old`'s file at `new` (`old != new`): `new` is closed first.
+pub fn replacing(new: c_int) -> Closing {
+    // The program puts its own file at that number: the table fd is gone.
+    crate::init::attach::replaced(new);
+    closing(new)
+}
+
+/// `fcntl(fd, cmd, arg)` on a tracked fd; `real` makes the call.
+pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long, real: impl FnOnce() -> c_int) -> c_int {
+    let Some(t) = tracked::get(fd) else {
+        return real();
+    };
+    match cmd {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+            let r = real();
+            if r >= 0 {
+                duplicated(fd, r);
+            }
+            r
+        }
+        libc::F_SETFD => {
+            let r = real();
+            if r == 0 && arg as c_int & libc::FD_CLOEXEC == 0 {
+                // Inheritable from now on: an exec'd child may share the OFD.
+                fdtable::set_flag(fd, flag::SHARED);
+            }
+            r
+        }
+        libc::F_GETFL => {
+            let r = real();
+            if r >= 0 {
+                return r & !flag::hidden(t.flags);
+            }
+            r
+        }
+        libc::F_SETFL => {
+            let r = real();
+            if r == 0 && t.has(flag::NONBLOCK_ADDED) {
+                // The program chose its status flags: O_NONBLOCK is now its own (or gone).
+                fdtable::clear_flag(fd, flag::NONBLOCK_ADDED);
+            }
+            r
+        }
+        _ if super::lock::is_lock(cmd) => super::lock::locking(fd, t, real),
+        _ => real(),
+    }
+}
+
+/// `fd` lost close-on-exec (`ioctl(FIONCLEX)`, how Python's `os.set_inheritable` clears it).
+pub fn inheritable(fd: c_int) {
+    fdtable::set_flag(fd, flag::SHARED);
+}
+
+/// `fd`s sent to another process (`sendmsg` with `SCM_RIGHTS`) share their open file
+/// descriptions with the receiver.
+pub fn sending(msg: *const libc::msghdr) {
+    crate::sys::usermem::sent_fds(msg, |fd| {
+        // A copy not yet checked is checked before it leaves (`get`): the receiver's reads are
+        // out of our sight.
+        let _ = tracked::get(fd);
+        fdtable::set_flag(fd, flag::SHARED);
+    });
+}
+
+/// `chdir`/`fchdir` returned `r`: the working directory `path` remembers is read again.
+pub fn cwd_changed(r: c_int) {
+    if r == 0 {
+        if let Some(t) = detour::table() {
+            let _keep = KeepErrno::new();
+            crate::ops::path::note_cwd(t);
+        }
+    }
+}

@@ -1,0 +1,517 @@
+//! What granary does for the calls that create fds for paths (`open` and friends, `creat`,
+//! `fopen`, `freopen`): a read-only open of a placed file gets the copy's fd; a directory gets
+//! its real fd, tracked so listings come from the catalog; every other open runs as the real
+//! call, and its fd is tracked for what it is (a catalogued file on the source, so the agent
+//! places it; anything under the source, counted). An open that may write is the real call, and
+//! what it opened is voided (`mutate`).
+//!
+//! A placed open in one line: `find` the entry (one table lookup), open its copy
+//! (`copies::open_copy_unchecked`), track the fd (`fdtable`).
+
+use core::ffi::{c_char, c_int};
+
+use granary_shm::{job, request, EntryRec, Found, Locator, State};
+
+use crate::fds::fdtable::{self, flag, FdKind, Tracked};
+use crate::ops::detour::{self, Bypass, Detour, Guard};
+use crate::ops::lookup;
+use crate::ops::path::{Buf, Loc};
+use crate::sys::{self, KeepErrno};
+use crate::{fds::copies, sys::log};
+
+/// Flags under which an open only reads (anything else, e.g. O_DIRECT, O_PATH, O_TMPFILE,
+/// passes through). 0o100000 is the kernel's O_LARGEFILE, which glibc's headers call 0.
+const READ_FLAGS: c_int = libc::O_CLOEXEC
+    | libc::O_NONBLOCK
+    | libc::O_LARGEFILE
+    | 0o100000
+    | libc::O_NOATIME
+    | libc::O_NOCTTY
+    | libc::O_NOFOLLOW
+    | libc::O_DIRECTORY;
+const WRITE_FLAGS: c_int =
+    libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND;
+
+fn writes(flags: c_int) -> bool {
+    flags & WRITE_FLAGS != 0 && flags & libc::O_PATH == 0
+}
+
+/// An fd the kernel will hand to an exec'd child may end up sharing its OFD.
+fn initial_flags(flags: c_int) -> u64 {
+    if flags & libc::O_CLOEXEC == 0 {
+        flag::SHARED
+    } else {
+        0
+    }
+}
+
+/// How a placed copy's identity is checked: at the open, or at the fd's first use (`open`
+/// and `openat` with `O_CLOEXEC`: every later call on the fd reaches a hook that checks first).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum CheckCopy {
+    AtOpen,
+    AtFirstUse,
+}
+
+/// What to do with the fd the real call returns (`Detour::Bypass`).
+pub enum Then {
+    /// Nothing (an `fopen` mode we do not understand).
+    Nothing,
+    /// An open that may write: what it opened is voided.
+    Written,
+    /// Tracked as this, if anything (a catalogued file opened on the source asks the agent for
+    /// it). The guard, when there is one, is held across the real call and released after.
+    Track(Option<Guard>, Option<Tracked>),
+}
+
+/// The open family: `open`, `openat` and their aliases, `creat`.
+pub fn open(dirfd: c_int, path: *const c_char, flags: c_int) -> Detour<c_int, Then> {
+    if writes(flags) {
+        // A read-only LMDB environment's lock file: node-local while nobody writes.
+        if flags & libc::O_ACCMODE == libc::O_RDWR {
+            if let Some(fd) = crate::lmdb::lock_open(dirfd, path, flags) {
+                return Detour::Answer(fd);
+            }
+        }
+        return Detour::Bypass(Bypass::Writes, Then::Written);
+    }
+    read_only(dirfd, path, flags, CheckCopy::AtFirstUse)
+}
+
+/// `fopen`'s open with `mode`: as `open`, but the copy is checked now (stdio reads inside libc,
+/// where no hook sees them). The answer is an fd, which the hook hands to `fdopen`.
+pub fn fopen(path: *const c_char, mode: *const c_char) -> Detour<c_int, Then> {
+    match fopen_flags(crate::ops::path::bytes(mode)) {
+        Some((_, true)) => Detour::Bypass(Bypass::Writes, Then::Written),
+        Some((flags, false)) => read_only(libc::AT_FDCWD, path, flags, CheckCopy::AtOpen),
+        None => Detour::Bypass(Bypass::Flags, Then::Nothing),
+    }
+}
+
+fn read_only(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    check: CheckCopy,
+) -> Detour<c_int, Then> {
+    let g = match detour::enter() {
+        Ok(g) => g,
+        Err(why) => return Detour::Bypass(why, Then::Track(None, None)),
+    };
+    let mut buf = Buf::new();
+    let loc = lookup::locate(&g, dirfd, path, &mut buf);
+    match plan(&g, &loc, flags, check) {
+        Detour::Answer(fd) => Detour::Answer(fd),
+        Detour::Fail(e) => Detour::Fail(e),
+        Detour::Bypass(why, t) => Detour::Bypass(why, Then::Track(Some(g), t)),
+    }
+}
+
+/// After the real call returned `fd` (negative: it failed).
+pub fn after_real(fd: c_int, then: Then) {
+    match then {
+        Then::Nothing => {}
+        Then::Written => write_open(fd),
+        Then::Track(g, t) => opened(g.as_ref(), fd, t),
+    }
+}
+
+/// The answer for a read-only open of `loc` with `flags`: the placed copy's fd, or the real
+/// call (and how to track its fd).
+pub fn plan(
+    g: &Guard,
+    loc: &Loc,
+    flags: c_int,
+    check: CheckCopy,
+) -> Detour<c_int, Option<Tracked>> {
+    if loc.rel.is_none() {
+        return Detour::Bypass(Bypass::Outside, None);
+    }
+    // Any other file under the source: only counted.
+    let other = || Some(Tracked::new(u32::MAX, FdKind::Other, initial_flags(flags)));
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE || flags & libc::O_PATH != 0 {
+        return Detour::Bypass(Bypass::Flags, None);
+    }
+    if flags & !READ_FLAGS != 0 {
+        return Detour::Bypass(Bypass::Flags, other());
+    }
+    let Found { idx, entry, .. } = match lookup::find(g, loc, flags & libc::O_NOFOLLOW == 0) {
+        Ok(f) => f,
+        Err(why) => return Detour::Bypass(why, other()),
+    };
+    let fl = initial_flags(flags);
+    let mount = g.table.pack_mount();
+    if entry.stat.is_dir() {
+        if mount {
+            return packed_dir(g, idx, flags);
+        }
+        return Detour::Bypass(Bypass::OnSource, Some(Tracked::new(idx, FdKind::Dir, fl)));
+    }
+    if !entry.stat.is_file() || flags & libc::O_DIRECTORY != 0 {
+        return Detour::Bypass(Bypass::NotAFile, None);
+    }
+    let loc = g.table.locator(idx);
+    if loc.is_some() && g.table.state(idx).state() != State::Placed {
+        // Its bytes come from the pack: wait for the copy the agent streams now.
+        crate::pack::wait(g, idx);
+    }
+    let st = g.table.state(idx).state();
+    let mut why = Bypass::NotPlaced;
+    // (A packed file was waited for just now, in cluster mode too: no second wait.)
+    if st == State::Placed || loc.is_none() && cluster_wait(g, idx, &entry, st) {
+        // A tree that exists only in the pack has no file to put under a damaged copy's fd: the
+        // copy is checked now, and the pack serves it otherwise.
+        let check = if mount { CheckCopy::AtOpen } else { check };
+        match copy_fd(g, idx, &entry, flags, check) {
+            Some(fd) => return Detour::Answer(fd),
+            None => why = Bypass::CopyUnusable,
+        }
+    }
+    match (mount, loc) {
+        (true, Some(loc)) => extracted(g, idx, &entry, &loc, flags),
+        _ => Detour::Bypass(why, Some(Tracked::new(idx, FdKind::Source, fl))),
+    }
+}
+
+/// The placed copy opened and tracked, or `None` (the source is opened instead).
+fn copy_fd(g: &Guard, idx: u32, entry: &EntryRec, flags: c_int, check: CheckCopy) -> Option<c_int> {
+    let (fd, tier, added) = match check {
+        CheckCopy::AtOpen => copies::open_copy(g, idx, entry, flags)?,
+        CheckCopy::AtFirstUse => copies::open_copy_unchecked(g, idx, entry, flags)?,
+    };
+    let fl = initial_flags(flags) | added;
+    if !fdtable::track_unchecked_copy(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {
+        // Untrackable fd number: fstat could not be answered consistently, use the source.
+        let _keep = KeepErrno::new();
+        sys::raw_close(fd);
+        return None;
+    }
+    g.count(job::OPENS, 1);
+    g.count(job::TIER_FILES + tier as usize, 1);
+    report_open(g, idx);
+    if log::enabled() {
+        log::line(&[b"open from tier: ", g.table.name(entry).unwrap_or(b"?")]);
+    }
+    Some(fd)
+}
+
+/// A directory of a tree that exists only in the pack: an fd of the table's empty directory,
+/// tracked as this entry.
+fn packed_dir(g: &Guard, idx: u32, flags: c_int) -> Detour<c_int, Option<Tracked>> {
+    let fd = crate::pack::dir_fd(g, flags);
+    if fd < 0 {
+        return Detour::Fail(libc::EIO);
+    }
+    if !track_dir(fd, idx, flags) {
+        let _keep = KeepErrno::new();
+        sys::raw_close(fd);
+        return Detour::Fail(libc::EMFILE);
+    }
+    g.count(job::CATALOG_META, 1);
+    Detour::Answer(fd)
+}
+
+/// A file of a tree that exists only in the pack, which the agent did not place: extracted.
+fn extracted(
+    g: &Guard,
+    idx: u32,
+    entry: &EntryRec,
+    loc: &Locator,
+    flags: c_int,
+) -> Detour<c_int, Option<Tracked>> {
+    match crate::pack::extract(g, entry, loc, flags) {
+        Ok(fd) => {
+            let _keep = KeepErrno::new();
+            fdtable::take(fd);
+            copies::forget(fd);
+            // Untrackable (a vfork child, an fd beyond the table): the bytes are still right,
+            // only its `fstat` is the memory file's. Nothing else could serve the open.
+            fdtable::track(fd, Tracked::new(idx, FdKind::Pack, initial_flags(flags)));
+            // In the report's row of "the source or the pack": an open the tiers did not serve.
+            g.count(job::OPENS, 1);
+            g.count(job::SOURCE_OPENS, 1);
+            g.count(job::FALLBACKS, 1);
+            Detour::Answer(fd)
+        }
+        Err(e) => Detour::Fail(e),
+    }
+}
+
+/// Cluster mode (`Table::cluster`): some node of the job holds every file, so an open of one
+/// not placed here asks the agent for it and waits (as a read waits on a fetch: bounded, the
+/// agent alive and the copy progressing, a signal ends it) until it is, rather than opening the
+/// source — once per file on every node, the metadata load a cluster's shared file system
+/// must be spared. True if the copy is there now; false: open the source as usual.
+fn cluster_wait(g: &Guard, idx: u32, entry: &EntryRec, st: State) -> bool {
+    if !g.table.cluster() || entry.stat.size < g.table.prefetch_min_size() {
+        return false;
+    }
+    if !matches!(st, State::Unplaced | State::Queued | State::Placing) {
+        return false;
+    }
+    // Pushed: the agent claims it when it gets to it, however loaded the node (never refused
+    // for an UNPLACED file); not pushed (a full ring): only a short grace.
+    let asked = st == State::Unplaced
+        && g.table
+            .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
+    crate::wait::wait_placed(g, idx, asked)
+}
+
+/// A catalogued file opened on the source: counted, and the agent asked to place it.
+fn source_opened(g: &Guard, idx: u32) {
+    // PLACED here means its copy was just found unusable (DAMAGED is on the ring before this):
+    // the agent withdraws it first, then places the file again.
+    if matches!(g.table.state(idx).state(), State::Unplaced | State::Placed) {
+        // OPEN_UNPLACED tells a known-order agent where the program is as well.
+        g.table
+            .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
+    } else {
+        report_open(g, idx);
+    }
+    g.count(job::SOURCE_OPENS, 1);
+    g.count(job::OPENS, 1);
+}
+
+/// Tracks `fd`, a real fd of catalogued directory `idx`; false if it cannot be (the listing
+/// then comes from the source).
+pub fn track_dir(fd: c_int, idx: u32, flags: c_int) -> bool {
+    fdtable::can_track_dir(fd)
+        && fdtable::track(fd, Tracked::new(idx, FdKind::Dir, initial_flags(flags)))
+}
+
+/// A known-order agent follows the program's position through every open, placed files
+/// included (it never sees those otherwise). Without the header flag this is one relaxed load;
+/// a full ring drops the hint (never blocks): the agent catches up at the next open.
+fn report_open(g: &Guard, idx: u32) {
+    if g.table.reports_opens() {
+        g.table.push_request(request::OPENED, idx);
+    }
+}
+
+/// A new fd from the real call: any earlier tracking of its number is stale; track it as `t`.
+pub fn opened(g: Option<&Guard>, fd: c_int, t: Option<Tracked>) {
+    if fd < 0 {
+        return;
+    }
+    let _keep = KeepErrno::new();
+    fdtable::take(fd);
+    copies::forget(fd);
+    if let (Some(g), Some(t)) = (g, t) {
+        if t.kind == FdKind::Source {
+            source_opened(g, t.entry);
+        }
+    }
+    if let Some(t) = t {
+        let ok = match t.kind {
+            FdKind::Dir => fdtable::can_track_dir(fd) && fdtable::track(fd, t),
+            _ => fdtable::track(fd, t),
+        };
+        if !ok {
+            fdtable::take(fd);
+        }
+    }
+}
+
+/// An open that may write: the real call, then what it opened is voided (and its fd counted as
+/// an `Other` file of the source). Runs whatever this process's credentials: every process of
+/// the job must learn of the change.
+pub fn write_open(fd: c_int) {
+    if fd < 0 {
+        return;
+    }
+    let _keep = KeepErrno::new();
+    fdtable::take(fd);
+    copies::forget(fd);
+    let Ok(g) = detour::enter_any_creds() else {
+        return;
+    };
+    if let Some(entry) = crate::ops::mutate::opened_for_writing(&g, fd) {
+        fdtable::track(fd, Tracked::new(entry, FdKind::Other, flag::SHARED));
+    }
+}
+
+/// `fdopen` of an fd `fopen` got from the copy failed: the fd is closed, errno kept.
+pub fn fdopen_failed(fd: c_int) {
+    let e = sys::errno();
+    fdtable::take(fd);
+    sys::raw_close(fd);
+    sys::set_errno(e);
+}
+
+/// `freopen` reopened a stream as `fd` (negative: it failed) with `mode`.
+pub fn reopened(fd: c_int, mode: *const c_char) {
+    match fopen_flags(crate::ops::path::bytes(mode)) {
+        Some((_, true)) => write_open(fd),
+        _ => opened(None, fd, None),
+    }
+}
+
+/// `fopen` mode → (open flags, writes?); `None` for a mode we do not understand.
+pub fn fopen_flags(mode: Option<&[u8]>) -> Option<(c_int, bool)> {
+    let m = mode?;
+    let (mut flags, mut write) = match m.first()? {
+        b'r' => (libc::O_RDONLY, false),
+        b'w' => (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, true),
+        b'a' => (libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND, true),
+        _ => return None,
+    };
+    for &c in m.get(1..).unwrap_or(b"") {
+        match c {
+            b'+' => {
+                flags = (flags & !libc::O_WRONLY) | libc::O_RDWR;
+                write = true;
+            }
+            b'e' => flags |= libc::O_CLOEXEC,
+            b'x' => flags |= libc::O_EXCL,
+            b'b' | b't' | b'm' | b'c' => {}
+            b',' => break,
+            _ => return None,
+        }
+    }
+    Some((flags, write))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{fixture, pattern, PLACED, UNPLACED};
+    use granary_shm::Miss;
+
+    fn close(fd: c_int) {
+        fdtable::take(fd);
+        sys::raw_close(fd);
+    }
+
+    /// The open's decision; an fd opened by the real call (here: none) is not tracked.
+    fn decide(rel: &str, flags: c_int) -> Detour<c_int, Then> {
+        open(libc::AT_FDCWD, fixture().path(rel).as_ptr(), flags)
+    }
+
+    fn bypass(d: Detour<c_int, Then>) -> (Bypass, Option<Tracked>) {
+        match d {
+            Detour::Bypass(why, Then::Track(_, t)) => (why, t),
+            Detour::Bypass(why, _) => (why, None),
+            Detour::Answer(fd) => {
+                close(fd);
+                panic!("answered with an fd")
+            }
+            Detour::Fail(e) => panic!("failed with errno {e}"),
+        }
+    }
+
+    #[test]
+    fn a_placed_file_opens_its_copy_and_tracks_the_fd() {
+        let f = fixture();
+        let Detour::Answer(fd) = decide(PLACED, libc::O_RDONLY | libc::O_CLOEXEC) else {
+            panic!("a placed file opens its copy");
+        };
+        let t = fdtable::peek(fd).unwrap();
+        assert_eq!((t.entry, t.kind), (f.idx(PLACED), FdKind::Tier(0)));
+        // Close-on-exec: its check is left for the fd's first use.
+        assert!(t.has(flag::UNCHECKED));
+        let mut st = sys::empty_stat();
+        assert_eq!(sys::raw_fstat(fd, &mut st), 0);
+        assert_eq!(
+            st.st_ino,
+            std::fs::metadata(f.object(PLACED)).unwrap().ino()
+        );
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = sys::sys!(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), 0);
+        assert_eq!(n as usize, buf.len());
+        assert_eq!(buf, pattern(64 * 1024, 7));
+        close(fd);
+        // Without O_CLOEXEC (an exec'd child may get it) the copy is checked at the open.
+        let Detour::Answer(fd) = decide(PLACED, libc::O_RDONLY) else {
+            panic!("a placed file opens its copy");
+        };
+        let t = fdtable::peek(fd).unwrap();
+        assert!(!t.has(flag::UNCHECKED) && t.has(flag::SHARED));
+        close(fd);
+    }
+
+    #[test]
+    fn every_other_open_passes_through_and_says_why() {
+        let f = fixture();
+        let ro = libc::O_RDONLY | libc::O_CLOEXEC;
+        let (why, t) = bypass(decide(UNPLACED, ro));
+        assert_eq!(why, Bypass::NotPlaced);
+        assert_eq!(
+            t.map(|t| (t.entry, t.kind)),
+            Some((f.idx(UNPLACED), FdKind::Source))
+        );
+        let (why, t) = bypass(decide("train", ro));
+        assert_eq!(
+            (why, t.map(|t| t.kind)),
+            (Bypass::OnSource, Some(FdKind::Dir))
+        );
+        assert_eq!(bypass(decide(PLACED, libc::O_RDWR)).0, Bypass::Writes);
+        assert_eq!(
+            bypass(decide(PLACED, ro | libc::O_PATH)),
+            (Bypass::Flags, None)
+        );
+        assert_eq!(bypass(decide(PLACED, ro | libc::O_DIRECT)).0, Bypass::Flags);
+        assert_eq!(
+            bypass(decide(PLACED, ro | libc::O_DIRECTORY)),
+            (Bypass::NotAFile, None)
+        );
+        assert_eq!(
+            bypass(decide("nothing.here", ro)).0,
+            Bypass::Catalog(Miss::NotCatalogued)
+        );
+        assert_eq!(
+            bypass(decide("changed.txt", ro)).0,
+            Bypass::Catalog(Miss::Void)
+        );
+        assert_eq!(
+            bypass(decide("gone/inner/f.txt", ro)).0,
+            Bypass::Catalog(Miss::AncestorGone)
+        );
+        assert_eq!(
+            bypass(decide("outward", ro)).0,
+            Bypass::Catalog(Miss::Unprovable)
+        );
+        assert_eq!(
+            bypass(decide("link", ro | libc::O_NOFOLLOW)),
+            (Bypass::NotAFile, None)
+        );
+        let outside = CString::new("/proc/self/status").unwrap();
+        let (why, _) = bypass(open(libc::AT_FDCWD, outside.as_ptr(), ro));
+        assert_eq!(why, Bypass::Outside);
+    }
+
+    #[test]
+    fn a_symlink_to_a_placed_file_opens_the_copy() {
+        let f = fixture();
+        let Detour::Answer(fd) = decide("link", libc::O_RDONLY | libc::O_CLOEXEC) else {
+            panic!("the link's target is placed");
+        };
+        assert_eq!(fdtable::peek(fd).unwrap().entry, f.idx("a.txt"));
+        close(fd);
+    }
+
+    #[test]
+    fn fopen_modes() {
+        let m = |s: &[u8]| fopen_flags(Some(s));
+        assert_eq!(m(b"r"), Some((libc::O_RDONLY, false)));
+        assert_eq!(m(b"rbe"), Some((libc::O_RDONLY | libc::O_CLOEXEC, false)));
+        assert_eq!(m(b"r+"), Some((libc::O_RDWR, true)));
+        assert_eq!(
+            m(b"w"),
+            Some((libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, true))
+        );
+        assert_eq!(
+            m(b"ax"),
+            Some((
+                libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_EXCL,
+                true
+            ))
+        );
+        assert_eq!(m(b"r,ccs=UTF-8"), Some((libc::O_RDONLY, false)));
+        assert_eq!(m(b"rq"), None);
+        assert_eq!(m(b""), None);
+        assert_eq!(fopen_flags(None), None);
+    }
+
+    use std::ffi::CString;
+    use std::os::unix::fs::MetadataExt;
+}

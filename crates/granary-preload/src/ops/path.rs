@@ -1,0 +1,338 @@
+//! Where a path argument points, decided lexically in a stack buffer (no allocation; no syscall
+//! except `getcwd` for relative paths that may lead into the source).
+//!
+//! The lexical rules are the ones that are exact without asking the kernel: `.` and empty
+//! components vanish; `..` is exact only before any named component (the cwd from `getcwd` and a
+//! catalogued directory have no symlinks in them), so a later `..` makes the path "not ours".
+//!
+//! Cost: the buffer is not zeroed, an absolute path whose first component is neither root's is
+//! rejected before anything is built, and a relative path is rejected without `getcwd` when the
+//! working directory we last saw is outside the source and the path does not climb (`..`).
+
+use core::ffi::{c_char, c_int, CStr};
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+use granary_shm::{strip_root, Table};
+
+use crate::fds::fdtable::{self, FdKind};
+use crate::sys::{sys, PATH_BUF};
+
+/// Scratch space for one normalised absolute path. Never zeroed: only written bytes are read.
+pub struct Buf(MaybeUninit<[u8; PATH_BUF]>);
+
+impl Buf {
+    #[inline]
+    pub fn new() -> Buf {
+        Buf(MaybeUninit::uninit())
+    }
+}
+
+pub struct Loc<'a> {
+    /// Relative to the source root, normalised; `None` when the path is not (provably) inside.
+    pub rel: Option<&'a [u8]>,
+    /// The path named a directory syntactically (trailing `/`, `.` or `..`).
+    pub must_dir: bool,
+    /// The path named the source root itself through the user's spelling of it, which is a
+    /// symlink to the real root: not following it means the link, not the catalog's root.
+    pub root_link: bool,
+}
+
+impl Loc<'_> {
+    pub fn outside() -> Loc<'static> {
+        Loc {
+            rel: None,
+            must_dir: false,
+            root_link: false,
+        }
+    }
+}
+
+struct Cursor<'a> {
+    buf: &'a mut [MaybeUninit<u8>; PATH_BUF],
+    len: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(buf: &'a mut Buf) -> Cursor<'a> {
+        // SAFETY: `[MaybeUninit<u8>; N]` has the layout of `MaybeUninit<[u8; N]>`, and every
+        // bit pattern (initialised or not) is valid for it.
+        let buf = unsafe { &mut *buf.0.as_mut_ptr().cast::<[MaybeUninit<u8>; PATH_BUF]>() };
+        Cursor { buf, len: 0 }
+    }
+
+    fn put(&mut self, s: &[u8]) -> Option<()> {
+        let end = self.len.checked_add(s.len())?;
+        // Keep one byte for the NUL.
+        if end >= PATH_BUF {
+            return None;
+        }
+        let dst = self.buf.get_mut(self.len..end)?;
+        // SAFETY: `MaybeUninit<u8>` has `u8`'s layout; `dst` has exactly `s.len()` elements.
+        unsafe {
+            core::ptr::copy_nonoverlapping(s.as_ptr(), dst.as_mut_ptr().cast::<u8>(), s.len())
+        };
+        self.len = end;
+        Some(())
+    }
+
+    fn bytes(&self) -> &[u8] {
+        let init = &self.buf[..self.len];
+        // SAFETY: bytes `..len` were all written by `put` (or by getcwd, which wrote `len` + 1).
+        unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) }
+    }
+
+    /// Appends entry `idx`'s path relative to the source root.
+    fn put_rel(&mut self, table: &Table, idx: u32) -> Option<()> {
+        let len = table.rel_path_len(idx)?;
+        let base = self.len;
+        let end = base.checked_add(len)?;
+        if end >= PATH_BUF {
+            return None;
+        }
+        let buf = &mut *self.buf;
+        table.rel_path_pieces(idx, len, |at, piece| {
+            if let Some(dst) = buf.get_mut(base + at..base + at + piece.len()) {
+                // SAFETY: `MaybeUninit<u8>` has `u8`'s layout; `dst` has `piece.len()` elements.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(
+                        piece.as_ptr(),
+                        dst.as_mut_ptr().cast::<u8>(),
+                        piece.len(),
+                    )
+                };
+            }
+        })?;
+        self.len = end;
+        Some(())
+    }
+
+    fn pop(&mut self) {
+        self.len = self.bytes().iter().rposition(|&c| c == b'/').unwrap_or(0);
+    }
+
+    /// Appends the components of a relative path; `None` for a `..` after a named component.
+    fn push_components(&mut self, path: &[u8]) -> Option<()> {
+        let mut seen_name = false;
+        for comp in path.split(|&b| b == b'/') {
+            match comp {
+                b"" | b"." => {}
+                b".." if !seen_name => self.pop(),
+                b".." => return None,
+                name => {
+                    seen_name = true;
+                    self.put(b"/")?;
+                    self.put(name)?;
+                }
+            }
+        }
+        Some(())
+    }
+}
+
+/// Bytes of a C string argument; `None` for NULL.
+pub fn bytes<'a>(path: *const c_char) -> Option<&'a [u8]> {
+    if path.is_null() {
+        return None;
+    }
+    // SAFETY: libc's contract for path arguments: a NUL-terminated string, valid for the call.
+    Some(unsafe { CStr::from_ptr(path) }.to_bytes())
+}
+
+fn ends_as_dir(p: &[u8]) -> bool {
+    p.ends_with(b"/") || p == b"." || p == b".." || p.ends_with(b"/.") || p.ends_with(b"/..")
+}
+
+/// The first component of an absolute path, with its leading `/` (all of "/" for the root).
+fn first_component(s: &[u8]) -> &[u8] {
+    let n = s
+        .iter()
+        .skip(1)
+        .position(|&b| b == b'/')
+        .map_or(s.len(), |i| i + 1);
+    s.get(..n).unwrap_or(s)
+}
+
+/// True if absolute path `p` cannot lie under `root`: their first components differ.
+fn outside_root(p: &[u8], root: &[u8]) -> bool {
+    let r = first_component(root);
+    if r.len() <= 1 {
+        return root.is_empty();
+    }
+    let q = first_component(p);
+    q != r
+}
+
+/// Cheap early exit for absolute paths that cannot be under the source.
+pub fn surely_outside_abs(table: &Table, p: &[u8]) -> bool {
+    outside_root(p, table.source_root()) && outside_root(p, table.source_real_root())
+}
+
+/// Whether the working directory we last saw (`getcwd` in the constructor and after every
+/// `chdir`/`fchdir` we see) was outside the source: 0 unknown, 1 outside, 2 maybe inside. Only
+/// ever used to skip `getcwd` for a relative path that does not climb; a working directory
+/// changed behind our back then makes us pass a call through, never answer it wrongly.
+static CWD_OUTSIDE: AtomicU8 = AtomicU8::new(0);
+
+/// Re-reads the working directory (constructor, `chdir`, `fchdir`).
+pub fn note_cwd(table: &Table) {
+    let mut b = Buf::new();
+    let mut c = Cursor::new(&mut b);
+    let v = match getcwd(&mut c) {
+        Some(()) if surely_outside_abs(table, c.bytes()) => 1,
+        _ => 2,
+    };
+    CWD_OUTSIDE.store(v, Ordering::Relaxed);
+}
+
+fn getcwd(c: &mut Cursor<'_>) -> Option<()> {
+    let r = sys!(libc::SYS_getcwd, c.buf.as_mut_ptr(), PATH_BUF);
+    // The kernel returns the length including the NUL, and "(unreachable)…" for a cwd outside
+    // our root: only an absolute answer is usable.
+    if r <= 1 {
+        return None;
+    }
+    c.len = r as usize - 1;
+    if c.bytes().first() != Some(&b'/') {
+        return None;
+    }
+    if c.len == 1 {
+        c.len = 0; // "/" : components add their own separators
+    }
+    Some(())
+}
+
+/// Classifies `path` (relative to `dirfd`, `AT_FDCWD` for plain calls).
+pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut Buf) -> Loc<'a> {
+    let Some(p) = bytes(path) else {
+        return Loc::outside();
+    };
+    let Some(&first) = p.first() else {
+        return Loc::outside();
+    };
+    if first == b'/' {
+        if surely_outside_abs(table, p) {
+            return Loc::outside();
+        }
+        if is_clean_abs(p) {
+            // The common case: already normal, nothing to build.
+            return classify(table, p, false);
+        }
+    }
+    let mut n = Cursor::new(buf);
+    if first != b'/' {
+        if dirfd == libc::AT_FDCWD {
+            if CWD_OUTSIDE.load(Ordering::Relaxed) == 1 && !p.starts_with(b"..") {
+                return Loc::outside();
+            }
+            if getcwd(&mut n).is_none() {
+                return Loc::outside();
+            }
+        } else {
+            match fdtable::peek(dirfd) {
+                Some(t) if t.kind == FdKind::Dir => {
+                    if dir_base(table, t.entry, &mut n).is_none() {
+                        return Loc::outside();
+                    }
+                }
+                _ => return Loc::outside(),
+            }
+        }
+    }
+    let must_dir = ends_as_dir(p);
+    if n.push_components(p).is_none() {
+        return Loc {
+            rel: None,
+            must_dir,
+            root_link: false,
+        };
+    }
+    let len = n.len;
+    let Cursor { buf, .. } = n;
+    let abs: &'a [u8] = if len == 0 {
+        b"/"
+    } else {
+        let init = &buf[..len];
+        // SAFETY: bytes `..len` were written (see `Cursor::bytes`).
+        unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) }
+    };
+    classify(table, abs, must_dir)
+}
+
+/// An absolute path with nothing to normalise: no empty, `.` or `..` component (no `/` followed
+/// by `/` or `.`; a name starting with a dot takes the general path) and no trailing `/`.
+fn is_clean_abs(p: &[u8]) -> bool {
+    if p.len() < 2 || p.last() == Some(&b'/') {
+        return false;
+    }
+    let mut prev_slash = false;
+    for &c in p {
+        if prev_slash && (c == b'/' || c == b'.') {
+            return false;
+        }
+        prev_slash = c == b'/';
+    }
+    true
+}
+
+/// Where a normal absolute path lies relative to the source.
+fn classify<'a>(table: &Table, abs: &'a [u8], must_dir: bool) -> Loc<'a> {
+    let named = strip_root(abs, table.source_root());
+    let root_link =
+        named.is_some_and(|r| r.is_empty()) && table.source_root() != table.source_real_root();
+    let rel = named.or_else(|| strip_root(abs, table.source_real_root()));
+    Loc {
+        rel,
+        must_dir,
+        root_link,
+    }
+}
+
+/// Writes `<real source root>/<entry's path>`. The real root, because `..` from the catalog's
+/// root must go where the kernel would take it.
+fn dir_base(table: &Table, entry: u32, n: &mut Cursor<'_>) -> Option<()> {
+    let root = table.source_real_root();
+    n.len = 0;
+    if root != b"/" {
+        n.put(root)?;
+    }
+    if entry != 0 {
+        n.put(b"/")?;
+        n.put_rel(table, entry)?;
+    }
+    Some(())
+}
+
+/// `<real source root>/<rel>` as a NUL-terminated string in `buf`; returns its bytes with the
+/// NUL (`realpath`'s answer).
+pub fn real_path_of<'b>(table: &Table, rel: &[u8], buf: &'b mut Buf) -> Option<&'b [u8]> {
+    let mut c = Cursor::new(buf);
+    let root = table.source_real_root();
+    if root != b"/" {
+        c.put(root)?;
+    }
+    if !rel.is_empty() || c.len == 0 {
+        c.put(b"/")?;
+        c.put(rel)?;
+    }
+    let len = c.len;
+    let Cursor { buf, .. } = c;
+    buf.get_mut(len)?.write(0);
+    let init = &buf[..=len];
+    // SAFETY: bytes `..=len` were written just above.
+    Some(unsafe { &*(init as *const [MaybeUninit<u8>] as *const [u8]) })
+}
+
+/// The path of catalog entry `idx` on the source, NUL-terminated in `buf`, as a pointer for a
+/// system call.
+pub fn entry_path(table: &Table, idx: u32, buf: &mut Buf) -> Option<*const c_char> {
+    let mut c = Cursor::new(buf);
+    dir_base(table, idx, &mut c)?;
+    if c.len == 0 {
+        c.put(b"/")?;
+    }
+    let len = c.len;
+    let Cursor { buf, .. } = c;
+    buf.get_mut(len)?.write(0);
+    Some(buf.as_ptr().cast())
+}
