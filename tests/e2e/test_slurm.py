@@ -92,6 +92,9 @@ class Job:
         self.out.mkdir()
         self.hold = tmp / "hold"
         self.output = tmp / "job.out"
+        # The programs' preload (and the agents) log here: a wait for the agent that gave up is
+        # logged with the program's pid (`gave_up`).
+        self.log = tmp / "granary.log"
         bindir = tmp / "bin"
         bindir.mkdir()
         real = os.path.realpath(granary_bin())
@@ -127,6 +130,7 @@ class Job:
             "OMPI_MCA_oob_tcp_if_include": "lo",
             # The barrier's bound, generous: on a loaded machine the serve may start late.
             "GRANARY_ATTACH_WAIT": "600s",
+            "GRANARY_LOG": f"debug:{self.log}",
         }
         self.started = time.monotonic()
         self.id = c.sbatch(self.script,
@@ -168,6 +172,15 @@ class Job:
         p = subprocess.run(["nsenter", "-t", str(pid), "-m", "-u", granary_bin(), "status",
                             "--json"], capture_output=True, timeout=60)
         return (json.loads(p.stdout or b"null") or {}) if p.returncode == 0 else {}
+
+
+def gave_up(job: Job, node: str) -> int:
+    """Waits for its agent the program on `node` gave up (test_cluster.gave_up says why a
+    loaded machine makes some): each is logged with the program's pid."""
+    pid = results(job, "read.json")[node]["pid"]
+    text = job.log.read_text(errors="replace") if job.log.exists() else ""
+    return sum(1 for line in text.splitlines()
+               if line.startswith(f"granary-preload[{pid}]") and "stopped waiting" in line)
 
 
 def results(job: Job, suffix: str) -> dict:
@@ -303,9 +316,11 @@ def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_
         cl = st["cluster"]
         # Rank 1 written off; the survivors still serve each other.
         assert [p["alive"] for p in cl["peers"]] == [True, False, True], (node, cl["peers"])
-        survivors[node] = (cl["peers"][cl["rank"]]["pfs_bytes"],
-                           st["sources"][0]["served"]["source_bytes"])
+        served = st["sources"][0]["served"]
+        survivors[node] = (cl["peers"][cl["rank"]]["pfs_bytes"], served["source_bytes"])
         owned[node] = cl["bytes_owned"]
+        # Its program read from the source only where a wait for its agent gave up (loaded).
+        assert served["source_opens"] <= gave_up(job, node), (node, served)
     job.hold.touch()
     j = job.finish()
     pfs = (device_reads(dev)[1] - before) * 512
@@ -315,13 +330,13 @@ def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_
         assert r["errors"] == [], (node, r["errors"][:5])
         assert r["sha256"] == expected["sha256"] and r["listing"] == expected["listing"], node
     dead_share = total - sum(owned.values())
-    read = {node: a + p for node, (a, p) in survivors.items()}
+    read = {node: a for node, (a, _) in survivors.items()}
     print(f"job {j['JobState']}: the survivors read (agent, program) {survivors} bytes of the "
           f"source; they hold {owned}, rank 1 held {dead_share}, of {total}; rank 1 had read "
           f"{dead_read} bytes when it died; the device served {pfs} bytes for {stored} stored "
           "(the dead node's program read what it had not read yet through to the source)")
-    # Each survivor read its own share and at most the dead rank's, never the whole dataset;
-    # together they read the dead rank's share once (every node's copy of a file of rank 1's
+    # Each survivor's agent read its own share and at most the dead rank's, never the whole
+    # dataset; together they read the dead rank's share once (every node's copy of a file of rank 1's
     # came from one stand-in), but for the file each was receiving from rank 1 when it died.
     # Without stand-ins both survivors read the rest of rank 1's share (a third of the dataset,
     # 22 MB here); with a serve that ends when a rank dies, every node reads the whole dataset.

@@ -4,8 +4,8 @@
 (cluster_reader.read_tree), then waits, bounded, until SIGUSR1 has arrived (Slurm's
 `--signal=B:USR1@T`, passed on by the job script, srun and `granary run`; not with --no-usr1)
 and until the test has looked at the serving ranks (the file --hold names exists). Writes what
-it saw to OUT/<host name>.read.json once read and OUT/<host name>.done.json at the end: listing
-and digests, whether it ran under granary, when USR1 came.
+it saw to OUT/<host name>.read.json once read and OUT/<host name>.done.json at the end: its pid,
+listing and digests, whether it ran under granary, when USR1 came.
 """
 import argparse
 import json
@@ -35,7 +35,8 @@ def main() -> None:
     started = time.monotonic()
     listing, sums, errors = read_tree(args.root, seed=sum(map(ord, host)), every=args.every)
     read_s = time.monotonic() - started
-    result = {"host": host, "listing": listing, "sha256": sums, "errors": errors,
+    result = {"host": host, "pid": os.getpid(), "listing": listing, "sha256": sums,
+              "errors": errors,
               "read_s": read_s, "usr1_before_read_end": bool(usr1_at),
               "preload": "libgranary_preload" in os.environ.get("LD_PRELOAD", ""),
               "table": bool(os.environ.get("GRANARY_TABLE"))}
