@@ -897,6 +897,9 @@ fn start_validation(
     {
         old.stop();
     }
+    // What an absent attribute answers may have changed since the last attach (a remount
+    // without ACLs): probed again before the programs of this attach ask.
+    catalog::xattr::probe(t, &ctx.source_real);
     let epoch = if fresh_walk {
         t.set_immutable(immutable);
         t.bump_epoch()
