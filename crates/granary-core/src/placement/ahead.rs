@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use granary_shm::{lifecycle, State, Table};
 
 use super::pool::{CopyMethod, CopyTask, Pool};
-use super::SourceCtx;
+use super::source_ctx::SourceCtx;
 use crate::sync::{lock, Arc, Mutex};
 
 /// Opens this many places behind or ahead of a run's furthest file keep the run.
@@ -101,7 +101,7 @@ impl NameOrder {
     pub fn on_open(&self, ctx: &Arc<SourceCtx>, idx: u32, pool: &Pool) {
         let t = &ctx.table;
         let room = |size: u64| {
-            super::free_space(&ctx.space.tiers)
+            super::policy::free_space(&ctx.space.tiers)
                 .iter()
                 .enumerate()
                 .any(|(i, &f)| f >= ctx.space.tiers.charge(i, size) && !ctx.space.tiers.is_full(i))

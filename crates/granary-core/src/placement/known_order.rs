@@ -26,7 +26,9 @@ use granary_shm::{request, State, Table};
 use serde::{Deserialize, Serialize};
 
 use super::engine::Engine;
-use super::{KnownOrder, PlaceOutcome, Policy, SourceCtx};
+use super::outcome::PlaceOutcome;
+use super::policy::{KnownOrder, Policy};
+use super::source_ctx::SourceCtx;
 use crate::stats::AgentCounters;
 use crate::sync::{lock, thread, Arc, Condvar, Mutex};
 use crate::sys;
@@ -136,7 +138,7 @@ impl Prefetcher {
     /// it may evict (nothing placed was read this epoch): the file goes where it can.
     pub fn make_room(&self, ctx: &SourceCtx, size: u64) -> bool {
         let room = || {
-            super::free_space(&ctx.space.tiers)
+            super::policy::free_space(&ctx.space.tiers)
                 .iter()
                 .enumerate()
                 .any(|(t, &f)| f >= ctx.space.tiers.charge(t, size) && !ctx.space.tiers.is_full(t))
@@ -228,7 +230,7 @@ fn run(ctx: &SourceCtx, engine: &Engine) {
     let Some(pf) = ctx.order.as_deref() else {
         return;
     };
-    let mut buf = super::copy::worker_buffer(engine.params.block_size);
+    let mut buf = super::buffers::worker_buffer(engine.params.block_size);
     while !ctx.work.is_retired() {
         ctx.work.hold();
         let next = pf.next(ctx);

@@ -33,14 +33,15 @@ use std::time::Duration;
 use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{EntryRec, Locator, State, Table};
 
+use super::buffers::{align_up, DIRECT_ALIGN};
 use super::copy::{
-    align_up, no_room, publish as publish_copy, source_only, write_all_at, SourceReader,
-    DIRECT_ALIGN, SETTLE,
+    no_room, publish as publish_copy, source_only, write_all_at, SourceReader, SETTLE,
 };
 use super::engine::Engine;
+use super::source_ctx::SourceCtx;
 use super::states::Finish;
 use super::unpack::{Damaged, Decoder, Scratch};
-use super::{SourceCtx, Work};
+use super::work::Work;
 use crate::packed_source::damage::Damage;
 use crate::packed_source::Partitions;
 use crate::stats::{AgentCounters, PackDamage};

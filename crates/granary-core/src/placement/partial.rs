@@ -17,14 +17,15 @@ use std::collections::HashMap;
 
 use granary_shm::{chunks_name, EntryRec, State, StateWord, Table};
 
+use super::buffers::{align_up, aligned, DIRECT_ALIGN};
 use super::chunks::{self, ChunkFile, ChunkGeometry};
-use super::copy::{
-    align_up, aligned, matches_catalog, no_room, open_source, source_only, SourceReader, Started,
-    DIRECT_ALIGN,
-};
+use super::copy::{matches_catalog, no_room, open_source, source_only, SourceReader, Started};
 use super::engine::Engine;
 use super::mmap::Follower;
-use super::{free_space, PlaceOutcome, SourceCtx, Space};
+use super::outcome::PlaceOutcome;
+use super::policy::free_space;
+use super::source_ctx::SourceCtx;
+use super::space::Space;
 use crate::stats::AgentCounters;
 use crate::sync::{lock, Arc, Mutex};
 use crate::sys;

@@ -50,7 +50,7 @@ use granary_shm::{job, State};
 pub use page_order::PageOrder;
 pub use window::{Shape, Window};
 
-use super::SourceCtx;
+use super::source_ctx::SourceCtx;
 use crate::stats::AgentCounters;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::statics::{self, OnceLock, Thread};
