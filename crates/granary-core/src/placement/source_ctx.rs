@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use granary_shm::{Mapping, Table};
 
-use super::ahead::NameOrder;
+use super::ahead::name_order::NameOrder;
 use super::known_order::Prefetcher;
 use super::mmap::Follower;
 use super::outcome::PlaceOutcome;
