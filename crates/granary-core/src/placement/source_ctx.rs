@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use granary_shm::{Mapping, Table};
 
 use super::ahead::name_order::NameOrder;
-use super::known_order::Prefetcher;
+use super::known_order::prefetcher::Prefetcher;
 use super::mmap::Follower;
 use super::outcome::PlaceOutcome;
 use super::pack_streamer::Streamer;
