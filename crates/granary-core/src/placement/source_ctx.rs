@@ -13,7 +13,7 @@ use super::known_order::prefetcher::Prefetcher;
 use super::mmap::Follower;
 use super::outcome::PlaceOutcome;
 use super::pack_streamer::Streamer;
-use super::partial::Partials;
+use super::partial::partials::Partials;
 use super::residency::Residency;
 use super::space::Space;
 use super::work::Work;
