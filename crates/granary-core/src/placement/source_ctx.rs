@@ -12,7 +12,7 @@ use super::ahead::name_order::NameOrder;
 use super::known_order::prefetcher::Prefetcher;
 use super::mmap::Follower;
 use super::outcome::PlaceOutcome;
-use super::pack_streamer::Streamer;
+use super::pack_streamer::streamer::Streamer;
 use super::partial::partials::Partials;
 use super::residency::Residency;
 use super::space::Space;
