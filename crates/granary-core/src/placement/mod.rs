@@ -12,7 +12,10 @@
 //! - `source_ctx`: one published table as placement holds it (`SourceCtx`), what the other
 //!   modules share, made of handles that functions take one by one: the `Table`, where its
 //!   copies go (`space`), the work held for it (`work`), and the state of each helper below;
-//!   cluster mode's hook (`Remote`); `params`: the engine's parameters;
+//!   cluster mode's hook (`Remote`); `params`: the engine's parameters. A helper whose state
+//!   `SourceCtx` holds keeps that state, knowing nothing of `SourceCtx`, in a child file named
+//!   after the type (`partial::partials`, `pack_streamer::streamer`, `known_order::prefetcher`,
+//!   `ahead::name_order`, `mmap::follower`), and what works on it in the module itself;
 //! - `requests`: acting on the requests clients push to a table's ring;
 //! - `pool`: the worker threads and their queue; `engine`: what every job runs with (the
 //!   parameters, the policy, the node-wide cap on source streams);

@@ -10,7 +10,7 @@ use granary_shm::{Mapping, Table};
 
 use super::ahead::name_order::NameOrder;
 use super::known_order::prefetcher::Prefetcher;
-use super::mmap::Follower;
+use super::mmap::follower::Follower;
 use super::outcome::PlaceOutcome;
 use super::pack_streamer::streamer::Streamer;
 use super::partial::partials::Partials;
