@@ -2,7 +2,7 @@
 
 Every knob has a preset value per --size and can be overridden one by one. The
 presets are sized for a 2-core machine: quick finishes in about 5 minutes, full
-in about 32 (see bench/README.md for how they were chosen).
+in about 38 (see bench/README.md for how they were chosen).
 """
 
 import argparse
