@@ -72,6 +72,10 @@ impl Env {
     }
     /// Runs the reader over every file under granary; returns the output and the stats JSON.
     fn run_reader(&self, extra: &[&str]) -> (Output, serde_json::Value) {
+        self.run_script("reader.py", extra)
+    }
+    /// Runs `script` (in the test's directory, given the manifest of every file) under granary.
+    fn run_script(&self, script: &str, extra: &[&str]) -> (Output, serde_json::Value) {
         let manifest: Vec<(String, String)> = self
             .files
             .iter()
@@ -92,7 +96,7 @@ impl Env {
             .args(extra)
             .arg("--")
             .arg("python3")
-            .arg(self.dir.path().join("reader.py"))
+            .arg(self.dir.path().join(script))
             .arg(&mf);
         let out = c.output().unwrap();
         let js = std::fs::read(&stats)
@@ -788,4 +792,66 @@ fn page_cache_keeps_the_resident_copies_and_drops_the_rest() {
             );
         }
     }
+}
+
+/// Reads the first file of the manifest in 256 KiB `pread`s, and when `STOP` bytes are read
+/// prints how many bytes of its first `GONE` bytes are in the page cache (`mincore` of a
+/// mapping of the same fd: the copy the program reads), then reads on to the end and checks the
+/// digest.
+const BEHIND: &str = r#"
+import ctypes, hashlib, json, os, sys
+MIB = 1 << 20
+STOP, GONE = 20 * MIB, 12 * MIB
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+def cached(fd, length):
+    addr = libc.mmap(None, length, 1, 1, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    vec = (ctypes.c_ubyte * (length // 4096))()
+    assert libc.mincore(addr, length, vec) == 0, ctypes.get_errno()
+    libc.munmap(addr, length)
+    return sum(v & 1 for v in vec) * 4096
+path, want = json.load(open(sys.argv[1]))[0]
+fd = os.open(path, os.O_RDONLY)
+h = hashlib.sha256()
+off = 0
+while True:
+    b = os.pread(fd, 256 * 1024, off)
+    if not b:
+        break
+    h.update(b)
+    off += len(b)
+    if off == STOP:
+        print(json.dumps({"cached_behind": cached(fd, GONE)}), flush=True)
+os.close(fd)
+sys.exit(0 if h.hexdigest() == want else 1)
+"#;
+
+/// (j) A transient copy read in sequence by `pread`s is dropped behind its reader as it goes,
+/// not only at its close: with every copy transient (`--page-cache 0`) and no memory pressure
+/// (nothing else would evict it), a 24 MiB file's copy read up to 20 MiB has none of its first
+/// 12 MiB in the page cache (dropped a 4 MiB step at a time, a step behind the reader), and
+/// every byte read is the file's.
+#[test]
+fn a_transient_copy_is_dropped_behind_a_sequential_reader() {
+    let mut e = Env::new();
+    e.add("shards/big.rec", pattern(77, 24 * MIB as usize));
+    std::fs::write(e.dir.path().join("behind.py"), BEHIND).unwrap();
+    // Job 1 places the file (the agent's copy, transient, its pages dropped after writing).
+    let (o, _) = e.run_reader(&["--page-cache", "0"]);
+    ok(&o);
+    e.settle();
+    // Job 2 reads the copy.
+    let (o, js) = e.run_script("behind.py", &["--page-cache", "0"]);
+    ok(&o);
+    assert_eq!(js["files_served_from_tiers"], 1, "{js}");
+    let line = String::from_utf8_lossy(&o.stdout);
+    let v: serde_json::Value = serde_json::from_str(line.trim()).expect("the reader's line");
+    assert_eq!(
+        v["cached_behind"], 0,
+        "pages behind the reader stayed cached: {line}"
+    );
 }

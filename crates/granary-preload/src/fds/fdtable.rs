@@ -34,6 +34,9 @@ static DIR_POS: [AtomicU32; MAX_DIR_FDS] = [const { AtomicU32::new(0) }; MAX_DIR
 /// Page-cache residency drops that range of a transient copy at close.
 static PREAD_START_INV: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
 static PREAD_END: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+/// How far the pages of each tracked tier fd's copy were dropped behind a reader reading it in
+/// sequence (`pagedrop::behind`): a transient copy's pages then never pile up until its close.
+static DROPPED_TO: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
 
 /// The process this table describes. A vfork child (CPython's subprocess, posix_spawn) runs in
 /// its parent's memory until exec: its closes and dup2s must not rewrite the parent's table.
@@ -192,9 +195,13 @@ fn store(fd: i32, t: Tracked) -> bool {
         pos.store(0, Ordering::Relaxed);
     }
     if matches!(t.kind, FdKind::Tier(_)) {
-        if let (Some(a), Some(b)) = (PREAD_START_INV.get(fd as usize), PREAD_END.get(fd as usize)) {
+        let i = fd as usize;
+        if let (Some(a), Some(b), Some(d)) =
+            (PREAD_START_INV.get(i), PREAD_END.get(i), DROPPED_TO.get(i))
+        {
             a.store(0, Ordering::Relaxed);
             b.store(0, Ordering::Relaxed);
+            d.store(0, Ordering::Relaxed);
         }
     }
     HIGH.fetch_max(fd as usize + 1, Ordering::Relaxed);
@@ -284,14 +291,35 @@ pub fn unlock(fd: i32) {
     }
 }
 
-/// A positioned read of `n` bytes at `off` on tier fd `fd`.
+/// A positioned read of `n` bytes at `off` on tier fd `fd`; true if it continues the fd's
+/// positioned reads in sequence (it starts where the furthest one ended: a stream, not a seek).
 #[inline]
-pub fn note_pread(fd: i32, off: u64, n: u64) {
-    let Ok(i) = usize::try_from(fd) else { return };
+pub fn note_pread(fd: i32, off: u64, n: u64) -> bool {
+    let Ok(i) = usize::try_from(fd) else {
+        return false;
+    };
     if let (Some(a), Some(b)) = (PREAD_START_INV.get(i), PREAD_END.get(i)) {
         a.fetch_max(!off, Ordering::Relaxed);
-        b.fetch_max(off.saturating_add(n), Ordering::Relaxed);
+        return b.fetch_max(off.saturating_add(n), Ordering::Relaxed) == off;
     }
+    false
+}
+
+/// How far tier fd `fd`'s copy was dropped behind its reader (0: not at all).
+#[inline]
+pub fn dropped_to(fd: i32) -> u64 {
+    usize::try_from(fd)
+        .ok()
+        .and_then(|i| DROPPED_TO.get(i))
+        .map_or(u64::MAX, |d| d.load(Ordering::Relaxed))
+}
+
+/// Claims the drop of tier fd `fd`'s copy up to `upto`: the offset it was dropped to before, if
+/// that was below (so two threads reading one fd never drop the same range twice).
+pub fn claim_dropped(fd: i32, upto: u64) -> Option<u64> {
+    let d = DROPPED_TO.get(usize::try_from(fd).ok()?)?;
+    let before = d.fetch_max(upto, Ordering::Relaxed);
+    (before < upto).then_some(before)
 }
 
 /// `[start, end)` of the positioned reads on tier fd `fd` since it was opened, if any.

@@ -147,10 +147,11 @@ pub fn after_real(fd: c_int, off: Option<i64>, n: isize, then: Then) -> isize {
     let Some(kind) = then.count else {
         return n;
     };
+    let mut in_sequence = None;
     if then.note {
         if let (FdKind::Tier(_), Some(o)) = (kind, off) {
-            if n > 0 {
-                fdtable::note_pread(fd, o as u64, n as u64);
+            if n > 0 && fdtable::note_pread(fd, o as u64, n as u64) {
+                in_sequence = Some(o as u64);
             }
         }
     }
@@ -160,6 +161,10 @@ pub fn after_real(fd: c_int, off: Option<i64>, n: isize, then: Then) -> isize {
         g.table.push_request_arg(request::CHUNK, idx, k);
     }
     unlock(fd, then.locked);
+    drop(then.guard);
+    if let Some(o) = in_sequence {
+        crate::fds::pagedrop::behind(fd, o);
+    }
     n
 }
 
