@@ -78,6 +78,10 @@ pub struct Steering {
     pub lead: u64,
     /// No reader moved for a while.
     pub idle: bool,
+    /// Every file the programs map from this source fits in the page cache at once, with room
+    /// to spare: what the fetch reads ahead of the readers stays until they come, so it reads
+    /// the rest in sequence while they move (`whole_file::order`).
+    pub fits: bool,
 }
 
 /// What the tracker follows: the mapping processes, the mapped files, where readers started.

@@ -174,9 +174,11 @@ fn copy_part(
         let mut res = Vec::new();
         loop {
             let steer = ctx.mmap.steering(idx);
+            // Mapped files that fit in the page cache are read in sequence while their readers
+            // move (`Steering::fits`): what is read stays until they fault it.
             let (readers, window, lead, idle) =
                 steer.as_ref().map_or((&[][..], 0, 0, false), |s| {
-                    (&s.readers[..], s.window, s.lead, s.idle)
+                    (&s.readers[..], s.window, s.lead, s.idle || s.fits)
                 });
             // While programs map this source's files, reads are short: a program's fault (or a
             // new mapping's first one) waits at the source behind what the agent has in flight
