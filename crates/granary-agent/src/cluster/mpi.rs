@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 use mpi::ffi;
 use mpi::traits::*;
 
 use super::transport::{
-    Budget, Buffers, Cmd, Event, Flow, Inbox, Landing, Payload, Pulse, Transfer, Waiter,
+    Bell, Budget, Buffers, Cmd, Event, Flow, Inbox, Landing, Payload, Pulse, Transfer, Waiter,
     ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP, IDLE_NAP, IDLE_NAP_MAX,
 };
 use super::wire::{Msg, CTRL};
@@ -86,6 +86,7 @@ impl Mpi {
         self,
         inbox: Arc<dyn Inbox>,
         cmds: Receiver<Cmd>,
+        bell: Arc<Bell>,
         bufs: Arc<Buffers>,
         budget: Arc<Budget>,
         pulse: Arc<Pulse>,
@@ -99,8 +100,9 @@ impl Mpi {
             expect: HashMap::new(),
             orphans: Vec::new(),
             sends: Vec::new(),
+            asked: None,
         };
-        l.run(&cmds);
+        l.run(&cmds, &bell);
         l.drain(Duration::from_secs(5));
         tracing::info!("leaving MPI");
         drop(self.universe);
@@ -155,8 +157,6 @@ struct Send {
     credit: u64,
     to: u32,
     since: Instant,
-    /// Liveness traffic: its completion is not activity.
-    quiet: bool,
 }
 
 /// Who gets a transfer's events (`Waiter`, with the inline transfer once attached).
@@ -190,6 +190,9 @@ struct Loop {
     /// Data nobody waits for any more (a transfer given up): received, then dropped.
     orphans: Vec<Recv>,
     sends: Vec<Send>,
+    /// When another rank last asked this one for something (a request, a cancel, an
+    /// invalidation; not liveness, not a reply to this rank's own requests).
+    asked: Option<Instant>,
 }
 
 impl Expecting {
@@ -246,18 +249,18 @@ fn test(req: &mut ffi::MPI_Request) -> Result<bool, i32> {
 }
 
 impl Loop {
-    fn run(&mut self, cmds: &Receiver<Cmd>) {
-        // Naps double from BUSY_NAP after each activity, up to ACTIVE_NAP while a transfer is
-        // awaited or anything happened within ACTIVE_FOR (a job is reading: a request or a
-        // piece is answered within that). Idle, the thread sleeps on its command channel — a
-        // command of this node (a program's request, a message to send) wakes it at once —
-        // and looks at MPI for other ranks' messages after IDLE_NAP, doubling up to
-        // IDLE_NAP_MAX: MPI has no wait that sleeps (OpenMPI's and MPICH's blocking calls spin
-        // on a core), so a peer's first request to an idle rank waits that long at most, and
-        // the rank is active from then on. Liveness traffic (heartbeats, status questions) is
-        // not activity.
+    fn run(&mut self, cmds: &Receiver<Cmd>, bell: &Bell) {
+        // While a transfer of this rank's is awaited, naps double from BUSY_NAP after each
+        // activity up to ACTIVE_NAP (its answer is picked up within that). While this rank
+        // serves others (asked within ACTIVE_FOR, or pieces of its going out), it naps
+        // ACTIVE_NAP: another rank's next request waits that long at most, and the short naps
+        // after each activity bought nothing there but wake-ups (three per request served).
+        // Otherwise it is idle — its own programs reading count for nothing here, their
+        // requests wake it (`Bell`) — and sleeps IDLE_NAP, doubling up to IDLE_NAP_MAX: MPI has
+        // no wait that sleeps (OpenMPI's and MPICH's blocking calls spin on a core), so a
+        // peer's first request to an idle rank waits that long at most, and the rank serves
+        // from then on. Liveness traffic (heartbeats, status questions) is not activity.
         let mut nap = BUSY_NAP;
-        let mut last = Instant::now();
         loop {
             self.pulse.beat();
             let mut moved = false;
@@ -273,24 +276,24 @@ impl Loop {
             self.tick();
             if moved {
                 nap = BUSY_NAP;
-                last = Instant::now();
                 continue;
             }
-            let active = !self.expect.is_empty() || last.elapsed() < ACTIVE_FOR;
-            let wait = if active {
+            let awaiting = !self.expect.is_empty();
+            let serving = self.asked.is_some_and(|at| at.elapsed() < ACTIVE_FOR)
+                || self.sends.iter().any(|s| s.credit > 0);
+            let wait = if awaiting {
                 nap.min(ACTIVE_NAP)
+            } else if serving {
+                ACTIVE_NAP
             } else {
                 nap.clamp(IDLE_NAP, IDLE_NAP_MAX)
             };
-            match cmds.recv_timeout(wait) {
-                Ok(Cmd::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-                Ok(cmd) => {
-                    if self.command(cmd) {
-                        nap = BUSY_NAP;
-                        last = Instant::now();
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => nap = (wait * 2).min(IDLE_NAP_MAX),
+            // Parked, not a channel's timed receive (`Bell`): a command wakes it at once, and
+            // the next turn takes it.
+            let napped = Instant::now();
+            bell.nap(wait, || !cmds.is_empty());
+            if cmds.is_empty() && napped.elapsed() >= wait {
+                nap = (wait * 2).min(IDLE_NAP_MAX);
             }
         }
     }
@@ -303,9 +306,11 @@ impl Loop {
                 tag,
                 data,
                 credit,
-            } => self.send(to, tag, data, credit, false),
+            } => {
+                self.send(to, tag, data, credit);
+            }
             Cmd::Quiet { to, data } => {
-                self.send(to, CTRL, Payload::Owned(data), 0, true);
+                self.send(to, CTRL, Payload::Owned(data), 0);
                 return false;
             }
             Cmd::Expect { from, tag, waiter } => {
@@ -327,7 +332,7 @@ impl Loop {
         true
     }
 
-    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64, quiet: bool) {
+    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64) {
         let mut req = null_request();
         let (ptr, len) = data.bytes();
         // SAFETY: the bytes belong to `data` (a buffer, or a mapping held by its Arc), which
@@ -356,7 +361,6 @@ impl Loop {
             credit,
             to,
             since: Instant::now(),
-            quiet,
         });
     }
 
@@ -416,7 +420,12 @@ impl Loop {
                     Ok(Msg::Reply { tag, answer }) => {
                         self.deliver(from, tag, Event::Reply(answer));
                     }
-                    Ok(m) => self.inbox.control(from, m),
+                    Ok(m) => {
+                        if !m.liveness() {
+                            self.asked = Some(Instant::now());
+                        }
+                        self.inbox.control(from, m)
+                    }
                     Err(e) => tracing::warn!("bad control message from rank {from}: {e}"),
                 }
                 continue;
@@ -555,8 +564,8 @@ impl Loop {
         }
     }
 
-    /// Tests receives and sends in flight; delivers completed data in order. True if any
-    /// completed (but liveness traffic).
+    /// Tests receives and sends in flight; delivers completed data in order. True if a receive
+    /// completed.
     fn progress(&mut self) -> bool {
         let mut any = false;
         let mut failed = Vec::new();
@@ -613,8 +622,10 @@ impl Loop {
                 }
                 true
             }
+            // A completed send is not activity: nothing waits on it but the budget (a provider
+            // with more to send, which a nap of ACTIVE_NAP delays little), and counting it kept
+            // an owner napping 20 µs after every piece it served.
             Ok(true) => {
-                any |= !s.quiet;
                 budget.release(s.credit);
                 if let Payload::Owned(b) = &mut s.data {
                     bufs.put(std::mem::take(b));

@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use granary_core::placement::peer_copy;
 use granary_core::placement::{SourceCtx, Space};
@@ -43,17 +43,11 @@ pub struct Free {
     charge: u64,
 }
 
-/// A staged copy: when it was placed, and its file and mapping while the node keeps them.
+/// A staged copy, and its file and mapping while the node keeps them.
 struct Staged {
     idx: u32,
-    at: Instant,
     slot: Option<Slot>,
 }
-
-/// Staged copies younger than this are removed rather than recycled when dropped: a client
-/// opening the old name in the instant of the rename is rejected by the copy's ctime, which the
-/// rename changes only if the clock moved on (coarse timestamps).
-const RECYCLE_AGE: Duration = Duration::from_millis(100);
 
 /// Staged copies that keep their file open and mapped (the newest); older ones are opened and
 /// mapped again when recycled.
@@ -100,11 +94,7 @@ impl Staging {
     /// `idx` was just staged; `slot` is its file and mapping, kept for reuse.
     pub fn push(&self, idx: u32, slot: Option<Slot>) {
         let mut o = self.lock();
-        o.push_back(Staged {
-            idx,
-            at: Instant::now(),
-            slot,
-        });
+        o.push_back(Staged { idx, slot });
         // Only the newest keep theirs (file descriptors and mappings are bounded).
         let n = o.len();
         if n > KEEP_MAPPED {
@@ -138,14 +128,15 @@ impl Staging {
             if w.state() != State::Placed || w.tier() as usize != staging_tier {
                 continue; // invalidated or evicted meanwhile
             }
-            let recycle = want.is_some() && s.at.elapsed() >= RECYCLE_AGE;
-            if !recycle {
+            if want.is_none() {
                 if peer_copy::evict(&ctx.table, &ctx.space, s.idx).is_some() {
                     AgentCounters::add(&ctx.counters.staging_evictions, 1);
                     return Evicted::Dropped;
                 }
                 continue;
             }
+            // The identity clients check a copy against, read before it is withdrawn.
+            let recorded = ctx.table.copy_identity(s.idx);
             let name = self.free_name();
             let Some((_, renamed)) = peer_copy::evict_to(&ctx.table, &ctx.space, s.idx, &name)
             else {
@@ -168,7 +159,9 @@ impl Staging {
                 }),
             };
             match slot {
-                Some(slot) if sys::nobody_else_has_open(&slot.file) => {
+                Some(slot)
+                    if unseen(&slot.file, recorded) && sys::nobody_else_has_open(&slot.file) =>
+                {
                     self.recycled.fetch_add(1, Ordering::Relaxed);
                     return Evicted::Recycled(Free {
                         slot,
@@ -402,6 +395,15 @@ fn make(space: &Space, staging_tier: usize, name: &[u8], size: u64) -> std::io::
 
 /// The most a filler's system call allocates or maps (`make`): ~30 µs of kernel work here.
 const SLICE: usize = 64 << 10;
+
+/// True if a client that opened the staged copy's old name in the instant of its rename (its
+/// open completing after the lease check) would reject the file: the rename moved its ctime off
+/// the one recorded at placement, which every client checks a copy against. With coarse
+/// timestamps a rename in the same clock tick as the placement leaves the ctime as it was:
+/// such a copy is removed, not recycled.
+fn unseen(file: &File, recorded: (u64, u64)) -> bool {
+    sys::copy_identity(file).is_ok_and(|(ino, ctime)| ino == recorded.0 && ctime != recorded.1)
+}
 
 /// `file` mapped shared, its pages mapped at once.
 fn map_populated(file: &File) -> std::io::Result<Arc<memmap2::MmapRaw>> {
