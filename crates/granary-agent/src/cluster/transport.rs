@@ -522,8 +522,9 @@ impl Comm {
 /// `ACTIVE_NAP` (another rank's request waits that long at most); idle, from `IDLE_NAP`
 /// doubling up to `IDLE_NAP_MAX`, parked (`Bell`: a command from this node wakes it at once;
 /// another rank's first request waits one nap at most). Every nap that ends by itself is a
-/// wake-up, 15–30 µs of CPU on this VM: an owner serving one reader's 2 MiB files polls ~5
-/// times per file at 200 µs, ~10 at 100 µs.
+/// wake-up, 19–29 µs of CPU on this VM (`bench/floor/wakeups.c`; a sleep another thread ends:
+/// 2.5–3 µs): an owner serving one reader's 2 MiB files polls ~5 times per file at 200 µs, ~10
+/// at 100 µs.
 pub const BUSY_NAP: Duration = Duration::from_micros(20);
 pub const ACTIVE_NAP: Duration = Duration::from_micros(200);
 pub const ACTIVE_FOR: Duration = Duration::from_millis(500);
