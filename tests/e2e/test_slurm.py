@@ -308,14 +308,26 @@ def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_
     job.wait_for(lambda: len(results(job, "read.json")) == NODES, "every node's reading")
     # What each survivor read of the source (its agent and its program), once its placement
     # settled; and what it holds of the dataset.
-    survivors, owned = {}, {}
+    survivors, owned, fb = {}, {}, 0
     for node in ("n0", "n2"):
         job.wait_for(lambda: sum(s["pending"] for s in job.node_status(node)["sources"]) == 0,
                      f"placement settled on {node}")
+        # Rank 1 written off; the survivors still serve each other. Loaded, a starved survivor
+        # can be written off for a moment too (it missed its watcher's timeout); it is back as
+        # soon as it is heard from again (docs/cluster.md, "Faults"), hence the bounded wait.
+        seen = []
+
+        def peers_alive(node=node, seen=seen):
+            seen.append(job.node_status(node).get("cluster", {}).get("peers", []))
+            return [p["alive"] for p in seen[-1]] == [True, False, True]
+        try:
+            job.wait_for(peers_alive, f"{node} seeing rank 1 written off, ranks 0 and 2 alive")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last seen: {seen[-1] if seen else None}") from None
         st = job.node_status(node)
         cl = st["cluster"]
-        # Rank 1 written off; the survivors still serve each other.
-        assert [p["alive"] for p in cl["peers"]] == [True, False, True], (node, cl["peers"])
+        # Files whose owner was written off meanwhile this rank read from the source itself.
+        fb += cl["peers"][cl["rank"]]["fallbacks"]
         served = st["sources"][0]["served"]
         survivors[node] = (cl["peers"][cl["rank"]]["pfs_bytes"], served["source_bytes"])
         owned[node] = cl["bytes_owned"]
@@ -340,6 +352,10 @@ def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_
     # came from one stand-in), but for the file each was receiving from rank 1 when it died.
     # Without stand-ins both survivors read the rest of rank 1's share (a third of the dataset,
     # 22 MB here); with a serve that ends when a rank dies, every node reads the whole dataset.
+    # Loaded, a survivor written off for a moment made the other read the files it asked for
+    # meanwhile (`fallbacks`, at most one file each).
+    print(f"{fb} files read again by a survivor after the other was written off for a moment")
     for node in survivors:
-        assert read[node] <= owned[node] + dead_share + largest, (node, survivors, owned)
-    assert sum(read.values()) <= total + 2 * largest, (survivors, owned, total)
+        assert read[node] <= owned[node] + dead_share + largest + fb * largest, \
+            (node, survivors, owned, fb)
+    assert sum(read.values()) <= total + 2 * largest + fb * largest, (survivors, owned, total, fb)
