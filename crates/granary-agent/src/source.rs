@@ -18,9 +18,10 @@ use granary_core::stats::CatalogStats;
 use granary_core::{sys, tierdir, Tiers};
 use granary_shm::{job, lifecycle, Mapping, State, Table, TableSpec};
 
+mod pack_conf;
 mod packed;
 
-pub use packed::{source_key, PackConf};
+pub use pack_conf::{source_key, PackConf};
 
 pub const JOB_SLOTS: u32 = 64;
 const RING_CAP: u32 = 16384;

@@ -22,6 +22,7 @@ use anyhow::{bail, Context, Result};
 use granary_core::size::format_size;
 
 use emulation::SlowSource;
+use reader::Run;
 pub use reader::{read, ReaderConfig};
 
 /// What the demo generates and how it reads it.
@@ -74,13 +75,6 @@ impl Source {
             Source::Local(_) => Ok(()),
         }
     }
-}
-
-/// What one reader run measured.
-pub(crate) struct Run {
-    pub out: reader::ReaderOut,
-    /// (requests, bytes) the source device served during the run (emulated source only).
-    pub device: Option<(u64, u64)>,
 }
 
 /// Runs the demo; the caller catches interrupts first. Everything the demo created is removed

@@ -35,6 +35,13 @@ pub struct ReaderOut {
     pub under_granary: bool,
 }
 
+/// What one reader run measured.
+pub(crate) struct Run {
+    pub out: ReaderOut,
+    /// (requests, bytes) the source device served during the run (emulated source only).
+    pub device: Option<(u64, u64)>,
+}
+
 /// The job's counters, when running under `granary run`.
 struct Counters {
     _map: Mapping,

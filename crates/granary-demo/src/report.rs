@@ -7,7 +7,8 @@ use std::path::Path;
 use anyhow::Result;
 use granary_core::size::format_size;
 
-use crate::{emulation, Run};
+use crate::emulation;
+use crate::reader::Run;
 
 pub enum Mode {
     /// An emulated slow source, described.

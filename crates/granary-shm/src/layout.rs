@@ -124,7 +124,7 @@ pub const H_TIER_DIR_IDS: usize = 256;
 ///        directories when the tree exists only in the pack (`FLAG_MOUNT`)
 /// ```
 pub mod pack {
-    use super::PATH_SLOT_LEN;
+    use crate::layout::PATH_SLOT_LEN;
     pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNPACK1");
     pub const F_MAGIC: usize = 0;
     pub const F_FLAGS: usize = 8;
@@ -646,9 +646,9 @@ pub mod job {
     pub const FALLBACKS: usize = 7;
     /// Files opened from tier `t`: `TIER_FILES + t`; bytes read from them: `TIER_BYTES + t`.
     pub const TIER_FILES: usize = 8;
-    pub const TIER_BYTES: usize = TIER_FILES + super::MAX_TIERS;
+    pub const TIER_BYTES: usize = TIER_FILES + crate::layout::MAX_TIERS;
     /// Closes of transient copies whose pages the client dropped (page-cache residency).
-    pub const TRANSIENT_DROPS: usize = TIER_BYTES + super::MAX_TIERS;
+    pub const TRANSIENT_DROPS: usize = TIER_BYTES + crate::layout::MAX_TIERS;
     /// Processes that mapped the table with this job slot (each counts once, at start).
     pub const PROCESSES: usize = TRANSIENT_DROPS + 1;
     /// Processes that passed everything through because their credentials are not the agent's.

@@ -30,23 +30,11 @@ use granary_core::placement::{whole_file, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
 use granary_shm::{EntryRec, State};
 
+use super::node::{Node, RemoteFetch};
 use super::peers::{Late, Patience};
 use super::staging::{Evicted, Free, Slot};
 use super::transport::{Event, Flow, Landing, Transfer};
 use super::wire::{Answer, Msg};
-use super::Node;
-
-/// A file some other node holds, to copy here over MPI.
-pub struct RemoteFetch {
-    pub ctx: Arc<SourceCtx>,
-    pub idx: u32,
-    /// The job slot the copy is credited to (0: nobody's, e.g. a replica copied at start).
-    pub slot: u32,
-    /// One of the copies made at start (`Node::copy_others`): counted down when done.
-    pub copy: bool,
-    /// An owner not to ask again (it holds no copy, or sent a bad one).
-    pub skip: Option<u32>,
-}
 
 /// A program's request for `job` (the ring consumer's, or a pool worker's): carried on by the
 /// communication thread when it can be (`inline`), else handed to a fetcher. `Err`: neither

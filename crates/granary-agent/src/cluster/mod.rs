@@ -13,6 +13,9 @@
 //! - Faults: every wait on a peer is bounded (`peers`, the peer timeout); what a silent rank
 //!   holds comes from a replica or the source.
 //! - MPI lives in one thread (`transport`, `mpi`), in the serving agent only.
+//! - One rank's state as its threads share it (`node::Node`: table, ownership, peers, staging,
+//!   the fetchers' and providers' queues) is `node`'s; here: starting it, heartbeats, the MPI
+//!   messages it gets, and placement's hook into it (`Remote`).
 
 // Without the `mpi` feature only the flags, the status types and the tested logic are built.
 #![cfg_attr(not(feature = "mpi"), allow(dead_code))]
@@ -22,6 +25,7 @@ mod fetch;
 mod maps;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod node;
 pub mod ownership;
 mod peers;
 mod provide;
@@ -31,13 +35,11 @@ mod staging;
 mod transport;
 mod wire;
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
-use crossbeam_channel::Sender;
 use granary_core::placement::{PlaceOutcome, Remote, SourceCtx};
 use granary_shm::lifecycle::{self, EntryCell, Void};
 use granary_shm::State;
@@ -53,6 +55,8 @@ use wire::{Beat, Msg};
 
 use config::replicated;
 pub use config::{for_rank, replicate_set, ServeConfig};
+pub use node::{Node, Setup};
+use node::{PeerRequest, RemoteFetch};
 
 /// `granary serve`: this process is one rank of the serving job, until it is stopped.
 pub fn serve(config: ServeConfig) -> Result<()> {
@@ -71,48 +75,6 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     }
 }
 
-/// One rank of the serving job, as the rest of the agent and the other ranks see it.
-pub struct Node {
-    /// This node's own `Arc` (a transfer the communication thread carries on holds one).
-    me: std::sync::Weak<Node>,
-    pub rank: u32,
-    pub ranks: u32,
-    pub agent: Arc<Agent>,
-    /// The served source's table (the serve's own lease keeps it; it is never replaced).
-    pub ctx: Arc<SourceCtx>,
-    pub own: Ownership,
-    pub peers: Peers,
-    pub comm: Comm,
-    tags: Tags,
-    pub staging: Staging,
-    /// The staging tier's index in the table (`None`: none configured).
-    pub staging_tier: Option<usize>,
-    /// How long a rank waits for another's next message.
-    pub timeout: Duration,
-    fetch_q: Sender<fetch::RemoteFetch>,
-    provide_q: Sender<provide::PeerRequest>,
-    /// Transfers a requester gave up on (provider side), until the provider sees it.
-    cancelled: Mutex<HashSet<(u32, i32)>>,
-    /// Copies of other ranks' files (replicas, `--replicate`) still to be made.
-    pub copies_pending: AtomicU64,
-    /// Entries other ranks told this one were changed (written, removed) on the source.
-    pub invalidations: AtomicU64,
-    /// Bytes of copies that went through a buffer here (sent or received): 0 on the normal
-    /// path, where MPI moves them between the two copies' mappings.
-    pub bounce: AtomicU64,
-    /// Copies received and checksummed: bytes, and the time the checksums took (one thread).
-    pub hashed_bytes: AtomicU64,
-    pub hashing_ns: AtomicU64,
-    /// Mappings of this rank's own copies, kept for sending from.
-    maps: maps::Maps,
-    pub replicate: Vec<String>,
-    replicas: u32,
-    /// `held`'s last count: when, files, bytes.
-    held: Mutex<(Option<std::time::Instant>, u64, u64)>,
-    /// The communication thread is stuck in MPI (`transport::Pulse`): no peer is counted on.
-    cut_off: AtomicBool,
-}
-
 /// How often a heartbeat's count of held copies is taken again (a pass over every entry).
 const HELD_EVERY: Duration = Duration::from_secs(1);
 
@@ -120,16 +82,6 @@ const HELD_EVERY: Duration = Duration::from_secs(1);
 /// stream cap bounds those reads).
 const FETCHERS: usize = 16;
 const PROVIDERS: usize = 8;
-
-/// What `Node::new` needs besides the agent and its table.
-pub struct Setup {
-    pub rank: u32,
-    pub ranks: u32,
-    pub replicas: u32,
-    pub replicate: Vec<String>,
-    pub replicate_set: globset::GlobSet,
-    pub timeout: Duration,
-}
 
 impl Node {
     /// The node of this rank: ownership dealt, threads started, placement hooked.
@@ -266,11 +218,6 @@ impl Node {
             setup.pool.engine().clone(),
         )?;
         Ok(())
-    }
-
-    /// True if `idx` is a packed file this rank reads from the pack itself.
-    fn streams(&self, ctx: &SourceCtx, idx: u32) -> bool {
-        ctx.table.locator(idx).is_some() && ctx.pack.get().is_some_and(|st| st.streams(idx))
     }
 
     /// Empty files are placed here at once: their copy needs no byte from anyone, and a
@@ -421,22 +368,6 @@ impl Node {
         }
     }
 
-    /// `rank` did not deliver in time: written off here, and every other rank told.
-    pub fn write_off(&self, rank: u32) {
-        if self.peers.failed(rank) {
-            self.tell_down(rank);
-        }
-    }
-
-    fn tell_down(&self, rank: u32) {
-        for r in (0..self.ranks).filter(|&r| r != self.rank && r != rank) {
-            self.comm.quiet(r, &Msg::Down { rank });
-        }
-        // It may only be stopped: when it continues, it learns it was written off and says it
-        // is back.
-        self.comm.quiet(rank, &Msg::Down { rank });
-    }
-
     /// Complete copies in this rank's own tiers (not staging): one pass over the table, at most
     /// every `HELD_EVERY` (a heartbeat carries the last count).
     fn held(&self) -> (u64, u64) {
@@ -504,7 +435,7 @@ impl Node {
             });
             if claimed {
                 self.ctx.work.hold();
-                let job = fetch::RemoteFetch {
+                let job = RemoteFetch {
                     ctx: self.ctx.clone(),
                     idx,
                     slot: 0,
@@ -519,110 +450,6 @@ impl Node {
             // Placed or on its way already (a program asked first).
             self.copies_pending.fetch_sub(1, Ordering::AcqRel);
         }
-    }
-
-    /// Who reads `idx` from the source and serves it while every rank holding it is written
-    /// off (dead, or stopped): the first live rank after its first owner on the ring, so a
-    /// dead rank's files are read from the source once for the job, not once per node that
-    /// wants them. `None` while an owner is alive (or nobody holds the file).
-    pub fn stand_in(&self, idx: u32) -> Option<u32> {
-        let owners = self.own.owners(idx);
-        let first = *owners.first()?;
-        if owners.iter().any(|&r| self.peers.alive(r)) {
-            return None;
-        }
-        (1..self.ranks)
-            .map(|k| (first + k) % self.ranks)
-            .find(|&r| self.peers.alive(r))
-    }
-
-    /// True if a copy of `idx` read from the source here goes to the staging tier: this node's
-    /// own tiers have no room for it now (the dataset is larger than the nodes' tiers
-    /// together), and the staging tier could hold it. There it is served like any copy until
-    /// the staging tier drops it (oldest first), so the nodes that ask for it meanwhile — in a
-    /// job whose nodes read the same files at about the same time — get it from one source
-    /// read instead of each reading the source.
-    pub fn staged_instead(&self, ctx: &SourceCtx, idx: u32) -> bool {
-        let Some(st) = self.staging_tier else {
-            return false;
-        };
-        let Some(size) = ctx
-            .table
-            .entry(idx)
-            .filter(|e| e.stat.is_file())
-            .map(|e| e.stat.size)
-        else {
-            return false;
-        };
-        let fits = |t: usize| ctx.space.tiers.reserve(t, size).is_some();
-        let capacity = ctx.space.tiers.usage().get(st).map_or(0, |u| u.capacity);
-        !(0..ctx.space.tiers.placeable()).any(fits) && ctx.space.tiers.charge(st, size) <= capacity
-    }
-
-    /// Provider side: was the transfer `(from, tag)` cancelled? `forget` clears the mark.
-    fn cancelled(&self, from: u32, tag: i32, keep: bool) -> bool {
-        let mut c = self.cancelled.lock().unwrap_or_else(|e| e.into_inner());
-        if keep {
-            c.contains(&(from, tag))
-        } else {
-            c.remove(&(from, tag))
-        }
-    }
-}
-
-/// This rank's share of the dataset and how much of it is here, from local numbers only.
-pub(crate) struct Share {
-    pub files_owned: u64,
-    pub bytes_owned: u64,
-    pub files_held: u64,
-    pub bytes_held: u64,
-    /// Copies of other ranks' files (replicas, `--replicate`) still to make.
-    pub copies_pending: u64,
-    /// Bytes this rank's agent read from the source.
-    pub pfs_bytes: u64,
-}
-
-impl Node {
-    /// Where this rank stands in holding its share (no other rank is asked): one pass over
-    /// the table.
-    pub(crate) fn share(&self) -> Share {
-        let t = &self.ctx.table;
-        let mut s = Share {
-            files_owned: 0,
-            bytes_owned: 0,
-            files_held: 0,
-            bytes_held: 0,
-            copies_pending: self.copies_pending.load(Ordering::Acquire),
-            pfs_bytes: self.ctx.counters.snapshot().agent_source_bytes,
-        };
-        for i in 0..t.entry_count() {
-            if !self.own.holds(self.rank, i) {
-                continue;
-            }
-            let size = t.entry(i).map_or(0, |e| e.stat.size);
-            s.files_owned += 1;
-            s.bytes_owned += size;
-            let w = t.state(i);
-            let staged = Some(w.tier() as usize) == self.staging_tier;
-            if w.state() == State::Placed && !staged {
-                s.files_held += 1;
-                s.bytes_held += size;
-            }
-        }
-        s
-    }
-
-    /// Files and bytes this rank holds of the dataset as dealt out (first owner or replica).
-    fn owned(&self) -> (u64, u64) {
-        let t = &self.ctx.table;
-        let (mut files, mut bytes) = (0, 0);
-        for i in 0..t.entry_count() {
-            if self.own.holds(self.rank, i) {
-                files += 1;
-                bytes += t.entry(i).map_or(0, |e| e.stat.size);
-            }
-        }
-        (files, bytes)
     }
 }
 
@@ -701,7 +528,7 @@ impl Remote for Node {
                 _ if self.staged_instead(ctx, idx) => {
                     let me = self.me.upgrade()?;
                     ctx.work.hold();
-                    let job = fetch::RemoteFetch {
+                    let job = RemoteFetch {
                         ctx: ctx.clone(),
                         idx,
                         slot,
@@ -719,7 +546,7 @@ impl Remote for Node {
         }
         let me = self.me.upgrade()?;
         ctx.work.hold();
-        let job = fetch::RemoteFetch {
+        let job = RemoteFetch {
             ctx: ctx.clone(),
             idx,
             slot,
@@ -764,7 +591,7 @@ impl Inbox for Node {
                 object,
                 size,
             } => {
-                let req = provide::PeerRequest {
+                let req = PeerRequest {
                     from,
                     tag,
                     idx,

@@ -16,18 +16,9 @@ use granary_core::stats::AgentCounters;
 use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{object_name, State};
 
+use super::node::{Node, PeerRequest};
 use super::transport::{Payload, PIECE};
 use super::wire::{Answer, Msg};
-use super::Node;
-
-/// A peer's request for a copy this node holds, queued for the provider threads.
-pub struct PeerRequest {
-    pub from: u32,
-    pub tag: i32,
-    pub idx: u32,
-    pub object: u64,
-    pub size: u64,
-}
 
 /// How often a provider still placing a file tells its requester to keep waiting.
 const KEEPALIVE: Duration = Duration::from_millis(200);

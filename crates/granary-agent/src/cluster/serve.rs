@@ -8,8 +8,9 @@ use granary_core::runtime::Runtime;
 use granary_core::size::format_size;
 
 use super::config::{for_rank, path_for_rank, ServeConfig};
+use super::mpi;
+use super::node::{Node, Setup};
 use super::transport::{Comm, Inbox};
-use super::{mpi, Node, Setup};
 
 use crate::config::{resolve_job_tiers, AgentConfig};
 use crate::daemon::{self, Started};

@@ -2,8 +2,7 @@
 //! index — checked against the original tree per directory when there is one — instead of a
 //! walk, and placement streams the pack's partitions (`placement::pack_streamer`).
 
-use std::ffi::OsString;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
@@ -16,32 +15,8 @@ use granary_core::placement::pack_streamer::Streamer;
 use granary_core::Tiers;
 use granary_shm::{lifecycle, PackSpec};
 
+use super::pack_conf::{source_key, PackConf};
 use super::{prev_of, spawn_sweep, write_table, Broadcast, Inner, Origin, SourceState, WalkOpts};
-
-/// The pack a source is served from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PackConf {
-    /// The pack directory (canonical).
-    pub dir: PathBuf,
-    /// Only the pack exists: the source path names where the program expects the tree.
-    pub mount: bool,
-}
-
-/// The agent's key for a source: its path, or for a packed source its path and the pack's
-/// (a NUL between them, which no path contains), so one path may be served plainly and from
-/// a pack by different jobs.
-pub fn source_key(source: &Path, pack: Option<&Path>) -> PathBuf {
-    match pack {
-        None => source.to_path_buf(),
-        Some(p) => {
-            let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-            let mut b = source.as_os_str().as_bytes().to_vec();
-            b.push(0);
-            b.extend_from_slice(p.as_os_str().as_bytes());
-            PathBuf::from(OsString::from_vec(b))
-        }
-    }
-}
 
 impl SourceState {
     /// A packed source. With `mount` the path may name nothing (only the pack exists), so

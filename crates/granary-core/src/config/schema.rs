@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use super::{Config, PolicyKind, TierConfig, Verify};
+use super::settings::{Config, PolicyKind, TierConfig, Verify};
 use crate::size::{parse_duration, parse_size};
 
 #[derive(Deserialize, Default)]

@@ -5,7 +5,9 @@
 //! The jobs (`whole_file`, `page_cache_copy`, `partial`, `pack_streamer`, `known_order`) take
 //! an `&Engine`; none of them knows the pool that may be running it.
 
-use super::{Params, Policy, SourceCtx};
+use super::params::Params;
+use super::policy::Policy;
+use super::source_ctx::SourceCtx;
 use crate::sync::{lock, Arc, Condvar, Mutex};
 
 pub struct Engine {

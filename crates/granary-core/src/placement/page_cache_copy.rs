@@ -12,7 +12,8 @@ use super::copy::{
     SETTLE,
 };
 use super::engine::{Engine, Held};
-use super::{PlaceOutcome, SourceCtx};
+use super::outcome::PlaceOutcome;
+use super::source_ctx::SourceCtx;
 use crate::stats::AgentCounters;
 use crate::sync::statics::{AtomicU64, Ordering};
 use crate::sync::thread;

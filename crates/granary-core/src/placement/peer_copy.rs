@@ -15,25 +15,13 @@ use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{object_name, part_name, EntryRec, State, Table};
 
 use super::copy::{begin, publish, write_all_at};
+use super::outcome::PlaceOutcome;
+use super::source_ctx::SourceCtx;
+use super::space::Space;
 use super::states::{self, Finish};
-use super::{PlaceOutcome, SourceCtx, Space};
 use crate::stats::AgentCounters;
 use crate::sync::Arc;
 use crate::sys;
-
-/// Cluster mode's hook into placement (one per table, `SourceCtx::remote`).
-pub trait Remote: Send + Sync {
-    /// A worker took a fetch of entry `idx` (QUEUED), asked for by job slot `slot` (or the ring
-    /// consumer, for a packed file this node does not stream). `None`: read the source as on
-    /// one node (a file this node owns, or nobody else can serve).
-    /// `Some(outcome)`: handled — placed from a peer, decided, or handed to another thread
-    /// (`Skipped`), which then holds its own piece of `ctx.work` until it is done.
-    fn fetch(&self, ctx: &Arc<SourceCtx>, idx: u32, slot: u32) -> Option<PlaceOutcome>;
-
-    /// A client voided entry `idx` on this node (it wrote, renamed or removed it, or found it
-    /// changed): every other node must stop serving it too.
-    fn invalidated(&self, ctx: &SourceCtx, idx: u32);
-}
 
 /// Why `receive` did not start.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::engine::Engine;
-use super::{Params, Policy, SourceCtx};
+use super::params::Params;
+use super::policy::Policy;
+use super::source_ctx::SourceCtx;
 use crate::sync::thread::{self, JoinHandle};
 use crate::sync::{lock, Arc, Condvar, Mutex};
 
@@ -176,10 +178,10 @@ fn enqueue(sh: &Shared, job: CopyTask) {
 }
 
 fn worker(sh: &Shared) {
-    // With slack for an aligned block inside (`copy::aligned`: page-aligned, huge-page backed
+    // With slack for an aligned block inside (`buffers::aligned`: page-aligned, huge-page backed
     // where it can be, so large reads and tier writes move whole pages).
     let engine = &*sh.engine;
-    let mut buf = super::copy::worker_buffer(engine.params.block_size);
+    let mut buf = super::buffers::worker_buffer(engine.params.block_size);
     loop {
         let job = {
             let mut q = lock(&sh.queue);
@@ -203,7 +205,7 @@ fn worker(sh: &Shared) {
             }
         };
         let out = match job.method {
-            // Cluster mode: another node may hold the file (`peer_copy::Remote`).
+            // Cluster mode: another node may hold the file (`source_ctx::Remote`).
             CopyMethod::Fetch | CopyMethod::Ahead => match job.ctx.remote.get() {
                 Some(r) => match r.fetch(&job.ctx, job.entry, job.slot) {
                     Some(out) => out,
@@ -228,7 +230,7 @@ fn worker(sh: &Shared) {
             job.entry,
             job.method
         );
-        if let super::PlaceOutcome::Placed { tier, bytes } = out {
+        if let super::outcome::PlaceOutcome::Placed { tier, bytes } = out {
             job.ctx
                 .counters
                 .credit_placement(&job.ctx.table, job.slot, tier, bytes);

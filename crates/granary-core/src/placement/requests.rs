@@ -4,8 +4,10 @@ use granary_shm::{object_name, request, State};
 
 use granary_shm::lifecycle::{self, EntryCell};
 
+use super::pool::{CopyMethod, CopyTask, Pool};
+use super::source_ctx::SourceCtx;
+use super::space::Space;
 use super::states;
-use super::{CopyMethod, CopyTask, Pool, SourceCtx, Space};
 use crate::sync::Arc;
 use crate::sys;
 

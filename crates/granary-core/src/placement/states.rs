@@ -10,7 +10,7 @@ use std::os::fd::OwnedFd;
 use granary_shm::lifecycle::{self, Cell, EntryCell};
 use granary_shm::{object_name, Table};
 
-use super::Space;
+use super::space::Space;
 use crate::tiers::{Reservation, Tiers};
 
 /// How a finished copy ended.

@@ -15,7 +15,8 @@ use std::os::unix::ffi::OsStrExt;
 use granary_shm::lifecycle;
 use granary_shm::{object_name, parse_object_name, State, StateWord, Table};
 
-use super::{Space, Work};
+use super::space::Space;
+use super::work::Work;
 use crate::sys;
 
 /// Temporary files younger than this may belong to a copy in progress.

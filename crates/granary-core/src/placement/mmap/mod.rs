@@ -26,8 +26,13 @@
 //! `userfaultfd`: unprivileged users may not use it on most systems
 //! (`vm.unprivileged_userfaultfd = 0`), it needs a handler thread in the program, and it does not
 //! serve regular files' pages.
+//!
+//! What the follower of a source holds — the processes, their readers, the files read ahead —
+//! is `follower`'s (`SourceCtx::mmap` holds it; it knows nothing of `SourceCtx`); making cached
+//! pages look used is `keep_cached`'s; here: what follows the programs each tick.
 
 mod config;
+pub(super) mod follower;
 pub mod in_flight;
 mod keep_cached;
 pub mod lmdb_index;
@@ -39,6 +44,9 @@ pub mod window;
 pub use config::{
     MmapConfig, MmapParams, Mode, DEFAULT_DISTANCE, DEFAULT_SIZE, DEFAULT_THRESHOLD_PCT,
 };
+pub use follower::{register_follower, Follower, Steering};
+pub use page_order::PageOrder;
+pub use window::{Shape, Window};
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -47,17 +55,18 @@ use std::time::{Duration, Instant};
 
 use granary_shm::{job, State};
 
-pub use page_order::PageOrder;
-pub use window::{Shape, Window};
+use follower::{
+    bit, set_bit, stop_at, wake, FileKey, Followed, Proc, Reader, RecordOrder, Source,
+    CACHED_EVERY, CACHED_WINDOWS, LEAD_MAX, PAGE, THROUGH,
+};
+use keep_cached::{touch, TOUCH_WITHIN};
 
-use super::SourceCtx;
+use super::source_ctx::SourceCtx;
 use crate::stats::AgentCounters;
-use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::statics::{self, OnceLock, Thread};
-use crate::sync::{lock, thread, Arc, Mutex};
+use crate::sync::atomic::Ordering;
+use crate::sync::{lock, thread, Arc};
 use crate::sys;
 
-const PAGE: u64 = 4096;
 /// A reader that stops for this many untouched pages has ended its run (it may skip a few
 /// pages: a record's padding, a B-tree page it did not need).
 const GAP_PAGES: u64 = 32;
@@ -70,60 +79,10 @@ const SWEEP_PAGES: u64 = 4 << 10;
 const JUMP_MIN_PAGES: u64 = 16;
 /// Looks without progress after which the sweep starts over at the top of the mapping.
 const STALL_LOOKS: u32 = 3;
-/// A reader whose last windows all found the file cached is looked at every
-/// `CACHED_EVERY` ticks only (until a window finds something to read).
-const CACHED_WINDOWS: u32 = 2;
-const CACHED_EVERY: u32 = 8;
 /// One `readahead(2)` call at most: the kernel caps each at its largest request.
 const RA_PIECE: u64 = in_flight::MAX_PIECE;
 /// Follower are read again this often (unmapped, exited, exec'd).
 const MAPS_EVERY: Duration = Duration::from_secs(1);
-
-/// The follower thread, woken when a request arrives.
-static FOLLOWER: OnceLock<Thread> = OnceLock::new();
-
-/// The calling thread is the agent's follower (`wake` unparks it).
-pub fn register_follower() {
-    let _ = FOLLOWER.set(statics::current());
-}
-
-fn wake() {
-    if let Some(t) = FOLLOWER.get() {
-        t.unpark();
-    }
-}
-
-/// The follower of one source: the programs' mappings of its files the agent follows, where
-/// their readers are, and what it has in flight at the source (`SourceCtx::mmap`).
-#[derive(Debug, Default)]
-pub struct Follower {
-    /// `(pid, job slot)` of processes that mapped something, not looked at yet.
-    pending: Mutex<Vec<(u32, u32)>>,
-    /// Entries some followed process maps now, and where their readers are: a whole-file
-    /// fetch of such an entry reads where they read (`whole_file::order`) and keeps those pages.
-    steer: Mutex<HashMap<u32, Steering>>,
-    state: Mutex<Followed>,
-    /// The read-ahead window last used (logged when it changes).
-    last_size: AtomicU64,
-    /// What the agent has in flight at this source, and may have (`in_flight`).
-    flight: in_flight::Flight,
-    /// Per entry, its record order (`lmdb_index`), built once per version of the file.
-    orders: Arc<Mutex<HashMap<u32, RecordOrder>>>,
-}
-
-/// The record order of an entry: being built, or built for the file of `key` (`None`: it has
-/// none worth following — not an LMDB, or one in about its own order).
-#[derive(Debug, Clone)]
-enum RecordOrder {
-    Building,
-    Built {
-        key: FileKey,
-        page_order: Option<Arc<PageOrder>>,
-    },
-}
-
-/// The version of a catalogued file an order was built for.
-type FileKey = (u64, u64, i64, u32);
 
 fn file_key(e: &granary_shm::EntryRec) -> FileKey {
     (e.stat.ino, e.stat.size, e.stat.ctime.sec, e.stat.ctime.nsec)
@@ -138,135 +97,10 @@ fn index_budget(len: u64) -> u64 {
     (len / 32).clamp(1 << 20, 16 << 20)
 }
 
-/// The readers of one entry, for its whole-file fetch.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Steering {
-    pub readers: Vec<super::whole_file::order::Reader>,
-    /// How far behind a reader its pages are likely still cached.
-    pub window: u64,
-    /// How far ahead of a reader not read ahead of yet the fetch reads for it (`distance`).
-    pub lead: u64,
-    /// No reader moved for a while.
-    pub idle: bool,
-}
-
 /// Readers that did not move for this long are idle: the fetch stops waiting for them.
 const IDLE_AFTER: Duration = Duration::from_secs(1);
 
-/// What the tracker follows: the mapping processes, the mapped files, where readers started.
-#[derive(Debug, Default)]
-struct Followed {
-    procs: HashMap<u32, Proc>,
-    files: HashMap<u32, Source>,
-    /// Per entry, where readers started reading in sequence (kept after they end, until a
-    /// reader reads through: `issue`).
-    starts: HashMap<u32, Vec<u64>>,
-    /// When what lies cached in the readers' way was last made to look used (`keep_cached`).
-    kept_at: Option<Instant>,
-}
-
-#[derive(Debug)]
-struct Proc {
-    slot: u32,
-    /// Its page tables (`None`: they cannot be read — not dumpable —, not followed).
-    pagemap: Option<File>,
-    maps_at: Instant,
-    readers: Vec<Reader>,
-}
-
-/// One mapping of one process.
-#[derive(Debug)]
-struct Reader {
-    m: proc_maps::Mapped,
-    /// The file's size: nothing past it is followed (with a page order: its pages).
-    len: u64,
-    /// The order it reads the file in, when not the file's (`page_order`): then its positions,
-    /// windows and `seen` bits are offsets in that order, translated at the page tables, the
-    /// read-ahead and the counters. `order_known`: looked up (a mapping of the whole file
-    /// only; until its entry's order is built, it is followed in file order).
-    page_order: Option<Arc<PageOrder>>,
-    order_known: bool,
-    /// One bit per page of `[m.start, end)`: present at the last look.
-    seen: Vec<u64>,
-    win: Window,
-    /// Where the next sweep slice starts (file offset).
-    sweep: u64,
-    /// Looks in a row in which the reader did not move on.
-    stalled: u32,
-    /// When it last touched a new page (or was first seen).
-    moved_at: Instant,
-    /// Read-ahead windows in a row that found everything cached, and ticks since it was
-    /// first followed.
-    cached_windows: u32,
-    ticks: u32,
-    /// What is left to read ahead of the last window (issued a piece at a time as the source
-    /// has room: `in_flight`), and what that window wanted from the source and issued so far.
-    pending: Option<(u64, u64)>,
-    win_wanted: u64,
-    win_issued: u64,
-    /// Where the run of pages it read since it was last found elsewhere starts (at or before
-    /// `win.start`: the pages it touched on its way there in the same look).
-    run_from: u64,
-    /// Read-ahead pieces it may have in flight (`LEAD_MIN` doubling up to `LEAD_MAX` each
-    /// time it is found past what was issued for it: it faulted the source itself), and where
-    /// what was issued (or found local or cached) for it ends.
-    lead: u64,
-    issued_to: u64,
-    /// How fast it reads: read-ahead runs at most `reader_pace::AHEAD` of it ahead (`issue`).
-    pace: reader_pace::Pace,
-}
-
-/// The agent's handle on a source file it reads ahead.
-#[derive(Debug)]
-struct Source {
-    file: File,
-    cache: Option<sys::CachedPages>,
-    /// One bit per page: asked for by a read-ahead.
-    fetched: Vec<u64>,
-}
-
-fn bit(v: &[u64], i: u64) -> bool {
-    v.get((i / 64) as usize)
-        .is_some_and(|w| w & (1 << (i % 64)) != 0)
-}
-
-fn set_bit(v: &mut [u64], i: u64, on: bool) {
-    if let Some(w) = v.get_mut((i / 64) as usize) {
-        if on {
-            *w |= 1 << (i % 64);
-        } else {
-            *w &= !(1 << (i % 64));
-        }
-    }
-}
-
 impl Follower {
-    /// `request::MAPPED`: process `pid` (job slot `slot`) mapped something of this source.
-    pub fn request(&self, pid: u32, slot: u32) {
-        lock(&self.pending).push((pid, slot));
-        wake();
-    }
-
-    /// True while a followed process maps entry `idx`.
-    pub fn is_mapped(&self, idx: u32) -> bool {
-        lock(&self.steer).contains_key(&idx)
-    }
-
-    /// Where the readers of entry `idx` are, if a followed process maps it.
-    pub fn steering(&self, idx: u32) -> Option<Steering> {
-        lock(&self.steer).get(&idx).cloned()
-    }
-
-    /// Processes followed now.
-    pub fn followed(&self) -> usize {
-        lock(&self.state).procs.len()
-    }
-
-    /// What the agent has in flight at this source (a whole-file fetch counts its reads).
-    pub fn flight(&self) -> &in_flight::Flight {
-        &self.flight
-    }
-
     /// One round: new processes, mappings re-read when due, every reader looked at and read
     /// ahead of. Returns true if some reader moved (the caller ticks again soon).
     /// `room`: what the page cache can hold (read-ahead is sized to it); `block`: the size of
@@ -596,60 +430,6 @@ fn refresh(ctx: &SourceCtx, st: &mut Followed, pid: u32, slot: Option<u32>, now:
     }
 }
 
-impl Reader {
-    fn new(
-        m: proc_maps::Mapped,
-        len: u64,
-        now: Instant,
-        page_order: Option<Arc<PageOrder>>,
-    ) -> Reader {
-        let len = match &page_order {
-            Some(_) => len.div_ceil(PAGE) * PAGE,
-            None => len,
-        };
-        let pages = (m.end.min(len).saturating_sub(m.start)).div_ceil(PAGE);
-        Reader {
-            sweep: m.start,
-            m,
-            len,
-            order_known: page_order.is_some(),
-            page_order,
-            seen: vec![0; pages.div_ceil(64) as usize],
-            win: Window::default(),
-            stalled: 0,
-            moved_at: now,
-            cached_windows: 0,
-            ticks: 0,
-            pending: None,
-            win_wanted: 0,
-            win_issued: 0,
-            run_from: 0,
-            lead: LEAD_MIN,
-            issued_to: 0,
-            pace: reader_pace::Pace::default(),
-        }
-    }
-
-    /// The size of its file (`len` is its pages' with a page order).
-    fn file_len(&self) -> u64 {
-        self.page_order.as_ref().map_or(self.len, |l| l.file_len())
-    }
-
-    /// The file offset of its offset `v`.
-    fn file_off(&self, v: u64) -> u64 {
-        self.page_order.as_ref().map_or(v, |l| l.to_file(v))
-    }
-
-    /// The file ranges of its range `[a, b)`.
-    fn file_runs(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
-        match &self.page_order {
-            Some(l) => l.file_runs(a, b),
-            None if a < b => vec![(a, b)],
-            None => Vec::new(),
-        }
-    }
-}
-
 /// Looks at one process's page tables; reads ahead where its readers stream. True if a reader
 /// touched something new.
 fn follow(
@@ -839,30 +619,6 @@ fn issue(ctx: &SourceCtx, st: &mut Followed, flight: &in_flight::Flight) {
     }
 }
 
-/// Where the read-ahead of `r` stops: the nearest start of another reader's run in its way
-/// (`issue`), or never.
-fn stop_at(starts: &HashMap<u32, Vec<u64>>, r: &Reader) -> u64 {
-    let own = r.run_from.min(r.win.start);
-    starts
-        .get(&r.m.idx)
-        .into_iter()
-        .flatten()
-        // Another's start past its own, not read through by it: a reader that reached
-        // another's start has read its share. Reached, not only ahead: its last pages and
-        // the other's first ones show present up to 64 KiB early (the kernel maps the cached
-        // pages around a fault, `fault_around_bytes`), so a reader at its share's end is seen
-        // a little past the next one's start (measured: 16 pages; its window then ran on
-        // through the start of the other's share, read seconds earlier and evicted since).
-        .filter(|&&x| x > own.saturating_add(THROUGH) && x.saturating_add(THROUGH) > r.win.pos)
-        .min()
-        .copied()
-        .unwrap_or(u64::MAX)
-}
-
-/// Read-ahead pieces a reader may have in flight: at first, and at most.
-const LEAD_MIN: u64 = 2;
-const LEAD_MAX: u64 = 16;
-
 /// True if the mapping of `r` takes some of `[a, b)` (in its order) from the source (not from a
 /// tier).
 fn takes_source(r: &Reader, a: u64, b: u64) -> bool {
@@ -888,10 +644,6 @@ fn takes_source_in_file(r: &Reader, a: u64, b: u64) -> bool {
     }
     at < b
 }
-
-/// A reader that read this far from where it started started a run there; one that read this
-/// far past another's start did not stop there.
-const THROUGH: u64 = 1 << 20;
 
 /// The smallest piece issued when the source has little room left.
 const MIN_ISSUE: u64 = in_flight::MIN_PIECE;
@@ -1232,66 +984,6 @@ fn read_ahead(
     AgentCounters::add(&c.mmap_read_ahead, issued);
     AgentCounters::add(&c.source_bytes, issued);
     (wanted, issued)
-}
-
-/// A read-ahead piece that arrived this soon after it was issued is made to look used
-/// (`touch`); one that took longer was most likely read by its reader's own faults meanwhile.
-const TOUCH_WITHIN: Duration = Duration::from_secs(1);
-
-/// Makes the cached pages of an arrived read-ahead piece look used twice — two reads from the
-/// page cache, without waiting (`RWF_NOWAIT`), of the pages `mincore` shows there: nothing is
-/// read from the source for it —, so the kernel moves them to its active list. Under memory
-/// pressure it evicts from the inactive list first, and there, otherwise, a page read ahead and
-/// not used yet goes before the pages the readers consumed and still map (their page-table
-/// references keep those a round longer): read-ahead was evicted 0.1–1 s after it arrived,
-/// before its reader came (which faulted it from the source again) or before the whole-file
-/// fetch copied it (which read it again). Pages on the active list age out in their turn, the
-/// oldest activation first. Measured (3 processes reading a 384 MiB LMDB under a 256 MiB cap,
-/// 8 jobs each, page-cache tracepoints): bytes read twice per job 12.8 MB → 3.6 MB, of which
-/// read-ahead re-read by a reader 5.7 → 1.6 MB and by the fetch 3.0 → 0.3 MB.
-fn touch(src: &Source, off: u64, len: u64, buf: &mut Vec<u8>) {
-    let Some(c) = src.cache.as_ref() else {
-        return;
-    };
-    let mut res = Vec::new();
-    if c.resident(off / PAGE * PAGE, len, &mut res).is_err() {
-        return;
-    }
-    let base = off / PAGE * PAGE;
-    for (s, e) in cached_runs(&res) {
-        let (a, b) = (
-            base + s as u64 * PAGE,
-            (base + e as u64 * PAGE).min(off + len),
-        );
-        make_used(src, a, b, buf);
-    }
-}
-
-/// The runs `[s, e)` of cached pages in a `mincore` answer (bit 0 of each page's byte).
-fn cached_runs(res: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
-    let mut i = 0;
-    std::iter::from_fn(move || {
-        while i < res.len() && res[i] & 1 == 0 {
-            i += 1;
-        }
-        if i >= res.len() {
-            return None;
-        }
-        let s = i;
-        while i < res.len() && res[i] & 1 == 1 {
-            i += 1;
-        }
-        Some((s, i))
-    })
-}
-
-/// Reads `[a, b)` of the source twice from the page cache, without waiting and never from the
-/// source (`RWF_NOWAIT`): the kernel moves those pages to its active list.
-fn make_used(src: &Source, a: u64, b: u64, buf: &mut Vec<u8>) {
-    buf.resize((b - a) as usize, 0);
-    for _ in 0..2 {
-        let _ = sys::pread_nowait(&src.file, buf, a);
-    }
 }
 
 /// Opens entry `idx` on the source, if it is still the catalogued file.

@@ -4,16 +4,17 @@
 //! block device takes at most `max_segments` of them per request (128 on loop devices and most
 //! NVMe drives): two requests per file, where a source that charges per request (the
 //! benchmark's emulated PFS: 150 requests/s) is then read at half speed. A direct read into the
-//! worker's huge-page buffer (`copy::aligned`) is one physically contiguous request.
+//! worker's huge-page buffer (`buffers::aligned`) is one physically contiguous request.
 //!
 //! The page cache is what a mapping of the file would share with the fetch (issue 11: no byte
 //! read twice), so a direct fetch is only made when no program maps the file, and the library's
 //! `mmap` of a file of this size still being fetched waits for the copy instead of mapping the
 //! source (`granary_preload::place::on_map`; the wait is one request long).
 
-use crate::placement::copy::{align_up, CopyError, Opened, SourceReader, DIRECT_ALIGN};
+use crate::placement::buffers::{align_up, DIRECT_ALIGN};
+use crate::placement::copy::{CopyError, Opened, SourceReader};
 use crate::placement::mmap::Follower;
-use crate::placement::SourceCtx;
+use crate::placement::source_ctx::SourceCtx;
 use crate::stats::AgentCounters;
 use crate::sys;
 

@@ -21,13 +21,15 @@ use granary_shm::{part_name, Table};
 
 use order::{Next, Order};
 
+use super::buffers::{aligned, DIRECT_ALIGN};
 use super::copy::{
-    aligned, begin, open_started, place_on_tiers, still_ours, write_all_at, CopyError, Opened,
-    SourceReader, Written, DIRECT_ALIGN, SETTLE,
+    begin, open_started, place_on_tiers, still_ours, write_all_at, CopyError, Opened, SourceReader,
+    Written, SETTLE,
 };
 use super::engine::Engine;
 use super::mmap::Follower;
-use super::{PlaceOutcome, SourceCtx};
+use super::outcome::PlaceOutcome;
+use super::source_ctx::SourceCtx;
 use crate::stats::AgentCounters;
 use crate::sync::thread;
 use crate::sys;

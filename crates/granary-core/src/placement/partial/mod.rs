@@ -12,38 +12,30 @@
 //! entry's lock, and dropping the chunk file (INVALIDATE, DAMAGED) clears the bits, unlinks the
 //! file and releases the charge of the set bits under the same lock: the tier is charged exactly
 //! for the chunks whose bits are set, so it is released once, however the two race.
+//!
+//! - `partials`: the entries touched and their chunk files (`Partials`), knowing nothing of
+//!   `SourceCtx`; here: placing, fetching, dropping and accounting chunks.
 
-use std::collections::HashMap;
+pub(super) mod partials;
+
+pub use partials::Partials;
+use partials::Slot;
 
 use granary_shm::{chunks_name, EntryRec, State, StateWord, Table};
 
+use super::buffers::{align_up, aligned, DIRECT_ALIGN};
 use super::chunks::{self, ChunkFile, ChunkGeometry};
-use super::copy::{
-    align_up, aligned, matches_catalog, no_room, open_source, source_only, SourceReader, Started,
-    DIRECT_ALIGN,
-};
+use super::copy::{matches_catalog, no_room, open_source, source_only, SourceReader, Started};
 use super::engine::Engine;
 use super::mmap::Follower;
-use super::{free_space, PlaceOutcome, SourceCtx, Space};
+use super::outcome::PlaceOutcome;
+use super::policy::free_space;
+use super::source_ctx::SourceCtx;
+use super::space::Space;
 use crate::stats::AgentCounters;
 use crate::sync::{lock, Arc, Mutex};
 use crate::sys;
 use crate::tiers::Tiers;
-
-/// The PARTIAL entries of one table the agent has touched, by entry index.
-#[derive(Debug, Default)]
-pub struct Partials {
-    map: Mutex<HashMap<u32, Arc<Mutex<Slot>>>>,
-}
-
-#[derive(Debug)]
-struct Slot {
-    /// `None` once the chunk file was dropped: jobs still running commit nothing.
-    file: Option<Arc<ChunkFile>>,
-    tier: usize,
-    /// Chunks queued or being fetched (so a CHUNK request for them is ignored).
-    busy: Vec<bool>,
-}
 
 /// The chunk geometry of an entry in this table.
 fn geometry(t: &Table, e: &EntryRec) -> ChunkGeometry {

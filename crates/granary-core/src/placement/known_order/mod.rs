@@ -16,105 +16,28 @@
 //!   state up afterwards goes to the source), then unlink the object (a client that already
 //!   opened it keeps a valid fd: the inode lives until its last close), then release its charge
 //!   (only if our unlink removed the file, so a racing INVALIDATE never releases twice).
+//!
+//! - `prefetcher`: the policy's state (`Prefetcher`, built from the job's `OrderSpec`), knowing
+//!   nothing of `SourceCtx`; here: what moves it on requests, evicts, and the prefetch thread.
 
-use std::collections::HashMap;
+pub(super) mod prefetcher;
+
+pub use prefetcher::{default_window, OrderSpec, Prefetcher};
+
 use std::io;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use granary_shm::{request, State, Table};
-use serde::{Deserialize, Serialize};
+use granary_shm::{request, State};
 
 use super::engine::Engine;
-use super::{KnownOrder, PlaceOutcome, Policy, SourceCtx};
+use super::outcome::PlaceOutcome;
+use super::policy::Policy;
+use super::source_ctx::SourceCtx;
 use crate::stats::AgentCounters;
-use crate::sync::{lock, thread, Arc, Condvar, Mutex};
+use crate::sync::{lock, thread, Arc};
 use crate::sys;
 
-/// What a job asks for when it wants the known-order policy (`--access-order`, or
-/// `[placement] policy = "known-order"`); sent in the attach request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OrderSpec {
-    /// The access-order file: one path per line (relative to the source, or absolute under it),
-    /// in the order the program opens them; repeated epochs may be listed or not.
-    pub access_order: PathBuf,
-    /// Bytes of upcoming files kept placed; `None`: 25 % of the source's first tier.
-    pub prefetch_window: Option<u64>,
-}
-
-/// The default window: a quarter of the first tier, so three quarters stay for files the
-/// program reads again next epoch (what the window costs in evictions).
-pub fn default_window(first_tier_capacity: u64) -> u64 {
-    first_tier_capacity / 4
-}
-
-/// The known-order policy of one table, and what drives it.
-pub struct Prefetcher {
-    pub order: KnownOrder,
-    pub window: u64,
-    /// Distinct files listed, and the lines that named nothing in the catalog (reported to the job).
-    pub listed: usize,
-    pub unknown: Vec<String>,
-    /// Set by `on_request` when the position may have moved; the prefetch thread waits on it.
-    wake: (Mutex<bool>, Condvar),
-    /// Entries taken back from SOURCE_ONLY (no room at the time) and the epoch they were:
-    /// retried once per epoch, so a file that truly cannot be read costs one open per epoch.
-    retried: Mutex<HashMap<u32, u64>>,
-}
-
 impl Prefetcher {
-    /// Reads and resolves the access-order file against the published table. Paths may be
-    /// absolute under the source as named (`source`) or as resolved (`source_real`).
-    pub fn build(
-        spec: &OrderSpec,
-        table: &Table,
-        source: &Path,
-        source_real: &Path,
-        first_tier_capacity: u64,
-    ) -> io::Result<Prefetcher> {
-        let text = std::fs::read_to_string(&spec.access_order).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("access order {}: {e}", spec.access_order.display()),
-            )
-        })?;
-        // `parse_listing` strips one root; map the other spelling onto it first.
-        let text: String = text
-            .lines()
-            .map(|l| {
-                let p = Path::new(l.trim());
-                match p.strip_prefix(source_real) {
-                    Ok(r) if p.is_absolute() && source_real != source => {
-                        source.join(r).to_string_lossy().into_owned()
-                    }
-                    _ => l.to_string(),
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        let (order, unknown) = KnownOrder::parse_listing(&text, source, |rel| {
-            let idx = table.lookup(rel)?;
-            let e = table.entry(idx)?;
-            e.stat.is_file().then_some((idx, e.stat.size))
-        });
-        let window = spec
-            .prefetch_window
-            .unwrap_or_else(|| default_window(first_tier_capacity));
-        let listed = order
-            .iter()
-            .map(|&(e, _)| e)
-            .collect::<std::collections::HashSet<_>>()
-            .len();
-        Ok(Prefetcher {
-            listed,
-            order: KnownOrder::new(order, window),
-            window,
-            unknown,
-            wake: (Mutex::new(false), Condvar::new()),
-            retried: Mutex::default(),
-        })
-    }
-
     /// A request from the table's ring (before the normal handling): opens move the position;
     /// an open of an unplaced file makes room first, so the fetch the program now waits on
     /// finds a tier instead of falling back to the source for good.
@@ -136,7 +59,7 @@ impl Prefetcher {
     /// it may evict (nothing placed was read this epoch): the file goes where it can.
     pub fn make_room(&self, ctx: &SourceCtx, size: u64) -> bool {
         let room = || {
-            super::free_space(&ctx.space.tiers)
+            super::policy::free_space(&ctx.space.tiers)
                 .iter()
                 .enumerate()
                 .any(|(t, &f)| f >= ctx.space.tiers.charge(t, size) && !ctx.space.tiers.is_full(t))
@@ -228,7 +151,7 @@ fn run(ctx: &SourceCtx, engine: &Engine) {
     let Some(pf) = ctx.order.as_deref() else {
         return;
     };
-    let mut buf = super::copy::worker_buffer(engine.params.block_size);
+    let mut buf = super::buffers::worker_buffer(engine.params.block_size);
     while !ctx.work.is_retired() {
         ctx.work.hold();
         let next = pf.next(ctx);
