@@ -2,7 +2,7 @@
 """granary's evaluation harness: one command, one report.
 
     sudo python3 bench/run.py --size quick            # ~5 minutes, results/quick/
-    sudo python3 bench/run.py --size full             # ~32 minutes, results/full/
+    sudo python3 bench/run.py --size full             # ~38 minutes, results/full/
 
 Builds an emulated PFS, generates the papers' datasets (docs/background.md) on it, runs every
 workload under every setup (PFS, Local, Cache, granary), and writes

@@ -2,7 +2,7 @@
 
 Every knob has a preset value per --size and can be overridden one by one. The
 presets are sized for a 2-core machine: quick finishes in about 5 minutes, full
-in about 32 (see bench/README.md for how they were chosen).
+in about 38 (see bench/README.md for how they were chosen).
 """
 
 import argparse
@@ -114,7 +114,7 @@ PRESETS = {
     "quick": {},
     "full": dict(
         out="results/full",
-        # ~32 minutes on 2 cores at the default 150 IOPS (npz ~12 of them); every
+        # ~38 minutes on 2 cores at the default 150 IOPS (npz ~12 of them); every
         # dataset stays above the 256 MiB memory cap (~340 / ~540 / ~540 MB).
         small_files=3000, small_classes=30,
         record_shards=8, record_min_mb=32, record_max_mb=96,
@@ -189,7 +189,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Knobs()
     p.add_argument("--size", choices=sorted(PRESETS), default="quick",
-                   help="preset for every knob below (quick ~5 min, full ~32 min on 2 cores)")
+                   help="preset for every knob below (quick ~5 min, full ~38 min on 2 cores)")
     p.add_argument("--out", help="report directory (default results/<size>)")
     p.add_argument("--workdir", help=f"scratch space for the image, local copies and tiers "
                                      f"(default {d.workdir}); never inside the repository")

@@ -256,3 +256,4 @@ def test_strace_counts_source_metadata_calls_per_reattach(granary, tmp_path):
                                                                 "newfstatat(", "access(")):
                     calls += 1
         assert calls <= bound, (immutable, calls)
+

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import CLIENTS, make_dataset, source_opens
+from conftest import CLIENTS, direct, make_dataset, source_opens
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="loop devices and drop_caches need root")
 
@@ -115,3 +115,104 @@ def test_second_run_reads_nothing_from_the_source_device(granary, loop_source, t
     # dataset is ~60 MB, so any data read would show up as thousands of sectors.
     sectors = after[1] - before[1]
     assert sectors < 2048, f"second run read {sectors} sectors from {dev}; stats {stats}"
+
+
+LISTERS = {
+    "ls -lR": lambda s: ["ls", "-lR", s],
+    "find -ls": lambda s: ["find", s, "-ls"],
+    "du": lambda s: ["du", "-a", s],
+}
+
+
+def listings(run, source):
+    """Each lister's output over `source` as `run(cmd)` gives it, lines sorted (`find` prints a
+    directory in the order it lists it: the source's order directly, the catalog's through
+    granary)."""
+    out = {}
+    for name, cmd in LISTERS.items():
+        proc = run(cmd(str(source)))
+        assert proc.returncode == 0, (name, proc.stderr)
+        out[name] = sorted(proc.stdout.decode(errors="replace").splitlines())
+    return out
+
+
+def wait_held(granary, source, files, timeout=120):
+    """Waits until the agent holds the source's inodes (it takes them in the background, at idle
+    priority, once the last job detached)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for s in granary.status().get("sources", []):
+            if os.path.realpath(s["source"]) == os.path.realpath(source) \
+                    and s.get("held_files", 0) >= files:
+                return s
+        time.sleep(0.1)
+    raise AssertionError(f"the agent did not hold {source}'s inodes in {timeout}s: {granary.status()}")
+
+
+def lister_job(source):
+    """One program running every lister, its outputs separated by a marker line."""
+    parts = [" ".join(cmd('"$1"')) + f"; echo ::{name}" for name, cmd in LISTERS.items()]
+    return ["sh", "-c", "; ".join(parts), "sh", source]
+
+
+def split_job_output(stdout: bytes):
+    out, lines = {}, []
+    for line in stdout.decode(errors="replace").splitlines():
+        if line.startswith("::") and line[2:] in LISTERS:
+            out[line[2:]] = sorted(lines)
+            lines = []
+        else:
+            lines.append(line)
+    return out
+
+
+def test_a_later_jobs_listings_read_nothing_from_the_source_device(granary, loop_source, tmp_path):
+    """`ls -lR`, `find -ls` and `du` of the dataset in a job after the first, with the kernel's
+    caches dropped between the jobs, answer exactly as without granary and make no read of the
+    source device: the attach's check of every entry against the source, the listings' own
+    calls (`ls -l` asks for every file's ACL and security label) and the directory opens find
+    what they need in the kernel's cache, whose inodes the agent holds while no job runs."""
+    dev, mnt = loop_source
+    source = make_dataset(mnt / "data", classes=8, per_class=50, mean_size=20_000, records=1,
+                          record_size=1 << 20)
+    files = sum(len(f) for _, _, f in os.walk(source))
+    # Job 1 catalogs the source; when it ends the agent holds the inodes.
+    granary.run(source, ["true"], tier=tmp_path / "tier")
+    wait_held(granary, source, files)
+    drop_caches()
+    before = device_reads(dev)
+    proc, _ = granary.run(source, lister_job(source), tier=tmp_path / "tier")
+    after = device_reads(dev)
+    through_granary = split_job_output(proc.stdout)
+    expected = listings(lambda cmd: direct(cmd), source)
+    assert through_granary == expected
+    assert after == before, f"a later job's listings read the source device: {before} -> {after}"
+
+
+def test_changes_behind_held_inodes_are_seen(granary, loop_source, tmp_path):
+    """While the agent holds the source's inodes between jobs, a file rewritten in place, one
+    renamed, one removed and one added are still seen by the next job: its listings match the
+    source's and the rewritten file's bytes are the new ones."""
+    dev, mnt = loop_source
+    source = make_dataset(mnt / "data", classes=4, per_class=20, mean_size=20_000, records=1,
+                          record_size=1 << 20)
+    files = sum(len(f) for _, _, f in os.walk(source))
+    tier = tmp_path / "tier"
+    cat_all = ["sh", "-c", "find \"$1\" -type f -exec cat {} + > /dev/null", "sh", source]
+    granary.run(source, cat_all, tier=tier)
+    granary.settle(source)
+    wait_held(granary, source, files)
+    classes = sorted(p for p in source.iterdir() if p.is_dir() and not p.is_symlink())
+    victims = sorted(p for p in classes[0].iterdir() if p.is_file() and not p.is_symlink())
+    rewritten, renamed, removed = victims[:3]
+    with open(rewritten, "r+b") as f:  # same inode, same size: only ctime/mtime tell
+        f.write(b"rewritten behind the agent's back")
+    os.rename(renamed, renamed.with_name(renamed.name + ".moved"))
+    os.unlink(removed)
+    (classes[1] / "added.bin").write_bytes(b"new file")
+    drop_caches()
+    proc, _ = granary.run(source, lister_job(source), tier=tier)
+    assert split_job_output(proc.stdout) == listings(lambda cmd: direct(cmd), source)
+    proc, _ = granary.run(source, ["cat", rewritten], tier=tier)
+    assert proc.stdout == rewritten.read_bytes()
+    assert proc.stdout.startswith(b"rewritten behind the agent's back")

@@ -230,6 +230,12 @@ pub struct SourceStatus {
     /// What is wrong with its tiers (refused at the walk, lost since), as jobs are told.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The source's directories and files whose inodes the agent holds in the kernel's cache
+    /// between jobs (`source::pins`).
+    #[serde(default)]
+    pub held_dirs: u64,
+    #[serde(default)]
+    pub held_files: u64,
     /// What the programs of every job on this source read, since the agent started.
     #[serde(default)]
     pub served: Served,

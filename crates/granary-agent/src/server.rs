@@ -553,6 +553,9 @@ fn detach(agent: &Agent, l: Lease) {
     );
     if inner.jobs == 0 {
         l.source.persist(&inner);
+        if agent.cfg.pin_inodes.unwrap_or(true) {
+            l.source.hold_inodes();
+        }
     }
 }
 
@@ -609,6 +612,8 @@ fn status(agent: &Agent) -> AgentStatus {
                         })
                     }),
                     warnings: s.warnings(),
+                    held_dirs: s.pins.counts().dirs,
+                    held_files: s.pins.counts().files,
                     served: s.served(),
                 }
             })

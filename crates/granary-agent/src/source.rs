@@ -20,6 +20,7 @@ use granary_shm::{job, lifecycle, Mapping, State, Table, TableSpec};
 
 mod pack_conf;
 mod packed;
+pub mod pins;
 
 pub use pack_conf::{source_key, PackConf};
 
@@ -95,6 +96,8 @@ pub struct SourceState {
     pub pack: Option<PackConf>,
     /// What the programs of the jobs that detached read (`served`).
     served_done: Mutex<crate::protocol::Served>,
+    /// The source's inodes held while no job uses it (`pins`).
+    pub pins: Arc<pins::Pins>,
 }
 
 #[derive(Default)]
@@ -158,6 +161,7 @@ impl SourceState {
             warnings: Mutex::default(),
             pack,
             served_done: Mutex::default(),
+            pins: Arc::default(),
         }
     }
 
@@ -687,8 +691,18 @@ impl SourceState {
         granary_core::placement::release_partial_charges(&ctx.table, &ctx.space.tiers);
         t.set_valid(false);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = None;
+        self.pins.clear();
         if let Some(p) = inner.table_path.take() {
             let _ = std::fs::remove_file(p);
+        }
+    }
+
+    /// The last job detached: the current table's directories and files are held in the
+    /// kernel's cache for the next job (`pins`). A pack's tree: its directories only (its
+    /// files come from the pack).
+    pub fn hold_inodes(&self) {
+        if let Some(ctx) = self.ctx() {
+            self.pins.take_in_background(ctx, self.pack.is_some());
         }
     }
 
@@ -884,6 +898,9 @@ fn start_validation(
     {
         old.stop();
     }
+    // What an absent attribute answers may have changed since the last attach (a remount
+    // without ACLs): probed again before the programs of this attach ask.
+    catalog::xattr::probe(t, &ctx.source_real);
     let epoch = if fresh_walk {
         t.set_immutable(immutable);
         t.bump_epoch()

@@ -89,6 +89,37 @@ pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A reference to `path` that opens nothing (`O_PATH`, not following a symlink in its last
+/// component): it keeps the kernel's cached inode and name of the entry, for as long as it is
+/// held.
+pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
+    let c = cstr(path.as_os_str().as_bytes())?;
+    // SAFETY: c is NUL-terminated; the returned fd is owned below.
+    let fd = check(unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `open_path` of `name` in directory `dir` (an `O_PATH` fd will do).
+pub fn open_path_at(dir: &OwnedFd, name: &[u8]) -> io::Result<OwnedFd> {
+    let c = cstr(name)?;
+    // SAFETY: dir is an open fd, c is NUL-terminated; the fd is owned below.
+    let fd = check(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// Creates `name` in `dir` exclusively (never through a symlink), read-write (a received copy
 /// is written through a shared mapping, which needs both), with `mode`.
 pub fn create_excl_at(dir: &OwnedFd, name: &[u8], mode: u32) -> io::Result<File> {
@@ -302,6 +333,30 @@ pub fn open_files_limit() -> u64 {
     // SAFETY: getrlimit writes into the struct we own.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return 1024;
+    }
+    lim.rlim_cur
+}
+
+/// Raises the soft limit on open files to the hard one; returns the soft limit now.
+pub fn raise_open_files_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let want = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct we own; raising the soft limit up to the hard
+        // one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            return want.rlim_cur;
+        }
     }
     lim.rlim_cur
 }

@@ -30,9 +30,11 @@ pub struct Fixture {
     pub table: &'static Table,
 }
 
-/// Files of the source: `a.txt` and `train/big.bin` are placed in tier 0.
+/// Files of the source: `a.txt`, `train/big.bin` and `tagged.bin` are placed in tier 0.
 pub const PLACED: &str = "train/big.bin";
 pub const UNPLACED: &str = "train/small.txt";
+/// A placed file with an extended attribute (`user.granary`) on the source, not on its copy.
+pub const TAGGED: &str = "tagged.bin";
 
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -80,6 +82,19 @@ fn build_fixture() -> Fixture {
     fs::write(src.join("changed.txt"), b"changed by the program\n").unwrap();
     fs::write(src.join("gone/inner/f.txt"), b"below a removed directory\n").unwrap();
     symlink("a.txt", src.join("link")).unwrap();
+    // A file with an extended attribute of its own (where the file system takes user ones).
+    fs::write(src.join(TAGGED), b"tagged\n").unwrap();
+    let tagged = CString::new(src.join(TAGGED).as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated path and name, a value of its stated length.
+    let _ = unsafe {
+        libc::setxattr(
+            tagged.as_ptr(),
+            c"user.granary".as_ptr(),
+            b"yes".as_ptr().cast(),
+            3,
+            0,
+        )
+    };
     symlink("/etc/hostname", src.join("outward")).unwrap();
     let tier = dir.join("tier0");
     fs::create_dir(&tier).unwrap();
@@ -117,9 +132,10 @@ fn build_fixture() -> Fixture {
         tier,
         table: Box::leak(Box::new(table)),
     };
-    for rel in ["a.txt", PLACED] {
+    for rel in ["a.txt", PLACED, TAGGED] {
         place(&f, rel);
     }
+    probe_xattrs(&f);
     let void = |rel: &str, how| assert!(lifecycle::void_entry(f.table, f.idx(rel), how));
     void("changed.txt", lifecycle::Void::Stale);
     void("gone", lifecycle::Void::Gone);
@@ -128,6 +144,32 @@ fn build_fixture() -> Fixture {
     detour::set_creds_match(true);
     detour::attach(table);
     f
+}
+
+/// What the agent's probe publishes (`granary_core::catalog::xattr::probe`), for the fixture's
+/// file system: the kernel's answer for each name on a sample of each type without attributes.
+fn probe_xattrs(f: &Fixture) {
+    use granary_shm::xattr::{Absent, NAMES};
+    let root = stat_rec(&f.src);
+    let mut a = Absent {
+        dev_major: root.dev_major,
+        dev_minor: root.dev_minor,
+        privileged: crate::sys::has_cap_sys_admin(),
+        ..Absent::default()
+    };
+    for (t, sample) in ["a.txt", "train", "link"].iter().enumerate() {
+        let p = f.path(sample);
+        for (n, name) in NAMES.iter().enumerate() {
+            let name = CString::new(*name).unwrap();
+            // SAFETY: NUL-terminated path and name; a NULL value of size 0 asks for the size.
+            let r = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            if r < 0 && (e == libc::ENODATA || e == libc::EOPNOTSUPP) {
+                a.errno[t][n] = e as u8;
+            }
+        }
+    }
+    f.table.set_xattr_absent(Some(&a));
 }
 
 /// Copies `rel` into tier 0 and records it placed, as the agent does.
@@ -156,7 +198,13 @@ fn stat_rec(p: &Path) -> StatRec {
         )
     };
     assert_eq!(r, 0, "statx {}", p.display());
-    StatRec::from_statx(&x)
+    let mut s = StatRec::from_statx(&x);
+    // As the agent's walk records it (`granary_core::catalog::xattr::listed`).
+    // SAFETY: a NUL-terminated path; a NULL list of size 0 asks for the size only.
+    if unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) } == 0 {
+        s.xattrs = granary_shm::xattr::NONE_LISTED;
+    }
+    s
 }
 
 /// The catalog of `root` as the agent's walk makes it (children listed in name order).

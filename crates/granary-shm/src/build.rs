@@ -629,7 +629,7 @@ impl Image<'_> {
             c.rdev_minor,
             c.dev_major,
             c.dev_minor,
-            0,
+            c.xattrs,
         ] {
             put(self, &v.to_ne_bytes());
         }
@@ -811,6 +811,8 @@ pub fn rebase(img: &mut [u8], spec: &TableSpec) -> Result<(), BuildError> {
     let mut out = Image(img);
     out.put_u32(H_TIER_COUNT, spec.tier_dirs.len() as u32);
     out.put_u32(H_AGENT_PID, spec.agent_pid);
+    // Probed again by this agent at the attach (another node's device numbers differ).
+    out.put_u32(H_XATTR, 0);
     for t in 0..MAX_TIERS {
         let off = PATHS_OFF + (SLOT_TIER0 + t) * PATH_SLOT_LEN;
         out.0[off..off + PATH_SLOT_LEN].fill(0);

@@ -106,6 +106,12 @@ pub const H_PACK_OFF: usize = 248;
 /// Tier `t`'s object directory identity (`st_dev: u64`, `st_ino: u64`) at
 /// `H_TIER_DIR_IDS + 16 t`: a client opens copies only through a directory fd that is this one.
 pub const H_TIER_DIR_IDS: usize = 256;
+/// What reading an extended attribute a file does not have answers on the source's file system,
+/// probed by the agent at each attach (`crate::xattr::Absent`); zero (tables that never had it
+/// included): nothing is known, every such call passes through. 24 bytes, all `AtomicU32`:
+/// flags (`xattr::ABSENT_*`), the probed device (major, minor), then one word per file type
+/// (`xattr::TYPES`) holding one errno byte per name (`xattr::NAMES`, 0: not answered).
+pub const H_XATTR: usize = 256 + 16 * MAX_TIERS;
 
 /// A table serving a pack: where the pack is, whether the tree exists anywhere else, and per
 /// entry where its stored bytes are (`Locator`). Written once by the agent; only `F_STREAMED`
@@ -209,8 +215,9 @@ pub struct Ts {
     pub _pad: u32,
 }
 
-/// Everything `statx(2)` told the walk about one path (with `AT_SYMLINK_NOFOLLOW`).
-/// `struct stat` and `struct statx` answers are both derived from it.
+/// Everything `statx(2)` told the walk about one path (with `AT_SYMLINK_NOFOLLOW`), and what its
+/// `llistxattr(2)` told (`xattrs`). `struct stat` and `struct statx` answers are both derived
+/// from it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatRec {
@@ -235,6 +242,10 @@ pub struct StatRec {
     pub rdev_minor: u32,
     pub dev_major: u32,
     pub dev_minor: u32,
+    /// What the walk learnt of the path's extended attributes (`crate::xattr::NONE_LISTED`);
+    /// 0: nothing (a record from `statx` alone). Not part of the file's identity: any change
+    /// of an attribute moves the ctime, which is.
+    pub xattrs: u32,
 }
 
 impl StatRec {
@@ -265,6 +276,7 @@ impl StatRec {
             rdev_minor: sx.stx_rdev_minor,
             dev_major: sx.stx_dev_major,
             dev_minor: sx.stx_dev_minor,
+            xattrs: 0,
         }
     }
 
@@ -400,7 +412,8 @@ pub struct StatClass {
     pub rdev_minor: u32,
     pub dev_major: u32,
     pub dev_minor: u32,
-    pub _pad: u32,
+    /// `StatRec::xattrs`: entries with and without attributes are of different classes.
+    pub xattrs: u32,
 }
 
 impl StatClass {
@@ -417,7 +430,7 @@ impl StatClass {
             rdev_minor: s.rdev_minor,
             dev_major: s.dev_major,
             dev_minor: s.dev_minor,
-            _pad: 0,
+            xattrs: s.xattrs,
         }
     }
 }
@@ -445,6 +458,7 @@ impl DiskEntry {
             rdev_minor: c.rdev_minor,
             dev_major: c.dev_major,
             dev_minor: c.dev_minor,
+            xattrs: c.xattrs,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod resolve;
 mod ring;
 pub mod state;
 pub mod table;
+pub mod xattr;
 
 pub use build::{
     build, build_catalog, build_into, image_len, image_source_real, rebase, BuildError, Catalog,

@@ -111,6 +111,70 @@ fn header_round_trip() {
 }
 
 #[test]
+fn what_the_walk_and_the_probe_learnt_of_attributes_round_trips() {
+    use crate::xattr::{Absent, NONE_LISTED};
+    let mut m = Model::new();
+    let bare = StatRec {
+        xattrs: NONE_LISTED,
+        dev_major: 8,
+        dev_minor: 1,
+        ..stat(libc::S_IFREG | 0o644, 2, 10)
+    };
+    m.add(0, "bare", bare, "");
+    // The same class of file but with attributes: a class of its own.
+    m.add(0, "tagged", StatRec { xattrs: 0, ..bare }, "");
+    m.add(
+        0,
+        "elsewhere",
+        StatRec {
+            dev_minor: 2,
+            ..bare
+        },
+        "",
+    );
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    let e = |n: &[u8]| t.entry(t.lookup(n).unwrap()).unwrap().stat;
+    assert_eq!(e(b"bare").xattrs, NONE_LISTED);
+    assert_eq!(e(b"tagged").xattrs, 0);
+    assert_eq!(t.xattr_absent(), None, "nothing probed: nothing answered");
+    let mut a = Absent {
+        dev_major: 8,
+        dev_minor: 1,
+        privileged: true,
+        ..Absent::default()
+    };
+    a.errno[0] = [
+        libc::ENODATA as u8,
+        libc::ENODATA as u8,
+        0,
+        libc::EOPNOTSUPP as u8,
+    ];
+    t.set_xattr_absent(Some(&a));
+    let got = t.xattr_absent().unwrap();
+    assert_eq!(got, a);
+    let acl = b"system.posix_acl_access";
+    assert_eq!(got.errno_for(&e(b"bare"), acl), Some(libc::ENODATA));
+    assert_eq!(
+        got.errno_for(&e(b"bare"), b"security.capability"),
+        Some(libc::EOPNOTSUPP)
+    );
+    // A name the probe had no failure for, one it never asks, a file with attributes, a file
+    // on another device, a type it did not probe: not answered.
+    assert_eq!(got.errno_for(&e(b"bare"), b"security.selinux"), None);
+    assert_eq!(got.errno_for(&e(b"bare"), b"user.x"), None);
+    assert_eq!(got.errno_for(&e(b"tagged"), acl), None);
+    assert_eq!(got.errno_for(&e(b"elsewhere"), acl), None);
+    let dir = StatRec {
+        mode: libc::S_IFDIR | 0o755,
+        ..bare
+    };
+    assert_eq!(got.errno_for(&dir, acl), None);
+    t.set_xattr_absent(None);
+    assert_eq!(t.xattr_absent(), None);
+}
+
+#[test]
 fn pack_section_round_trips() {
     let mut m = Model::new();
     let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");

@@ -110,6 +110,7 @@ fn clear_run_words(t: &Table) {
         h.store(0, Ordering::Relaxed);
     }
     t.set_reports_opens(false);
+    t.set_xattr_absent(None);
     t.set_valid(true);
     t.reset_ring();
     for slot in 0..t.job_slots() {

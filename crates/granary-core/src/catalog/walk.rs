@@ -24,6 +24,8 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{thread, Condvar, Mutex};
 use crate::sys::statx_nofollow;
 
+use super::xattr;
+
 #[derive(Debug, thiserror::Error)]
 pub enum WalkError {
     #[error("source {path}: {cause}")]
@@ -81,6 +83,9 @@ struct Shared<'a> {
     carried: AtomicU64,
     prev: Option<&'a Prev<'a>>,
     progress: &'a Progress,
+    /// Record each path's attribute list (`xattr::listed`) on this device (major, minor): the
+    /// source's file system is one whose absent attributes the catalog answers for.
+    list_xattrs: Option<(u32, u32)>,
 }
 
 /// A child before it becomes a node: what the source (or the earlier table) says about it.
@@ -105,12 +110,17 @@ pub fn walk(
     threads: usize,
     progress: &Progress,
 ) -> Result<Walk, WalkError> {
-    let root_stat = statx_nofollow(root).map_err(|cause| WalkError::Root {
+    let mut root_stat = statx_nofollow(root).map_err(|cause| WalkError::Root {
         path: root.to_path_buf(),
         cause,
     })?;
     if !root_stat.is_dir() {
         return Err(WalkError::NotDir(root.to_path_buf()));
+    }
+    let list_xattrs =
+        xattr::worth_listing(root).then_some((root_stat.dev_major, root_stat.dev_minor));
+    if list_xattrs.is_some() {
+        root_stat.xattrs = xattr::listed(root);
     }
     let parent = root.parent().unwrap_or(root);
     let root_parent_ino = statx_nofollow(parent)
@@ -136,6 +146,7 @@ pub fn walk(
         carried: AtomicU64::new(0),
         prev,
         progress,
+        list_xattrs,
     };
     thread::scope(|s| {
         for _ in 0..threads.max(1) {
@@ -300,7 +311,7 @@ fn list_dir(shared: &Shared<'_>, todo: &Todo) -> (Vec<Child>, bool) {
         let name = de.file_name();
         let path = todo.path.join(&name);
         let stat = match statx_nofollow(&path) {
-            Ok(s) => s,
+            Ok(s) => with_xattrs(shared, s, &path),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => {
                 tracing::debug!("walk: cannot stat {}: {e}", path.display());
@@ -315,6 +326,14 @@ fn list_dir(shared: &Shared<'_>, todo: &Todo) -> (Vec<Child>, bool) {
         }
     }
     (children, complete)
+}
+
+/// `stat` of `path` with what its attribute list says, where the walk records it.
+fn with_xattrs(shared: &Shared<'_>, mut stat: StatRec, path: &Path) -> StatRec {
+    if shared.list_xattrs == Some((stat.dev_major, stat.dev_minor)) {
+        stat.xattrs = xattr::listed(path);
+    }
+    stat
 }
 
 /// A child the walk stat'ed: its placement is taken over from the earlier table when that
@@ -417,7 +436,8 @@ fn take_over(shared: &Shared<'_>, todo: &Todo) -> (Vec<Child>, bool) {
             // Changed or removed through granary: what is there now.
             let path = todo.path.join(OsStr::from_bytes(name));
             match statx_nofollow(&path) {
-                Ok(stat) => match fresh_child(shared, rel, stat, &path) {
+                Ok(stat) => match fresh_child(shared, rel, with_xattrs(shared, stat, &path), &path)
+                {
                     Some(c) => children.push(c),
                     None => return list_dir(shared, todo),
                 },

@@ -25,6 +25,7 @@
 //! [catalog]
 //! immutable = false        # true: a later job validates the catalog per directory
 //! validate_threads = 4     # background validation of a reused catalog (0: inline only)
+//! pin_inodes = true        # between jobs, hold the source's inodes in the kernel's cache
 //! [reuse]
 //! verify = "identity"      # or "checksum": also re-hash reused copies in the background
 //! [mmap]                  # see placement::mmap::config

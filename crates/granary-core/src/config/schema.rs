@@ -57,6 +57,7 @@ struct Placement {
 struct Catalog {
     immutable: Option<Checked<Bool>>,
     validate_threads: Option<Checked<Count<0, 256>>>,
+    pin_inodes: Option<Checked<Bool>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -109,6 +110,7 @@ impl File {
             verify: self.reuse.verify.map(|c| c.0),
             immutable: self.catalog.immutable.map(|c| c.0),
             validate_threads: self.catalog.validate_threads.map(|c| c.0 as usize),
+            pin_inodes: self.catalog.pin_inodes.map(|c| c.0),
             idle_timeout: self.agent.idle_timeout.map(|c| c.0),
             log_level: self.agent.log_level.map(|c| c.0),
             log_file: self.agent.log_file.map(|c| c.0),

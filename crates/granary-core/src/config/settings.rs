@@ -60,6 +60,10 @@ pub struct Config {
     /// `[catalog] validate_threads`: threads of the background validation of an attach (0: none,
     /// each entry is checked by the first program that uses it).
     pub validate_threads: Option<usize>,
+    /// `[catalog] pin_inodes`: while no job uses a source, the agent holds a reference to each
+    /// of its catalogued directories and files (as many as its budget allows), so the next
+    /// job's validation and metadata calls find them in the kernel's cache (default true).
+    pub pin_inodes: Option<bool>,
     pub idle_timeout: Option<Duration>,
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,

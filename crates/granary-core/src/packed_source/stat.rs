@@ -32,5 +32,7 @@ pub fn stat_rec(s: &Stat) -> StatRec {
         rdev_minor: s.rdev_minor,
         dev_major: s.dev_major,
         dev_minor: s.dev_minor,
+        // A pack records no attributes: what a packed entry has is never answered.
+        xattrs: 0,
     }
 }

@@ -18,3 +18,4 @@ pub mod mutate;
 pub mod open;
 pub mod read;
 pub mod stat;
+pub mod xattr;

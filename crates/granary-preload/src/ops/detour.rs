@@ -186,6 +186,9 @@ pub enum Bypass {
     KernelDecides,
     /// A symlink the catalog names is not one here, or the name is one (`readlink`, `realpath`).
     Link,
+    /// Extended attributes the catalog does not prove (the entry has some, the name is not one
+    /// it answers, the source's file system was not probed): `ops::xattr`.
+    Xattrs,
 }
 
 impl Bypass {
@@ -215,6 +218,7 @@ impl Bypass {
             Bypass::BadBuffer => b"the buffer is the kernel's to judge",
             Bypass::KernelDecides => b"only the kernel can tell",
             Bypass::Link => b"a symlink",
+            Bypass::Xattrs => b"attributes the catalog does not prove",
         }
     }
 
@@ -282,6 +286,7 @@ mod tests {
             Bypass::BadBuffer,
             Bypass::KernelDecides,
             Bypass::Link,
+            Bypass::Xattrs,
         ];
         let mut seen: Vec<&[u8]> = vec![];
         for b in all {

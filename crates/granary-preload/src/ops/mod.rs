@@ -1,7 +1,7 @@
 //! What granary does for each family of hooked calls, as plain Rust, one family per module
 //! (the C entry points are `hooks`, one module per family too).
 //!
-//! Families that answer or pass through — `open`, `stat`, `link`, `dir`, `read` — return a
+//! Families that answer or pass through — `open`, `stat`, `link`, `dir`, `read`, `xattr` — return a
 //! `Detour`: granary's answer, a failure with its errno, or `Bypass(why, then)`: the real call
 //! runs, `why` says why (the debug log prints it), `then` is what to finish after it. Families
 //! that act around the real call — `mutate`, `attr`, `lock`, `fd`, `map`, `exec`, `creds` — run
@@ -29,3 +29,4 @@ pub mod path;
 pub mod read;
 pub mod stat;
 pub mod validate;
+pub mod xattr;

@@ -95,6 +95,8 @@ real_slots! {
     REMOVEXATTR = c"removexattr"; LREMOVEXATTR = c"lremovexattr"; MKNOD = c"mknod";
     MKNODAT = c"mknodat"; FCHMOD = c"fchmod"; FCHOWN = c"fchown"; FUTIMENS = c"futimens";
     FUTIMES = c"futimes"; FSETXATTR = c"fsetxattr"; FREMOVEXATTR = c"fremovexattr";
+    GETXATTR = c"getxattr"; LGETXATTR = c"lgetxattr"; FGETXATTR = c"fgetxattr";
+    LISTXATTR = c"listxattr"; LLISTXATTR = c"llistxattr"; FLISTXATTR = c"flistxattr";
     FLOCK = c"flock"; LOCKF = c"lockf"; LOCKF64 = c"lockf64"; FSTATFS = c"fstatfs";
     FSTATFS64 = c"fstatfs64"; IOCTL = c"ioctl"; SENDMSG = c"sendmsg";
     COPY_FILE_RANGE = c"copy_file_range"; SENDFILE = c"sendfile"; SENDFILE64 = c"sendfile64";
@@ -200,6 +202,34 @@ pub fn raw_stat(dirfd: c_int, path: *const c_char, st: *mut libc::stat, flags: c
 
 pub fn raw_write(fd: c_int, buf: &[u8]) {
     let _ = sys!(libc::SYS_write, fd, buf.as_ptr(), buf.len());
+}
+
+/// True if this thread may have `CAP_SYS_ADMIN` in its effective set (`capget`; true when the
+/// kernel will not say). Never changes errno.
+pub fn has_cap_sys_admin() -> bool {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    /// `_LINUX_CAPABILITY_VERSION_3`: two `Data` words, capabilities 0–31 in the first.
+    const VERSION_3: u32 = 0x2008_0522;
+    const CAP_SYS_ADMIN: u32 = 21;
+    let _keep = KeepErrno::new();
+    let mut h = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    let r = sys!(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr());
+    r != 0 || d[0].effective & (1 << CAP_SYS_ADMIN) != 0
 }
 
 pub fn empty_stat() -> libc::stat {

@@ -546,6 +546,7 @@ pub fn stat_rec(p: &Path) -> StatRec {
         rdev_minor: x.stx_rdev_minor,
         dev_major: x.stx_dev_major,
         dev_minor: x.stx_dev_minor,
+        xattrs: 0,
     }
 }
 

@@ -145,6 +145,12 @@ pub fn main(args: StatusArgs) -> Result<i32> {
                 if v.done { ", done" } else { ", running" }
             ));
         }
+        if src.held_dirs + src.held_files > 0 {
+            out(&format!(
+                "  held in the kernel's cache between jobs: {} directories and {} files",
+                src.held_dirs, src.held_files
+            ));
+        }
         for w in &src.warnings {
             out(&format!("  warning: {w}"));
         }
