@@ -14,12 +14,9 @@ use crate::agent::Agent;
 /// serving agent's) the consumer sleeps on the ring's doorbell instead — a client's push wakes
 /// it at once — for up to `BELL_NAP_MAX`: it only wakes by itself to step over a ring slot a
 /// dead client left, and to look for a second table (an idle agent's consumer used a hundredth
-/// of a core waking every millisecond). Its naps then start at `BELL_NAP_MIN`, not `NAP_MIN`: a
-/// push wakes it, and every nap that ends by itself is a wake-up for nothing (~10–30 µs of CPU
-/// on a VM; from 50 µs, a consumer woke 5 times between two remote reads of 2 MiB).
+/// of a core waking every millisecond).
 const NAP_MIN: Duration = Duration::from_micros(50);
 const NAP_MAX: Duration = Duration::from_millis(1);
-const BELL_NAP_MIN: Duration = Duration::from_millis(1);
 const BELL_NAP_MAX: Duration = Duration::from_millis(50);
 
 pub fn consume(agent: Arc<Agent>) {
@@ -74,9 +71,8 @@ pub fn consume(agent: Arc<Agent>) {
         match ctxs.as_slice() {
             // One table (a job's source, a serving agent's): woken by a client's push.
             [one] => {
-                let nap_now = nap.max(BELL_NAP_MIN);
-                one.table.wait_for_requests(nap_now);
-                nap = (nap_now * 2).min(BELL_NAP_MAX);
+                one.table.wait_for_requests(nap);
+                nap = (nap * 2).min(BELL_NAP_MAX);
             }
             _ => {
                 std::thread::sleep(nap.min(NAP_MAX));
