@@ -17,7 +17,7 @@ times; the report gives medians and the ratio remote/local per size and reader. 
 reused per thread: memory-copy speed, the hardest baseline). From the same runs it derives the
 per-file overhead and per-byte cost of a remote read, which docs/cluster.md's scaling model uses.
 
-    python3 bench/cluster.py                 # ~3 minutes; results/cluster/report.md
+    python3 bench/cluster.py                 # ~3 minutes; report.md under --out
     python3 bench/cluster.py --pairs 7 --tier-root /var/tmp   # tiers on disk instead of RAM
     python3 bench/cluster.py --compare OTHER_BINARY            # both binaries in every pair
     python3 bench/cluster.py --pack                            # a pack of the dataset served

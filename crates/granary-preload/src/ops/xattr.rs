@@ -25,32 +25,24 @@ use crate::sys::{self, sys};
 /// `getxattr` (`follow`) or `lgetxattr` of `path`'s attribute `name`: the catalog's failure,
 /// or why the real call must answer (the guard held across it).
 pub fn get(path: *const c_char, name: *const c_char, follow: bool) -> Detour<isize, Option<Guard>> {
-    let g = match detour::enter() {
-        Ok(g) => g,
-        Err(why) => return Detour::Bypass(why, None),
-    };
-    let mut buf = Buf::new();
-    let loc = lookup::locate(&g, libc::AT_FDCWD, path, &mut buf);
-    if loc.rel.is_none() {
-        return Detour::Bypass(Bypass::Outside, Some(g));
-    }
-    let why = match lookup::find(&g, &loc, follow) {
-        Ok(f) => match absent_errno(&g, &f.entry.stat, name) {
-            Some(e) => {
-                g.count(job::CATALOG_META, 1);
-                return Detour::Fail(e);
-            }
-            None => Bypass::Xattrs,
-        },
-        Err(why) => why,
-    };
-    g.count(job::SOURCE_META, 1);
-    Detour::Bypass(why, Some(g))
+    on_path(path, follow, |g, stat| absent_errno(g, stat, name).map(Err))
 }
 
 /// `listxattr` (`follow`) or `llistxattr` of `path`: an empty list from the catalog, or why the
 /// real call must answer.
 pub fn list(path: *const c_char, follow: bool) -> Detour<isize, Option<Guard>> {
+    on_path(path, follow, |g, stat| {
+        lists_nothing(g, stat).then_some(Ok(0))
+    })
+}
+
+/// A read of `path`'s attributes: `catalog`'s answer for a catalogued entry (`Ok`: the value,
+/// `Err`: the errno), or why the real call must answer (the guard held across it).
+fn on_path(
+    path: *const c_char,
+    follow: bool,
+    catalog: impl FnOnce(&Guard, &granary_shm::StatRec) -> Option<Result<isize, c_int>>,
+) -> Detour<isize, Option<Guard>> {
     let g = match detour::enter() {
         Ok(g) => g,
         Err(why) => return Detour::Bypass(why, None),
@@ -61,11 +53,16 @@ pub fn list(path: *const c_char, follow: bool) -> Detour<isize, Option<Guard>> {
         return Detour::Bypass(Bypass::Outside, Some(g));
     }
     let why = match lookup::find(&g, &loc, follow) {
-        Ok(f) if lists_nothing(&g, &f.entry.stat) => {
-            g.count(job::CATALOG_META, 1);
-            return Detour::Answer(0);
-        }
-        Ok(_) => Bypass::Xattrs,
+        Ok(f) => match catalog(&g, &f.entry.stat) {
+            Some(answer) => {
+                g.count(job::CATALOG_META, 1);
+                return match answer {
+                    Ok(v) => Detour::Answer(v),
+                    Err(e) => Detour::Fail(e),
+                };
+            }
+            None => Bypass::Xattrs,
+        },
         Err(why) => why,
     };
     g.count(job::SOURCE_META, 1);
