@@ -26,6 +26,7 @@ use granary_core::placement::peer_copy;
 use granary_core::placement::{SourceCtx, Space};
 use granary_core::stats::AgentCounters;
 use granary_core::sys;
+use granary_core::Reservation;
 use granary_shm::State;
 
 /// A staging file the agent holds open for reading and writing, with its pages mapped.
@@ -178,13 +179,18 @@ impl Staging {
         }
     }
 
-    /// Drops the oldest staged copies, then free files made ahead, until the tier has room for
-    /// `size` bytes (a copy placed from the source, which makes its own file). False if it
-    /// has not even then.
-    pub fn make_room(&self, ctx: &SourceCtx, staging_tier: usize, size: u64) -> bool {
+    /// Room for `size` bytes on the staging tier (a copy placed from the source, which makes its
+    /// own file), reserved: the oldest staged copies dropped, then free files made ahead, until
+    /// it fits. `None` if it does not even then.
+    pub fn room<'a>(
+        &self,
+        ctx: &'a SourceCtx,
+        staging_tier: usize,
+        size: u64,
+    ) -> Option<Reservation<'a>> {
         loop {
-            if ctx.space.tiers.reserve(staging_tier, size).is_some() {
-                return true;
+            if let Some(res) = ctx.space.reserve_on(&[staging_tier], size) {
+                return Some(res);
             }
             match self.evict_oldest(ctx, staging_tier, None) {
                 Evicted::Dropped => continue,
@@ -202,9 +208,7 @@ impl Staging {
                 }
                 x
             };
-            let Some(x) = free else {
-                return false;
-            };
+            let x = free?;
             ctx.space.tiers.release(staging_tier, x.charge);
             remove(&ctx.space, staging_tier, &x.name);
         }
