@@ -28,7 +28,7 @@ use crossbeam_channel::Receiver;
 use granary_core::placement::peer_copy::{self, NotStarted, ReceiveError, Receiving};
 use granary_core::placement::{whole_file, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
-use granary_shm::{EntryRec, State};
+use granary_shm::{part_name, EntryRec, State};
 
 use super::node::{Node, RemoteFetch};
 use super::peers::{Late, Patience};
@@ -198,7 +198,8 @@ fn prepare(
                     // No room for a replica: the source.
                     return Err(Got::Source);
                 };
-                let want = free.is_none().then_some(size);
+                let part = ctx.table.entry(idx).map(|e| part_name(e.object));
+                let want = part.as_ref().map(|p| &p[..]).filter(|_| free.is_none());
                 match node.staging.evict_oldest(ctx, st, want) {
                     Evicted::Dropped => continue,
                     Evicted::Recycled(f) => {
@@ -647,8 +648,10 @@ fn transfer(
 fn land(node: &Node, rx: &mut Receiving, free: &mut Option<Free>) -> Result<Landing, ReceiveError> {
     if let Some(f) = free.take() {
         let size = rx.size() as usize;
-        let Free { slot, name, .. } = f;
-        match rx.part_from(slot.file, &name) {
+        let Free {
+            slot, name, known, ..
+        } = f;
+        match rx.part_from(slot.file, &name, known) {
             Ok(_) => {
                 if let Some(l) = Landing::on(slot.map, size) {
                     return Ok(l);

@@ -42,6 +42,8 @@ pub struct Free {
     pub name: Vec<u8>,
     /// What it is charged to the staging tier while free (0 once handed out).
     charge: u64,
+    /// Its inode and length, when read as it was recycled (`Receiving::part_from`).
+    pub known: Option<(u64, u64)>,
 }
 
 /// A staged copy, and its file and mapping while the node keeps them.
@@ -58,6 +60,8 @@ const KEEP_MAPPED: usize = 256;
 const RESERVE_MAX: u64 = 256 << 20;
 /// …and at most this share of the staging tier (1/8).
 const RESERVE_SHARE: u64 = 8;
+/// The name of every free staging file starts with this (the sweep removes old ones).
+const FREE_PREFIX: &[u8] = b".tmp-free-";
 /// Files larger than this are never made ahead.
 const RESERVE_FILE_MAX: u64 = 64 << 20;
 
@@ -114,13 +118,28 @@ impl Staging {
     }
 
     fn free_name(&self) -> Vec<u8> {
+        // The pid once (`getpid` is a system call each time, once per recycled copy).
+        static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
-        format!(".tmp-free-{}-{n}", std::process::id()).into_bytes()
+        format!(
+            "{}{}-{n}",
+            std::str::from_utf8(FREE_PREFIX).unwrap_or_default(),
+            PID.get_or_init(std::process::id)
+        )
+        .into_bytes()
     }
 
     /// Drops the oldest staged copy that is still there, keeping its file when nobody else has
-    /// it open and the caller can use it (`want`: a copy of that many bytes is waiting).
-    pub fn evict_oldest(&self, ctx: &SourceCtx, staging_tier: usize, want: Option<u64>) -> Evicted {
+    /// it open and the caller can use it (`want`: a copy is waiting for a file, and the name
+    /// its part will have: the dropped copy is renamed straight to it — one rename instead of
+    /// two on the program's critical path; `give_back` renames it to a free name if it is not
+    /// used after all).
+    pub fn evict_oldest(
+        &self,
+        ctx: &SourceCtx,
+        staging_tier: usize,
+        want: Option<&[u8]>,
+    ) -> Evicted {
         loop {
             let Some(s) = self.lock().pop_front() else {
                 return Evicted::Nothing;
@@ -138,7 +157,7 @@ impl Staging {
             }
             // The identity clients check a copy against, read before it is withdrawn.
             let recorded = ctx.table.copy_identity(s.idx);
-            let name = self.free_name();
+            let name = want.map_or_else(|| self.free_name(), <[u8]>::to_vec);
             let Some((_, renamed)) = peer_copy::evict_to(&ctx.table, &ctx.space, s.idx, &name)
             else {
                 continue;
@@ -159,15 +178,15 @@ impl Staging {
                     Some(Slot { file: f, map })
                 }),
             };
-            match slot {
-                Some(slot)
-                    if unseen(&slot.file, recorded) && sys::nobody_else_has_open(&slot.file) =>
-                {
+            let known = slot.as_ref().and_then(|x| unseen(&x.file, recorded));
+            match (slot, known) {
+                (Some(slot), Some(known)) if sys::nobody_else_has_open(&slot.file) => {
                     self.recycled.fetch_add(1, Ordering::Relaxed);
                     return Evicted::Recycled(Free {
                         slot,
                         name,
                         charge: 0,
+                        known: Some(known),
                     });
                 }
                 _ => {
@@ -253,6 +272,18 @@ impl Staging {
     /// A free file that was not used after all: kept (charged again) if the tier has room for
     /// it, else removed.
     pub fn give_back(&self, space: &Space, staging_tier: usize, mut free: Free) {
+        if !free.name.starts_with(FREE_PREFIX) {
+            // Renamed to a copy's part name (`evict_oldest`) but not used for it.
+            let name = self.free_name();
+            let renamed = space
+                .dir(staging_tier)
+                .is_some_and(|dir| sys::rename_at(dir, &free.name, &name).is_ok());
+            if !renamed {
+                remove(space, staging_tier, &free.name);
+                return;
+            }
+            free.name = name;
+        }
         let len = free.slot.map.len() as u64;
         let fits = free.charge > 0 || space.tiers.adopt(staging_tier, len);
         if !fits {
@@ -338,7 +369,12 @@ impl Staging {
                 Ok(slot) => {
                     let mut f = self.free_lock();
                     f.bytes += charge;
-                    f.files.push(Free { slot, name, charge });
+                    f.files.push(Free {
+                        slot,
+                        name,
+                        charge,
+                        known: None,
+                    });
                 }
                 Err(e) => {
                     tracing::debug!("making a staging file ahead: {e}");
@@ -400,13 +436,19 @@ fn make(space: &Space, staging_tier: usize, name: &[u8], size: u64) -> std::io::
 /// The most a filler's system call allocates or maps (`make`): ~30 µs of kernel work here.
 const SLICE: usize = 64 << 10;
 
-/// True if a client that opened the staged copy's old name in the instant of its rename (its
-/// open completing after the lease check) would reject the file: the rename moved its ctime off
-/// the one recorded at placement, which every client checks a copy against. With coarse
-/// timestamps a rename in the same clock tick as the placement leaves the ctime as it was:
-/// such a copy is removed, not recycled.
-fn unseen(file: &File, recorded: (u64, u64)) -> bool {
-    sys::copy_identity(file).is_ok_and(|(ino, ctime)| ino == recorded.0 && ctime != recorded.1)
+/// Its inode and length (one `statx`, kept for `Receiving::part_from`) if a client that opened
+/// the staged copy's old name in the instant of its rename (its open completing after the
+/// lease check) would reject the file: the rename moved its ctime off the one recorded at
+/// placement, which every client checks a copy against. With coarse timestamps a rename in the
+/// same clock tick as the placement leaves the ctime as it was: such a copy is removed, not
+/// recycled (`None`).
+fn unseen(file: &File, recorded: (u64, u64)) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let md = file.metadata().ok()?;
+    let ctime = (md.ctime() as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(md.ctime_nsec() as u64);
+    (md.ino() == recorded.0 && ctime != recorded.1).then_some((md.ino(), md.len()))
 }
 
 /// `file` mapped shared, its pages mapped at once.
