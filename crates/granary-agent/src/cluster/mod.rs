@@ -21,6 +21,7 @@
 #![cfg_attr(not(feature = "mpi"), allow(dead_code))]
 
 mod config;
+mod doorbell;
 mod fetch;
 mod maps;
 #[cfg(feature = "mpi")]
@@ -634,7 +635,8 @@ impl Inbox for Node {
                 tracing::info!("rank {from} asked every rank to stop");
                 self.agent.stopping.store(true, Ordering::Release);
             }
-            Msg::Reply { .. } => {}
+            // The communication thread's own business.
+            Msg::Reply { .. } | Msg::Door { .. } => {}
         }
     }
 

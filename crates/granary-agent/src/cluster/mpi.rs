@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use mpi::ffi;
 use mpi::traits::*;
 
+use super::doorbell::{self, Door, Kind, Trust};
 use super::transport::{
     Bell, Budget, Buffers, Cmd, Event, Flow, Inbox, Landing, Payload, Pulse, Transfer, Waiter,
     ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP, IDLE_NAP, IDLE_NAP_MAX,
@@ -93,6 +94,11 @@ impl Mpi {
     ) {
         set_timer_slack();
         let mut l = Loop {
+            door: bell.door.clone(),
+            trust: Trust::new(self.ranks),
+            to_ring: Vec::new(),
+            bells: Vec::new(),
+            asked_by: vec![None; self.ranks as usize],
             inbox,
             bufs,
             budget,
@@ -100,8 +106,14 @@ impl Mpi {
             expect: HashMap::new(),
             orphans: Vec::new(),
             sends: Vec::new(),
-            asked: None,
         };
+        if let Some(d) = &l.door {
+            let (addr, token) = d.card();
+            let card = Msg::Door { addr, token }.encode();
+            for r in (0..self.ranks).filter(|&r| r != self.rank) {
+                l.send(r, CTRL, Payload::Owned(card.clone()), 0, false);
+            }
+        }
         l.run(&cmds, &bell);
         l.drain(Duration::from_secs(5));
         tracing::info!("leaving MPI");
@@ -182,6 +194,16 @@ struct Expecting {
 }
 
 struct Loop {
+    /// This rank's doorbell (`doorbell`), and which peers' doorbells it trusts.
+    door: Option<Arc<Door>>,
+    trust: Trust,
+    /// Doorbells to ring at the end of this turn.
+    to_ring: Vec<(u32, Kind)>,
+    /// Peers whose doorbell rang for a message not seen yet, and when.
+    bells: Vec<(u32, Instant)>,
+    /// When each rank last asked this one for something (a request, a cancel, an
+    /// invalidation; not liveness, not a reply to this rank's own requests).
+    asked_by: Vec<Option<Instant>>,
     inbox: Arc<dyn Inbox>,
     bufs: Arc<Buffers>,
     budget: Arc<Budget>,
@@ -190,9 +212,6 @@ struct Loop {
     /// Data nobody waits for any more (a transfer given up): received, then dropped.
     orphans: Vec<Recv>,
     sends: Vec<Send>,
-    /// When another rank last asked this one for something (a request, a cancel, an
-    /// invalidation; not liveness, not a reply to this rank's own requests).
-    asked: Option<Instant>,
 }
 
 impl Expecting {
@@ -260,10 +279,16 @@ impl Loop {
         // no wait that sleeps (OpenMPI's and MPICH's blocking calls spin on a core), so a
         // peer's first request to an idle rank waits that long at most, and the rank serves
         // from then on. Liveness traffic (heartbeats, status questions) is not activity.
+        // Peers whose doorbells ring (`doorbell`) wake it when they send: while it waits only
+        // on such peers, a nap is a safety net (`nap`).
         let mut nap = BUSY_NAP;
+        // Datagrams may wait on the doorbell (`Bell::nap` says; a datagram that comes while
+        // the thread is awake makes the next nap return at once).
+        let mut rung = true;
         loop {
             self.pulse.beat();
-            let mut moved = false;
+            let mut moved = rung && self.doorbells();
+            rung = false;
             loop {
                 match cmds.try_recv() {
                     Ok(Cmd::Stop) | Err(TryRecvError::Disconnected) => return,
@@ -274,27 +299,92 @@ impl Loop {
             moved |= self.probe();
             moved |= self.progress();
             self.tick();
+            self.ring();
             if moved {
                 nap = BUSY_NAP;
                 continue;
             }
-            let awaiting = !self.expect.is_empty();
-            let serving = self.asked.is_some_and(|at| at.elapsed() < ACTIVE_FOR)
-                || self.sends.iter().any(|s| s.credit > 0);
-            let wait = if awaiting {
-                nap.min(ACTIVE_NAP)
-            } else if serving {
-                ACTIVE_NAP
-            } else {
-                nap.clamp(IDLE_NAP, IDLE_NAP_MAX)
-            };
-            // Parked, not a channel's timed receive (`Bell`): a command wakes it at once, and
-            // the next turn takes it.
+            let wait = self.nap(nap);
+            // Parked or in `ppoll` (`Bell`), not a channel's timed receive: a command or a
+            // doorbell wakes it at once, and the next turn takes it.
             let napped = Instant::now();
-            bell.nap(wait, || !cmds.is_empty());
+            rung = bell.nap(wait, || !cmds.is_empty());
             if cmds.is_empty() && napped.elapsed() >= wait {
                 nap = (wait * 2).min(IDLE_NAP_MAX);
             }
+        }
+    }
+
+    /// How long to nap now (`nap`: the doubling nap of the caller), from what this rank waits
+    /// for, and whether the peers it waits on ring doorbells (`doorbell`: then a timer is only
+    /// a safety net).
+    fn nap(&mut self, nap: Duration) -> Duration {
+        let now = Instant::now();
+        self.bells
+            .retain(|(_, at)| now.duration_since(*at) < doorbell::RUNG_FOR);
+        let door = self.door.is_some();
+        let trusted = |r: u32| door && self.trust.trusts(r, now);
+        let idle = nap.clamp(IDLE_NAP, IDLE_NAP_MAX);
+        let mut wait = idle;
+        let askers: Vec<u32> = (0..self.asked_by.len() as u32)
+            .filter(|&r| {
+                self.asked_by[r as usize].is_some_and(|at| now.duration_since(at) < ACTIVE_FOR)
+            })
+            .collect();
+        if !askers.is_empty() && !askers.iter().all(|&r| trusted(r)) {
+            wait = wait.min(ACTIVE_NAP);
+        }
+        if self.sends.iter().any(|s| s.credit > 0) {
+            // Pieces of its in flight: a transport may need this side's progress to move
+            // them (a rendezvous over TCP); the receiver's doorbell says when they arrived.
+            wait = wait.min(ACTIVE_NAP);
+        }
+        if !self.expect.is_empty() {
+            let all = self.expect.keys().all(|&(from, _)| trusted(from));
+            wait = wait.min(if all {
+                doorbell::SAFETY_NAP
+            } else {
+                nap.min(ACTIVE_NAP)
+            });
+        }
+        if !self.bells.is_empty() {
+            // A doorbell's message not here yet (it overtook it): polled for.
+            wait = wait.min(nap.min(ACTIVE_NAP));
+        }
+        wait
+    }
+
+    /// Reads this rank's doorbells: peers that rang are trusted, and a message they rang for
+    /// is looked for. True if any rang for a message or progress.
+    fn doorbells(&mut self) -> bool {
+        let Some(d) = &self.door else {
+            return false;
+        };
+        let rung = d.drain();
+        let now = Instant::now();
+        for &(p, kind) in &rung.peers {
+            self.trust.rang(p, now);
+            if kind == Kind::Message {
+                self.bells.push((p, now));
+            }
+        }
+        !rung.peers.is_empty()
+    }
+
+    /// Rings the doorbells of the peers this turn sent messages to or received data from.
+    fn ring(&mut self) {
+        let Some(d) = &self.door else {
+            self.to_ring.clear();
+            return;
+        };
+        for (p, kind) in self.to_ring.drain(..) {
+            d.ring(p, kind);
+        }
+    }
+
+    fn ring_later(&mut self, rank: u32, kind: Kind) {
+        if self.door.is_some() && !self.to_ring.contains(&(rank, kind)) {
+            self.to_ring.push((rank, kind));
         }
     }
 
@@ -307,10 +397,10 @@ impl Loop {
                 data,
                 credit,
             } => {
-                self.send(to, tag, data, credit);
+                self.send(to, tag, data, credit, true);
             }
             Cmd::Quiet { to, data } => {
-                self.send(to, CTRL, Payload::Owned(data), 0);
+                self.send(to, CTRL, Payload::Owned(data), 0, false);
                 return false;
             }
             Cmd::Expect { from, tag, waiter } => {
@@ -332,7 +422,8 @@ impl Loop {
         true
     }
 
-    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64) {
+    /// Hands `data` to MPI for `to`; `ring`: and rings its doorbell (all but liveness).
+    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64, ring: bool) {
         let mut req = null_request();
         let (ptr, len) = data.bytes();
         // SAFETY: the bytes belong to `data` (a buffer, or a mapping held by its Arc), which
@@ -362,6 +453,9 @@ impl Loop {
             to,
             since: Instant::now(),
         });
+        if ring {
+            self.ring_later(to, Kind::Message);
+        }
     }
 
     /// Matches arriving messages: control messages are received at once (small, already
@@ -402,6 +496,7 @@ impl Loop {
             unsafe { ffi::MPI_Get_count(&st, byte(), &mut count) };
             let len = count.max(0) as usize;
             self.inbox.heard(from);
+            self.bells.retain(|(p, _)| *p != from);
             if tag == CTRL {
                 let mut buf = vec![0u8; len];
                 let mut st = empty_status();
@@ -420,9 +515,16 @@ impl Loop {
                     Ok(Msg::Reply { tag, answer }) => {
                         self.deliver(from, tag, Event::Reply(answer));
                     }
+                    Ok(Msg::Door { addr, token }) => {
+                        if let Some(d) = &self.door {
+                            d.learn(from, addr, token);
+                        }
+                    }
                     Ok(m) => {
                         if !m.liveness() {
-                            self.asked = Some(Instant::now());
+                            if let Some(x) = self.asked_by.get_mut(from as usize) {
+                                *x = Some(Instant::now());
+                            }
                         }
                         self.inbox.control(from, m)
                     }
@@ -570,12 +672,14 @@ impl Loop {
         let mut any = false;
         let mut failed = Vec::new();
         let mut done = Vec::new();
+        let mut arrived = Vec::new();
         for (&(from, tag), e) in self.expect.iter_mut() {
             while let Some(head) = e.queue.front_mut() {
                 match test(&mut head.req) {
                     Ok(false) => break,
                     Ok(true) => {
                         any = true;
+                        arrived.push(from);
                         let Some(r) = e.queue.pop_front() else { break };
                         let ev = match r.into {
                             Into::Buffer(mut b) => {
@@ -601,6 +705,10 @@ impl Loop {
         }
         for (from, tag) in done {
             self.forget(from, tag);
+        }
+        // The sender's pieces arrived: its sends complete (it stops polling for them).
+        for from in arrived {
+            self.ring_later(from, Kind::Progress);
         }
         let bufs = &self.bufs;
         self.orphans.retain_mut(|r| match test(&mut r.req) {

@@ -84,7 +84,16 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         }
     };
     let ctx = lease.source.ctx().context("no table published")?;
-    let (comm, cmds) = Comm::new();
+    // Doorbells wake the communication threads when a message comes (`doorbell`); without
+    // one this rank polls MPI on a timer, as its peers do for it.
+    let door = match super::doorbell::Door::open(rank, ranks) {
+        Ok(d) => Some(Arc::new(d)),
+        Err(e) => {
+            tracing::info!("rank {rank}: no doorbell ({e}): polling MPI on a timer");
+            None
+        }
+    };
+    let (comm, cmds) = Comm::new(door);
     let node = Node::start(
         agent.clone(),
         ctx.clone(),

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
+use super::doorbell::Door;
 use super::wire::{Answer, Msg, CTRL, DATA_TAG0, DATA_TAGS};
 
 /// Bytes of file data per message: large enough that the per-message cost is small against the
@@ -360,21 +361,26 @@ impl Pulse {
 /// (`Pulse`): its node stops counting on any peer until it moves again.
 pub const STUCK_AFTER: Duration = Duration::from_secs(10);
 
-/// How the communication thread naps and is woken: parked (a futex, `thread::park_timeout`)
-/// with its `asleep` flag up, and unparked by whoever queues a command meanwhile. Not a
-/// channel's timed receive: crossbeam's spins and yields the core (`sched_yield`) several times
-/// before it sleeps, and the thread naps thousands of times a second while a job reads — half
-/// of its CPU went there (perf, 128 KiB remote reads).
+/// How the communication thread naps and is woken. With a doorbell (`doorbell::Door`), it
+/// sleeps in `ppoll` on the doorbell's socket — other ranks' doorbells wake it, and so does a
+/// datagram this node sends itself when it queues a command. Without, it is parked (a futex,
+/// `thread::park_timeout`) and unparked by whoever queues a command. Either way its `asleep`
+/// flag says when a command must wake it. Not a channel's timed receive: crossbeam's spins and
+/// yields the core (`sched_yield`) several times before it sleeps, and the thread naps
+/// thousands of times a second while a job reads — half of its CPU went there (perf, 128 KiB
+/// remote reads).
 pub struct Bell {
     thread: OnceLock<Thread>,
     asleep: AtomicBool,
+    pub door: Option<Arc<Door>>,
 }
 
 impl Bell {
-    fn new() -> Bell {
+    fn new(door: Option<Arc<Door>>) -> Bell {
         Bell {
             thread: OnceLock::new(),
             asleep: AtomicBool::new(false),
+            door,
         }
     }
 
@@ -384,24 +390,36 @@ impl Bell {
         // sees it asleep.
         fence(Ordering::SeqCst);
         if self.asleep.load(Ordering::Relaxed) {
-            if let Some(t) = self.thread.get() {
-                t.unpark();
+            match &self.door {
+                Some(d) => d.ring_self(),
+                None => {
+                    if let Some(t) = self.thread.get() {
+                        t.unpark();
+                    }
+                }
             }
         }
     }
 
     /// The communication thread naps up to `wait` unless `pending()` (a command queued); a
-    /// command queued meanwhile ends the nap at once.
-    pub fn nap(&self, wait: Duration, pending: impl Fn() -> bool) {
+    /// command queued meanwhile, or a doorbell, ends the nap at once. True if datagrams wait on
+    /// the doorbell (or it could not tell): only then does the caller read them (`Door::drain`),
+    /// not on every turn — two `recvfrom`s for nothing each time.
+    pub fn nap(&self, wait: Duration, pending: impl Fn() -> bool) -> bool {
         let _ = self.thread.set(std::thread::current());
         self.asleep.store(true, Ordering::Relaxed);
         fence(Ordering::SeqCst);
+        let mut rung = self.door.is_some();
         if !pending() {
-            // Wakes early when unparked (or spuriously): the caller looks at its commands and
-            // MPI either way.
-            std::thread::park_timeout(wait);
+            // Wakes early when rung (or spuriously): the caller looks at its commands and MPI
+            // either way.
+            match &self.door {
+                Some(d) => rung = d.wait(wait),
+                None => std::thread::park_timeout(wait),
+            }
         }
         self.asleep.store(false, Ordering::Relaxed);
+        rung
     }
 }
 
@@ -416,13 +434,14 @@ pub struct Comm {
 }
 
 impl Comm {
-    /// A handle and the receiving end the communication thread drains.
-    pub fn new() -> (Comm, Receiver<Cmd>) {
+    /// A handle and the receiving end the communication thread drains; `door`: this rank's
+    /// doorbell, if it has one.
+    pub fn new(door: Option<Arc<Door>>) -> (Comm, Receiver<Cmd>) {
         let (tx, rx) = crossbeam_channel::unbounded();
         (
             Comm {
                 tx,
-                bell: Arc::new(Bell::new()),
+                bell: Arc::new(Bell::new(door)),
                 bufs: Arc::new(Buffers::new()),
                 budget: Arc::new(Budget::new(IN_FLIGHT)),
                 pulse: Arc::new(Pulse::new()),
