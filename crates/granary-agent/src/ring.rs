@@ -11,13 +11,18 @@ use crate::agent::Agent;
 /// Naps of the consumer when its rings are empty: from `NAP_MIN` after a request, doubling up
 /// to `NAP_MAX`, so a program opening file after file is answered within tens of microseconds
 /// while an idle agent wakes about a thousand times a second. With one table (a job's source, a
-/// serving agent's) the consumer sleeps on the ring's doorbell instead — a client's push wakes
-/// it at once — for up to `BELL_NAP_MAX`: it only wakes by itself to step over a ring slot a
+/// serving agent's) the consumer sleeps on the ring's doorbell instead — a push someone waits
+/// for wakes it at once — for `BELL_NAP_MIN` up to `BELL_NAP_MAX`: it only wakes by itself to step over a ring slot a
 /// dead client left, and to look for a second table (an idle agent's consumer used a hundredth
 /// of a core waking every millisecond).
 const NAP_MIN: Duration = Duration::from_micros(50);
 const NAP_MAX: Duration = Duration::from_millis(1);
 const BELL_NAP_MAX: Duration = Duration::from_millis(50);
+/// The shortest sleep on the doorbell. Requests nobody waits for (a small file opened or closed)
+/// do not ring it (`Table::push_hint_arg`): they are taken in batches, one wake-up per
+/// millisecond at most while a program opens file after file, instead of one per request, which
+/// took a core's share from the program. Requests someone waits for ring, and are taken at once.
+const BELL_NAP_MIN: Duration = Duration::from_millis(1);
 
 pub fn consume(agent: Arc<Agent>) {
     let mut empty_since: Option<Instant> = None;
@@ -71,7 +76,7 @@ pub fn consume(agent: Arc<Agent>) {
         match ctxs.as_slice() {
             // One table (a job's source, a serving agent's): woken by a client's push.
             [one] => {
-                one.table.wait_for_requests(nap);
+                one.table.wait_for_requests(nap.max(BELL_NAP_MIN));
                 nap = (nap * 2).min(BELL_NAP_MAX);
             }
             _ => {

@@ -864,26 +864,3 @@ pub fn readahead(f: &impl AsRawFd, off: u64, len: u64) -> io::Result<()> {
     }
     Ok(())
 }
-
-/// Puts the calling thread in the `SCHED_IDLE` class, so it runs only on a core nothing else
-/// wants (the program's threads preempt it at once, and their wake-ups pick its core as an idle
-/// one); where that is refused (a seccomp profile), at the lowest nice value instead. For the
-/// placement threads whose work nobody waits on. One-way for an unprivileged thread: the kernel
-/// lets it back only within `RLIMIT_NICE`, so such threads never run other work.
-pub fn run_only_when_idle() -> bool {
-    if cfg!(feature = "shuttle") {
-        // Shuttle runs every thread of a test on one OS thread.
-        return false;
-    }
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0 {
-        return true;
-    }
-    // SAFETY: a plain system call on the calling thread (`gettid`); setpriority on a thread id
-    // changes that thread's nice value on Linux.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 19) == 0
-    }
-}

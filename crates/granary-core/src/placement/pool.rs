@@ -4,7 +4,7 @@
 //!
 //! Copies of small files the program has read (`CopyMethod::Small`) are what epoch 1 of a
 //! small-file dataset costs the node's CPU, and nobody waits for one: they run on workers of
-//! their own in the `SCHED_IDLE` class (`sys::run_only_when_idle`), which take a core only when
+//! their own in the `SCHED_IDLE` class (`sys::sched_idle`), which take a core only when
 //! the program leaves one free. The other workers, at the program's priority, take everything
 //! else — fetches a program waits on first. Measured on 2 cores: docs/benchmarks.md, "A placed
 //! open as cheap as a direct one".
@@ -89,8 +89,9 @@ pub fn default_workers() -> usize {
         .clamp(2, 8)
 }
 
-/// The idle-class workers' read size (small copies are of files below the whole-fetch size).
-const SMALL_BLOCK: u64 = 1 << 20;
+/// The idle-class workers' read size: a small copy (of a file below the whole-fetch size) loops
+/// over its file in pieces this large, so these buffers add little to the pool's memory.
+const SMALL_BLOCK: u64 = 256 << 10;
 
 fn key(job: &CopyTask) -> (usize, u32) {
     (Arc::as_ptr(&job.ctx) as usize, job.entry)
@@ -226,16 +227,17 @@ enum Class {
 
 fn worker(sh: &Shared, class: Class) {
     // With slack for an aligned block inside (`buffers::aligned`: page-aligned, huge-page backed
-    // where it can be, so large reads and tier writes move whole pages). A small copy reads at
-    // most a whole-fetch threshold's worth at a time.
+    // where it can be, so large reads and tier writes move whole pages).
     let engine = &*sh.engine;
     let block = match class {
         Class::Program => engine.params.block_size,
         Class::Idle => engine.params.block_size.min(SMALL_BLOCK),
     };
     let mut buf = super::buffers::worker_buffer(block);
-    if class == Class::Idle && !crate::sys::run_only_when_idle() {
-        tracing::debug!("placement worker: no idle scheduling class, copies at nice 0");
+    // One-way for an unprivileged thread (the kernel lets it back only within `RLIMIT_NICE`),
+    // hence threads of their own. Not under Shuttle, which runs a test's threads on one.
+    if class == Class::Idle && !cfg!(feature = "shuttle") {
+        crate::sys::sched_idle();
     }
     let ready = match class {
         Class::Program => &sh.ready,
