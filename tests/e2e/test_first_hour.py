@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -185,3 +186,53 @@ def test_status_writes_metrics_a_collector_parses(g, dataset, tier, tmp_path):
     assert placed[str(dataset)] > 0, placed
     opens = families["granary_served_opens"]
     assert opens.type == "counter" and sum(s.value for s in opens.samples) > 0, opens
+
+
+def test_a_job_joining_a_running_agent_is_told_which_agent_wide_settings_it_does_not_get(
+        g, dataset, tier, tmp_path):
+    """The agent takes its pool, reuse and `[agent]` settings when it starts; a later job's
+    configuration cannot change them, and must not be ignored silently."""
+    fifo = tmp_path / "hold"
+    os.mkfifo(fifo)
+    # The first job starts the agent without a configuration and holds it.
+    first = subprocess.Popen([g.bin, "run", "--source", dataset, "--tier", tier, "--", "cat", fifo],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=g.env)
+    try:
+        conf = tmp_path / "job.toml"
+        conf.write_text('[reuse]\nverify = "checksum"\n[placement]\nblock_size = "8M"\n'
+                        '[agent]\nidle_timeout = "45s"\n')
+        # The agent's own defaults (block_size 8M among them) are not reported, the others are.
+        deadline = time.monotonic() + 120
+        while not g.agent_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert g.agent_pids(), "the first job's agent never started"
+        p = run(g, "run", "--config", conf, "--source", dataset, "--tier", tier, "--", "cat",
+                dataset / sorted(os.listdir(dataset))[0])
+        assert p.returncode == 0, p
+        notes = [line for line in p.stderr.splitlines() if "is not applied" in line]
+        assert any('[reuse] verify = "checksum"' in n and '"identity"' in n for n in notes), p.stderr
+        assert any('[agent] idle_timeout = "45s"' in n and '"30s"' in n for n in notes), p.stderr
+        assert not any("block_size" in n for n in notes), p.stderr
+        assert all("granary stop" in n for n in notes), p.stderr
+        # A job whose settings are the agent's hears nothing of them.
+        same = tmp_path / "same.toml"
+        same.write_text('[reuse]\nverify = "identity"\n')
+        p = run(g, "run", "--config", same, "--source", dataset, "--tier", tier, "--", "true")
+        assert p.returncode == 0 and "is not applied" not in p.stderr, p.stderr
+    finally:
+        with open(fifo, "w"):
+            pass
+        first.wait(timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "is not applied" not in first.stderr, first.stderr
+
+
+def test_a_job_that_starts_the_agent_with_its_configuration_hears_no_setting_unapplied(
+        g, dataset, tier, tmp_path):
+    conf = tmp_path / "job.toml"
+    conf.write_text('[reuse]\nverify = "checksum"\n[placement]\nworkers = 1\nblock_size = "4M"\n'
+                    '[mmap]\nmode = "watch"\n[agent]\nidle_timeout = "45s"\nlog_level = "warn"\n')
+    p = run(g, "run", "--config", conf, "--workers", "2", "--source", dataset, "--tier", tier,
+            "--", "true")
+    assert p.returncode == 0, p
+    assert "is not applied" not in p.stderr, p.stderr

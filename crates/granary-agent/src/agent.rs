@@ -41,7 +41,14 @@ pub struct Setup {
     pub residency: Arc<Residency>,
     /// How programs' mappings are followed (`[mmap]`).
     pub mmap: granary_core::placement::mmap::MmapParams,
+    /// The pool's settings as asked (the agent's own over the first job's), before a memory
+    /// limit shrank them: what a later job's configuration is compared with.
+    pub asked: Config,
 }
+
+/// Threads of an attach's background validation: enough to keep a network file system's
+/// metadata server busy with a few requests in flight, at idle CPU priority.
+pub const VALIDATE_THREADS: usize = 4;
 
 pub struct Agent {
     pub rt: Runtime,
@@ -109,6 +116,14 @@ impl Agent {
         let mut cfg = self.cfg.clone();
         cfg.block_size = cfg.block_size.or(job.block_size);
         cfg.max_source_streams = cfg.max_source_streams.or(job.max_source_streams);
+        cfg.workers = Some(workers);
+        cfg.page_cache = self.cfg.page_cache.or(job.page_cache);
+        cfg.mmap = Some(
+            self.cfg
+                .mmap
+                .unwrap_or_default()
+                .or(job.mmap.unwrap_or_default()),
+        );
         let mut params = Params::from_config(&cfg);
         // Under a memory limit the copy buffers are the job's memory too: keep them small.
         let limit = granary_core::memlimit::cgroup_limit();
@@ -164,8 +179,42 @@ impl Agent {
             memory_limit: limit,
             residency,
             mmap,
+            asked: cfg,
         });
         Ok(self.setup.get().expect("set above"))
+    }
+
+    /// The agent-wide settings as this agent applies them, defaults filled in
+    /// (`granary_core::config::agent_wide`); the pool's once it has one.
+    pub fn settings(&self) -> Vec<granary_core::config::agent_wide::Setting> {
+        use granary_core::config::agent_wide;
+        let mut c = match self.setup.get() {
+            Some(s) => s.asked.clone(),
+            None => self.cfg.clone(),
+        };
+        let d = Params::default();
+        c.block_size.get_or_insert(d.block_size);
+        c.max_source_streams.get_or_insert(d.max_source_streams);
+        c.prefetch_min_size.get_or_insert(d.prefetch_min_size);
+        c.chunk_size.get_or_insert(d.chunk_size);
+        c.small_copy_delay.get_or_insert(d.small_copy_delay);
+        c.page_cache.get_or_insert(Budget::default());
+        c.verify.get_or_insert(Default::default());
+        c.validate_threads.get_or_insert(VALIDATE_THREADS);
+        c.pin_inodes.get_or_insert(true);
+        c.mmap = Some(agent_wide::mmap_resolved(c.mmap));
+        // A serving rank has none (it serves until stopped): nothing to compare.
+        c.idle_timeout = (self.idle_timeout != Duration::MAX).then_some(self.idle_timeout);
+        c.log_level.get_or_insert_with(|| "info".into());
+        let mut all = agent_wide::set_in(&c);
+        if self.setup.get().is_none() {
+            // The first job's values will size the pool.
+            all.retain(|(k, _)| !k.starts_with("[placement]") && !k.starts_with("[mmap]"));
+        }
+        if c.log_file.is_none() {
+            all.push(("[agent] log_file".into(), "none".into()));
+        }
+        all
     }
 
     /// Every source's current table.

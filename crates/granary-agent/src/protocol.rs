@@ -6,6 +6,8 @@ use granary_core::stats::{CatalogStats, PlacementStats};
 use granary_core::tiers::{TierSpec, TierUsage};
 use serde::{Deserialize, Serialize};
 
+// One request per connection and a few per job: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Request {
@@ -45,6 +47,11 @@ pub enum Request {
         /// `[mmap]` of an agent that has no pool yet; the agent's own configuration wins.
         #[serde(default)]
         mmap: Option<granary_core::placement::mmap::MmapConfig>,
+        /// The agent-wide settings the job's configuration and flags set
+        /// (`granary_core::config::agent_wide`): those the agent does not apply come back as
+        /// notes.
+        #[serde(default)]
+        settings: Vec<granary_core::config::agent_wide::Setting>,
     },
     /// Agent counters of one source (placement, its own source traffic) and its tiers' usage;
     /// with the job's slot, what was placed for that job.

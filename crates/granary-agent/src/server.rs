@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use granary_core::catalog::Progress;
 
-use crate::agent::{Agent, PoolWishes};
+use crate::agent::{Agent, PoolWishes, VALIDATE_THREADS};
 use crate::protocol::{AgentStatus, PageCacheStatus, PoolStatus, Reply, Request, SourceStatus};
 use crate::serving::Serving;
 use crate::source::{Broadcast, SourceState};
@@ -111,10 +111,6 @@ struct SourceWishes<'a> {
     image: Option<&'a Broadcast>,
 }
 
-/// Threads of an attach's background validation: enough to keep a network file system's
-/// metadata server busy with a few requests in flight, at idle CPU priority.
-const VALIDATE_THREADS: usize = 4;
-
 pub(crate) struct Lease {
     pub source: Arc<SourceState>,
     slot: u32,
@@ -183,6 +179,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                     pack,
                     mount,
                     mmap,
+                    settings,
                 } => {
                     if lease.is_some() {
                         send(
@@ -222,7 +219,23 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                         )
                     });
                     match res {
-                        Ok((reply, l)) => {
+                        Ok((mut reply, l)) => {
+                            if let Reply::Attached { notes, .. } = &mut reply {
+                                let agent_has = agent.settings();
+                                notes.extend(
+                                    granary_core::config::agent_wide::unapplied(
+                                        &settings, &agent_has,
+                                    )
+                                    .into_iter()
+                                    .map(|n| {
+                                        format!(
+                                            "{n} (set when the agent, pid {}, started; \
+                                             `granary stop` between jobs applies it)",
+                                            std::process::id()
+                                        )
+                                    }),
+                                );
+                            }
                             lease = Some(l);
                             send(&w, &reply)?;
                         }

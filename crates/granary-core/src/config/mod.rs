@@ -42,6 +42,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod agent_wide;
 mod schema;
 mod settings;
 

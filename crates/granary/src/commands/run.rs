@@ -224,6 +224,10 @@ fn attach(
     if let Some(t) = &args.tiers.idle_timeout {
         agent_args.push(format!("--idle-timeout={t}"));
     }
+    // The flag wins over the file in the agent this job starts, as it does in the job.
+    if let Some(w) = args.tiers.workers {
+        agent_args.push(format!("--workers={w}"));
+    }
     let request = Request::Attach {
         source: source.to_path_buf(),
         pid: std::process::id(),
@@ -237,6 +241,13 @@ fn attach(
         pack: args.pack_dir()?,
         mount: args.mount.is_some(),
         mmap: cfg.mmap,
+        settings: {
+            // The flags over the file, as the agent this job would start gets them.
+            let mut c = cfg.clone();
+            c.workers = args.tiers.workers.map(usize::from).or(cfg.workers);
+            c.idle_timeout = args.tiers.idle_timeout()?.or(cfg.idle_timeout);
+            granary_core::config::agent_wide::set_in(&c)
+        },
     };
     let try_once = || -> Result<Job> {
         let conn = match attach_wait {
