@@ -12,17 +12,18 @@ use crate::agent::Agent;
 /// to `NAP_MAX`, so a program opening file after file is answered within tens of microseconds
 /// while an idle agent wakes about a thousand times a second. With one table (a job's source, a
 /// serving agent's) the consumer sleeps on the ring's doorbell instead — a push someone waits
-/// for wakes it at once — for `BELL_NAP_MIN` up to `BELL_NAP_MAX`: it only wakes by itself to step over a ring slot a
-/// dead client left, and to look for a second table (an idle agent's consumer used a hundredth
-/// of a core waking every millisecond).
+/// for wakes it at once; requests nobody waits for (a small file opened or closed,
+/// `Table::push_hint_arg`) do not ring, and are taken in batches at its next look — for up to
+/// `BELL_NAP_MAX`: it only wakes by itself to step over a ring slot a dead client left, and to look for a second table (an idle agent's consumer used a hundredth
+/// of a core waking every millisecond). Its naps then start at `BELL_NAP_MIN`, not `NAP_MIN`: a
+/// push wakes it, and every nap that ends by itself is a wake-up for nothing (~20 µs of CPU on
+/// a VM, `bench/floor/wakeups.c`; from 50 µs, the consumer woke by itself two or three times
+/// between two remote reads of 128 KiB) — but for a push being published (the ring's backlog:
+/// it will not ring for it), looked at again after `NAP_MIN`.
 const NAP_MIN: Duration = Duration::from_micros(50);
 const NAP_MAX: Duration = Duration::from_millis(1);
-const BELL_NAP_MAX: Duration = Duration::from_millis(50);
-/// The shortest sleep on the doorbell. Requests nobody waits for (a small file opened or closed)
-/// do not ring it (`Table::push_hint_arg`): they are taken in batches, one wake-up per
-/// millisecond at most while a program opens file after file, instead of one per request, which
-/// took a core's share from the program. Requests someone waits for ring, and are taken at once.
 const BELL_NAP_MIN: Duration = Duration::from_millis(1);
+const BELL_NAP_MAX: Duration = Duration::from_millis(50);
 
 pub fn consume(agent: Arc<Agent>) {
     let mut empty_since: Option<Instant> = None;
@@ -76,8 +77,13 @@ pub fn consume(agent: Arc<Agent>) {
         match ctxs.as_slice() {
             // One table (a job's source, a serving agent's): woken by a client's push.
             [one] => {
-                one.table.wait_for_requests(nap.max(BELL_NAP_MIN));
-                nap = (nap * 2).min(BELL_NAP_MAX);
+                let nap_now = if one.table.ring_backlog() > 0 {
+                    NAP_MIN
+                } else {
+                    nap.max(BELL_NAP_MIN)
+                };
+                one.table.wait_for_requests(nap_now);
+                nap = (nap_now * 2).min(BELL_NAP_MAX);
             }
             _ => {
                 std::thread::sleep(nap.min(NAP_MAX));

@@ -28,7 +28,7 @@ use crossbeam_channel::Receiver;
 use granary_core::placement::peer_copy::{self, NotStarted, ReceiveError, Receiving};
 use granary_core::placement::{whole_file, PlaceOutcome, SourceCtx};
 use granary_core::stats::AgentCounters;
-use granary_shm::{EntryRec, State};
+use granary_shm::{part_name, EntryRec, State};
 
 use super::node::{Node, RemoteFetch};
 use super::peers::{Late, Patience};
@@ -144,33 +144,12 @@ fn place(node: &Node, job: &RemoteFetch, buf: &mut Vec<u8>) -> PlaceOutcome {
             let Some(setup) = node.agent.setup.get() else {
                 return PlaceOutcome::Skipped;
             };
-            from_source(node, ctx, idx, setup.pool.engine(), buf)
+            // Into this node's own tiers, or, with no room there, into the staging tier
+            // (`Remote::overflow`), where it is served to programs here and to other nodes
+            // like any copy until it is dropped in turn.
+            whole_file::fetch(ctx, idx, setup.pool.engine(), buf)
         }
     }
-}
-
-/// Reads `idx` from the source into this node's own tiers, or, when they have no room for it
-/// (`Node::staged_instead`), into the staging tier, dropping its oldest copies to make room.
-/// A staged copy is served to programs here and to other nodes like any copy until it is
-/// dropped in turn.
-fn from_source(
-    node: &Node,
-    ctx: &Arc<SourceCtx>,
-    idx: u32,
-    sh: &granary_core::placement::Engine,
-    buf: &mut Vec<u8>,
-) -> PlaceOutcome {
-    let st = match node.staging_tier {
-        Some(st) if node.staged_instead(ctx, idx) => st,
-        _ => return whole_file::fetch(ctx, idx, sh, buf),
-    };
-    let size = ctx.table.entry(idx).map_or(0, |e| e.stat.size);
-    node.staging.make_room(ctx, st, size);
-    let out = whole_file::fetch_onto(ctx, idx, sh, buf, &[st]);
-    if matches!(out, PlaceOutcome::Placed { tier, .. } if tier == st) {
-        node.staging.push(idx, None);
-    }
-    out
 }
 
 /// Why a transfer from one owner did not deliver.
@@ -219,7 +198,8 @@ fn prepare(
                     // No room for a replica: the source.
                     return Err(Got::Source);
                 };
-                let want = free.is_none().then_some(size);
+                let part = ctx.table.entry(idx).map(|e| part_name(e.object));
+                let want = part.as_ref().map(|p| &p[..]).filter(|_| free.is_none());
                 match node.staging.evict_oldest(ctx, st, want) {
                     Evicted::Dropped => continue,
                     Evicted::Recycled(f) => {
@@ -668,8 +648,10 @@ fn transfer(
 fn land(node: &Node, rx: &mut Receiving, free: &mut Option<Free>) -> Result<Landing, ReceiveError> {
     if let Some(f) = free.take() {
         let size = rx.size() as usize;
-        let Free { slot, name, .. } = f;
-        match rx.part_from(slot.file, &name) {
+        let Free {
+            slot, name, known, ..
+        } = f;
+        match rx.part_from(slot.file, &name, known) {
             Ok(_) => {
                 if let Some(l) = Landing::on(slot.map, size) {
                     return Ok(l);

@@ -21,6 +21,7 @@
 #![cfg_attr(not(feature = "mpi"), allow(dead_code))]
 
 mod config;
+mod doorbell;
 mod fetch;
 mod maps;
 #[cfg(feature = "mpi")]
@@ -41,6 +42,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use granary_core::placement::{PlaceOutcome, Remote, SourceCtx};
+use granary_core::Reservation;
 use granary_shm::lifecycle::{self, EntryCell, Void};
 use granary_shm::State;
 
@@ -522,25 +524,9 @@ impl Remote for Node {
                     st.adopt(ctx, idx);
                     Some(PlaceOutcome::Skipped)
                 }
-                // No room for it here: a fetcher reads it into the staging tier instead
-                // (`fetch::from_source`), so every node asking for it meanwhile gets it from
-                // this one read.
-                _ if self.staged_instead(ctx, idx) => {
-                    let me = self.me.upgrade()?;
-                    ctx.work.hold();
-                    let job = RemoteFetch {
-                        ctx: ctx.clone(),
-                        idx,
-                        slot,
-                        copy: false,
-                        skip: None,
-                    };
-                    if me.fetch_q.send(job).is_err() {
-                        ctx.work.release();
-                        return None;
-                    }
-                    Some(PlaceOutcome::Skipped)
-                }
+                // Read by a pool worker (`whole_file::fetch`); with no room for it here, into
+                // the staging tier (`Remote::overflow`), so every node asking for it meanwhile
+                // gets it from this one read.
                 _ => None,
             };
         }
@@ -560,6 +546,14 @@ impl Remote for Node {
             return None;
         }
         Some(PlaceOutcome::Skipped)
+    }
+
+    fn overflow<'a>(&self, ctx: &'a SourceCtx, idx: u32, size: u64) -> Option<Reservation<'a>> {
+        self.staging_room(ctx, idx, size)
+    }
+
+    fn overflowed(&self, _ctx: &SourceCtx, idx: u32) {
+        self.staging.push(idx, None);
     }
 
     fn invalidated(&self, ctx: &SourceCtx, idx: u32) {
@@ -641,7 +635,8 @@ impl Inbox for Node {
                 tracing::info!("rank {from} asked every rank to stop");
                 self.agent.stopping.store(true, Ordering::Release);
             }
-            Msg::Reply { .. } => {}
+            // The communication thread's own business.
+            Msg::Reply { .. } | Msg::Door { .. } => {}
         }
     }
 

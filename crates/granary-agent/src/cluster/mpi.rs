@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 use mpi::ffi;
 use mpi::traits::*;
 
+use super::doorbell::{self, Door, Kind, Trust};
 use super::transport::{
-    Budget, Buffers, Cmd, Event, Flow, Inbox, Landing, Payload, Pulse, Transfer, Waiter,
+    Bell, Budget, Buffers, Cmd, Event, Flow, Inbox, Landing, Payload, Pulse, Transfer, Waiter,
     ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP, IDLE_NAP, IDLE_NAP_MAX,
 };
 use super::wire::{Msg, CTRL};
@@ -86,12 +87,18 @@ impl Mpi {
         self,
         inbox: Arc<dyn Inbox>,
         cmds: Receiver<Cmd>,
+        bell: Arc<Bell>,
         bufs: Arc<Buffers>,
         budget: Arc<Budget>,
         pulse: Arc<Pulse>,
     ) {
         set_timer_slack();
         let mut l = Loop {
+            door: bell.door.clone(),
+            trust: Trust::new(self.ranks),
+            to_ring: Vec::new(),
+            bells: Vec::new(),
+            asked_by: vec![None; self.ranks as usize],
             inbox,
             bufs,
             budget,
@@ -100,7 +107,14 @@ impl Mpi {
             orphans: Vec::new(),
             sends: Vec::new(),
         };
-        l.run(&cmds);
+        if let Some(d) = &l.door {
+            let (addr, token) = d.card();
+            let card = Msg::Door { addr, token }.encode();
+            for r in (0..self.ranks).filter(|&r| r != self.rank) {
+                l.send(r, CTRL, Payload::Owned(card.clone()), 0, false);
+            }
+        }
+        l.run(&cmds, &bell);
         l.drain(Duration::from_secs(5));
         tracing::info!("leaving MPI");
         drop(self.universe);
@@ -155,8 +169,6 @@ struct Send {
     credit: u64,
     to: u32,
     since: Instant,
-    /// Liveness traffic: its completion is not activity.
-    quiet: bool,
 }
 
 /// Who gets a transfer's events (`Waiter`, with the inline transfer once attached).
@@ -182,6 +194,16 @@ struct Expecting {
 }
 
 struct Loop {
+    /// This rank's doorbell (`doorbell`), and which peers' doorbells it trusts.
+    door: Option<Arc<Door>>,
+    trust: Trust,
+    /// Doorbells to ring at the end of this turn.
+    to_ring: Vec<(u32, Kind)>,
+    /// Peers whose doorbell rang for a message not seen yet, and when.
+    bells: Vec<(u32, Instant)>,
+    /// When each rank last asked this one for something (a request, a cancel, an
+    /// invalidation; not liveness, not a reply to this rank's own requests).
+    asked_by: Vec<Option<Instant>>,
     inbox: Arc<dyn Inbox>,
     bufs: Arc<Buffers>,
     budget: Arc<Budget>,
@@ -246,21 +268,27 @@ fn test(req: &mut ffi::MPI_Request) -> Result<bool, i32> {
 }
 
 impl Loop {
-    fn run(&mut self, cmds: &Receiver<Cmd>) {
-        // Naps double from BUSY_NAP after each activity, up to ACTIVE_NAP while a transfer is
-        // awaited or anything happened within ACTIVE_FOR (a job is reading: a request or a
-        // piece is answered within that). Idle, the thread sleeps on its command channel — a
-        // command of this node (a program's request, a message to send) wakes it at once —
-        // and looks at MPI for other ranks' messages after IDLE_NAP, doubling up to
-        // IDLE_NAP_MAX: MPI has no wait that sleeps (OpenMPI's and MPICH's blocking calls spin
-        // on a core), so a peer's first request to an idle rank waits that long at most, and
-        // the rank is active from then on. Liveness traffic (heartbeats, status questions) is
-        // not activity.
+    fn run(&mut self, cmds: &Receiver<Cmd>, bell: &Bell) {
+        // While a transfer of this rank's is awaited, naps double from BUSY_NAP after each
+        // activity up to ACTIVE_NAP (its answer is picked up within that). While this rank
+        // serves others (asked within ACTIVE_FOR, or pieces of its going out), it naps
+        // ACTIVE_NAP: another rank's next request waits that long at most, and the short naps
+        // after each activity bought nothing there but wake-ups (three per request served).
+        // Otherwise it is idle — its own programs reading count for nothing here, their
+        // requests wake it (`Bell`) — and sleeps IDLE_NAP, doubling up to IDLE_NAP_MAX: MPI has
+        // no wait that sleeps (OpenMPI's and MPICH's blocking calls spin on a core), so a
+        // peer's first request to an idle rank waits that long at most, and the rank serves
+        // from then on. Liveness traffic (heartbeats, status questions) is not activity.
+        // Peers whose doorbells ring (`doorbell`) wake it when they send: while it waits only
+        // on such peers, a nap is a safety net (`nap`).
         let mut nap = BUSY_NAP;
-        let mut last = Instant::now();
+        // Datagrams may wait on the doorbell (`Bell::nap` says; a datagram that comes while
+        // the thread is awake makes the next nap return at once).
+        let mut rung = true;
         loop {
             self.pulse.beat();
-            let mut moved = false;
+            let mut moved = rung && self.doorbells();
+            rung = false;
             loop {
                 match cmds.try_recv() {
                     Ok(Cmd::Stop) | Err(TryRecvError::Disconnected) => return,
@@ -271,27 +299,92 @@ impl Loop {
             moved |= self.probe();
             moved |= self.progress();
             self.tick();
+            self.ring();
             if moved {
                 nap = BUSY_NAP;
-                last = Instant::now();
                 continue;
             }
-            let active = !self.expect.is_empty() || last.elapsed() < ACTIVE_FOR;
-            let wait = if active {
-                nap.min(ACTIVE_NAP)
-            } else {
-                nap.clamp(IDLE_NAP, IDLE_NAP_MAX)
-            };
-            match cmds.recv_timeout(wait) {
-                Ok(Cmd::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-                Ok(cmd) => {
-                    if self.command(cmd) {
-                        nap = BUSY_NAP;
-                        last = Instant::now();
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => nap = (wait * 2).min(IDLE_NAP_MAX),
+            let wait = self.nap(nap);
+            // Parked or in `ppoll` (`Bell`), not a channel's timed receive: a command or a
+            // doorbell wakes it at once, and the next turn takes it.
+            let napped = Instant::now();
+            rung = bell.nap(wait, || !cmds.is_empty());
+            if cmds.is_empty() && napped.elapsed() >= wait {
+                nap = (wait * 2).min(IDLE_NAP_MAX);
             }
+        }
+    }
+
+    /// How long to nap now (`nap`: the doubling nap of the caller), from what this rank waits
+    /// for, and whether the peers it waits on ring doorbells (`doorbell`: then a timer is only
+    /// a safety net).
+    fn nap(&mut self, nap: Duration) -> Duration {
+        let now = Instant::now();
+        self.bells
+            .retain(|(_, at)| now.duration_since(*at) < doorbell::RUNG_FOR);
+        let door = self.door.is_some();
+        let trusted = |r: u32| door && self.trust.trusts(r, now);
+        let idle = nap.clamp(IDLE_NAP, IDLE_NAP_MAX);
+        let mut wait = idle;
+        let askers: Vec<u32> = (0..self.asked_by.len() as u32)
+            .filter(|&r| {
+                self.asked_by[r as usize].is_some_and(|at| now.duration_since(at) < ACTIVE_FOR)
+            })
+            .collect();
+        if !askers.is_empty() && !askers.iter().all(|&r| trusted(r)) {
+            wait = wait.min(ACTIVE_NAP);
+        }
+        if self.sends.iter().any(|s| s.credit > 0) {
+            // Pieces of its in flight: a transport may need this side's progress to move
+            // them (a rendezvous over TCP); the receiver's doorbell says when they arrived.
+            wait = wait.min(ACTIVE_NAP);
+        }
+        if !self.expect.is_empty() {
+            let all = self.expect.keys().all(|&(from, _)| trusted(from));
+            wait = wait.min(if all {
+                doorbell::SAFETY_NAP
+            } else {
+                nap.min(ACTIVE_NAP)
+            });
+        }
+        if !self.bells.is_empty() {
+            // A doorbell's message not here yet (it overtook it): polled for.
+            wait = wait.min(nap.min(ACTIVE_NAP));
+        }
+        wait
+    }
+
+    /// Reads this rank's doorbells: peers that rang are trusted, and a message they rang for
+    /// is looked for. True if any rang for a message or progress.
+    fn doorbells(&mut self) -> bool {
+        let Some(d) = &self.door else {
+            return false;
+        };
+        let rung = d.drain();
+        let now = Instant::now();
+        for &(p, kind) in &rung.peers {
+            self.trust.rang(p, now);
+            if kind == Kind::Message {
+                self.bells.push((p, now));
+            }
+        }
+        !rung.peers.is_empty()
+    }
+
+    /// Rings the doorbells of the peers this turn sent messages to or received data from.
+    fn ring(&mut self) {
+        let Some(d) = &self.door else {
+            self.to_ring.clear();
+            return;
+        };
+        for (p, kind) in self.to_ring.drain(..) {
+            d.ring(p, kind);
+        }
+    }
+
+    fn ring_later(&mut self, rank: u32, kind: Kind) {
+        if self.door.is_some() && !self.to_ring.contains(&(rank, kind)) {
+            self.to_ring.push((rank, kind));
         }
     }
 
@@ -303,9 +396,11 @@ impl Loop {
                 tag,
                 data,
                 credit,
-            } => self.send(to, tag, data, credit, false),
+            } => {
+                self.send(to, tag, data, credit, true);
+            }
             Cmd::Quiet { to, data } => {
-                self.send(to, CTRL, Payload::Owned(data), 0, true);
+                self.send(to, CTRL, Payload::Owned(data), 0, false);
                 return false;
             }
             Cmd::Expect { from, tag, waiter } => {
@@ -327,7 +422,8 @@ impl Loop {
         true
     }
 
-    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64, quiet: bool) {
+    /// Hands `data` to MPI for `to`; `ring`: and rings its doorbell (all but liveness).
+    fn send(&mut self, to: u32, tag: i32, data: Payload, credit: u64, ring: bool) {
         let mut req = null_request();
         let (ptr, len) = data.bytes();
         // SAFETY: the bytes belong to `data` (a buffer, or a mapping held by its Arc), which
@@ -356,8 +452,10 @@ impl Loop {
             credit,
             to,
             since: Instant::now(),
-            quiet,
         });
+        if ring {
+            self.ring_later(to, Kind::Message);
+        }
     }
 
     /// Matches arriving messages: control messages are received at once (small, already
@@ -398,6 +496,7 @@ impl Loop {
             unsafe { ffi::MPI_Get_count(&st, byte(), &mut count) };
             let len = count.max(0) as usize;
             self.inbox.heard(from);
+            self.bells.retain(|(p, _)| *p != from);
             if tag == CTRL {
                 let mut buf = vec![0u8; len];
                 let mut st = empty_status();
@@ -416,7 +515,19 @@ impl Loop {
                     Ok(Msg::Reply { tag, answer }) => {
                         self.deliver(from, tag, Event::Reply(answer));
                     }
-                    Ok(m) => self.inbox.control(from, m),
+                    Ok(Msg::Door { addr, token }) => {
+                        if let Some(d) = &self.door {
+                            d.learn(from, addr, token);
+                        }
+                    }
+                    Ok(m) => {
+                        if !m.liveness() {
+                            if let Some(x) = self.asked_by.get_mut(from as usize) {
+                                *x = Some(Instant::now());
+                            }
+                        }
+                        self.inbox.control(from, m)
+                    }
                     Err(e) => tracing::warn!("bad control message from rank {from}: {e}"),
                 }
                 continue;
@@ -555,18 +666,20 @@ impl Loop {
         }
     }
 
-    /// Tests receives and sends in flight; delivers completed data in order. True if any
-    /// completed (but liveness traffic).
+    /// Tests receives and sends in flight; delivers completed data in order. True if a receive
+    /// completed.
     fn progress(&mut self) -> bool {
         let mut any = false;
         let mut failed = Vec::new();
         let mut done = Vec::new();
+        let mut arrived = Vec::new();
         for (&(from, tag), e) in self.expect.iter_mut() {
             while let Some(head) = e.queue.front_mut() {
                 match test(&mut head.req) {
                     Ok(false) => break,
                     Ok(true) => {
                         any = true;
+                        arrived.push(from);
                         let Some(r) = e.queue.pop_front() else { break };
                         let ev = match r.into {
                             Into::Buffer(mut b) => {
@@ -593,6 +706,10 @@ impl Loop {
         for (from, tag) in done {
             self.forget(from, tag);
         }
+        // The sender's pieces arrived: its sends complete (it stops polling for them).
+        for from in arrived {
+            self.ring_later(from, Kind::Progress);
+        }
         let bufs = &self.bufs;
         self.orphans.retain_mut(|r| match test(&mut r.req) {
             Ok(false) => true,
@@ -613,8 +730,10 @@ impl Loop {
                 }
                 true
             }
+            // A completed send is not activity: nothing waits on it but the budget (a provider
+            // with more to send, which a nap of ACTIVE_NAP delays little), and counting it kept
+            // an owner napping 20 µs after every piece it served.
             Ok(true) => {
-                any |= !s.quiet;
                 budget.release(s.credit);
                 if let Payload::Owned(b) = &mut s.data {
                     bufs.put(std::mem::take(b));

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use granary_core::placement::SourceCtx;
+use granary_core::Reservation;
 use granary_shm::State;
 
 use super::maps;
@@ -131,27 +132,23 @@ impl Node {
             .find(|&r| self.peers.alive(r))
     }
 
-    /// True if a copy of `idx` read from the source here goes to the staging tier: this node's
-    /// own tiers have no room for it now (the dataset is larger than the nodes' tiers
-    /// together), and the staging tier could hold it. There it is served like any copy until
-    /// the staging tier drops it (oldest first), so the nodes that ask for it meanwhile — in a
-    /// job whose nodes read the same files at about the same time — get it from one source
-    /// read instead of each reading the source.
-    pub fn staged_instead(&self, ctx: &SourceCtx, idx: u32) -> bool {
-        let Some(st) = self.staging_tier else {
-            return false;
-        };
-        let Some(size) = ctx
-            .table
-            .entry(idx)
-            .filter(|e| e.stat.is_file())
-            .map(|e| e.stat.size)
-        else {
-            return false;
-        };
-        let fits = |t: usize| ctx.space.tiers.reserve(t, size).is_some();
-        let capacity = ctx.space.tiers.usage().get(st).map_or(0, |u| u.capacity);
-        !(0..ctx.space.tiers.placeable()).any(fits) && ctx.space.tiers.charge(st, size) <= capacity
+    /// Room on the staging tier for a copy of `idx` read from the source here (`size` bytes),
+    /// reserved, when this node's own tiers have none for it (the dataset is larger than the
+    /// nodes' tiers together; `Remote::overflow`). There it is served like any copy until the
+    /// staging tier drops it (oldest first), so the nodes that ask for it meanwhile — in a job
+    /// whose nodes read the same files at about the same time — get it from one source read
+    /// instead of each reading the source. The room is held from the decision on: a copy that
+    /// found none on the own tiers never finds the staging tier taken in between and gives
+    /// the file up (every node would then read it from the source).
+    pub fn staging_room<'a>(
+        &self,
+        ctx: &'a SourceCtx,
+        idx: u32,
+        size: u64,
+    ) -> Option<Reservation<'a>> {
+        let st = self.staging_tier?;
+        ctx.table.entry(idx).filter(|e| e.stat.is_file())?;
+        self.staging.room(ctx, st, size)
     }
 
     /// Provider side: was the transfer `(from, tag)` cancelled? `forget` clears the mark.

@@ -18,6 +18,17 @@ use crate::server::{attach_serving, Lease};
 use crate::serving::Serving;
 use crate::source::Broadcast;
 
+/// `eprintln!` in one `write(2)`: the ranks of a job share one log (mpirun's, a batch job's
+/// output), and std's unbuffered stderr writes each formatted piece separately, so two ranks'
+/// lines interleaved mid-line ("granary serve: rank granary serve: rank 1: …").
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }};
+}
+
 /// Placement workers of a serving rank when not configured: its pool reads the files it owns
 /// for every rank (the source-stream cap still bounds the reads in flight).
 const SERVE_WORKERS: usize = 8;
@@ -73,7 +84,16 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         }
     };
     let ctx = lease.source.ctx().context("no table published")?;
-    let (comm, cmds) = Comm::new();
+    // Doorbells wake the communication threads when a message comes (`doorbell`); without
+    // one this rank polls MPI on a timer, as its peers do for it.
+    let door = match super::doorbell::Door::open(rank, ranks) {
+        Ok(d) => Some(Arc::new(d)),
+        Err(e) => {
+            tracing::info!("rank {rank}: no doorbell ({e}): polling MPI on a timer");
+            None
+        }
+    };
+    let (comm, cmds) = Comm::new(door);
     let node = Node::start(
         agent.clone(),
         ctx.clone(),
@@ -90,11 +110,16 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
     {
         let inbox: Arc<dyn Inbox> = node.clone();
-        let (bufs, budget, pulse) = (comm.bufs.clone(), comm.budget.clone(), comm.pulse.clone());
+        let (bell, bufs, budget, pulse) = (
+            comm.bell.clone(),
+            comm.bufs.clone(),
+            comm.budget.clone(),
+            comm.pulse.clone(),
+        );
         std::thread::Builder::new()
             .name("mpi".into())
             .spawn(move || {
-                mpi.serve(inbox, cmds, bufs, budget, pulse);
+                mpi.serve(inbox, cmds, bell, bufs, budget, pulse);
                 let _ = done_tx.send(());
             })?;
     }
@@ -111,7 +136,7 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         agent.rt.dir.display()
     );
     tracing::info!("{line}");
-    eprintln!("{line}");
+    say!("{line}");
     if let Some(every) = config.progress_every {
         let (agent, node) = (agent.clone(), node.clone());
         std::thread::Builder::new()
@@ -143,7 +168,7 @@ fn report_progress(agent: &crate::agent::Agent, node: &Node, rank: u32, every: D
         }
         let s = node.share();
         if s.files_held >= s.files_owned && s.copies_pending == 0 {
-            eprintln!(
+            say!(
                 "granary serve: rank {rank}: holds its share, {} files ({})",
                 s.files_owned,
                 format_size(s.bytes_owned)
@@ -152,7 +177,7 @@ fn report_progress(agent: &crate::agent::Agent, node: &Node, rank: u32, every: D
         }
         let now = (s.files_held, s.copies_pending, s.pfs_bytes);
         if last != Some(now) {
-            eprintln!(
+            say!(
                 "granary serve: rank {rank}: holds {} of its {} files ({} of {}), {} copies of \
                  other ranks' files to make, {} read from the source",
                 s.files_held,
@@ -188,7 +213,7 @@ fn walk_with_progress(agent: &Arc<crate::agent::Agent>, config: &ServeConfig) ->
                     }
                     next += every;
                     said = true;
-                    eprintln!(
+                    say!(
                         "granary serve: rank 0: cataloguing {source}: {} files, {} dirs, {} \
                          after {:.0} s",
                         progress.files.load(Relaxed),
@@ -198,7 +223,7 @@ fn walk_with_progress(agent: &Arc<crate::agent::Agent>, config: &ServeConfig) ->
                     );
                 }
                 if said {
-                    eprintln!(
+                    say!(
                         "granary serve: rank 0: catalogued {source}: {} files, {} dirs, {} in \
                          {:.1} s",
                         progress.files.load(Relaxed),
@@ -235,7 +260,7 @@ fn prepare(config: &ServeConfig, rank: u32, ranks: u32) -> Result<Prepared> {
         .collect();
     let resolved = resolve_job_tiers(&named)?;
     for d in &resolved.dropped {
-        eprintln!("granary: {d}; not using this tier");
+        say!("granary: {d}; not using this tier");
     }
     let mut tiers = resolved.specs;
     if tiers.is_empty() {

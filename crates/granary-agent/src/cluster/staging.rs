@@ -20,12 +20,13 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use granary_core::placement::peer_copy;
 use granary_core::placement::{SourceCtx, Space};
 use granary_core::stats::AgentCounters;
 use granary_core::sys;
+use granary_core::Reservation;
 use granary_shm::State;
 
 /// A staging file the agent holds open for reading and writing, with its pages mapped.
@@ -41,19 +42,15 @@ pub struct Free {
     pub name: Vec<u8>,
     /// What it is charged to the staging tier while free (0 once handed out).
     charge: u64,
+    /// Its inode and length, when read as it was recycled (`Receiving::part_from`).
+    pub known: Option<(u64, u64)>,
 }
 
-/// A staged copy: when it was placed, and its file and mapping while the node keeps them.
+/// A staged copy, and its file and mapping while the node keeps them.
 struct Staged {
     idx: u32,
-    at: Instant,
     slot: Option<Slot>,
 }
-
-/// Staged copies younger than this are removed rather than recycled when dropped: a client
-/// opening the old name in the instant of the rename is rejected by the copy's ctime, which the
-/// rename changes only if the clock moved on (coarse timestamps).
-const RECYCLE_AGE: Duration = Duration::from_millis(100);
 
 /// Staged copies that keep their file open and mapped (the newest); older ones are opened and
 /// mapped again when recycled.
@@ -63,6 +60,8 @@ const KEEP_MAPPED: usize = 256;
 const RESERVE_MAX: u64 = 256 << 20;
 /// …and at most this share of the staging tier (1/8).
 const RESERVE_SHARE: u64 = 8;
+/// The name of every free staging file starts with this (the sweep removes old ones).
+const FREE_PREFIX: &[u8] = b".tmp-free-";
 /// Files larger than this are never made ahead.
 const RESERVE_FILE_MAX: u64 = 64 << 20;
 
@@ -100,11 +99,7 @@ impl Staging {
     /// `idx` was just staged; `slot` is its file and mapping, kept for reuse.
     pub fn push(&self, idx: u32, slot: Option<Slot>) {
         let mut o = self.lock();
-        o.push_back(Staged {
-            idx,
-            at: Instant::now(),
-            slot,
-        });
+        o.push_back(Staged { idx, slot });
         // Only the newest keep theirs (file descriptors and mappings are bounded).
         let n = o.len();
         if n > KEEP_MAPPED {
@@ -123,13 +118,28 @@ impl Staging {
     }
 
     fn free_name(&self) -> Vec<u8> {
+        // The pid once (`getpid` is a system call each time, once per recycled copy).
+        static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
-        format!(".tmp-free-{}-{n}", std::process::id()).into_bytes()
+        format!(
+            "{}{}-{n}",
+            std::str::from_utf8(FREE_PREFIX).unwrap_or_default(),
+            PID.get_or_init(std::process::id)
+        )
+        .into_bytes()
     }
 
     /// Drops the oldest staged copy that is still there, keeping its file when nobody else has
-    /// it open and the caller can use it (`want`: a copy of that many bytes is waiting).
-    pub fn evict_oldest(&self, ctx: &SourceCtx, staging_tier: usize, want: Option<u64>) -> Evicted {
+    /// it open and the caller can use it (`want`: a copy is waiting for a file, and the name
+    /// its part will have: the dropped copy is renamed straight to it — one rename instead of
+    /// two on the program's critical path; `give_back` renames it to a free name if it is not
+    /// used after all).
+    pub fn evict_oldest(
+        &self,
+        ctx: &SourceCtx,
+        staging_tier: usize,
+        want: Option<&[u8]>,
+    ) -> Evicted {
         loop {
             let Some(s) = self.lock().pop_front() else {
                 return Evicted::Nothing;
@@ -138,15 +148,16 @@ impl Staging {
             if w.state() != State::Placed || w.tier() as usize != staging_tier {
                 continue; // invalidated or evicted meanwhile
             }
-            let recycle = want.is_some() && s.at.elapsed() >= RECYCLE_AGE;
-            if !recycle {
+            if want.is_none() {
                 if peer_copy::evict(&ctx.table, &ctx.space, s.idx).is_some() {
                     AgentCounters::add(&ctx.counters.staging_evictions, 1);
                     return Evicted::Dropped;
                 }
                 continue;
             }
-            let name = self.free_name();
+            // The identity clients check a copy against, read before it is withdrawn.
+            let recorded = ctx.table.copy_identity(s.idx);
+            let name = want.map_or_else(|| self.free_name(), <[u8]>::to_vec);
             let Some((_, renamed)) = peer_copy::evict_to(&ctx.table, &ctx.space, s.idx, &name)
             else {
                 continue;
@@ -167,13 +178,15 @@ impl Staging {
                     Some(Slot { file: f, map })
                 }),
             };
-            match slot {
-                Some(slot) if sys::nobody_else_has_open(&slot.file) => {
+            let known = slot.as_ref().and_then(|x| unseen(&x.file, recorded));
+            match (slot, known) {
+                (Some(slot), Some(known)) if sys::nobody_else_has_open(&slot.file) => {
                     self.recycled.fetch_add(1, Ordering::Relaxed);
                     return Evicted::Recycled(Free {
                         slot,
                         name,
                         charge: 0,
+                        known: Some(known),
                     });
                 }
                 _ => {
@@ -185,13 +198,18 @@ impl Staging {
         }
     }
 
-    /// Drops the oldest staged copies, then free files made ahead, until the tier has room for
-    /// `size` bytes (a copy placed from the source, which makes its own file). False if it
-    /// has not even then.
-    pub fn make_room(&self, ctx: &SourceCtx, staging_tier: usize, size: u64) -> bool {
+    /// Room for `size` bytes on the staging tier (a copy placed from the source, which makes its
+    /// own file), reserved: the oldest staged copies dropped, then free files made ahead, until
+    /// it fits. `None` if it does not even then.
+    pub fn room<'a>(
+        &self,
+        ctx: &'a SourceCtx,
+        staging_tier: usize,
+        size: u64,
+    ) -> Option<Reservation<'a>> {
         loop {
-            if ctx.space.tiers.reserve(staging_tier, size).is_some() {
-                return true;
+            if let Some(res) = ctx.space.reserve_on(&[staging_tier], size) {
+                return Some(res);
             }
             match self.evict_oldest(ctx, staging_tier, None) {
                 Evicted::Dropped => continue,
@@ -209,9 +227,7 @@ impl Staging {
                 }
                 x
             };
-            let Some(x) = free else {
-                return false;
-            };
+            let x = free?;
             ctx.space.tiers.release(staging_tier, x.charge);
             remove(&ctx.space, staging_tier, &x.name);
         }
@@ -256,6 +272,18 @@ impl Staging {
     /// A free file that was not used after all: kept (charged again) if the tier has room for
     /// it, else removed.
     pub fn give_back(&self, space: &Space, staging_tier: usize, mut free: Free) {
+        if !free.name.starts_with(FREE_PREFIX) {
+            // Renamed to a copy's part name (`evict_oldest`) but not used for it.
+            let name = self.free_name();
+            let renamed = space
+                .dir(staging_tier)
+                .is_some_and(|dir| sys::rename_at(dir, &free.name, &name).is_ok());
+            if !renamed {
+                remove(space, staging_tier, &free.name);
+                return;
+            }
+            free.name = name;
+        }
         let len = free.slot.map.len() as u64;
         let fits = free.charge > 0 || space.tiers.adopt(staging_tier, len);
         if !fits {
@@ -341,7 +369,12 @@ impl Staging {
                 Ok(slot) => {
                     let mut f = self.free_lock();
                     f.bytes += charge;
-                    f.files.push(Free { slot, name, charge });
+                    f.files.push(Free {
+                        slot,
+                        name,
+                        charge,
+                        known: None,
+                    });
                 }
                 Err(e) => {
                     tracing::debug!("making a staging file ahead: {e}");
@@ -402,6 +435,21 @@ fn make(space: &Space, staging_tier: usize, name: &[u8], size: u64) -> std::io::
 
 /// The most a filler's system call allocates or maps (`make`): ~30 µs of kernel work here.
 const SLICE: usize = 64 << 10;
+
+/// Its inode and length (one `statx`, kept for `Receiving::part_from`) if a client that opened
+/// the staged copy's old name in the instant of its rename (its open completing after the
+/// lease check) would reject the file: the rename moved its ctime off the one recorded at
+/// placement, which every client checks a copy against. With coarse timestamps a rename in the
+/// same clock tick as the placement leaves the ctime as it was: such a copy is removed, not
+/// recycled (`None`).
+fn unseen(file: &File, recorded: (u64, u64)) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let md = file.metadata().ok()?;
+    let ctime = (md.ctime() as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(md.ctime_nsec() as u64);
+    (md.ino() == recorded.0 && ctime != recorded.1).then_some((md.ino(), md.len()))
+}
 
 /// `file` mapped shared, its pages mapped at once.
 fn map_populated(file: &File) -> std::io::Result<Arc<memmap2::MmapRaw>> {

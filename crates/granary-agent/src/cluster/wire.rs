@@ -3,6 +3,7 @@
 //! transfer's tag (`DATA_TAG0..`), with no header: they go straight into the receiving copy.
 
 use std::io::{Error, ErrorKind, Result};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// Tag of control messages.
 pub const CTRL: i32 = 1;
@@ -52,6 +53,9 @@ pub enum Msg {
     Invalidate { idx: u32, object: u64, gone: bool },
     /// `granary stop` on one node: every rank stops.
     Stop,
+    /// The sender's doorbell (`doorbell`): where to ring it, with which token. Sent to every
+    /// rank at start.
+    Door { addr: SocketAddr, token: u64 },
 }
 
 const REQUEST: u8 = 1;
@@ -62,6 +66,7 @@ const INVALIDATE: u8 = 5;
 const STOP: u8 = 6;
 const ASK: u8 = 7;
 const DOWN: u8 = 8;
+const DOOR: u8 = 9;
 
 const COMING: u8 = 1;
 const WAIT: u8 = 2;
@@ -81,6 +86,16 @@ impl Out {
     }
     fn u64(mut self, v: u64) -> Out {
         self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn addr(mut self, a: SocketAddr) -> Out {
+        let (family, ip) = match a.ip() {
+            IpAddr::V4(v) => (4u8, v.to_ipv6_mapped().octets()),
+            IpAddr::V6(v) => (6u8, v.octets()),
+        };
+        self.0.push(family);
+        self.0.extend_from_slice(&ip);
+        self.0.extend_from_slice(&a.port().to_le_bytes());
         self
     }
 }
@@ -105,13 +120,27 @@ impl In<'_> {
     fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take()?))
     }
+    fn addr(&mut self) -> Result<SocketAddr> {
+        let family = self.u8()?;
+        let v6 = Ipv6Addr::from(self.take::<16>()?);
+        let port = u16::from_le_bytes(self.take()?);
+        let ip = match (family, v6.to_ipv4_mapped()) {
+            (4, Some(v4)) => IpAddr::V4(v4),
+            (6, _) => IpAddr::V6(v6),
+            _ => return Err(Error::new(ErrorKind::InvalidData, "bad address")),
+        };
+        Ok(SocketAddr::new(ip, port))
+    }
 }
 
 impl Msg {
     /// Liveness and status traffic: not activity (an idle rank's communication thread keeps
     /// its longest nap).
     pub fn liveness(&self) -> bool {
-        matches!(self, Msg::Heartbeat(_) | Msg::Ask | Msg::Down { .. })
+        matches!(
+            self,
+            Msg::Heartbeat(_) | Msg::Ask | Msg::Down { .. } | Msg::Door { .. }
+        )
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -152,6 +181,7 @@ impl Msg {
                 o.u8(INVALIDATE).u32(idx).u64(object).u8(gone as u8)
             }
             Msg::Stop => o.u8(STOP),
+            Msg::Door { addr, token } => o.u8(DOOR).addr(addr).u64(token),
         }
         .0
     }
@@ -209,6 +239,10 @@ impl Msg {
                 gone: i.u8()? != 0,
             },
             STOP => Msg::Stop,
+            DOOR => Msg::Door {
+                addr: i.addr()?,
+                token: i.u64()?,
+            },
             _ => return Err(bad("unknown control message")),
         };
         if !i.0.is_empty() {
@@ -269,6 +303,14 @@ mod tests {
                 gone: true,
             },
             Msg::Stop,
+            Msg::Door {
+                addr: "10.1.2.3:4567".parse().unwrap(),
+                token: 99,
+            },
+            Msg::Door {
+                addr: "[fe80::1]:80".parse().unwrap(),
+                token: u64::MAX,
+            },
         ];
         for m in msgs {
             assert_eq!(Msg::decode(&m.encode()).unwrap(), m);

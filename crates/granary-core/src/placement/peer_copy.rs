@@ -159,23 +159,39 @@ impl Receiving {
 
     /// The part file made of `file`, a file of the agent's own named `from` in this copy's tier
     /// directory that nobody else has open (a recycled copy, `evict_to`, or one made ahead):
-    /// renamed to the part's name, cut or grown to the copy's size, and announced. Its pages
-    /// are reused as they are (every byte is written before the copy is published).
-    pub fn part_from(&mut self, file: File, from: &[u8]) -> Result<&File, ReceiveError> {
+    /// renamed to the part's name (unless it has it already: a recycled copy renamed straight
+    /// to it), cut or grown to the copy's size, and announced. Its pages are reused as they are
+    /// (every byte is written before the copy is published). `known`: its inode and length,
+    /// when the caller has just read them (a rename changes neither): one `fstat` less on a
+    /// program's critical path.
+    pub fn part_from(
+        &mut self,
+        file: File,
+        from: &[u8],
+        known: Option<(u64, u64)>,
+    ) -> Result<&File, ReceiveError> {
         if self.part.is_some() {
             return Err(ReceiveError::Lost);
         }
         let dir = self.dir().ok_or(ReceiveError::Lost)?;
         let name = part_name(self.entry.object);
-        let _ = sys::unlink_at(dir, &name);
-        sys::rename_at(dir, from, &name).map_err(ReceiveError::Tier)?;
-        let len = file.metadata().map_err(ReceiveError::Tier)?.len();
+        if from != name.as_slice() {
+            // Over a part a killed agent may have left: rename replaces it.
+            sys::rename_at(dir, from, &name).map_err(ReceiveError::Tier)?;
+        }
+        let (ino, len) = match known {
+            Some(k) => k,
+            None => {
+                use std::os::unix::fs::MetadataExt;
+                let md = file.metadata().map_err(ReceiveError::Tier)?;
+                (md.ino(), md.len())
+            }
+        };
         // Cut to the copy's size; or grown, its new pages allocated in one call if it can be.
         let grown = len < self.size() && sys::allocate(&file, self.size()).is_ok();
         if len != self.size() && !grown {
             file.set_len(self.size()).map_err(ReceiveError::Tier)?;
         }
-        let (ino, _) = sys::copy_identity(&file).map_err(ReceiveError::Tier)?;
         self.part = Some(file);
         if !lifecycle::announce_part(&self.ctx.table, self.idx, self.tier() as u8, ino) {
             return Err(ReceiveError::Lost);

@@ -20,7 +20,7 @@ use super::work::Work;
 use crate::stats::AgentCounters;
 use crate::sync::atomic::{fence, AtomicU64, Ordering};
 use crate::sync::{statics, Arc, OnceLock, RwLock};
-use crate::tiers::Tiers;
+use crate::tiers::{Reservation, Tiers};
 
 /// One published table of one source. Jobs hold it by `Arc`, so a table replaced by a new walk
 /// stays mapped until its last job is done.
@@ -174,6 +174,21 @@ pub trait Remote: Send + Sync {
     /// A client voided entry `idx` on this node (it wrote, renamed or removed it, or found it
     /// changed): every other node must stop serving it too.
     fn invalidated(&self, ctx: &SourceCtx, idx: u32);
+
+    /// A whole-file fetch of entry `idx` (`size` bytes, the caller holds it: PLACING) found no
+    /// room on the policy's tiers: room elsewhere, reserved — held, so no other copy can take
+    /// it before this one is written (cluster mode: the staging tier, its oldest copies
+    /// dropped to make it) —, or `None` (the fetch goes on as on one node: chunks, or the
+    /// source).
+    fn overflow<'a>(&self, ctx: &'a SourceCtx, idx: u32, size: u64) -> Option<Reservation<'a>> {
+        let _ = (ctx, idx, size);
+        None
+    }
+
+    /// The copy of `idx` was placed on the room `overflow` gave.
+    fn overflowed(&self, ctx: &SourceCtx, idx: u32) {
+        let _ = (ctx, idx);
+    }
 }
 
 /// The program's source reads (`job::SOURCE_READS` summed over the table's job slots) as last

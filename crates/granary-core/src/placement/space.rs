@@ -82,10 +82,12 @@ impl Space {
 
     /// The first of the policy's tiers with room for `size` (reserved), in the policy's order.
     pub fn reserve_on(&self, tiers_order: &[usize], size: u64) -> Option<Reservation<'_>> {
+        // The lost check (a `statx` of the directory's path) only once a tier has room: a full
+        // tier costs no system call (a staging tier making room asks again after each drop).
         tiers_order.iter().find_map(|&t| {
-            (self.dir(t).is_some() && !self.is_lost(t))
-                .then(|| self.tiers.reserve(t, size))
-                .flatten()
+            self.dir(t)?;
+            let res = self.tiers.reserve(t, size)?;
+            (!self.is_lost(t)).then_some(res)
         })
     }
 

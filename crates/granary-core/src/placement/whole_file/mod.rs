@@ -44,43 +44,22 @@ const ORDER_UNIT: u64 = 1 << 20;
 const MAP_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
 pub fn fetch(ctx: &SourceCtx, idx: u32, engine: &Engine, buf: &mut Vec<u8>) -> PlaceOutcome {
-    fetch_whole(ctx, idx, engine, buf, None)
-}
-
-/// `fetch` onto `tiers` instead of the policy's, whole or not at all (no chunks; no room there:
-/// SOURCE_ONLY): cluster mode's staging tier, for a file its owner has no room for.
-pub fn fetch_onto(
-    ctx: &SourceCtx,
-    idx: u32,
-    engine: &Engine,
-    buf: &mut Vec<u8>,
-    tiers: &[usize],
-) -> PlaceOutcome {
-    fetch_whole(ctx, idx, engine, buf, Some(tiers))
-}
-
-fn fetch_whole(
-    ctx: &SourceCtx,
-    idx: u32,
-    engine: &Engine,
-    buf: &mut Vec<u8>,
-    onto: Option<&[usize]>,
-) -> PlaceOutcome {
     let b = match begin(ctx, idx) {
         Ok(b) => b,
         Err(out) => return out,
     };
     // Room first: a file no tier can take never costs the source an open.
     let size = b.entry.stat.size;
-    let order = onto.map_or_else(
-        || engine.policy.tiers_for(size, &ctx.space.tiers),
-        <[usize]>::to_vec,
-    );
-    let Some(res) = ctx.space.reserve_on(&order, size) else {
-        if onto.is_some() {
-            return super::copy::no_room(ctx, b.idx);
-        }
-        return super::partial::no_room_for_whole(ctx, b, engine, buf);
+    let order = engine.policy.tiers_for(size, &ctx.space.tiers);
+    // None of the policy's tiers has room: cluster mode may hold room elsewhere for it (its
+    // staging tier), reserved in one step with the decision, so no other copy takes it between.
+    let remote = ctx.remote.get();
+    let (order, res, overflow) = match ctx.space.reserve_on(&order, size) {
+        Some(res) => (order, res, false),
+        None => match remote.and_then(|r| r.overflow(ctx, b.idx, size)) {
+            Some(res) => (vec![res.tier()], res, true),
+            None => return super::partial::no_room_for_whole(ctx, b, engine, buf),
+        },
     };
     // One source stream for the whole file: sequential reads of one file are what a PFS serves
     // best, and the cap keeps many workers (and nodes) from hammering it. A program may be
@@ -103,6 +82,9 @@ fn fetch_whole(
     if !ctx.mmap.is_mapped(idx) {
         tracing::trace!("entry {idx}: fetch done, the source's pages dropped");
         sys::fadvise(&cl.src, 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+    if let (true, Some(r), PlaceOutcome::Placed { .. }) = (overflow, remote, &out) {
+        r.overflowed(ctx, idx);
     }
     out
 }
