@@ -128,3 +128,19 @@ def test_a_setgid_child_given_a_dataset_path_is_named(granary, warm, tmp_path):
     assert len(stats["warnings"]) == 1, stats["warnings"]
     w = stats["warnings"][0]
     assert str(exe) in w and f in w and "setgid" in w, w
+
+
+def test_children_made_every_way_answer_in_their_own_process(granary, warm, tmp_path):
+    """The library caches its pid (docs/reliability.md, "Children and the pid"): a child made by
+    `fork`, by a raw fork system call (no atfork handler runs), by `clone` with and without
+    `CLONE_VM`, or by `vfork` stats a placed file into its own buffer — never its parent's — and
+    its close of an inherited fd leaves the parent's fd described as the file."""
+    data, tier, _ = warm
+    exe = tmp_path / "children_pid"
+    subprocess.run(["cc", "-O2", "-o", str(exe), str(CLIENTS / "children_pid.c")], check=True)
+    placed = next(p for p in sorted(data.rglob("*")) if p.is_file())
+    want = subprocess.run([exe, placed], capture_output=True, check=True, timeout=60).stdout
+    assert want.count(b" 1") == 19 and b" 0" not in want, want.decode()
+    proc, stats = granary.run(data, [exe, placed], tier=tier)
+    assert proc.stdout.decode() == want.decode()
+    assert tier_files(stats) >= 1

@@ -11,9 +11,10 @@ use crate::agent::Agent;
 /// Naps of the consumer when its rings are empty: from `NAP_MIN` after a request, doubling up
 /// to `NAP_MAX`, so a program opening file after file is answered within tens of microseconds
 /// while an idle agent wakes about a thousand times a second. With one table (a job's source, a
-/// serving agent's) the consumer sleeps on the ring's doorbell instead — a client's push wakes
-/// it at once — for up to `BELL_NAP_MAX`: it only wakes by itself to step over a ring slot a
-/// dead client left, and to look for a second table (an idle agent's consumer used a hundredth
+/// serving agent's) the consumer sleeps on the ring's doorbell instead — a push someone waits
+/// for wakes it at once; requests nobody waits for (a small file opened or closed,
+/// `Table::push_hint_arg`) do not ring, and are taken in batches at its next look — for up to
+/// `BELL_NAP_MAX`: it only wakes by itself to step over a ring slot a dead client left, and to look for a second table (an idle agent's consumer used a hundredth
 /// of a core waking every millisecond). Its naps then start at `BELL_NAP_MIN`, not `NAP_MIN`: a
 /// push wakes it, and every nap that ends by itself is a wake-up for nothing (~20 µs of CPU on
 /// a VM, `bench/floor/wakeups.c`; from 50 µs, the consumer woke by itself two or three times

@@ -39,6 +39,7 @@
 //!   usermem     the program's memory, touched as the kernel touches it (EFAULT, not SIGSEGV)
 //!   procmaps    /proc/self/maps, read without allocation
 //!   mounts      /proc/self/mountinfo: where this namespace shows a directory
+//!   pid         our pid without a system call (a page wiped on fork; vfork and clone counted)
 //! init/       the constructor: symbols resolved, environment read, table attached; and
 //!   attach      how a process reaches its job's table (fd or path), what it can see of the job
 //!   inherit     fds inherited across exec, adopted at start

@@ -976,6 +976,19 @@ impl Table {
         pushed
     }
 
+    /// A request nobody waits for (a small file opened or closed: its copy is made later
+    /// anyway), pushed without waking a sleeping consumer — no system call for the program, and
+    /// the agent takes such requests in batches at its next look (within a millisecond while
+    /// requests flow) — unless the ring is half full, so a burst is never lost to a full ring.
+    pub fn push_hint_arg(&self, kind: u8, entry: u32, arg: u32) -> bool {
+        let r = self.ring();
+        let pushed = r.push(request::encode_arg(kind, entry, arg));
+        if pushed && r.backlog() * 2 >= self.ring_cap as u64 {
+            r.ring_bell();
+        }
+        pushed
+    }
+
     /// Agent side: a copy was just published (PLACED); clients waiting for one wake up.
     pub fn notify_placed(&self) {
         self.ring().notify_placed();

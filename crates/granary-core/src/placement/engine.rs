@@ -45,6 +45,17 @@ impl Engine {
             _background: background,
         }
     }
+
+    /// A source stream for a thread of the idle scheduling class (a small copy whose pages are
+    /// gone): always through the background slot, so however long such a thread waits for a
+    /// core, it holds at most one of the streams the program's fetches need.
+    pub fn stream_for_idle(&self) -> Held<'_> {
+        let background = Some(self.background.acquire());
+        Held {
+            _stream: self.streams.acquire(),
+            _background: background,
+        }
+    }
 }
 
 /// A source stream held by a placement, and the background slot when it backed off.

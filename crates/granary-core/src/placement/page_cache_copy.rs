@@ -113,10 +113,10 @@ fn copy_tmp<'s>(
                     cached
                 } else {
                     // Not cached: the program's pages were evicted (or never cached). One stream,
-                    // taken once per file, as for any source read; nobody waits for this copy, so
-                    // it backs off while the program reads the source itself.
+                    // taken once per file, as for any source read; nobody waits for this copy,
+                    // made by a thread of the idle class (`pool`): through the background slot.
                     if stream.is_none() {
-                        *stream = Some(engine.stream_for(ctx, false));
+                        *stream = Some(engine.stream_for_idle());
                     }
                     let want = want.min(if nowait { UNCACHED_READ } else { want });
                     let n =

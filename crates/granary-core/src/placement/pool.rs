@@ -1,6 +1,13 @@
-//! The placement pool: worker threads, a two-level priority queue, and small-file copies held
-//! back until the program closed the file. The workers run each task with the `Engine` (the
-//! node-wide cap on source streams, the parameters, the policy).
+//! The placement pool: worker threads, a priority queue, and small-file copies held back until
+//! the program closed the file. The workers run each task with the `Engine` (the node-wide cap
+//! on source streams, the parameters, the policy).
+//!
+//! Copies of small files the program has read (`CopyMethod::Small`) are what epoch 1 of a
+//! small-file dataset costs the node's CPU, and nobody waits for one: they run on workers of
+//! their own in the `SCHED_IDLE` class (`sys::sched_idle`), which take a core only when
+//! the program leaves one free. The other workers, at the program's priority, take everything
+//! else — fetches a program waits on first. Measured on 2 cores: docs/benchmarks.md, "A placed
+//! open as cheap as a direct one".
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -45,6 +52,8 @@ struct Queue {
     /// Name-order read-ahead (`CopyMethod::Ahead`), in the order the program will want it.
     ahead: VecDeque<CopyTask>,
     low: VecDeque<CopyTask>,
+    /// Small copies (`CopyMethod::Small`): only the idle-class workers take them.
+    small: VecDeque<CopyTask>,
     closed: bool,
 }
 
@@ -52,6 +61,10 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
+    /// Wakes the idle-class workers (small copies).
+    small_ready: Condvar,
+    /// How many idle-class workers there are.
+    idle_workers: usize,
     /// Small files opened and not yet closed: copied when CLOSED arrives (`promote`) or when the
     /// deadline passes. Keyed by (table, entry).
     delayed: Mutex<HashMap<(usize, u32), (Instant, CopyTask)>>,
@@ -67,13 +80,18 @@ pub struct Pool {
 }
 
 /// Workers when the configuration does not say: the copies are I/O-bound, so one per core, at
-/// least 2, capped (source streams are capped separately by `max_source_streams`).
+/// least 2, capped (source streams are capped separately by `max_source_streams`). As many
+/// idle-class workers again take the small copies.
 pub fn default_workers() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
         .clamp(2, 8)
 }
+
+/// The idle-class workers' read size: a small copy (of a file below the whole-fetch size) loops
+/// over its file in pieces this large, so these buffers add little to the pool's memory.
+const SMALL_BLOCK: u64 = 256 << 10;
 
 fn key(job: &CopyTask) -> (usize, u32) {
     (Arc::as_ptr(&job.ctx) as usize, job.entry)
@@ -84,6 +102,8 @@ impl Pool {
         let shared = Arc::new(Shared {
             queue: Mutex::default(),
             ready: Condvar::new(),
+            small_ready: Condvar::new(),
+            idle_workers: workers.max(1),
             delayed: Mutex::default(),
             engine: Arc::new(Engine::new(policy, params)),
         });
@@ -92,8 +112,14 @@ impl Pool {
                 let sh = shared.clone();
                 thread::Builder::new()
                     .name(format!("place-{i}"))
-                    .spawn(move || worker(&sh))
+                    .spawn(move || worker(&sh, Class::Program))
             })
+            .chain((0..workers.max(1)).map(|i| {
+                let sh = shared.clone();
+                thread::Builder::new()
+                    .name(format!("place-idle-{i}"))
+                    .spawn(move || worker(&sh, Class::Idle))
+            }))
             .collect::<std::io::Result<Vec<_>>>()?;
         let sh = shared.clone();
         handles.push(
@@ -157,6 +183,7 @@ impl Pool {
         }
         lock(&self.shared.queue).closed = true;
         self.shared.ready.notify_all();
+        self.shared.small_ready.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -171,27 +198,64 @@ fn enqueue(sh: &Shared, job: CopyTask) {
             requested: true, ..
         } => q.high.push_back(job),
         CopyMethod::Ahead => q.ahead.push_back(job),
-        CopyMethod::Small { .. } | CopyMethod::Chunk { .. } => q.low.push_back(job),
+        CopyMethod::Small { .. } => {
+            // A wake-up is a system call of the ring consumer's per copy: only while fewer are
+            // queued than there are idle-class workers. A worker sleeps only on an empty queue,
+            // and the push that ended it being empty woke one, which drains it before it sleeps.
+            let wake = q.small.len() < sh.idle_workers;
+            q.small.push_back(job);
+            drop(q);
+            if wake {
+                sh.small_ready.notify_one();
+            }
+            return;
+        }
+        CopyMethod::Chunk { .. } => q.low.push_back(job),
     }
     drop(q);
     sh.ready.notify_one();
 }
 
-fn worker(sh: &Shared) {
+/// Which work a worker takes, and at what priority.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// The program's priority: fetches, read-ahead, chunks.
+    Program,
+    /// `SCHED_IDLE`: small copies only.
+    Idle,
+}
+
+fn worker(sh: &Shared, class: Class) {
     // With slack for an aligned block inside (`buffers::aligned`: page-aligned, huge-page backed
     // where it can be, so large reads and tier writes move whole pages).
     let engine = &*sh.engine;
-    let mut buf = super::buffers::worker_buffer(engine.params.block_size);
+    let block = match class {
+        Class::Program => engine.params.block_size,
+        Class::Idle => engine.params.block_size.min(SMALL_BLOCK),
+    };
+    let mut buf = super::buffers::worker_buffer(block);
+    // One-way for an unprivileged thread (the kernel lets it back only within `RLIMIT_NICE`),
+    // hence threads of their own. Not under Shuttle, which runs a test's threads on one.
+    if class == Class::Idle && !cfg!(feature = "shuttle") {
+        crate::sys::sched_idle();
+    }
+    let ready = match class {
+        Class::Program => &sh.ready,
+        Class::Idle => &sh.small_ready,
+    };
     loop {
         let job = {
             let mut q = lock(&sh.queue);
             loop {
-                if let Some(j) = q
-                    .high
-                    .pop_front()
-                    .or_else(|| q.ahead.pop_front())
-                    .or_else(|| q.low.pop_front())
-                {
+                let next = match class {
+                    Class::Program => q
+                        .high
+                        .pop_front()
+                        .or_else(|| q.ahead.pop_front())
+                        .or_else(|| q.low.pop_front()),
+                    Class::Idle => q.small.pop_front(),
+                };
+                if let Some(j) = next {
                     break j;
                 }
                 if q.closed {
@@ -201,7 +265,7 @@ fn worker(sh: &Shared) {
                 // reallocated or zeroed eagerly). The agent runs in the job's memory cgroup,
                 // where every resident MiB it keeps is page cache the program lacks.
                 crate::sys::release_pages(&mut buf);
-                q = sh.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                q = ready.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
         let out = match job.method {

@@ -44,12 +44,14 @@ static DROPPED_TO: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS]
 static OWNER: AtomicI32 = AtomicI32::new(0);
 
 pub fn set_owner() {
-    OWNER.store(sys!(libc::SYS_getpid) as i32, Ordering::Relaxed);
+    OWNER.store(crate::sys::pid::current(), Ordering::Relaxed);
 }
 
-/// Called only when the table is about to change, so untracked fds never pay the syscall.
+/// Called only when the table is about to change. No system call unless a vfork child (or
+/// another child sharing our memory) may be running (`sys::pid`).
+#[inline]
 pub fn owned() -> bool {
-    sys!(libc::SYS_getpid) as i32 == OWNER.load(Ordering::Relaxed)
+    crate::sys::pid::current() == OWNER.load(Ordering::Relaxed)
 }
 
 const KIND_MASK: u64 = 0xff;

@@ -25,6 +25,7 @@ extern "C" fn forked_child() {
 
 extern "C" fn init() {
     sys::resolve_all();
+    sys::pid::init();
     crate::fds::fdtable::set_owner();
     // SAFETY: registers handlers that only touch atomics; called once, from the constructor.
     unsafe { libc::pthread_atfork(None, Some(forked_parent), Some(forked_child)) };

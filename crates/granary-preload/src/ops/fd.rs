@@ -63,7 +63,8 @@ fn released(t: Tracked) {
     if entry.stat.size < table.prefetch_min_size() && (st == State::Unplaced || st == State::Queued)
     {
         let slot = detour::job_slot();
-        table.push_request_arg(request::CLOSED, t.entry, slot);
+        // Nobody waits for this copy: no wake-up of the agent (`push_hint_arg`).
+        table.push_hint_arg(request::CLOSED, t.entry, slot);
     }
 }
 

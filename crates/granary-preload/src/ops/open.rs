@@ -262,9 +262,17 @@ fn source_opened(g: &Guard, idx: u32) {
     // PLACED here means its copy was just found unusable (DAMAGED is on the ring before this):
     // the agent withdraws it first, then places the file again.
     if matches!(g.table.state(idx).state(), State::Unplaced | State::Placed) {
-        // OPEN_UNPLACED tells a known-order agent where the program is as well.
-        g.table
-            .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
+        // OPEN_UNPLACED tells a known-order agent where the program is as well. A file the agent
+        // fetches whole may be waited for (its reads follow the fetch): that wakes the agent; a
+        // small one is copied after its close, so the agent takes it at its next look.
+        let small = crate::ops::lookup::entry(g.table, idx)
+            .is_some_and(|e| e.stat.size < g.table.prefetch_min_size());
+        if small {
+            g.table.push_hint_arg(request::OPEN_UNPLACED, idx, g.slot);
+        } else {
+            g.table
+                .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
+        }
     } else {
         report_open(g, idx);
     }

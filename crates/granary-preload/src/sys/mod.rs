@@ -11,6 +11,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 pub mod env;
 pub mod log;
 pub mod mounts;
+pub mod pid;
 pub mod procmaps;
 pub mod statbuf;
 pub mod usermem;

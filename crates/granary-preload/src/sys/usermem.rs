@@ -3,6 +3,9 @@
 //! program's buffers and arrays read from it (an iovec) go through `process_vm_writev`/`readv` on
 //! our own process, which copy exactly like a system call's arguments and fail with `EFAULT`.
 //!
+//! Our pid comes from `pid::current` (no system call outside a vfork child): in a child that
+//! shares our memory the parent's pid names the same memory.
+//!
 //! When those calls are refused (a seccomp profile, an old kernel), the helpers say so and the
 //! caller passes the call through to the kernel: slower, never wrong.
 
@@ -27,7 +30,7 @@ pub fn write(dst: *mut c_void, src: &[u8]) -> bool {
         iov_base: dst,
         iov_len: src.len(),
     };
-    let pid = sys!(libc::SYS_getpid);
+    let pid = crate::sys::pid::current();
     let n = sys!(
         libc::SYS_process_vm_writev,
         pid,
@@ -66,7 +69,7 @@ pub fn read(src: *const c_void, dst: &mut [u8]) -> bool {
         iov_base: src as *mut c_void,
         iov_len: dst.len(),
     };
-    let pid = sys!(libc::SYS_getpid);
+    let pid = crate::sys::pid::current();
     let n = sys!(
         libc::SYS_process_vm_readv,
         pid,

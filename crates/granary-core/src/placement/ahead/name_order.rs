@@ -38,6 +38,10 @@ struct Sorted {
     /// `rank[child - first_child]`: the child's place in `order`.
     rank: Vec<u32>,
     first_child: u32,
+    /// Some child is a file the read-ahead fetches (`fetched_ahead`): without one, a run has
+    /// nothing to claim, and the scan after each open (every later child of the directory) is
+    /// skipped — in a directory of a thousand small files it took the ring consumer a core.
+    any_fetched: bool,
 }
 
 struct Run {
@@ -121,7 +125,7 @@ impl NameOrder {
             };
         let r = &mut g.runs[run];
         r.fetching = false;
-        if r.sequential() {
+        if r.sequential() && sorted.any_fetched {
             let (claimed, fetching) = claim_after(t, &sorted, r.furthest, room);
             none.claimed = claimed;
             r.fetching = fetching;
@@ -149,10 +153,12 @@ impl Inner {
         for (k, &i) in order.iter().enumerate() {
             rank[(i - first) as usize] = k as u32;
         }
+        let any_fetched = order.iter().any(|&e| fetched_ahead(t, e));
         let s = Arc::new(Sorted {
             order,
             rank,
             first_child: first,
+            any_fetched,
         });
         self.sorted.insert(dir, s.clone());
         Some(s)

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""A placed open as cheap as a direct one (issue "At the physical limit with real clients"): a C
+reader (`clients/openread.c`, built here with `cc`) opens, reads to the end and closes every file
+of a generated tree on the local disk, hot (every file in the page cache), with one process or a
+fork pool of workers, directly and through `granary run` with every file placed. Then the same
+reader on a fresh tier, while the agent is still placing what it reads (its first pass).
+
+    python3 bench/openread.py                           # 100,000 × 1 KiB, 20,000 × 110 KiB files
+    python3 bench/openread.py --granary A --granary B   # two builds, paired: rounds alternate
+    python3 bench/openread.py --reader python           # the same passes from CPython (`open().read()`)
+
+Measured in one run, as ratios against direct reads of the same files, rounds interleaved
+(direct, then each build): the fastest timed pass of each setup (other load only ever adds time,
+so the minimum is the code's own cost), with medians beside it. The reader checks that every
+setup read the same bytes (a digest of every file). A benchmark, not a test: nothing asserts on
+timings; it exits 1 when a job fails or a digest differs. Writes `<out>/report.md` and
+`results.json`.
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CLIENT = REPO / "bench" / "clients" / "openread.c"
+
+# The same passes as openread.c from Python: open(..., "rb").read() of every file.
+PYREADER = r"""
+import json, os, sys, time, hashlib
+files = [l.strip() for l in open(sys.argv[1]) if l.strip()]
+passes, workers = int(sys.argv[2]), int(sys.argv[3])
+assert workers == 1, "the Python reader has no fork pool"
+out = []
+for p in range(passes):
+    t = time.perf_counter()
+    for f in files:
+        with open(f, "rb") as fh:
+            fh.read()
+    out.append((time.perf_counter() - t) / len(files) * 1e6)
+h = 0
+for f in files:
+    with open(f, "rb") as fh:
+        h = (h + int.from_bytes(hashlib.blake2b(fh.read(), digest_size=8).digest(), "little")) % 2**64
+print(json.dumps({"files": len(files), "workers": 1, "passes": out, "digest": "%016x" % h}))
+"""
+
+BARS = {"1k": 1.05, "110k": 1.02}
+DURING_BAR = 1.3
+
+
+def build_reader(work: pathlib.Path) -> str:
+    exe = work / "openread"
+    if not exe.exists() or exe.stat().st_mtime < CLIENT.stat().st_mtime:
+        subprocess.run(["cc", "-O2", "-o", str(exe), str(CLIENT)], check=True)
+    return str(exe)
+
+
+def generate(root: pathlib.Path, files: int, size: int, per_dir: int = 1000):
+    marker = root.parent / f".{root.name}.complete"
+    if marker.exists():
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    blob = os.urandom(size + 4096)
+    for i in range(files):
+        d = root / f"d{i // per_dir:04d}"
+        if i % per_dir == 0:
+            d.mkdir(parents=True)
+        k = (i * 61) % 4096
+        (d / f"f{i:07d}.bin").write_bytes(blob[k:k + size])
+    marker.write_text("")
+
+
+class Granary:
+    def __init__(self, binary: pathlib.Path, work: pathlib.Path):
+        self.bin = str(binary)
+        self.work = work
+        self.rt = work / "runtime"
+        self.tier = work / "tier"
+        self.env = {**os.environ, "GRANARY_RUNTIME_DIR": str(self.rt)}
+
+    def status(self):
+        p = subprocess.run([self.bin, "status", "--json"], capture_output=True, env=self.env)
+        return (json.loads(p.stdout or b"{}") or {}) if p.returncode == 0 else {}
+
+    def stop(self):
+        subprocess.run([self.bin, "stop"], capture_output=True, env=self.env, timeout=300)
+
+    def reset(self):
+        """No agent, no catalog, no copies: the next job walks and places from scratch."""
+        self.stop()
+        shutil.rmtree(self.tier, ignore_errors=True)
+        shutil.rmtree(self.rt, ignore_errors=True)
+
+    def settle(self, timeout=1800):
+        """Until the agent places nothing more and its validation is done."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            srcs = self.status().get("sources", [])
+            if srcs and all((s.get("validation") or {}).get("done") for s in srcs) \
+                    and all(s.get("pending", 1) == 0 and not s.get("busy") for s in srcs):
+                return
+            time.sleep(0.2)
+        raise SystemExit("the agent did not settle")
+
+    def run(self, source, prog):
+        cmd = [self.bin, "run", "--source", str(source), "--tier", f"{self.tier}=40G", "-q", "--", *prog]
+        p = subprocess.run(list(map(str, cmd)), capture_output=True, env=self.env)
+        if p.returncode != 0:
+            raise SystemExit(f"job failed: {p.stderr.decode(errors='replace')[-2000:]}")
+        return p
+
+
+def reader_cmd(kind, exe, lst, passes, workers):
+    if kind == "python":
+        return [sys.executable, "-c", PYREADER, str(lst), str(passes), str(workers)]
+    return [exe, str(lst), str(passes), str(workers)]
+
+
+def direct(cmd):
+    p = subprocess.run(list(map(str, cmd)), capture_output=True)
+    if p.returncode != 0:
+        raise SystemExit(f"direct reader failed: {p.stderr.decode(errors='replace')[-2000:]}")
+    return json.loads(p.stdout)
+
+
+def summary(passes):
+    return {"fastest_us": min(passes), "median_us": statistics.median(passes), "passes_us": passes}
+
+
+def hot(builds, names, src, lst, kind, exe, workers, passes, rounds):
+    """Rounds of: direct, then each build (every file placed, page cache hot)."""
+    runs = {"direct": [], **{n: [] for n in names}}
+    per_round = []
+    digests = set()
+    for _ in range(rounds):
+        out = direct(reader_cmd(kind, exe, lst, passes, workers))
+        runs["direct"] += out["passes"]
+        digests.add(out["digest"])
+        fastest = {"direct": min(out["passes"])}
+        for n, g in zip(names, builds):
+            out = json.loads(g.run(src, reader_cmd(kind, exe, lst, passes, workers)).stdout)
+            runs[n] += out["passes"]
+            digests.add(out["digest"])
+            fastest[n] = min(out["passes"])
+        per_round.append(fastest)
+    if len(digests) != 1:
+        raise SystemExit(f"digests differ: {digests}")
+    res = {k: summary(v) for k, v in runs.items()}
+    for n in names:
+        res[n]["ratio"] = res[n]["fastest_us"] / res["direct"]["fastest_us"]
+        res[n]["median_ratio"] = res[n]["median_us"] / res["direct"]["median_us"]
+        # Paired: each round's fastest pass against the same round's direct one (and, with
+        # several builds, against the first build's), the median over rounds.
+        res[n]["round_ratio"] = statistics.median(r[n] / r["direct"] for r in per_round)
+        res[n]["vs_first_build"] = statistics.median(r[n] / r[names[0]] for r in per_round)
+    res["per_round"] = per_round
+    return res
+
+
+def during(builds, names, src, lst, exe, workers, passes, rounds):
+    """The reader's first passes on a fresh tier (the agent walks at attach, then places what the
+    reader opens while it reads), against direct passes of the same round. Files hot in the page
+    cache: what is measured is what placement takes from the program, not the source's speed."""
+    res = {n: [] for n in names}
+    for _ in range(rounds):
+        d = direct(reader_cmd("c", exe, lst, passes, workers))
+        for n, g in zip(names, builds):
+            g.reset()
+            # The last build's copies dropped the source's pages (a copied small file's go):
+            # read them back first, so every setup starts from a hot page cache.
+            direct(reader_cmd("c", exe, lst, 1, workers))
+            out = json.loads(g.run(src, reader_cmd("c", exe, lst, passes, workers)).stdout)
+            if out["digest"] != d["digest"]:
+                raise SystemExit("digest differs during placement")
+            # Its copies still running would compete with the next setup's passes.
+            g.stop()
+            res[n].append({"direct_us": min(d["passes"]), "passes_us": out["passes"],
+                           "ratio_first": out["passes"][0] / min(d["passes"])})
+    return {n: {"rounds": r, "ratio_first": statistics.median(x["ratio_first"] for x in r)}
+            for n, r in res.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=100_000, help="1 KiB files")
+    ap.add_argument("--mid-files", type=int, default=20_000,
+                    help="110 KiB files (page cache must hold them twice per build)")
+    ap.add_argument("--workers", default="1,2", help="reader processes: 1 = one reader, N = a fork pool")
+    ap.add_argument("--passes", type=int, default=5, help="timed passes per job")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds (direct, each build) of the hot passes; 0 skips them")
+    ap.add_argument("--during-rounds", type=int, default=3, help="rounds on a fresh tier; 0 skips")
+    ap.add_argument("--reader", choices=("c", "python"), default="c")
+    ap.add_argument("--only", choices=("1k", "110k"), help="one file size only")
+    ap.add_argument("--granary", action="append",
+                    help="a granary binary, or NAME=PATH (repeat to pair builds: rounds alternate); "
+                         "default target/release/granary")
+    ap.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path("/var/tmp/granary-openread"))
+    ap.add_argument("--out", type=pathlib.Path, default=REPO / "results/openread")
+    args = ap.parse_args()
+    specs = [g.split("=", 1) if "=" in g else [None, g] for g in args.granary or []]
+    bins = [pathlib.Path(p) for _, p in specs] or [REPO / "target/release/granary"]
+    if not bins[0].exists():
+        subprocess.run(["cargo", "build", "--release", "--workspace"], cwd=REPO, check=True)
+    work = args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    exe = build_reader(work)
+    workers = [int(w) for w in args.workers.split(",")]
+    if args.reader == "python":
+        workers = [1]
+    names = [n or f"build{i}" for i, (n, _) in enumerate(specs)] if len(bins) > 1 else ["granary"]
+    commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+                            capture_output=True, text=True).stdout.strip()
+    res = {"reader": args.reader, "builds": {n: str(b) for n, b in zip(names, bins)},
+           "commit": commit, "load_before": os.getloadavg()[0], "sizes": {}}
+    sizes = [("1k", 1024, args.files), ("110k", 110 * 1024, args.mid_files)]
+    for key, size, files in sizes:
+        if args.only and key != args.only:
+            continue
+        src = work / f"ds-{key}-{files}"
+        print(f"generating {files} files of {size} B", flush=True)
+        generate(src, files, size)
+        lst = work / f"{src.name}.list"
+        lst.write_text("".join(f"{src / d / f}\n" for d in sorted(os.listdir(src))
+                               for f in sorted(os.listdir(src / d))))
+        builds = [Granary(b, work / f"{n}-{key}") for n, b in zip(names, bins)]
+        r = res["sizes"][key] = {"files": files, "size": size, "hot": {}}
+        for g in builds if args.rounds else []:
+            g.reset()
+            g.run(src, reader_cmd("c", exe, lst, 1, 2))  # job 1: walk, open every file
+            g.settle()
+            r["placed"] = sum(s.get("placed", 0) for s in g.status().get("sources", []))
+        for w in workers if args.rounds else []:
+            print(f"{key}: hot, {w} worker(s)", flush=True)
+            r["hot"][str(w)] = hot(builds, names, src, lst, args.reader, exe, w, args.passes, args.rounds)
+        if args.during_rounds and args.reader == "c":
+            w = max(workers)
+            print(f"{key}: during placement, {w} worker(s)", flush=True)
+            r["during"] = during(builds, names, src, lst, exe, w, args.passes, args.during_rounds)
+            r["during_workers"] = w
+        for g in builds:
+            g.reset()
+    res["load_after"] = os.getloadavg()[0]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    (args.out / "report.md").write_text(report(res, " ".join(sys.argv[1:])))
+    print((args.out / "report.md").read_text())
+
+
+def report(res, argv):
+    rows = []
+    names = list(res["builds"])
+    for key, r in res["sizes"].items():
+        what = f"{r['files']:,} × {r['size'] // 1024} KiB"
+        for w, h in r["hot"].items():
+            pool = "one reader" if w == "1" else f"{w} fork workers"
+            for n in names:
+                x = h[n]
+                label = f" ({n})" if len(names) > 1 else ""
+                ok = x["ratio"] <= BARS[key]
+                rows.append(f"| placed ÷ direct{label}, {what}, {pool} | {x['ratio']:.3f} "
+                            f"({x['fastest_us']:.2f} vs {h['direct']['fastest_us']:.2f} µs; per round "
+                            f"{x['round_ratio']:.3f}) | ≤ {BARS[key]} | {'pass' if ok else '**fail**'} |")
+            for n in names[1:]:
+                rows.append(f"| {n} ÷ {names[0]}, {what}, {pool} (median of rounds) | "
+                            f"{h[n]['vs_first_build']:.3f} | — | |")
+        for n, d in r.get("during", {}).items():
+            firsts = ", ".join(f"{x['ratio_first']:.2f}" for x in d["rounds"])
+            ok = d["ratio_first"] <= DURING_BAR
+            label = f" ({n})" if len(names) > 1 else ""
+            rows.append(f"| first pass during placement ÷ direct{label}, {what}, "
+                        f"{r['during_workers']} fork workers (median of rounds) | {d['ratio_first']:.2f} "
+                        f"(rounds {firsts}) | ≤ {DURING_BAR} | {'pass' if ok else '**fail**'} |")
+    builds = "; ".join(f"{n} = `{b}`" for n, b in res["builds"].items())
+    return (f"# Placed open+read+close ({res['reader']} reader)\n\n"
+            f"`python3 bench/openread.py {argv}` at {res['commit']}; {builds}; "
+            f"load average {res['load_before']:.2f} before, {res['load_after']:.2f} after, "
+            f"{os.cpu_count()} cores.\n\n"
+            "| what | measured | bar | |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
