@@ -25,15 +25,7 @@ use crate::sys::{sys, KeepErrno};
 
 /// Called before the real close of a tracked fd. Advisory: errno is kept, failures ignored.
 pub fn before_close(fd: c_int, t: Tracked) {
-    if !matches!(t.kind, FdKind::Tier(_)) {
-        return;
-    }
-    let Ok(g) = crate::ops::detour::enter_any_creds() else {
-        return;
-    };
-    if !g.table.is_transient(t.entry) {
-        return;
-    }
+    let Some(g) = transient_copy(t) else { return };
     let Some(size) = crate::ops::lookup::entry(g.table, t.entry).map(|e| e.stat.size) else {
         return;
     };
@@ -53,6 +45,16 @@ pub fn before_close(fd: c_int, t: Tracked) {
     if drop_pages(fd, start, len) {
         g.count(job::TRANSIENT_DROPS, 1);
     }
+}
+
+/// The detour's guard when `t` is a tier copy the page-cache budget made transient (its pages
+/// are dropped once read); `None` for anything else, or when the table cannot be entered.
+fn transient_copy(t: Tracked) -> Option<crate::ops::detour::Guard> {
+    if !matches!(t.kind, FdKind::Tier(_)) {
+        return None;
+    }
+    let g = crate::ops::detour::enter_any_creds().ok()?;
+    g.table.is_transient(t.entry).then_some(g)
 }
 
 /// How much of a transient copy a sequential reader leaves cached behind it before it is
@@ -75,13 +77,7 @@ pub fn behind(fd: c_int, off: u64) {
 #[cold]
 fn behind_cold(fd: c_int, upto: u64) {
     let Some(t) = fdtable::peek(fd) else { return };
-    if !matches!(t.kind, FdKind::Tier(_)) {
-        return;
-    }
-    let Ok(g) = crate::ops::detour::enter_any_creds() else {
-        return;
-    };
-    if !g.table.is_transient(t.entry) {
+    if transient_copy(t).is_none() {
         return;
     }
     if let Some(from) = fdtable::claim_dropped(fd, upto) {
