@@ -26,6 +26,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import scale  # noqa: E402  (its Granary: the agent's status and stop)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CLIENT = REPO / "bench" / "clients" / "openread.c"
 
@@ -75,20 +78,13 @@ def generate(root: pathlib.Path, files: int, size: int, per_dir: int = 1000):
     marker.write_text("")
 
 
-class Granary:
+class Granary(scale.Granary):
+    """scale.py's agent handle, with a tier of its own per build."""
+
     def __init__(self, binary: pathlib.Path, work: pathlib.Path):
-        self.bin = str(binary)
+        super().__init__(binary, work)
         self.work = work
-        self.rt = work / "runtime"
         self.tier = work / "tier"
-        self.env = {**os.environ, "GRANARY_RUNTIME_DIR": str(self.rt)}
-
-    def status(self):
-        p = subprocess.run([self.bin, "status", "--json"], capture_output=True, env=self.env)
-        return (json.loads(p.stdout or b"{}") or {}) if p.returncode == 0 else {}
-
-    def stop(self):
-        subprocess.run([self.bin, "stop"], capture_output=True, env=self.env, timeout=300)
 
     def reset(self):
         """No agent, no catalog, no copies: the next job walks and places from scratch."""
