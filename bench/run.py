@@ -58,7 +58,7 @@ def main(argv=None):
         sys.exit("--workdir must not be inside the repository (datasets are never committed)")
     os.makedirs(k.out, exist_ok=True)
     clients = _client_envs(k)
-    names = sorted({config.WORKLOADS[w.split(":")[0]][0] for w in k.workloads})
+    names = sorted({config.WORKLOADS[config.workload_name(w)][0] for w in k.workloads})
     failed = True
     with contextlib.ExitStack() as stack:
         os.makedirs(k.workdir, exist_ok=True)
@@ -117,7 +117,7 @@ def _client_envs(k):
     client that cannot be installed is dropped from the run with the reason."""
     out = {}
     for w in list(k.workloads):
-        name = w.split(":")[0]
+        name = config.workload_name(w)
         env = config.CLIENT_ENVS.get(name)
         if env is None or name in out:
             continue
@@ -126,25 +126,26 @@ def _client_envs(k):
         except clientenv.Unavailable as e:
             log(f"workload {name} skipped: {e}")
             out[name] = {"skipped": str(e)}
-            k.workloads = [x for x in k.workloads if x.split(":")[0] != name]
+            k.workloads = [x for x in k.workloads if config.workload_name(x) != name]
     return out
 
 
 def _estimate_bytes(k):
     small = k.small_files * k.small_mean_kb * 1024 * 1.15
-    if any(w.split(":")[0] == "npz" for w in k.workloads):
+    names = {config.workload_name(w) for w in k.workloads}
+    if "npz" in names:
         small += k.npz_files * (k.npz_kb + 4) * 1024
-    if any(w.split(":")[0] == "dlio" for w in k.workloads):
+    if "dlio" in names:
         small += k.dlio_files * (k.dlio_record_length + 8192)
-    if any(w.split(":")[0] == "hfds" for w in k.workloads):
+    if "hfds" in names:
         small += k.hfds_rows * (k.hfds_kb + 8) * 1024 * 1.2
     records = k.record_shards * k.record_max_mb * (1 << 20)
     fan = sum(n * s for n, s in ((k.fanstore_counts.get(d, 0), b)
                                  for d, b in dataset.FANSTORE_SIZES.items()))
-    names = {w.split(":")[0] for w in k.workloads}
     total = small + records + fan + (fan if "fanstorez" in names else 0)
     # Packs are written beside the datasets on the PFS: one more copy per packed setup.
-    packs = sum(1 for s in k.setups if s.startswith("granary-packed"))
+    picked = {s for w in k.workloads for s in config.spec_setups(w) or []}
+    packs = sum(1 for s in set(k.setups) | picked if s.startswith("granary-packed"))
     return int(total * (1 + packs))
 
 

@@ -11,6 +11,18 @@ from dataclasses import dataclass, field, fields
 
 MIB = 1 << 20
 
+
+def workload_name(spec):
+    """`small` of `small:resnet@local+granary-packed`."""
+    return spec.split("@", 1)[0].split(":", 1)[0]
+
+
+def spec_setups(spec):
+    """The setups a workload spec names after `@` (`hfds:256M@pfs+granary-full`), or None:
+    the workload runs under --setups (and its own --npz/dlio/hfds-setups)."""
+    _, at, setups = spec.partition("@")
+    return [s for s in setups.split("+") if s] if at else None
+
 # Workloads: name -> (dataset, client script, extra client args, framework cache?)
 WORKLOADS = {
     "small": ("smallfiles", "smallfiles.py", [], True),
@@ -156,7 +168,9 @@ Setups (all in one run, on the same data):
                        apart), served with `granary run --pack` and a tier that holds it all
   granary-packed-zstd  the same with a zstd:1 pack (not by default; for `fanstorez`)
 
-Workloads (NAME[:COMPUTE], COMPUTE = lenet|alexnet|resnet|ms per sample):
+Workloads (NAME[:COMPUTE][@SETUP+SETUP...], COMPUTE = lenet|alexnet|resnet|ms per sample;
+@ runs that workload under those setups only, whatever --setups and --*-setups say, so one
+invocation can pick rows: --workloads dlio@granary-full,hfds:256M@pfs+granary-full):
   small         ImageNet-like small files in class dirs, shuffled, DataLoader-like
                 forked workers reading whole files
   records       TFRecord-like 32-96 MiB shards (full), shuffled, 256 KiB preads,
@@ -309,9 +323,10 @@ def parse_args(argv=None):
     k.out = os.path.abspath(k.out)
     k.workdir = os.path.abspath(k.workdir)
     for w in k.workloads:
-        if w.split(":")[0] not in WORKLOADS:
+        if workload_name(w) not in WORKLOADS:
             p.error(f"unknown workload {w}")
-    for s in k.setups + k.npz_setups + k.dlio_setups + k.hfds_setups:
+    picked = [s for w in k.workloads for s in spec_setups(w) or []]
+    for s in k.setups + k.npz_setups + k.dlio_setups + k.hfds_setups + picked:
         if s not in SETUPS:
             p.error(f"unknown setup {s}")
     return k

@@ -180,6 +180,8 @@ def measured_bar(data):
         return r if r and r.get("status") == "ok" else None
 
     for wl, by in _by_workload(data["results"]).items():
+        if not any(s in by for s in ("pfs", "local", "granary-full", "granary-half")):
+            continue  # only packed setups ran (`NAME@granary-packed`): their rows are packed's
         pfs, local = ok(by.get("pfs")), ok(by.get("local"))
         full, half = ok(by.get("granary-full")), ok(by.get("granary-half"))
         ds = data["datasets"].get((full or half or pfs or {}).get("dataset", ""), {})
@@ -459,7 +461,9 @@ def render(data, figs):
                   if data["granary"].get("skipped_reason") else "") + "._\n")
 
     bar = measured_bar(data)
-    if bar:
+    from . import packed
+    pbar = packed.bar_rows(data, _source_bandwidth(data))
+    if bar or pbar:
         L.append("## Measured bar\n")
         L.append("The issue's criteria, computed from this run. *Source bandwidth* is the "
                  "emulated PFS's physical limit, the blkio read cap (the start-up probe, a short "
@@ -481,9 +485,9 @@ def render(data, figs):
         if k.get("size") == "quick":
             L.append("In a quick run epochs 2.. take 0.1–0.3 s: the *epochs ≥ 2 / Local* rows are "
                      "within timer noise here; read them on a full run.\n")
-        L.append(_table(["criterion", "workload", "setup", "measured", "bar", "", "numbers"], bar))
-        from . import packed
-        pbar = packed.bar_rows(data, _source_bandwidth(data))
+        if bar:
+            L.append(_table(["criterion", "workload", "setup", "measured", "bar", "", "numbers"],
+                            bar))
         if pbar:
             L.append("\n### Serving a pack (`granary run --pack`)\n")
             L.append("The dataset packed once with `granary pack` onto the emulated PFS (time "

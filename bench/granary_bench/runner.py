@@ -29,6 +29,8 @@ class Job:
     script: str
     args: list
     cacheable: bool
+    # The setups the spec picked (`NAME[:COMPUTE]@SETUP+SETUP`), or None.
+    setups: list = None
 
     @property
     def key(self):
@@ -36,14 +38,15 @@ class Job:
 
     @classmethod
     def parse(cls, spec):
-        name, _, compute = spec.partition(":")
+        picked = config.spec_setups(spec)
+        name, _, compute = spec.partition("@")[0].partition(":")
         dataset, script, args, cacheable = config.WORKLOADS[name]
         # FanStore's benchmark only reads: no model step unless asked for. DLIO has its own
         # (--dlio-computation-time).
         compute = compute or ("" if name.startswith("fanstore") or name == "dlio" else "lenet")
         if name == "hfds" and not compute[:1].isdigit():
             raise ValueError("hfds needs a memory cap: hfds:768M")
-        return cls(name, compute, dataset, script, args, cacheable)
+        return cls(name, compute, dataset, script, args, cacheable, picked)
 
 
 class Bench:
@@ -215,14 +218,15 @@ class Bench:
         for spec in self.k.workloads:
             job = Job.parse(spec)
             self.log(f"workload {job.key} (dataset {job.dataset})")
-            made = make_setups(self)
+            made = make_setups(self, job.setups)
             epoch1 = config.EPOCH1_WORKLOADS.get(job.workload)
-            if job.workload == "npz":
-                made = [s for s in made if s.name in self.k.npz_setups]
-            if job.workload == "dlio":
-                made = [s for s in made if s.name in self.k.dlio_setups]
-            if job.workload == "hfds":
-                made = [s for s in made if s.name in self.k.hfds_setups]
+            if job.setups is None:
+                if job.workload == "npz":
+                    made = [s for s in made if s.name in self.k.npz_setups]
+                if job.workload == "dlio":
+                    made = [s for s in made if s.name in self.k.dlio_setups]
+                if job.workload == "hfds":
+                    made = [s for s in made if s.name in self.k.hfds_setups]
             by = {}
             with self.memory_cap(job):
                 for setup in made:
@@ -321,8 +325,8 @@ def _tail(path, n=15):
         return ""
 
 
-def make_setups(bench):
-    """The setups named by --setups, in that order."""
+def make_setups(bench, names=None):
+    """The setups named by `names` (default: --setups), in that order."""
     half = bench.k.granary_half
     all_setups = {
         "pfs": setups.PFS(bench),
@@ -334,4 +338,4 @@ def make_setups(bench):
                                             f"granary (tier {half:.0%})", half),
     }
     all_setups.update(packed.make(bench))
-    return [all_setups[s] for s in bench.k.setups]
+    return [all_setups[s] for s in (bench.k.setups if names is None else names)]

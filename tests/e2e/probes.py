@@ -37,11 +37,13 @@ def twin(tree: pathlib.Path, where: pathlib.Path) -> pathlib.Path:
     return where
 
 
-def run_job(granary, source, cmd, tier, tier_size="1G", env=None, timeout=120, extra=()):
+def run_job(granary, source, cmd, tier, tier_size="1G", env=None, timeout=120, extra=(),
+            wrap=()):
     """`granary run` of `cmd`, bounded: on timeout the whole session (granary run and the
-    program) is killed and the test fails saying so. Returns (proc, stats)."""
+    program) is killed and the test fails saying so. `wrap`: a command that execs the rest (to
+    start the job in a cgroup). Returns (proc, stats)."""
     stats_path = granary.tmp / f"stats-{time.monotonic_ns()}.json"
-    args = [granary.bin, "run", "--source", str(source), "--tier", f"{tier}={tier_size}",
+    args = [*map(str, wrap), granary.bin, "run", "--source", str(source), "--tier", f"{tier}={tier_size}",
             "--stats-json", str(stats_path), "-q", *extra, "--", *map(str, cmd)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**granary.env, **(env or {})}, start_new_session=True)

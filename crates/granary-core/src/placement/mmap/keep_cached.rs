@@ -185,6 +185,7 @@ mod tests {
             phase,
             pos,
             start: 0,
+            short_runs: 0,
         };
         r.ticks = 1;
         r.issued_to = issued_to;

@@ -229,6 +229,7 @@ impl Follower {
                     pos: at,
                     streaming: false,
                     ahead: at,
+                    scattered: false,
                 }
             } else {
                 super::whole_file::order::Reader {
@@ -237,6 +238,7 @@ impl Follower {
                     streaming: matches!(r.win.phase, window::Phase::Streaming { .. }),
                     // What was issued for it (not past one window: it may have jumped since).
                     ahead: r.issued_to.clamp(pos, pos.saturating_add(size)),
+                    scattered: r.win.scattered(),
                 }
             });
             s.idle &= now.duration_since(r.moved_at) >= IDLE_AFTER;

@@ -14,7 +14,15 @@
 //! - once the reader passes `threshold` of the last window, the next window is read from where
 //!   that one ended (no overlap) to `size` ahead of the reader (a reader that caught up with
 //!   its window gets a whole one again), or from the reader if it got ahead of it;
-//! - a jump (the follower found the reader elsewhere: a new epoch, a seek) starts over.
+//! - a jump (the follower found the reader elsewhere: a new epoch, a seek) starts over;
+//! - a reader found elsewhere again and again, each time after a run shorter than `SHORT_RUN`,
+//!   reads scattered records (a shuffled pass over Arrow rows, random `get`s): `scattered`.
+
+/// A run shorter than this before a jump is a scattered record, not a reader moving on: reading
+/// a whole-file fetch's piece (1 MiB) where such a reader is finds little of what it reads next.
+pub const SHORT_RUN: u64 = 1 << 20;
+/// Jumps in a row after short runs that make a reader `scattered`.
+const SHORT_RUNS: u32 = 2;
 
 /// The parameters, in bytes (`threshold_pct` in percent of `size`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,11 +50,20 @@ pub struct Window {
     pub pos: u64,
     /// Where the reader was found at the last jump: it read `[start, pos)` since.
     pub start: u64,
+    /// Jumps in a row that ended runs shorter than `SHORT_RUN`.
+    pub short_runs: u32,
 }
 
 impl Window {
     /// The reader was found at `pos`, away from where it was followed.
     pub fn jump(&mut self, pos: u64) {
+        if self.phase != Phase::Unseen {
+            self.short_runs = if self.pos.saturating_sub(self.start) < SHORT_RUN {
+                self.short_runs.saturating_add(1)
+            } else {
+                0
+            };
+        }
         self.phase = Phase::Probing {
             anchor: pos,
             run: 0,
@@ -64,6 +81,9 @@ impl Window {
         }
         self.pos = self.pos.max(pos);
         let pos = self.pos;
+        if pos.saturating_sub(self.start) >= SHORT_RUN {
+            self.short_runs = 0;
+        }
         let size = s.size.max(1);
         let window = |start: u64| {
             let end = start.saturating_add(size).min(len);
@@ -96,6 +116,12 @@ impl Window {
             }
             _ => None,
         }
+    }
+
+    /// The reader reads scattered records: its last jumps each ended a short run (what is read
+    /// where it is is not what it reads next).
+    pub fn scattered(&self) -> bool {
+        self.short_runs >= SHORT_RUNS
     }
 
     /// Where read-ahead for this reader ends (0 before it streams).
@@ -177,6 +203,30 @@ mod tests {
             w.jump(at);
             assert_eq!(w.advance(at + rec, rec, len, &S), None);
         }
+        assert!(w.scattered());
+    }
+
+    #[test]
+    fn scattered_records_make_a_scattered_reader_and_a_run_ends_it() {
+        let len = 400 * MB;
+        let rec = 100 << 10;
+        let mut w = Window::default();
+        // First seen, then one record elsewhere: not yet.
+        w.advance(10 * MB + rec, rec, len, &S);
+        assert!(!w.scattered());
+        w.jump(300 * MB);
+        w.advance(300 * MB + rec, rec, len, &S);
+        assert!(!w.scattered());
+        w.jump(120 * MB);
+        assert!(w.scattered());
+        // It reads on from there: a run of its own.
+        w.advance(120 * MB + 2 * MB, 2 * MB, len, &S);
+        assert!(!w.scattered());
+        // A sequential reader that starts over (the next epoch) is not.
+        let mut w = Window::default();
+        walk(&mut w, 0, 40 * MB, MB, len);
+        walk(&mut w, 0, 40 * MB, MB, len);
+        assert!(!w.scattered());
     }
 
     #[test]
