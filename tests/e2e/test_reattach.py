@@ -262,6 +262,30 @@ print(out)
     assert tier_files(stats) == 3, stats
 
 
+def test_a_bad_buffer_at_a_whole_file_first_read_is_the_kernels_error(granary, tmp_path):
+    """A first read of a small copy into a buffer the kernel cannot write gets `EFAULT`, as
+    directly, and the intact copy stays in use: the next read is served from it."""
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    granary.run(src, [*READ_ALL, src], tier=tier)
+    granary.settle(src)
+    prog = [sys.executable, "-c", """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+out = []
+for name in ("d0/f1", "d1/f2"):
+    fd = os.open(os.path.join(sys.argv[1], name), os.O_RDONLY)
+    r = libc.read(fd, ctypes.c_void_p(8), 1 << 16)
+    out.append((r, ctypes.get_errno(), os.read(fd, 1 << 16)))
+    os.close(fd)
+print(out)
+""", src]
+    proc, stats = granary.run(src, prog, tier=tier)
+    assert proc.stdout == direct(prog).stdout
+    assert b"(-1, 14, b'BBB" in proc.stdout
+    assert tier_files(stats) == 2, stats
+
+
 def test_immutable_validates_directories_only(granary, tmp_path):
     """Declared immutable: a directory whose identity holds vouches for its files, so a job
     re-attaching makes one metadata call per directory; names added, removed or replaced (the

@@ -159,8 +159,8 @@ pub enum FirstRead {
     /// The caller's read returned exactly the copy's bytes: the whole file, to its end, with the
     /// checksum the agent recorded when it wrote the copy. The fd is checked now.
     Verified(isize),
-    /// The fd's number no longer names a copy (closed behind our back and reused by the
-    /// program): what the read returned is the program's own read of its own fd, the answer.
+    /// The read's answer is the program's own: the fd's number no longer names a copy (closed
+    /// behind our back and reused by the program), or its buffer was bad (`EFAULT`).
     NotOurs(isize),
     /// The copy is not what the agent wrote: the read's bytes are discarded, the source is put
     /// under the fd at offset 0 (or the fd marked `DAMAGED`); the caller reads again.
@@ -214,6 +214,12 @@ pub fn first_read(fd: c_int, t: Tracked, len: Option<u64>, f: &impl ReadInto) ->
         fdtable::clear_file_flag(fd, flag::UNCHECKED);
         fdtable::unlock(fd);
         return FirstRead::Verified(n);
+    }
+    if n < 0 && sys::errno() == libc::EFAULT {
+        // The program's buffer, not the copy: the kernel's answer, as directly (nothing was
+        // read); the check waits for the fd's next use.
+        fdtable::unlock(fd);
+        return FirstRead::NotOurs(n);
     }
     // Not the copy's bytes: what is under the fd decides.
     let _keep = KeepErrno::new();
