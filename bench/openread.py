@@ -104,7 +104,10 @@ class Granary(scale.Granary):
         raise SystemExit("the agent did not settle")
 
     def run(self, source, prog):
-        cmd = [self.bin, "run", "--source", str(source), "--tier", f"{self.tier}=40G", "-q", "--", *prog]
+        # An agent that idles out while it still places (its copies run at idle priority: slow
+        # when other jobs hold the cores) would leave `settle` waiting on no agent at all.
+        cmd = [self.bin, "run", "--source", str(source), "--tier", f"{self.tier}=40G",
+               "--idle-timeout", "10m", "-q", "--", *prog]
         p = subprocess.run(list(map(str, cmd)), capture_output=True, env=self.env)
         if p.returncode != 0:
             raise SystemExit(f"job failed: {p.stderr.decode(errors='replace')[-2000:]}")

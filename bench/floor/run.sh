@@ -3,7 +3,8 @@
 # charges for a fresh staging copy's pages, an 8 MiB / 2 MiB MPI message between two ranks into
 # fresh and into reused pages against a local read, and the latency of a control message between
 # two ranks that poll with naps (as granary's communication threads do) or spin, and what a
-# thread's wake-up costs in CPU: a nap that ends by itself against one another thread ends.
+# thread's wake-up costs in CPU: a nap that ends by itself against one another thread ends; and a
+# same-host read's copy (process_vm_readv) into reused and fresh pages, in and out of cache.
 #   bench/floor/run.sh            (needs mpicc/mpirun: openmpi-bin libopenmpi-dev)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -11,12 +12,14 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 cc -O2 -o "$out/pages" pages.c
 cc -O2 -pthread -o "$out/wakeups" wakeups.c
+cc -O2 -o "$out/cma_copy" cma_copy.c
 mpicc -O2 -o "$out/mpi_copy" mpi_copy.c
 mpicc -O2 -o "$out/mpi_latency" mpi_latency.c
 mpicc -O2 -o "$out/mpi_source_map" mpi_source_map.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
 for n in 2097152 8388608; do "$out/pages" "$n" /dev/shm; done
 for nap in 100 200; do "$out/wakeups" "$nap"; done
+for n in 2097152 8388608; do "$out/cma_copy" "$n" 20; done
 for n in 2097152 8388608; do mpirun -np 2 --oversubscribe "$out/mpi_copy" "$n" 20; done
 for n in 2097152 8388608; do mpirun -np 2 --oversubscribe "$out/mpi_source_map" "$n" 30; done
 mpirun -np 2 --oversubscribe "$out/mpi_latency" 0 1

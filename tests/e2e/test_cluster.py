@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -748,6 +749,53 @@ def test_a_staged_copy_a_program_holds_is_never_reused(cluster, tmp_path):
     assert st["cluster"]["staging_recycled"] > 0, st["cluster"]
     placement = st["sources"][0]["placement"]
     assert placement["remote_files"] > 24 and placement["failures"] == 0, placement
+
+
+@pytest.mark.parametrize("how", ["direct", "mpi"])
+def test_ranks_of_one_host_copy_each_other_s_files_directly(cluster, tmp_path, how):
+    """Ranks on one host read each other's copies straight from the owner's mapping of them
+    (tiers in memory; `cluster::direct`), each copy checked against the owner's checksum: every
+    byte right, no MPI transfer. A copy changed in place behind its owner's back (its mapping
+    shows the new bytes) is never served: that read goes the MPI way, and from there to the
+    source. With `--no-direct` every copy comes over MPI."""
+    data = tmp_path / "pfs" / "data"
+    rng = random.Random(21)
+    for i in range(30):
+        write(data, f"d/f{i:02d}", rng.randbytes(rng.choice([1000, 130_000, 1 << 20, 5 << 20])))
+    expected = direct(data)
+    # The tiers in memory, as the warming pass maps only those (tmp_path is on a disk here).
+    at = pathlib.Path(tempfile.mkdtemp(prefix="granary-test-direct-", dir="/dev/shm"))
+    c = None
+    try:
+        c = cluster(data, ranks=2, at=at, extra=() if how == "direct" else ("--no-direct",))
+        got, stats = finish(*c.start_reader(1, data))
+        assert got["sha256"] == expected["sha256"]
+        mine = tier_copies(c, 1)
+        assert mine, "rank 1 holds nothing"
+        if how == "direct":
+            c.wait(lambda: c.status(0)["cluster"]["direct_known"] >= len(mine),
+                   "rank 1's mappings announced to rank 0")
+        # One of rank 1's copies changed in place, its size kept (the agent is not told).
+        victim = max(mine, key=lambda q: q.stat().st_size)
+        with open(victim, "r+b") as f:
+            f.seek(100)
+            f.write(b"\x00not the source's bytes\x00")
+        got, stats = finish(*c.start_reader(0, data))
+        assert got["listing"] == expected["listing"]
+        assert got["sha256"] == expected["sha256"], "rank 0 read other bytes than the source's"
+        st = c.status(0)["cluster"]
+        print(f"{how}: rank 1 holds {len(mine)} copies; rank 0 read {st['direct_files']} "
+              f"({st['direct_bytes']} bytes) directly, remote {stats['placement']['remote_files']}")
+        if how == "direct":
+            # Every copy of rank 1's but the changed one (and any rank 0 staged meanwhile).
+            assert st["direct_files"] >= len(mine) - 1 - stats["gave_up"], st
+            assert st["direct_files"] <= len(mine) - 1, "the changed copy was read directly"
+        else:
+            assert st["direct_files"] == 0 and st["direct_known"] == 0, st
+    finally:
+        if c is not None:
+            c.stop()
+        shutil.rmtree(at, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

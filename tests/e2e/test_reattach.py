@@ -199,6 +199,93 @@ print(out)
     assert tier_files(stats) == 3, stats
 
 
+# A reader of whole small files (open, read into a buffer larger than the file, close): its
+# first read is the copy's check — the bytes it returns must be exactly as many as the file has
+# and carry the checksum the agent recorded — so no `fstat` of its own.
+WHOLE_READ = ("fd = os.open(p, os.O_RDONLY)\n"
+              "data = b''.join(iter(lambda: os.read(fd, 1 << 16), b''))\nos.close(fd)")
+
+
+def test_a_copy_damaged_before_a_whole_file_read_is_never_served(granary, tmp_path):
+    """A small copy checked by the bytes of its first read, not by an `fstat`: a copy with a
+    flipped byte, truncated, longer than the file, a FIFO or a directory in its place is never
+    served — the reads come from the source — and the intact copies are."""
+    src, tier, extra = three_damaged_copies(granary, tmp_path)
+    objects = sorted(p for p in tier.rglob("*") if p.parent.name == "objects")
+    assert len(objects) == 18
+    with open(objects[3], "ab") as f:
+        f.write(b"four")
+    objects[4].unlink()
+    objects[4].mkdir(mode=0o700)
+    prog = [sys.executable, "-c", "import hashlib, os, sys\nroot = sys.argv[1]\n"
+            "for d, dirs, files in sorted(os.walk(root)):\n    dirs.sort()\n"
+            "    for f in sorted(files):\n        p = os.path.join(d, f)\n"
+            + "".join("        " + line + "\n" for line in WHOLE_READ.split("\n"))
+            + "        print(os.path.relpath(p, root), len(data), hashlib.sha256(data).hexdigest())\n",
+            src]
+    proc, stats = granary.run(src, prog, tier=tier, extra=extra)
+    want = direct(prog).stdout
+    assert want.count(b"\n") == 18
+    assert proc.stdout == want
+    assert tier_files(stats) == 13, stats
+
+
+def test_a_whole_file_read_of_an_fd_reused_behind_granarys_back_is_the_programs(granary, tmp_path):
+    """A copy's fd closed by a raw system call before its first use and its number reused by a
+    pipe: a first read larger than the copy reads the pipe — its bytes are the program's, and
+    the pipe stays a pipe for `fstat` after it."""
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    granary.run(src, [*READ_ALL, src], tier=tier)
+    granary.settle(src)
+    prog = [sys.executable, "-c", """
+import ctypes, os, platform, stat, sys
+SYS_close = {"x86_64": 3, "aarch64": 57}[platform.machine()]
+libc = ctypes.CDLL(None, use_errno=True)
+out = []
+for name in ("d0/f1", "d1/f2", "d2/f3"):
+    fd = os.open(os.path.join(sys.argv[1], name), os.O_RDONLY)
+    assert libc.syscall(SYS_close, fd) == 0
+    r, w = os.pipe()
+    assert r == fd, (r, fd)
+    os.write(w, b"pipe bytes " + name.encode())
+    first = os.read(r, 1 << 16)
+    os.write(w, b" and more")
+    os.close(w)
+    out.append((first, stat.S_ISFIFO(os.fstat(r).st_mode), os.read(r, 100)))
+    os.close(r)
+print(out)
+""", src]
+    proc, stats = granary.run(src, prog, tier=tier)
+    assert proc.stdout == direct(prog).stdout
+    assert b"(b'pipe bytes d0/f1', True, b' and more')" in proc.stdout
+    assert tier_files(stats) == 3, stats
+
+
+def test_a_bad_buffer_at_a_whole_file_first_read_is_the_kernels_error(granary, tmp_path):
+    """A first read of a small copy into a buffer the kernel cannot write gets `EFAULT`, as
+    directly, and the intact copy stays in use: the next read is served from it."""
+    src = tree(tmp_path / "pfs" / "src")
+    tier = tmp_path / "tier"
+    granary.run(src, [*READ_ALL, src], tier=tier)
+    granary.settle(src)
+    prog = [sys.executable, "-c", """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+out = []
+for name in ("d0/f1", "d1/f2"):
+    fd = os.open(os.path.join(sys.argv[1], name), os.O_RDONLY)
+    r = libc.read(fd, ctypes.c_void_p(8), 1 << 16)
+    out.append((r, ctypes.get_errno(), os.read(fd, 1 << 16)))
+    os.close(fd)
+print(out)
+""", src]
+    proc, stats = granary.run(src, prog, tier=tier)
+    assert proc.stdout == direct(prog).stdout
+    assert b"(-1, 14, b'BBB" in proc.stdout
+    assert tier_files(stats) == 2, stats
+
+
 def test_immutable_validates_directories_only(granary, tmp_path):
     """Declared immutable: a directory whose identity holds vouches for its files, so a job
     re-attaching makes one metadata call per directory; names added, removed or replaced (the

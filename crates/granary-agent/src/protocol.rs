@@ -340,6 +340,15 @@ pub struct ClusterStatus {
     /// Mappings of this rank's own copies kept for sending from (`cluster::maps`).
     #[serde(default)]
     pub maps_kept: u64,
+    /// Copies read straight from the memory of a rank on this host (`cluster::direct`), not
+    /// over MPI: files and bytes (part of the remote files and bytes).
+    #[serde(default)]
+    pub direct_files: u64,
+    #[serde(default)]
+    pub direct_bytes: u64,
+    /// Other ranks' copies this rank knows it may read that way (their mappings announced).
+    #[serde(default)]
+    pub direct_known: u64,
     /// Files and bytes this rank holds of the dataset (as first owner or replica), all ranks
     /// together: the dataset as dealt out.
     pub files_owned: u64,

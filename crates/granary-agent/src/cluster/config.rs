@@ -39,6 +39,8 @@ pub struct ServeConfig {
     pub immutable: bool,
     /// Keep the CPU binding the MPI launcher gave this rank.
     pub keep_binding: bool,
+    /// Read the copies of ranks on this host directly (`cluster::direct`), not over MPI.
+    pub direct: bool,
     /// How often the rank says on stderr how far it is in holding its share, until it holds
     /// it (a batch job's log); `None`: only the ready line.
     pub progress_every: Option<Duration>,

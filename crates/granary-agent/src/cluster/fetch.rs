@@ -350,6 +350,9 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
         }
         Err(_) => return Err(job),
     };
+    if let Some(src) = node.direct.source(idx, e.object, e.stat.size, &owners) {
+        return direct(node, job, rx, free, src);
+    }
     let Some(tag) = node.tags.take(owner) else {
         if let (Some(st), Some(f)) = (node.staging_tier, free) {
             node.staging.give_back(&ctx.space, st, f);
@@ -394,6 +397,48 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     };
     node.comm.carry(owner, tag, landing, Box::new(t));
     Ok(())
+}
+
+/// A program's remote read of a file a rank on this host holds (`direct`): copied from its
+/// mapping by this thread, slice by slice, checked and published. `Err`: the job is a
+/// fetcher's, the MPI way (the mapping was not what was announced, the owner is gone).
+fn direct(
+    node: &Node,
+    job: RemoteFetch,
+    mut rx: Receiving,
+    mut free: Option<Free>,
+    src: super::direct::Source,
+) -> Result<(), RemoteFetch> {
+    let started = Instant::now();
+    let landing = match land(node, &mut rx, &mut free) {
+        Ok(l) => l,
+        Err(why) => {
+            rx.abandon(&why);
+            return Err(job);
+        }
+    };
+    let mut mapped = Some(landing.map());
+    let res = node
+        .direct
+        .copy(&src, &landing, &mut rx)
+        .and_then(|()| publish(node, &mut rx, src.m.sum, src.rank, &mut mapped, started));
+    match res {
+        Ok(out) => {
+            node.direct.count(src.m.size);
+            done(node, &job, out);
+            Ok(())
+        }
+        Err(why) => {
+            tracing::debug!(
+                "direct read of entry {} from rank {}: {why}",
+                job.idx,
+                src.rank
+            );
+            node.direct.forget(job.idx);
+            rx.abandon(&why);
+            Err(job)
+        }
+    }
 }
 
 /// A program's remote read from `owner`, carried on by the communication thread (module

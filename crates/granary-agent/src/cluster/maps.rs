@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use granary_shm::{State, Table};
 
+use super::wire::Mapped;
+
 /// Mappings kept at most.
 const MAX_MAPS: usize = 16384;
 /// The most a warming call populates (`MADV_POPULATE_READ`): a thread at idle priority is not
@@ -29,6 +31,8 @@ struct Kept {
     tier: usize,
     file: File,
     map: Arc<memmap2::MmapRaw>,
+    /// Told to the ranks on this host (`direct`).
+    announced: bool,
 }
 
 #[derive(Default)]
@@ -76,6 +80,7 @@ impl Maps {
                     tier,
                     file,
                     map: map.clone(),
+                    announced: false,
                 },
             );
         }
@@ -87,6 +92,30 @@ impl Maps {
         if kept.len() < MAX_MAPS || kept.contains_key(&idx) {
             kept.insert(idx, k);
         }
+    }
+
+    /// The kept mappings of copies on tiers in memory (`memory[tier]`: reading them never
+    /// waits for a device) not announced yet to the ranks on this host (`all`: every one),
+    /// marked announced (`direct`).
+    pub fn to_announce(&self, t: &Table, memory: &[bool], all: bool) -> Vec<Mapped> {
+        let mut kept = self.lock();
+        let mut out = Vec::new();
+        for (&idx, k) in kept.iter_mut() {
+            let sum = t.checksum(idx);
+            // No checksum recorded: nothing would prove a direct read right.
+            if (k.announced && !all) || !memory.get(k.tier).copied().unwrap_or(false) || sum == 0 {
+                continue;
+            }
+            k.announced = true;
+            out.push(Mapped {
+                idx,
+                object: k.object,
+                size: k.map.len() as u64,
+                addr: k.map.as_ptr() as usize as u64,
+                sum,
+            });
+        }
+        out
     }
 
     /// Mappings kept now.
@@ -149,6 +178,7 @@ impl Maps {
                     tier,
                     file,
                     map: Arc::new(map),
+                    announced: false,
                 },
             );
         }

@@ -21,6 +21,7 @@
 #![cfg_attr(not(feature = "mpi"), allow(dead_code))]
 
 mod config;
+mod direct;
 mod doorbell;
 mod fetch;
 mod maps;
@@ -123,6 +124,7 @@ impl Node {
             hashed_bytes: AtomicU64::new(0),
             hashing_ns: AtomicU64::new(0),
             maps: maps::Maps::default(),
+            direct: direct::Direct::new(s.ranks, s.direct),
             replicate: s.replicate,
             replicas: s.replicas,
             held: Mutex::default(),
@@ -130,6 +132,12 @@ impl Node {
         });
         node.place_empty_files();
         node.stage_kept_copies();
+        if node.direct.on() {
+            let card = node.direct.card();
+            for r in (0..node.ranks).filter(|&r| r != node.rank) {
+                node.comm.quiet(r, &card);
+            }
+        }
         fetch::spawn(&node, fetch_rx, FETCHERS)?;
         provide::spawn(&node, provide_rx, PROVIDERS)?;
         let hook: Arc<dyn Remote> = node.clone();
@@ -205,7 +213,26 @@ impl Node {
                     &stopping,
                 );
             }
+            self.announce_maps(&memory);
             std::thread::sleep(HELD_EVERY);
+        }
+    }
+
+    /// Tells the ranks on this host where the mappings kept since the last call are (every
+    /// kept one after a rank on this host was learned): they read those copies directly
+    /// (`direct`).
+    fn announce_maps(&self, memory: &[bool]) {
+        let near = self.direct.near_ranks();
+        let all = self.direct.take_announce_all();
+        if near.is_empty() {
+            return;
+        }
+        let v = self.maps.to_announce(&self.ctx.table, memory, all);
+        for chunk in v.chunks(wire::MAPPED_PER_MSG) {
+            let msg = Msg::Mapped(chunk.to_vec());
+            for &r in &near {
+                self.comm.quiet(r, &msg);
+            }
         }
     }
 
@@ -496,6 +523,9 @@ impl ServingNode for Node {
             hashed_bytes: self.hashed_bytes.load(Ordering::Relaxed),
             hashing_ns: self.hashing_ns.load(Ordering::Relaxed),
             maps_kept: self.maps.len() as u64,
+            direct_files: self.direct.files.load(Ordering::Relaxed),
+            direct_bytes: self.direct.bytes.load(Ordering::Relaxed),
+            direct_known: self.direct.known() as u64,
             mpi_stuck_ms: self
                 .cut_off
                 .load(Ordering::Acquire)
@@ -560,6 +590,7 @@ impl Remote for Node {
         let Some(e) = ctx.table.entry(idx) else {
             return;
         };
+        self.direct.forget(idx);
         let gone = ctx.table.state(idx).state() == State::Gone;
         let msg = Msg::Invalidate {
             idx,
@@ -620,6 +651,7 @@ impl Inbox for Node {
                 }
             }
             Msg::Invalidate { idx, object, gone } => {
+                self.direct.forget(idx);
                 let t = &self.ctx.table;
                 if t.entry(idx).is_some_and(|e| e.object == object) {
                     self.invalidations.fetch_add(1, Ordering::AcqRel);
@@ -635,6 +667,8 @@ impl Inbox for Node {
                 tracing::info!("rank {from} asked every rank to stop");
                 self.agent.stopping.store(true, Ordering::Release);
             }
+            Msg::Near { host, pid } => self.direct.learn(from, host, pid),
+            Msg::Mapped(v) => self.direct.learn_mapped(from, v),
             // The communication thread's own business.
             Msg::Reply { .. } | Msg::Door { .. } => {}
         }

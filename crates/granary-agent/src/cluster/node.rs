@@ -14,6 +14,7 @@ use granary_core::placement::SourceCtx;
 use granary_core::Reservation;
 use granary_shm::State;
 
+use super::direct::Direct;
 use super::maps;
 use super::ownership::Ownership;
 use super::peers::Peers;
@@ -56,6 +57,8 @@ pub struct Node {
     pub hashing_ns: AtomicU64,
     /// Mappings of this rank's own copies, kept for sending from.
     pub(super) maps: maps::Maps,
+    /// Ranks on this host and their copies' mappings, read directly (`direct`).
+    pub(super) direct: Direct,
     pub replicate: Vec<String>,
     pub(super) replicas: u32,
     /// `held`'s last count: when, files, bytes.
@@ -72,6 +75,8 @@ pub struct Setup {
     pub replicate: Vec<String>,
     pub replicate_set: globset::GlobSet,
     pub timeout: Duration,
+    /// Read copies of ranks on this host directly (`direct`).
+    pub direct: bool,
 }
 
 /// A file some other node holds, to copy here over MPI.

@@ -104,6 +104,7 @@ pub fn serve(config: ServeConfig) -> Result<()> {
             replicate: config.replicate.clone(),
             replicate_set: config.replicate_set.clone(),
             timeout: config.peer_timeout,
+            direct: config.direct,
         },
         comm.clone(),
     )?;

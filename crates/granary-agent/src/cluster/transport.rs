@@ -106,7 +106,7 @@ impl Landing {
     }
 
     /// The bytes that landed at `[off, off + len)` — only after `Event::Landed` for that range,
-    /// which no receive writes again.
+    /// which no receive writes again (or after a direct read wrote it: `direct`).
     pub fn landed(&self, off: usize, len: usize) -> &[u8] {
         if self.dest(off, len).is_none() || len == 0 {
             return &[];

@@ -56,7 +56,27 @@ pub enum Msg {
     /// The sender's doorbell (`doorbell`): where to ring it, with which token. Sent to every
     /// rank at start.
     Door { addr: SocketAddr, token: u64 },
+    /// Where the sender runs (`direct`): its host's key (boot, PID namespace, host name) and
+    /// its process id. Sent to every rank at start.
+    Near { host: u64, pid: u32 },
+    /// Mappings of the sender's copies that a rank on its host may read directly (`direct`).
+    Mapped(Vec<Mapped>),
 }
+
+/// One of an owner's kept mappings (`direct`): entry `idx` (object id, size), mapped at `addr`
+/// in the owner's address space, with the checksum its copy was placed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mapped {
+    pub idx: u32,
+    pub object: u64,
+    pub size: u64,
+    pub addr: u64,
+    pub sum: u64,
+}
+
+/// `Mapped` records per message: a control message stays below a shared-memory transport's
+/// eager limit (4 KiB with OpenMPI's), so it is here once matched.
+pub const MAPPED_PER_MSG: usize = 96;
 
 const REQUEST: u8 = 1;
 const REPLY: u8 = 2;
@@ -67,6 +87,8 @@ const STOP: u8 = 6;
 const ASK: u8 = 7;
 const DOWN: u8 = 8;
 const DOOR: u8 = 9;
+const NEAR: u8 = 10;
+const MAPPED: u8 = 11;
 
 const COMING: u8 = 1;
 const WAIT: u8 = 2;
@@ -139,7 +161,12 @@ impl Msg {
     pub fn liveness(&self) -> bool {
         matches!(
             self,
-            Msg::Heartbeat(_) | Msg::Ask | Msg::Down { .. } | Msg::Door { .. }
+            Msg::Heartbeat(_)
+                | Msg::Ask
+                | Msg::Down { .. }
+                | Msg::Door { .. }
+                | Msg::Near { .. }
+                | Msg::Mapped(_)
         )
     }
 
@@ -182,6 +209,19 @@ impl Msg {
             }
             Msg::Stop => o.u8(STOP),
             Msg::Door { addr, token } => o.u8(DOOR).addr(addr).u64(token),
+            Msg::Near { host, pid } => o.u8(NEAR).u64(host).u32(pid),
+            Msg::Mapped(ref v) => {
+                let mut o = o.u8(MAPPED).u32(v.len() as u32);
+                for m in v {
+                    o = o
+                        .u32(m.idx)
+                        .u64(m.object)
+                        .u64(m.size)
+                        .u64(m.addr)
+                        .u64(m.sum);
+                }
+                o
+            }
         }
         .0
     }
@@ -243,6 +283,27 @@ impl Msg {
                 addr: i.addr()?,
                 token: i.u64()?,
             },
+            NEAR => Msg::Near {
+                host: i.u64()?,
+                pid: i.u32()?,
+            },
+            MAPPED => {
+                let n = i.u32()? as usize;
+                if n > MAPPED_PER_MSG {
+                    return Err(bad("too many mappings in one message"));
+                }
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(Mapped {
+                        idx: i.u32()?,
+                        object: i.u64()?,
+                        size: i.u64()?,
+                        addr: i.u64()?,
+                        sum: i.u64()?,
+                    });
+                }
+                Msg::Mapped(v)
+            }
             _ => return Err(bad("unknown control message")),
         };
         if !i.0.is_empty() {
@@ -311,6 +372,21 @@ mod tests {
                 addr: "[fe80::1]:80".parse().unwrap(),
                 token: u64::MAX,
             },
+            Msg::Near {
+                host: u64::MAX,
+                pid: 4_000_000,
+            },
+            Msg::Mapped(Vec::new()),
+            Msg::Mapped(vec![
+                Mapped {
+                    idx: 1,
+                    object: 2,
+                    size: 3,
+                    addr: 0x7f00_0000_0000,
+                    sum: 5
+                };
+                MAPPED_PER_MSG
+            ]),
         ];
         for m in msgs {
             assert_eq!(Msg::decode(&m.encode()).unwrap(), m);

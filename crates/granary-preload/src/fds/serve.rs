@@ -13,6 +13,13 @@ use crate::sys::{self, sys};
 /// buffers; -1 on error. The hook supplies it: `pread` into one buffer, or over an iovec.
 pub trait ReadInto {
     fn read_into(&self, file: c_int, off: u64, want: u64) -> isize;
+
+    /// The caller's own read: `read(fd, buffer, len)` into its single buffer, and the xxh3-64
+    /// of the bytes it returned (0 when it returned none). `None` (nothing read) when the
+    /// caller's buffers are not one buffer.
+    fn read_hashed(&self, _fd: c_int, _len: u64) -> Option<(isize, u64)> {
+        None
+    }
 }
 
 /// The kernel never moves more than this in one read (`MAX_RW_COUNT`).

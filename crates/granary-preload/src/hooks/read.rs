@@ -52,6 +52,17 @@ impl ReadInto for Buf {
     fn read_into(&self, file: c_int, off: u64, want: u64) -> isize {
         pread_all(file, self.0.cast(), want, off)
     }
+
+    fn read_hashed(&self, fd: c_int, len: u64) -> Option<(isize, u64)> {
+        let n = sys!(libc::SYS_read, fd, self.0, len) as isize;
+        if n <= 0 {
+            return Some((n, 0));
+        }
+        // SAFETY: the kernel has just written these `n` bytes into the caller's buffer, so they
+        // are mapped and initialised; they are only read, before the call returns.
+        let got = unsafe { core::slice::from_raw_parts(self.0.cast::<u8>(), n as usize) };
+        Some((n, xxhash_rust::xxh3::xxh3_64(got)))
+    }
 }
 
 /// The caller's iovec, filled segment by segment up to `want` bytes (exactly the range the

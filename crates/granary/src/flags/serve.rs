@@ -70,6 +70,11 @@ pub struct ServeArgs {
     /// OpenMPI to one core when it starts two ranks or fewer).
     #[arg(long)]
     pub keep_binding: bool,
+    /// Copy files other ranks on this host hold over MPI only (by default a rank reads such a
+    /// copy straight from the other rank's memory, `process_vm_readv`, checked against the
+    /// copy's checksum; ranks on other hosts are always reached over MPI).
+    #[arg(long)]
+    pub no_direct: bool,
     /// Serve the dataset from this pack (made by `granary pack`, at the same path on every
     /// node): rank 0 reads its index (with --source, the tree is checked against it per
     /// directory), every rank gets the catalog, and each rank streams its share of the pack
@@ -149,6 +154,7 @@ impl ServeArgs {
             peer_timeout,
             immutable: self.immutable,
             keep_binding: self.keep_binding,
+            direct: !self.no_direct,
             progress_every: Some(crate::output::batch_every()),
             cfg,
         })
