@@ -564,3 +564,78 @@ def test_scattered_records_of_a_mapping_that_does_not_fit_are_not_read_for(own, 
     # (93.5 MB without the rule).
     agent = jobs[0][1]["placement"]["agent_source_bytes"]
     assert agent <= size // 3, (agent, granary_bytes, direct_bytes)
+
+
+SEQ_FLAGS = r"""
+import hashlib, json, mmap, os, sys
+def vmas():
+    # Every file-backed VMA of this process: its first line -> its VmFlags.
+    out, cur = {}, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and ":" in head[3]:
+                cur = line if head[4] != "0" else None
+            elif cur and line.startswith("VmFlags:"):
+                out[cur] = line.split()[1:]
+    return out
+got = {}
+for spec in sys.argv[1:]:
+    name, mode, path = spec.split(":", 2)
+    fd = os.open(path, os.O_RDONLY)
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if mode == "rw" else 0)
+    before = vmas()
+    m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=prot)
+    # The mapping's VMAs (of the source, of tier files over it, or of a copy): those new.
+    new = [v for k, v in vmas().items() if k not in before]
+    digest = hashlib.sha256(m).hexdigest()  # every byte, as the program reads it
+    got[name] = {"sr": [("sr" in v) for v in new], "sha256": digest}
+    m.close()
+    os.close(fd)
+print(json.dumps(got, sort_keys=True))
+"""
+
+
+def test_sequential_advice_only_on_followed_read_only_mappings_that_are_not_lmdb(own, tmp_path):
+    """The preload advises `MADV_SEQUENTIAL` (VmFlags `sr`, "sequential read advice") on a read-only mapping of a file
+    the agent follows (large, not complete locally), so a fault reads ahead from the faulting
+    page (a shuffled Arrow reader: half the requests), and on nothing else: not on an LMDB data
+    file (its branch pages lose their recency at reclaim under that advice), not on a mapping
+    that can write, not on a file too small to follow, not on a complete local copy."""
+    src = lmdb_env(tmp_path, n=200)  # ~20 MB of values: a followed LMDB data file
+    (src / "shards").mkdir()
+    (src / "shards" / "a.arrow").write_bytes(os.urandom(SIZE))
+    (src / "shards" / "b.arrow").write_bytes(os.urandom(SIZE))
+    (src / "small.bin").write_bytes(os.urandom(64 << 10))
+    script = tmp_path / "seq_flags.py"
+    script.write_text(SEQ_FLAGS)
+    cmd = [sys.executable, script, f"arrow:r:{src}/shards/a.arrow",
+           f"arrow_rw:rw:{src}/shards/b.arrow", f"lmdb:r:{src}/db/data.mdb",
+           f"small:r:{src}/small.bin"]
+    want = direct(cmd)
+    assert want.returncode == 0, want.stderr
+    want = json.loads(want.stdout)
+    assert not any(any(v["sr"]) for v in want.values()), want  # nothing advises without granary
+    for p in (src / "shards" / "a.arrow", src / "shards" / "b.arrow", src / "db" / "data.mdb"):
+        evict(p)
+    tier = tmp_path / "tier"
+    # No tier room for the large files: each mapping is of the source, followed.
+    got, stats = run_job(own, src, cmd, tier, tier_size="1M")
+    assert got.returncode == 0, got.stderr.decode(errors="replace")[-2000:]
+    got = json.loads(got.stdout)
+    assert {k: v["sha256"] for k, v in got.items()} == {k: v["sha256"] for k, v in want.items()}
+    assert stats["mmap"]["source_bytes"] > 0, stats["mmap"]  # the agent followed them
+    assert got["arrow"]["sr"] and all(got["arrow"]["sr"]), got
+    assert got["arrow_rw"]["sr"] and not any(got["arrow_rw"]["sr"]), got
+    assert got["lmdb"]["sr"] and not any(got["lmdb"]["sr"]), got
+    assert got["small"]["sr"] == [False], got
+    # A complete copy in the tier: mapped from the copy, not advised.
+    cmd_placed = [sys.executable, script, f"arrow:r:{src}/shards/a.arrow"]
+    first, _ = run_job(own, src, ["cat", src / "shards" / "a.arrow"], tier, tier_size="1G")
+    assert first.returncode == 0, first.stderr
+    own.settle(src)
+    placed, _ = run_job(own, src, cmd_placed, tier, tier_size="1G")
+    assert placed.returncode == 0, placed.stderr.decode(errors="replace")[-2000:]
+    placed = json.loads(placed.stdout)
+    assert placed["arrow"]["sha256"] == want["arrow"]["sha256"]
+    assert placed["arrow"]["sr"] and not any(placed["arrow"]["sr"]), placed

@@ -64,6 +64,7 @@ mod fds;
 mod hooks;
 mod init;
 mod lmdb;
+mod map_advice;
 mod ops;
 mod overlay;
 mod pack;

@@ -31,7 +31,7 @@ use crate::sys::PATH_BUF;
 use crate::sys::{self, sys, KeepErrno};
 
 /// `MDB_MAGIC`, the first word of an LMDB meta page after its 16-byte page header.
-const MDB_MAGIC: u32 = 0xBEEF_C0DE;
+pub const MDB_MAGIC: u32 = 0xBEEF_C0DE;
 const LOCK_SUFFIX: &[u8] = b".lmdb-lock";
 
 /// The open of `(dirfd, path)` with `flags`, if it is an LMDB lock file granary gives the

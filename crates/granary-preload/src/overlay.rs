@@ -96,6 +96,16 @@ pub fn source_mapped(
     };
     let word = g.table.state(idx);
     let st = word.state();
+    // Worth following: a file large enough to be fetched, not complete locally.
+    let followed = matches!(
+        st,
+        State::Unplaced | State::Queued | State::Placing | State::Partial | State::SourceOnly
+    ) && entry.stat.size >= g.table.prefetch_min_size().max(1);
+    if followed {
+        // Before the overlays: the tier files mapped over parts of it are mappings of their
+        // own, not advised (their pages are local).
+        crate::map_advice::followed_mapping(fd, addr, len, prot);
+    }
     if off >= 0 && prot & libc::PROT_WRITE == 0 {
         let range = Range {
             addr: addr as usize,
@@ -110,11 +120,6 @@ pub fn source_mapped(
             _ => {}
         }
     }
-    // Worth following: a file large enough to be fetched, not complete locally.
-    let followed = matches!(
-        st,
-        State::Unplaced | State::Queued | State::Placing | State::Partial | State::SourceOnly
-    ) && entry.stat.size >= g.table.prefetch_min_size().max(1);
     if followed {
         remember(addr as usize, (addr as usize).saturating_add(len));
         notify(g);
