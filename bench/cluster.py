@@ -107,6 +107,10 @@ def cpu_s(pid):
     return total / 1e9
 
 
+# Extra arguments for every `granary serve` (`--serve-arg`), e.g. `--no-direct`.
+SERVE_EXTRA = []
+
+
 class Serve:
     def __init__(self, g, source, work, tier_root, pack=None, ranks=2, staging="4G"):
         self.g, self.work = g, work
@@ -121,6 +125,7 @@ class Serve:
                "--tier", f"{self.tiers}/t{{rank}}=4G", "--staging", f"{self.tiers}/s{{rank}}={staging}"]
         if pack:
             cmd += ["--pack", str(pack)]
+        cmd += SERVE_EXTRA
         self.log = open(work / "mpirun.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env,
                                      start_new_session=True)
@@ -465,8 +470,12 @@ def main():
                     help="skip the idle-rank phase (3 ranks, nothing reading)")
     ap.add_argument("--idle-seconds", type=float, default=10.0,
                     help="how long the idle-rank phase measures")
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                    help="an extra argument for every `granary serve` (repeatable); "
+                         "`--serve-arg=--no-direct` measures the MPI path ranks on different hosts take")
     ap.add_argument("--tmp-mpi-reps", type=int, default=41, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    SERVE_EXTRA.extend(args.serve_arg)
     bins = [args.granary] + ([args.compare] if args.compare else [])
     for g in bins:
         probe = subprocess.run([g, "serve", "--source", "/", "--peer-timeout", "x"], capture_output=True, text=True)
