@@ -31,7 +31,7 @@ use crate::sys::PATH_BUF;
 use crate::sys::{self, sys, KeepErrno};
 
 /// `MDB_MAGIC`, the first word of an LMDB meta page after its 16-byte page header.
-pub const MDB_MAGIC: u32 = 0xBEEF_C0DE;
+const MDB_MAGIC: u32 = 0xBEEF_C0DE;
 const LOCK_SUFFIX: &[u8] = b".lmdb-lock";
 
 /// The open of `(dirfd, path)` with `flags`, if it is an LMDB lock file granary gives the
@@ -112,9 +112,16 @@ fn is_lmdb(g: &Guard, idx: u32, e: &granary_shm::EntryRec) -> bool {
     let Some(fd) = fd else {
         return false;
     };
+    let yes = starts_as_data_file(fd);
+    sys::raw_close(fd);
+    yes
+}
+
+/// The file of `fd` starts with an LMDB meta page: its magic 16 bytes in (`pread` leaves the
+/// fd's offset alone). A read that fails or comes short: not LMDB.
+pub fn starts_as_data_file(fd: c_int) -> bool {
     let mut word = [0u8; 4];
     let n = sys!(libc::SYS_pread64, fd, word.as_mut_ptr(), 4, 16);
-    sys::raw_close(fd);
     n == 4 && u32::from_ne_bytes(word) == MDB_MAGIC
 }
 

@@ -27,17 +27,9 @@ use crate::sys::sys;
 /// read ahead from each fault, unless the file is an LMDB data file. errno is the caller's to
 /// keep.
 pub fn followed_mapping(fd: c_int, addr: *mut c_void, len: usize, prot: c_int) {
-    if prot & libc::PROT_WRITE != 0 || len == 0 || is_lmdb(fd) {
+    if prot & libc::PROT_WRITE != 0 || len == 0 || crate::lmdb::starts_as_data_file(fd) {
         return;
     }
     // Not interposed (a raw system call): the program's own `madvise` is its business.
     let _ = sys!(libc::SYS_madvise, addr, len, libc::MADV_SEQUENTIAL);
-}
-
-/// The file of `fd` starts with an LMDB meta page (`pread` leaves the fd's offset alone). A
-/// read that fails or comes short: not known as LMDB.
-fn is_lmdb(fd: c_int) -> bool {
-    let mut word = [0u8; 4];
-    let n = sys!(libc::SYS_pread64, fd, word.as_mut_ptr(), 4, 16);
-    n == 4 && u32::from_ne_bytes(word) == crate::lmdb::MDB_MAGIC
 }
