@@ -81,10 +81,10 @@ def generate(root: pathlib.Path, files: int, size: int, per_dir: int = 1000):
 class Granary(scale.Granary):
     """scale.py's agent handle, with a tier of its own per build."""
 
-    def __init__(self, binary: pathlib.Path, work: pathlib.Path):
+    def __init__(self, binary: pathlib.Path, work: pathlib.Path, tier_root: pathlib.Path | None = None):
         super().__init__(binary, work)
         self.work = work
-        self.tier = work / "tier"
+        self.tier = (tier_root / work.name if tier_root else work) / "tier"
 
     def reset(self):
         """No agent, no catalog, no copies: the next job walks and places from scratch."""
@@ -200,6 +200,8 @@ def main():
                     help="a granary binary, or NAME=PATH (repeat to pair builds: rounds alternate); "
                          "default target/release/granary")
     ap.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path("/var/tmp/granary-openread"))
+    ap.add_argument("--tier-root", type=pathlib.Path,
+                    help="where the tiers go (default: under --workdir); e.g. /dev/shm for a RAM tier")
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "results/openread")
     args = ap.parse_args()
     specs = [g.split("=", 1) if "=" in g else [None, g] for g in args.granary or []]
@@ -227,7 +229,7 @@ def main():
         lst = work / f"{src.name}.list"
         lst.write_text("".join(f"{src / d / f}\n" for d in sorted(os.listdir(src))
                                for f in sorted(os.listdir(src / d))))
-        builds = [Granary(b, work / f"{n}-{key}") for n, b in zip(names, bins)]
+        builds = [Granary(b, work / f"{n}-{key}", args.tier_root) for n, b in zip(names, bins)]
         r = res["sizes"][key] = {"files": files, "size": size, "hot": {}}
         for g in builds if args.rounds else []:
             g.reset()
