@@ -435,7 +435,7 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     let states_off = entries_off + n * ENTRY_LEN;
     let checksums_off = states_off + n * STATE_LEN;
     let hash_off = checksums_off + n * 8;
-    let strings_off = align8(hash_off + hash_slots as usize * 4);
+    let strings_off = align8(hash_off + hash_slots as usize * 8);
     let ring_off = align8(strings_off + cat.strings.len());
     let stats_off = ring_off + RING_SLOTS + ring_cap as usize * RING_SLOT_LEN;
     let large_off = stats_off + spec.job_slots as usize * JOB_STATS_LEN;
@@ -609,7 +609,7 @@ impl Image<'_> {
         for t in [d.atime_ns, d.btime_ns, d.ctime_ns, d.mtime_ns] {
             put(self, &t.to_ne_bytes());
         }
-        debug_assert_eq!(w, off + ENTRY_LEN);
+        debug_assert_eq!(w, off + ENTRY_NAME_OFF);
     }
     fn put_class(&mut self, off: usize, c: &StatClass) {
         let mut w = off;
@@ -724,7 +724,12 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
                 }
             }
         }
-        img.put_entry(p.entries_off + i * ENTRY_LEN, &d);
+        let at = p.entries_off + i * ENTRY_LEN;
+        img.put_entry(at, &d);
+        let name = cat.name(i);
+        if name.len() <= ENTRY_NAME_MAX {
+            img.put(at + ENTRY_NAME_OFF, name);
+        }
         let st = p.states_off + i * STATE_LEN;
         img.put_u64(st + STATE_WORD, node.state.bits());
         img.put_u64(st + STATE_COPY_INO, node.copy_ino);
@@ -733,9 +738,9 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
 
         let mut slot = d.object as u32 & mask;
         loop {
-            let off = p.hash_off + slot as usize * 4;
-            if img.0[off..off + 4] == [0; 4] {
-                img.put_u32(off, i as u32 + 1);
+            let off = p.hash_off + slot as usize * 8;
+            if img.0[off..off + 8] == [0; 8] {
+                img.put_u64(off, hash_slot(d.object, i as u32));
                 break;
             }
             slot = (slot + 1) & mask;

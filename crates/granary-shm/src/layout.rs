@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 8.
+//! The on-memory layout of a catalog table, version 9.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -6,11 +6,14 @@
 //!
 //! ```text
 //! 0              header (HEADER_LEN bytes: fixed fields, then PATH_SLOTS slots of PATH_SLOT_LEN)
-//! entries_off    entry_count × DiskEntry (88 B)   immutable: name, parent, compact stat record
+//! entries_off    entry_count × ENTRY_LEN (128 B)  immutable: a `DiskEntry` (name, parent,
+//!                                                  compact stat record), then the name's bytes
+//!                                                  when they fit (`ENTRY_NAME_MAX`)
 //! states_off     entry_count × 24 bytes           mutable, atomics only: [state word, copy
 //!                                                  inode, copy ctime]
 //! checksums_off  entry_count × u64                xxh3 of each placed copy (agent only)
-//! hash_off       hash_slots × u32                 open addressing, entry index + 1, 0 = empty
+//! hash_off       hash_slots × u64                 open addressing: tag (high 32 bits of the
+//!                                                  path hash) << 32 | entry index + 1, 0 = empty
 //! strings_off    strings_len bytes                names (last components) and symlink targets
 //! ring_off       request ring                     clients → agent (see `ring`)
 //! stats_off      job_slots × JobStats             per-job counters, atomics only
@@ -31,8 +34,15 @@
 //! Invariant the resolver relies on: every ancestor of a catalogued path is a real directory (the
 //! walk never descends a symlink), so lexical `..` inside the catalog is exact.
 //!
-//! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 88 (entry) +
-//! 24 (state) + 8 (checksum) + ~8 (hash slots) + 20 (name) + 2 bits ≈ 149 bytes per file.
+//! A lookup is two cache lines deep (docs/decisions.md, "Catalog lookup"): the hash slot, whose
+//! tag rejects every other path without touching its entry, then the entry's 128 bytes (two
+//! lines of one page), which hold the name to compare — the state and checksum lines are
+//! prefetched meanwhile. A parent is a directory, and few directories hold many files, so the
+//! rest of the path compares against lines already cached.
+//!
+//! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 128 (entry,
+//! name inline) + 24 (state) + 8 (checksum) + ~16 (hash slots) + 20 (name, in the pool too) +
+//! 2 bits ≈ 196 bytes per file.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
@@ -42,9 +52,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// the entry against the source, so an entry costs the source one call per attach even when the
 /// program and a validator reach it at once. Version 8: per-job words naming the first program
 /// the job started that granary could not serve although it was given a dataset path
-/// (`job::UNSERVED*`). Tables of earlier versions are rejected (`TableError::BadVersion`): the
-/// agent then walks the source again.
-pub const VERSION: u32 = 8;
+/// (`job::UNSERVED*`). Version 9: tagged 64-bit hash slots and 128-byte entries that carry
+/// their name, so a lookup is two cache lines deep. Tables of earlier versions are rejected
+/// (`TableError::BadVersion`): the agent then walks the source again.
+pub const VERSION: u32 = 9;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -191,6 +202,10 @@ pub const FLAG_IMMUTABLE: u32 = 4;
 /// a read waiting on a fetch) for the agent to place it, then opens the copy — the program does
 /// not open the source, which every node would otherwise do once per file.
 pub const FLAG_CLUSTER: u32 = 8;
+/// `[mmap] sequential_advice = false`: the preload advises no `MADV_SEQUENTIAL` on followed
+/// mappings (`map_advice` in the preload). Clear (the default, and in tables of agents that
+/// predate the setting), it advises. Set by the agent at every attach.
+pub const FLAG_NO_SEQUENTIAL_ADVICE: u32 = 16;
 
 /// Path slots hold absolute paths the hooks need: `len: u32` at +0, bytes from +8.
 pub const PATHS_OFF: usize = 4096;
@@ -463,7 +478,14 @@ impl DiskEntry {
     }
 }
 
-pub const ENTRY_LEN: usize = core::mem::size_of::<DiskEntry>();
+/// Bytes from one entry to the next: the `DiskEntry`, then its name inline (`ENTRY_NAME_OFF`).
+/// A multiple of the cache line, so an entry is two lines of one page.
+pub const ENTRY_LEN: usize = 128;
+/// Where an entry's name bytes start inside it: names up to `ENTRY_NAME_MAX` bytes are there
+/// (zero-padded) as well as in the string pool, so a lookup compares them without another
+/// line; longer names only in the pool.
+pub const ENTRY_NAME_OFF: usize = core::mem::size_of::<DiskEntry>();
+pub const ENTRY_NAME_MAX: usize = ENTRY_LEN - ENTRY_NAME_OFF;
 pub const CLASS_LEN: usize = core::mem::size_of::<StatClass>();
 /// Per entry, all `AtomicU64`: the state word (`state::StateWord`); the copy's identity as the agent wrote it — its
 /// inode (set before the state names a tier, valid for the `.part` file and, after the rename,
@@ -576,6 +598,24 @@ pub fn groups_hash(groups: &mut [u32]) -> u64 {
 /// Hash-table key of a relative path.
 pub fn path_hash(rel_path: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(rel_path)
+}
+
+/// A hash slot's word for entry `idx` whose path hashes to `hash`: the hash's high 32 bits (the
+/// slot's position comes from its low bits) above the index + 1; 0 is an empty slot.
+pub const fn hash_slot(hash: u64, idx: u32) -> u64 {
+    (hash >> 32) << 32 | (idx as u64 + 1)
+}
+
+/// Whether slot word `slot` may hold the path hashing to `hash` (its tag matches), and which
+/// entry: `Some(idx)`; `None` for another path's slot. A tag match is not a path match: the
+/// caller compares the entry.
+#[inline]
+pub const fn slot_entry(slot: u64, hash: u64) -> Option<u32> {
+    if slot >> 32 == hash >> 32 {
+        Some((slot as u32).wrapping_sub(1))
+    } else {
+        None
+    }
 }
 
 /// Requests clients push onto the ring: kind in the top byte, entry index below.
@@ -732,7 +772,7 @@ pub mod seen {
 }
 pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 
-const _: () = assert!(ENTRY_LEN == 88);
+const _: () = assert!(ENTRY_NAME_OFF == 88 && ENTRY_NAME_MAX == 40);
 const _: () = assert!(CLASS_LEN == 56);
 const _: () = assert!(job::EXECS < job::MAP_LOCAL_BYTES);
 const _: () = assert!(job::PACK_REFUSED < job::UNSERVED);

@@ -146,7 +146,7 @@ impl Table {
             &region,
             u64_at(H_HASH_OFF)? as usize,
             hash_slots as usize,
-            4,
+            8,
             "hash",
         )?;
         let strings_len = u64_at(H_STRINGS_LEN)? as usize;
@@ -329,6 +329,25 @@ impl Table {
         }
     }
 
+    /// False if the agent turned the sequential advice on followed mappings off
+    /// (`FLAG_NO_SEQUENTIAL_ADVICE`). One relaxed load.
+    pub fn sequential_advice(&self) -> bool {
+        self.region
+            .atomic_u32(H_FLAGS)
+            .is_some_and(|f| f.load(Ordering::Relaxed) & FLAG_NO_SEQUENTIAL_ADVICE == 0)
+    }
+
+    /// Agent side: whether the preload advises `MADV_SEQUENTIAL` on followed mappings.
+    pub fn set_sequential_advice(&self, on: bool) {
+        if let Some(f) = self.region.atomic_u32(H_FLAGS) {
+            if on {
+                f.fetch_and(!FLAG_NO_SEQUENTIAL_ADVICE, Ordering::Release);
+            } else {
+                f.fetch_or(FLAG_NO_SEQUENTIAL_ADVICE, Ordering::Release);
+            }
+        }
+    }
+
     pub fn entry_count(&self) -> u32 {
         self.entry_count
     }
@@ -471,6 +490,20 @@ impl Table {
         self.string(d.name_off, d.name_len as u32)
     }
 
+    /// Entry `idx`'s name (`d`, its record), from the entry's own lines when it fits there
+    /// (`ENTRY_NAME_MAX`), else from the string pool.
+    #[inline]
+    fn entry_name(&self, idx: u32, d: &DiskEntry) -> Option<&[u8]> {
+        let len = d.name_len as usize;
+        if len <= ENTRY_NAME_MAX {
+            return self.region.bytes(
+                self.entries_off + idx as usize * ENTRY_LEN + ENTRY_NAME_OFF,
+                len,
+            );
+        }
+        self.disk_name(d)
+    }
+
     /// Target of a symlink entry, as `readlink` returns it.
     pub fn link_target(&self, e: &EntryRec) -> Option<&[u8]> {
         if !e.stat.is_symlink() {
@@ -525,7 +558,7 @@ impl Table {
         let mut cur = idx;
         while cur != 0 {
             let d = self.disk_entry(cur)?;
-            let name = self.disk_name(&d)?;
+            let name = self.entry_name(cur, &d)?;
             let start = end.checked_sub(name.len())?;
             put(start, name);
             if start == 0 {
@@ -557,7 +590,7 @@ impl Table {
             let Some(d) = self.disk_entry(cur) else {
                 return false;
             };
-            let Some(name) = self.disk_name(&d) else {
+            let Some(name) = self.entry_name(cur, &d) else {
                 return false;
             };
             let Some(before) = rest.strip_suffix(name) else {
@@ -579,25 +612,42 @@ impl Table {
     }
 
     /// Entry index of a path relative to the source root, without following symlinks.
+    ///
+    /// Two cache lines deep for a catalogued path: its hash slot, whose tag turns away every
+    /// other path's slot on the way without reading its entry, then its entry, whose name is
+    /// inline (`ENTRY_NAME_OFF`); the lines of its state and checksum, which the open and the
+    /// first read want next, are fetched meanwhile. An uncatalogued path reads only slots.
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
         let h = path_hash(rel);
         let mask = self.hash_slots - 1;
         let mut slot = h as u32 & mask;
         for _ in 0..self.hash_slots {
-            let v = self.region.u32_at(self.hash_off + slot as usize * 4)?;
+            let v = self.region.u64_at(self.hash_off + slot as usize * 8)?;
             if v == 0 {
                 return None;
             }
-            let idx = v - 1;
-            let object = self
-                .region
-                .u64_at(self.entries_off + idx as usize * ENTRY_LEN)?;
-            if object == h && self.path_is(idx, rel) {
-                return Some(idx);
+            if let Some(idx) = slot_entry(v, h) {
+                self.prefetch_entry_words(idx);
+                let object = self
+                    .region
+                    .u64_at(self.entries_off + idx as usize * ENTRY_LEN)?;
+                if object == h && self.path_is(idx, rel) {
+                    return Some(idx);
+                }
             }
             slot = (slot + 1) & mask;
         }
         None
+    }
+
+    /// Starts loading entry `idx`'s state and checksum lines, in parallel with its entry's.
+    #[inline]
+    fn prefetch_entry_words(&self, idx: u32) {
+        if idx < self.entry_count {
+            self.region
+                .prefetch(self.states_off + idx as usize * STATE_LEN);
+            self.region.prefetch(self.checksums_off + idx as usize * 8);
+        }
     }
 
     /// Entry index of the catalogued path whose object id (`object_id`) is `object`: the path
@@ -606,13 +656,14 @@ impl Table {
         let mask = self.hash_slots - 1;
         let mut slot = object as u32 & mask;
         for _ in 0..self.hash_slots {
-            let v = self.region.u32_at(self.hash_off + slot as usize * 4)?;
+            let v = self.region.u64_at(self.hash_off + slot as usize * 8)?;
             if v == 0 {
                 return None;
             }
-            let idx = v - 1;
-            if self.disk_entry(idx)?.object == object {
-                return Some(idx);
+            if let Some(idx) = slot_entry(v, object) {
+                if self.disk_entry(idx)?.object == object {
+                    return Some(idx);
+                }
             }
             slot = (slot + 1) & mask;
         }
