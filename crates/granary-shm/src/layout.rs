@@ -12,7 +12,8 @@
 //! states_off     entry_count × 24 bytes           mutable, atomics only: [state word, copy
 //!                                                  inode, copy ctime]
 //! checksums_off  entry_count × u64                xxh3 of each placed copy (agent only)
-//! hash_off       hash_slots × u64                 open addressing: tag (high 32 bits of the
+//! hash_off       hash_slots × u64                 open addressing (4/3 of the entries, linear
+//!                                                  probing from `home_slot`): tag (high 32 bits of the
 //!                                                  path hash) << 32 | entry index + 1, 0 = empty
 //! strings_off    strings_len bytes                names (last components) and symlink targets
 //! ring_off       request ring                     clients → agent (see `ring`)
@@ -598,6 +599,24 @@ pub fn groups_hash(groups: &mut [u32]) -> u64 {
 /// Hash-table key of a relative path.
 pub fn path_hash(rel_path: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(rel_path)
+}
+
+/// The slot a path hashing to `hash` starts probing at, of `slots`: its low 32 bits scaled to
+/// the slot count (multiply and shift), so the count need not be a power of two and the
+/// tag (the high bits) is independent of the position.
+#[inline]
+pub const fn home_slot(hash: u64, slots: u32) -> u32 {
+    ((hash as u32 as u64 * slots as u64) >> 32) as u32
+}
+
+/// The slot after `slot` in a probe sequence over `slots` slots.
+#[inline]
+pub const fn next_slot(slot: u32, slots: u32) -> u32 {
+    if slot + 1 >= slots {
+        0
+    } else {
+        slot + 1
+    }
 }
 
 /// A hash slot's word for entry `idx` whose path hashes to `hash`: the hash's high 32 bits (the

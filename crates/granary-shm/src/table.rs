@@ -124,7 +124,7 @@ impl Table {
         }
         let entry_count = u32_at(H_ENTRY_COUNT)?;
         let hash_slots = u32_at(H_HASH_SLOTS)?;
-        if entry_count == 0 || !hash_slots.is_power_of_two() || hash_slots <= entry_count {
+        if entry_count == 0 || hash_slots <= entry_count {
             return Err(TableError::BadLayout("entry count or hash slots"));
         }
         let n = entry_count as usize;
@@ -619,8 +619,7 @@ impl Table {
     /// first read want next, are fetched meanwhile. An uncatalogued path reads only slots.
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
         let h = path_hash(rel);
-        let mask = self.hash_slots - 1;
-        let mut slot = h as u32 & mask;
+        let mut slot = home_slot(h, self.hash_slots);
         for _ in 0..self.hash_slots {
             let v = self.region.u64_at(self.hash_off + slot as usize * 8)?;
             if v == 0 {
@@ -635,7 +634,7 @@ impl Table {
                     return Some(idx);
                 }
             }
-            slot = (slot + 1) & mask;
+            slot = next_slot(slot, self.hash_slots);
         }
         None
     }
@@ -653,8 +652,7 @@ impl Table {
     /// Entry index of the catalogued path whose object id (`object_id`) is `object`: the path
     /// hash is the hash-table key, so this is one probe sequence.
     pub fn lookup_object(&self, object: u64) -> Option<u32> {
-        let mask = self.hash_slots - 1;
-        let mut slot = object as u32 & mask;
+        let mut slot = home_slot(object, self.hash_slots);
         for _ in 0..self.hash_slots {
             let v = self.region.u64_at(self.hash_off + slot as usize * 8)?;
             if v == 0 {
@@ -665,7 +663,7 @@ impl Table {
                     return Some(idx);
                 }
             }
-            slot = (slot + 1) & mask;
+            slot = next_slot(slot, self.hash_slots);
         }
         None
     }
