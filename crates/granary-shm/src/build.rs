@@ -611,7 +611,7 @@ impl Image<'_> {
         for t in [d.atime_ns, d.btime_ns, d.ctime_ns, d.mtime_ns] {
             put(self, &t.to_ne_bytes());
         }
-        debug_assert_eq!(w, off + ENTRY_NAME_OFF);
+        debug_assert_eq!(w, off + ENTRY_LEN);
     }
     fn put_class(&mut self, off: usize, c: &StatClass) {
         let mut w = off;
@@ -725,12 +725,7 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
                 }
             }
         }
-        let at = p.entries_off + i * ENTRY_LEN;
-        img.put_entry(at, &d);
-        let name = cat.name(i);
-        if name.len() <= ENTRY_NAME_MAX {
-            img.put(at + ENTRY_NAME_OFF, name);
-        }
+        img.put_entry(p.entries_off + i * ENTRY_LEN, &d);
         let st = p.states_off + i * STATE_LEN;
         img.put_u64(st + STATE_WORD, node.state.bits());
         img.put_u64(st + STATE_COPY_INO, node.copy_ino);

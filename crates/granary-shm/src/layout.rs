@@ -6,9 +6,7 @@
 //!
 //! ```text
 //! 0              header (HEADER_LEN bytes: fixed fields, then PATH_SLOTS slots of PATH_SLOT_LEN)
-//! entries_off    entry_count × ENTRY_LEN (128 B)  immutable: a `DiskEntry` (name, parent,
-//!                                                  compact stat record), then the name's bytes
-//!                                                  when they fit (`ENTRY_NAME_MAX`)
+//! entries_off    entry_count × DiskEntry (88 B)   immutable: name, parent, compact stat record
 //! states_off     entry_count × 24 bytes           mutable, atomics only: [state word, copy
 //!                                                  inode, copy ctime]
 //! checksums_off  entry_count × u64                xxh3 of each placed copy (agent only)
@@ -35,15 +33,13 @@
 //! Invariant the resolver relies on: every ancestor of a catalogued path is a real directory (the
 //! walk never descends a symlink), so lexical `..` inside the catalog is exact.
 //!
-//! A lookup is two cache lines deep (docs/decisions.md, "Catalog lookup"): the hash slot, whose
-//! tag rejects every other path without touching its entry, then the entry's 128 bytes (two
-//! lines of one page), which hold the name to compare — the state and checksum lines are
-//! prefetched meanwhile. A parent is a directory, and few directories hold many files, so the
-//! rest of the path compares against lines already cached.
+//! A lookup (docs/decisions.md, "Catalog lookup"): the hash slot, whose tag turns away every
+//! other path without touching its entry, then the entry and its name; the state and checksum
+//! lines are prefetched meanwhile. A parent is a directory, and few directories hold many
+//! files, so the rest of the path compares against lines already cached.
 //!
-//! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 128 (entry,
-//! name inline) + 24 (state) + 8 (checksum) + ~16 (hash slots) + 20 (name, in the pool too) +
-//! 2 bits ≈ 196 bytes per file.
+//! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 88 (entry) +
+//! 24 (state) + 8 (checksum) + ~11 (hash slots) + 20 (name) + 2 bits ≈ 151 bytes per file.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
@@ -53,8 +49,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// the entry against the source, so an entry costs the source one call per attach even when the
 /// program and a validator reach it at once. Version 8: per-job words naming the first program
 /// the job started that granary could not serve although it was given a dataset path
-/// (`job::UNSERVED*`). Version 9: tagged 64-bit hash slots and 128-byte entries that carry
-/// their name, so a lookup is two cache lines deep. Tables of earlier versions are rejected
+/// (`job::UNSERVED*`). Version 9: tagged 64-bit hash slots (4/3 of the entries, any count), so
+/// a lookup reads no entry but its own. Tables of earlier versions are rejected
 /// (`TableError::BadVersion`): the agent then walks the source again.
 pub const VERSION: u32 = 9;
 
@@ -479,14 +475,7 @@ impl DiskEntry {
     }
 }
 
-/// Bytes from one entry to the next: the `DiskEntry`, then its name inline (`ENTRY_NAME_OFF`).
-/// A multiple of the cache line, so an entry is two lines of one page.
-pub const ENTRY_LEN: usize = 128;
-/// Where an entry's name bytes start inside it: names up to `ENTRY_NAME_MAX` bytes are there
-/// (zero-padded) as well as in the string pool, so a lookup compares them without another
-/// line; longer names only in the pool.
-pub const ENTRY_NAME_OFF: usize = core::mem::size_of::<DiskEntry>();
-pub const ENTRY_NAME_MAX: usize = ENTRY_LEN - ENTRY_NAME_OFF;
+pub const ENTRY_LEN: usize = core::mem::size_of::<DiskEntry>();
 pub const CLASS_LEN: usize = core::mem::size_of::<StatClass>();
 /// Per entry, all `AtomicU64`: the state word (`state::StateWord`); the copy's identity as the agent wrote it — its
 /// inode (set before the state names a tier, valid for the `.part` file and, after the rename,
@@ -791,7 +780,7 @@ pub mod seen {
 }
 pub const JOB_STATS_LEN: usize = job::WORDS * 8;
 
-const _: () = assert!(ENTRY_NAME_OFF == 88 && ENTRY_NAME_MAX == 40);
+const _: () = assert!(ENTRY_LEN == 88);
 const _: () = assert!(CLASS_LEN == 56);
 const _: () = assert!(job::EXECS < job::MAP_LOCAL_BYTES);
 const _: () = assert!(job::PACK_REFUSED < job::UNSERVED);

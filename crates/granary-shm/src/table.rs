@@ -490,20 +490,6 @@ impl Table {
         self.string(d.name_off, d.name_len as u32)
     }
 
-    /// Entry `idx`'s name (`d`, its record), from the entry's own lines when it fits there
-    /// (`ENTRY_NAME_MAX`), else from the string pool.
-    #[inline]
-    fn entry_name(&self, idx: u32, d: &DiskEntry) -> Option<&[u8]> {
-        let len = d.name_len as usize;
-        if len <= ENTRY_NAME_MAX {
-            return self.region.bytes(
-                self.entries_off + idx as usize * ENTRY_LEN + ENTRY_NAME_OFF,
-                len,
-            );
-        }
-        self.disk_name(d)
-    }
-
     /// Target of a symlink entry, as `readlink` returns it.
     pub fn link_target(&self, e: &EntryRec) -> Option<&[u8]> {
         if !e.stat.is_symlink() {
@@ -558,7 +544,7 @@ impl Table {
         let mut cur = idx;
         while cur != 0 {
             let d = self.disk_entry(cur)?;
-            let name = self.entry_name(cur, &d)?;
+            let name = self.disk_name(&d)?;
             let start = end.checked_sub(name.len())?;
             put(start, name);
             if start == 0 {
@@ -590,7 +576,7 @@ impl Table {
             let Some(d) = self.disk_entry(cur) else {
                 return false;
             };
-            let Some(name) = self.entry_name(cur, &d) else {
+            let Some(name) = self.disk_name(&d) else {
                 return false;
             };
             let Some(before) = rest.strip_suffix(name) else {
@@ -613,10 +599,10 @@ impl Table {
 
     /// Entry index of a path relative to the source root, without following symlinks.
     ///
-    /// Two cache lines deep for a catalogued path: its hash slot, whose tag turns away every
-    /// other path's slot on the way without reading its entry, then its entry, whose name is
-    /// inline (`ENTRY_NAME_OFF`); the lines of its state and checksum, which the open and the
-    /// first read want next, are fetched meanwhile. An uncatalogued path reads only slots.
+    /// For a catalogued path: its hash slot, whose tag turns away every other path's slot on
+    /// the way without reading its entry, then its entry and its name; the lines of its state
+    /// and checksum, which the open and the first read want next, are fetched meanwhile. An
+    /// uncatalogued path reads only slots (but for a tag equal by chance, 1 in 2^32).
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
         let h = path_hash(rel);
         let mut slot = home_slot(h, self.hash_slots);

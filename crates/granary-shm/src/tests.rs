@@ -332,8 +332,8 @@ fn report_opens_flag_is_independent_of_valid() {
 }
 
 #[test]
-fn names_inline_and_in_the_pool_are_found_exactly() {
-    use crate::layout::ENTRY_NAME_MAX;
+fn names_are_found_exactly() {
+    const ENTRY_NAME_MAX: usize = 40;
     let mut m = Model::new();
     let d = m.add(0, "d", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
     let fit = "f".repeat(ENTRY_NAME_MAX);
@@ -549,7 +549,6 @@ fn ring_survives_concurrent_producers() {
 
 fn arb_tree() -> impl Strategy<Value = Vec<(usize, String, bool)>> {
     // (parent choice, name, is_dir) — parent is resolved modulo the directories so far.
-    // Names up to 48 bytes: some longer than an entry holds inline (`ENTRY_NAME_MAX`).
     prop::collection::vec((any::<usize>(), "[a-z0-9._-]{1,48}", any::<bool>()), 1..200)
 }
 
@@ -1020,9 +1019,7 @@ fn a_million_files_fit_the_budget() {
     let cat = Catalog::from_entries(&m.entries).unwrap();
     let len = image_len(&spec, &cat).unwrap();
     let per_file = len as f64 / 1_001_001.0;
-    // 128-byte entries with the name inline and tagged 8-byte hash slots (version 9) buy a
-    // two-line lookup for ~37 bytes a file more than version 8's 160 (docs/decisions.md).
-    assert!(per_file <= 200.0, "{per_file:.1} bytes per entry");
+    assert!(per_file <= 160.0, "{per_file:.1} bytes per entry");
 }
 
 #[test]
