@@ -196,3 +196,59 @@ fn a_joining_job_voids_what_changed_per_directory() {
     assert_eq!(st(b"a/1"), State::Unplaced);
     assert_eq!(st(b"b/deep/4"), State::Unplaced);
 }
+
+/// What a program waiting for one file makes the source read first is its segment: consecutive
+/// files spanning at most 512 KiB of the partition (a read that costs the source no more than
+/// its request, docs/pack-format.md), a larger file alone; a block read of the sweep spans
+/// several.
+#[test]
+fn a_waited_for_file_costs_at_most_a_512_kib_segment() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    // 8 files of 200 KiB: segments of two (400 KiB; three would span 600 KiB), then one of
+    // 700 KiB alone, then one of 10 KiB.
+    let mut sizes = vec![200 << 10; 8];
+    sizes.extend([700 << 10, 10 << 10]);
+    for (i, &n) in sizes.iter().enumerate() {
+        std::fs::write(src.join(format!("f{i:02}")), vec![i as u8; n]).unwrap();
+    }
+    let p = pack(&src, &t.path().join("pack"));
+    let b = packed_source::build(
+        &p.index,
+        &Options {
+            source: Some(&src),
+            prev: None,
+            root_parent_ino: 0,
+        },
+    )
+    .unwrap();
+    let h = *p.index.header();
+    let spec = TableSpec {
+        source: src.as_os_str().as_bytes().to_vec(),
+        source_real: src.as_os_str().as_bytes().to_vec(),
+        ring_cap: 64,
+        job_slots: 2,
+        pack: Some(granary_shm::PackSpec {
+            dir: t.path().join("pack").as_os_str().as_bytes().to_vec(),
+            empty_dir: t.path().as_os_str().as_bytes().to_vec(),
+            block_size: h.block_size,
+            partitions: h.partition_count,
+            id: h.pack_id,
+            mount: false,
+        }),
+        ..Default::default()
+    };
+    let img = granary_shm::build_catalog(&spec, &b.catalog).unwrap();
+    let path = t.path().join("table");
+    std::fs::write(&path, &img).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let (_m, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), img.len()).unwrap();
+    let st = granary_core::placement::pack_streamer::Streamer::new(&table, p.partitions(), 8 << 20);
+    // f00+f01, f02+f03, f04+f05, f06+f07, f08, f09.
+    assert_eq!(st.segments(), 6);
+}

@@ -24,9 +24,13 @@ pub(super) const DONE: u8 = 2;
 pub(super) const AGAIN: u8 = 3;
 pub(super) const NONE: u32 = u32::MAX;
 /// Most stored bytes one segment spans (unless one file is larger): what a program waiting for
-/// one file makes the source read first. The emulated PFS of the benchmark serves 60 MB/s and
-/// 150 requests/s, so anything from 0.4 MB up streams at full bandwidth.
-const SEGMENT_SPAN: u64 = 1 << 20;
+/// one file makes the source read first. A shuffled first epoch waits on one file after
+/// another, so what it gets is as many files a second as the source serves such reads: a read
+/// should cost the source no more than its request does. The emulated PFS of the benchmark
+/// serves 67 MB/s and 150 requests/s — one request's worth is ~450 KB — so segments of up to
+/// 512 KiB (~450 KB on average for 110 KB files) are served at the request rate, at full
+/// bandwidth, where 1 MiB ones came at 64 a second (docs/decisions.md, "Packs").
+const SEGMENT_SPAN: u64 = 512 << 10;
 
 pub(super) struct Segment {
     pub(super) part: u32,
