@@ -639,3 +639,28 @@ def test_sequential_advice_only_on_followed_read_only_mappings_that_are_not_lmdb
     placed = json.loads(placed.stdout)
     assert placed["arrow"]["sha256"] == want["arrow"]["sha256"]
     assert placed["arrow"]["sr"] and not any(placed["arrow"]["sr"]), placed
+
+
+def test_sequential_advice_off_in_the_configuration_advises_nothing(own, tmp_path):
+    """`[mmap] sequential_advice = false` in the agent's configuration: the mapping the advice is
+    for (read-only, of a followed file that is not LMDB) gets none (no VmFlags `sr`), while the
+    agent still follows it and every byte is the source's."""
+    src = tmp_path / "pfs"
+    (src / "shards").mkdir(parents=True)
+    (src / "shards" / "a.arrow").write_bytes(os.urandom(SIZE))
+    script = tmp_path / "seq_flags.py"
+    script.write_text(SEQ_FLAGS)
+    cmd = [sys.executable, script, f"arrow:r:{src}/shards/a.arrow"]
+    want = direct(cmd)
+    assert want.returncode == 0, want.stderr
+    want = json.loads(want.stdout)
+    evict(src / "shards" / "a.arrow")
+    cfg = config(tmp_path, sequential_advice=False)
+    got, stats = run_job(own, src, cmd, tmp_path / "tier", tier_size="1M",
+                         extra=("--config", str(cfg)))
+    assert got.returncode == 0, got.stderr.decode(errors="replace")[-2000:]
+    got = json.loads(got.stdout)
+    assert got["arrow"]["sha256"] == want["arrow"]["sha256"]
+    assert stats["mmap"]["source_bytes"] > 0, stats["mmap"]  # followed all the same
+    assert got["arrow"]["sr"] and not any(got["arrow"]["sr"]), got
+    assert "sequential advice off" in agent_log(own)

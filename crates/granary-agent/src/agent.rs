@@ -165,12 +165,13 @@ impl Agent {
             .resolve();
         tracing::info!(
             "mappings: {:?}, distance {} bytes, read-ahead {} bytes, threshold {} %, LMDB \
-             record index {}",
+             record index {}, sequential advice {}",
             mmap.mode,
             mmap.distance,
             mmap.size,
             mmap.threshold_pct,
-            if mmap.lmdb_index { "on" } else { "off" }
+            if mmap.lmdb_index { "on" } else { "off" },
+            if mmap.sequential_advice { "on" } else { "off" }
         );
         let _ = self.setup.set(Setup {
             pool,

@@ -464,6 +464,12 @@ fn attach(
     } else if agent.serving.is_none() {
         src.revalidate_for_new_job(agent.cfg.validate_threads.unwrap_or(VALIDATE_THREADS));
     }
+    // The preload learns `[mmap] sequential_advice` from the table's header, set at every attach
+    // (a table saved by an agent with other settings is this agent's now).
+    if let Some(ctx) = src.ctx() {
+        ctx.table
+            .set_sequential_advice(setup.mmap.sequential_advice);
+    }
     // (A serving rank's catalog was checked against the source once, at the serve's start, by
     // rank 0 for every rank: a job attaching later costs the source no metadata call.)
     if inner.jobs > 0 && !tiers.is_empty() {

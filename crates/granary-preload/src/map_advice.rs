@@ -18,16 +18,19 @@
 //! schema). A mapping that can write, or of a file already local, is not advised.
 //!
 //! The advice changes no byte, only which pages a fault reads; a failure is ignored.
+//! `[mmap] sequential_advice = false` in the agent's configuration turns it off: the agent sets
+//! `FLAG_NO_SEQUENTIAL_ADVICE` in the table's header (`Table::sequential_advice`).
 
 use core::ffi::{c_int, c_void};
 
 use crate::sys::sys;
 
 /// Advises `[addr, addr + len)`, a fresh read-only mapping of fd `fd` (a followed file), to be
-/// read ahead from each fault, unless the file is an LMDB data file. errno is the caller's to
-/// keep.
+/// read ahead from each fault, unless the file is an LMDB data file or the agent's
+/// configuration turned the advice off. errno is the caller's to keep.
 pub fn followed_mapping(fd: c_int, addr: *mut c_void, len: usize, prot: c_int) {
-    if prot & libc::PROT_WRITE != 0 || len == 0 || crate::lmdb::starts_as_data_file(fd) {
+    let on = crate::ops::detour::table().is_some_and(|t| t.sequential_advice());
+    if !on || prot & libc::PROT_WRITE != 0 || len == 0 || crate::lmdb::starts_as_data_file(fd) {
         return;
     }
     // Not interposed (a raw system call): the program's own `madvise` is its business.

@@ -421,7 +421,9 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
         return Err(BuildError::StringsTooLarge);
     }
     // Load factor at most 3/4: a miss probes a few slots at most.
-    let hash_slots = (n + n / 3 + 1).next_power_of_two().max(2) as u32;
+    // Load factor 3/4: with tags, a probe past another path's slot costs no entry line, and
+    // 8 slots share a line; a smaller slot array keeps the first line of a lookup cached.
+    let hash_slots = (n + n / 3 + 1).max(2) as u32;
     let ring_cap = spec.ring_cap.max(2).next_power_of_two();
     let (mut large_count, mut bitmap_words) = (0usize, 0usize);
     for node in &cat.nodes {
@@ -435,7 +437,7 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     let states_off = entries_off + n * ENTRY_LEN;
     let checksums_off = states_off + n * STATE_LEN;
     let hash_off = checksums_off + n * 8;
-    let strings_off = align8(hash_off + hash_slots as usize * 4);
+    let strings_off = align8(hash_off + hash_slots as usize * 8);
     let ring_off = align8(strings_off + cat.strings.len());
     let stats_off = ring_off + RING_SLOTS + ring_cap as usize * RING_SLOT_LEN;
     let large_off = stats_off + spec.job_slots as usize * JOB_STATS_LEN;
@@ -701,7 +703,6 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
     }
     img.put(p.strings_off, &cat.strings);
 
-    let mask = p.hash_slots - 1;
     let (mut large, mut chunk_pos) = (0usize, 8usize);
     for (i, node) in cat.nodes.iter().enumerate() {
         let mut d = node.disk;
@@ -731,14 +732,14 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
         img.put_u64(st + STATE_COPY_CTIME, node.copy_ctime);
         img.put_u64(p.checksums_off + i * 8, node.checksum);
 
-        let mut slot = d.object as u32 & mask;
+        let mut slot = home_slot(d.object, p.hash_slots);
         loop {
-            let off = p.hash_off + slot as usize * 4;
-            if img.0[off..off + 4] == [0; 4] {
-                img.put_u32(off, i as u32 + 1);
+            let off = p.hash_off + slot as usize * 8;
+            if img.0[off..off + 8] == [0; 8] {
+                img.put_u64(off, hash_slot(d.object, i as u32));
                 break;
             }
-            slot = (slot + 1) & mask;
+            slot = next_slot(slot, p.hash_slots);
         }
     }
     for pos in 0..p.ring_cap as u64 {

@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 8.
+//! The on-memory layout of a catalog table, version 9.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -10,7 +10,9 @@
 //! states_off     entry_count × 24 bytes           mutable, atomics only: [state word, copy
 //!                                                  inode, copy ctime]
 //! checksums_off  entry_count × u64                xxh3 of each placed copy (agent only)
-//! hash_off       hash_slots × u32                 open addressing, entry index + 1, 0 = empty
+//! hash_off       hash_slots × u64                 open addressing (4/3 of the entries, linear
+//!                                                  probing from `home_slot`): tag (high 32 bits of the
+//!                                                  path hash) << 32 | entry index + 1, 0 = empty
 //! strings_off    strings_len bytes                names (last components) and symlink targets
 //! ring_off       request ring                     clients → agent (see `ring`)
 //! stats_off      job_slots × JobStats             per-job counters, atomics only
@@ -31,8 +33,13 @@
 //! Invariant the resolver relies on: every ancestor of a catalogued path is a real directory (the
 //! walk never descends a symlink), so lexical `..` inside the catalog is exact.
 //!
+//! A lookup (docs/decisions.md, "Catalog lookup"): the hash slot, whose tag turns away every
+//! other path without touching its entry, then the entry and its name; the state and checksum
+//! lines are prefetched meanwhile. A parent is a directory, and few directories hold many
+//! files, so the rest of the path compares against lines already cached.
+//!
 //! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 88 (entry) +
-//! 24 (state) + 8 (checksum) + ~8 (hash slots) + 20 (name) + 2 bits ≈ 149 bytes per file.
+//! 24 (state) + 8 (checksum) + ~11 (hash slots) + 20 (name) + 2 bits ≈ 151 bytes per file.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
@@ -42,9 +49,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// the entry against the source, so an entry costs the source one call per attach even when the
 /// program and a validator reach it at once. Version 8: per-job words naming the first program
 /// the job started that granary could not serve although it was given a dataset path
-/// (`job::UNSERVED*`). Tables of earlier versions are rejected (`TableError::BadVersion`): the
-/// agent then walks the source again.
-pub const VERSION: u32 = 8;
+/// (`job::UNSERVED*`). Version 9: tagged 64-bit hash slots (4/3 of the entries, any count), so
+/// a lookup reads no entry but its own. Tables of earlier versions are rejected
+/// (`TableError::BadVersion`): the agent then walks the source again.
+pub const VERSION: u32 = 9;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -191,6 +199,10 @@ pub const FLAG_IMMUTABLE: u32 = 4;
 /// a read waiting on a fetch) for the agent to place it, then opens the copy — the program does
 /// not open the source, which every node would otherwise do once per file.
 pub const FLAG_CLUSTER: u32 = 8;
+/// `[mmap] sequential_advice = false`: the preload advises no `MADV_SEQUENTIAL` on followed
+/// mappings (`map_advice` in the preload). Clear (the default, and in tables of agents that
+/// predate the setting), it advises. Set by the agent at every attach.
+pub const FLAG_NO_SEQUENTIAL_ADVICE: u32 = 16;
 
 /// Path slots hold absolute paths the hooks need: `len: u32` at +0, bytes from +8.
 pub const PATHS_OFF: usize = 4096;
@@ -576,6 +588,42 @@ pub fn groups_hash(groups: &mut [u32]) -> u64 {
 /// Hash-table key of a relative path.
 pub fn path_hash(rel_path: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(rel_path)
+}
+
+/// The slot a path hashing to `hash` starts probing at, of `slots`: its low 32 bits scaled to
+/// the slot count (multiply and shift), so the count need not be a power of two and the
+/// tag (the high bits) is independent of the position.
+#[inline]
+pub const fn home_slot(hash: u64, slots: u32) -> u32 {
+    ((hash as u32 as u64 * slots as u64) >> 32) as u32
+}
+
+/// The slot after `slot` in a probe sequence over `slots` slots.
+#[inline]
+pub const fn next_slot(slot: u32, slots: u32) -> u32 {
+    if slot + 1 >= slots {
+        0
+    } else {
+        slot + 1
+    }
+}
+
+/// A hash slot's word for entry `idx` whose path hashes to `hash`: the hash's high 32 bits (the
+/// slot's position comes from its low bits) above the index + 1; 0 is an empty slot.
+pub const fn hash_slot(hash: u64, idx: u32) -> u64 {
+    (hash >> 32) << 32 | (idx as u64 + 1)
+}
+
+/// Whether slot word `slot` may hold the path hashing to `hash` (its tag matches), and which
+/// entry: `Some(idx)`; `None` for another path's slot. A tag match is not a path match: the
+/// caller compares the entry.
+#[inline]
+pub const fn slot_entry(slot: u64, hash: u64) -> Option<u32> {
+    if slot >> 32 == hash >> 32 {
+        Some((slot as u32).wrapping_sub(1))
+    } else {
+        None
+    }
 }
 
 /// Requests clients push onto the ring: kind in the top byte, entry index below.

@@ -124,7 +124,7 @@ impl Table {
         }
         let entry_count = u32_at(H_ENTRY_COUNT)?;
         let hash_slots = u32_at(H_HASH_SLOTS)?;
-        if entry_count == 0 || !hash_slots.is_power_of_two() || hash_slots <= entry_count {
+        if entry_count == 0 || hash_slots <= entry_count {
             return Err(TableError::BadLayout("entry count or hash slots"));
         }
         let n = entry_count as usize;
@@ -146,7 +146,7 @@ impl Table {
             &region,
             u64_at(H_HASH_OFF)? as usize,
             hash_slots as usize,
-            4,
+            8,
             "hash",
         )?;
         let strings_len = u64_at(H_STRINGS_LEN)? as usize;
@@ -325,6 +325,25 @@ impl Table {
                 f.fetch_or(FLAG_CLUSTER, Ordering::Release);
             } else {
                 f.fetch_and(!FLAG_CLUSTER, Ordering::Release);
+            }
+        }
+    }
+
+    /// False if the agent turned the sequential advice on followed mappings off
+    /// (`FLAG_NO_SEQUENTIAL_ADVICE`). One relaxed load.
+    pub fn sequential_advice(&self) -> bool {
+        self.region
+            .atomic_u32(H_FLAGS)
+            .is_some_and(|f| f.load(Ordering::Relaxed) & FLAG_NO_SEQUENTIAL_ADVICE == 0)
+    }
+
+    /// Agent side: whether the preload advises `MADV_SEQUENTIAL` on followed mappings.
+    pub fn set_sequential_advice(&self, on: bool) {
+        if let Some(f) = self.region.atomic_u32(H_FLAGS) {
+            if on {
+                f.fetch_and(!FLAG_NO_SEQUENTIAL_ADVICE, Ordering::Release);
+            } else {
+                f.fetch_or(FLAG_NO_SEQUENTIAL_ADVICE, Ordering::Release);
             }
         }
     }
@@ -579,42 +598,58 @@ impl Table {
     }
 
     /// Entry index of a path relative to the source root, without following symlinks.
+    ///
+    /// For a catalogued path: its hash slot, whose tag turns away every other path's slot on
+    /// the way without reading its entry, then its entry and its name; the lines of its state
+    /// and checksum, which the open and the first read want next, are fetched meanwhile. An
+    /// uncatalogued path reads only slots (but for a tag equal by chance, 1 in 2^32).
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
         let h = path_hash(rel);
-        let mask = self.hash_slots - 1;
-        let mut slot = h as u32 & mask;
+        let mut slot = home_slot(h, self.hash_slots);
         for _ in 0..self.hash_slots {
-            let v = self.region.u32_at(self.hash_off + slot as usize * 4)?;
+            let v = self.region.u64_at(self.hash_off + slot as usize * 8)?;
             if v == 0 {
                 return None;
             }
-            let idx = v - 1;
-            let object = self
-                .region
-                .u64_at(self.entries_off + idx as usize * ENTRY_LEN)?;
-            if object == h && self.path_is(idx, rel) {
-                return Some(idx);
+            if let Some(idx) = slot_entry(v, h) {
+                self.prefetch_entry_words(idx);
+                let object = self
+                    .region
+                    .u64_at(self.entries_off + idx as usize * ENTRY_LEN)?;
+                if object == h && self.path_is(idx, rel) {
+                    return Some(idx);
+                }
             }
-            slot = (slot + 1) & mask;
+            slot = next_slot(slot, self.hash_slots);
         }
         None
+    }
+
+    /// Starts loading entry `idx`'s state and checksum lines, in parallel with its entry's.
+    #[inline]
+    fn prefetch_entry_words(&self, idx: u32) {
+        if idx < self.entry_count {
+            self.region
+                .prefetch(self.states_off + idx as usize * STATE_LEN);
+            self.region.prefetch(self.checksums_off + idx as usize * 8);
+        }
     }
 
     /// Entry index of the catalogued path whose object id (`object_id`) is `object`: the path
     /// hash is the hash-table key, so this is one probe sequence.
     pub fn lookup_object(&self, object: u64) -> Option<u32> {
-        let mask = self.hash_slots - 1;
-        let mut slot = object as u32 & mask;
+        let mut slot = home_slot(object, self.hash_slots);
         for _ in 0..self.hash_slots {
-            let v = self.region.u32_at(self.hash_off + slot as usize * 4)?;
+            let v = self.region.u64_at(self.hash_off + slot as usize * 8)?;
             if v == 0 {
                 return None;
             }
-            let idx = v - 1;
-            if self.disk_entry(idx)?.object == object {
-                return Some(idx);
+            if let Some(idx) = slot_entry(v, object) {
+                if self.disk_entry(idx)?.object == object {
+                    return Some(idx);
+                }
             }
-            slot = (slot + 1) & mask;
+            slot = next_slot(slot, self.hash_slots);
         }
         None
     }

@@ -332,6 +332,34 @@ fn report_opens_flag_is_independent_of_valid() {
 }
 
 #[test]
+fn names_are_found_exactly() {
+    const ENTRY_NAME_MAX: usize = 40;
+    let mut m = Model::new();
+    let d = m.add(0, "d", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    let fit = "f".repeat(ENTRY_NAME_MAX);
+    let long = "g".repeat(ENTRY_NAME_MAX + 1);
+    let a = m.add(d, &fit, stat(libc::S_IFREG | 0o644, 3, 10), "");
+    let b = m.add(d, &long, stat(libc::S_IFREG | 0o644, 4, 11), "");
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    for (rel, size) in [(&m.entries[a].rel_path, 10), (&m.entries[b].rel_path, 11)] {
+        let idx = t.lookup(rel).expect("catalogued");
+        assert_eq!(t.entry(idx).unwrap().stat.size, size);
+        assert_eq!(&t.rel_path_vec(idx).unwrap(), rel);
+        assert_eq!(t.lookup_object(object_id(rel)), Some(idx));
+    }
+    // One byte short, one byte more, another directory: not these entries.
+    for miss in [
+        format!("d/{}", "f".repeat(ENTRY_NAME_MAX - 1)),
+        format!("d/{}", "f".repeat(ENTRY_NAME_MAX + 1)),
+        format!("e/{fit}"),
+        fit.clone(),
+    ] {
+        assert_eq!(t.lookup(miss.as_bytes()), None, "{miss}");
+    }
+}
+
+#[test]
 fn damaged_images_are_rejected() {
     let m = Model::new();
     let img = build(&Model::spec(), &m.entries).unwrap();
@@ -521,7 +549,7 @@ fn ring_survives_concurrent_producers() {
 
 fn arb_tree() -> impl Strategy<Value = Vec<(usize, String, bool)>> {
     // (parent choice, name, is_dir) — parent is resolved modulo the directories so far.
-    prop::collection::vec((any::<usize>(), "[a-z0-9._-]{1,12}", any::<bool>()), 1..200)
+    prop::collection::vec((any::<usize>(), "[a-z0-9._-]{1,48}", any::<bool>()), 1..200)
 }
 
 proptest! {

@@ -80,6 +80,10 @@ fn items(cfg: &Config) -> Vec<(&'static str, Option<String>)> {
         ),
         ("[mmap] lmdb_index", mmap.lmdb_index.map(|v| v.to_string())),
         (
+            "[mmap] sequential_advice",
+            mmap.sequential_advice.map(|v| v.to_string()),
+        ),
+        (
             "[agent] idle_timeout",
             cfg.idle_timeout.map(|d| quoted(&format!("{d:?}"))),
         ),
@@ -121,6 +125,7 @@ pub fn mmap_resolved(cfg: Option<MmapConfig>) -> MmapConfig {
         size: Some(p.size),
         threshold_pct: Some(p.threshold_pct),
         lmdb_index: Some(p.lmdb_index),
+        sequential_advice: Some(p.sequential_advice),
     }
 }
 

@@ -74,6 +74,7 @@ struct Mmap {
     size: Option<Checked<MapSize>>,
     threshold: Option<Checked<Percent>>,
     lmdb_index: Option<Checked<Bool>>,
+    sequential_advice: Option<Checked<Bool>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -120,6 +121,7 @@ impl File {
                 size: m.size.map(|c| c.0),
                 threshold_pct: m.threshold.map(|c| c.0),
                 lmdb_index: m.lmdb_index.map(|c| c.0),
+                sequential_advice: m.sequential_advice.map(|c| c.0),
             }),
         }
     }

@@ -206,7 +206,11 @@ fn store(fd: i32, t: Tracked) -> bool {
             d.store(0, Ordering::Relaxed);
         }
     }
-    HIGH.fetch_max(fd as usize + 1, Ordering::Relaxed);
+    // A read first: the high mark rarely moves, and a locked read-modify-write per open is not
+    // free. A racing raise is kept by `fetch_max`.
+    if HIGH.load(Ordering::Relaxed) <= fd as usize {
+        HIGH.fetch_max(fd as usize + 1, Ordering::Relaxed);
+    }
     let mut cur = c.load(Ordering::Relaxed);
     loop {
         let new = encode(t) | (cur & flag::BUSY);
@@ -290,6 +294,14 @@ pub fn lock(fd: i32) -> bool {
 pub fn unlock(fd: i32) {
     if let Some(c) = cell(fd) {
         c.fetch_and(!flag::BUSY, Ordering::Release);
+    }
+}
+
+/// `clear_file_flag(fd, f)` and `unlock(fd)` in one atomic operation, for the holder of the
+/// fd's `BUSY` bit.
+pub fn clear_file_flag_and_unlock(fd: i32, f: u64) {
+    if let Some(c) = cell(fd) {
+        c.fetch_and(!(f | flag::BUSY), Ordering::AcqRel);
     }
 }
 

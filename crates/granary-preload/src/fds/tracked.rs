@@ -211,8 +211,7 @@ pub fn first_read(fd: c_int, t: Tracked, len: Option<u64>, f: &impl ReadInto) ->
         return FirstRead::No;
     };
     if n >= 0 && n as u64 == size && h == sum {
-        fdtable::clear_file_flag(fd, flag::UNCHECKED);
-        fdtable::unlock(fd);
+        fdtable::clear_file_flag_and_unlock(fd, flag::UNCHECKED);
         return FirstRead::Verified(n);
     }
     if n < 0 && sys::errno() == libc::EFAULT {

@@ -8,6 +8,8 @@
 //! size = "50M"        # bytes read ahead at a time (less when memory is tight)
 //! threshold = 75      # percent of the last window passed before the next is read
 //! lmdb_index = true   # follow cursors over an LMDB in key order, not the file's page order
+//! sequential_advice = true  # the preload advises MADV_SEQUENTIAL on followed read-only
+//!                           # mappings that are not LMDB (faults read ahead, not around)
 //! ```
 //! Defaults are the best values of Haderbache et al.'s mmap pre-caching (distance 8–10 MiB,
 //! size 50 MiB, threshold 75 %).
@@ -22,6 +24,7 @@ pub struct MmapConfig {
     pub size: Option<u64>,
     pub threshold_pct: Option<u64>,
     pub lmdb_index: Option<bool>,
+    pub sequential_advice: Option<bool>,
 }
 
 impl MmapConfig {
@@ -33,6 +36,7 @@ impl MmapConfig {
             size: self.size.or(under.size),
             threshold_pct: self.threshold_pct.or(under.threshold_pct),
             lmdb_index: self.lmdb_index.or(under.lmdb_index),
+            sequential_advice: self.sequential_advice.or(under.sequential_advice),
         }
     }
 
@@ -44,6 +48,7 @@ impl MmapConfig {
             size: self.size.unwrap_or(d.size),
             threshold_pct: self.threshold_pct.unwrap_or(d.threshold_pct),
             lmdb_index: self.lmdb_index.unwrap_or(d.lmdb_index),
+            sequential_advice: self.sequential_advice.unwrap_or(d.sequential_advice),
         }
     }
 }
@@ -86,6 +91,10 @@ pub struct MmapParams {
     /// Readers of an LMDB whose pages are not in key order are followed in key order
     /// (`lmdb_index`, `page_order`).
     pub lmdb_index: bool,
+    /// The preload advises `MADV_SEQUENTIAL` on a program's read-only mapping of a followed file
+    /// that is not an LMDB data file (docs/placement.md, "Faults read ahead of the row"): the
+    /// table header carries it (`FLAG_NO_SEQUENTIAL_ADVICE` when off).
+    pub sequential_advice: bool,
 }
 
 pub const DEFAULT_DISTANCE: u64 = 8 << 20;
@@ -100,6 +109,7 @@ impl Default for MmapParams {
             size: DEFAULT_SIZE,
             threshold_pct: DEFAULT_THRESHOLD_PCT,
             lmdb_index: true,
+            sequential_advice: true,
         }
     }
 }
