@@ -183,7 +183,7 @@ fn serve(node: &Node, job: &PeerRequest) {
 
 /// Files up to this size are sent by the communication thread itself when their copy is here
 /// (`serve_now`).
-const AT_ONCE: u64 = 16 << 20;
+const AT_ONCE: u64 = 4 * PIECE as u64;
 
 /// Serves `job` from the communication thread, as it arrives, when the copy is here (PLACED)
 /// and the in-flight budget has room for all of it now: the reply and the pieces are queued
