@@ -161,7 +161,12 @@ fn table_of(cat: &Catalog, src: &Path, dir: &Path) -> (Mapping, Table) {
         job_slots: 2,
         ..Default::default()
     };
-    let img = granary_shm::build_catalog(&spec, cat).unwrap();
+    map_table(&spec, cat, dir)
+}
+
+/// The table `spec` gives `cat`, written to `dir/table` and mapped as a job maps it.
+fn map_table(spec: &TableSpec, cat: &Catalog, dir: &Path) -> (Mapping, Table) {
+    let img = granary_shm::build_catalog(spec, cat).unwrap();
     let path = dir.join("table");
     std::fs::write(&path, &img).unwrap();
     let f = std::fs::OpenOptions::new()
@@ -239,15 +244,7 @@ fn a_waited_for_file_costs_at_most_a_512_kib_segment() {
         }),
         ..Default::default()
     };
-    let img = granary_shm::build_catalog(&spec, &b.catalog).unwrap();
-    let path = t.path().join("table");
-    std::fs::write(&path, &img).unwrap();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    let (_m, table) = Mapping::map(std::os::fd::AsRawFd::as_raw_fd(&f), img.len()).unwrap();
+    let (_m, table) = map_table(&spec, &b.catalog, t.path());
     let st = granary_core::placement::pack_streamer::Streamer::new(&table, p.partitions(), 8 << 20);
     // f00+f01, f02+f03, f04+f05, f06+f07, f08, f09.
     assert_eq!(st.segments(), 6);
