@@ -605,18 +605,27 @@ impl Table {
     /// uncatalogued path reads only slots (but for a tag equal by chance, 1 in 2^32).
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
         let h = path_hash(rel);
-        let mut slot = home_slot(h, self.hash_slots);
+        self.probe(h, |idx| {
+            self.prefetch_entry_words(idx);
+            let object = self
+                .region
+                .u64_at(self.entries_off + idx as usize * ENTRY_LEN)?;
+            Some(object == h && self.path_is(idx, rel))
+        })
+    }
+
+    /// Walks `key`'s probe sequence: each entry whose slot tag matches `key` is asked `is`
+    /// (`None`: the table cannot be read there, the walk ends). An empty slot ends it.
+    #[inline]
+    fn probe(&self, key: u64, mut is: impl FnMut(u32) -> Option<bool>) -> Option<u32> {
+        let mut slot = home_slot(key, self.hash_slots);
         for _ in 0..self.hash_slots {
             let v = self.region.u64_at(self.hash_off + slot as usize * 8)?;
             if v == 0 {
                 return None;
             }
-            if let Some(idx) = slot_entry(v, h) {
-                self.prefetch_entry_words(idx);
-                let object = self
-                    .region
-                    .u64_at(self.entries_off + idx as usize * ENTRY_LEN)?;
-                if object == h && self.path_is(idx, rel) {
+            if let Some(idx) = slot_entry(v, key) {
+                if is(idx)? {
                     return Some(idx);
                 }
             }
@@ -638,20 +647,7 @@ impl Table {
     /// Entry index of the catalogued path whose object id (`object_id`) is `object`: the path
     /// hash is the hash-table key, so this is one probe sequence.
     pub fn lookup_object(&self, object: u64) -> Option<u32> {
-        let mut slot = home_slot(object, self.hash_slots);
-        for _ in 0..self.hash_slots {
-            let v = self.region.u64_at(self.hash_off + slot as usize * 8)?;
-            if v == 0 {
-                return None;
-            }
-            if let Some(idx) = slot_entry(v, object) {
-                if self.disk_entry(idx)?.object == object {
-                    return Some(idx);
-                }
-            }
-            slot = next_slot(slot, self.hash_slots);
-        }
-        None
+        self.probe(object, |idx| Some(self.disk_entry(idx)?.object == object))
     }
 
     fn state_block(&self, idx: u32, word: usize) -> Option<&AtomicU64> {
