@@ -15,8 +15,16 @@ so the minimum is the code's own cost), with medians beside it. The reader check
 setup read the same bytes (a digest of every file). A benchmark, not a test: nothing asserts on
 timings; it exits 1 when a job fails or a digest differs. Writes `<out>/report.md` and
 `results.json`.
+
+The tiers go on a journaled ext4 (`mkfs.ext4` defaults) in a loop file the bench makes under
+`--workdir` and removes afterwards: a node's local disk holds a journaled file system, and this
+machine's root (ext4 without a journal, which skips inodes freed in the last 30 s at every
+create) gives a figure no node would show (docs/benchmarks.md, "during placement").
+`--tier-root DIR` puts them in DIR instead (e.g. /dev/shm for a RAM tier); without root
+privileges the bench cannot mount and uses `--workdir`'s file system, and says so.
 """
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -56,6 +64,43 @@ BARS = {"1k": 1.05, "110k": 1.02}
 DURING_BAR = 1.3
 
 
+@contextlib.contextmanager
+def journaled_tier(work: pathlib.Path, need: int):
+    """A journaled ext4 (`mkfs.ext4` defaults) on a loop file of at least `need` bytes,
+    mounted for the run and removed after it; yields its mount point, or None when it cannot be
+    made (not root, no mkfs.ext4, no loop device)."""
+    img, mnt = work / "tier-ext4.img", work / "tier-ext4"
+    # mkfs.ext4's default of one inode per 16 KiB: room for every copy's inode as well.
+    size = max(need, 2 << 30)
+    subprocess.run(["umount", str(mnt)], capture_output=True)
+    img.unlink(missing_ok=True)
+    mnt.mkdir(parents=True, exist_ok=True)
+    with open(img, "wb") as f:
+        f.truncate(size)
+    made = os.geteuid() == 0 and shutil.which("mkfs.ext4") is not None and \
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], capture_output=True).returncode == 0 and \
+        subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True).returncode == 0
+    try:
+        yield mnt if made else None
+    finally:
+        if made:
+            for _ in range(10):  # an agent just stopped may still hold the tier for a moment
+                if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+                    break
+                time.sleep(1)
+            else:
+                subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        img.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            mnt.rmdir()
+
+
+def tier_fs(path: pathlib.Path) -> str:
+    p = subprocess.run(["findmnt", "-n", "-o", "FSTYPE,SOURCE", "-T", str(path)],
+                       capture_output=True, text=True)
+    return " ".join(p.stdout.split()) or "unknown"
+
+
 def build_reader(work: pathlib.Path) -> str:
     exe = work / "openread"
     if not exe.exists() or exe.stat().st_mtime < CLIENT.stat().st_mtime:
@@ -84,6 +129,8 @@ class Granary(scale.Granary):
     def __init__(self, binary: pathlib.Path, work: pathlib.Path, tier_root: pathlib.Path | None = None):
         super().__init__(binary, work)
         self.work = work
+        # The runtime directory's parent (with the tiers elsewhere, nothing else makes it).
+        work.mkdir(parents=True, exist_ok=True)
         self.tier = (tier_root / work.name if tier_root else work) / "tier"
 
     def reset(self):
@@ -201,7 +248,8 @@ def main():
                          "default target/release/granary")
     ap.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path("/var/tmp/granary-openread"))
     ap.add_argument("--tier-root", type=pathlib.Path,
-                    help="where the tiers go (default: under --workdir); e.g. /dev/shm for a RAM tier")
+                    help="where the tiers go (default: a journaled ext4 on a loop file the bench "
+                         "makes under --workdir and removes); e.g. /dev/shm for a RAM tier")
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "results/openread")
     args = ap.parse_args()
     specs = [g.split("=", 1) if "=" in g else [None, g] for g in args.granary or []]
@@ -215,37 +263,57 @@ def main():
     if args.reader == "python":
         workers = [1]
     names = [n or f"build{i}" for i, (n, _) in enumerate(specs)] if len(bins) > 1 else ["granary"]
+    sizes = [("1k", 1024, args.files), ("110k", 110 * 1024, args.mid_files)]
+    sizes = [s for s in sizes if not args.only or s[0] == args.only]
+    if args.tier_root:
+        run(args, work, exe, workers, names, bins, sizes, args.tier_root)
+        return
+    # Every build's copies of the largest set at once (the hot rounds), 4 KiB blocks, an inode
+    # (16 KiB of the file system at mkfs.ext4's default ratio) each, and slack.
+    need = len(bins) * max(n * (-(-sz // 4096) * 4096 + 16384) for _, sz, n in sizes) * 5 // 4
+    with journaled_tier(work, need) as mnt:
+        if mnt is None:
+            print(f"cannot make a journaled ext4 tier (needs root, mkfs.ext4, a loop device): "
+                  f"the tiers go under {work}", flush=True)
+        run(args, work, exe, workers, names, bins, sizes, mnt)
+
+
+def run(args, work, exe, workers, names, bins, sizes, tier_root):
     commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
                             capture_output=True, text=True).stdout.strip()
     res = {"reader": args.reader, "builds": {n: str(b) for n, b in zip(names, bins)},
-           "commit": commit, "load_before": os.getloadavg()[0], "sizes": {}}
-    sizes = [("1k", 1024, args.files), ("110k", 110 * 1024, args.mid_files)]
-    for key, size, files in sizes:
-        if args.only and key != args.only:
-            continue
-        src = work / f"ds-{key}-{files}"
-        print(f"generating {files} files of {size} B", flush=True)
-        generate(src, files, size)
-        lst = work / f"{src.name}.list"
-        lst.write_text("".join(f"{src / d / f}\n" for d in sorted(os.listdir(src))
-                               for f in sorted(os.listdir(src / d))))
-        builds = [Granary(b, work / f"{n}-{key}", args.tier_root) for n, b in zip(names, bins)]
-        r = res["sizes"][key] = {"files": files, "size": size, "hot": {}}
-        for g in builds if args.rounds else []:
-            g.reset()
-            g.run(src, reader_cmd("c", exe, lst, 1, 2))  # job 1: walk, open every file
-            g.settle()
-            r["placed"] = sum(s.get("placed", 0) for s in g.status().get("sources", []))
-        for w in workers if args.rounds else []:
-            print(f"{key}: hot, {w} worker(s)", flush=True)
-            r["hot"][str(w)] = hot(builds, names, src, lst, args.reader, exe, w, args.passes, args.rounds)
-        if args.during_rounds and args.reader == "c":
-            w = max(workers)
-            print(f"{key}: during placement, {w} worker(s)", flush=True)
-            r["during"] = during(builds, names, src, lst, exe, w, args.passes, args.during_rounds)
-            r["during_workers"] = w
-        for g in builds:
-            g.reset()
+           "commit": commit, "load_before": os.getloadavg()[0], "sizes": {},
+           "tier": tier_fs(tier_root or work) + ("" if tier_root else f" ({work})")}
+    live = []  # every agent is stopped before the tier is unmounted, also on a failure
+    try:
+        for key, size, files in sizes:
+            src = work / f"ds-{key}-{files}"
+            print(f"generating {files} files of {size} B", flush=True)
+            generate(src, files, size)
+            lst = work / f"{src.name}.list"
+            lst.write_text("".join(f"{src / d / f}\n" for d in sorted(os.listdir(src))
+                                   for f in sorted(os.listdir(src / d))))
+            builds = [Granary(b, work / f"{n}-{key}", tier_root) for n, b in zip(names, bins)]
+            live += builds
+            r = res["sizes"][key] = {"files": files, "size": size, "hot": {}}
+            for g in builds if args.rounds else []:
+                g.reset()
+                g.run(src, reader_cmd("c", exe, lst, 1, 2))  # job 1: walk, open every file
+                g.settle()
+                r["placed"] = sum(s.get("placed", 0) for s in g.status().get("sources", []))
+            for w in workers if args.rounds else []:
+                print(f"{key}: hot, {w} worker(s)", flush=True)
+                r["hot"][str(w)] = hot(builds, names, src, lst, args.reader, exe, w, args.passes, args.rounds)
+            if args.during_rounds and args.reader == "c":
+                w = max(workers)
+                print(f"{key}: during placement, {w} worker(s)", flush=True)
+                r["during"] = during(builds, names, src, lst, exe, w, args.passes, args.during_rounds)
+                r["during_workers"] = w
+            for g in builds:
+                g.reset()
+    finally:
+        for g in live:
+            g.stop()
     res["load_after"] = os.getloadavg()[0]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
@@ -281,7 +349,7 @@ def report(res, argv):
     return (f"# Placed open+read+close ({res['reader']} reader)\n\n"
             f"`python3 bench/openread.py {argv}` at {res['commit']}; {builds}; "
             f"load average {res['load_before']:.2f} before, {res['load_after']:.2f} after, "
-            f"{os.cpu_count()} cores.\n\n"
+            f"{os.cpu_count()} cores; tiers on {res.get('tier', '?')}.\n\n"
             "| what | measured | bar | |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
