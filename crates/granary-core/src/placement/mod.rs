@@ -38,7 +38,6 @@ pub mod ahead;
 mod buffers;
 pub mod chunks;
 mod copy;
-mod core_share;
 mod engine;
 pub mod known_order;
 pub mod mmap;

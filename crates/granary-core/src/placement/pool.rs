@@ -12,7 +12,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::core_share::{CoreShare, PERIOD};
 use super::engine::Engine;
 use super::params::Params;
 use super::policy::Policy;
@@ -55,8 +54,6 @@ struct Queue {
     low: VecDeque<CopyTask>,
     /// Small copies (`CopyMethod::Small`): only the idle-class workers take them.
     small: VecDeque<CopyTask>,
-    /// Idle-class workers copying now (at most `Shared::share`'s allowance).
-    copying: usize,
     closed: bool,
 }
 
@@ -68,8 +65,6 @@ struct Shared {
     small_ready: Condvar,
     /// How many idle-class workers there are.
     idle_workers: usize,
-    /// How many of them may copy at once: the cores the program leaves free (`core_share`).
-    share: CoreShare,
     /// Small files opened and not yet closed: copied when CLOSED arrives (`promote`) or when the
     /// deadline passes. Keyed by (table, entry).
     delayed: Mutex<HashMap<(usize, u32), (Instant, CopyTask)>>,
@@ -109,7 +104,6 @@ impl Pool {
             ready: Condvar::new(),
             small_ready: Condvar::new(),
             idle_workers: workers.max(1),
-            share: CoreShare::new(workers.max(1)),
             delayed: Mutex::default(),
             engine: Arc::new(Engine::new(policy, params)),
         });
@@ -250,11 +244,6 @@ fn worker(sh: &Shared, class: Class) {
         Class::Idle => &sh.small_ready,
     };
     loop {
-        // Measured outside the queue's lock (a read of two /proc files every `PERIOD`).
-        let allowed = match class {
-            Class::Program => usize::MAX,
-            Class::Idle => sh.share.allowed(),
-        };
         let job = {
             let mut q = lock(&sh.queue);
             loop {
@@ -264,22 +253,10 @@ fn worker(sh: &Shared, class: Class) {
                         .pop_front()
                         .or_else(|| q.ahead.pop_front())
                         .or_else(|| q.low.pop_front()),
-                    // Over the share while the program keeps the cores busy: the workers
-                    // copying now drain the queue (each takes the next task when it is done),
-                    // this one looks again after `PERIOD`. A closing pool drains with all.
-                    Class::Idle if q.copying >= allowed && !q.closed && !q.small.is_empty() => {
-                        crate::sys::release_pages(&mut buf);
-                        let (g, _) = ready
-                            .wait_timeout(q, PERIOD)
-                            .unwrap_or_else(|e| e.into_inner());
-                        q = g;
-                        drop(q);
-                        break None;
-                    }
-                    Class::Idle => q.small.pop_front().inspect(|_| q.copying += 1),
+                    Class::Idle => q.small.pop_front(),
                 };
                 if let Some(j) = next {
-                    break Some(j);
+                    break j;
                 }
                 if q.closed {
                     return;
@@ -291,7 +268,6 @@ fn worker(sh: &Shared, class: Class) {
                 q = ready.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let Some(job) = job else { continue };
         let out = match job.method {
             // Cluster mode: another node may hold the file (`source_ctx::Remote`).
             CopyMethod::Fetch | CopyMethod::Ahead => match job.ctx.remote.get() {
@@ -327,9 +303,6 @@ fn worker(sh: &Shared, class: Class) {
             }
         }
         job.ctx.work.release();
-        if class == Class::Idle {
-            lock(&sh.queue).copying -= 1;
-        }
     }
 }
 
