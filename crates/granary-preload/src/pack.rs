@@ -29,7 +29,7 @@ const STALL_NS: u64 = 10_000_000_000;
 const WAIT_MAX_NS: u64 = 60_000_000_000;
 /// While the entry is still unplaced, the request is repeated this often (a full ring drops it).
 const ASK_AGAIN_NS: u64 = 100_000_000;
-const SLEEP_MIN_NS: i64 = 100_000;
+const SLEEP_MIN_NS: i64 = 500_000;
 const SLEEP_MAX_NS: i64 = 1_000_000;
 
 /// Waits until packed entry `idx` is PLACED; false when it will not be soon (the caller then
@@ -40,6 +40,8 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
     let mut sleep = SLEEP_MIN_NS;
     let gate = crate::wait::Gate::hold();
     loop {
+        // Read before the state: a copy published after it ends the sleep below at once.
+        let seen = g.table.placed_count();
         let st = g.table.state(idx).state();
         if st == State::Placed {
             return true;
@@ -68,7 +70,7 @@ pub fn wait(g: &Guard, idx: u32) -> bool {
         if now - moved > STALL_NS || too_long {
             return give_up(b"the pack's stream does not progress");
         }
-        if !gate.nap(&mut sleep, SLEEP_MAX_NS) {
+        if gate.sleep_until_placed(g, seen, &mut sleep, SLEEP_MAX_NS) {
             return give_up(b"a signal arrived");
         }
     }

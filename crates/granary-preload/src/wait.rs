@@ -138,14 +138,8 @@ fn wait_with(
         if unclaimed || now - moved > stall || now - start > WAIT_MAX_NS {
             return give_up(b"the copy does not progress");
         }
-        let interrupted = if woken && gate.holds() {
-            let t = core::time::Duration::from_nanos(sleep as u64);
-            sleep = (sleep * 2).min(naps.1);
-            gate.pending() || g.table.wait_placed(seen, t)
-        } else if woken {
-            let t = core::time::Duration::from_nanos(sleep as u64);
-            sleep = (sleep * 2).min(naps.1);
-            g.table.wait_placed(seen, t)
+        let interrupted = if woken {
+            gate.sleep_until_placed(g, seen, &mut sleep, naps.1)
         } else {
             !gate.nap(&mut sleep, naps.1)
         };
@@ -238,6 +232,16 @@ impl Gate {
                 || !(act[0] == libc::SIG_IGN as u64
                     || act[0] == libc::SIG_DFL as u64 && ignored_by_default)
         })
+    }
+
+    /// Sleeps until the agent publishes a copy after `seen` (`Table::placed_count`), at most
+    /// `sleep` ns, then doubles `sleep` up to `max`; true if a signal the program handles is
+    /// pending. A futex sleep cannot let signals in atomically as `nap` does: with them held,
+    /// it looks for one pending first, and each sleep is short.
+    pub fn sleep_until_placed(&self, g: &Guard, seen: u32, sleep: &mut i64, max: i64) -> bool {
+        let t = core::time::Duration::from_nanos(*sleep as u64);
+        *sleep = (*sleep * 2).min(max);
+        (self.holds() && self.pending()) || g.table.wait_placed(seen, t)
     }
 
     /// Sleeps `sleep` ns with the program's signals let in, then doubles `sleep` up to `max`;

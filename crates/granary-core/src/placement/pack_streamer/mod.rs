@@ -148,16 +148,18 @@ fn run(ctx: &SourceCtx, engine: &Engine, st: &Streamer) {
     // One block, aligned, plus room for the alignment of a segment's start.
     let mut buf = vec![0u8; st.block as usize + 2 * DIRECT_ALIGN];
     let mut scratch = Scratch::default();
-    let mut current = None;
+    let (mut current, mut urgent) = (None, false);
     while !ctx.work.is_retired() {
-        match st.next(&mut current) {
-            Some(segs) => {
+        match st.next(&mut current, urgent) {
+            Some((segs, waited_on)) => {
+                urgent = waited_on;
                 segment(ctx, engine, st, segs.clone(), &mut buf, &mut scratch);
                 for seg in segs {
                     st.done(&ctx.work, seg);
                 }
             }
             None => {
+                urgent = false;
                 sys::release_pages(&mut buf);
                 scratch = Scratch::default();
                 // `retired` is looked at under the lock `wake_all` takes: a retirement is

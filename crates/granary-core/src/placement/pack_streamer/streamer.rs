@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::ops::Range;
+use std::time::Duration;
 
 use granary_shm::Table;
 
@@ -31,6 +32,19 @@ pub(super) const NONE: u32 = u32::MAX;
 /// 512 KiB (~450 KB on average for 110 KB files) are served at the request rate, at full
 /// bandwidth, where 1 MiB ones came at 64 a second (docs/decisions.md, "Packs").
 const SEGMENT_SPAN: u64 = 512 << 10;
+
+/// After a segment a program waited on, how long a streamer waits for that program's next
+/// request before it starts a sweep read. A shuffled first epoch's loader asks for one file
+/// after another: its next request comes within a millisecond of its copy's publication,
+/// while a sweep read started in that gap holds the source for a whole `block` (16 ms for
+/// 1 MiB at the benchmark's 64 MiB/s), and the program waits behind it. A program that does
+/// not ask again costs the sweep this much once per waited-for segment. Shuttle cannot time a
+/// wait out (`crate::sync`): none there.
+const URGENT_GRACE: Option<Duration> = if cfg!(feature = "shuttle") {
+    None
+} else {
+    Some(Duration::from_millis(2))
+};
 
 pub(super) struct Segment {
     pub(super) part: u32,
@@ -260,12 +274,29 @@ impl Streamer {
     /// The next segments for a streamer sweeping `current`: a segment a program waits on,
     /// else the next of the current partition with as many after it as one `block` read
     /// spans, else the first of a partition nobody sweeps. All taken, all of one partition.
-    pub(super) fn next(&self, current: &mut Option<usize>) -> Option<Range<u32>> {
-        while let Some(seg) = lock(&self.urgent).pop_front() {
-            if self.take(seg) {
-                return Some(seg..seg + 1);
+    /// `after_urgent`: the caller just streamed a segment a program waited on; the sweep then
+    /// waits up to `URGENT_GRACE` for the program's next one first. Segments a program waits
+    /// on are marked `true`.
+    pub(super) fn next(
+        &self,
+        current: &mut Option<usize>,
+        after_urgent: bool,
+    ) -> Option<(Range<u32>, bool)> {
+        let mut q = lock(&self.urgent);
+        let mut grace = URGENT_GRACE.filter(|_| after_urgent);
+        loop {
+            while let Some(seg) = q.pop_front() {
+                if self.take(seg) {
+                    return Some((seg..seg + 1, true));
+                }
             }
+            let Some(wait) = grace.take() else { break };
+            q = match self.wake.wait_timeout(q, wait) {
+                Ok((q, _)) => q,
+                Err(e) => e.into_inner().0,
+            };
         }
+        drop(q);
         loop {
             if let Some(p) = *current {
                 let r = &self.parts[p];
@@ -285,7 +316,7 @@ impl Streamer {
                             end += 1;
                         }
                         self.cursor[p].fetch_max(end as usize, Ordering::AcqRel);
-                        return Some(first..end);
+                        return Some((first..end, false));
                     }
                 }
                 *current = None;
