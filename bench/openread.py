@@ -158,6 +158,9 @@ class Granary(scale.Granary):
         p = subprocess.run(list(map(str, cmd)), capture_output=True, env=self.env)
         if p.returncode != 0:
             raise SystemExit(f"job failed: {p.stderr.decode(errors='replace')[-2000:]}")
+        # `granary run` that cannot serve runs the program anyway: a figure of direct reads.
+        if b"without granary" in p.stderr:
+            raise SystemExit(f"the job ran without granary: {p.stderr.decode(errors='replace')[-2000:]}")
         return p
 
 
