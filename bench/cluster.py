@@ -56,15 +56,36 @@ def agents_cpu():
                 pass
         out.append(total / 1e9)
     return out
+def agents_threads():
+    """Each agent thread's CPU seconds so far, by "r<rank>:<thread name>" (threads of one name summed)."""
+    out = {}
+    for i, p in enumerate(pids):
+        for t in os.listdir(f"/proc/{p}/task"):
+            try:
+                name = open(f"/proc/{p}/task/{t}/comm").read().strip()
+                ns = int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            out[f"r{i}:{name}"] = out.get(f"r{i}:{name}", 0) + ns / 1e9
+    return out
+def switches():
+    """This thread's context switches so far: voluntary (it slept), involuntary (preempted)."""
+    got = {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/thread-self/status") if "ctxt_switches" in l}
+    return [got.get("voluntary_ctxt_switches", 0), got.get("nonvoluntary_ctxt_switches", 0)]
+ctxt = [0, 0]
 files = [l for l in open(sys.argv[1]).read().split("\n") if l]
 threads, mode, size = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 it = iter(files); lock = threading.Lock(); total = [0]; lat = []
 def work():
     buf = bytearray(size); view = memoryview(buf)
+    sw0 = switches()
     while True:
         with lock:
             p = next(it, None)
         if p is None:
+            sw = switches()
+            with lock:
+                ctxt[0] += sw[0] - sw0[0]; ctxt[1] += sw[1] - sw0[1]
             return
         t = time.perf_counter()
         with open(p, "rb", buffering=0) as f:
@@ -81,19 +102,36 @@ def work():
         with lock:
             total[0] += n
             lat.append(t)
-a0 = agents_cpu()
+a0, th0 = agents_cpu(), agents_threads()
 t0, c0 = time.perf_counter(), time.process_time()
 ts = [threading.Thread(target=work) for _ in range(threads)]
 [t.start() for t in ts]; [t.join() for t in ts]
 s, cpu = time.perf_counter() - t0, time.process_time() - c0
 agents = [b - a for a, b in zip(a0, agents_cpu())]
+threads_cpu = {k: v - th0.get(k, 0) for k, v in agents_threads().items()}
 print(json.dumps({"files": len(files), "bytes": total[0], "s": s, "cpu": cpu,
-                  "agent_cpu": sum(agents), "agent_cpus": agents, "lat": sorted(lat)}))
+                  "agent_cpu": sum(agents), "agent_cpus": agents, "agent_threads": threads_cpu,
+                  "ctxt": ctxt, "lat": sorted(lat)}))
 '''
 
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
+
+
+def threads_cpu_s(pids):
+    """CPU seconds so far of every thread of the agents `pids`, by "r<rank>:<thread name>"
+    (as the reader's `agents_threads`)."""
+    out = {}
+    for i, pid in enumerate(pids):
+        for t in pathlib.Path(f"/proc/{pid}/task").iterdir():
+            try:
+                name = (t / "comm").read_text().strip()
+                ns = int((t / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            out[f"r{i}:{name}"] = out.get(f"r{i}:{name}", 0) + ns / 1e9
+    return out
 
 
 def cpu_s(pid):
@@ -259,6 +297,8 @@ def epochs(g, args, source, work, sums):
             # The staging tier holds a third of the remote files: every read of epoch 2 is a
             # new transfer into a recycled file.
             n_remote = sum(1 for p in sums.values() if f"/{d}/" in p) // 2
+            if not n_remote:
+                continue  # not in --counts
             staging = max(n_remote * SIZES[d] // 3, 16 << 20)
             serve = Serve(g, source, work, pathlib.Path(args.tier_root), None, staging=str(staging))
             serve.read(1, str(work / "all.txt"), 4, "read", 8 << 20)
@@ -267,8 +307,12 @@ def epochs(g, args, source, work, sums):
             rem = sorted(p for p in theirs if f"/{d}/" in p)
             (work / "e.txt").write_text("\n".join(rem))
             theirs_bytes = len(rem) * SIZES[d]
+            pids = [serve.pid(r) for r in range(serve.ranks)]
+            th0, tt0 = threads_cpu_s(pids), time.monotonic()
             idles = serve.idle_rates()
             idle = sum(idles)
+            dt = time.monotonic() - tt0
+            th_idle = {k: (v - th0.get(k, 0)) / dt for k, v in threads_cpu_s(pids).items()}
             for e in (1, 2):
                 r = serve.read(0, str(work / "e.txt"), 1, "read", SIZES[d])
                 agent = r["agent_cpu"] - idle * r["s"]
@@ -277,7 +321,12 @@ def epochs(g, args, source, work, sums):
                 out.setdefault(d, {})[e] = {"agent_cpu": agent, "bytes": r["bytes"], "s": r["s"],
                                             "reader_cpu": r["cpu"], "idle": idle,
                                             "per_gib": agent / gib,
-                                            "requester_per_gib": requester / gib}
+                                            "requester_per_gib": requester / gib,
+                                            # Each agent thread's CPU per remote file (idle rate
+                                            # subtracted), µs; the reader's context switches per file.
+                                            "threads_us": {k: (v - th_idle.get(k, 0) * r["s"]) / r["files"] * 1e6
+                                                           for k, v in r.get("agent_threads", {}).items()},
+                                            "ctxt_per_file": [c / r["files"] for c in r.get("ctxt", [0, 0])]}
             c = serve.status(0).get("cluster") or {}
             out[d]["recycled"] = c.get("staging_recycled", 0)
             out[d]["bounce"] = sum(p.get("bounce_bytes", 0) for p in c.get("peers", []))
@@ -349,6 +398,17 @@ def bar(rows, side, extra):
                          f"{e[1]['requester_per_gib']:.2f} / {e[2]['requester_per_gib']:.2f} | "
                          f"{e[1]['reader_cpu'] / g1:.2f} / {e[2]['reader_cpu'] / g2:.2f} | {e['recycled']} | {e['bounce']} |")
         costs["epochs"] = {d: {k: e[k]["per_gib"] for k in (1, 2)} for d, e in ep.items()}
+        lines += ["", "Where it goes, per remote file: each agent thread's CPU (µs, idle rate subtracted; r0 the "
+                  "requester, r1 the owner; threads under 1 µs left out) and the reader's context switches "
+                  "(voluntary: it slept; involuntary: preempted).", "",
+                  "| size | epoch | agent threads, µs per file | reader switches per file, voluntary / involuntary |",
+                  "|---|---|---|---|"]
+        for d, e in ep.items():
+            for k in (1, 2):
+                th = sorted(((v, n) for n, v in e[k].get("threads_us", {}).items() if v >= 1), reverse=True)
+                cs = e[k].get("ctxt_per_file", [0, 0])
+                lines.append(f"| {d} | {k if k == 1 else 'later'} | {', '.join(f'{n} {v:.0f}' for v, n in th)} | "
+                             f"{cs[0]:.2f} / {cs[1]:.2f} |")
     idle = extra.get("idle3")
     if idle:
         lines += ["", f"Idle ranks (3 ranks serving, nothing reading, {extra['idle_seconds']:.0f} s): "
