@@ -329,11 +329,10 @@ fn remote(
     Got::Source
 }
 
-/// Starts a program's remote read of `job` on the communication thread: the request sent to its
-/// first live owner — first, so the owner answers while this thread takes the entry, reserves
-/// room (dropping the oldest staged copies) and readies the landing — and the transfer handed
-/// to the communication thread (`Inline`). `Err`: the job is a fetcher's (no live owner, no tag,
-/// no room but the source, a failure before the transfer started).
+/// Starts a program's remote read of `job` on the communication thread: the entry taken, room
+/// reserved, the request sent to its first live owner, the landing readied meanwhile and the
+/// transfer handed to the communication thread (`Inline`). `Err`: the job is a fetcher's (no
+/// live owner, no tag, no room but the source, a failure before the transfer started).
 fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     let (ctx, idx) = (job.ctx.clone(), job.idx);
     let Some(e) = ctx.table.entry(idx) else {
@@ -343,23 +342,28 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     let Some(&owner) = owners.first() else {
         return Err(job);
     };
+    let (mut rx, mut free) = match prepare(node, &ctx, idx, e.stat.size, &tiers) {
+        Ok(p) => p,
+        Err(Got::Outcome(out)) => {
+            done(node, &job, out);
+            return Ok(());
+        }
+        Err(_) => return Err(job),
+    };
     if let Some(src) = node.direct.source(idx, e.object, e.stat.size, &owners) {
-        return match prepare(node, &ctx, idx, e.stat.size, &tiers) {
-            Ok((rx, free)) => direct(node, job, rx, free, src),
-            Err(Got::Outcome(out)) => {
-                done(node, &job, out);
-                Ok(())
-            }
-            Err(_) => Err(job),
-        };
+        return direct(node, job, rx, free, src);
     }
     let Some(tag) = node.tags.take(owner) else {
+        if let (Some(st), Some(f)) = (node.staging_tier, free) {
+            node.staging.give_back(&ctx.space, st, f);
+        }
+        rx.abandon(&ReceiveError::Lost);
         return Err(job);
     };
     let started = Instant::now();
-    node.comm.ask_inline(
+    node.comm.expect_inline(owner, tag);
+    node.comm.ctrl(
         owner,
-        tag,
         &Msg::Request {
             tag,
             idx,
@@ -367,30 +371,14 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
             size: e.stat.size,
         },
     );
-    // Given up before the transfer was handed over: nothing more of it is wanted, and its tag
-    // is retired (the owner may have sent pieces already).
-    let cancel = || {
-        node.comm.forget(owner, tag);
-        node.tags.give_back(owner, tag, false);
-        node.comm.ctrl(owner, &Msg::Cancel { tag });
-    };
-    let (mut rx, mut free) = match prepare(node, &ctx, idx, e.stat.size, &tiers) {
-        Ok(p) => p,
-        Err(got) => {
-            cancel();
-            if let Got::Outcome(out) = got {
-                done(node, &job, out);
-                return Ok(());
-            }
-            return Err(job);
-        }
-    };
-    // The part file, allocated and mapped, where the pieces land straight from the owner's
-    // copy (those that come first wait for it, matched, not received).
+    // While the owner answers: the part file, allocated and mapped, where the pieces land
+    // straight from the owner's copy (the first ones wait for it, matched, not received).
     let landing = match land(node, &mut rx, &mut free) {
         Ok(l) => Arc::new(l),
         Err(why) => {
-            cancel();
+            node.comm.forget(owner, tag);
+            node.tags.give_back(owner, tag, false);
+            node.comm.ctrl(owner, &Msg::Cancel { tag });
             rx.abandon(&why);
             return Err(job);
         }

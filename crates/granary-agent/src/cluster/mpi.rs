@@ -5,7 +5,7 @@
 //! many turns of the loop, with its buffer owned by the loop meanwhile).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -15,8 +15,8 @@ use mpi::traits::*;
 
 use super::doorbell::{self, Door, Kind, Trust};
 use super::transport::{
-    Bell, Budget, Buffers, Cmd, Enter, Event, Flow, Inbox, Landing, Payload, Pulse, Transfer,
-    Waiter, ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP, IDLE_NAP, IDLE_NAP_MAX,
+    Bell, Budget, Buffers, Cmd, Event, Flow, Inbox, Landing, Payload, Pulse, Transfer, Waiter,
+    ACTIVE_FOR, ACTIVE_NAP, BUSY_NAP, IDLE_NAP, IDLE_NAP_MAX,
 };
 use super::wire::{Msg, CTRL};
 
@@ -82,9 +82,7 @@ impl Mpi {
         Ok(buf)
     }
 
-    /// Runs the communication loop until `Cmd::Stop`, then leaves MPI (`MPI_Finalize`). The
-    /// loop is offered to the node's other threads through `enter` (`Enter`) meanwhile.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs the communication loop until `Cmd::Stop`, then leaves MPI (`MPI_Finalize`).
     pub fn serve(
         self,
         inbox: Arc<dyn Inbox>,
@@ -93,7 +91,6 @@ impl Mpi {
         bufs: Arc<Buffers>,
         budget: Arc<Budget>,
         pulse: Arc<Pulse>,
-        enter: &OnceLock<Arc<dyn Enter>>,
     ) {
         set_timer_slack();
         let mut l = Loop {
@@ -109,9 +106,6 @@ impl Mpi {
             expect: HashMap::new(),
             orphans: Vec::new(),
             sends: Vec::new(),
-            stop: false,
-            closed: false,
-            asleep_until: None,
         };
         if let Some(d) = &l.door {
             let (addr, token) = d.card();
@@ -120,141 +114,10 @@ impl Mpi {
                 l.send(r, CTRL, Payload::Owned(card.clone()), 0, false);
             }
         }
-        let shared = Arc::new(Shared {
-            l: Mutex::new(l),
-            cmds,
-            bell,
-        });
-        let _ = enter.set(shared.clone());
-        shared.run();
-        {
-            let mut l = shared.lock();
-            l.drain(Duration::from_secs(5));
-            // No thread enters the loop from here (`Shared::enter`).
-            l.closed = true;
-        }
+        l.run(&cmds, &bell);
+        l.drain(Duration::from_secs(5));
         tracing::info!("leaving MPI");
         drop(self.universe);
-    }
-}
-
-/// The loop, shared between the communication thread, which holds it for each of its turns,
-/// and the node's threads that enter it between turns (`Enter`).
-struct Shared {
-    l: Mutex<Loop>,
-    cmds: Receiver<Cmd>,
-    bell: Arc<Bell>,
-}
-
-// SAFETY: the loop's MPI handles (requests, matched messages) are plain handles into the MPI
-// library, which is initialized MPI_THREAD_SERIALIZED: any thread may use them as long as no two
-// threads call MPI at once — every use of the loop, and so every MPI call after start-up, is
-// made under `Shared::l`. Everything else in it is Send.
-unsafe impl std::marker::Send for Loop {}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Loop> {
-        self.l.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn run(&self) {
-        // While a transfer of this rank's is awaited, naps double from BUSY_NAP after each
-        // activity up to ACTIVE_NAP (its answer is picked up within that). While this rank
-        // serves others (asked within ACTIVE_FOR, or pieces of its going out), it naps
-        // ACTIVE_NAP: another rank's next request waits that long at most, and the short naps
-        // after each activity bought nothing there but wake-ups (three per request served).
-        // Otherwise it is idle — its own programs reading count for nothing here, their
-        // requests wake it (`Bell`) or are made by the thread that took them (`Enter`) — and
-        // sleeps IDLE_NAP, doubling up to IDLE_NAP_MAX: MPI has no wait that sleeps (OpenMPI's
-        // and MPICH's blocking calls spin on a core), so a peer's first request to an idle rank
-        // waits that long at most, and the rank serves from then on. Liveness traffic
-        // (heartbeats, status questions) is not activity. Peers whose doorbells ring
-        // (`doorbell`) wake it when they send: while it waits only on such peers, a nap is a
-        // safety net (`nap`).
-        let mut nap = BUSY_NAP;
-        // Datagrams may wait on the doorbell (`Bell::nap` says; a datagram that comes while
-        // the thread is awake makes the next nap return at once).
-        let mut rung = true;
-        loop {
-            let wait = {
-                let mut l = self.lock();
-                l.asleep_until = None;
-                l.pulse.beat();
-                let mut moved = rung && l.doorbells();
-                rung = false;
-                moved |= l.commands(&self.cmds);
-                if l.stop {
-                    return;
-                }
-                moved |= l.probe();
-                moved |= l.progress();
-                l.tick();
-                l.ring();
-                if moved {
-                    None
-                } else {
-                    let wait = l.nap(nap);
-                    l.asleep_until = Some(Instant::now() + wait);
-                    Some(wait)
-                }
-            };
-            let Some(wait) = wait else {
-                nap = BUSY_NAP;
-                continue;
-            };
-            // Parked or in `ppoll` (`Bell`), not a channel's timed receive: a command or a
-            // doorbell wakes it at once, and the next turn takes it.
-            let napped = Instant::now();
-            rung = self.bell.nap(wait, || !self.cmds.is_empty());
-            if self.cmds.is_empty() && napped.elapsed() >= wait {
-                nap = (wait * 2).min(IDLE_NAP_MAX);
-            }
-        }
-    }
-}
-
-impl Enter for Shared {
-    fn enter(&self, cmds: Vec<Cmd>) -> Result<(), Vec<Cmd>> {
-        // Never waits for a turn (one may be receiving a file): the commands are then queued,
-        // and the thread in its turn takes them.
-        let Ok(mut l) = self.l.try_lock() else {
-            return Err(cmds);
-        };
-        if l.closed || l.stop {
-            return Err(cmds);
-        }
-        // Those queued before go first (a transfer's expectation before its landing).
-        l.commands(&self.cmds);
-        if l.stop {
-            drop(l);
-            // It sleeps on: wake it to leave.
-            self.bell.ring();
-            return Err(cmds);
-        }
-        // A landing for pieces already matched would receive them here, and the transfer's
-        // checksum would run on this thread, serial with the next piece's copy: the
-        // communication thread carries the receives (woken for it), this thread only what
-        // reaches MPI without waiting for data — a request, an expectation, an empty landing.
-        if cmds.iter().any(|c| l.has_parked(c)) {
-            drop(l);
-            return Err(cmds);
-        }
-        for cmd in cmds {
-            l.command(cmd);
-        }
-        l.ring();
-        // The thread sleeps on with the nap it chose before these. A peer whose doorbell is
-        // trusted wakes it when its answer comes; for one that must be polled for, it is woken
-        // now to nap shorter.
-        let want = l.nap(BUSY_NAP);
-        let late = l
-            .asleep_until
-            .is_some_and(|until| Instant::now() + want < until);
-        drop(l);
-        if late && want < doorbell::SAFETY_NAP {
-            self.bell.ring();
-        }
-        Ok(())
     }
 }
 
@@ -349,12 +212,6 @@ struct Loop {
     /// Data nobody waits for any more (a transfer given up): received, then dropped.
     orphans: Vec<Recv>,
     sends: Vec<Send>,
-    /// `Cmd::Stop` came: the thread leaves at the end of its turn.
-    stop: bool,
-    /// MPI is being finalized: nobody enters the loop any more.
-    closed: bool,
-    /// When the communication thread's current nap ends (`None`: in a turn).
-    asleep_until: Option<Instant>,
 }
 
 impl Expecting {
@@ -393,54 +250,6 @@ impl Expecting {
     }
 }
 
-/// What testing a transfer's receives did (`Expecting::advance`).
-#[derive(Default)]
-struct Advanced {
-    /// A receive completed.
-    any: bool,
-    /// The transfer is over.
-    done: bool,
-    /// A receive failed.
-    failed: bool,
-}
-
-impl Expecting {
-    /// Tests its receives in flight, in order, and hands each completed one to its waiter.
-    fn advance(&mut self, from: u32) -> Advanced {
-        let mut a = Advanced::default();
-        while let Some(head) = self.queue.front_mut() {
-            match test(&mut head.req) {
-                Ok(false) => break,
-                Ok(true) => {
-                    a.any = true;
-                    let Some(r) = self.queue.pop_front() else {
-                        break;
-                    };
-                    let ev = match r.into {
-                        Into::Buffer(mut b) => {
-                            // SAFETY: the receive completed: MPI wrote exactly `len` bytes (the
-                            // probed size) into the buffer's capacity.
-                            unsafe { b.set_len(r.len) };
-                            Event::Data(b)
-                        }
-                        Into::Landing { off, .. } => Event::Landed { off, len: r.len },
-                    };
-                    if self.deliver(ev) == Flow::Done {
-                        a.done = true;
-                        break;
-                    }
-                }
-                Err(rc) => {
-                    tracing::debug!("receive from rank {from} failed ({rc})");
-                    self.queue.pop_front();
-                    a.failed = true;
-                }
-            }
-        }
-        a
-    }
-}
-
 /// A send not completed after this long (its receiver is stopped or gone) no longer counts
 /// against the budget: its buffer stays with MPI until it completes, if ever.
 const WRITE_OFF: Duration = Duration::from_secs(5);
@@ -459,29 +268,51 @@ fn test(req: &mut ffi::MPI_Request) -> Result<bool, i32> {
 }
 
 impl Loop {
-    /// Whether `cmd` attaches a landing to a transfer whose pieces arrived already (matched,
-    /// waiting for it).
-    fn has_parked(&self, cmd: &Cmd) -> bool {
-        match cmd {
-            Cmd::Land { from, tag, .. } => self
-                .expect
-                .get(&(*from, *tag))
-                .is_some_and(|e| !e.parked.is_empty()),
-            _ => false,
-        }
-    }
-
-    /// Carries out the commands queued (`Cmd::Stop`: `stop`); true if any was activity.
-    fn commands(&mut self, cmds: &Receiver<Cmd>) -> bool {
-        let mut moved = false;
-        while !self.stop {
-            match cmds.try_recv() {
-                Ok(Cmd::Stop) | Err(TryRecvError::Disconnected) => self.stop = true,
-                Ok(cmd) => moved |= self.command(cmd),
-                Err(TryRecvError::Empty) => break,
+    fn run(&mut self, cmds: &Receiver<Cmd>, bell: &Bell) {
+        // While a transfer of this rank's is awaited, naps double from BUSY_NAP after each
+        // activity up to ACTIVE_NAP (its answer is picked up within that). While this rank
+        // serves others (asked within ACTIVE_FOR, or pieces of its going out), it naps
+        // ACTIVE_NAP: another rank's next request waits that long at most, and the short naps
+        // after each activity bought nothing there but wake-ups (three per request served).
+        // Otherwise it is idle — its own programs reading count for nothing here, their
+        // requests wake it (`Bell`) — and sleeps IDLE_NAP, doubling up to IDLE_NAP_MAX: MPI has
+        // no wait that sleeps (OpenMPI's and MPICH's blocking calls spin on a core), so a
+        // peer's first request to an idle rank waits that long at most, and the rank serves
+        // from then on. Liveness traffic (heartbeats, status questions) is not activity.
+        // Peers whose doorbells ring (`doorbell`) wake it when they send: while it waits only
+        // on such peers, a nap is a safety net (`nap`).
+        let mut nap = BUSY_NAP;
+        // Datagrams may wait on the doorbell (`Bell::nap` says; a datagram that comes while
+        // the thread is awake makes the next nap return at once).
+        let mut rung = true;
+        loop {
+            self.pulse.beat();
+            let mut moved = rung && self.doorbells();
+            rung = false;
+            loop {
+                match cmds.try_recv() {
+                    Ok(Cmd::Stop) | Err(TryRecvError::Disconnected) => return,
+                    Ok(cmd) => moved |= self.command(cmd),
+                    Err(TryRecvError::Empty) => break,
+                }
+            }
+            moved |= self.probe();
+            moved |= self.progress();
+            self.tick();
+            self.ring();
+            if moved {
+                nap = BUSY_NAP;
+                continue;
+            }
+            let wait = self.nap(nap);
+            // Parked or in `ppoll` (`Bell`), not a channel's timed receive: a command or a
+            // doorbell wakes it at once, and the next turn takes it.
+            let napped = Instant::now();
+            rung = bell.nap(wait, || !cmds.is_empty());
+            if cmds.is_empty() && napped.elapsed() >= wait {
+                nap = (wait * 2).min(IDLE_NAP_MAX);
             }
         }
-        moved
     }
 
     /// How long to nap now (`nap`: the doubling nap of the caller), from what this rank waits
@@ -740,14 +571,15 @@ impl Loop {
             return;
         }
         let r = Recv { req, into, len };
-        let Some(e) = self.expect.get_mut(&(from, tag)) else {
-            self.orphans.push(r);
-            return;
-        };
-        if matches!(r.into, Into::Landing { .. }) {
-            e.next += len;
+        match self.expect.get_mut(&(from, tag)) {
+            Some(e) => {
+                if matches!(r.into, Into::Landing { .. }) {
+                    e.next += len;
+                }
+                e.queue.push_back(r)
+            }
+            None => self.orphans.push(r),
         }
-        e.queue.push_back(r);
     }
 
     /// No more interest in `(from, tag)`: what is in flight or matched for it is received into
@@ -842,16 +674,33 @@ impl Loop {
         let mut done = Vec::new();
         let mut arrived = Vec::new();
         for (&(from, tag), e) in self.expect.iter_mut() {
-            let a = e.advance(from);
-            any |= a.any;
-            if a.any {
-                arrived.push(from);
-            }
-            if a.done {
-                done.push((from, tag));
-            }
-            if a.failed {
-                failed.push(from);
+            while let Some(head) = e.queue.front_mut() {
+                match test(&mut head.req) {
+                    Ok(false) => break,
+                    Ok(true) => {
+                        any = true;
+                        arrived.push(from);
+                        let Some(r) = e.queue.pop_front() else { break };
+                        let ev = match r.into {
+                            Into::Buffer(mut b) => {
+                                // SAFETY: the receive completed: MPI wrote exactly `len` bytes
+                                // (the probed size) into the buffer's capacity.
+                                unsafe { b.set_len(r.len) };
+                                Event::Data(b)
+                            }
+                            Into::Landing { off, .. } => Event::Landed { off, len: r.len },
+                        };
+                        if e.deliver(ev) == Flow::Done {
+                            done.push((from, tag));
+                            break;
+                        }
+                    }
+                    Err(rc) => {
+                        tracing::debug!("receive from rank {from} failed ({rc})");
+                        e.queue.pop_front();
+                        failed.push(from);
+                    }
+                }
             }
         }
         for (from, tag) in done {

@@ -111,17 +111,16 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
     {
         let inbox: Arc<dyn Inbox> = node.clone();
-        let (bell, bufs, budget, pulse, enter) = (
+        let (bell, bufs, budget, pulse) = (
             comm.bell.clone(),
             comm.bufs.clone(),
             comm.budget.clone(),
             comm.pulse.clone(),
-            comm.enter.clone(),
         );
         std::thread::Builder::new()
             .name("mpi".into())
             .spawn(move || {
-                mpi.serve(inbox, cmds, bell, bufs, budget, pulse, &enter);
+                mpi.serve(inbox, cmds, bell, bufs, budget, pulse);
                 let _ = done_tx.send(());
             })?;
     }

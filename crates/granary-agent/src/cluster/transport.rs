@@ -29,9 +29,7 @@ use super::wire::{Answer, Msg, CTRL, DATA_TAG0, DATA_TAGS};
 /// Bytes of file data per message: large enough that the per-message cost is small against the
 /// copy (a few µs against ~1 ms for 4 MiB), small enough that a transfer is pipelined (the owner
 /// reads the next piece while the last one travels, the receiver writes one while it receives
-/// the next) and a file of a few MiB starts arriving at once. Pieces of 512 KiB, each hashed
-/// right after its copy, hashed no faster here (0.031–0.037 ns/B against 0.025–0.036) and woke
-/// the owner's communication thread more often.
+/// the next) and a file of a few MiB starts arriving at once.
 pub const PIECE: usize = 4 << 20;
 
 /// Bytes of file data a rank has in flight to others at once.
@@ -387,7 +385,7 @@ impl Bell {
     }
 
     /// A command was queued: wakes the thread if it naps.
-    pub fn ring(&self) {
+    fn ring(&self) {
         // Pairs with the fence in `nap`: either the napper sees the command queued, or this
         // sees it asleep.
         fence(Ordering::SeqCst);
@@ -425,21 +423,10 @@ impl Bell {
     }
 }
 
-/// The communication thread's loop, entered by another thread between two of its turns
-/// (`Comm::now`): MPI is initialized `MPI_THREAD_SERIALIZED`, so any thread may make the calls
-/// as long as one at a time does.
-pub trait Enter: Send + Sync {
-    /// Carries out `cmds` on the calling thread, after the commands queued before them, if the
-    /// communication thread is not in a turn (and MPI is still up); else gives them back.
-    fn enter(&self, cmds: Vec<Cmd>) -> Result<(), Vec<Cmd>>;
-}
-
 /// The node's handle on the communication thread.
 #[derive(Clone)]
 pub struct Comm {
     tx: Sender<Cmd>,
-    /// The loop itself, once the communication thread runs (`Enter`).
-    pub enter: Arc<OnceLock<Arc<dyn Enter>>>,
     pub bell: Arc<Bell>,
     pub bufs: Arc<Buffers>,
     pub budget: Arc<Budget>,
@@ -454,7 +441,6 @@ impl Comm {
         (
             Comm {
                 tx,
-                enter: Arc::default(),
                 bell: Arc::new(Bell::new(door)),
                 bufs: Arc::new(Buffers::new()),
                 budget: Arc::new(Budget::new(IN_FLIGHT)),
@@ -467,24 +453,6 @@ impl Comm {
     /// Queues `cmd` for the communication thread and wakes it if it naps.
     fn push(&self, cmd: Cmd) {
         let _ = self.tx.send(cmd);
-        self.bell.ring();
-    }
-
-    /// Carries out `cmds` on this thread when the communication thread is between turns, as it
-    /// would (`Enter`): a program's request reaches MPI from the thread that took it, with no
-    /// thread woken in between (a wake-up of the communication thread took 50–170 µs here, a
-    /// loaded 2-core VM). Else they are queued for it, as `push` does.
-    fn now(&self, cmds: Vec<Cmd>) {
-        let cmds = match self.enter.get() {
-            Some(e) => match e.enter(cmds) {
-                Ok(()) => return,
-                Err(cmds) => cmds,
-            },
-            None => cmds,
-        };
-        for cmd in cmds {
-            let _ = self.tx.send(cmd);
-        }
         self.bell.ring();
     }
 
@@ -527,23 +495,13 @@ impl Comm {
         events
     }
 
-    /// Sends `request` to `from` for a transfer of tag `tag` that the communication thread will
-    /// carry on itself (`carry`): its answer is expected first. Made on this thread when it can
-    /// be (`now`).
-    pub fn ask_inline(&self, from: u32, tag: i32, request: &Msg) {
-        self.now(vec![
-            Cmd::Expect {
-                from,
-                tag,
-                waiter: Waiter::Inline,
-            },
-            Cmd::Send {
-                to: from,
-                tag: CTRL,
-                data: Payload::Owned(request.encode()),
-                credit: 0,
-            },
-        ]);
+    /// As `expect`, for a transfer the communication thread will carry on itself (`carry`).
+    pub fn expect_inline(&self, from: u32, tag: i32) {
+        self.push(Cmd::Expect {
+            from,
+            tag,
+            waiter: Waiter::Inline,
+        });
     }
 
     /// Where `(from, tag)`'s data goes: it can be attached after the request went out (the
@@ -558,17 +516,14 @@ impl Comm {
     }
 
     /// `land`, and from here the communication thread carries the transfer on itself (an
-    /// `ask_inline` one): its events so far, then each as it arrives. Done on this thread when
-    /// it can be and no piece arrived yet (`now`, `Enter`): the receives and their checksums
-    /// stay the communication thread's (made here, the program's request thread made the copy and
-    /// checksum of every piece that came first: 2 and 8 MiB reads 5–6 % slower, paired runs).
+    /// `expect_inline` one): its events so far, then each as it arrives.
     pub fn carry(&self, from: u32, tag: i32, landing: Arc<Landing>, transfer: Box<dyn Transfer>) {
-        self.now(vec![Cmd::Land {
+        self.push(Cmd::Land {
             from,
             tag,
             landing,
             transfer: Some(transfer),
-        }]);
+        });
     }
 
     pub fn forget(&self, from: u32, tag: i32) {
