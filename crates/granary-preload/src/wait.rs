@@ -195,11 +195,6 @@ impl Gate {
         }
     }
 
-    /// True if the program's signals are held back (the mask could be changed).
-    pub fn holds(&self) -> bool {
-        self.orig.is_some()
-    }
-
     /// True if a signal the gate holds back is pending and the program handles it (a handler
     /// of its own, or a default that ends or stops it): the wait must end so that it runs.
     /// Signals it ignores (`SIG_IGN`, or ignored by default: a child's `SIGCHLD`, `SIGWINCH`,
@@ -241,7 +236,7 @@ impl Gate {
     pub fn sleep_until_placed(&self, g: &Guard, seen: u32, sleep: &mut i64, max: i64) -> bool {
         let t = core::time::Duration::from_nanos(*sleep as u64);
         *sleep = (*sleep * 2).min(max);
-        (self.holds() && self.pending()) || g.table.wait_placed(seen, t)
+        self.pending() || g.table.wait_placed(seen, t)
     }
 
     /// Sleeps `sleep` ns with the program's signals let in, then doubles `sleep` up to `max`;

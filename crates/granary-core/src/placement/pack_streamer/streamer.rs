@@ -36,8 +36,8 @@ const SEGMENT_SPAN: u64 = 512 << 10;
 /// After a segment a program waited on, how long a streamer waits for that program's next
 /// request before it starts a sweep read. A shuffled first epoch's loader asks for one file
 /// after another: its next request comes within a millisecond of its copy's publication,
-/// while a sweep read started in that gap holds the source for a whole `block` (16 ms for
-/// 1 MiB at the benchmark's 64 MiB/s), and the program waits behind it. A program that does
+/// while a sweep read started in that gap holds the source for a whole `block` (125 ms for
+/// the default 8 MiB at the benchmark's 64 MiB/s), and the program waits behind it. A program that does
 /// not ask again costs the sweep this much once per waited-for segment. Shuttle cannot time a
 /// wait out (`crate::sync`): none there.
 const URGENT_GRACE: Option<Duration> = if cfg!(feature = "shuttle") {
