@@ -83,6 +83,10 @@ pub mod flag {
     /// A tier fd whose copy failed that check: its bytes and metadata come from the source, as
     /// for a copy the program changed in place.
     pub const DAMAGED: u64 = 1 << 22;
+    /// A source fd of a file smaller than the table's whole-fetch size, which the agent copies
+    /// only once the program closed it (from the page cache the program's reads filled): no
+    /// read of it is ever served by granary, so the read hooks pass it through at once.
+    pub const SMALL: u64 = 1 << 23;
 
     /// The fd flags that record the open flags `copies::open` added.
     pub fn added(open_flags: core::ffi::c_int) -> u64 {

@@ -169,7 +169,14 @@ pub fn plan(
     }
     match (mount, loc) {
         (true, Some(loc)) => extracted(g, idx, &entry, &loc, flags),
-        _ => Detour::Bypass(why, Some(Tracked::new(idx, FdKind::Source, fl))),
+        _ => {
+            let small = if entry.stat.size < g.table.prefetch_min_size() {
+                flag::SMALL
+            } else {
+                0
+            };
+            Detour::Bypass(why, Some(Tracked::new(idx, FdKind::Source, fl | small)))
+        }
     }
 }
 

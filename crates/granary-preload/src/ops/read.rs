@@ -10,6 +10,8 @@
 //! - Complete copies (PLACED): the fd is switched to the copy when nobody shares its OFD, else
 //!   each read is served from the copy (`switch`, `serve`).
 //! - Partially cached files (PARTIAL): reads of present chunks come from `<object>.chunks`.
+//! - Small files (below the whole-fetch size, `flag::SMALL`): the program reads the source
+//!   itself and the agent copies the file after its close; every read is the real call.
 //!
 //! Reads at the fd's offset hold the fd's `BUSY` lock (`fdtable::lock`), so a switch never
 //! interleaves with another thread's read of the same fd; served reads claim their range on the
@@ -79,6 +81,11 @@ pub fn read(
     let Some(peeked) = fdtable::peek(fd) else {
         return Detour::Bypass(Bypass::Untracked, NOTHING);
     };
+    if peeked.kind == FdKind::Source && peeked.has(flag::SMALL) {
+        // The source's own bytes, always right: nothing to wait for, switch to or serve (a copy
+        // the agent completed since the open is for the file's next open).
+        return Detour::Bypass(Bypass::ByFd, counted(FdKind::Source, false));
+    }
     if peeked.has(flag::UNCHECKED) && off.is_none() {
         // A whole small copy read at once: checked by what the read returns (no `fstat`).
         match tracked::first_read(fd, peeked, len, f) {
