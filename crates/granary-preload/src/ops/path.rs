@@ -261,16 +261,37 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut
 
 /// An absolute path with nothing to normalise: no empty, `.` or `..` component (no `/` followed
 /// by `/` or `.`; a name starting with a dot takes the general path) and no trailing `/`.
+///
+/// Every path call asks this of its path: eight bytes at a time (a byte-by-byte loop took ~650
+/// instructions for a 50-byte dataset path, more than half of what locating it costs).
 fn is_clean_abs(p: &[u8]) -> bool {
     if p.len() < 2 || p.last() == Some(&b'/') {
         return false;
     }
-    let mut prev_slash = false;
-    for &c in p {
-        if prev_slash && (c == b'/' || c == b'.') {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const SLASHES: u64 = ONES * b'/' as u64;
+    /// The high bit of each zero byte of `x`, exactly (no carry crosses a byte).
+    fn zero_bytes(x: u64) -> u64 {
+        !(((x & !HIGH) + !HIGH) | x) & HIGH
+    }
+    // The previous word ended with a `/`.
+    let mut carry = false;
+    for c in p.chunks(8) {
+        // Padding with zeros, which are neither `/` nor `.`.
+        let mut b = [0u8; 8];
+        if let Some(dst) = b.get_mut(..c.len()) {
+            dst.copy_from_slice(c);
+        }
+        let w = u64::from_le_bytes(b);
+        let slash = zero_bytes(w ^ SLASHES);
+        // `/` is 0x2f and `.` 0x2e: a byte is either exactly when it is 0x2f with bit 0 set.
+        let slash_or_dot = zero_bytes((w | ONES) ^ SLASHES);
+        // Little-endian: byte i + 1 follows byte i, 8 bits up.
+        if (slash << 8) & slash_or_dot != 0 || carry && slash_or_dot & 0x80 != 0 {
             return false;
         }
-        prev_slash = c == b'/';
+        carry = slash >> 63 != 0;
     }
     true
 }
@@ -335,4 +356,59 @@ pub fn entry_path(table: &Table, idx: u32, buf: &mut Buf) -> Option<*const c_cha
     let Cursor { buf, .. } = c;
     buf.get_mut(len)?.write(0);
     Some(buf.as_ptr().cast())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_clean_abs;
+
+    /// The rule, byte by byte.
+    fn clean_by_bytes(p: &[u8]) -> bool {
+        if p.len() < 2 || p.last() == Some(&b'/') {
+            return false;
+        }
+        !p.windows(2)
+            .any(|w| w[0] == b'/' && (w[1] == b'/' || w[1] == b'.'))
+    }
+
+    #[test]
+    fn clean_paths_word_at_a_time_as_byte_by_byte() {
+        for p in [
+            &b"/var/tmp/granary-openread/ds-1k-100000/d0000/f0000000.bin"[..],
+            b"/a",
+            b"/",
+            b"//",
+            b"/a/",
+            b"/a/.b",
+            b"/a/b.c/d..e",
+            b"/abcdefg/.",
+            b"/abcdef//x",
+            b"/abcdefgh/..",
+            b"/abcdefghijklmno/",
+        ] {
+            assert_eq!(
+                is_clean_abs(p),
+                clean_by_bytes(p),
+                "{}",
+                String::from_utf8_lossy(p)
+            );
+        }
+        // Every path of up to 19 bytes over `/`, `.`, `a`, 0x2d and 0xaf (one bit off `/` and
+        // `.`) at a few hundred thousand pseudo-random draws, each position of a word covered.
+        let alphabet = [b'/', b'.', b'a', 0x2d, 0xaf, 0x2f ^ 0x80];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..300_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = 1 + (x % 19) as usize;
+            let mut p = vec![b'/'];
+            let mut y = x >> 8;
+            for _ in 1..len {
+                p.push(alphabet[(y % alphabet.len() as u64) as usize]);
+                y = (y / alphabet.len() as u64) ^ x.rotate_left(29);
+            }
+            assert_eq!(is_clean_abs(&p), clean_by_bytes(&p), "{p:?}");
+        }
+    }
 }
