@@ -61,7 +61,7 @@ const KIND_DIR: u64 = 3;
 const KIND_OTHER: u64 = 4;
 const KIND_PACK: u64 = 5;
 
-/// Flags, bits 16..24 of the word.
+/// Flags, bits 16..32 of the word.
 pub mod flag {
     /// A source fd that stays on the source for good (a switch failed, or it holds a lock).
     pub const PINNED: u64 = 1 << 16;
@@ -83,10 +83,14 @@ pub mod flag {
     /// A tier fd whose copy failed that check: its bytes and metadata come from the source, as
     /// for a copy the program changed in place.
     pub const DAMAGED: u64 = 1 << 22;
+    /// A tier fd opened with `O_NOATIME` added by granary (a copy's access time is nobody's
+    /// business, and skipping it saves every read an access-time check): hidden from
+    /// `fcntl(F_GETFL)` until the program sets the status flags itself.
+    pub const NOATIME_ADDED: u64 = 1 << 23;
     /// A source fd of a file smaller than the table's whole-fetch size, which the agent copies
     /// only once the program closed it (from the page cache the program's reads filled): no
     /// read of it is ever served by granary, so the read hooks pass it through at once.
-    pub const SMALL: u64 = 1 << 23;
+    pub const SMALL: u64 = 1 << 24;
 
     /// The fd flags that record the open flags `copies::open` added.
     pub fn added(open_flags: core::ffi::c_int) -> u64 {
@@ -96,6 +100,9 @@ pub mod flag {
         }
         if open_flags & libc::O_NONBLOCK != 0 {
             f |= NONBLOCK_ADDED;
+        }
+        if open_flags & libc::O_NOATIME != 0 {
+            f |= NOATIME_ADDED;
         }
         f
     }
@@ -109,10 +116,13 @@ pub mod flag {
         if f & NONBLOCK_ADDED != 0 {
             o |= libc::O_NONBLOCK;
         }
+        if f & NOATIME_ADDED != 0 {
+            o |= libc::O_NOATIME;
+        }
         o
     }
 }
-const FLAGS_MASK: u64 = 0xff << 16;
+const FLAGS_MASK: u64 = 0xffff << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FdKind {
