@@ -277,23 +277,31 @@ fn is_clean_abs(p: &[u8]) -> bool {
     }
     // The previous word ended with a `/`.
     let mut carry = false;
-    for c in p.chunks(8) {
-        // Padding with zeros, which are neither `/` nor `.`.
-        let mut b = [0u8; 8];
-        if let Some(dst) = b.get_mut(..c.len()) {
-            dst.copy_from_slice(c);
-        }
-        let w = u64::from_le_bytes(b);
+    let mut clean = |w: u64| {
         let slash = zero_bytes(w ^ SLASHES);
         // `/` is 0x2f and `.` 0x2e: a byte is either exactly when it is 0x2f with bit 0 set.
         let slash_or_dot = zero_bytes((w | ONES) ^ SLASHES);
         // Little-endian: byte i + 1 follows byte i, 8 bits up.
-        if (slash << 8) & slash_or_dot != 0 || carry && slash_or_dot & 0x80 != 0 {
+        let ok = (slash << 8) & slash_or_dot == 0 && !(carry && slash_or_dot & 0x80 != 0);
+        carry = slash >> 63 != 0;
+        ok
+    };
+    let mut words = p.chunks_exact(8);
+    for c in &mut words {
+        if !clean(u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))) {
             return false;
         }
-        carry = slash >> 63 != 0;
     }
-    true
+    // The last bytes, padded with zeros (neither `/` nor `.`), without a call to `memcpy`.
+    let rest = words.remainder();
+    if rest.is_empty() {
+        return true;
+    }
+    let mut w = 0u64;
+    for (i, &c) in rest.iter().enumerate() {
+        w |= (c as u64) << (8 * i);
+    }
+    clean(w)
 }
 
 /// Where a normal absolute path lies relative to the source.
