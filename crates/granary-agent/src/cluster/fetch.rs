@@ -329,10 +329,17 @@ fn remote(
     Got::Source
 }
 
-/// Starts a program's remote read of `job` on the communication thread: the entry taken, room
-/// reserved, the request sent to its first live owner, the landing readied meanwhile and the
-/// transfer handed to the communication thread (`Inline`). `Err`: the job is a fetcher's (no
-/// live owner, no tag, no room but the source, a failure before the transfer started).
+/// Starts a program's remote read of `job` on the communication thread: the request sent to
+/// its first live owner, then — while the request travels and the owner answers — the entry
+/// taken, room reserved and the landing readied, and the transfer handed to the communication
+/// thread (`Inline`). The request leaves first because only the landing must exist before the
+/// first byte moves: the owner's answer and its pieces wait for it (kept, matched but not
+/// received), so taking the entry, reserving the room (dropping the oldest staged copies, a
+/// free staging file taken) and renaming the file into place overlap the round trip to the
+/// owner instead of preceding it. When the preparation fails after the request went out (the
+/// entry taken by someone else meanwhile, a file larger than the staging tier), the request is
+/// cancelled and its tag retired. `Err`: the job is a fetcher's (no live owner, no tag, no room
+/// but the source, a failure before the transfer started).
 fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     let (ctx, idx) = (job.ctx.clone(), job.idx);
     let Some(e) = ctx.table.entry(idx) else {
@@ -342,22 +349,29 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     let Some(&owner) = owners.first() else {
         return Err(job);
     };
-    let (mut rx, mut free) = match prepare(node, &ctx, idx, e.stat.size, &tiers) {
-        Ok(p) => p,
-        Err(Got::Outcome(out)) => {
-            done(node, &job, out);
-            return Ok(());
-        }
-        Err(_) => return Err(job),
-    };
     if let Some(src) = node.direct.source(idx, e.object, e.stat.size, &owners) {
-        return direct(node, job, rx, free, src);
+        return match prepare(node, &ctx, idx, e.stat.size, &tiers) {
+            Ok((rx, free)) => direct(node, job, rx, free, src),
+            Err(Got::Outcome(out)) => {
+                done(node, &job, out);
+                Ok(())
+            }
+            Err(_) => Err(job),
+        };
+    }
+    // A file the staging tier cannot hold at all goes to the source (`prepare` would say so
+    // after the request went out).
+    if node.staging_tier.is_some_and(|st| tiers == [st])
+        && ctx
+            .space
+            .tiers
+            .usage()
+            .get(tiers[0])
+            .is_some_and(|u| e.stat.size > u.capacity)
+    {
+        return Err(job);
     }
     let Some(tag) = node.tags.take(owner) else {
-        if let (Some(st), Some(f)) = (node.staging_tier, free) {
-            node.staging.give_back(&ctx.space, st, f);
-        }
-        rx.abandon(&ReceiveError::Lost);
         return Err(job);
     };
     let started = Instant::now();
@@ -371,14 +385,28 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
             size: e.stat.size,
         },
     );
-    // While the owner answers: the part file, allocated and mapped, where the pieces land
-    // straight from the owner's copy (the first ones wait for it, matched, not received).
+    let cancel = || {
+        node.comm.forget(owner, tag);
+        node.tags.give_back(owner, tag, false);
+        node.comm.ctrl(owner, &Msg::Cancel { tag });
+    };
+    let (mut rx, mut free) = match prepare(node, &ctx, idx, e.stat.size, &tiers) {
+        Ok(p) => p,
+        Err(got) => {
+            cancel();
+            if let Got::Outcome(out) = got {
+                done(node, &job, out);
+                return Ok(());
+            }
+            return Err(job);
+        }
+    };
+    // The part file, allocated and mapped, where the pieces land straight from the owner's
+    // copy (the first ones wait for it, matched, not received).
     let landing = match land(node, &mut rx, &mut free) {
         Ok(l) => Arc::new(l),
         Err(why) => {
-            node.comm.forget(owner, tag);
-            node.tags.give_back(owner, tag, false);
-            node.comm.ctrl(owner, &Msg::Cancel { tag });
+            cancel();
             rx.abandon(&why);
             return Err(job);
         }
