@@ -711,6 +711,12 @@ def fd_calls(root, rel):
         out["F_GETFL " + name] = oct(fcntl.fcntl(fd, fcntl.F_GETFL))
         out["F_GETFD " + name] = fcntl.fcntl(fd, fcntl.F_GETFD)
         out["read " + name] = content(os.read(fd, 1 << 20))
+        # The program sets its status flags from what F_GETFL showed it: the flags granary
+        # added to a copy's fd (O_NONBLOCK, O_NOATIME) are gone or the program's own after it.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        out["F_GETFL after F_SETFL " + name] = oct(fcntl.fcntl(fd, fcntl.F_GETFL))
+        fcntl.fcntl(fd, fcntl.F_SETFL, (fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_APPEND) | os.O_NOATIME)
+        out["F_GETFL after F_SETFL O_NOATIME " + name] = oct(fcntl.fcntl(fd, fcntl.F_GETFL))
         os.close(fd)
     fd = os.open(path, os.O_RDONLY)
     os.read(fd, 10)

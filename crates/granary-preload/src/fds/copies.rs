@@ -20,7 +20,7 @@
 //! file (`open_recorded`).
 
 use core::ffi::c_int;
-use core::sync::atomic::{AtomicI32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use granary_shm::layout::MAX_TIERS;
 use granary_shm::{job, object_name, EntryRec, State, Table};
@@ -150,8 +150,8 @@ pub fn forget_range(first: u32, last: u32) {
 /// Opens `name` in tier `tier`'s object directory with the caller's `flags` (read-only), and
 /// returns the fd only if it is the file the agent wrote (see the module comment). Never
 /// blocks, never follows a link, never changes errno. The second value is the status flags
-/// granary added to the caller's (`O_NONBLOCK`, `O_NOFOLLOW`): they stay
-/// on the fd — neither changes how a regular file on a local tier reads — and
+/// granary added to the caller's (`O_NONBLOCK`, `O_NOFOLLOW`, `O_NOATIME`): they stay
+/// on the fd — none changes what a regular file on a local tier reads — and
 /// `fcntl(F_GETFL)` hides them.
 pub fn open(
     table: &Table,
@@ -192,14 +192,32 @@ pub fn open_unchecked(
     } else {
         0
     };
-    let (fd, nofollow_added) = open_beneath(dir, name, flags | libc::O_NONBLOCK);
+    let noatime_added = if flags & libc::O_NOATIME == 0 && !NOATIME_REFUSED.load(Ordering::Relaxed)
+    {
+        libc::O_NOATIME
+    } else {
+        0
+    };
+    let mut opened = open_beneath(dir, name, flags | libc::O_NONBLOCK | noatime_added);
+    let mut noatime = noatime_added;
+    if opened.0 < 0 && noatime != 0 && sys::errno() == libc::EPERM {
+        // Not the copy's owner (another fsuid): O_NOATIME is refused, never needed.
+        NOATIME_REFUSED.store(true, Ordering::Relaxed);
+        noatime = 0;
+        opened = open_beneath(dir, name, flags | libc::O_NONBLOCK);
+    }
+    let (fd, nofollow_added) = opened;
     if fd < 0 {
         recheck_dir(table, tier, dir);
         return None;
     }
     let nofollow = if nofollow_added { libc::O_NOFOLLOW } else { 0 };
-    Some((fd, nonblock_added | nofollow))
+    Some((fd, nonblock_added | nofollow | noatime))
 }
+
+/// Set once an open of a copy with `O_NOATIME` was refused (`EPERM`: the process's fsuid does
+/// not own the copies): later opens do without it, so no open pays for a refusal twice.
+static NOATIME_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// `st` (an `fstat`) is the file that has name `name` in tier `tier`'s object directory now,
 /// or one that looks like the agent's (`is_ours`): what a copy's fd can name. Anything else —

@@ -83,6 +83,10 @@ pub mod flag {
     /// A tier fd whose copy failed that check: its bytes and metadata come from the source, as
     /// for a copy the program changed in place.
     pub const DAMAGED: u64 = 1 << 22;
+    /// A tier fd opened with `O_NOATIME` added by granary (a copy's access time is nobody's
+    /// business, and skipping it saves every read an access-time check): hidden from
+    /// `fcntl(F_GETFL)` until the program sets the status flags itself.
+    pub const NOATIME_ADDED: u64 = 1 << 23;
 
     /// The fd flags that record the open flags `copies::open` added.
     pub fn added(open_flags: core::ffi::c_int) -> u64 {
@@ -92,6 +96,9 @@ pub mod flag {
         }
         if open_flags & libc::O_NONBLOCK != 0 {
             f |= NONBLOCK_ADDED;
+        }
+        if open_flags & libc::O_NOATIME != 0 {
+            f |= NOATIME_ADDED;
         }
         f
     }
@@ -104,6 +111,9 @@ pub mod flag {
         }
         if f & NONBLOCK_ADDED != 0 {
             o |= libc::O_NONBLOCK;
+        }
+        if f & NOATIME_ADDED != 0 {
+            o |= libc::O_NOATIME;
         }
         o
     }

@@ -65,15 +65,17 @@ pub fn open_source_in(table: &Table, idx: u32, e: &EntryRec, flags: c_int) -> Op
     Some(fd)
 }
 
-/// The status flags to open a replacement with: the fd's own, without creation flags; the
-/// replacement is close-on-exec until `dup3` gives it the fd's own FD_CLOEXEC.
+/// The status flags to open a replacement with: the fd's own, without creation flags and
+/// `O_NOATIME`; the replacement is close-on-exec until `dup3` gives it the fd's own FD_CLOEXEC.
 pub fn replacement_flags(fd: c_int) -> Option<c_int> {
     let fl = sys!(libc::SYS_fcntl, fd, libc::F_GETFL);
     if fl < 0 || fl as c_int & libc::O_ACCMODE != libc::O_RDONLY {
         return None;
     }
-    let creation = libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC;
-    Some((fl as c_int & !creation) | libc::O_CLOEXEC)
+    // O_NOATIME, which granary adds to copies' fds, is refused on a source file of another
+    // owner: the replacement does without it (only its access time differs).
+    let dropped = libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC | libc::O_NOATIME;
+    Some((fl as c_int & !dropped) | libc::O_CLOEXEC)
 }
 
 /// Puts `new` (a freshly opened fd) under `fd`'s number at `fd`'s offset, keeping its

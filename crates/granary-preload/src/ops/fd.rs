@@ -174,9 +174,11 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long, real: impl FnOnce() -> c_int) -
         }
         libc::F_SETFL => {
             let r = real();
-            if r == 0 && t.has(flag::NONBLOCK_ADDED) {
-                // The program chose its status flags: O_NONBLOCK is now its own (or gone).
-                fdtable::clear_flag(fd, flag::NONBLOCK_ADDED);
+            let added = flag::NONBLOCK_ADDED | flag::NOATIME_ADDED;
+            if r == 0 && t.flags & added != 0 {
+                // The program chose its status flags: O_NONBLOCK and O_NOATIME are now its own
+                // (or gone).
+                fdtable::clear_flag(fd, added);
             }
             r
         }
