@@ -5,8 +5,9 @@
 //! (`placement::peer_copy`).
 //!
 //! **The program's read, inline.** The thread that takes the program's request (the ring
-//! consumer) starts the transfer itself (`start`): it reserves the room, sends the request to
-//! the owner and readies the landing while the owner answers; from there the communication
+//! consumer) starts the transfer itself (`start`): it sends the request to the owner, then
+//! takes the entry, reserves the room and readies the landing while the owner answers; from
+//! there the communication
 //! thread carries the transfer on (`Inline`, a `transport::Transfer`): it checksums each piece
 //! as it lands and publishes the copy as the last one does, which wakes the program. No thread
 //! stands in between: the request reaches the thread that makes the MPI call, and completion
@@ -238,19 +239,26 @@ fn publish(
     // A packed file is checked against the index's checksum itself, not only the owner's word
     // for it.
     let sum = ctx.table.locator(idx).map_or(sum, |l| l.checksum.max(1));
+    // Counted before the copy is published: the program it wakes may finish, and its job's
+    // numbers be taken, before this thread runs again (a job's last remote file went
+    // uncounted so, under load).
+    let c = &ctx.counters;
+    AgentCounters::add(&c.remote_files, 1);
+    AgentCounters::add(&c.remote_bytes, rx.size());
     let done = rx.finish(sum);
     node.hashed_bytes.fetch_add(rx.written(), Ordering::Relaxed);
     node.hashing_ns
         .fetch_add(rx.hashing().as_nanos() as u64, Ordering::Relaxed);
+    if done.is_err() {
+        c.remote_files.fetch_sub(1, Ordering::Relaxed);
+        c.remote_bytes.fetch_sub(rx.size(), Ordering::Relaxed);
+    }
     let out = done?;
     tracing::debug!(
         "entry {idx}: {} bytes from rank {owner} in {:?}",
         rx.size(),
         started.elapsed()
     );
-    let c = &ctx.counters;
-    AgentCounters::add(&c.remote_files, 1);
-    AgentCounters::add(&c.remote_bytes, rx.size());
     if let (Some(st), PlaceOutcome::Placed { tier, .. }) = (node.staging_tier, &out) {
         if *tier == st {
             let slot = rx
