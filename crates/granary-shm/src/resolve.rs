@@ -33,14 +33,21 @@ pub fn resolve(table: &Table, rel: &[u8], follow: bool) -> Resolved {
 }
 
 /// `resolve` of the path that names entry `idx`.
-fn resolve_from(table: &Table, mut idx: u32, follow: bool) -> Resolved {
+#[inline]
+fn resolve_from(table: &Table, idx: u32, follow: bool) -> Resolved {
     let Some(e) = table.entry(idx) else {
         return Resolved::PassThrough;
     };
     if !follow || table.link_target(&e).is_none() {
-        // Nearly every path: no link to follow, and no buffer to clear.
+        // Nearly every path: no link to follow, and no buffer to clear. Inlined, so the decoded
+        // entry is built where the caller keeps it rather than copied out through each layer.
         return Resolved::Entry(idx, e);
     }
+    follow_links(table, idx)
+}
+
+#[inline(never)]
+fn follow_links(table: &Table, mut idx: u32) -> Resolved {
     let mut buf = [0u8; PATH_MAX_LEN];
     for _ in 0..MAX_HOPS {
         let Some(e) = table.entry(idx) else {
@@ -147,6 +154,7 @@ impl Table {
     /// The one lookup of a path a reader of the table makes: the entry `rel` names (following a
     /// final symlink with `follow`), if it is live — not voided by the program, nor below a
     /// directory the program renamed or removed — and, with `must_dir`, a directory.
+    #[inline]
     pub fn find(&self, rel: &[u8], follow: bool, must_dir: bool) -> Result<Found, Miss> {
         let idx = self.lookup(rel).ok_or(Miss::NotCatalogued)?;
         let Resolved::Entry(idx, entry) = resolve_from(self, idx, follow) else {

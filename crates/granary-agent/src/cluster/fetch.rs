@@ -5,8 +5,9 @@
 //! (`placement::peer_copy`).
 //!
 //! **The program's read, inline.** The thread that takes the program's request (the ring
-//! consumer) starts the transfer itself (`start`): it reserves the room, sends the request to
-//! the owner and readies the landing while the owner answers; from there the communication
+//! consumer) starts the transfer itself (`start`): it sends the request to the owner, then
+//! takes the entry, reserves the room and readies the landing while the owner answers; from
+//! there the communication
 //! thread carries the transfer on (`Inline`, a `transport::Transfer`): it checksums each piece
 //! as it lands and publishes the copy as the last one does, which wakes the program. No thread
 //! stands in between: the request reaches the thread that makes the MPI call, and completion
@@ -238,19 +239,26 @@ fn publish(
     // A packed file is checked against the index's checksum itself, not only the owner's word
     // for it.
     let sum = ctx.table.locator(idx).map_or(sum, |l| l.checksum.max(1));
+    // Counted before the copy is published: the program it wakes may finish, and its job's
+    // numbers be taken, before this thread runs again (a job's last remote file went
+    // uncounted so, under load).
+    let c = &ctx.counters;
+    AgentCounters::add(&c.remote_files, 1);
+    AgentCounters::add(&c.remote_bytes, rx.size());
     let done = rx.finish(sum);
     node.hashed_bytes.fetch_add(rx.written(), Ordering::Relaxed);
     node.hashing_ns
         .fetch_add(rx.hashing().as_nanos() as u64, Ordering::Relaxed);
+    if done.is_err() {
+        c.remote_files.fetch_sub(1, Ordering::Relaxed);
+        c.remote_bytes.fetch_sub(rx.size(), Ordering::Relaxed);
+    }
     let out = done?;
     tracing::debug!(
         "entry {idx}: {} bytes from rank {owner} in {:?}",
         rx.size(),
         started.elapsed()
     );
-    let c = &ctx.counters;
-    AgentCounters::add(&c.remote_files, 1);
-    AgentCounters::add(&c.remote_bytes, rx.size());
     if let (Some(st), PlaceOutcome::Placed { tier, .. }) = (node.staging_tier, &out) {
         if *tier == st {
             let slot = rx
@@ -329,10 +337,17 @@ fn remote(
     Got::Source
 }
 
-/// Starts a program's remote read of `job` on the communication thread: the entry taken, room
-/// reserved, the request sent to its first live owner, the landing readied meanwhile and the
-/// transfer handed to the communication thread (`Inline`). `Err`: the job is a fetcher's (no
-/// live owner, no tag, no room but the source, a failure before the transfer started).
+/// Starts a program's remote read of `job` on the communication thread: the request sent to
+/// its first live owner, then — while the request travels and the owner answers — the entry
+/// taken, room reserved and the landing readied, and the transfer handed to the communication
+/// thread (`Inline`). The request leaves first because only the landing must exist before the
+/// first byte moves: the owner's answer and its pieces wait for it (kept, matched but not
+/// received), so taking the entry, reserving the room (dropping the oldest staged copies, a
+/// free staging file taken) and renaming the file into place overlap the round trip to the
+/// owner instead of preceding it. When the preparation fails after the request went out (the
+/// entry taken by someone else meanwhile, a file larger than the staging tier), the request is
+/// cancelled and its tag retired. `Err`: the job is a fetcher's (no live owner, no tag, no room
+/// but the source, a failure before the transfer started).
 fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     let (ctx, idx) = (job.ctx.clone(), job.idx);
     let Some(e) = ctx.table.entry(idx) else {
@@ -342,22 +357,29 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     let Some(&owner) = owners.first() else {
         return Err(job);
     };
-    let (mut rx, mut free) = match prepare(node, &ctx, idx, e.stat.size, &tiers) {
-        Ok(p) => p,
-        Err(Got::Outcome(out)) => {
-            done(node, &job, out);
-            return Ok(());
-        }
-        Err(_) => return Err(job),
-    };
     if let Some(src) = node.direct.source(idx, e.object, e.stat.size, &owners) {
-        return direct(node, job, rx, free, src);
+        return match prepare(node, &ctx, idx, e.stat.size, &tiers) {
+            Ok((rx, free)) => direct(node, job, rx, free, src),
+            Err(Got::Outcome(out)) => {
+                done(node, &job, out);
+                Ok(())
+            }
+            Err(_) => Err(job),
+        };
+    }
+    // A file the staging tier cannot hold at all goes to the source (`prepare` would say so
+    // after the request went out).
+    if node.staging_tier.is_some_and(|st| tiers == [st])
+        && ctx
+            .space
+            .tiers
+            .usage()
+            .get(tiers[0])
+            .is_some_and(|u| e.stat.size > u.capacity)
+    {
+        return Err(job);
     }
     let Some(tag) = node.tags.take(owner) else {
-        if let (Some(st), Some(f)) = (node.staging_tier, free) {
-            node.staging.give_back(&ctx.space, st, f);
-        }
-        rx.abandon(&ReceiveError::Lost);
         return Err(job);
     };
     let started = Instant::now();
@@ -371,14 +393,28 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
             size: e.stat.size,
         },
     );
-    // While the owner answers: the part file, allocated and mapped, where the pieces land
-    // straight from the owner's copy (the first ones wait for it, matched, not received).
+    let cancel = || {
+        node.comm.forget(owner, tag);
+        node.tags.give_back(owner, tag, false);
+        node.comm.ctrl(owner, &Msg::Cancel { tag });
+    };
+    let (mut rx, mut free) = match prepare(node, &ctx, idx, e.stat.size, &tiers) {
+        Ok(p) => p,
+        Err(got) => {
+            cancel();
+            if let Got::Outcome(out) = got {
+                done(node, &job, out);
+                return Ok(());
+            }
+            return Err(job);
+        }
+    };
+    // The part file, allocated and mapped, where the pieces land straight from the owner's
+    // copy (the first ones wait for it, matched, not received).
     let landing = match land(node, &mut rx, &mut free) {
         Ok(l) => Arc::new(l),
         Err(why) => {
-            node.comm.forget(owner, tag);
-            node.tags.give_back(owner, tag, false);
-            node.comm.ctrl(owner, &Msg::Cancel { tag });
+            cancel();
             rx.abandon(&why);
             return Err(job);
         }

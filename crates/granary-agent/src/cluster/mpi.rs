@@ -570,15 +570,41 @@ impl Loop {
             self.inbox.failed(from);
             return;
         }
-        let r = Recv { req, into, len };
-        match self.expect.get_mut(&(from, tag)) {
-            Some(e) => {
-                if matches!(r.into, Into::Landing { .. }) {
-                    e.next += len;
-                }
-                e.queue.push_back(r)
+        let mut r = Recv { req, into, len };
+        let Some(e) = self.expect.get_mut(&(from, tag)) else {
+            self.orphans.push(r);
+            return;
+        };
+        let Into::Landing { off, .. } = r.into else {
+            e.queue.push_back(r);
+            return;
+        };
+        e.next += len;
+        if !e.queue.is_empty() {
+            e.queue.push_back(r);
+            return;
+        }
+        // A transport that copies as the receive starts (shared memory's single copy: the
+        // sender's pages read with `process_vm_readv` inside `MPI_Imrecv`) has completed it
+        // already: delivered now, so the transfer hashes this piece right after its copy, while
+        // its bytes are in the core's caches — before the next piece is received, not after
+        // every piece was copied. A transport that moves the bytes later (a NIC) keeps all
+        // pieces in flight at once, tested in `progress`.
+        let flow = match test(&mut r.req) {
+            Ok(false) => {
+                e.queue.push_back(r);
+                return;
             }
-            None => self.orphans.push(r),
+            Ok(true) => e.deliver(Event::Landed { off, len }),
+            Err(rc) => {
+                tracing::debug!("receive from rank {from} failed ({rc})");
+                self.inbox.failed(from);
+                return;
+            }
+        };
+        self.ring_later(from, Kind::Progress);
+        if flow == Flow::Done {
+            self.forget(from, tag);
         }
     }
 
