@@ -126,3 +126,18 @@ def test_every_way_an_fd_goes_away(tmp_path):
     }
     assert tier_files(stats) == len(names), stats
     assert stats["transient_drops"] == len(names), stats
+
+
+def test_status_flags_the_program_asked_for_survive_the_switch_to_the_copy(granary, tmp_path,
+                                                                            tier):
+    """Fds opened on the source before the file is placed, with `O_NOATIME`, `O_NONBLOCK` or
+    neither, move to the copy at their next read: `F_GETFL` shows what the program asked for,
+    before and after."""
+    data = rand(8 << 20, 9)
+    src = make_tree(tmp_path / "a" / "src", {"big.bin": data})
+    other = twin(src, tmp_path / "b")
+    got, want, stats = same_run(granary, src, tier,
+                                fsprobe("flags_across_switch", src, "big.bin", tier),
+                                fsprobe("flags_across_switch", other, "big.bin", "-"))
+    assert tier_files(stats) >= 1, stats
+    assert json.loads(got) == json.loads(want)

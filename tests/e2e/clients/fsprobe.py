@@ -590,8 +590,9 @@ def inherit(root, rel, dirrel):
     os.set_inheritable(dfd, True)
     code = ("import json,os,sys\nfd,dfd=int(sys.argv[1]),int(sys.argv[2])\n"
             "s=os.fstat(fd)\nd=os.fstat(dfd)\nkeys=('st_mode','st_ino','st_dev','st_nlink',"
-            "'st_uid','st_gid','st_size','st_mtime_ns','st_ctime_ns')\n"
+            "'st_uid','st_gid','st_size','st_mtime_ns','st_ctime_ns')\nimport fcntl\n"
             "print(json.dumps({'fstat':{k:getattr(s,k) for k in keys},"
+            "'F_GETFL':oct(fcntl.fcntl(fd,fcntl.F_GETFL)),"
             "'dir fstat':{k:getattr(d,k) for k in keys},"
             "'rest':os.read(fd,1<<20).hex(),'pread':os.pread(fd,5,0).hex(),"
             "'listdir':sorted(os.listdir(dfd)),"
@@ -610,10 +611,33 @@ def inherit(root, rel, dirrel):
         out["child with other groups"] = [other.returncode, other.stdout, other.stderr[-500:]]
     # A shell's `< file` redirection and exec: the program's stdin is the dataset file.
     sh = subprocess.run(["sh", "-c", 'exec "$0" -c "$1" < "$2"', sys.executable,
-                         "import os,json;s=os.fstat(0);print(json.dumps([s.st_mode,s.st_ino,"
-                         "s.st_size,s.st_mtime_ns,s.st_ctime_ns,os.read(0,1<<20).hex()]))",
+                         "import os,json,fcntl;s=os.fstat(0);print(json.dumps([s.st_mode,s.st_ino,"
+                         "s.st_size,s.st_mtime_ns,s.st_ctime_ns,os.read(0,1<<20).hex(),"
+                         "oct(fcntl.fcntl(0,fcntl.F_GETFL))]))",
                          os.path.join(root, rel)], capture_output=True, text=True)
     out["stdin"] = [sh.returncode, sh.stdout, sh.stderr[-500:]]
+    print(json.dumps(out, sort_keys=True))
+
+
+def flags_across_switch(root, rel, tier):
+    """Opens `rel` (not placed yet: the agent fetches it whole from this open) with each of the
+    status flags a program may ask for itself, waits until its copy is complete, then reads: the
+    fd moves to the copy, and `F_GETFL` must still show what the program asked for."""
+    path = os.path.join(root, rel)
+    asked = {"noatime": os.O_NOATIME, "nonblock": os.O_NONBLOCK, "none": 0}
+    fds = {name: os.open(path, os.O_RDONLY | fl) for name, fl in asked.items()}
+    out = {"before " + name: oct(fcntl.fcntl(fd, fcntl.F_GETFL)) for name, fd in fds.items()}
+    if tier != "-":
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                os.path.basename(d) == "objects" and any(len(f) == 16 for f in files)
+                for d, _, files in os.walk(tier)):
+            time.sleep(0.05)
+        time.sleep(0.5)  # published after its rename
+    for name, fd in fds.items():
+        out["read " + name] = content(os.read(fd, 1 << 20))
+        out["after " + name] = oct(fcntl.fcntl(fd, fcntl.F_GETFL))
+        os.close(fd)
     print(json.dumps(out, sort_keys=True))
 
 
@@ -721,6 +745,8 @@ def fd_calls(root, rel):
     fd = os.open(path, os.O_RDONLY)
     os.read(fd, 10)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    # The lock moved a copy's fd to the source: the status flags granary added stay hidden.
+    out["F_GETFL after flock"] = oct(fcntl.fcntl(fd, fcntl.F_GETFL))
     out["flock -n on the source while held"] = subprocess.run(
         ["flock", "-n", path, "true"]).returncode
     fcntl.flock(fd, fcntl.LOCK_UN)

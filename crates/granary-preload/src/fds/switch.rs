@@ -65,16 +65,21 @@ pub fn open_source_in(table: &Table, idx: u32, e: &EntryRec, flags: c_int) -> Op
     Some(fd)
 }
 
-/// The status flags to open a replacement with: the fd's own, without creation flags and
-/// `O_NOATIME`; the replacement is close-on-exec until `dup3` gives it the fd's own FD_CLOEXEC.
-pub fn replacement_flags(fd: c_int) -> Option<c_int> {
+/// The status flags to open a replacement for `fd` (tracked with flags `tracked`) with: the fd's
+/// own, without creation flags and without the `O_NOATIME` granary added (`NOATIME_ADDED`); the
+/// replacement is close-on-exec until `dup3` gives it the fd's own FD_CLOEXEC.
+pub fn replacement_flags(fd: c_int, tracked: u64) -> Option<c_int> {
     let fl = sys!(libc::SYS_fcntl, fd, libc::F_GETFL);
     if fl < 0 || fl as c_int & libc::O_ACCMODE != libc::O_RDONLY {
         return None;
     }
-    // O_NOATIME, which granary adds to copies' fds, is refused on a source file of another
-    // owner: the replacement does without it (only its access time differs).
-    let dropped = libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC | libc::O_NOATIME;
+    let mut dropped = libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC;
+    if tracked & flag::NOATIME_ADDED != 0 {
+        // Ours, and refused on a source file of another owner: the replacement does without
+        // it (only its access time differs). The program's own O_NOATIME stays, as `F_GETFL`
+        // shows it.
+        dropped |= libc::O_NOATIME;
+    }
     Some((fl as c_int & !dropped) | libc::O_CLOEXEC)
 }
 
@@ -133,7 +138,7 @@ pub fn to_copy(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> Option<u8> {
         }
         return None;
     }
-    let switched = replacement_flags(fd)
+    let switched = replacement_flags(fd, t.flags)
         .and_then(|fl| copies::open_copy(g, t.entry, e, fl))
         .and_then(|(new, tier, added)| {
             put_under(fd, new, Tracked::new(t.entry, FdKind::Tier(tier), added)).then_some(tier)
@@ -171,9 +176,13 @@ pub fn to_source(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> bool {
     if !exclusive(&t) {
         return false;
     }
-    let ok = replacement_flags(fd)
+    // The O_NONBLOCK and O_NOFOLLOW granary added stay on the replacement
+    // (`replacement_flags`), hidden from `F_GETFL` as before.
+    let added = t.flags & (flag::NONBLOCK_ADDED | flag::NOFOLLOW_ADDED);
+    let to = Tracked::new(t.entry, FdKind::Source, flag::PINNED | added);
+    let ok = replacement_flags(fd, t.flags)
         .and_then(|fl| open_source(g, t.entry, e, fl))
-        .is_some_and(|new| put_under(fd, new, Tracked::new(t.entry, FdKind::Source, flag::PINNED)));
+        .is_some_and(|new| put_under(fd, new, to));
     if ok && log::enabled() {
         log::line(&[b"moved to the source: ", rel(g, e)]);
     }

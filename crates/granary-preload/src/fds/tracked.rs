@@ -107,7 +107,7 @@ fn failed(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
         let not_a_file = st.st_mode & libc::S_IFMT != libc::S_IFREG;
         let may_move = exclusive(&now) || (not_a_file && fdtable::owned());
         let moved = may_move
-            && replacement_flags(fd)
+            && replacement_flags(fd, t.flags)
                 .and_then(|fl| open_source_in(tb, t.entry, e, fl))
                 .is_some_and(|new| put_under_at(fd, new, to, 0));
         if moved {

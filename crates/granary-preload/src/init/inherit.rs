@@ -105,7 +105,7 @@ fn look_at(table: &Table, fd: c_int) {
     };
     let p = &path[..n];
     let found = if ty == libc::S_IFREG {
-        copy_entry(table, p, &st).or_else(|| source_entry(table, p, &st))
+        copy_entry(table, fd, p, &st).or_else(|| source_entry(table, p, &st))
     } else {
         source_entry(table, p, &st)
     };
@@ -116,7 +116,7 @@ fn look_at(table: &Table, fd: c_int) {
 
 /// A complete copy in one of the table's tiers: its name leads to the entry, and its identity
 /// must be the one the agent recorded for that entry's current placement.
-fn copy_entry(table: &Table, p: &[u8], st: &libc::stat) -> Option<Tracked> {
+fn copy_entry(table: &Table, fd: c_int, p: &[u8], st: &libc::stat) -> Option<Tracked> {
     for tier in 0..table.tier_count() {
         let Some(dir) = table.tier_dir(tier) else {
             continue;
@@ -137,11 +137,28 @@ fn copy_entry(table: &Table, p: &[u8], st: &libc::stat) -> Option<Tracked> {
                 .tier_dir_id(tier)
                 .is_some_and(|(dev, _)| dev == st.st_dev)
         {
-            return Some(Tracked::new(idx, FdKind::Tier(tier as u8), flag::SHARED));
+            return Some(Tracked::new(
+                idx,
+                FdKind::Tier(tier as u8),
+                flag::SHARED | added_at_open(fd),
+            ));
         }
         return None;
     }
     None
+}
+
+/// The status flags `copies::open` adds (`O_NONBLOCK`, `O_NOFOLLOW`, `O_NOATIME`) that an
+/// inherited copy's fd carries, recorded as granary's so `F_GETFL` hides them as it did in the
+/// process that opened the copy. Which of them that program asked for itself is not known here:
+/// one that opens its dataset files with them and checks them in an exec'd child is far rarer
+/// than one that opened without them (a shell's `< file`, `pass_fds`).
+fn added_at_open(fd: c_int) -> u64 {
+    let fl = sys!(libc::SYS_fcntl, fd, libc::F_GETFL);
+    if fl < 0 {
+        return 0;
+    }
+    flag::added(fl as c_int & (libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOATIME))
 }
 
 /// A catalogued file or directory of the source, opened by the parent on the source itself:
