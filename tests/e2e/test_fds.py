@@ -4,6 +4,7 @@ EFAULT, locks and attribute changes reaching the source, every way an fd goes aw
 (docs/reliability.md).
 """
 import json
+import os
 import random
 
 import pytest
@@ -141,3 +142,22 @@ def test_status_flags_the_program_asked_for_survive_the_switch_to_the_copy(grana
                                 fsprobe("flags_across_switch", other, "big.bin", "-"))
     assert tier_files(stats) >= 1, stats
     assert json.loads(got) == json.loads(want)
+
+
+def test_o_noatime_is_refused_to_whoever_does_not_own_the_source(granary, tmp_path, tier):
+    """O_NOATIME is for the file's owner (or CAP_FOWNER): a placed file owned by another user,
+    opened with it by a program without CAP_FOWNER, fails with EPERM as it does directly — its
+    copy, owned by the program's user, must not grant it."""
+    data = rand(20_000, 11)
+    src = make_tree(tmp_path / "a" / "src", {"theirs.bin": data})
+    other = twin(src, tmp_path / "b")
+    for root in (src, other):
+        os.chown(root / "theirs.bin", 65534, 65534)
+    prime(granary, src, tier)
+    no_fowner = ["setpriv", "--bounding-set=-fowner"]
+    got, want, stats = same_run(granary, src, tier,
+                                [*no_fowner, *fsprobe("noatime_open", src, "theirs.bin")],
+                                [*no_fowner, *fsprobe("noatime_open", other, "theirs.bin")])
+    assert tier_files(stats) >= 1, stats
+    assert json.loads(got) == json.loads(want)
+    assert json.loads(got)["noatime"] == "EPERM"

@@ -641,6 +641,22 @@ def flags_across_switch(root, rel, tier):
     print(json.dumps(out, sort_keys=True))
 
 
+def noatime_open(root, rel):
+    """Opens `rel` with O_NOATIME (only its owner, or CAP_FOWNER, may: EPERM otherwise), then
+    without it."""
+    path = os.path.join(root, rel)
+    out = {}
+    for name, fl in (("noatime", os.O_RDONLY | os.O_NOATIME), ("plain", os.O_RDONLY)):
+        try:
+            fd = os.open(path, fl)
+        except OSError as e:
+            out[name] = errno.errorcode[e.errno]
+            continue
+        out[name] = [oct(fcntl.fcntl(fd, fcntl.F_GETFL)), content(os.read(fd, 1 << 20))]
+        os.close(fd)
+    print(json.dumps(out, sort_keys=True))
+
+
 # -- directory fds (issue case 9) --
 
 def dirfds(root):

@@ -150,6 +150,11 @@ pub fn plan(
     if !entry.stat.is_file() || flags & libc::O_DIRECTORY != 0 {
         return Detour::Bypass(Bypass::NotAFile, None);
     }
+    if flags & libc::O_NOATIME != 0 && entry.stat.uid != g.table.agent_creds().0 {
+        // Only the file's owner (or CAP_FOWNER) may open it with O_NOATIME; a copy, which this
+        // process owns, would grant it to anyone. The kernel decides, on the source.
+        return Detour::Bypass(Bypass::Flags, Some(Tracked::new(idx, FdKind::Source, fl)));
+    }
     let loc = g.table.locator(idx);
     if loc.is_some() && g.table.state(idx).state() != State::Placed {
         // Its bytes come from the pack: wait for the copy the agent streams now.
