@@ -161,3 +161,17 @@ def test_o_noatime_is_refused_to_whoever_does_not_own_the_source(granary, tmp_pa
     assert tier_files(stats) >= 1, stats
     assert json.loads(got) == json.loads(want)
     assert json.loads(got)["noatime"] == "EPERM"
+
+
+@pytest.mark.xfail(strict=True, reason="F_SETFL clears the flags granary added (O_NOATIME, "
+                   "O_NONBLOCK) on the fd it was called on only: a dup (or a forked sharer) "
+                   "of the same open file description still hides them from F_GETFL, though "
+                   "they are now the program's own")
+def test_status_flags_set_on_one_fd_show_on_its_dup(granary, tmp_path, tier):
+    src = make_tree(tmp_path / "a" / "src", {"a.bin": rand(30_000, 12)})
+    other = twin(src, tmp_path / "b")
+    prime(granary, src, tier)
+    got, want, stats = same_run(granary, src, tier, fsprobe("setfl_on_a_dup", src, "a.bin"),
+                                fsprobe("setfl_on_a_dup", other, "a.bin"))
+    assert tier_files(stats) >= 1, stats
+    assert json.loads(got) == json.loads(want)

@@ -657,6 +657,16 @@ def noatime_open(root, rel):
     print(json.dumps(out, sort_keys=True))
 
 
+def setfl_on_a_dup(root, rel):
+    """The program sets O_NOATIME and O_NONBLOCK on one fd of an open file description:
+    `F_GETFL` on its dup (which shares the status flags) shows them too."""
+    fd = os.open(os.path.join(root, rel), os.O_RDONLY)
+    dup = os.dup(fd)
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NOATIME | os.O_NONBLOCK)
+    print(json.dumps({"fd": oct(fcntl.fcntl(fd, fcntl.F_GETFL)),
+                      "dup": oct(fcntl.fcntl(dup, fcntl.F_GETFL))}, sort_keys=True))
+
+
 # -- directory fds (issue case 9) --
 
 def dirfds(root):
