@@ -6,10 +6,11 @@ EFAULT, locks and attribute changes reaching the source, every way an fd goes aw
 import json
 import os
 import random
+import subprocess
 
 import pytest
 
-from conftest import Granary, tier_files
+from conftest import CLIENTS, Granary, tier_files
 from probes import (direct, fsprobe, make_tree, output, position_encoded, prime, run_job,
                     same_run, twin)
 
@@ -175,3 +176,24 @@ def test_status_flags_set_on_one_fd_show_on_its_dup(granary, tmp_path, tier):
                                 fsprobe("setfl_on_a_dup", other, "a.bin"))
     assert tier_files(stats) >= 1, stats
     assert json.loads(got) == json.loads(want)
+
+
+def test_a_small_file_read_by_one_thread_while_another_seeks_reads_each_byte_once(
+        granary, tmp_path, tier):
+    """Small files (under the whole-fetch size) opened on the source, copied by the agent while
+    the fd is open (another fd of each was read and closed), then read in small pieces by one
+    thread while another calls `lseek(fd, 0, SEEK_CUR)`: an fd that moved to the copy between
+    one read and the offset it advanced would repeat or skip bytes."""
+    n = 24
+    src = make_tree(tmp_path / "a" / "src", {f"f{i:04d}.bin": rand(300_000, 200 + i)
+                                            for i in range(n)})
+    other = twin(src, tmp_path / "b")
+    exe = tmp_path / "seek_while_reading"
+    subprocess.run(["cc", "-O2", "-pthread", "-o", str(exe),
+                    str(CLIENTS / "seek_while_reading.c")], check=True)
+    got, want, stats = same_run(granary, src, tier, [exe, src, tier, n], [exe, other, "-", n])
+    got, want = json.loads(got), json.loads(want)
+    # The case under test happened (the copies' waits are bounded: under load, some may not).
+    assert got["copied while open"] >= 1, got
+    assert want == {"files": n, "wrong": 0, "copied while open": 0}, want
+    assert got["wrong"] == 0, got

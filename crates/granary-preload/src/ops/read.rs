@@ -11,7 +11,8 @@
 //!   each read is served from the copy (`switch`, `serve`).
 //! - Partially cached files (PARTIAL): reads of present chunks come from `<object>.chunks`.
 //! - Small files (below the whole-fetch size, `flag::SMALL`): the program reads the source
-//!   itself and the agent copies the file after its close; every read is the real call.
+//!   itself and the agent copies the file after its close; every read is the real call, and
+//!   the fd never moves to the copy (its reads take no `BUSY` lock to keep a switch out).
 //!
 //! Reads at the fd's offset hold the fd's `BUSY` lock (`fdtable::lock`), so a switch never
 //! interleaves with another thread's read of the same fd; served reads claim their range on the
