@@ -147,8 +147,8 @@ def test_status_flags_the_program_asked_for_survive_the_switch_to_the_copy(grana
 
 def test_o_noatime_is_refused_to_whoever_does_not_own_the_source(granary, tmp_path, tier):
     """O_NOATIME is for the file's owner (or CAP_FOWNER): a placed file owned by another user,
-    opened with it by a program without CAP_FOWNER, fails with EPERM as it does directly — its
-    copy, owned by the program's user, must not grant it."""
+    opened with it (or given it by F_SETFL) by a program without CAP_FOWNER, fails with EPERM
+    as it does directly — its copy, owned by the program's user, must not grant it."""
     data = rand(20_000, 11)
     src = make_tree(tmp_path / "a" / "src", {"theirs.bin": data})
     other = twin(src, tmp_path / "b")
@@ -162,6 +162,7 @@ def test_o_noatime_is_refused_to_whoever_does_not_own_the_source(granary, tmp_pa
     assert tier_files(stats) >= 1, stats
     assert json.loads(got) == json.loads(want)
     assert json.loads(got)["noatime"] == "EPERM"
+    assert json.loads(got)["F_SETFL O_NOATIME"] == "EPERM"
 
 
 @pytest.mark.xfail(strict=True, reason="F_SETFL clears the flags granary added (O_NOATIME, "

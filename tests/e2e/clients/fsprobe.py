@@ -643,7 +643,7 @@ def flags_across_switch(root, rel, tier):
 
 def noatime_open(root, rel):
     """Opens `rel` with O_NOATIME (only its owner, or CAP_FOWNER, may: EPERM otherwise), then
-    without it."""
+    without it and sets O_NOATIME with F_SETFL."""
     path = os.path.join(root, rel)
     out = {}
     for name, fl in (("noatime", os.O_RDONLY | os.O_NOATIME), ("plain", os.O_RDONLY)):
@@ -653,6 +653,13 @@ def noatime_open(root, rel):
             out[name] = errno.errorcode[e.errno]
             continue
         out[name] = [oct(fcntl.fcntl(fd, fcntl.F_GETFL)), content(os.read(fd, 1 << 20))]
+        if name == "plain":
+            # The same rule for F_SETFL, unless the flag is set already.
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NOATIME)
+                out["F_SETFL O_NOATIME"] = oct(fcntl.fcntl(fd, fcntl.F_GETFL))
+            except OSError as e:
+                out["F_SETFL O_NOATIME"] = errno.errorcode[e.errno]
         os.close(fd)
     print(json.dumps(out, sort_keys=True))
 

@@ -173,6 +173,10 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long, real: impl FnOnce() -> c_int) -
             r
         }
         libc::F_SETFL => {
+            if arg as c_int & libc::O_NOATIME != 0 && noatime_refused(fd, t) {
+                crate::sys::set_errno(libc::EPERM);
+                return -1;
+            }
             let r = real();
             let added = flag::NONBLOCK_ADDED | flag::NOATIME_ADDED;
             if r == 0 && t.flags & added != 0 {
@@ -185,6 +189,28 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long, real: impl FnOnce() -> c_int) -
         _ if super::lock::is_lock(cmd) => super::lock::locking(fd, t, real),
         _ => real(),
     }
+}
+
+/// `F_SETFL` may not add `O_NOATIME` to a copy's fd `fd`: the kernel refuses it on the source to
+/// anyone but the file's owner (or `CAP_FOWNER`) unless it is set already, and the copy, which
+/// this process owns, would not.
+fn noatime_refused(fd: c_int, t: Tracked) -> bool {
+    if !matches!(t.kind, FdKind::Tier(_)) {
+        return false;
+    }
+    let _keep = KeepErrno::new();
+    let fl = crate::sys::sys!(libc::SYS_fcntl, fd, libc::F_GETFL);
+    if fl < 0 || fl as c_int & !flag::hidden(t.flags) & libc::O_NOATIME != 0 {
+        return false;
+    }
+    let Some(table) = detour::table() else {
+        return false;
+    };
+    let Some(e) = table.entry(t.entry) else {
+        return false;
+    };
+    const CAP_FOWNER: u32 = 3;
+    e.stat.uid != table.agent_creds().0 && !crate::sys::has_cap(CAP_FOWNER)
 }
 
 /// `fd` lost close-on-exec (`ioctl(FIONCLEX)`, how Python's `os.set_inheritable` clears it).

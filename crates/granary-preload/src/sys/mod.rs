@@ -208,6 +208,12 @@ pub fn raw_write(fd: c_int, buf: &[u8]) {
 /// True if this thread may have `CAP_SYS_ADMIN` in its effective set (`capget`; true when the
 /// kernel will not say). Never changes errno.
 pub fn has_cap_sys_admin() -> bool {
+    has_cap(21)
+}
+
+/// True if this thread may have capability `cap` (0–31) in its effective set (`capget`; true
+/// when the kernel will not say). Never changes errno.
+pub fn has_cap(cap: u32) -> bool {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -222,7 +228,6 @@ pub fn has_cap_sys_admin() -> bool {
     }
     /// `_LINUX_CAPABILITY_VERSION_3`: two `Data` words, capabilities 0–31 in the first.
     const VERSION_3: u32 = 0x2008_0522;
-    const CAP_SYS_ADMIN: u32 = 21;
     let _keep = KeepErrno::new();
     let mut h = Header {
         version: VERSION_3,
@@ -230,7 +235,7 @@ pub fn has_cap_sys_admin() -> bool {
     };
     let mut d = [Data::default(); 2];
     let r = sys!(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr());
-    r != 0 || d[0].effective & (1 << CAP_SYS_ADMIN) != 0
+    r != 0 || d[0].effective & (1u32.checked_shl(cap).unwrap_or(0)) != 0
 }
 
 pub fn empty_stat() -> libc::stat {
