@@ -394,6 +394,7 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
         },
     );
     let cancel = || {
+        tracing::debug!("entry {idx}: request to rank {owner} cancelled, its preparation failed");
         node.comm.forget(owner, tag);
         node.tags.give_back(owner, tag, false);
         node.comm.ctrl(owner, &Msg::Cancel { tag });
