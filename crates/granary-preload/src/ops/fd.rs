@@ -209,8 +209,10 @@ fn noatime_refused(fd: c_int, t: Tracked) -> bool {
     let Some(e) = table.entry(t.entry) else {
         return false;
     };
+    // setfsuid with an invalid id only reports the current one (the kernel judges by it).
+    let fsuid = crate::sys::sys!(libc::SYS_setfsuid, -1i64) as u32;
     const CAP_FOWNER: u32 = 3;
-    e.stat.uid != table.agent_creds().0 && !crate::sys::has_cap(CAP_FOWNER)
+    e.stat.uid != fsuid && !crate::sys::has_cap(CAP_FOWNER)
 }
 
 /// `fd` lost close-on-exec (`ioctl(FIONCLEX)`, how Python's `os.set_inheritable` clears it).
