@@ -345,9 +345,11 @@ fn remote(
 /// received), so taking the entry, reserving the room (dropping the oldest staged copies, a
 /// free staging file taken) and renaming the file into place overlap the round trip to the
 /// owner instead of preceding it. When the preparation fails after the request went out (the
-/// entry taken by someone else meanwhile, a file larger than the staging tier), the request is
-/// cancelled and its tag retired. `Err`: the job is a fetcher's (no live owner, no tag, no room
-/// but the source, a failure before the transfer started).
+/// entry taken by someone else meanwhile, no staged copy that may be dropped), the request is
+/// cancelled and its tag retired for good; once a quarter of the tags for that owner are
+/// retired (`Tags::plenty`), the preparation comes first again, so cancels can never use up the
+/// tags. `Err`: the job is a fetcher's (no live owner, no tag, no room but the source, a
+/// failure before the transfer started).
 fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     let (ctx, idx) = (job.ctx.clone(), job.idx);
     let Some(e) = ctx.table.entry(idx) else {
@@ -379,7 +381,25 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     {
         return Err(job);
     }
+    // Prepared before the request once cancels have retired many of this owner's tags.
+    let mut early = None;
+    if !node.tags.plenty(owner) {
+        match prepare(node, &ctx, idx, e.stat.size, &tiers) {
+            Ok(p) => early = Some(p),
+            Err(Got::Outcome(out)) => {
+                done(node, &job, out);
+                return Ok(());
+            }
+            Err(_) => return Err(job),
+        }
+    }
     let Some(tag) = node.tags.take(owner) else {
+        if let Some((rx, free)) = early {
+            if let (Some(st), Some(f)) = (node.staging_tier, free) {
+                node.staging.give_back(&ctx.space, st, f);
+            }
+            rx.abandon(&ReceiveError::Lost);
+        }
         return Err(job);
     };
     let started = Instant::now();
@@ -399,7 +419,11 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
         node.tags.give_back(owner, tag, false);
         node.comm.ctrl(owner, &Msg::Cancel { tag });
     };
-    let (mut rx, mut free) = match prepare(node, &ctx, idx, e.stat.size, &tiers) {
+    let prepared = match early {
+        Some(p) => Ok(p),
+        None => prepare(node, &ctx, idx, e.stat.size, &tiers),
+    };
+    let (mut rx, mut free) = match prepared {
         Ok(p) => p,
         Err(got) => {
             cancel();

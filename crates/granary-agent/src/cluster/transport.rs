@@ -282,6 +282,8 @@ impl Budget {
 /// must not land in a later transfer.
 pub struct Tags {
     next: Vec<AtomicU32>,
+    /// Tags retired so far, per sending rank.
+    retired: Vec<AtomicU32>,
     state: Mutex<TagState>,
 }
 
@@ -296,6 +298,7 @@ impl Tags {
     pub fn new(ranks: u32) -> Tags {
         Tags {
             next: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
+            retired: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
             state: Mutex::default(),
         }
     }
@@ -319,9 +322,20 @@ impl Tags {
     pub fn give_back(&self, from: u32, tag: i32, clean: bool) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.busy.remove(&(from, tag));
-        if !clean {
-            st.retired.insert((from, tag));
+        if !clean && st.retired.insert((from, tag)) {
+            if let Some(n) = self.retired.get(from as usize) {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
         }
+    }
+
+    /// True while at most a quarter of the tags for transfers from `from` are retired: a
+    /// request may then be sent before its landing is ready, at the risk of a cancel (which
+    /// retires its tag) if the landing cannot be made.
+    pub fn plenty(&self, from: u32) -> bool {
+        self.retired
+            .get(from as usize)
+            .is_some_and(|n| n.load(Ordering::Relaxed) < DATA_TAGS as u32 / 4)
     }
 }
 
@@ -569,6 +583,28 @@ mod tests {
         assert!(t.take(0).is_some(), "another rank has its own tags");
         t.give_back(1, DATA_TAG0 + 5, true);
         assert!(t.take(1).is_some());
+    }
+
+    #[test]
+    fn cancels_stop_sending_requests_first_before_they_use_up_a_rank_s_tags() {
+        let t = Tags::new(2);
+        let limit = DATA_TAGS as u32 / 4;
+        for i in 0..limit {
+            assert!(t.plenty(1), "{i} retired");
+            let k = t.take(1).unwrap();
+            t.give_back(1, k, false);
+            // A tag given back twice is counted once.
+            t.give_back(1, k, false);
+        }
+        assert!(!t.plenty(1), "a quarter of rank 1's tags retired");
+        assert!(t.plenty(0), "another rank's are its own");
+        let k = t.take(1).unwrap();
+        t.give_back(1, k, true);
+        assert!(
+            !t.plenty(1),
+            "a clean transfer retires nothing, and gives nothing back"
+        );
+        assert!(t.take(1).is_some(), "three quarters are left");
     }
 
     #[test]

@@ -113,8 +113,8 @@ pub fn put_under_at(fd: c_int, new: c_int, to: Tracked, pos: libc::c_long) -> bo
 }
 
 /// A source fd whose file is now placed: switched to the complete copy when the fd is
-/// `exclusive` and not a small file's (`flag::SMALL`). Tried once: a failure (or a shared fd) pins it to the source, whose reads are
-/// then served from the copy call by call (`serve`).
+/// `exclusive` and not a small file's (`flag::SMALL`). Tried once: a failure (or a shared fd)
+/// pins it to the source, whose reads are then served from the copy call by call (`serve`).
 pub fn to_copy(g: &Guard, fd: c_int, t: Tracked, e: &EntryRec) -> Option<u8> {
     if t.has(flag::SMALL) {
         // Its reads pass straight through without the fd's BUSY lock (`read`): a switch by
