@@ -337,6 +337,18 @@ fn remote(
     Got::Source
 }
 
+/// `job` after `prepare` said `got` instead of readying a receipt: over if that decided its
+/// outcome (`Ok`), else a fetcher's (`Err`).
+fn unprepared(node: &Node, job: RemoteFetch, got: Got) -> Result<(), RemoteFetch> {
+    match got {
+        Got::Outcome(out) => {
+            done(node, &job, out);
+            Ok(())
+        }
+        _ => Err(job),
+    }
+}
+
 /// Starts a program's remote read of `job` on the communication thread: the request sent to
 /// its first live owner, then — while the request travels and the owner answers — the entry
 /// taken, room reserved and the landing readied, and the transfer handed to the communication
@@ -362,11 +374,7 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
     if let Some(src) = node.direct.source(idx, e.object, e.stat.size, &owners) {
         return match prepare(node, &ctx, idx, e.stat.size, &tiers) {
             Ok((rx, free)) => direct(node, job, rx, free, src),
-            Err(Got::Outcome(out)) => {
-                done(node, &job, out);
-                Ok(())
-            }
-            Err(_) => Err(job),
+            Err(got) => unprepared(node, job, got),
         };
     }
     // A file the staging tier cannot hold at all goes to the source (`prepare` would say so
@@ -382,17 +390,14 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
         return Err(job);
     }
     // Prepared before the request once cancels have retired many of this owner's tags.
-    let mut early = None;
-    if !node.tags.plenty(owner) {
+    let early = if node.tags.plenty(owner) {
+        None
+    } else {
         match prepare(node, &ctx, idx, e.stat.size, &tiers) {
-            Ok(p) => early = Some(p),
-            Err(Got::Outcome(out)) => {
-                done(node, &job, out);
-                return Ok(());
-            }
-            Err(_) => return Err(job),
+            Ok(p) => Some(p),
+            Err(got) => return unprepared(node, job, got),
         }
-    }
+    };
     let Some(tag) = node.tags.take(owner) else {
         if let Some((rx, free)) = early {
             if let (Some(st), Some(f)) = (node.staging_tier, free) {
@@ -419,19 +424,12 @@ fn inline(node: &Arc<Node>, job: RemoteFetch) -> Result<(), RemoteFetch> {
         node.tags.give_back(owner, tag, false);
         node.comm.ctrl(owner, &Msg::Cancel { tag });
     };
-    let prepared = match early {
-        Some(p) => Ok(p),
-        None => prepare(node, &ctx, idx, e.stat.size, &tiers),
-    };
+    let prepared = early.map_or_else(|| prepare(node, &ctx, idx, e.stat.size, &tiers), Ok);
     let (mut rx, mut free) = match prepared {
         Ok(p) => p,
         Err(got) => {
             cancel();
-            if let Got::Outcome(out) = got {
-                done(node, &job, out);
-                return Ok(());
-            }
-            return Err(job);
+            return unprepared(node, job, got);
         }
     };
     // The part file, allocated and mapped, where the pieces land straight from the owner's
