@@ -18,8 +18,9 @@ for pair in fio:fio strace:strace mkfs.ext4:e2fsprogs losetup:mount setpriv:util
     command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/lmdb.h ] || need_apt+=(liblmdb-dev)
-# Cluster mode (`granary serve`) links MPI through rsmpi, whose build runs bindgen (libclang).
-compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || need_apt+=(libclang-dev)
+# Cluster mode (`granary serve`) links MPI through rsmpi, whose build runs bindgen, which loads
+# libclang.so itself (libclang-cpp.so, which other LLVM packages bring, does not count).
+compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || need_apt+=(libclang-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "test.sh: installing ${need_apt[*]}"
