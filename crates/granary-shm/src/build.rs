@@ -420,9 +420,8 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     if cat.strings.len() > u32::MAX as usize {
         return Err(BuildError::StringsTooLarge);
     }
-    // Load factor at most 3/4: a miss probes a few slots at most.
     // Load factor 3/4: with tags, a probe past another path's slot costs no entry line, and
-    // 8 slots share a line; a smaller slot array keeps the first line of a lookup cached.
+    // 5 slots share a line; a smaller slot array keeps the first line of a lookup cached.
     let hash_slots = (n + n / 3 + 1).max(2) as u32;
     let ring_cap = spec.ring_cap.max(2).next_power_of_two();
     let (mut large_count, mut bitmap_words) = (0usize, 0usize);
@@ -437,7 +436,7 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     let states_off = entries_off + n * ENTRY_LEN;
     let checksums_off = states_off + n * STATE_LEN;
     let hash_off = checksums_off + n * 8;
-    let strings_off = align8(hash_off + hash_slots as usize * 8);
+    let strings_off = align8(hash_off + hash_slots as usize * SLOT_LEN);
     let ring_off = align8(strings_off + cat.strings.len());
     let stats_off = ring_off + RING_SLOTS + ring_cap as usize * RING_SLOT_LEN;
     let large_off = stats_off + spec.job_slots as usize * JOB_STATS_LEN;
@@ -734,9 +733,11 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
 
         let mut slot = home_slot(d.object, p.hash_slots);
         loop {
-            let off = p.hash_off + slot as usize * 8;
-            if img.0[off..off + 8] == [0; 8] {
-                img.put_u64(off, hash_slot(d.object, i as u32));
+            let off = p.hash_off + slot as usize * SLOT_LEN;
+            if img.0[off + 4..off + 8] == [0; 4] {
+                for (k, w) in hash_slot(d.object, i as u32, d.name_off).iter().enumerate() {
+                    img.put_u32(off + 4 * k, *w);
+                }
                 break;
             }
             slot = next_slot(slot, p.hash_slots);

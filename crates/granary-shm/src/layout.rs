@@ -10,9 +10,10 @@
 //! states_off     entry_count × 24 bytes           mutable, atomics only: [state word, copy
 //!                                                  inode, copy ctime]
 //! checksums_off  entry_count × u64                xxh3 of each placed copy (agent only)
-//! hash_off       hash_slots × u64                 open addressing (4/3 of the entries, linear
-//!                                                  probing from `home_slot`): tag (high 32 bits of the
-//!                                                  path hash) << 32 | entry index + 1, 0 = empty
+//! hash_off       hash_slots × 12 bytes            open addressing (4/3 of the entries, linear
+//!                                                  probing from `home_slot`): u32s [tag (high 32
+//!                                                  bits of the path hash), entry index + 1
+//!                                                  (0 = empty), the entry's name's offset]
 //! strings_off    strings_len bytes                names (last components) and symlink targets
 //! ring_off       request ring                     clients → agent (see `ring`)
 //! stats_off      job_slots × JobStats             per-job counters, atomics only
@@ -34,12 +35,13 @@
 //! walk never descends a symlink), so lexical `..` inside the catalog is exact.
 //!
 //! A lookup (docs/decisions.md, "Catalog lookup"): the hash slot, whose tag turns away every
-//! other path without touching its entry, then the entry and its name; the state and checksum
-//! lines are prefetched meanwhile. A parent is a directory, and few directories hold many
-//! files, so the rest of the path compares against lines already cached.
+//! other path without touching its entry and which names the entry's name, then the entry,
+//! its name, state and checksum lines all at once (two misses deep, not three). A parent is a
+//! directory, and few directories hold many files, so the rest of the path compares against
+//! lines already cached.
 //!
 //! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 88 (entry) +
-//! 24 (state) + 8 (checksum) + ~11 (hash slots) + 20 (name) + 2 bits ≈ 151 bytes per file.
+//! 24 (state) + 8 (checksum) + ~16 (hash slots) + 20 (name) + 2 bits ≈ 157 bytes per file.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
@@ -50,9 +52,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// program and a validator reach it at once. Version 8: per-job words naming the first program
 /// the job started that granary could not serve although it was given a dataset path
 /// (`job::UNSERVED*`). Version 9: tagged 64-bit hash slots (4/3 of the entries, any count), so
-/// a lookup reads no entry but its own. Tables of earlier versions are rejected
-/// (`TableError::BadVersion`): the agent then walks the source again.
-pub const VERSION: u32 = 9;
+/// a lookup reads no entry but its own. Version 10: 12-byte hash slots that also say where
+/// the entry's name lies, so a lookup loads the entry and its name at once. Tables
+/// of earlier versions are rejected (`TableError::BadVersion`): the agent then walks the source
+/// again.
+pub const VERSION: u32 = 10;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -608,19 +612,24 @@ pub const fn next_slot(slot: u32, slots: u32) -> u32 {
     }
 }
 
-/// A hash slot's word for entry `idx` whose path hashes to `hash`: the hash's high 32 bits (the
-/// slot's position comes from its low bits) above the index + 1; 0 is an empty slot.
-pub const fn hash_slot(hash: u64, idx: u32) -> u64 {
-    (hash >> 32) << 32 | (idx as u64 + 1)
+/// Bytes of a hash slot: three `u32`s, `hash_slot`'s.
+pub const SLOT_LEN: usize = 12;
+
+/// A hash slot's words for entry `idx` whose path hashes to `hash` and whose name starts at
+/// `name_off` in the string pool: the hash's high 32 bits, the tag (the slot's position comes
+/// from its low bits); the index + 1 (0: an empty slot); the name's offset, so a lookup loads
+/// the name beside the entry instead of after it.
+pub const fn hash_slot(hash: u64, idx: u32, name_off: u32) -> [u32; 3] {
+    [(hash >> 32) as u32, idx.wrapping_add(1), name_off]
 }
 
-/// Whether slot word `slot` may hold the path hashing to `hash` (its tag matches), and which
-/// entry: `Some(idx)`; `None` for another path's slot. A tag match is not a path match: the
-/// caller compares the entry.
+/// Whether a slot whose words are `tag` and `idx1` may hold the path hashing to `hash` (its tag
+/// matches), and which entry: `Some(idx)`; `None` for another path's slot. A tag match is not a
+/// path match: the caller compares the entry.
 #[inline]
-pub const fn slot_entry(slot: u64, hash: u64) -> Option<u32> {
-    if slot >> 32 == hash >> 32 {
-        Some((slot as u32).wrapping_sub(1))
+pub const fn slot_entry(tag: u32, idx1: u32, hash: u64) -> Option<u32> {
+    if tag == (hash >> 32) as u32 {
+        Some(idx1.wrapping_sub(1))
     } else {
         None
     }

@@ -146,7 +146,7 @@ impl Table {
             &region,
             u64_at(H_HASH_OFF)? as usize,
             hash_slots as usize,
-            8,
+            SLOT_LEN,
             "hash",
         )?;
         let strings_len = u64_at(H_STRINGS_LEN)? as usize;
@@ -600,12 +600,17 @@ impl Table {
     /// Entry index of a path relative to the source root, without following symlinks.
     ///
     /// For a catalogued path: its hash slot, whose tag turns away every other path's slot on
-    /// the way without reading its entry, then its entry and its name; the lines of its state
-    /// and checksum, which the open and the first read want next, are fetched meanwhile. An
-    /// uncatalogued path reads only slots (but for a tag equal by chance, 1 in 2^32).
+    /// the way without reading its entry, then its entry and its name, whose lines load
+    /// together (the slot says where the name lies), beside those of its state and checksum,
+    /// which the open and the first read want next. An uncatalogued path reads only slots (but
+    /// for a tag equal by chance, 1 in 2^32).
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
         let h = path_hash(rel);
-        self.probe(h, |idx| {
+        self.probe(h, |idx, slot_off| {
+            if let Some(name_off) = self.region.u32_at(slot_off + 8) {
+                self.region
+                    .prefetch(self.strings_off.wrapping_add(name_off as usize));
+            }
             self.prefetch_entry_words(idx);
             let object = self
                 .region
@@ -615,17 +620,19 @@ impl Table {
     }
 
     /// Walks `key`'s probe sequence: each entry whose slot tag matches `key` is asked `is`
-    /// (`None`: the table cannot be read there, the walk ends). An empty slot ends it.
+    /// (with its slot's offset; `None`: the table cannot be read there, the walk ends). An
+    /// empty slot ends it.
     #[inline]
-    fn probe(&self, key: u64, mut is: impl FnMut(u32) -> Option<bool>) -> Option<u32> {
+    fn probe(&self, key: u64, mut is: impl FnMut(u32, usize) -> Option<bool>) -> Option<u32> {
         let mut slot = home_slot(key, self.hash_slots);
         for _ in 0..self.hash_slots {
-            let v = self.region.u64_at(self.hash_off + slot as usize * 8)?;
-            if v == 0 {
+            let off = self.hash_off + slot as usize * SLOT_LEN;
+            let idx1 = self.region.u32_at(off + 4)?;
+            if idx1 == 0 {
                 return None;
             }
-            if let Some(idx) = slot_entry(v, key) {
-                if is(idx)? {
+            if let Some(idx) = slot_entry(self.region.u32_at(off)?, idx1, key) {
+                if is(idx, off)? {
                     return Some(idx);
                 }
             }
@@ -634,10 +641,14 @@ impl Table {
         None
     }
 
-    /// Starts loading entry `idx`'s state and checksum lines, in parallel with its entry's.
+    /// Starts loading entry `idx`'s lines: its record (which may straddle two), its state and
+    /// its checksum.
     #[inline]
     fn prefetch_entry_words(&self, idx: u32) {
         if idx < self.entry_count {
+            let rec = self.entries_off + idx as usize * ENTRY_LEN;
+            self.region.prefetch(rec);
+            self.region.prefetch(rec + ENTRY_LEN - 1);
             self.region
                 .prefetch(self.states_off + idx as usize * STATE_LEN);
             self.region.prefetch(self.checksums_off + idx as usize * 8);
@@ -647,7 +658,9 @@ impl Table {
     /// Entry index of the catalogued path whose object id (`object_id`) is `object`: the path
     /// hash is the hash-table key, so this is one probe sequence.
     pub fn lookup_object(&self, object: u64) -> Option<u32> {
-        self.probe(object, |idx| Some(self.disk_entry(idx)?.object == object))
+        self.probe(object, |idx, _| {
+            Some(self.disk_entry(idx)?.object == object)
+        })
     }
 
     fn state_block(&self, idx: u32, word: usize) -> Option<&AtomicU64> {
