@@ -674,6 +674,18 @@ def setfl_on_a_dup(root, rel):
                       "dup": oct(fcntl.fcntl(dup, fcntl.F_GETFL))}, sort_keys=True))
 
 
+
+def setfl_in_a_forked_child(root, rel):
+    """A forked child sets O_NOATIME and O_NONBLOCK on the open file description it shares with
+    its parent: `F_GETFL` in the parent, after the child exited, shows them."""
+    fd = os.open(os.path.join(root, rel), os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NOATIME | os.O_NONBLOCK)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print(json.dumps({"parent": oct(fcntl.fcntl(fd, fcntl.F_GETFL))}, sort_keys=True))
+
 # -- directory fds (issue case 9) --
 
 def dirfds(root):

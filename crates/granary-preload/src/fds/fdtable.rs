@@ -416,6 +416,20 @@ pub fn take_range(first: u32, last: u32, mut closed: impl FnMut(i32, Tracked)) {
     }
 }
 
+/// Every fd this process tracks, with what it is (not in a vfork child: its table is the
+/// parent's).
+pub fn each(mut f: impl FnMut(i32, Tracked)) {
+    if !owned() {
+        return;
+    }
+    let end = HIGH.load(Ordering::Relaxed).min(MAX_FDS);
+    for (fd, c) in FDS.iter().take(end).enumerate() {
+        if let Some(t) = decode(c.load(Ordering::Acquire)) {
+            f(fd as i32, t);
+        }
+    }
+}
+
 /// After `fork`, in parent and child: every tracked OFD is now shared by two processes, and no
 /// thread of the child holds a `BUSY` bit (only the forking thread exists there).
 pub fn forked(in_child: bool) {

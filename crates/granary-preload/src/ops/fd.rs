@@ -181,8 +181,19 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long, real: impl FnOnce() -> c_int) -
             let added = flag::NONBLOCK_ADDED | flag::NOATIME_ADDED;
             if r == 0 && t.flags & added != 0 {
                 // The program chose its status flags: O_NONBLOCK and O_NOATIME are now its own
-                // (or gone).
+                // (or gone), on this fd and on every other that shares its open file
+                // description (a dup). A forked sharer's table is its own: out of reach.
                 fdtable::clear_flag(fd, added);
+                fdtable::each(|other, o| {
+                    if other != fd
+                        && o.entry == t.entry
+                        && o.kind == t.kind
+                        && o.flags & added != 0
+                        && crate::sys::same_file(fd, other) == Some(true)
+                    {
+                        fdtable::clear_flag(other, added);
+                    }
+                });
             }
             r
         }

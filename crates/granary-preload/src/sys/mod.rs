@@ -205,6 +205,19 @@ pub fn raw_write(fd: c_int, buf: &[u8]) {
     let _ = sys!(libc::SYS_write, fd, buf.as_ptr(), buf.len());
 }
 
+/// Whether fds `a` and `b` of this process name one open file description (`kcmp(2)`,
+/// `KCMP_FILE`); `None` when the kernel cannot say (no `kcmp`, or a seccomp filter refuses it).
+pub fn same_file(a: c_int, b: c_int) -> Option<bool> {
+    const KCMP_FILE: c_int = 0;
+    let pid = pid::current();
+    let _keep = KeepErrno::new();
+    match sys!(libc::SYS_kcmp, pid, pid, KCMP_FILE, a, b) {
+        0 => Some(true),
+        r if r > 0 => Some(false),
+        _ => None,
+    }
+}
+
 /// True if this thread may have `CAP_SYS_ADMIN` in its effective set (`capget`; true when the
 /// kernel will not say). Never changes errno.
 pub fn has_cap_sys_admin() -> bool {
