@@ -14,7 +14,11 @@
 //! peers are polled for as before (`transport`'s naps).
 //!
 //! Datagrams carry the receiver's token (random, told only to the other ranks over MPI at
-//! start, `wire::Msg::Door`) and the sender's rank; anything else is read and ignored.
+//! start, `wire::Msg::Door`), the sender's rank and, ringing for a message, how many messages
+//! the sender has handed to MPI for the receiver so far: MPI matches one sender's messages in
+//! the order they were sent, so a receiver that has matched that many from it already found the
+//! message (awake, it probed before it read the datagram) and does not poll for it. Anything
+//! else is read and ignored.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -29,7 +33,7 @@ pub const SAFETY_NAP: Duration = Duration::from_millis(1);
 /// After a doorbell whose message is not there yet, how long the rank polls for it.
 pub const RUNG_FOR: Duration = Duration::from_millis(1);
 
-const DATAGRAM: usize = 13;
+const DATAGRAM: usize = 21;
 
 /// What a doorbell says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +60,9 @@ pub struct Door {
 pub struct Rung {
     /// A datagram of this node's (`ring_self`): a command is queued.
     pub own: bool,
-    /// Peers whose doorbell rang, and what for.
-    pub peers: Vec<(u32, Kind)>,
+    /// Peers whose doorbell rang, what for, and the highest count of messages they said they
+    /// had sent (`Door::ring`).
+    pub peers: Vec<(u32, Kind, u64)>,
 }
 
 impl Door {
@@ -95,8 +100,9 @@ impl Door {
     }
 
     /// Rings `rank`'s doorbell (nothing if its card has not come; errors are ignored: the peer
-    /// then finds the message by polling).
-    pub fn ring(&self, rank: u32, kind: Kind) {
+    /// then finds the message by polling). `sent`: for `Kind::Message`, how many messages this
+    /// rank has handed to MPI for `rank` so far, the one rung for included.
+    pub fn ring(&self, rank: u32, kind: Kind, sent: u64) {
         let to = self
             .peers
             .lock()
@@ -105,15 +111,18 @@ impl Door {
             .copied()
             .flatten();
         if let Some((addr, token)) = to {
-            let _ = self.sock.send_to(&datagram(token, self.rank, kind), addr);
+            let _ = self
+                .sock
+                .send_to(&datagram(token, self.rank, kind, sent), addr);
         }
     }
 
     /// Wakes this rank's own communication thread (a command is queued).
     pub fn ring_self(&self) {
-        let _ = self
-            .sock
-            .send_to(&datagram(self.token, self.rank, Kind::Message), self.public);
+        let _ = self.sock.send_to(
+            &datagram(self.token, self.rank, Kind::Message, 0),
+            self.public,
+        );
     }
 
     /// Sleeps until a datagram arrives or `timeout` passes. True if one is waiting (or the
@@ -167,7 +176,7 @@ impl Door {
             }
             for (m, b) in msgs.iter().zip(bufs.iter()).take(n as usize) {
                 let len = (m.msg_len as usize).min(b.len());
-                let Some((token, from, kind)) = parse(&b[..len]) else {
+                let Some((token, from, kind, sent)) = parse(&b[..len]) else {
                     continue;
                 };
                 if token != self.token {
@@ -175,8 +184,15 @@ impl Door {
                 }
                 if from == self.rank {
                     out.own = true;
-                } else if !out.peers.contains(&(from, kind)) {
-                    out.peers.push((from, kind));
+                    continue;
+                }
+                match out
+                    .peers
+                    .iter_mut()
+                    .find(|(p, k, _)| *p == from && *k == kind)
+                {
+                    Some(seen) => seen.2 = seen.2.max(sent),
+                    None => out.peers.push((from, kind, sent)),
                 }
             }
             if (n as usize) < BATCH {
@@ -186,15 +202,16 @@ impl Door {
     }
 }
 
-fn datagram(token: u64, from: u32, kind: Kind) -> [u8; DATAGRAM] {
+fn datagram(token: u64, from: u32, kind: Kind, sent: u64) -> [u8; DATAGRAM] {
     let mut d = [0u8; DATAGRAM];
     d[..8].copy_from_slice(&token.to_le_bytes());
     d[8..12].copy_from_slice(&from.to_le_bytes());
     d[12] = kind as u8;
+    d[13..].copy_from_slice(&sent.to_le_bytes());
     d
 }
 
-fn parse(d: &[u8]) -> Option<(u64, u32, Kind)> {
+fn parse(d: &[u8]) -> Option<(u64, u32, Kind, u64)> {
     let d: &[u8; DATAGRAM] = d.try_into().ok()?;
     let token = u64::from_le_bytes(d[..8].try_into().ok()?);
     let from = u32::from_le_bytes(d[8..12].try_into().ok()?);
@@ -203,7 +220,8 @@ fn parse(d: &[u8]) -> Option<(u64, u32, Kind)> {
         1 => Kind::Progress,
         _ => return None,
     };
-    Some((token, from, kind))
+    let sent = u64::from_le_bytes(d[13..].try_into().ok()?);
+    Some((token, from, kind, sent))
 }
 
 /// The first IPv4 address this host's name resolves to (how nodes of a cluster name each
@@ -259,13 +277,31 @@ mod tests {
         let b = Door::open(1, 2).unwrap();
         let (addr, token) = b.card();
         a.learn(1, addr, token);
-        a.ring(1, Kind::Progress);
+        a.ring(1, Kind::Progress, 0);
         assert!(b.wait(Duration::from_secs(5)));
         let r = b.drain();
-        assert_eq!((r.own, r.peers), (false, vec![(0, Kind::Progress)]));
+        assert_eq!((r.own, r.peers), (false, vec![(0, Kind::Progress, 0)]));
         b.ring_self();
         assert!(b.wait(Duration::from_secs(5)));
         assert!(b.drain().own);
+    }
+
+    #[test]
+    fn a_drain_keeps_each_peer_s_highest_count_of_messages_sent() {
+        let a = Door::open(0, 2).unwrap();
+        let b = Door::open(1, 2).unwrap();
+        let (addr, token) = b.card();
+        a.learn(1, addr, token);
+        for sent in [3, 5, 4] {
+            a.ring(1, Kind::Message, sent);
+        }
+        a.ring(1, Kind::Progress, 0);
+        assert!(b.wait(Duration::from_secs(5)));
+        // Loopback datagrams are queued as they are sent; the pause only guards against a
+        // slow one.
+        std::thread::sleep(Duration::from_millis(20));
+        let r = b.drain();
+        assert_eq!(r.peers, vec![(0, Kind::Message, 5), (0, Kind::Progress, 0)]);
     }
 
     #[test]
@@ -273,7 +309,7 @@ mod tests {
         let b = Door::open(1, 2).unwrap();
         let to = b.card().0;
         let s = UdpSocket::bind((to.ip(), 0)).unwrap();
-        s.send_to(&datagram(b.card().1 ^ 1, 0, Kind::Message), to)
+        s.send_to(&datagram(b.card().1 ^ 1, 0, Kind::Message, 1), to)
             .unwrap();
         s.send_to(b"short", to).unwrap();
         b.wait(Duration::from_secs(5));
