@@ -352,10 +352,11 @@ def idle3(g, args, source, work, seconds=10.0):
         serve.stop()
 
 
-def bar(rows, side, extra):
+def bar(rows, side, extra, b=0):
     """The bar's rows (docs/cluster.md): Δ(s) = median remote − median local read (1 reader,
-    first reads) against t_mpi(s) + t_hash(s) + 150 µs; agent and reader CPU; idle ranks."""
-    hash_s_per_b = statistics.median(side.get((0, "hash")) or [float("nan")])
+    first reads) against t_mpi(s) + t_hash(s) + 150 µs; agent and reader CPU; idle ranks. `b`:
+    which binary's rows (`--compare`: 1); the epoch and idle phases run the first one only."""
+    hash_s_per_b = statistics.median(side.get((b, "hash")) or [float("nan")])
     tm = extra["t_mpi"]
     lines = ["## The bar (one run)", "",
              "| size | Δ = remote − local, median (ms) | t_mpi | t_hash | bound t_mpi + t_hash + 0.150 | Δ / bound | "
@@ -365,7 +366,7 @@ def bar(rows, side, extra):
     costs = {"hash_s_per_byte": hash_s_per_b, "t_mpi": tm, "sizes": {}}
     med = lambda xs: xs[len(xs) // 2] if xs else float("nan")
     for d in BAR_SIZES:
-        r, l = rows.get((0, d, 1, "read", "remote")), rows.get((0, d, 1, "read", "local"))
+        r, l = rows.get((b, d, 1, "read", "remote")), rows.get((b, d, 1, "read", "local"))
         if not r or not l:
             continue
         rem = sorted(v for x in r for v in x["lat"])
@@ -387,7 +388,9 @@ def bar(rows, side, extra):
     lines += ["", f"t_mpi: bench/floor/mpi_pingpong.c, 2 ranks, this run's launcher and environment; "
               f"t_hash: the requester's own checksum time per byte in this run ({hash_s_per_b * 1e9:.3f} ns/B, "
               f"`granary status --json` `cluster.hashing_ns / hashed_bytes`). Bytes through buffers "
-              f"(`bounce_bytes`, every pair): {sorted(set(side.get((0, 'bounce'), [])))}."]
+              f"(`bounce_bytes`, every pair): {sorted(set(side.get((b, 'bounce'), [])))}."]
+    if b:
+        return lines, costs
     ep = extra.get("epochs")
     if ep:
         lines += ["", "| size | agent CPU s per remote GiB (owner + requester), epoch 1 | later epoch | requester's, epoch 1 / later | reader CPU s per GiB, epoch 1 / later | staging copies recycled | bytes through buffers |",
@@ -682,6 +685,10 @@ def report(rows, args, counts, bins, extra):
         if b == 0:
             bar_rows, costs = bar(rows, side, extra)
             lines += ["", *bar_rows, "", *scaling(costs)]
+            model["bar"] = costs
+        else:
+            bar_rows, costs = bar(rows, side, extra, b)
+            lines += ["", *bar_rows]
             model["bar"] = costs
         models.append(model)
     if len(bins) > 1:
