@@ -285,12 +285,12 @@ def t_mpi(reps):
     return {d: got[str(SIZES[d])] for d in BAR_SIZES}
 
 
-def epochs(g, args, source, work, sums):
+def epochs(g, args, source, work, sums, sizes=("2M", "8M", "128K")):
     """Agent CPU per remote GiB in epoch 1 (fresh staging pages) and in a later epoch (the
     staging tier full, dropped copies' pages reused): rank 0 reads rank 1's files of one size
     twice through a staging tier of a third of them, 1 reader thread."""
     out = {}
-    for d in ("2M", "8M", "128K"):
+    for d in sizes:
         theirs_bytes = None
         serve = None
         try:
@@ -389,9 +389,7 @@ def bar(rows, side, extra, b=0):
               f"t_hash: the requester's own checksum time per byte in this run ({hash_s_per_b * 1e9:.3f} ns/B, "
               f"`granary status --json` `cluster.hashing_ns / hashed_bytes`). Bytes through buffers "
               f"(`bounce_bytes`, every pair): {sorted(set(side.get((b, 'bounce'), [])))}."]
-    if b:
-        return lines, costs
-    ep = extra.get("epochs")
+    ep = extra.get("epochs" if b == 0 else "epochs_b")
     if ep:
         lines += ["", "| size | agent CPU s per remote GiB (owner + requester), epoch 1 | later epoch | requester's, epoch 1 / later | reader CPU s per GiB, epoch 1 / later | staging copies recycled | bytes through buffers |",
                   "|---|---|---|---|---|---|---|"]
@@ -412,7 +410,7 @@ def bar(rows, side, extra, b=0):
                 cs = e[k].get("ctxt_per_file", [0, 0])
                 lines.append(f"| {d} | {k if k == 1 else 'later'} | {', '.join(f'{n} {v:.0f}' for v, n in th)} | "
                              f"{cs[0]:.2f} / {cs[1]:.2f} |")
-    idle = extra.get("idle3")
+    idle = extra.get("idle3") if b == 0 else None
     if idle:
         lines += ["", f"Idle ranks (3 ranks serving, nothing reading, {extra['idle_seconds']:.0f} s): "
                   f"{', '.join(f'{c:.4f}' for c in idle)} cores."]
@@ -570,7 +568,11 @@ def main():
         log(f"pair {k + 1}/{args.pairs} done")
     extra = {"t_mpi": t_mpi(args.tmp_mpi_reps), "load_start": os.getloadavg()[0]}
     if args.epochs:
-        extra["epochs"] = epochs(bins[0], args, source, work, sums)
+        # With --compare, both builds, size by size, alternating which goes first.
+        for i, d in enumerate(("2M", "8M", "128K")):
+            for b in (range(len(bins)) if i % 2 == 0 else reversed(range(len(bins)))):
+                got = epochs(bins[b], args, source, work, sums, (d,))
+                extra.setdefault("epochs" if b == 0 else "epochs_b", {}).update(got)
     if args.idle:
         extra["idle3"] = idle3(bins[0], args, source, work, args.idle_seconds)
         extra["idle_seconds"] = args.idle_seconds
