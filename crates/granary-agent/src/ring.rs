@@ -12,7 +12,7 @@ use crate::agent::Agent;
 /// to `NAP_MAX`, so a program opening file after file is answered within tens of microseconds
 /// while an idle agent wakes about a thousand times a second. With one table (a job's source, a
 /// serving agent's) the consumer sleeps on the ring's doorbell instead — a push someone waits
-/// for wakes it at once; requests nobody waits for (a small file opened or closed,
+/// for wakes it at once; requests nobody waits for (a small file closed,
 /// `Table::push_hint_arg`) do not ring, and are taken in batches at its next look — for up to
 /// `BELL_NAP_MAX`: it only wakes by itself to step over a ring slot a dead client left, and to look for a second table (an idle agent's consumer used a hundredth
 /// of a core waking every millisecond). Its naps then start at `BELL_NAP_MIN`, not `NAP_MIN`: a

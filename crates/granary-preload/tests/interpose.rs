@@ -54,8 +54,11 @@ fn reads_are_byte_identical_and_placed_files_come_from_the_tier() {
     assert!(f.counter(job::SOURCE_BYTES) > 0);
     assert_eq!(f.counter(job::FALLBACKS), 0);
     let reqs = f.requests();
+    // A small unplaced file read and closed: its close asks for the copy, its open did not.
+    let img3 = "train/cls1/img3.jpg";
+    assert!(reqs.contains(&(request::CLOSED, img3.into())), "{reqs:?}");
     assert!(
-        reqs.contains(&(request::OPEN_UNPLACED, "train/cls1/img3.jpg".into())),
+        !reqs.contains(&(request::OPEN_UNPLACED, img3.into())),
         "{reqs:?}"
     );
     assert!(

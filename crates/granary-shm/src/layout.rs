@@ -638,7 +638,9 @@ pub const fn slot_entry(tag: u32, idx1: u32, hash: u64) -> Option<u32> {
 /// Requests clients push onto the ring: kind in the top byte, entry index below.
 pub mod request {
     /// A client opened an unplaced file on the source: place it. `arg`: the client's job slot,
-    /// which the placement is credited to.
+    /// which the placement is credited to. Not pushed for a small file (below the whole-fetch
+    /// size) unless the header has `FLAG_REPORT_OPENS` or the table serves a pack: its CLOSED
+    /// asks for the copy instead, one request per file.
     pub const OPEN_UNPLACED: u8 = 1;
     /// A client opened the file for writing: drop the copy, re-stat the source.
     pub const INVALIDATE: u8 = 2;

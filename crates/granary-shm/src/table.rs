@@ -1020,8 +1020,8 @@ impl Table {
         pushed
     }
 
-    /// A request nobody waits for (a small file opened or closed: its copy is made later
-    /// anyway), pushed without waking a sleeping consumer — no system call for the program, and
+    /// A request nobody waits for (a small file closed, or opened where the agent follows opens:
+    /// its copy is made later anyway), pushed without waking a sleeping consumer — no system call for the program, and
     /// the agent takes such requests in batches at its next look (within a millisecond while
     /// requests flow) — unless the ring is half full, so a burst is never lost to a full ring.
     pub fn push_hint_arg(&self, kind: u8, entry: u32, arg: u32) -> bool {

@@ -27,9 +27,14 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
     let whole = e.stat.size >= t.prefetch_min_size();
     if let Some(order) = &ctx.order {
         order.on_request(ctx, kind, idx);
-    } else if matches!(kind, request::OPEN_UNPLACED | request::OPENED) && ctx.pack.get().is_none() {
+    } else if ctx.pack.get().is_none()
+        && (matches!(kind, request::OPEN_UNPLACED | request::OPENED)
+            || kind == request::CLOSED && !whole && t.state(idx).state() == State::Unplaced)
+    {
         // Before the open's own fetch is queued: a file the read-ahead claimed is not
-        // fetched twice, and the one this open asks for goes first either way.
+        // fetched twice, and the one this open asks for goes first either way. A small file
+        // nobody claimed yet was opened without a request (`OPEN_UNPLACED` is left to its
+        // close): its CLOSED stands for the open here.
         ctx.ahead.on_open(ctx, idx, pool);
     }
     if let (Some(pack), request::OPEN_UNPLACED | request::CLOSED) = (ctx.pack.get(), kind) {
@@ -79,13 +84,16 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
             }
         }
         request::CLOSED => {
-            // The program closed a small file it read: copy it now, from the page cache.
-            if !pool.promote(ctx, idx)
+            // The program closed a small file it read: copy it now, from the page cache. (Only
+            // a QUEUED file can be waiting for its close in the pool.)
+            let queued = t.state(idx).state() == State::Queued;
+            if !(queued && pool.promote(ctx, idx))
                 && e.stat.is_file()
                 && !whole
                 && lifecycle::claim(&EntryCell { table: t, idx })
             {
-                // Its OPEN_UNPLACED was lost (full ring): the close is enough to act on.
+                // No OPEN_UNPLACED came (a small file's open sends none unless the agent follows
+                // opens, or the ring was full): the close is enough to act on.
                 pool.submit(CopyTask {
                     ctx: ctx.clone(),
                     entry: idx,

@@ -56,12 +56,15 @@ fn released(t: Tracked) {
     if !table.is_valid() {
         return;
     }
-    let Some(entry) = crate::ops::lookup::entry(table, t.entry) else {
-        return;
-    };
     let st = table.state(t.entry).state();
-    if entry.stat.size < table.prefetch_min_size() && (st == State::Unplaced || st == State::Queued)
-    {
+    if st != State::Unplaced && st != State::Queued {
+        return;
+    }
+    // Marked at its open (`flag::SMALL`); an fd that was not (O_NOATIME) is judged by its size.
+    let small = t.has(flag::SMALL)
+        || crate::ops::lookup::entry(table, t.entry)
+            .is_some_and(|e| e.stat.size < table.prefetch_min_size());
+    if small {
         let slot = detour::job_slot();
         // Nobody waits for this copy: no wake-up of the agent (`push_hint_arg`).
         table.push_hint_arg(request::CLOSED, t.entry, slot);

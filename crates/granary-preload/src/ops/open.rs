@@ -269,16 +269,26 @@ fn cluster_wait(g: &Guard, idx: u32, entry: &EntryRec, st: State) -> bool {
     crate::wait::wait_placed(g, idx, asked)
 }
 
-/// A catalogued file opened on the source: counted, and the agent asked to place it.
-fn source_opened(g: &Guard, idx: u32) {
+/// A catalogued file opened on the source: counted, and the agent asked to place it. `small`:
+/// its fd is marked `flag::SMALL` (below the whole-fetch size: the program reads it itself).
+fn source_opened(g: &Guard, idx: u32, small: bool) {
+    let st = g.table.state(idx).state();
+    // (An fd opened with O_NOATIME by another user is not marked: its size decides.)
+    let small = small
+        || crate::ops::lookup::entry(g.table, idx)
+            .is_some_and(|e| e.stat.size < g.table.prefetch_min_size());
     // PLACED here means its copy was just found unusable (DAMAGED is on the ring before this):
     // the agent withdraws it first, then places the file again.
-    if matches!(g.table.state(idx).state(), State::Unplaced | State::Placed) {
+    if st == State::Unplaced && small && !g.table.reports_opens() && !g.table.is_packed() {
+        // A small file is copied from the page cache once the program closed it, and its close
+        // says so (`fd::released`, CLOSED): the open need not, one request per file instead of
+        // two. Unless the agent follows the program's opens (known order, read-ahead in name
+        // order), or the bytes come from a pack; a process that exits with the file still open
+        // leaves it unplaced until a read of it is closed.
+    } else if matches!(st, State::Unplaced | State::Placed) {
         // OPEN_UNPLACED tells a known-order agent where the program is as well. A file the agent
         // fetches whole may be waited for (its reads follow the fetch): that wakes the agent; a
         // small one is copied after its close, so the agent takes it at its next look.
-        let small = crate::ops::lookup::entry(g.table, idx)
-            .is_some_and(|e| e.stat.size < g.table.prefetch_min_size());
         if small {
             g.table.push_hint_arg(request::OPEN_UNPLACED, idx, g.slot);
         } else {
@@ -318,7 +328,7 @@ pub fn opened(g: Option<&Guard>, fd: c_int, t: Option<Tracked>) {
     copies::forget(fd);
     if let (Some(g), Some(t)) = (g, t) {
         if t.kind == FdKind::Source {
-            source_opened(g, t.entry);
+            source_opened(g, t.entry, t.has(flag::SMALL));
         }
     }
     if let Some(t) = t {
