@@ -764,6 +764,13 @@ pub fn sched_idle() {
     }
 }
 
+/// CPUs online on the node.
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf reads a system value; no memory is touched.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
 /// CPUs the calling thread may run on.
 fn cpus_allowed() -> io::Result<usize> {
     // SAFETY: an all-zero cpu_set_t is a valid empty set.
