@@ -15,7 +15,7 @@
 //! prefetch_min_size = "1M" # files this large are fetched whole by the agent from their first
 //!                          # open; smaller ones are copied from the page cache after the program
 //! chunk_size = "4M"        # chunks of files too large for any tier (a multiple of 4096)
-//! small_copy_delay = "2s"  # a small file is copied this long after its open if no close came
+//! small_copy_delay = "2s"  # a reported small open is copied this long after if no close came
 //! policy = "fill-highest-first" # or "known-order": the access order is known (access_order)
 //! access_order = "/home/me/order.txt" # known-order: one path per line, in the program's order
 //! prefetch_window = "10G"  # known-order: bytes kept placed ahead (default 25 % of tier 0)

@@ -17,7 +17,8 @@ pub struct Params {
     pub prefetch_min_size: u64,
     /// Chunk size of partial copies (0 = none).
     pub chunk_size: u64,
-    /// A small file is copied this long after its open if no CLOSED arrived before.
+    /// A small file whose open was reported (`OPEN_UNPLACED`: the agent follows opens) is copied
+    /// this long after it if no CLOSED arrived before; otherwise its CLOSED alone asks.
     pub small_copy_delay: std::time::Duration,
 }
 
