@@ -123,3 +123,22 @@ def test_large_dataset_of_many_directories(granary, tmp_path):
     granary.settle(source)
     _, s2 = granary.run(source, cmd, tier=tier)
     assert source_opens(s2) == 0, s2
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="the test command installs gcc")
+def test_calls_passed_through_fit_in_a_signal_handlers_small_stack(granary, dataset, tier,
+                                                                  tmp_path):
+    """A handler on a 16 KiB alternate stack (a guard page below it) maps, grows, moves and
+    drops anonymous memory, sends a message and reads `/dev/zero`: granary passes each call
+    through, and its hooks must leave the stack to the program — a release build's hook once
+    reserved 17 KiB of it for a path (reading /proc/self/maps) it did not take."""
+    exe = tmp_path / "small_stack"
+    subprocess.run(["cc", "-O2", "-o", str(exe), str(CLIENTS / "small_stack.c")], check=True)
+    some = next(p for p in sorted(dataset.rglob("*")) if p.is_file() and not p.is_symlink())
+    want = direct([exe, some])
+    assert want.returncode == 0, want
+    got, _ = granary.run(dataset, [exe, some], tier=tier, check=False)
+    assert got.returncode == 0, got.stderr.decode(errors="replace")[-2000:]
+    assert json.loads(got.stdout) == json.loads(want.stdout)
+    assert json.loads(want.stdout) == {"mapped": 1, "grown": 1, "unmapped": 1, "sent": 5,
+                                       "read": 16, "closed": 1}

@@ -178,7 +178,9 @@ pub fn unmapped(addr: usize, len: usize, moved_to: Option<(usize, usize)>) {
 
 /// `mremap` of `[addr, addr + len)` failed with EFAULT: true if it was a mapping granary split
 /// (the source with tier files over it) and the source is mapped back over all of it now, so
-/// the call can be made again.
+/// the call can be made again. Cold and out of line: `mremap`'s hook keeps a small frame.
+#[cold]
+#[inline(never)]
 pub fn unsplit(addr: usize, len: usize) -> bool {
     let Ok(g) = detour::enter_any_creds() else {
         return false;

@@ -26,6 +26,11 @@ const BUF: usize = 8192;
 /// Calls `each` with every mapping in address order until it returns false. False if the file
 /// could not be read whole (a line longer than the buffer counts as a failure): the caller must
 /// then assume nothing.
+///
+/// Never inlined: its 8 KiB buffer would otherwise join the frame of every hook that may call
+/// it on a rare path (a whole-program optimised build put two copies into `mremap`'s, 17 KiB
+/// taken from the program's stack on every call, even one passed straight through).
+#[inline(never)]
 pub fn for_each(mut each: impl FnMut(&Vma) -> bool) -> bool {
     let fd = sys::raw_openat(
         libc::AT_FDCWD,
