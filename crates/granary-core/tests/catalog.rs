@@ -448,8 +448,27 @@ fn saved_catalogs_round_trip_and_are_refused_elsewhere() {
         !t.path().join("x.table").exists(),
         "a refused catalog leaves no table behind"
     );
+    // A catalog an older agent saved in an earlier table layout is refused (the source is
+    // walked again), and the log says why in words, not as a debug dump.
+    let good = std::fs::read(&saved).unwrap();
+    let mut bytes = good.clone();
+    let v = granary_shm::layout::H_VERSION;
+    bytes[v..v + 4].copy_from_slice(&(granary_shm::layout::VERSION - 1).to_ne_bytes());
+    std::fs::write(&saved, &bytes).unwrap();
+    let why = match catalog::load(&saved, &t.path().join("x.table"), &expect) {
+        Err(e @ catalog::LoadError::Table(_)) => e.to_string(),
+        other => panic!("an older layout loaded: {:?}", other.err()),
+    };
+    assert_eq!(
+        why,
+        format!(
+            "not a usable table: table version {}, this build reads version {}",
+            granary_shm::layout::VERSION - 1,
+            granary_shm::layout::VERSION
+        )
+    );
     // A damaged file is refused, never trusted.
-    let mut bytes = std::fs::read(&saved).unwrap();
+    let mut bytes = good;
     bytes.truncate(bytes.len() / 2);
     std::fs::write(&saved, &bytes).unwrap();
     assert!(matches!(

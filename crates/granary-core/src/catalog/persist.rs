@@ -65,8 +65,8 @@ pub fn save(path: &Path, table: &Table) -> std::io::Result<()> {
     let len = table.region().len();
     let res = write_atomic_with(path, |f| {
         copy_region(table, f)?;
-        let (_m, copy) = Mapping::map(f.as_raw_fd(), len)
-            .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+        let (_m, copy) =
+            Mapping::map(f.as_raw_fd(), len).map_err(|e| std::io::Error::other(e.to_string()))?;
         sanitize(&copy);
         seal_partials(&copy);
         Ok(())
@@ -210,7 +210,7 @@ pub enum LoadError {
     Missing,
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("not a usable table: {0:?}")]
+    #[error("not a usable table: {0}")]
     Table(granary_shm::MapError),
     #[error("saved by another user or with other groups")]
     Creds,
@@ -320,7 +320,7 @@ pub fn open_saved(saved: &Path) -> Option<(Mapping, Table)> {
     match Mapping::map(f.as_raw_fd(), len) {
         Ok(m) => Some(m),
         Err(e) => {
-            tracing::warn!("ignoring saved catalog {}: {e:?}", saved.display());
+            tracing::warn!("ignoring saved catalog {}: {e}", saved.display());
             None
         }
     }
