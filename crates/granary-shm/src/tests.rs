@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 
 use proptest::prelude::*;
 
-use crate::layout::H_VERSION;
+use crate::layout::{home_slot, H_VERSION, SLOT_LEN};
 use crate::*;
 
 fn map_image(img: &[u8]) -> (Mapping, Table, tempfile::NamedTempFile) {
@@ -1204,4 +1204,82 @@ fn find_answers_only_for_live_entries_and_says_why_not() {
         Err(Miss::AncestorGone)
     );
     assert_eq!(t.is_live(0), Ok(()));
+}
+
+#[test]
+fn a_damaged_hash_slot_never_finds_another_path() {
+    let mut m = Model::new();
+    for i in 0..300u64 {
+        m.add(
+            0,
+            &format!("f{i}"),
+            stat(libc::S_IFREG | 0o644, 2 + i, i),
+            "",
+        );
+    }
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let u32_at = |img: &[u8], off: usize| u32::from_ne_bytes(img[off..off + 4].try_into().unwrap());
+    let u64_at = |img: &[u8], off: usize| u64::from_ne_bytes(img[off..off + 8].try_into().unwrap());
+    let hash_off = u64_at(&img, crate::layout::H_HASH_OFF) as usize;
+    let slots = u32_at(&img, crate::layout::H_HASH_SLOTS) as usize;
+    let used: Vec<usize> = (0..slots)
+        .map(|s| hash_off + s * SLOT_LEN)
+        .filter(|&off| u32_at(&img, off + 4) != 0)
+        .collect();
+    assert_eq!(used.len(), 300 + 1, "every entry has a slot");
+    // Probe sequences run past the last slot to the first: some path's slot lies before its
+    // home slot (with 301 entries in 402 slots, several do).
+    let wrapped = m.entries.iter().filter(|e| {
+        let h = path_hash(&e.rel_path);
+        let idx1 = m
+            .entries
+            .iter()
+            .position(|x| x.rel_path == e.rel_path)
+            .unwrap() as u32
+            + 1;
+        let at = used
+            .iter()
+            .find(|&&off| u32_at(&img, off + 4) == idx1)
+            .unwrap();
+        ((at - hash_off) / SLOT_LEN) < home_slot(h, slots as u32) as usize
+    });
+    assert!(wrapped.count() > 0, "no probe sequence wraps in this table");
+    let check = |img: &[u8], broken: Option<&[u8]>| {
+        let (_m, t, _f) = map_image(img);
+        for e in &m.entries[1..] {
+            let got = t.lookup(&e.rel_path);
+            if Some(&e.rel_path[..]) == broken {
+                assert!(got.is_none_or(|i| t.rel_path_vec(i).unwrap() == e.rel_path));
+            } else {
+                let i = got.expect("catalogued");
+                assert_eq!(t.rel_path_vec(i).unwrap(), e.rel_path);
+            }
+        }
+        assert_eq!(t.lookup(b"f300"), None);
+    };
+    check(&img, None);
+    // The name offsets are only where a lookup starts loading: out of range, or another
+    // entry's, every path is still found and only it.
+    let mut bad = img.clone();
+    for (k, &off) in used.iter().enumerate() {
+        let other = u32_at(&img, used[(k + 1) % used.len()] + 8);
+        let w = if k % 2 == 0 {
+            u32::MAX - k as u32
+        } else {
+            other
+        };
+        bad[off + 8..off + 12].copy_from_slice(&w.to_ne_bytes());
+    }
+    check(&bad, None);
+    // A slot naming an entry past the end, or another entry: its path is not found (or found
+    // as itself), no other path is found in its place.
+    for w in [u32::MAX, 302, 2] {
+        let mut bad = img.clone();
+        let off = used[used.len() / 2];
+        let victim = m.entries[u32_at(&img, off + 4) as usize - 1]
+            .rel_path
+            .clone();
+        bad[off + 4..off + 8].copy_from_slice(&w.to_ne_bytes());
+        check(&bad, Some(&victim));
+    }
 }
