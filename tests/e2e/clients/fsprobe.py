@@ -675,6 +675,28 @@ def setfl_on_a_dup(root, rel):
 
 
 
+def setfl_on_a_dup_under_seccomp(root, rel, action):
+    """`setfl_on_a_dup` in a process under a seccomp filter that answers `kcmp(2)` (which the
+    program never calls) with `action`: `eperm`, or `kill` (the process), as a filter written
+    for the program (systemd's `SystemCallFilter=`) does with calls it does not list."""
+    import ctypes
+    import struct
+    ret = {"eperm": 0x00050000 | 1, "kill": 0x80000000}[action]
+    nr = {"x86_64": 312, "aarch64": 272}[os.uname().machine]
+    # BPF: load the syscall number; kcmp -> ret; anything else -> allow.
+    insns = [(0x20, 0, 0, 0), (0x15, 0, 1, nr), (0x06, 0, 0, ret), (0x06, 0, 0, 0x7fff0000)]
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *i) for i in insns))
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    prog = Prog(len(insns), ctypes.addressof(code))
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    assert libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    assert libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) == 0
+    setfl_on_a_dup(root, rel)
+
+
 def setfl_in_a_forked_child(root, rel):
     """A forked child sets O_NOATIME and O_NONBLOCK on the open file description it shares with
     its parent: `F_GETFL` in the parent, after the child exited, shows them."""

@@ -207,15 +207,59 @@ pub fn raw_write(fd: c_int, buf: &[u8]) {
 
 /// Whether fds `a` and `b` of this process name one open file description (`kcmp(2)`,
 /// `KCMP_FILE`); `None` when the kernel cannot say (no `kcmp`, or a seccomp filter refuses it).
+///
+/// Never asked under a seccomp filter (`no_seccomp_filter`): the program never calls `kcmp`, so
+/// a filter written for it may refuse it or kill the process for it (systemd's
+/// `SystemCallFilter=` kills by default) — then `None`, as if refused.
 pub fn same_file(a: c_int, b: c_int) -> Option<bool> {
     const KCMP_FILE: c_int = 0;
-    let pid = pid::current();
     let _keep = KeepErrno::new();
+    if !no_seccomp_filter() {
+        return None;
+    }
+    let pid = pid::current();
     match sys!(libc::SYS_kcmp, pid, pid, KCMP_FILE, a, b) {
         0 => Some(true),
         r if r > 0 => Some(false),
         _ => None,
     }
+}
+
+/// True if `/proc/self/status` says this thread runs under no seccomp filter (`Seccomp:\t0`);
+/// false under one, or when it cannot be read. Asked anew each time: a filter may be installed
+/// at any moment, never removed. Out of line and cold: its 8 KiB buffer stays out of the
+/// callers' frames.
+#[cold]
+#[inline(never)]
+fn no_seccomp_filter() -> bool {
+    let fd = raw_openat(
+        libc::AT_FDCWD,
+        c"/proc/thread-self/status".as_ptr(),
+        libc::O_RDONLY | libc::O_CLOEXEC,
+        0,
+    );
+    if fd < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 8192];
+    let mut have = 0usize;
+    while let Some(room) = buf.get_mut(have..).filter(|r| !r.is_empty()) {
+        let n = sys!(libc::SYS_read, fd, room.as_mut_ptr(), room.len());
+        if n < 0 && errno() == libc::EINTR {
+            continue;
+        }
+        if n <= 0 {
+            break;
+        }
+        have += n as usize;
+    }
+    raw_close(fd);
+    const FIELD: &[u8] = b"\nSeccomp:\t";
+    let text = buf.get(..have).unwrap_or(&[]);
+    text.windows(FIELD.len())
+        .position(|w| w == FIELD)
+        .and_then(|at| text.get(at + FIELD.len()))
+        == Some(&b'0')
 }
 
 /// True if this thread may have `CAP_SYS_ADMIN` in its effective set (`capget`; true when the
