@@ -186,12 +186,16 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long, real: impl FnOnce() -> c_int) -
                 // The program chose its status flags: O_NONBLOCK and O_NOATIME are now its own
                 // (or gone), on this fd and on every other that shares its open file
                 // description (a dup). A forked sharer's table is its own: out of reach.
+                // `kcmp` only where no seccomp filter may refuse it or kill for it (asked
+                // once, at the first candidate).
                 fdtable::clear_flag(fd, added);
+                let mut kcmp = None;
                 fdtable::each(|other, o| {
                     if other != fd
                         && o.entry == t.entry
                         && o.kind == t.kind
                         && o.flags & added != 0
+                        && *kcmp.get_or_insert_with(crate::sys::kcmp_allowed)
                         && crate::sys::same_file(fd, other) == Some(true)
                     {
                         fdtable::clear_flag(other, added);

@@ -208,15 +208,12 @@ pub fn raw_write(fd: c_int, buf: &[u8]) {
 /// Whether fds `a` and `b` of this process name one open file description (`kcmp(2)`,
 /// `KCMP_FILE`); `None` when the kernel cannot say (no `kcmp`, or a seccomp filter refuses it).
 ///
-/// Never asked under a seccomp filter (`no_seccomp_filter`): the program never calls `kcmp`, so
-/// a filter written for it may refuse it or kill the process for it (systemd's
-/// `SystemCallFilter=` kills by default) — then `None`, as if refused.
+/// Only where `kcmp_allowed()` said yes (the caller asks once for all its pairs): the
+/// program never calls `kcmp`, so a seccomp filter written for it may refuse it or kill the
+/// process for it (systemd's `SystemCallFilter=` kills by default).
 pub fn same_file(a: c_int, b: c_int) -> Option<bool> {
     const KCMP_FILE: c_int = 0;
     let _keep = KeepErrno::new();
-    if !no_seccomp_filter() {
-        return None;
-    }
     let pid = pid::current();
     match sys!(libc::SYS_kcmp, pid, pid, KCMP_FILE, a, b) {
         0 => Some(true),
@@ -225,13 +222,14 @@ pub fn same_file(a: c_int, b: c_int) -> Option<bool> {
     }
 }
 
-/// True if `/proc/self/status` says this thread runs under no seccomp filter (`Seccomp:\t0`);
-/// false under one, or when it cannot be read. Asked anew each time: a filter may be installed
-/// at any moment, never removed. Out of line and cold: its 8 KiB buffer stays out of the
-/// callers' frames.
+/// Whether `same_file` may call `kcmp`: true if `/proc/thread-self/status` says this thread
+/// runs under no seccomp filter (`Seccomp:\t0`); false under one, or when it cannot be read.
+/// Asked anew each time: a filter may be installed at any moment, never removed. Out of line
+/// and cold: its 8 KiB buffer stays out of the callers' frames.
 #[cold]
 #[inline(never)]
-fn no_seccomp_filter() -> bool {
+pub fn kcmp_allowed() -> bool {
+    let _keep = KeepErrno::new();
     let fd = raw_openat(
         libc::AT_FDCWD,
         c"/proc/thread-self/status".as_ptr(),
