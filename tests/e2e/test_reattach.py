@@ -7,10 +7,11 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import direct, source_meta, tier_files
+from conftest import Granary, direct, source_meta, tier_files
 
 READ_ALL = [sys.executable, "-c", """
 import hashlib, os, sys
@@ -340,3 +341,37 @@ def test_strace_counts_source_metadata_calls_per_reattach(granary, tmp_path):
                     calls += 1
         assert calls <= bound, (immutable, calls)
 
+
+
+def test_an_unused_agent_finishes_placing_the_last_jobs_files_before_it_exits(tmp_path):
+    """A job of small files ends on a node whose cores are all busy: their copies wait for a free
+    core (they are made at idle priority, one now and then while none frees), so many are still
+    queued when the agent's idle timeout expires. The agent stays until they are placed (at most
+    ten minutes) instead of leaving them, and the next job, started after it exited, reads every
+    file from the tier."""
+    (tmp_path / "own").mkdir()
+    g = Granary(tmp_path / "own")
+    src = tmp_path / "pfs" / "data"
+    for d in range(6):
+        (src / f"d{d}").mkdir(parents=True)
+        for i in range(100):
+            (src / f"d{d}" / f"f{i:03d}").write_bytes(os.urandom(1000 + 7 * i + d))
+    files = 600
+    want = direct([*READ_ALL, src]).stdout
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range((os.cpu_count() or 1) + 1)]
+    try:
+        proc, _ = g.run(src, [*READ_ALL, src], extra=("--idle-timeout", "1s"))
+        assert proc.stdout == want
+        deadline = time.monotonic() + 900
+        while g.agent_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not g.agent_pids(), "the agent did not exit"
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
+    proc, stats = g.run(src, [*READ_ALL, src])
+    g.stop()
+    assert proc.stdout == want
+    assert tier_files(stats) == files, stats

@@ -245,6 +245,23 @@ impl Agent {
         std::fs::symlink_metadata(self.rt.socket()).is_ok_and(|md| md.ino() == self.socket_ino)
     }
 
+    /// Copies queued for every source's current table and not finished (requests in its ring,
+    /// taken or running): what an agent no job uses stays on for (`daemon::main_loop`).
+    pub fn queued_copies(&self) -> u64 {
+        let sources: Vec<_> = self
+            .sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        sources
+            .iter()
+            .filter_map(|s| s.ctx())
+            .map(|c| c.pending(0))
+            .sum()
+    }
+
     pub fn touch(&self) {
         *self.last_active.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }

@@ -6,7 +6,7 @@
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use granary_core::runtime::Runtime;
@@ -138,24 +138,46 @@ pub fn spawn_threads(started: &Started) -> Result<()> {
     Ok(())
 }
 
-/// Until the agent stops (asked to, idle, or its socket taken over).
+/// How long an agent no job uses stays on to finish the copies its last jobs queued. They are
+/// mostly small files the programs read and closed (copied from the page cache, no source
+/// read), placed at idle priority and only while the node has a free core: on a busy node the
+/// last job's files may still be queued when the idle timeout expires, and an agent that left
+/// then would make the next job read them from the source again.
+const MAX_FINISHING: Duration = Duration::from_secs(600);
+
+/// Until the agent stops (asked to, idle with no copies queued, or its socket taken over).
 pub fn main_loop(agent: &Agent) {
     let idle_timeout = agent.idle_timeout;
+    // Since when the agent, unused for `idle_timeout`, has waited for its queued copies.
+    let mut finishing: Option<Instant> = None;
     loop {
         std::thread::sleep(Duration::from_millis(100));
         if agent.stopping.load(Ordering::Acquire) {
             break;
         }
-        let idle = agent.jobs.load(Ordering::Acquire) == 0
+        let unused = agent.jobs.load(Ordering::Acquire) == 0
             && agent
                 .last_active
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .elapsed()
                 >= idle_timeout;
-        if idle {
-            tracing::info!("no job for {idle_timeout:?}: exiting");
-            break;
+        if unused {
+            let queued = agent.queued_copies();
+            if queued == 0 {
+                tracing::info!("no job for {idle_timeout:?}: exiting");
+                break;
+            }
+            let lingered = *finishing.get_or_insert_with(Instant::now);
+            if lingered.elapsed() >= MAX_FINISHING {
+                tracing::info!(
+                    "no job for {idle_timeout:?}, {queued} copies still queued after \
+                     {MAX_FINISHING:?} more: exiting without them"
+                );
+                break;
+            }
+        } else {
+            finishing = None;
         }
         // Someone removed or replaced our socket (a new agent took over): leave quietly.
         if !agent.owns_socket() {
