@@ -263,8 +263,7 @@ impl Served {
     /// A job's counters, from its slot of the table.
     pub fn of_slot(t: &granary_shm::Table, slot: u32) -> Served {
         use granary_shm::job;
-        use std::sync::atomic::Ordering::Relaxed;
-        let c = |w: usize| t.counter(slot, w).map_or(0, |c| c.load(Relaxed));
+        let c = |w: usize| t.job_value(slot, w);
         let tiers = 0..granary_shm::layout::MAX_TIERS;
         Served {
             opens: c(job::OPENS),

@@ -723,11 +723,7 @@ impl SourceState {
                 .compare_exchange(0, pid.max(1) as u64, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                for w in 1..job::WORDS {
-                    if let Some(c) = t.counter(slot, w) {
-                        c.store(0, Ordering::Relaxed);
-                    }
-                }
+                t.clear_job(slot);
                 self.counters.jobs.reset(slot);
                 return slot;
             }

@@ -5,7 +5,6 @@
 //! report shows per-epoch source traffic.
 
 use std::io::Read;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -67,9 +66,7 @@ impl Counters {
         })
     }
     fn get(&self, w: usize) -> u64 {
-        self.table
-            .counter(self.slot, w)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+        self.table.job_value(self.slot, w)
     }
     fn sample(&self) -> (u64, u64, u64) {
         let tiers = (0..MAX_TIERS).map(|t| self.get(job::TIER_FILES + t)).sum();

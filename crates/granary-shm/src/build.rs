@@ -438,7 +438,7 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     let hash_off = checksums_off + n * 8;
     let strings_off = align8(hash_off + hash_slots as usize * SLOT_LEN);
     let ring_off = align8(strings_off + cat.strings.len());
-    let stats_off = ring_off + RING_SLOTS + ring_cap as usize * RING_SLOT_LEN;
+    let stats_off = (ring_off + RING_SLOTS + ring_cap as usize * RING_SLOT_LEN).div_ceil(256) * 256;
     let large_off = stats_off + spec.job_slots as usize * JOB_STATS_LEN;
     let chunks_off = large_off + large_count * LARGE_LEN;
     // Offset 0 means "no bitmap", so the section starts with one unused word.

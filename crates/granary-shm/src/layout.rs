@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 9.
+//! The on-memory layout of a catalog table, version 11.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -16,7 +16,8 @@
 //!                                                  (0 = empty), the entry's name's offset]
 //! strings_off    strings_len bytes                names (last components) and symlink targets
 //! ring_off       request ring                     clients → agent (see `ring`)
-//! stats_off      job_slots × JobStats             per-job counters, atomics only
+//! stats_off      job_slots × JobStats             per-job counters, atomics only (256-aligned;
+//!                                                  `JOB_STATS_LEN`: words, then per-process shards)
 //! large_off      large_count × 16 bytes           per large file: [progress, chunk bitmap offset]
 //! chunks_off     chunks_len bytes                 chunk bitmaps of files larger than a chunk
 //! transient_off  ⌈entry_count / 64⌉ × u64         one bit per entry: its copy's pages are dropped
@@ -53,10 +54,12 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// the job started that granary could not serve although it was given a dataset path
 /// (`job::UNSERVED*`). Version 9: tagged 64-bit hash slots (4/3 of the entries, any count), so
 /// a lookup reads no entry but its own. Version 10: 12-byte hash slots that also say where
-/// the entry's name lies, so a lookup loads the entry and its name at once. Tables
+/// the entry's name lies, so a lookup loads the entry and its name at once. Version 11: the job
+/// counters every process adds to at each open and read are sharded by process
+/// (`COUNTER_SHARDS`). Tables
 /// of earlier versions are rejected (`TableError::BadVersion`): the agent then walks the source
 /// again.
-pub const VERSION: u32 = 10;
+pub const VERSION: u32 = 11;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -722,6 +725,9 @@ pub mod job {
     pub const TIER_BYTES: usize = TIER_FILES + crate::layout::MAX_TIERS;
     /// Closes of transient copies whose pages the client dropped (page-cache residency).
     pub const TRANSIENT_DROPS: usize = TIER_BYTES + crate::layout::MAX_TIERS;
+    /// Words below this (but `OWNER`) are counted in the counting process's shard
+    /// (`layout::COUNTER_SHARDS`): read them with `Table::job_value`.
+    pub const SHARDED: usize = TRANSIENT_DROPS + 1;
     /// Processes that mapped the table with this job slot (each counts once, at start).
     pub const PROCESSES: usize = TRANSIENT_DROPS + 1;
     /// Processes that passed everything through because their credentials are not the agent's.
@@ -789,7 +795,17 @@ pub mod seen {
     /// it can reach the table only by its path.
     pub const FD_LOST: u64 = 1 << 13;
 }
-pub const JOB_STATS_LEN: usize = job::WORDS * 8;
+/// A job slot's counters: its words (`job::*`), then `COUNTER_SHARDS` shards of the words every
+/// process counts on its hot path (`job::SHARDED`, `COUNTER_SHARD_LEN` bytes each) — a process
+/// adds to its own shard (`Table::count`), so the fork workers of a loader do not pass one cache
+/// line between their cores at every open and read; readers sum them (`Table::job_value`).
+pub const JOB_STATS_LEN: usize = COUNTER_SHARDS_AT + COUNTER_SHARDS * COUNTER_SHARD_LEN;
+/// Where a job slot's counter shards start, 256-aligned so no shard shares the pair of cache
+/// lines the adjacent-line prefetcher moves together with another.
+pub const COUNTER_SHARDS_AT: usize = (job::WORDS * 8).div_ceil(256) * 256;
+pub const COUNTER_SHARDS: usize = 8;
+pub const COUNTER_SHARD_LEN: usize = 256;
+const _: () = assert!(job::SHARDED * 8 <= COUNTER_SHARD_LEN);
 
 const _: () = assert!(ENTRY_LEN == 88);
 const _: () = assert!(CLASS_LEN == 56);

@@ -3,12 +3,21 @@
 //! Everything here is allocation-free and lock-free, so the preload library can call it from
 //! inside any hook (including a vfork child).
 
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::layout::*;
 
 use crate::region::Region;
 use crate::state::StateWord;
+
+/// Which shard of the job counters this process adds to (`layout::COUNTER_SHARDS`).
+static COUNTER_SHARD: AtomicU32 = AtomicU32::new(0);
+
+/// Makes this process count in shard `pid % COUNTER_SHARDS`: the preload library calls it at
+/// start and in every fork child, so a loader's fork workers (consecutive pids) count apart.
+pub fn set_counter_shard(pid: u32) {
+    COUNTER_SHARD.store(pid % COUNTER_SHARDS as u32, Ordering::Relaxed);
+}
 
 /// Why a mapping is not usable as a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1198,7 +1207,9 @@ impl Table {
         }
     }
 
-    /// A job counter (`job::*`) of job slot `slot`; slot 0 when the slot is out of range.
+    /// A job word (`job::*`) of job slot `slot`; slot 0 when the slot is out of range. For the
+    /// words below `job::SHARDED` this is only the part counted outside the shards: their
+    /// value is `job_value`.
     pub fn counter(&self, slot: u32, word: usize) -> Option<&AtomicU64> {
         if word >= job::WORDS || self.job_slots == 0 {
             return None;
@@ -1208,9 +1219,70 @@ impl Table {
             .atomic_u64(self.stats_off + slot as usize * JOB_STATS_LEN + word * 8)
     }
 
+    /// The calling process's shard of counter `word` (below `job::SHARDED`) of slot `slot`.
+    #[inline]
+    fn shard(&self, slot: u32, word: usize) -> Option<&AtomicU64> {
+        if self.job_slots == 0 {
+            return None;
+        }
+        let slot = if slot < self.job_slots { slot } else { 0 };
+        let shard = COUNTER_SHARD.load(Ordering::Relaxed) as usize % COUNTER_SHARDS;
+        self.region.atomic_u64(
+            self.stats_off
+                + slot as usize * JOB_STATS_LEN
+                + COUNTER_SHARDS_AT
+                + shard * COUNTER_SHARD_LEN
+                + word * 8,
+        )
+    }
+
+    /// Adds `n` to a job word: a counter below `job::SHARDED` in this process's shard.
+    #[inline]
     pub fn count(&self, slot: u32, word: usize, n: u64) {
-        if let Some(c) = self.counter(slot, word) {
+        let c = if word < job::SHARDED && word != job::OWNER {
+            self.shard(slot, word)
+        } else {
+            self.counter(slot, word)
+        };
+        if let Some(c) = c {
             c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// A job word's value: for a counter below `job::SHARDED`, the sum of its shards.
+    pub fn job_value(&self, slot: u32, word: usize) -> u64 {
+        let Some(base) = self.counter(slot, word) else {
+            return 0;
+        };
+        let mut v = base.load(Ordering::Relaxed);
+        if word < job::SHARDED && word != job::OWNER {
+            let slot = if slot < self.job_slots { slot } else { 0 };
+            for k in 0..COUNTER_SHARDS {
+                let off = self.stats_off
+                    + slot as usize * JOB_STATS_LEN
+                    + COUNTER_SHARDS_AT
+                    + k * COUNTER_SHARD_LEN
+                    + word * 8;
+                if let Some(c) = self.region.atomic_u64(off) {
+                    // An `uncount` in one shard of what another counted wraps: the sum does not.
+                    v = v.wrapping_add(c.load(Ordering::Relaxed));
+                }
+            }
+        }
+        v
+    }
+
+    /// Zeroes every word of job slot `slot` but its owner, shards included (a slot taken by a
+    /// new job, a table saved).
+    pub fn clear_job(&self, slot: u32) {
+        if slot >= self.job_slots {
+            return;
+        }
+        let base = self.stats_off + slot as usize * JOB_STATS_LEN;
+        for off in (8..JOB_STATS_LEN).step_by(8) {
+            if let Some(c) = self.region.atomic_u64(base + off) {
+                c.store(0, Ordering::Relaxed);
+            }
         }
     }
 
@@ -1296,8 +1368,6 @@ impl Table {
 
     /// Takes back `n` of a counter (a call counted ahead that did not happen).
     pub fn uncount(&self, slot: u32, word: usize, n: u64) {
-        if let Some(c) = self.counter(slot, word) {
-            c.fetch_sub(n, Ordering::Relaxed);
-        }
+        self.count(slot, word, n.wrapping_neg());
     }
 }

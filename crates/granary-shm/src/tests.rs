@@ -470,14 +470,43 @@ fn counters_fall_back_to_slot_zero() {
     let (_m, t, _f) = map_image(&img);
     t.count(2, job::OPENS, 5);
     t.count(77, job::OPENS, 1);
-    let get = |slot, w| {
-        t.counter(slot, w)
-            .unwrap()
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
-    assert_eq!(get(2, job::OPENS), 5);
-    assert_eq!(get(0, job::OPENS), 1);
+    t.count(2, job::PROCESSES, 3);
+    assert_eq!(t.job_value(2, job::OPENS), 5);
+    assert_eq!(t.job_value(0, job::OPENS), 1);
+    assert_eq!(t.job_value(2, job::PROCESSES), 3);
     assert!(t.counter(0, job::WORDS).is_none());
+}
+
+#[test]
+fn counters_of_processes_in_other_shards_add_up_and_clear_together() {
+    let m = Model::new();
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    // Processes with pids in every shard (and beyond), each counting in its own.
+    for pid in 100..100 + 2 * crate::layout::COUNTER_SHARDS as u32 {
+        crate::set_counter_shard(pid);
+        t.count(3, job::OPENS, 1);
+        t.count(3, job::TIER_BYTES + 1, 1000);
+    }
+    // A call counted in one process and taken back in another.
+    crate::set_counter_shard(1);
+    t.count(3, job::FALLBACKS, 1);
+    crate::set_counter_shard(2);
+    t.uncount(3, job::FALLBACKS, 1);
+    crate::set_counter_shard(0);
+    let n = 2 * crate::layout::COUNTER_SHARDS as u64;
+    assert_eq!(t.job_value(3, job::OPENS), n);
+    assert_eq!(t.job_value(3, job::TIER_BYTES + 1), 1000 * n);
+    assert_eq!(t.job_value(3, job::FALLBACKS), 0);
+    // The shards are the slot's own: its neighbours saw nothing.
+    assert_eq!(t.job_value(2, job::OPENS) + t.job_value(4, job::OPENS), 0);
+    t.counter(3, job::OWNER)
+        .unwrap()
+        .store(9, std::sync::atomic::Ordering::Relaxed);
+    t.clear_job(3);
+    assert_eq!(t.job_value(3, job::OPENS), 0);
+    assert_eq!(t.job_value(3, job::TIER_BYTES + 1), 0);
+    assert_eq!(t.job_value(3, job::OWNER), 9);
 }
 
 #[test]

@@ -10,7 +10,6 @@ pub mod warnings;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 
 use anyhow::{bail, Context, Result};
 use granary_core::stats::{
@@ -159,11 +158,7 @@ impl Job {
     /// The job's report once its program exited; the connection is closed (the job detached).
     /// An agent that does not answer costs the report its figures, never the job.
     pub fn report(mut self, end: &Ended) -> Reported {
-        let c = |w: usize| {
-            self.table
-                .counter(self.slot, w)
-                .map_or(0, |c| c.load(Ordering::Relaxed))
-        };
+        let c = |w: usize| self.table.job_value(self.slot, w);
         let mut warnings = std::mem::take(&mut self.warnings);
         let mut agent_warnings = Vec::new();
         let pack = end

@@ -5,7 +5,6 @@
 
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 use granary_core::stats::TierReport;
 use granary_shm::{job, layout::MAX_TIERS, seen, Table, Unserved};
@@ -36,11 +35,7 @@ fn bind_hint(p: &Path) -> String {
 }
 
 pub fn of(j: &Job) -> Vec<String> {
-    let c = |w: usize| {
-        j.table
-            .counter(j.slot, w)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
-    };
+    let c = |w: usize| j.table.job_value(j.slot, w);
     let (processes, execs, seen, creds) = (
         c(job::PROCESSES),
         c(job::EXECS),

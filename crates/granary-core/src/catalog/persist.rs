@@ -114,10 +114,9 @@ fn clear_run_words(t: &Table) {
     t.set_valid(true);
     t.reset_ring();
     for slot in 0..t.job_slots() {
-        for w in 0..job::WORDS {
-            if let Some(c) = t.counter(slot, w) {
-                c.store(0, Ordering::Relaxed);
-            }
+        t.clear_job(slot);
+        if let Some(c) = t.counter(slot, job::OWNER) {
+            c.store(0, Ordering::Relaxed);
         }
     }
 }

@@ -133,8 +133,7 @@ impl SourceCtx {
         p.sampled_ns.store(now, Ordering::Relaxed);
         let t = &self.table;
         let sum = (0..t.job_slots())
-            .filter_map(|s| t.counter(s, granary_shm::job::SOURCE_READS))
-            .map(|c| c.load(Ordering::Relaxed))
+            .map(|s| t.job_value(s, granary_shm::job::SOURCE_READS))
             .fold(0u64, u64::wrapping_add);
         if p.last.swap(sum, Ordering::Relaxed) != sum {
             p.moved_ns.store(now, Ordering::Relaxed);

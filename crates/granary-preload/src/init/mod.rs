@@ -19,14 +19,22 @@ extern "C" fn forked_parent() {
 
 extern "C" fn forked_child() {
     crate::fds::fdtable::set_owner();
+    count_apart();
     crate::fds::fdtable::forked(true);
     crate::overlay::forked_child();
+}
+
+/// This process adds to its own shard of the job counters: a loader's fork workers would
+/// otherwise pass the counters' cache line between cores at every open and read.
+fn count_apart() {
+    granary_shm::set_counter_shard(sys::pid::current() as u32);
 }
 
 extern "C" fn init() {
     sys::resolve_all();
     sys::pid::init();
     crate::fds::fdtable::set_owner();
+    count_apart();
     // SAFETY: registers handlers that only touch atomics; called once, from the constructor.
     unsafe { libc::pthread_atfork(None, Some(forked_parent), Some(forked_child)) };
     if let Some(spec) = env(c"GRANARY_LOG") {

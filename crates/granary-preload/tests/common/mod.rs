@@ -377,10 +377,7 @@ impl Fixture {
     }
 
     pub fn counter(&self, word: usize) -> u64 {
-        self.t()
-            .counter(SLOT, word)
-            .unwrap()
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.t().job_value(SLOT, word)
     }
 
     pub fn requests(&self) -> Vec<(u8, String)> {
