@@ -60,7 +60,16 @@ pub fn main(args: StatusArgs) -> Result<i32> {
         if s.cluster.is_some() {
             "serving until stopped".to_string()
         } else {
-            format!("idle timeout {:.0} s", s.idle_timeout_s)
+            let queued: u64 = s.sources.iter().map(|x| x.pending).sum();
+            if s.jobs == 0 && queued > 0 {
+                // `daemon::MAX_FINISHING`: what keeps an unused agent running.
+                format!(
+                    "idle timeout {:.0} s once its {queued} queued copies are done (at most 10 min more)",
+                    s.idle_timeout_s
+                )
+            } else {
+                format!("idle timeout {:.0} s", s.idle_timeout_s)
+            }
         },
         s.runtime_dir.display()
     ));
