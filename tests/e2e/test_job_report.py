@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from probes import make_tree, output, run_job
+from probes import direct, make_tree, output, run_job
 
 N = 300_000
 
@@ -108,3 +108,17 @@ def test_opens_add_up_to_tier_and_source(granary, tmp_path, tier):
     assert output(got).decode().split()[-2:] == want.split()
     check(stats)
     assert stats["source_io"]["opens"] == 0, stats["source_io"]
+
+
+def test_what_is_still_being_placed_is_counted_in_files(granary, tmp_path, tier):
+    """The report's "N more being placed" (`placing`) counts the files queued or being copied
+    when the job ended, never placement requests: at most the files read that the agent had not
+    placed for the job. Large files are fetched whole, in requests of their own."""
+    files = {f"d/f{i:02}.bin": rand((3 << 20) + i if i % 4 == 0 else 30_000 + i, i)
+             for i in range(24)}
+    src = make_tree(tmp_path / "src", files)
+    cmd = ["sh", "-c", 'cat "$0"/d/* "$0"/d/* | sha256sum', src]
+    got, stats = run_job(granary, src, cmd, tier)
+    assert output(got) == output(direct(cmd))
+    assert stats["placing"] <= len(files) - stats["placement"]["files_placed"], (
+        stats["placing"], stats["placement"])

@@ -211,6 +211,16 @@ fn is_our_agent(pid: u32) -> bool {
         && args.next() == Some(b"agent".as_slice())
 }
 
+/// With no agent alive (`alive` free, taken here for the while), removes the tables a killed
+/// agent left in the runtime directory (`Runtime::remove_dead_tables`); returns how many.
+pub fn remove_dead_tables(rt: &Runtime) -> usize {
+    let Ok(alive) = rt.open_alive() else { return 0 };
+    match granary_core::sys::flock_exclusive_within(&alive, Duration::ZERO) {
+        Ok(true) => rt.remove_dead_tables(&alive, None),
+        _ => 0,
+    }
+}
+
 /// Ends an agent that does not answer (see the module comment): kills it and waits until the
 /// process is gone. `pid`: the agent as the caller knows it; else the holder of `alive`. The
 /// socket file is left to `connect_or_spawn`, which removes it under `agent.lock` once nothing

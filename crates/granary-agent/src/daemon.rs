@@ -79,7 +79,11 @@ pub fn start(rt: Runtime, config: AgentConfig) -> Result<Started> {
             .with_context(|| format!("the socket {} just bound", rt.socket().display()))?
             .ino()
     };
-    remove_stale_tables(&rt);
+    // This agent holds `alive`: every other table here is a dead agent's.
+    let removed = rt.remove_dead_tables(&alive, Some(std::process::id()));
+    if removed > 0 {
+        tracing::info!("removed {removed} tables of agents that are gone");
+    }
     let agent = Arc::new(Agent::new(rt, config, socket_ino));
     tracing::info!(
         "agent {} listening on {} (idle timeout {:?})",
@@ -94,8 +98,8 @@ pub fn start(rt: Runtime, config: AgentConfig) -> Result<Started> {
     })
 }
 
-/// Starts the agent's threads: ring consumer, heartbeat, page-cache residency, tier watch, and
-/// the control socket's accept loop.
+/// Starts the agent's threads: ring consumer, heartbeat, journal of copies, page-cache residency,
+/// tier watch, and the control socket's accept loop.
 pub fn spawn_threads(started: &Started) -> Result<()> {
     let agent = &started.agent;
     let listener = started.listener.try_clone()?;
@@ -110,6 +114,12 @@ pub fn spawn_threads(started: &Started) -> Result<()> {
         std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || heartbeat(a))?;
+    }
+    {
+        let a = agent.clone();
+        std::thread::Builder::new()
+            .name("journal".into())
+            .spawn(move || journal(a))?;
     }
     {
         let a = agent.clone();
@@ -206,48 +216,17 @@ fn heartbeat(agent: Arc<Agent>) {
     }
 }
 
-/// Deletes tables left in the runtime directory by agents that are gone (killed: a clean exit
-/// removes its own). Their pid is in the table header; a table of a live process is left alone.
-fn remove_stale_tables(rt: &Runtime) {
-    let Ok(rd) = std::fs::read_dir(&rt.dir) else {
-        return;
-    };
-    let mut removed = 0;
-    for de in rd.flatten() {
-        let path = de.path();
-        if path.extension().and_then(|e| e.to_str()) != Some("table") {
-            continue;
+/// Writes what the sources' journals of copies buffered for long (`journal::FLUSH_AFTER`) and
+/// folds a journal grown large (`SourceState::tend_journal`). Its own thread: a tier slow to
+/// write never delays the heartbeat.
+fn journal(agent: Arc<Agent>) {
+    let period = granary_core::cache::journal::FLUSH_AFTER / 4;
+    while !agent.stopping.load(Ordering::Acquire) {
+        for s in agent.source_states() {
+            s.tend_journal();
         }
-        let pid = table_agent_pid(&path);
-        if pid.is_some_and(|p| p != std::process::id() && !granary_core::sys::pid_alive(p))
-            && std::fs::remove_file(&path).is_ok()
-        {
-            removed += 1;
-        }
+        std::thread::sleep(period);
     }
-    if removed > 0 {
-        tracing::info!("removed {removed} tables of agents that are gone");
-    }
-}
-
-/// The agent pid recorded in a table file's header (`None` if it is not a table).
-fn table_agent_pid(path: &std::path::Path) -> Option<u32> {
-    use granary_shm::layout::{H_AGENT_PID, H_MAGIC, MAGIC};
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .ok()?;
-    let mut hdr = [0u8; H_AGENT_PID + 4];
-    f.read_exact_at(&mut hdr, 0).ok()?;
-    let magic = u64::from_le_bytes(hdr[H_MAGIC..H_MAGIC + 8].try_into().ok()?);
-    if magic != MAGIC {
-        return None;
-    }
-    Some(u32::from_le_bytes(
-        hdr[H_AGENT_PID..H_AGENT_PID + 4].try_into().ok()?,
-    ))
 }
 
 /// Binds the control socket; a leftover socket nobody answers on is replaced, a live agent is

@@ -110,9 +110,14 @@ pub enum Reply {
         /// Cluster mode: this node's place in the serving job.
         #[serde(default)]
         cluster: Option<granary_core::stats::ClusterReport>,
-        /// Files of the source the agent is still placing (queued or being copied).
+        /// Placement work of the source not finished (`SourceCtx::pending`: requests, not
+        /// files; zero once every request is decided).
         #[serde(default)]
         pending: u64,
+        /// Files of the source queued or being copied now (entries QUEUED or PLACING): what the
+        /// job's report says is still being placed.
+        #[serde(default)]
+        placing: u64,
         /// A packed source: what of the pack was found damaged (partitions refused, files
         /// whose bytes failed their checksum).
         #[serde(default)]

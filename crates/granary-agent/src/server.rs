@@ -253,22 +253,26 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
                 }
                 Request::Stats { source, slot, pack } => {
                     let reply = match find_source(agent, &source, pack.as_deref()) {
-                        Some(s) => Reply::Stats {
-                            placement: s.counters.snapshot(),
-                            tiers: s.ctx().map(|c| c.space.tiers.usage()).unwrap_or_default(),
-                            warnings: s.warnings(),
-                            job: s.counters.jobs.get(slot),
-                            cluster: agent.serving.as_ref().map(|c| {
-                                granary_core::stats::ClusterReport {
-                                    rank: c.rank,
-                                    ranks: c.ranks,
-                                }
-                            }),
-                            pending: s.snapshot().pending,
-                            pack_damage: s
-                                .ctx()
-                                .and_then(|c| c.pack.get().and_then(|st| st.damage())),
-                        },
+                        Some(s) => {
+                            let snap = s.snapshot();
+                            Reply::Stats {
+                                placement: s.counters.snapshot(),
+                                tiers: s.ctx().map(|c| c.space.tiers.usage()).unwrap_or_default(),
+                                warnings: s.warnings(),
+                                job: s.counters.jobs.get(slot),
+                                cluster: agent.serving.as_ref().map(|c| {
+                                    granary_core::stats::ClusterReport {
+                                        rank: c.rank,
+                                        ranks: c.ranks,
+                                    }
+                                }),
+                                pending: snap.pending,
+                                placing: snap.placing,
+                                pack_damage: s
+                                    .ctx()
+                                    .and_then(|c| c.pack.get().and_then(|st| st.damage())),
+                            }
+                        }
                         None => Reply::Error {
                             message: format!("no such source: {}", source.display()),
                             pack_damage: None,

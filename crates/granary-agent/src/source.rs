@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use granary_core::cache::{adopt, copies};
+use granary_core::cache::{adopt, copies, journal as copies_journal};
 use granary_core::catalog::{self, Progress};
 use granary_core::config::Verify;
 use granary_core::placement::residency::Residency;
@@ -494,6 +494,14 @@ impl SourceState {
             }
         };
         inner.order = opts.order.cloned();
+        let journal = copies_journal::Journal::new(
+            (0..tiers.len())
+                .map(|t| {
+                    dirs.fds.get(t)?.as_ref()?;
+                    Some(tiers.spec(t).path.join(&self.id))
+                })
+                .collect(),
+        );
         let ctx = SourceCtx::new(
             (mapping, table),
             self.source_real.clone(),
@@ -502,7 +510,10 @@ impl SourceState {
             self.counters.clone(),
             opts.residency.clone(),
         );
-        let ctx = Arc::new(ctx.with_order(order));
+        let ctx = ctx.with_order(order);
+        // Before any work is held: every copy this table publishes is journaled.
+        let _ = ctx.work.journal.set(Arc::new(journal));
+        let ctx = Arc::new(ctx);
         // Beaten before any job has it: a client never takes a new table's agent for dead.
         ctx.table.beat(granary_core::sys::monotonic_ns());
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
@@ -541,11 +552,13 @@ impl SourceState {
             .map(|r| adopt::siblings(table, &self.id, &stores, r, true))
             .unwrap_or_default();
         tracing::info!(
-            "{}: {} recorded copies taken over ({} bytes), {} moved from the same dataset served \
-             another way ({} bytes), {} second copies of it removed",
+            "{}: {} recorded copies taken over ({} bytes; {} of them journaled since the last \
+             save), {} moved from the same dataset served another way ({} bytes), {} second \
+             copies of it removed",
             self.source.display(),
             own.files,
             own.bytes,
+            own.journaled,
             other.files,
             other.bytes,
             other.duplicates
@@ -632,7 +645,8 @@ impl SourceState {
     }
 
     /// Records the current table's copies beside them, in each of its tiers
-    /// (`granary_core::cache::copies`): whatever table uses a tier next takes them over.
+    /// (`granary_core::cache::copies`): whatever table uses a tier next takes them over. The
+    /// journal of each tier is folded into its record (`granary_core::cache::journal`).
     pub fn save_records(&self, ctx: &SourceCtx) {
         for t in 0..ctx.space.tiers.len() {
             if ctx.space.dir(t).is_none() {
@@ -643,13 +657,39 @@ impl SourceState {
                 0 => self.last_use.load(Ordering::Relaxed),
                 _ => copies::now_ns(),
             };
-            let rec = copies::Copies::of_table(&ctx.table, t as u32, used);
-            match copies::save(&dir, &rec) {
-                Ok(()) => {
-                    tracing::debug!("recorded {} copies in {}", rec.records.len(), dir.display())
-                }
+            let mut n = 0;
+            // The table is read inside: after the journal is written up to now.
+            let mut save = || {
+                let rec = copies::Copies::of_table(&ctx.table, t as u32, used);
+                n = rec.records.len();
+                copies::save(&dir, &rec)
+            };
+            let res = match ctx.work.journal.get() {
+                Some(j) => j.save(t, save),
+                None => save(),
+            };
+            match res {
+                Ok(()) => tracing::debug!("recorded {n} copies in {}", dir.display()),
                 Err(e) => tracing::warn!("cannot record the copies in {}: {e}", dir.display()),
             }
+        }
+    }
+
+    /// The journal thread's pass (`daemon::journal`): buffered records older than
+    /// `journal::FLUSH_AFTER` are written, and a journal grown past what a fold is worth is
+    /// folded into the record.
+    pub fn tend_journal(&self) {
+        let Some(ctx) = self.ctx() else { return };
+        let Some(j) = ctx.work.journal.get() else {
+            return;
+        };
+        j.flush_older(copies_journal::FLUSH_AFTER);
+        if j.wants_fold(ctx.table.entry_count()) {
+            tracing::info!(
+                "{}: the journal of copies is folded into the record",
+                self.source.display()
+            );
+            self.save_records(&ctx);
         }
     }
 
@@ -674,6 +714,10 @@ impl SourceState {
         }
         if persist {
             self.persist(inner);
+        }
+        // A later table of these tiers has the journals now.
+        if let Some(j) = ctx.work.journal.get() {
+            j.close();
         }
         let t = &ctx.table;
         for i in 0..t.entry_count() {
@@ -786,6 +830,7 @@ impl SourceState {
             }
         }
         s.pending = ctx.pending(busy);
+        s.placing = busy;
         s
     }
 }
@@ -946,6 +991,8 @@ pub struct Snapshot {
     pub bytes_placed: u64,
     /// `SourceCtx::pending`.
     pub pending: u64,
+    /// Files queued or being copied (entries QUEUED or PLACING).
+    pub placing: u64,
     /// Usage of this source's tiers (shared counters: another source on the same directory
     /// counts too).
     pub tiers: Vec<granary_core::tiers::TierUsage>,

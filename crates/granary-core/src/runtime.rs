@@ -114,6 +114,45 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// Removes the tables agents that are gone left here (a killed agent's: a clean exit
+    /// removes its own) and returns how many. The caller holds `alive` (`_alive`, locked): no
+    /// other agent of this directory lives then, so a table whose name carries another pid than
+    /// `own_pid` is a dead agent's, whatever process has that pid by now. Only regular files of
+    /// the user's named like tables, never through a symlink; programs still mapping one keep
+    /// their mapping (and read the source: its agent's heartbeat stopped).
+    pub fn remove_dead_tables(&self, _alive: &File, own_pid: Option<u32>) -> usize {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for de in rd.flatten() {
+            let name = de.file_name();
+            let Some(pid) = name.to_str().and_then(table_pid) else {
+                continue;
+            };
+            let path = de.path();
+            let ours = std::fs::symlink_metadata(&path)
+                .is_ok_and(|m| m.is_file() && m.uid() == crate::sys::uid());
+            if ours && Some(pid) != own_pid && std::fs::remove_file(&path).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+/// The agent pid in a table's name (`Runtime::table`: `<source id>.<pid>.<generation>.table`).
+fn table_pid(name: &str) -> Option<u32> {
+    let mut parts = name.strip_suffix(".table")?.rsplitn(3, '.');
+    let generation = parts.next()?;
+    let pid = parts.next()?;
+    let id = parts.next()?;
+    (crate::tierdir::is_source_id(id.as_bytes()) && generation.parse::<u64>().is_ok())
+        .then(|| pid.parse().ok())
+        .flatten()
+}
+
 /// Creates `dir` with mode 0700 if missing; then insists it is a real directory owned by us,
 /// and takes away group/other access if someone added it.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), RuntimeError> {
@@ -180,6 +219,48 @@ fn open_private(path: &Path, append: bool) -> io::Result<File> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn only_tables_of_other_agents_are_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let rt = Runtime::at(t.path().join("rt")).unwrap();
+        let alive = rt.open_alive().unwrap();
+        let id = "data-0123456789abcdef";
+        for name in [
+            format!("{id}.100.0.table"),
+            format!("{id}.200.3.table"),
+            "agent.log".to_string(),
+            "notes.table".to_string(),
+            format!("{id}.x.0.table"),
+        ] {
+            std::fs::write(rt.dir.join(name), b"t").unwrap();
+        }
+        // A symlink named like a table: removing it would be harmless, but it is no table.
+        std::os::unix::fs::symlink(
+            t.path().join("elsewhere"),
+            rt.dir.join(format!("{id}.300.0.table")),
+        )
+        .unwrap();
+        assert_eq!(rt.remove_dead_tables(&alive, Some(200)), 1);
+        let mut left: Vec<String> = std::fs::read_dir(&rt.dir)
+            .unwrap()
+            .flatten()
+            .map(|d| d.file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let mut want = vec![
+            format!("{id}.200.3.table"),
+            format!("{id}.300.0.table"),
+            format!("{id}.x.0.table"),
+            "agent.alive".to_string(),
+            "agent.log".to_string(),
+            "empty".to_string(),
+            "notes.table".to_string(),
+        ];
+        want.sort();
+        assert_eq!(left, want);
+        assert_eq!(rt.remove_dead_tables(&alive, None), 1);
+    }
 
     #[test]
     fn private_dir_rules() {

@@ -176,8 +176,9 @@ impl Job {
                 warnings: now,
                 job,
                 cluster,
-                pending,
+                placing,
                 pack_damage,
+                ..
             }) => {
                 for w in now {
                     if !warnings.contains(&w) {
@@ -190,7 +191,7 @@ impl Job {
                     tiers,
                     job,
                     cluster,
-                    pending,
+                    placing,
                     pack_damage,
                 )
             }

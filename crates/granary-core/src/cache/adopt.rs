@@ -2,10 +2,13 @@
 //!
 //! - **Its own directories** (`own`): in each tier, the record of copies (`copies`) says what
 //!   the source's directory holds, whichever table wrote it last — this source on these tiers
-//!   before, on other tiers since, in this agent or an earlier one. On a tier with a record,
-//!   the table's placed entries are replaced by the recorded copies of files the table holds in
-//!   the same version. (A tier without a record — a cache from before records — keeps what the
-//!   table says.)
+//!   before, on other tiers since, in this agent or an earlier one — and its journal
+//!   (`journal`) what that table published after (an agent killed before its next save). On a
+//!   tier with a record, the table's placed entries are replaced by the recorded copies of
+//!   files the table holds in the same version; then, for each object the journal names, the
+//!   last of its records (the record's, then the journal's) that is the copy on disk is taken.
+//!   (A tier without a record — a cache from before records — keeps what the table says, and
+//!   takes the journal's copies of files it has none of.)
 //! - **The same dataset served another way** (`siblings`): a tree read plainly, from its pack
 //!   (`--pack`) and mounted from the pack elsewhere (`--mount`) has one source id per way, and
 //!   one directory per tier each. A copy another way recorded in the same tier root, of a file
@@ -26,6 +29,7 @@ use granary_shm::lifecycle::{self, EntryCell};
 use granary_shm::{object_name, State, Table};
 
 use super::copies::{self, Copies, Record, RootId};
+use super::journal;
 use crate::sys;
 
 /// One tier of the new table: the source's directory there and its verified `objects` fd.
@@ -44,6 +48,8 @@ pub struct Taken {
     /// Another way's second copies of files the table holds in the same directory root,
     /// removed (the bytes stay cached, once).
     pub duplicates: u64,
+    /// Of `files`, those taken on a journal's record (published after the last save).
+    pub journaled: u64,
 }
 
 impl std::ops::AddAssign for Taken {
@@ -51,33 +57,59 @@ impl std::ops::AddAssign for Taken {
         self.files += o.files;
         self.bytes += o.bytes;
         self.duplicates += o.duplicates;
+        self.journaled += o.journaled;
     }
 }
 
-/// The copies recorded in the table's own directories (see the module comment).
+/// The copies recorded in the table's own directories, in their records and then their
+/// journals (see the module comment).
 pub fn own(t: &Table, stores: &[Store<'_>]) -> Taken {
     let mut taken = Taken::default();
     for s in stores {
         let rec = match copies::read(&s.dir) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
+            Ok(r) => r,
             Err(e) => {
                 tracing::warn!(
                     "record of copies in {} not used: {e}; what the catalog says stands",
                     s.dir.display()
                 );
-                continue;
+                None
             }
         };
-        forget_tier(t, s.tier);
-        // Taken on the record's word, as a saved catalog's copies are (no call per copy: a
-        // re-attach to a million files stays quick): every open checks the copy's identity, a
-        // mismatch is withdrawn and placed again, and the sweep withdraws copies that are gone.
-        for r in &rec.records {
+        let m = journal::merge(
+            &s.dir,
+            s.objects,
+            rec,
+            journal::max_records(t.entry_count()),
+        );
+        if let Some(p) = &m.problem {
+            tracing::warn!(
+                "{}: {p}; the copies it records are placed again",
+                s.dir.display()
+            );
+        }
+        if let Some(rec) = &m.base {
+            forget_tier(t, s.tier);
+            // Taken on the record's word, as a saved catalog's copies are (no call per copy: a
+            // re-attach to a million files stays quick): every open checks the copy's
+            // identity, a mismatch is withdrawn and placed again, and the sweep withdraws
+            // copies that are gone.
+            for r in &rec.records {
+                let Some(idx) = wanted(t, r) else { continue };
+                if lifecycle::adopt_placed(t, idx, s.tier, r.checksum, r.copy.0, r.copy.1) {
+                    taken.files += 1;
+                    taken.bytes += r.size;
+                }
+            }
+        }
+        // Checked on disk by `merge`: a copy evicted, replaced or moved after its journal
+        // record was written (the agent died before its next save) is not among them.
+        for r in &m.journaled {
             let Some(idx) = wanted(t, r) else { continue };
             if lifecycle::adopt_placed(t, idx, s.tier, r.checksum, r.copy.0, r.copy.1) {
                 taken.files += 1;
                 taken.bytes += r.size;
+                taken.journaled += 1;
             }
         }
     }
@@ -140,14 +172,7 @@ pub fn siblings(
 
 /// Moves what `rec` (source id `sib` in `root`) holds for `t` into `s`'s directory (with
 /// `moving`), and removes its second copies of what `t` holds there.
-fn take_from(
-    t: &Table,
-    s: &Store<'_>,
-    root: &Path,
-    sib: &str,
-    mut rec: Copies,
-    moving: bool,
-) -> Taken {
+fn take_from(t: &Table, s: &Store<'_>, root: &Path, sib: &str, rec: Copies, moving: bool) -> Taken {
     let mut taken = Taken::default();
     let sib_dirs = match crate::tierdir::open_existing(root, sib) {
         Ok(Some(d)) => d,
@@ -157,6 +182,16 @@ fn take_from(
             return taken;
         }
     };
+    // What a killed agent of that way journaled counts too; once its record is saved again
+    // below, the journal is emptied (no table uses that directory now).
+    let m = journal::merge(
+        &root.join(sib),
+        &sib_dirs.objects,
+        Some(rec),
+        journal::max_records(t.entry_count()),
+    );
+    let mut rec = m.base.unwrap_or_default();
+    rec.records.extend(m.journaled);
     let before = rec.records.len();
     rec.records.retain(|r| {
         // Two ways read the dataset at once and each placed its copy: one goes.
@@ -201,11 +236,19 @@ fn take_from(
             sib_dirs.objects_path.display(),
             taken.duplicates
         );
-        if let Err(e) = copies::save(&root.join(sib), &rec) {
-            tracing::warn!(
+        match copies::save(&root.join(sib), &rec) {
+            Ok(()) => {
+                if let Err(e) = journal::discard(&root.join(sib)) {
+                    tracing::warn!(
+                        "cannot empty the journal of copies in {}: {e}",
+                        root.join(sib).display()
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(
                 "cannot update the record in {}: {e}",
                 root.join(sib).display()
-            );
+            ),
         }
     }
     taken
@@ -242,7 +285,7 @@ fn is_duplicate(t: &Table, r: &Record, tier: u8) -> bool {
 }
 
 /// True if the copy `r` records is in `dir` as recorded.
-fn is_the_copy(dir: &OwnedFd, r: &Record) -> bool {
+pub(super) fn is_the_copy(dir: &OwnedFd, r: &Record) -> bool {
     sys::copy_stat_at(dir, &object_name(r.object)).is_ok_and(|c| {
         c.is_regular && c.uid == sys::uid() && c.size == r.size && (c.ino, c.ctime_ns) == r.copy
     })

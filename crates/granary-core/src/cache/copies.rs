@@ -1,12 +1,13 @@
 //! The record of a source's copies in one tier: `<tier>/<source id>/copies`, written for every
 //! tier of a source each time the agent saves its catalog (the last job detached, the agent
-//! stops, the source moves to other tiers, another mode of the dataset takes its copies).
+//! stops, the source moves to other tiers, another mode of the dataset takes its copies), and
+//! when the journal beside it (`journal`, the copies published since) grew large.
 //!
 //! It is what makes the copies the user's rather than one table's: whichever table of the
-//! source comes next — on other tiers, after a restart — takes over each copy recorded here
-//! whose file it holds in the same version (`adopt`), and `granary cache` lists, verifies and
-//! removes copies with no agent running. A copy nobody records is one no table can vouch for
-//! (a killed agent's last copies): the next sweep removes it.
+//! source comes next — on other tiers, after a restart — takes over each copy recorded here or
+//! in the journal whose file it holds in the same version (`adopt`), and `granary cache` lists,
+//! verifies and removes copies with no agent running. A copy nobody records is one no table can
+//! vouch for (one whose journal record a killed agent never wrote): the next sweep removes it.
 //!
 //! Format, little-endian, version 1:
 //!
@@ -187,18 +188,7 @@ impl Copies {
         b.extend_from_slice(pack);
         b.resize(HEADER_LEN + strings, 0);
         for r in &self.records {
-            put64(&mut b, r.object);
-            put64(&mut b, r.ino);
-            put64(&mut b, r.size);
-            put64(&mut b, r.mtime.0 as u64);
-            put64(&mut b, r.ctime.0 as u64);
-            put32(&mut b, r.mtime.1);
-            put32(&mut b, r.ctime.1);
-            put32(&mut b, r.dev.0);
-            put32(&mut b, r.dev.1);
-            put64(&mut b, r.checksum);
-            put64(&mut b, r.copy.0);
-            put64(&mut b, r.copy.1);
+            b.extend_from_slice(&encode_record(r));
         }
         let sum = xxhash_rust::xxh3::xxh3_64(&b);
         put64(&mut b, sum);
@@ -224,18 +214,43 @@ impl Copies {
         }
         let records = body[start..]
             .chunks_exact(RECORD_LEN)
-            .map(|r| Record {
-                object: u64_at(r, 0),
-                ino: u64_at(r, 8),
-                size: u64_at(r, 16),
-                mtime: (u64_at(r, 24) as i64, u32_at(r, 40)),
-                ctime: (u64_at(r, 32) as i64, u32_at(r, 44)),
-                dev: (u32_at(r, 48), u32_at(r, 52)),
-                checksum: u64_at(r, 56),
-                copy: (u64_at(r, 64), u64_at(r, 72)),
-            })
+            .map(decode_record)
             .collect();
         Ok(Copies { header, records })
+    }
+}
+
+/// One record's bytes, as the record file and the journal (`journal`) hold them.
+pub(super) fn encode_record(r: &Record) -> [u8; RECORD_LEN] {
+    let mut b = Vec::with_capacity(RECORD_LEN);
+    put64(&mut b, r.object);
+    put64(&mut b, r.ino);
+    put64(&mut b, r.size);
+    put64(&mut b, r.mtime.0 as u64);
+    put64(&mut b, r.ctime.0 as u64);
+    put32(&mut b, r.mtime.1);
+    put32(&mut b, r.ctime.1);
+    put32(&mut b, r.dev.0);
+    put32(&mut b, r.dev.1);
+    put64(&mut b, r.checksum);
+    put64(&mut b, r.copy.0);
+    put64(&mut b, r.copy.1);
+    let mut out = [0u8; RECORD_LEN];
+    out.copy_from_slice(&b);
+    out
+}
+
+/// The record in `r` (`RECORD_LEN` bytes; the caller checked them).
+pub(super) fn decode_record(r: &[u8]) -> Record {
+    Record {
+        object: u64_at(r, 0),
+        ino: u64_at(r, 8),
+        size: u64_at(r, 16),
+        mtime: (u64_at(r, 24) as i64, u32_at(r, 40)),
+        ctime: (u64_at(r, 32) as i64, u32_at(r, 44)),
+        dev: (u32_at(r, 48), u32_at(r, 52)),
+        checksum: u64_at(r, 56),
+        copy: (u64_at(r, 64), u64_at(r, 72)),
     }
 }
 

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::copies::{self, Copies};
+use super::journal;
 use crate::sys;
 
 /// One source's directory in one tier.
@@ -30,8 +31,9 @@ pub struct Store {
     pub bytes: u64,
     /// Copies recorded and there as recorded: valid unless the source changed since.
     pub valid: u64,
-    /// Copies nobody recorded (a killed agent's last ones, or placed since the agent's last
-    /// save while it still runs): no table vouches for them; the source's next job removes them.
+    /// Copies nobody recorded, in the record or its journal (a killed agent's last ones whose
+    /// journal record it never wrote, or placed a moment ago while it still runs): no table
+    /// vouches for them; the source's next job removes them.
     pub unrecorded: u64,
     /// Recorded copies that are gone.
     pub missing: u64,
@@ -77,7 +79,7 @@ pub fn store(root: &Path, id: &str) -> Option<Store> {
         id: id.to_string(),
         ..Store::default()
     };
-    let rec = match copies::read(&dir) {
+    let rec = match read_record(root, id) {
         Ok(r) => r,
         Err(e) => {
             s.record_problem = Some(e.to_string());
@@ -102,6 +104,25 @@ pub fn store(root: &Path, id: &str) -> Option<Store> {
         sys::statx_nofollow(p).is_ok()
     });
     Some(s)
+}
+
+/// The record of `<root>/<id>` with the copies its journal adds (published after the record
+/// was last saved, by an agent running or killed since: `journal::merge`). A journal that
+/// cannot be used adds nothing: its copies count as nobody's.
+pub fn read_record(root: &Path, id: &str) -> Result<Option<Copies>, copies::Error> {
+    let dir = root.join(id);
+    let Some(rec) = copies::read(&dir)? else {
+        return Ok(None);
+    };
+    let Ok(Some(o)) = crate::tierdir::open_existing(root, id) else {
+        return Ok(Some(rec));
+    };
+    // No table to bound it by: the record's size and a million more.
+    let bound = u32::try_from(rec.records.len() as u64 + (1 << 20)).unwrap_or(u32::MAX);
+    let m = super::journal::merge(&dir, &o.objects, Some(rec), journal::max_records(bound));
+    let mut c = m.base.unwrap_or_default();
+    c.records.extend(m.journaled);
+    Ok(Some(c))
 }
 
 /// A directory without a record (from before records): its catalog says whose it is.

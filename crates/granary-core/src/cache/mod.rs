@@ -1,7 +1,9 @@
 //! The cache as the user's: the copies of each source in each tier outlive the table that placed
 //! them, whatever the next job asks for.
 //!
-//! - `copies`: the record of a source's copies in one tier, saved beside them;
+//! - `copies`: the record of a source's copies in one tier, saved beside them, and `journal`:
+//!   the copies published since, appended as they land (an agent killed between two saves costs
+//!   none of them);
 //! - `adopt`: a new table takes over recorded copies — its own, and those of the same dataset
 //!   served another way (plainly, from its pack, mounted) — instead of placing them again;
 //! - `registry`: the tier roots the user's agents have used;
@@ -14,6 +16,7 @@
 pub mod adopt;
 pub mod copies;
 pub mod inventory;
+pub mod journal;
 pub mod registry;
 pub mod remove;
 pub mod verify;

@@ -15,6 +15,7 @@ use granary_shm::lifecycle::{self, EntryCell};
 use super::outcome::PlaceOutcome;
 use super::source_ctx::SourceCtx;
 use super::states::{self, Finish};
+use crate::cache::copies::Record;
 use crate::stats::AgentCounters;
 use crate::sys;
 use crate::tiers::Reservation;
@@ -281,6 +282,10 @@ pub(super) fn publish(
         || sys::unlink_at(dir, names.1).is_ok(),
     );
     if let Finish::Placed { .. } = out {
+        // Journaled before programs wake; written at the latest when this work is released.
+        if let (Some(j), Some(r)) = (ctx.work.journal.get(), Record::of_entry(t, idx)) {
+            j.placed(tier, &r);
+        }
         t.notify_placed();
         let c = &ctx.counters;
         AgentCounters::add(&c.files_placed, 1);

@@ -1,15 +1,30 @@
 //! The placement work the agent holds for one table, and whether the table is withdrawn
 //! (`Work`).
 
+use crate::cache::journal::Journal;
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{Arc, OnceLock};
 
 /// The placement work the agent holds for one table — jobs queued or running in the pool, a
 /// request the ring consumer has popped and not yet handed on, a streamer's or a fetcher's file
 /// — and whether the table is withdrawn from placement (`SourceCtx::retire`).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Work {
     pub(super) retired: AtomicBool,
     held: AtomicUsize,
+    /// The table's journal of copies (`cache::journal`), written before the last work held is
+    /// released: once nothing is pending (`SourceCtx::pending`), every copy published is in
+    /// it. Set before any work is held (unset: no journal, as in tests of the placement).
+    pub journal: OnceLock<Arc<Journal>>,
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("retired", &self.retired)
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Work {
@@ -23,9 +38,26 @@ impl Work {
         self.held.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A piece of work done or dropped.
+    /// A piece of work done or dropped; the last one writes the journal first (a decrement
+    /// racing with another can only find it not the last, and that other one writes it).
     pub fn release(&self) {
-        self.held.fetch_sub(1, Ordering::AcqRel);
+        let mut held = self.held.load(Ordering::Acquire);
+        loop {
+            if held == 1 {
+                if let Some(j) = self.journal.get() {
+                    j.flush();
+                }
+            }
+            match self.held.compare_exchange_weak(
+                held,
+                held.wrapping_sub(1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => held = now,
+            }
+        }
     }
 
     /// Work held now.

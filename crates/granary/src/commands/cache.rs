@@ -431,7 +431,7 @@ fn verify_all(a: &CacheArgs, v: &VerifyArgs, rt: &Runtime) -> Result<i32> {
             served_as(s),
             s.tier.display()
         );
-        let rec = match copies::read(&s.dir()) {
+        let rec = match granary_core::cache::inventory::read_record(&s.tier, &s.id) {
             Ok(Some(r)) => r,
             Ok(None) => {
                 out(&format!(

@@ -14,10 +14,22 @@ use crate::output::{out, say};
 pub fn stop() -> Result<i32> {
     let rt = Runtime::open()?;
     match client::stop(&rt)? {
-        Stopped::NotRunning => say("granary: no agent running"),
+        Stopped::NotRunning => say(format!("granary: no agent running{}", dead_tables(&rt))),
         Stopped::Stopped => say("granary: agent stopped"),
     }
     Ok(0)
+}
+
+/// Removes what a killed agent left in the runtime directory (no agent is running); what to
+/// add to "no agent running".
+fn dead_tables(rt: &Runtime) -> String {
+    match client::remove_dead_tables(rt) {
+        0 => String::new(),
+        n => format!(
+            "; removed {n} table(s) a killed agent left in {}",
+            rt.dir.display()
+        ),
+    }
 }
 
 pub fn main(args: StatusArgs) -> Result<i32> {
@@ -32,10 +44,11 @@ pub fn main(args: StatusArgs) -> Result<i32> {
             if let Some(p) = &args.metrics_file {
                 write_atomically(p, &granary_agent::metrics::render(None))?;
             }
-            out(if json {
-                "null"
+            let note = dead_tables(&rt);
+            out(&if json {
+                "null".to_string()
             } else {
-                "granary: no agent running"
+                format!("granary: no agent running{note}")
             });
             return Ok(0);
         }
