@@ -186,6 +186,8 @@ def test_status_and_stop_return_with_a_stopped_agent(g, dataset, tier):
     finally:
         kill_quietly(old)
     assert p.returncode == 0 and b"killed it" in p.stderr, p
+    # The killed agent's table is removed with it, nothing else.
+    assert b"agent stopped; removed 1 table(s) a killed agent left" in p.stderr, p
     assert not alive(old)
     assert subprocess.run([g.bin, "status"], capture_output=True, env=g.env, timeout=30).stdout \
         == b"granary: no agent running\n"

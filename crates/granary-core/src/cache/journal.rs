@@ -29,7 +29,9 @@
 //!   version and checksum: a torn tail (an agent killed inside a write) is ignored, a damaged or
 //!   foreign record (garbage, another build's format) is skipped and counted in the log, and a
 //!   file larger than any journal the table could have written is not read at all (logged). The
-//!   record of copies is used in every case; nothing is deleted because of the journal.
+//!   record of copies is used in every case; nothing is deleted because of the journal. A build
+//!   from before journals neither reads nor empties one: the records it leaves behind are checked
+//!   on disk like any other when a later build reads them.
 //!
 //! Two agents of one user appending to one source's journal on one tier (two runtime
 //! directories on a node) interleave whole batches; a fold by one drops the other's records,

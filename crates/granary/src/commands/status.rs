@@ -15,7 +15,8 @@ pub fn stop() -> Result<i32> {
     let rt = Runtime::open()?;
     match client::stop(&rt)? {
         Stopped::NotRunning => say(format!("granary: no agent running{}", dead_tables(&rt))),
-        Stopped::Stopped => say("granary: agent stopped"),
+        // An agent that had to be killed leaves its tables.
+        Stopped::Stopped => say(format!("granary: agent stopped{}", dead_tables(&rt))),
     }
     Ok(0)
 }
