@@ -16,6 +16,7 @@ import time
 import pytest
 
 from conftest import Granary, direct, source_reads, tier_files
+from test_pack_serve import pack
 from test_cache import (DIGEST, assert_copies_are_the_source, copies_in, dataset, files_of, listing,
                         run_quiet)
 
@@ -200,3 +201,27 @@ def test_a_damaged_journal_costs_copies_never_bytes(g, tmp_path, damage):
     assert proc.stdout == want
     assert stats["catalog"]["reused_files"] == n, stats["catalog"]
     assert_copies_are_the_source(tier, src, n)
+
+
+def test_another_way_of_serving_the_dataset_takes_a_killed_agents_copies(g, tmp_path):
+    """The plain run's agent is killed with every copy journaled, none recorded; the dataset is
+    then read from its pack, mounted elsewhere: it takes those copies (one copy per file), and
+    the plain run's journal is emptied with its record saved again."""
+    src = dataset(tmp_path / "pfs" / "data")
+    packed = tmp_path / "pfs" / "data.granary"
+    pack(src, packed)
+    elsewhere = tmp_path / "mnt" / "data"
+    n = len(files_of(src))
+    tier = tmp_path / "tier"
+    want = direct([*DIGEST, src]).stdout
+    killed_after_placing(g, src, tier)
+    proc, stats = run_quiet(g, ["--pack", packed, "--mount", elsewhere], [*DIGEST, elsewhere], tier)
+    assert proc.stdout == want
+    assert stats["catalog"]["reused_files"] == n, stats["catalog"]
+    g.settle(elsewhere)
+    by_source = {s["source"]: s for s in listing(g, "--tier", tier)["sources"]}
+    assert by_source[str(src)]["files"] == 0, by_source
+    assert by_source[str(elsewhere)]["files"] == n, by_source
+    assert_copies_are_the_source(tier, src, n)
+    plain = tier / by_source[str(src)]["id"] / "copies.journal"
+    assert plain.stat().st_size == 0

@@ -148,8 +148,9 @@ pub fn siblings(
             // The header first: another dataset's record is not read further.
             let same = copies::read_header(&sib_dir)
                 .is_some_and(|h| h.uid == sys::uid() && h.root == root_id);
+            // With its journal: the copies a killed agent of that way placed count too.
             if !same
-                || !copies::read(&sib_dir)
+                || !super::inventory::read_record(root, &sib)
                     .ok()
                     .flatten()
                     .is_some_and(|c| mine(&c))
@@ -161,7 +162,7 @@ pub fn siblings(
                 continue;
             }
             // Read again: releasing saved the record afresh.
-            let Ok(Some(rec)) = copies::read(&sib_dir) else {
+            let Ok(Some(rec)) = super::inventory::read_record(root, &sib) else {
                 continue;
             };
             taken += take_from(t, s, root, &sib, rec, moving);
@@ -172,7 +173,14 @@ pub fn siblings(
 
 /// Moves what `rec` (source id `sib` in `root`) holds for `t` into `s`'s directory (with
 /// `moving`), and removes its second copies of what `t` holds there.
-fn take_from(t: &Table, s: &Store<'_>, root: &Path, sib: &str, rec: Copies, moving: bool) -> Taken {
+fn take_from(
+    t: &Table,
+    s: &Store<'_>,
+    root: &Path,
+    sib: &str,
+    mut rec: Copies,
+    moving: bool,
+) -> Taken {
     let mut taken = Taken::default();
     let sib_dirs = match crate::tierdir::open_existing(root, sib) {
         Ok(Some(d)) => d,
@@ -182,16 +190,8 @@ fn take_from(t: &Table, s: &Store<'_>, root: &Path, sib: &str, rec: Copies, movi
             return taken;
         }
     };
-    // What a killed agent of that way journaled counts too; once its record is saved again
+    // `rec` holds what that way's journal vouched for too: once the record is saved again
     // below, the journal is emptied (no table uses that directory now).
-    let m = journal::merge(
-        &root.join(sib),
-        &sib_dirs.objects,
-        Some(rec),
-        journal::max_records(t.entry_count()),
-    );
-    let mut rec = m.base.unwrap_or_default();
-    rec.records.extend(m.journaled);
     let before = rec.records.len();
     rec.records.retain(|r| {
         // Two ways read the dataset at once and each placed its copy: one goes.
