@@ -57,17 +57,21 @@ def agents_cpu():
         out.append(total / 1e9)
     return out
 def agents_threads():
-    """Each agent thread's CPU seconds so far, by "r<rank>:<thread name>" (threads of one name summed)."""
-    out = {}
+    """Each agent thread's CPU seconds so far, by "r<rank>:<thread name>" (threads of one name
+    summed), and how many times each slept (voluntary context switches: each a wake-up)."""
+    out, sleeps = {}, {}
     for i, p in enumerate(pids):
         for t in os.listdir(f"/proc/{p}/task"):
             try:
                 name = open(f"/proc/{p}/task/{t}/comm").read().strip()
                 ns = int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0])
+                vol = [int(l.split()[1]) for l in open(f"/proc/{p}/task/{t}/status")
+                       if l.startswith("voluntary_ctxt_switches")][0]
             except (OSError, ValueError, IndexError):
                 continue
             out[f"r{i}:{name}"] = out.get(f"r{i}:{name}", 0) + ns / 1e9
-    return out
+            sleeps[f"r{i}:{name}"] = sleeps.get(f"r{i}:{name}", 0) + vol
+    return out, sleeps
 def switches():
     """This thread's context switches so far: voluntary (it slept), involuntary (preempted)."""
     got = {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/thread-self/status") if "ctxt_switches" in l}
@@ -102,15 +106,18 @@ def work():
         with lock:
             total[0] += n
             lat.append(t)
-a0, th0 = agents_cpu(), agents_threads()
+a0, (th0, sl0) = agents_cpu(), agents_threads()
 t0, c0 = time.perf_counter(), time.process_time()
 ts = [threading.Thread(target=work) for _ in range(threads)]
 [t.start() for t in ts]; [t.join() for t in ts]
 s, cpu = time.perf_counter() - t0, time.process_time() - c0
 agents = [b - a for a, b in zip(a0, agents_cpu())]
-threads_cpu = {k: v - th0.get(k, 0) for k, v in agents_threads().items()}
+th1, sl1 = agents_threads()
+threads_cpu = {k: v - th0.get(k, 0) for k, v in th1.items()}
+threads_sleeps = {k: v - sl0.get(k, 0) for k, v in sl1.items()}
 print(json.dumps({"files": len(files), "bytes": total[0], "s": s, "cpu": cpu,
                   "agent_cpu": sum(agents), "agent_cpus": agents, "agent_threads": threads_cpu,
+                  "agent_sleeps": threads_sleeps,
                   "ctxt": ctxt, "lat": sorted(lat)}))
 '''
 
@@ -326,7 +333,10 @@ def epochs(g, args, source, work, sums, sizes=("2M", "8M", "128K")):
                                             # subtracted), µs; the reader's context switches per file.
                                             "threads_us": {k: (v - th_idle.get(k, 0) * r["s"]) / r["files"] * 1e6
                                                            for k, v in r.get("agent_threads", {}).items()},
-                                            "ctxt_per_file": [c / r["files"] for c in r.get("ctxt", [0, 0])]}
+                                            "ctxt_per_file": [c / r["files"] for c in r.get("ctxt", [0, 0])],
+                                            # Each agent thread's sleeps (wake-ups) per remote file.
+                                            "sleeps_per_file": {k: v / r["files"]
+                                                                for k, v in r.get("agent_sleeps", {}).items()}}
             c = serve.status(0).get("cluster") or {}
             out[d]["recycled"] = c.get("staging_recycled", 0)
             out[d]["bounce"] = sum(p.get("bounce_bytes", 0) for p in c.get("peers", []))
@@ -400,16 +410,18 @@ def bar(rows, side, extra, b=0):
                          f"{e[1]['reader_cpu'] / g1:.2f} / {e[2]['reader_cpu'] / g2:.2f} | {e['recycled']} | {e['bounce']} |")
         costs["epochs"] = {d: {k: e[k]["per_gib"] for k in (1, 2)} for d, e in ep.items()}
         lines += ["", "Where it goes, per remote file: each agent thread's CPU (µs, idle rate subtracted; r0 the "
-                  "requester, r1 the owner; threads under 1 µs left out) and the reader's context switches "
-                  "(voluntary: it slept; involuntary: preempted).", "",
-                  "| size | epoch | agent threads, µs per file | reader switches per file, voluntary / involuntary |",
-                  "|---|---|---|---|"]
+                  "requester, r1 the owner; threads under 1 µs left out), how often each slept (each sleep a "
+                  "wake-up; threads under 0.1 left out), and the reader's context switches (voluntary: it "
+                  "slept; involuntary: preempted).", "",
+                  "| size | epoch | agent threads, µs per file | agent threads, sleeps per file | reader switches per file, voluntary / involuntary |",
+                  "|---|---|---|---|---|"]
         for d, e in ep.items():
             for k in (1, 2):
                 th = sorted(((v, n) for n, v in e[k].get("threads_us", {}).items() if v >= 1), reverse=True)
                 cs = e[k].get("ctxt_per_file", [0, 0])
+                sl = sorted(((v, n) for n, v in e[k].get("sleeps_per_file", {}).items() if v >= 0.1), reverse=True)
                 lines.append(f"| {d} | {k if k == 1 else 'later'} | {', '.join(f'{n} {v:.0f}' for v, n in th)} | "
-                             f"{cs[0]:.2f} / {cs[1]:.2f} |")
+                             f"{', '.join(f'{n} {v:.2f}' for v, n in sl)} | {cs[0]:.2f} / {cs[1]:.2f} |")
     idle = extra.get("idle3") if b == 0 else None
     if idle:
         lines += ["", f"Idle ranks (3 ranks serving, nothing reading, {extra['idle_seconds']:.0f} s): "
