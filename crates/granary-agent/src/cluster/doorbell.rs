@@ -40,8 +40,11 @@ const DATAGRAM: usize = 21;
 pub enum Kind {
     /// A message for the receiver was handed to MPI.
     Message = 0,
-    /// Progress on the receiver's own messages (its data to the ringer arrived): its sends
-    /// may have completed. No message follows.
+    /// The ringer started receiving the receiver's data and the receive did not complete at
+    /// once: it may wait on the receiver's progress (a rendezvous over TCP), which then polls
+    /// MPI until its sends to the ringer complete. No message follows. A receive that completes
+    /// as it starts (shared memory's single copy) rings nothing: the sender finds its send
+    /// complete at its next turn, whenever something else wakes it.
     Progress = 1,
 }
 

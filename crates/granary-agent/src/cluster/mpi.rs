@@ -98,6 +98,7 @@ impl Mpi {
             trust: Trust::new(self.ranks),
             to_ring: Vec::new(),
             bells: Vec::new(),
+            waiting: Vec::new(),
             asked_by: vec![None; self.ranks as usize],
             sent: vec![0; self.ranks as usize],
             got: vec![0; self.ranks as usize],
@@ -203,6 +204,9 @@ struct Loop {
     to_ring: Vec<(u32, Kind)>,
     /// Peers whose doorbell rang for a message not seen yet, and when.
     bells: Vec<(u32, Instant)>,
+    /// Peers whose receives of this rank's data wait on its progress (they rang
+    /// `Kind::Progress`): polled for as for an untrusted peer while sends to them are in flight.
+    waiting: Vec<u32>,
     /// Messages handed to MPI for each rank, and matched from each rank, so far: a doorbell
     /// says how many its ringer had sent (`doorbell`), so one whose message was matched already
     /// is not polled for.
@@ -341,10 +345,20 @@ impl Loop {
         if !askers.is_empty() && !askers.iter().all(|&r| trusted(r)) {
             wait = wait.min(ACTIVE_NAP);
         }
-        if self.sends.iter().any(|s| s.credit > 0) {
-            // Pieces of its in flight: a transport may need this side's progress to move
-            // them (a rendezvous over TCP); the receiver's doorbell says when they arrived.
-            wait = wait.min(ACTIVE_NAP);
+        // Pieces of its in flight: a transport may need this side's progress to move them (a
+        // rendezvous over TCP). A receiver whose doorbells it trusts rings when its receive
+        // waits (`Kind::Progress`); otherwise the pieces have arrived or will without this
+        // side (shared memory's single copy: read by the receiver as its receive starts), and
+        // only the send's completion is left, which frees its budget and its buffer or
+        // mapping: picked up at the next turn, within SAFETY_NAP. Before, every receiver rang
+        // once its pieces arrived, and the owner woke once more per remote read for that.
+        for s in self.sends.iter().filter(|s| s.credit > 0) {
+            let polled = !trusted(s.to) || self.waiting.contains(&s.to);
+            wait = wait.min(if polled {
+                ACTIVE_NAP
+            } else {
+                doorbell::SAFETY_NAP
+            });
         }
         if !self.expect.is_empty() {
             let all = self.expect.keys().all(|&(from, _)| trusted(from));
@@ -377,6 +391,9 @@ impl Loop {
             let matched = self.got.get(p as usize).is_some_and(|&n| n >= sent);
             if kind == Kind::Message && !matched {
                 self.bells.push((p, now));
+            }
+            if kind == Kind::Progress && !self.waiting.contains(&p) {
+                self.waiting.push(p);
             }
         }
         !rung.peers.is_empty()
@@ -591,15 +608,18 @@ impl Loop {
         let mut r = Recv { req, into, len };
         let Some(e) = self.expect.get_mut(&(from, tag)) else {
             self.orphans.push(r);
+            self.ring_later(from, Kind::Progress);
             return;
         };
         let Into::Landing { off, .. } = r.into else {
             e.queue.push_back(r);
+            self.ring_later(from, Kind::Progress);
             return;
         };
         e.next += len;
         if !e.queue.is_empty() {
             e.queue.push_back(r);
+            self.ring_later(from, Kind::Progress);
             return;
         }
         // A transport that copies as the receive starts (shared memory's single copy: the
@@ -611,6 +631,7 @@ impl Loop {
         let flow = match test(&mut r.req) {
             Ok(false) => {
                 e.queue.push_back(r);
+                self.ring_later(from, Kind::Progress);
                 return;
             }
             Ok(true) => e.deliver(Event::Landed { off, len }),
@@ -620,7 +641,6 @@ impl Loop {
                 return;
             }
         };
-        self.ring_later(from, Kind::Progress);
         if flow == Flow::Done {
             self.forget(from, tag);
         }
@@ -716,14 +736,12 @@ impl Loop {
         let mut any = false;
         let mut failed = Vec::new();
         let mut done = Vec::new();
-        let mut arrived = Vec::new();
         for (&(from, tag), e) in self.expect.iter_mut() {
             while let Some(head) = e.queue.front_mut() {
                 match test(&mut head.req) {
                     Ok(false) => break,
                     Ok(true) => {
                         any = true;
-                        arrived.push(from);
                         let Some(r) = e.queue.pop_front() else { break };
                         let ev = match r.into {
                             Into::Buffer(mut b) => {
@@ -749,10 +767,6 @@ impl Loop {
         }
         for (from, tag) in done {
             self.forget(from, tag);
-        }
-        // The sender's pieces arrived: its sends complete (it stops polling for them).
-        for from in arrived {
-            self.ring_later(from, Kind::Progress);
         }
         let bufs = &self.bufs;
         self.orphans.retain_mut(|r| match test(&mut r.req) {
@@ -791,6 +805,9 @@ impl Loop {
                 false
             }
         });
+        let sends = &self.sends;
+        self.waiting
+            .retain(|&p| sends.iter().any(|s| s.to == p && s.credit > 0));
         for r in failed {
             self.inbox.failed(r);
         }
