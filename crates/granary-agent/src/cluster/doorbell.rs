@@ -4,7 +4,7 @@
 //! `bench/floor/wakeups.c`), against 2.5–3 µs for a thread another wakes, and a peer's message
 //! waits for the end of the nap (while serving, 100 µs on average). With doorbells the thread sleeps in `ppoll`
 //! on its socket: a peer's message wakes it (the datagram goes out right after the message was
-//! handed to MPI), so does a command of its own node (a datagram to itself, `Bell`).
+//! handed to MPI), so does a command of its own node (an eventfd polled beside the socket, `Bell`).
 //!
 //! Only an optimisation, never counted on: a datagram can be lost, blocked by a firewall, or
 //! overtake its MPI message (a transport that sends from its progress engine). So a rank trusts
@@ -20,8 +20,11 @@
 //! message (awake, it probed before it read the datagram) and does not poll for it. Anything
 //! else is read and ignored.
 
+use std::fs::File;
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -51,6 +54,13 @@ pub enum Kind {
 /// This rank's doorbell socket and what it knows of the others'.
 pub struct Door {
     sock: UdpSocket,
+    /// This node's own ring (`ring_self`): an eventfd the thread polls beside the socket. A
+    /// datagram to itself went through the loopback's network stack on the ringing thread and
+    /// a `recvmmsg` on the woken one, for each command handed over (two per remote read).
+    own: File,
+    /// Whether the last `wait` saw a datagram waiting (or none was waited for): `drain` reads
+    /// the socket only then.
+    sock_rung: AtomicBool,
     rank: u32,
     token: u64,
     /// The address it tells the others (and rings itself at).
@@ -61,7 +71,7 @@ pub struct Door {
 /// What draining the socket found.
 #[derive(Default)]
 pub struct Rung {
-    /// A datagram of this node's (`ring_self`): a command is queued.
+    /// This node rang (`ring_self`): a command is queued.
     pub own: bool,
     /// Peers whose doorbell rang, what for, and the highest count of messages they said they
     /// had sent (`Door::ring`).
@@ -80,8 +90,19 @@ impl Door {
         let mut token = [0u8; 8];
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut token))?;
+        // SAFETY: eventfd takes no pointers; a valid descriptor it returns is owned by nobody
+        // else, so the OwnedFd (closed with the File) is its only owner.
+        let own = unsafe {
+            let fd = libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            File::from(OwnedFd::from_raw_fd(fd))
+        };
         Ok(Door {
             sock,
+            own,
+            sock_rung: AtomicBool::new(true),
             rank,
             token: u64::from_le_bytes(token),
             public,
@@ -122,27 +143,26 @@ impl Door {
 
     /// Wakes this rank's own communication thread (a command is queued).
     pub fn ring_self(&self) {
-        let _ = self.sock.send_to(
-            &datagram(self.token, self.rank, Kind::Message, 0),
-            self.public,
-        );
+        let _ = (&self.own).write(&1u64.to_ne_bytes());
     }
 
-    /// Sleeps until a datagram arrives or `timeout` passes. True if one is waiting (or the
-    /// wait failed: the caller then looks).
+    /// Sleeps until a datagram arrives, this node rings (`ring_self`) or `timeout` passes.
+    /// True if either is waiting (or the wait failed: the caller then looks).
     pub fn wait(&self, timeout: Duration) -> bool {
         let ts = libc::timespec {
             tv_sec: timeout.as_secs() as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
         };
-        let mut pfd = libc::pollfd {
-            fd: self.sock.as_raw_fd(),
+        let mut pfd = [self.sock.as_raw_fd(), self.own.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        };
-        // SAFETY: one valid pollfd on a socket this struct owns; the timeout is a local; no
-        // signal mask is changed (null).
-        let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        });
+        // SAFETY: two valid pollfds on descriptors this struct owns; the timeout is a local;
+        // no signal mask is changed (null).
+        let n = unsafe { libc::ppoll(pfd.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+        self.sock_rung
+            .store(n < 0 || pfd[0].revents != 0, Ordering::Relaxed);
         n != 0
     }
 
@@ -151,7 +171,14 @@ impl Door {
     /// at a time took two (the last finding none).
     pub fn drain(&self) -> Rung {
         const BATCH: usize = 16;
-        let mut out = Rung::default();
+        let mut out = Rung {
+            own: (&self.own).read(&mut [0u8; 8]).is_ok_and(|n| n == 8),
+            ..Rung::default()
+        };
+        // The next `drain` without a `wait` before it reads the socket.
+        if !self.sock_rung.swap(true, Ordering::Relaxed) {
+            return out;
+        }
         let mut bufs = [[0u8; 64]; BATCH];
         loop {
             // SAFETY: zeroed iovec and mmsghdr arrays are valid; each header is then pointed at
