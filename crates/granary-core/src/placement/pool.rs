@@ -245,7 +245,8 @@ fn worker(sh: &Shared, class: Class) {
     };
     let mut cores = (class == Class::Idle && !cfg!(feature = "shuttle")).then(FreeCores::new);
     loop {
-        let job = {
+        // `behind`: small copies still queued after this one.
+        let (job, behind) = {
             let mut q = lock(&sh.queue);
             loop {
                 let next = match class {
@@ -257,7 +258,7 @@ fn worker(sh: &Shared, class: Class) {
                     Class::Idle => q.small.pop_front(),
                 };
                 if let Some(j) = next {
-                    break j;
+                    break (j, q.small.len());
                 }
                 if q.closed {
                     return;
@@ -270,9 +271,10 @@ fn worker(sh: &Shared, class: Class) {
             }
         };
         // (A retired table's copies end at once: nothing to wait for.)
-        if let Some(c) = cores.as_mut().filter(|_| !job.ctx.work.is_retired()) {
-            c.wait_for_one();
-        }
+        let charged = match cores.as_mut().filter(|_| !job.ctx.work.is_retired()) {
+            Some(c) => c.wait_for_one(behind).then(crate::sys::thread_cpu_time),
+            None => None,
+        };
         let out = match job.method {
             // Cluster mode: another node may hold the file (`source_ctx::Remote`).
             CopyMethod::Fetch | CopyMethod::Ahead => match job.ctx.remote.get() {
@@ -307,6 +309,9 @@ fn worker(sh: &Shared, class: Class) {
                 crate::stats::AgentCounters::add(&job.ctx.counters.read_ahead, 1);
             }
         }
+        if let (Some(c), Some(before)) = (cores.as_mut(), charged) {
+            c.charge(crate::sys::thread_cpu_time().saturating_sub(before));
+        }
         job.ctx.work.release();
     }
 }
@@ -316,14 +321,22 @@ fn worker(sh: &Shared, class: Class) {
 /// workers reading flat out, the two idle-class workers took 11–15 % of the machine's CPU
 /// (docs/benchmarks.md, "A placed open as cheap as a direct one"). So before each small copy an
 /// idle-class worker looks at how many tasks are runnable on the node (`/proc/loadavg`, one
-/// `pread`): it copies only if they are no more than the cores (itself and the other workers
-/// copying included); otherwise it sleeps, from `BACKOFF_MIN` doubling to `BACKOFF_MAX`, and
-/// copies one file anyway after `FLOOR` of waiting, so a node that is never idle still has its
-/// files placed.
+/// `pread`): it copies if they are no more than the cores (itself and the other workers
+/// copying included). Otherwise it copies on its `Share` of a core, paid in the copies' own
+/// CPU time, while fewer than `SHARE_BACKLOG` small copies wait: a node whose cores stay busy
+/// (a loader decoding on every core, other jobs) still has the files of a program reading at
+/// the source's pace placed as they are read, while their pages are cached — without it they
+/// were placed at the floor's pace, and later epochs read the source again (docs/benchmarks.md,
+/// "Later epochs on a busy node"). A longer queue means a program reading faster than the
+/// shares follow, cached files on busy cores: its copies wait for a free core. Past the share
+/// a worker sleeps, from `BACKOFF_MIN` doubling to `BACKOFF_MAX`, and copies one file anyway
+/// after `FLOOR` of waiting.
 struct FreeCores {
     loadavg: Option<std::fs::File>,
     cpus: usize,
     buf: [u8; 128],
+    share: Share,
+    at: Instant,
 }
 
 /// The runnable tasks of a `/proc/loadavg` line: the R of its fourth field, "R/T".
@@ -336,6 +349,43 @@ fn runnable_of(loadavg: &[u8]) -> Option<usize> {
 const BACKOFF_MIN: Duration = Duration::from_millis(2);
 const BACKOFF_MAX: Duration = Duration::from_millis(16);
 const FLOOR: Duration = Duration::from_millis(50);
+/// Each idle-class worker's share of a core while none is free, in thousandths.
+const SHARE: u64 = 10;
+/// Queued small copies past which the share is not spent (`FreeCores::wait_for_one`): several
+/// seconds of the shares' copies (a 1 KiB copy took 64–78 µs of a worker's CPU).
+const SHARE_BACKLOG: usize = 1024;
+/// The most a worker saves of its share while it does not copy: about ten small copies, so
+/// the copies that follow a quiet spell come at the share's pace, not in a burst.
+const CREDIT_MAX: Duration = Duration::from_millis(1);
+
+/// CPU time a worker may spend on copies while no core is free: earned at `SHARE` of the time
+/// passing, at most `CREDIT_MAX`, spent by each such copy's own CPU time (it may go below
+/// zero: the next copy waits until the debt is earned back).
+struct Share {
+    /// Nanoseconds.
+    credit: i64,
+}
+
+impl Share {
+    fn earn(&mut self, passed: Duration) {
+        let ns =
+            (u64::try_from(passed.as_nanos()).unwrap_or(u64::MAX) / 1000).saturating_mul(SHARE);
+        let max = CREDIT_MAX.as_nanos() as i64;
+        self.credit = self
+            .credit
+            .saturating_add(i64::try_from(ns).unwrap_or(i64::MAX))
+            .min(max);
+    }
+
+    fn spend(&mut self, cpu: Duration) {
+        let ns = i64::try_from(cpu.as_nanos()).unwrap_or(i64::MAX);
+        self.credit = self.credit.saturating_sub(ns);
+    }
+
+    fn allows(&self) -> bool {
+        self.credit > 0
+    }
+}
 
 impl FreeCores {
     fn new() -> FreeCores {
@@ -343,6 +393,8 @@ impl FreeCores {
             loadavg: std::fs::File::open("/proc/loadavg").ok(),
             cpus: crate::sys::online_cpus(),
             buf: [0; 128],
+            share: Share { credit: 0 },
+            at: Instant::now(),
         }
     }
 
@@ -353,20 +405,34 @@ impl FreeCores {
         runnable_of(self.buf.get(..n)?)
     }
 
-    /// Returns once this worker may copy.
-    fn wait_for_one(&mut self) {
+    /// Returns once this worker may copy: true if the copy is paid from its share (`charge`),
+    /// false if a core was free. `behind`: small copies queued after this one; past
+    /// `SHARE_BACKLOG` the program reads faster than the shares follow (a reader of cached
+    /// files, CPU-bound), and its copies wait for a free core (or the floor) instead.
+    fn wait_for_one(&mut self, behind: usize) -> bool {
         let mut nap = BACKOFF_MIN;
         let mut waited = Duration::ZERO;
         loop {
             // A copying worker blocked on I/O takes no core and is not counted: right.
             match self.runnable() {
-                Some(n) if n > self.cpus && waited < FLOOR => {}
-                _ => return,
+                Some(n) if n > self.cpus => {}
+                _ => return false,
+            }
+            let now = Instant::now();
+            self.share.earn(now.duration_since(self.at));
+            self.at = now;
+            if (behind <= SHARE_BACKLOG && self.share.allows()) || waited >= FLOOR {
+                return true;
             }
             thread::sleep(nap);
             waited += nap;
             nap = (nap * 2).min(BACKOFF_MAX);
         }
+    }
+
+    /// A copy made while no core was free took `cpu` of this thread's time.
+    fn charge(&mut self, cpu: Duration) {
+        self.share.spend(cpu);
     }
 }
 
@@ -412,5 +478,33 @@ mod tests {
         // This machine's own answer counts at least the thread asking.
         let mut c = FreeCores::new();
         assert!(c.runnable().is_some_and(|n| n >= 1));
+    }
+
+    #[test]
+    fn a_busy_node_pays_copies_from_the_share_of_the_time_passing() {
+        let ms = Duration::from_millis;
+        let mut s = Share { credit: 0 };
+        assert!(!s.allows());
+        // 10 ‰ of 50 ms: 0.5 ms of copying.
+        s.earn(ms(50));
+        assert!(s.allows());
+        s.spend(Duration::from_micros(400));
+        assert!(s.allows());
+        s.spend(Duration::from_micros(300));
+        // 0.2 ms spent ahead: 20 ms more pass before the next copy.
+        assert!(!s.allows());
+        s.earn(ms(19));
+        assert!(!s.allows());
+        s.earn(ms(2));
+        assert!(s.allows());
+        // A long quiet spell saves at most CREDIT_MAX: one copy of 1.5 ms, then a wait.
+        s.earn(Duration::from_secs(3600));
+        s.spend(Duration::from_micros(1500));
+        assert!(!s.allows());
+        // Nothing overflows: an absurd debt saturates and stays a debt.
+        s.spend(Duration::MAX);
+        s.spend(Duration::MAX);
+        s.earn(Duration::MAX);
+        assert!(!s.allows());
     }
 }
