@@ -203,6 +203,41 @@ def test_a_damaged_journal_costs_copies_never_bytes(g, tmp_path, damage):
     assert_copies_are_the_source(tier, src, n)
 
 
+@pytest.mark.parametrize("what", ["directory", "fifo", "symlink"])
+def test_something_else_at_the_journals_path_costs_copies_never_bytes_nor_the_record(
+        g, tmp_path, what):
+    """After the kill, the journal is replaced by a directory, a FIFO, or a symlink to a file of
+    the user's: the journaled copies are placed again, every byte is the source's, the file the
+    symlink names is untouched, and the record of copies is still saved at the job's end (the
+    next agent takes every copy), with no save reported as failed."""
+    src = dataset(tmp_path / "pfs" / "data")
+    n = len(files_of(src))
+    tier = tmp_path / "tier"
+    want = direct([*DIGEST, src]).stdout
+    killed_after_placing(g, src, tier)
+    j = journal_of(tier)
+    j.unlink()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"x" * (2 * ENTRY_LEN))
+    {"directory": j.mkdir, "fifo": lambda: os.mkfifo(j),
+     "symlink": lambda: j.symlink_to(victim)}[what]()
+    start = (g.runtime / "agent.log").stat().st_size
+    proc, stats = run_quiet(g, ["--source", src], [*DIGEST, src], tier)
+    assert proc.stdout == want
+    assert stats["catalog"]["reused_files"] == 0, stats["catalog"]
+    g.settle(src)
+    g.stop()
+    log = log_since(g, start)
+    assert "cannot record the copies" not in log, log
+    # A new agent: what it takes is the record the last job's end saved.
+    proc, stats = run_quiet(g, ["--source", src], [*DIGEST, src], tier)
+    assert proc.stdout == want
+    assert stats["catalog"]["reused_files"] == n, stats["catalog"]
+    assert victim.read_bytes() == b"x" * (2 * ENTRY_LEN)
+    assert j.is_symlink() or (j.exists() and not j.is_file())
+    assert_copies_are_the_source(tier, src, n)
+
+
 def test_another_way_of_serving_the_dataset_takes_a_killed_agents_copies(g, tmp_path):
     """The plain run's agent is killed with every copy journaled, none recorded; the dataset is
     then read from its pack, mounted elsewhere: it takes those copies (one copy per file), and

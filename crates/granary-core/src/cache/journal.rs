@@ -201,6 +201,20 @@ impl Journal {
             }
         };
         save()?;
+        // The record is saved: what follows only drops what it now holds from the journal. A
+        // failure there is the journal's, not the record's, and costs nothing (records kept
+        // are checked on disk when read).
+        if let Err(e) = self.drop_saved(t, upto) {
+            tracing::warn!(
+                "cannot empty the journal of copies in {}: {e}",
+                t.dir.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Drops from `t`'s journal the records before `upto` (the record just saved holds them).
+    fn drop_saved(&self, t: &Tier, upto: u64) -> io::Result<()> {
         let mut s = lock(&t.state);
         if !s.buf.is_empty() {
             self.write(t, &mut s);
@@ -332,12 +346,17 @@ fn replace(dir: &Path, kept: &[u8]) -> io::Result<File> {
 }
 
 /// Empties a journal an earlier table left in `dir` (its records are in the record just
-/// saved); none is fine.
+/// saved); none is fine, and so is something else at its path (a symlink, a FIFO, a
+/// directory: no table wrote it, none reads it).
 fn remove_leftover(dir: &Path) -> io::Result<()> {
+    let path = dir.join(FILE);
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+        return Ok(());
+    }
     match std::fs::OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(dir.join(FILE))
+        .open(path)
     {
         Ok(f) => {
             let md = f.metadata()?;
@@ -616,6 +635,50 @@ mod tests {
         let j2 = journal(d.path());
         j2.save(0, || Ok(())).unwrap();
         assert_eq!(std::fs::metadata(d.path().join(FILE)).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn something_else_at_the_journal_path_never_fails_a_save() {
+        for what in ["dir", "fifo", "symlink"] {
+            let d = tempfile::tempdir().unwrap();
+            let path = d.path().join(FILE);
+            let elsewhere = d.path().join("elsewhere");
+            std::fs::write(&elsewhere, encode(&rec(1))).unwrap();
+            match what {
+                "dir" => std::fs::create_dir(&path).unwrap(),
+                "fifo" => assert!(std::process::Command::new("mkfifo")
+                    .arg(&path)
+                    .status()
+                    .unwrap()
+                    .success()),
+                _ => std::os::unix::fs::symlink(&elsewhere, &path).unwrap(),
+            }
+            // Saved by a table that never wrote a journal, then by one that tried to.
+            let mut saved = 0;
+            Journal::new(vec![Some(d.path().to_path_buf())])
+                .save(0, || {
+                    saved += 1;
+                    Ok(())
+                })
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let j = journal(d.path());
+            j.placed(0, &rec(2));
+            j.save(0, || {
+                saved += 1;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(saved, 2);
+            assert_eq!(
+                std::fs::read(&elsewhere).unwrap(),
+                encode(&rec(1)),
+                "{what}"
+            );
+            assert!(
+                !std::fs::symlink_metadata(&path).unwrap().is_file(),
+                "{what}"
+            );
+        }
     }
 
     #[test]
