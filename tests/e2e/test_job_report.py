@@ -122,3 +122,28 @@ def test_what_is_still_being_placed_is_counted_in_files(granary, tmp_path, tier)
     assert output(got) == output(direct(cmd))
     assert stats["placing"] <= len(files) - stats["placement"]["files_placed"], (
         stats["placing"], stats["placement"])
+
+
+def test_a_process_the_last_job_left_behind_does_not_count_in_the_next_jobs_report(
+        granary, tmp_path, tier):
+    """The first job starts a process in the background and ends; that process reads 19 files
+    while the next job runs (files `go` and `done` order them). The next job's report counts
+    its own open and bytes only: the straggler still counts in the first job's slot, which the
+    next job does not take."""
+    files = {f"d/{i:02}.bin": rand(5000 + 37 * i, 40 + i) for i in range(20)}
+    src = make_tree(tmp_path / "src", files)
+    paths = [src / rel for rel in sorted(files)]
+    go, done = tmp_path / "go", tmp_path / "done"
+    straggler = ('(i=0; while [ ! -e "$0" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; '
+                 'cat "$@" > /dev/null; touch "$1.done") </dev/null >/dev/null 2>&1 & exit 0')
+    got, _ = run_job(granary, src, ["sh", "-c", straggler.replace('"$1.done"', f'"{done}"'),
+                                    go, *paths[1:]], tier)
+    output(got)
+    script = ('touch "$0"; i=0; while [ ! -e "$1" ] && [ $i -lt 1200 ]; do sleep 0.05; '
+              'i=$((i+1)); done; [ -e "$1" ] && cat "$2"')
+    got, stats = run_job(granary, src, ["sh", "-c", script, go, done, paths[0]], tier)
+    assert output(got) == files["d/00.bin"]
+    tier_bytes = sum(t["bytes_served"] for t in stats["tiers"])
+    assert stats["opens"] == 1, (stats["opens"], stats["source_io"])
+    assert stats["opens"] == stats["files_served_from_tiers"] + stats["source_io"]["opens"]
+    assert stats["source_io"]["bytes"] + tier_bytes == len(files["d/00.bin"]), stats["source_io"]

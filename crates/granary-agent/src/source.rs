@@ -84,6 +84,8 @@ pub struct SourceState {
     pub jobs_now: AtomicUsize,
     /// When a job last attached or detached (Unix ns): the last use its records carry.
     pub last_use: std::sync::atomic::AtomicU64,
+    /// The job slot the next job's search starts at (`take_job_slot`).
+    next_slot: std::sync::atomic::AtomicU32,
     /// The source root's record read when this source became known, for the first attach.
     fresh_root: Mutex<Option<granary_shm::StatRec>>,
     /// The source root's device (major, minor), for what its requests cost
@@ -156,6 +158,7 @@ impl SourceState {
             current: RwLock::default(),
             jobs_now: AtomicUsize::new(0),
             last_use: std::sync::atomic::AtomicU64::new(copies::now_ns()),
+            next_slot: std::sync::atomic::AtomicU32::new(1),
             fresh_root: Mutex::new(fresh_root),
             dev,
             warnings: Mutex::default(),
@@ -755,11 +758,20 @@ impl SourceState {
         self.last_use.store(copies::now_ns(), Ordering::Relaxed);
     }
 
-    /// A free job slot (1..), its counters zeroed, owned by `pid`.
+    /// A free job slot (1..), its counters zeroed, owned by `pid`. Slots are taken in turn (the
+    /// search starts after the slot taken last): a process a job left behind (started in the
+    /// background, daemonized) still counts in that job's slot, which the next job would
+    /// otherwise take, its report counting what the straggler read.
     pub fn take_job_slot(&self, pid: u32) -> u32 {
         let Some(ctx) = self.ctx() else { return 0 };
         let t = &ctx.table;
-        for slot in 1..t.job_slots() {
+        let slots = t.job_slots();
+        if slots < 2 {
+            return 0;
+        }
+        let start = self.next_slot.load(Ordering::Relaxed);
+        for k in 0..slots - 1 {
+            let slot = 1 + (start.wrapping_sub(1).wrapping_add(k)) % (slots - 1);
             let Some(owner) = t.counter(slot, job::OWNER) else {
                 break;
             };
@@ -769,6 +781,7 @@ impl SourceState {
             {
                 t.clear_job(slot);
                 self.counters.jobs.reset(slot);
+                self.next_slot.store(slot + 1, Ordering::Relaxed);
                 return slot;
             }
         }
