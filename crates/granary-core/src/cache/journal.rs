@@ -17,7 +17,8 @@
 //!   point (records written meanwhile are kept). A journal grown past `fold_after` records (a
 //!   long job's churn of evictions and placements) is folded the same way by the agent's journal
 //!   thread: its size stays proportional to the copies made since, and the cost of each fold is
-//!   paid for by the records it drops.
+//!   paid for by the records it drops. A fold that failed (a full or read-only tier) is tried
+//!   again after `FOLD_RETRY`, not at the thread's next pass.
 //! - **Read by the next table** (`cache::adopt::own`), after the record: each object's records,
 //!   the record's first and then the journal's in order, are tried from the last; the first that
 //!   is a copy of the file the table holds in the same version *and* names the copy on disk (a
@@ -67,6 +68,9 @@ pub const ENTRY_LEN: usize = 96;
 const BATCH: usize = 128;
 /// A buffer older than this is written by the agent's journal thread (`flush_older`).
 pub const FLUSH_AFTER: Duration = Duration::from_secs(1);
+/// After a fold that failed (the record could not be saved: a full or read-only tier), the
+/// journal thread asks for none for this long; each try reads the whole table.
+const FOLD_RETRY: Duration = Duration::from_secs(60);
 /// Records a journal may hold beyond twice the table's entries before it is folded
 /// (`fold_after`), and beyond four times when read (`max_records`).
 const SLACK: u64 = 100_000;
@@ -108,6 +112,8 @@ struct TierState {
     records: u64,
     /// A write failed: said once in the log.
     failed: bool,
+    /// When a save of this tier's record, or the journal's fold after it, last failed.
+    fold_failed: Option<Instant>,
 }
 
 impl Journal {
@@ -169,11 +175,11 @@ impl Journal {
     /// (`fold_after(entries)`).
     pub fn wants_fold(&self, entries: u32) -> bool {
         !self.closed.load(Ordering::Acquire)
-            && self
-                .tiers
-                .iter()
-                .flatten()
-                .any(|t| lock(&t.state).records > fold_after(entries))
+            && self.tiers.iter().flatten().any(|t| {
+                let s = lock(&t.state);
+                s.records > fold_after(entries)
+                    && s.fold_failed.is_none_or(|at| at.elapsed() >= FOLD_RETRY)
+            })
     }
 
     /// Saves the record of tier `tier` with `save` and drops from its journal what the record
@@ -200,11 +206,16 @@ impl Journal {
                 None => std::fs::symlink_metadata(t.dir.join(FILE)).map_or(0, |m| m.len()),
             }
         };
-        save()?;
+        if let Err(e) = save() {
+            lock(&t.state).fold_failed = Some(Instant::now());
+            return Err(e);
+        }
         // The record is saved: what follows only drops what it now holds from the journal. A
         // failure there is the journal's, not the record's, and costs nothing (records kept
         // are checked on disk when read).
-        if let Err(e) = self.drop_saved(t, upto) {
+        let dropped = self.drop_saved(t, upto);
+        lock(&t.state).fold_failed = dropped.is_err().then(Instant::now);
+        if let Err(e) = dropped {
             tracing::warn!(
                 "cannot empty the journal of copies in {}: {e}",
                 t.dir.display()
@@ -635,6 +646,25 @@ mod tests {
         let j2 = journal(d.path());
         j2.save(0, || Ok(())).unwrap();
         assert_eq!(std::fs::metadata(d.path().join(FILE)).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_fold_that_failed_is_not_tried_again_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        let j = journal(d.path());
+        for i in 0..=fold_after(0) {
+            j.placed(0, &rec(i % 7));
+        }
+        j.flush();
+        assert!(j.wants_fold(0));
+        // The record cannot be saved (a full tier): the journal thread would fold again at its
+        // next pass, reading the whole table each time.
+        assert!(j.save(0, || Err(io::Error::other("full"))).is_err());
+        assert!(!j.wants_fold(0));
+        // A save that works (the job's end) folds it.
+        j.save(0, || Ok(())).unwrap();
+        assert_eq!(read(d.path(), u64::MAX).unwrap().records, vec![]);
+        assert!(!j.wants_fold(0));
     }
 
     #[test]
