@@ -296,21 +296,31 @@ fn decode_header(b: &[u8]) -> Result<Header, Error> {
 /// Saves `c` as the record of the source directory `dir` (`<tier>/<source id>`): a temporary
 /// file of its own (two threads may save one record at once), synced, then renamed.
 pub fn save(dir: &Path, c: &Copies) -> io::Result<()> {
-    use std::io::Write;
+    replace_file(dir, FILE, &c.encode(), true)
+}
+
+/// Makes `bytes` the content of `dir/name` at once: written to a temporary file of this call's
+/// own (`create_new`, never through a symlink), synced if `sync`, renamed over `name`; the
+/// temporary file is removed when anything fails.
+pub(super) fn replace_file(dir: &Path, name: &str, bytes: &[u8], sync: bool) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
     static SEQ: statics::AtomicU64 = statics::AtomicU64::new(0);
     let n = SEQ.fetch_add(1, statics::Ordering::Relaxed);
-    let tmp = dir.join(format!(".tmp-{FILE}-{}-{n}", std::process::id()));
+    let tmp = dir.join(format!(".tmp-{name}-{}-{n}", std::process::id()));
     let res = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
-        .and_then(|mut f| {
-            f.write_all(&c.encode())?;
-            f.sync_data()
+        .and_then(|f| {
+            f.write_all_at(bytes, 0)?;
+            if sync {
+                f.sync_data()?;
+            }
+            Ok(())
         })
-        .and_then(|()| std::fs::rename(&tmp, dir.join(FILE)));
+        .and_then(|()| std::fs::rename(&tmp, dir.join(name)));
     if res.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -382,6 +392,21 @@ fn path_of(b: &[u8]) -> PathBuf {
     PathBuf::from(std::ffi::OsStr::from_bytes(b))
 }
 
+/// A record with every field set from `i` (tests of the record and of the journal).
+#[cfg(test)]
+pub(crate) fn sample_record(i: u64) -> Record {
+    Record {
+        object: 0xabc0 + i,
+        ino: 100 + i,
+        size: 4096 * i,
+        mtime: (1_600_000_000 + i as i64, 7),
+        ctime: (1_600_000_001, 999_999_999),
+        dev: (8, 1),
+        checksum: 0x1234_5678 + i,
+        copy: (9000 + i, 1_700_000_000_123_456_789),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,18 +425,7 @@ mod tests {
                 pack: Some(PathBuf::from("/pfs/data.granary")),
                 mount: true,
             },
-            records: (0..3)
-                .map(|i| Record {
-                    object: 0xabc0 + i,
-                    ino: 100 + i,
-                    size: 4096 * i,
-                    mtime: (1_600_000_000 + i as i64, 7),
-                    ctime: (1_600_000_001, 999_999_999),
-                    dev: (8, 1),
-                    checksum: 0x1234_5678 + i,
-                    copy: (9000 + i, 1_700_000_000_123_456_789),
-                })
-                .collect(),
+            records: (0..3).map(sample_record).collect(),
         }
     }
 

@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use super::copies::{self, Copies, Record};
 use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::sync::{lock, statics, Mutex};
+use crate::sync::{lock, Mutex};
 
 /// The journal's name in a source's directory of a tier.
 pub const FILE: &str = "copies.journal";
@@ -338,21 +338,7 @@ fn open_append(dir: &Path) -> io::Result<(File, u64)> {
 /// Makes `kept` the journal of `dir` (a new file renamed over it); returns it open for
 /// appending.
 fn replace(dir: &Path, kept: &[u8]) -> io::Result<File> {
-    static SEQ: statics::AtomicU64 = statics::AtomicU64::new(0);
-    let n = SEQ.fetch_add(1, statics::Ordering::Relaxed);
-    let tmp = dir.join(format!(".tmp-{FILE}-{}-{n}", std::process::id()));
-    let res = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)
-        .and_then(|f| f.write_all_at(kept, 0))
-        .and_then(|()| std::fs::rename(&tmp, dir.join(FILE)));
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
+    copies::replace_file(dir, FILE, kept, false)?;
     open_append(dir).map(|(f, _)| f)
 }
 
@@ -548,16 +534,7 @@ mod tests {
     use super::*;
 
     fn rec(i: u64) -> Record {
-        Record {
-            object: 0xabc0 + i,
-            ino: 100 + i,
-            size: 4096 * i,
-            mtime: (1_600_000_000 + i as i64, 7),
-            ctime: (1_600_000_001, 999_999_999),
-            dev: (8, 1),
-            checksum: 0x1234_5678 + i,
-            copy: (9000 + i, 1_700_000_000_123_456_789),
-        }
+        copies::sample_record(i)
     }
 
     fn journal(d: &Path) -> Journal {
