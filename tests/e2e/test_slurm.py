@@ -327,12 +327,17 @@ def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_
         st = job.node_status(node)
         cl = st["cluster"]
         # Files whose owner was written off meanwhile this rank read from the source itself.
-        fb += cl["peers"][cl["rank"]]["fallbacks"]
+        fallbacks = cl["peers"][cl["rank"]]["fallbacks"]
+        fb += fallbacks
         served = st["sources"][0]["served"]
         survivors[node] = (cl["peers"][cl["rank"]]["pfs_bytes"], served["source_bytes"])
         owned[node] = cl["bytes_owned"]
-        # Its program read from the source only where a wait for its agent gave up (loaded).
-        assert served["source_opens"] <= gave_up(job, node), (node, served)
+        # Its program read from the source only where a wait for its agent gave up (loaded), or
+        # where its agent, asking a rank that did not hold the file, left it to the program
+        # (`State::SourceOnly`, one of its fallbacks): a message the dead rank sent before it
+        # died, received after it was written off, brings it back for a while (docs/cluster.md,
+        # "Faults"). Either way its bytes are in the budget below.
+        assert served["source_opens"] <= gave_up(job, node) + fallbacks, (node, served, fallbacks)
     job.hold.touch()
     j = job.finish()
     pfs = (device_reads(dev)[1] - before) * 512
