@@ -234,6 +234,25 @@ fn existing_child(
     Ok(Some(fd))
 }
 
+/// The source directories in the tier root `root` (names that are source ids, directories of
+/// the user's), through a verified fd of the root.
+pub fn source_dirs(root: &Path) -> Vec<String> {
+    let Ok(fd) = open_root(root) else {
+        return Vec::new();
+    };
+    let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+        return Vec::new();
+    };
+    let mut v: Vec<String> = rd
+        .flatten()
+        .filter(|d| d.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|d| d.file_name().into_string().ok())
+        .filter(|n| is_source_id(n.as_bytes()))
+        .collect();
+    v.sort();
+    v
+}
+
 /// True if `name` is a source id (`<up to 32 of [A-Za-z0-9_-]>-<16 hex digits>`,
 /// `source::source_id`): the only names in a tier root granary treats as its own.
 pub fn is_source_id(name: &[u8]) -> bool {

@@ -22,7 +22,7 @@
 //! placement wrote, never another. Copies in the table's own directories are taken on their
 //! record's word, as a saved catalog's always were: every open checks the copy's identity.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use granary_shm::lifecycle::{self, EntryCell};
@@ -135,7 +135,7 @@ pub fn siblings(
     }
     for s in stores {
         let Some(root) = s.dir.parent() else { continue };
-        for sib in source_dirs(root) {
+        for sib in crate::tierdir::source_dirs(root) {
             if sib == id {
                 continue;
             }
@@ -195,7 +195,7 @@ fn take_from(
     let before = rec.records.len();
     rec.records.retain(|r| {
         // Two ways read the dataset at once and each placed its copy: one goes.
-        if is_duplicate(t, r, s.tier) && is_the_copy(&sib_dirs.objects, r) {
+        if is_duplicate(t, r, s.tier) && copies::is_the_copy(&sib_dirs.objects, r) {
             let gone = sys::unlink_at(&sib_dirs.objects, &object_name(r.object)).is_ok();
             taken.duplicates += gone as u64;
             return !gone;
@@ -204,7 +204,7 @@ fn take_from(
             return true;
         };
         let name = object_name(r.object);
-        if !is_the_copy(&sib_dirs.objects, r) {
+        if !copies::is_the_copy(&sib_dirs.objects, r) {
             return true;
         }
         if let Err(e) = sys::rename_between(&sib_dirs.objects, s.objects, &name) {
@@ -284,16 +284,9 @@ fn is_duplicate(t: &Table, r: &Record, tier: u8) -> bool {
         && t.entry(idx).is_some_and(|e| r.is_copy_of(&e.stat))
 }
 
-/// True if the copy `r` records is in `dir` as recorded.
-pub(super) fn is_the_copy(dir: &OwnedFd, r: &Record) -> bool {
-    sys::copy_stat_at(dir, &object_name(r.object)).is_ok_and(|c| {
-        c.is_regular && c.uid == sys::uid() && c.size == r.size && (c.ino, c.ctime_ns) == r.copy
-    })
-}
-
 /// Entry `idx` gets the copy `r` records in `s`'s directory, if it is there as recorded.
 fn take_in_place(t: &Table, idx: u32, r: &Record, s: &Store<'_>) -> bool {
-    is_the_copy(s.objects, r)
+    copies::is_the_copy(s.objects, r)
         && lifecycle::adopt_placed(t, idx, s.tier, r.checksum, r.copy.0, r.copy.1)
 }
 
@@ -305,23 +298,4 @@ fn forget_tier(t: &Table, tier: u8) {
             lifecycle::withdraw(&EntryCell { table: t, idx }, w);
         }
     }
-}
-
-/// The source directories in the tier root `root` (names that are source ids, directories of
-/// the user's), through a verified fd of the root.
-pub fn source_dirs(root: &Path) -> Vec<String> {
-    let Ok(fd) = crate::tierdir::open_root(root) else {
-        return Vec::new();
-    };
-    let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
-        return Vec::new();
-    };
-    let mut v: Vec<String> = rd
-        .flatten()
-        .filter(|d| d.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|d| d.file_name().into_string().ok())
-        .filter(|n| crate::tierdir::is_source_id(n.as_bytes()))
-        .collect();
-    v.sort();
-    v
 }

@@ -327,6 +327,17 @@ pub(super) fn replace_file(dir: &Path, name: &str, bytes: &[u8], sync: bool) -> 
     res
 }
 
+/// True if the copy `r` records is in `dir` (a verified `objects` fd) as recorded: a regular
+/// file of the user's, of the recorded size, inode and ctime — the file placement wrote.
+pub fn is_the_copy(dir: &std::os::fd::OwnedFd, r: &Record) -> bool {
+    crate::sys::copy_stat_at(dir, &granary_shm::object_name(r.object)).is_ok_and(|c| {
+        c.is_regular
+            && c.uid == crate::sys::uid()
+            && c.size == r.size
+            && (c.ino, c.ctime_ns) == r.copy
+    })
+}
+
 /// The record of the source directory `dir`, if it has one: a regular file of the user's,
 /// never read through a symlink, checked whole.
 pub fn read(dir: &Path) -> Result<Option<Copies>, Error> {

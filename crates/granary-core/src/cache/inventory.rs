@@ -61,7 +61,7 @@ impl Store {
 /// Every source directory in the tier root `root`, by id.
 pub fn stores(root: &Path) -> Result<Vec<Store>, crate::tierdir::TierDirError> {
     crate::tierdir::open_root(root)?;
-    Ok(super::adopt::source_dirs(root)
+    Ok(crate::tierdir::source_dirs(root)
         .into_iter()
         .filter_map(|id| store(root, &id))
         .collect())

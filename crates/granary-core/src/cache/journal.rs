@@ -457,7 +457,7 @@ pub struct Merged {
     /// The record, without the objects its journal names.
     pub base: Option<Copies>,
     /// For each object the journal names, the last of its records (the record's, then the
-    /// journal's) that is the copy on disk (`adopt::is_the_copy`); an object none of whose
+    /// journal's) that is the copy on disk (`copies::is_the_copy`); an object none of whose
     /// records is, is in neither list.
     pub journaled: Vec<Record>,
     /// Why the journal, or some of it, was not used (for the log or the listing).
@@ -517,7 +517,7 @@ pub fn merge(dir: &Path, objects: &OwnedFd, rec: Option<Copies>, max_records: u6
             cands
                 .into_iter()
                 .rev()
-                .find(|r| super::adopt::is_the_copy(objects, r))
+                .find(|r| copies::is_the_copy(objects, r))
         })
         .collect();
     m
