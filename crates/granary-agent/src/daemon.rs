@@ -153,7 +153,7 @@ pub fn spawn_threads(started: &Started) -> Result<()> {
 /// read), placed at idle priority and only while the node has a free core: on a busy node the
 /// last job's files may still be queued when the idle timeout expires, and an agent that left
 /// then would make the next job read them from the source again.
-const MAX_FINISHING: Duration = Duration::from_secs(600);
+pub const MAX_FINISHING: Duration = Duration::from_secs(600);
 
 /// Until the agent stops (asked to, idle with no copies queued, or its socket taken over).
 pub fn main_loop(agent: &Agent) {

@@ -76,10 +76,10 @@ pub fn main(args: StatusArgs) -> Result<i32> {
         } else {
             let queued: u64 = s.sources.iter().map(|x| x.pending).sum();
             if s.jobs == 0 && queued > 0 {
-                // `daemon::MAX_FINISHING`: what keeps an unused agent running.
                 format!(
-                    "idle timeout {:.0} s once its {queued} queued copies are done (at most 10 min more)",
-                    s.idle_timeout_s
+                    "idle timeout {:.0} s once its {queued} queued copies are done (at most {} min more)",
+                    s.idle_timeout_s,
+                    granary_agent::daemon::MAX_FINISHING.as_secs() / 60
                 )
             } else {
                 format!("idle timeout {:.0} s", s.idle_timeout_s)
