@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -64,6 +65,9 @@ def g(tmp_path):
     g.env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
     yield g
     g.stop()
+    # An agent a test killed and one a later job of it started: none outlives the test.
+    for pid in g.agent_pids():
+        os.kill(pid, signal.SIGKILL)
 
 
 def cache(g, *args, check=True):

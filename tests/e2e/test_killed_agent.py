@@ -15,23 +15,13 @@ import time
 
 import pytest
 
-from conftest import Granary, direct, source_reads, tier_files
+from conftest import direct, source_reads, tier_files
 from test_pack_serve import pack
-from test_cache import (DIGEST, assert_copies_are_the_source, copies_in, dataset, files_of, listing,
-                        run_quiet)
+from test_cache import (DIGEST, assert_copies_are_the_source, copies_in, dataset, files_of,  # noqa: F401 (g)
+                        g, listing, run_quiet)
 
 # The journal's record size (`cache::journal::ENTRY_LEN`).
 ENTRY_LEN = 96
-
-
-@pytest.fixture
-def g(tmp_path):
-    g = Granary(tmp_path)
-    g.env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
-    yield g
-    g.stop()
-    for pid in g.agent_pids():
-        os.kill(pid, signal.SIGKILL)
 
 
 def gone(pid: int) -> bool:
@@ -79,6 +69,16 @@ def killed_after_placing(g, src, tier):
     return pid
 
 
+def placed_then_killed(g, tmp_path):
+    """The dataset, its file count, the tier, what a direct read of it digests, and the pid of
+    its agent, killed once it had placed every file (`killed_after_placing`)."""
+    src = dataset(tmp_path / "pfs" / "data")
+    n = len(files_of(src))
+    tier = tmp_path / "tier"
+    want = direct([*DIGEST, src]).stdout
+    return src, n, tier, want, killed_after_placing(g, src, tier)
+
+
 def journal_of(tier: pathlib.Path) -> pathlib.Path:
     (j,) = tier.glob("*/copies.journal")
     return j
@@ -95,11 +95,7 @@ def sweep_line(g, start: int) -> str:
 
 
 def test_a_killed_agents_copies_are_the_next_jobs(g, tmp_path):
-    src = dataset(tmp_path / "pfs" / "data")
-    n = len(files_of(src))
-    tier = tmp_path / "tier"
-    want = direct([*DIGEST, src]).stdout
-    dead = killed_after_placing(g, src, tier)
+    src, n, tier, want, dead = placed_then_killed(g, tmp_path)
     assert_copies_are_the_source(tier, src, n)
     # Nothing pending meant every copy was journaled, in whole records.
     assert journal_of(tier).stat().st_size == n * ENTRY_LEN
@@ -153,11 +149,7 @@ def test_after_a_kill_a_file_changed_at_the_source_is_never_served_from_its_copy
 def test_a_copy_replaced_or_gone_after_its_journal_record_is_not_taken(g, tmp_path):
     """Between the kill and the next job, one copy is rewritten in place (other bytes, its inode
     kept, its ctime not) and another is deleted: neither is the copy its journal record names."""
-    src = dataset(tmp_path / "pfs" / "data")
-    n = len(files_of(src))
-    tier = tmp_path / "tier"
-    want = direct([*DIGEST, src]).stdout
-    killed_after_placing(g, src, tier)
+    src, n, tier, want, _ = placed_then_killed(g, tmp_path)
     rewritten, deleted = sorted(copies_in(tier), key=lambda p: p.stat().st_size)[:2]
     with open(rewritten, "r+b") as f:
         f.write(os.urandom(len(f.read())))
@@ -171,11 +163,7 @@ def test_a_copy_replaced_or_gone_after_its_journal_record_is_not_taken(g, tmp_pa
 
 @pytest.mark.parametrize("damage", ["torn-and-flipped", "garbage", "oversized"])
 def test_a_damaged_journal_costs_copies_never_bytes(g, tmp_path, damage):
-    src = dataset(tmp_path / "pfs" / "data")
-    n = len(files_of(src))
-    tier = tmp_path / "tier"
-    want = direct([*DIGEST, src]).stdout
-    killed_after_placing(g, src, tier)
+    src, n, tier, want, _ = placed_then_killed(g, tmp_path)
     j = journal_of(tier)
     b = bytearray(j.read_bytes())
     assert len(b) == n * ENTRY_LEN
@@ -210,11 +198,7 @@ def test_something_else_at_the_journals_path_costs_copies_never_bytes_nor_the_re
     the user's: the journaled copies are placed again, every byte is the source's, the file the
     symlink names is untouched, and the record of copies is still saved at the job's end (the
     next agent takes every copy), with no save reported as failed."""
-    src = dataset(tmp_path / "pfs" / "data")
-    n = len(files_of(src))
-    tier = tmp_path / "tier"
-    want = direct([*DIGEST, src]).stdout
-    killed_after_placing(g, src, tier)
+    src, n, tier, want, _ = placed_then_killed(g, tmp_path)
     j = journal_of(tier)
     j.unlink()
     victim = tmp_path / "victim"
