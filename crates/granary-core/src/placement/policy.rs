@@ -167,6 +167,22 @@ impl KnownOrder {
         self.lock().st
     }
 
+    /// How many files of the order, from position `start` on (wrapping), the window holds:
+    /// bytes of the order, placed or not, so that once they are all placed there is nothing to
+    /// do. The very next file counts even when it alone is larger than the window.
+    fn window_len(&self, start: usize) -> usize {
+        let n = self.order.len();
+        let mut bytes = 0u64;
+        for i in 0..n {
+            let s = self.order[(start + i) % n].1;
+            if bytes.saturating_add(s) > self.window && i > 0 {
+                return i;
+            }
+            bytes = bytes.saturating_add(s);
+        }
+        n
+    }
+
     fn lock(&self) -> crate::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -204,21 +220,10 @@ impl Policy for KnownOrder {
     fn prefetch(&self, placed: &dyn Fn(u32) -> bool) -> Vec<u32> {
         let n = self.order.len();
         let start = self.state().pos.map_or(0, |p| p + 1);
-        let mut bytes = 0u64;
-        let mut out = Vec::new();
-        for i in 0..n {
-            let (e, s) = self.order[(start + i) % n];
-            // The window is bytes of the order, placed or not: once they are all placed there is
-            // nothing to do. (Only the very next file is named even when it alone is larger.)
-            if bytes.saturating_add(s) > self.window && i > 0 {
-                break;
-            }
-            bytes = bytes.saturating_add(s);
-            if !placed(e) {
-                out.push(e);
-            }
-        }
-        out
+        (0..self.window_len(start))
+            .map(|i| self.order[(start + i) % n].0)
+            .filter(|&e| !placed(e))
+            .collect()
     }
 
     /// Placed files already read this epoch, needed again furthest in the future first (the
@@ -228,11 +233,20 @@ impl Policy for KnownOrder {
         let Some(upto) = g.st.pos else {
             return Vec::new();
         };
+        // A file read early in this epoch may already be in the window again (it wraps into
+        // the next epoch): evicting it would throw away a copy wanted before the one it makes
+        // room for.
+        let n = self.order.len();
+        let start = upto + 1;
+        let in_window = self.window_len(start);
         let mut freed = 0u64;
         let mut out = Vec::new();
         for (p, &(e, s)) in self.order[..=upto].iter().enumerate().rev() {
             if freed >= need {
                 break;
+            }
+            if (p + n - start % n) % n < in_window {
+                continue;
             }
             if g.read[p] && placed(e) {
                 out.push(e);
