@@ -333,10 +333,8 @@ def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_
         survivors[node] = (cl["peers"][cl["rank"]]["pfs_bytes"], served["source_bytes"])
         owned[node] = cl["bytes_owned"]
         # Its program read from the source only where a wait for its agent gave up (loaded), or
-        # where its agent, asking a rank that did not hold the file, left it to the program
-        # (`State::SourceOnly`, one of its fallbacks): a message the dead rank sent before it
-        # died, received after it was written off, brings it back for a while (docs/cluster.md,
-        # "Faults"). Either way its bytes are in the budget below.
+        # where its agent left the file to the program (`State::SourceOnly`, counted in its
+        # fallbacks). Either way its bytes are in the budget below.
         assert served["source_opens"] <= gave_up(job, node) + fallbacks, (node, served, fallbacks)
     job.hold.touch()
     j = job.finish()

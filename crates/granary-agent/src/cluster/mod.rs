@@ -376,9 +376,7 @@ impl Node {
             if stuck {
                 // Kept written off: a rank written off elsewhere may have been heard from
                 // just before.
-                (0..self.ranks).for_each(|r| {
-                    self.peers.failed(r);
-                });
+                self.peers.cut_off();
             }
             return;
         }
@@ -389,9 +387,7 @@ impl Node {
                  middle of a message to it). This node serves what its tiers hold and reads the \
                  rest from the source"
             );
-            (0..self.ranks).for_each(|r| {
-                self.peers.failed(r);
-            });
+            self.peers.cut_off();
         } else {
             tracing::warn!("the communication thread moves again after {silent:?} in MPI");
         }
@@ -636,17 +632,34 @@ impl Inbox for Node {
             Msg::Heartbeat(b) => {
                 self.peers.beat(from, b);
             }
+            Msg::Back { life, beat } => {
+                if self.peers.back(from, life) {
+                    tracing::info!("rank {from} is back (its life {life})");
+                }
+                self.peers.beat(from, beat);
+            }
             Msg::Ask => self.comm.quiet(from, &Msg::Heartbeat(self.beat())),
-            Msg::Down { rank } if rank == self.rank => {
-                // Written off by `from` (this rank was stopped, or slow): back, tell everyone.
-                tracing::info!("rank {from} wrote this rank off: telling every rank it is back");
-                let b = self.beat();
-                for r in (0..self.ranks).filter(|&r| r != self.rank) {
-                    self.comm.quiet(r, &Msg::Heartbeat(b));
+            Msg::Down { rank, life } if rank == self.rank => {
+                // Written off by `from` (this rank was stopped, or slow): a new life, told to
+                // everyone — or, for a write-off of a life it left already, to `from` again.
+                let (life, fresh) = self.peers.new_life(life);
+                let back = Msg::Back {
+                    life,
+                    beat: self.beat(),
+                };
+                if fresh {
+                    tracing::info!(
+                        "rank {from} wrote this rank off: telling every rank it is back (life {life})"
+                    );
+                    for r in (0..self.ranks).filter(|&r| r != self.rank) {
+                        self.comm.quiet(r, &back);
+                    }
+                } else {
+                    self.comm.quiet(from, &back);
                 }
             }
-            Msg::Down { rank } => {
-                if self.peers.failed(rank) {
+            Msg::Down { rank, life } => {
+                if self.peers.down(rank, life) {
                     tracing::info!("rank {from} wrote rank {rank} off");
                 }
             }

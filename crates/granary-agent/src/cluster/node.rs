@@ -114,12 +114,16 @@ impl Node {
     }
 
     pub(super) fn tell_down(&self, rank: u32) {
+        let down = Msg::Down {
+            rank,
+            life: self.peers.life(rank),
+        };
         for r in (0..self.ranks).filter(|&r| r != self.rank && r != rank) {
-            self.comm.quiet(r, &Msg::Down { rank });
+            self.comm.quiet(r, &down);
         }
-        // It may only be stopped: when it continues, it learns it was written off and says it
-        // is back.
-        self.comm.quiet(rank, &Msg::Down { rank });
+        // It may only be stopped: when it continues, it learns it was written off and
+        // announces a new life.
+        self.comm.quiet(rank, &down);
     }
 
     /// Who reads `idx` from the source and serves it while every rank holding it is written

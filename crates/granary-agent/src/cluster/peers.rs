@@ -10,8 +10,13 @@
 //! the watcher then tells every rank (`Msg::Down`, one message per rank per failure); the dead
 //! rank's predecessor then beats to its new successor, which watches it from then on. A
 //! transfer whose owner went silent writes it off the same way (`Patience`). A rank that learns
-//! it was written off (a stopped rank, continued) tells every rank it is back (a heartbeat to
-//! each); any message from a written-off rank brings it back.
+//! it was written off (a stopped rank, continued) begins a new **life** and tells every rank it
+//! is back (`Msg::Back`, its life's number, to each). Only that announcement brings back a rank
+//! written off on a failure told to every rank: a dead rank's last messages, sent before it
+//! died, can be received after it was written off, and must not count it on again (every
+//! `Down` carries the life it ends, so a `Down` received after the rank's announcement of a
+//! later life is stale). A rank this rank wrote off by itself alone (its own MPI calls stuck,
+//! nobody told) is back at its next message.
 //!
 //! Why ask first: on a loaded node a live rank's threads can wait seconds for a core, and a
 //! rank written off while alive costs the source a read of every file of its that is asked for
@@ -23,7 +28,7 @@
 //! ranks other than the predecessor are asked for when `granary status` runs (`Msg::Ask`), not
 //! sent periodically.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +46,11 @@ pub struct Peers {
     start: Instant,
     /// Per rank: milliseconds since `start` when last heard from, + 1 (0: written off).
     heard: Vec<AtomicU64>,
+    /// Per rank: the latest life it announced (`Msg::Back`); this rank's own at `me`.
+    lives: Vec<AtomicU32>,
+    /// Per rank: written off on a failure told to every rank (`Down`), so back only by its
+    /// announcement of a later life.
+    told: Vec<AtomicBool>,
     /// Per rank: its last heartbeat's numbers, and when it arrived (ms since `start`, + 1).
     beats: Mutex<Vec<(Beat, u64)>>,
     beat_cv: Condvar,
@@ -69,6 +79,8 @@ impl Peers {
             start: Instant::now(),
             // Everyone counts as alive at start: the catalog broadcast just reached them all.
             heard: (0..ranks).map(|_| AtomicU64::new(1)).collect(),
+            lives: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
+            told: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             beats: Mutex::new(vec![(Beat::default(), 0); ranks as usize]),
             beat_cv: Condvar::new(),
             watch_from: AtomicU64::new(1),
@@ -84,18 +96,82 @@ impl Peers {
         self.heard.len() as u32
     }
 
-    /// A message from `rank` arrived. True if it had been written off (it is back).
+    /// A message from `rank` arrived. True if it had been written off by this rank alone and
+    /// is back; one written off on a failure told to every rank stays written off (its message
+    /// may have been sent before it died) until it announces a new life (`back`).
     pub fn heard(&self, rank: u32) -> bool {
-        let Some(h) = self.heard.get(rank as usize) else {
+        let (Some(h), Some(told)) = (self.heard.get(rank as usize), self.told.get(rank as usize))
+        else {
             return false;
         };
-        let back = h.swap(self.now_ms(), Ordering::AcqRel) == 0;
+        let now = self.now_ms();
+        let mut cur = h.load(Ordering::Acquire);
+        loop {
+            // `failed` marks `told` before it clears `heard`: a rank seen written off here is
+            // seen told too, when it was.
+            if cur == 0 && told.load(Ordering::Acquire) {
+                return false;
+            }
+            match h.compare_exchange_weak(cur, now, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(v) => cur = v,
+            }
+        }
+        let back = cur == 0;
         if back {
             tracing::info!("rank {rank} is heard from again");
             // The ring changed: whoever is the predecessor now gets a full watch.
             self.rewatch();
         }
         back
+    }
+
+    /// `rank` announced life `life` (`Msg::Back`: it learnt it was written off). True if that
+    /// brings it back here.
+    pub fn back(&self, rank: u32, life: u32) -> bool {
+        let (Some(l), Some(told)) = (self.lives.get(rank as usize), self.told.get(rank as usize))
+        else {
+            return false;
+        };
+        if rank == self.me || l.fetch_max(life, Ordering::AcqRel) >= life {
+            // An announcement seen already (or an older one): an ordinary message.
+            return self.heard(rank);
+        }
+        told.store(false, Ordering::Release);
+        self.heard(rank)
+    }
+
+    /// The life of `rank` as known here (this rank's own for `me`): a `Down` ends that life.
+    pub fn life(&self, rank: u32) -> u32 {
+        self.lives
+            .get(rank as usize)
+            .map_or(0, |l| l.load(Ordering::Acquire))
+    }
+
+    /// Another rank wrote `rank` off in its life `life` (`Msg::Down`). True if it was alive
+    /// here until now; a `Down` of a life it has since left behind (its announcement came
+    /// first) changes nothing.
+    pub fn down(&self, rank: u32, life: u32) -> bool {
+        if life < self.life(rank) {
+            return false;
+        }
+        self.failed(rank)
+    }
+
+    /// This rank was written off in its life `life`: the life it announces now, and whether
+    /// that is a new one (to tell every rank) or one announced already (to tell the sender).
+    pub fn new_life(&self, life: u32) -> (u32, bool) {
+        let Some(l) = self.lives.get(self.me as usize) else {
+            return (0, false);
+        };
+        let mut cur = l.load(Ordering::Acquire);
+        while life >= cur {
+            match l.compare_exchange_weak(cur, life + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return (life + 1, true),
+                Err(v) => cur = v,
+            }
+        }
+        (cur, false)
     }
 
     /// A heartbeat from `rank` (or this rank's own numbers).
@@ -109,15 +185,31 @@ impl Peers {
         back
     }
 
-    /// `rank` did not deliver in time (or another rank says it is down): down until heard
-    /// from again. True if it was alive until now (the caller tells the others).
+    /// `rank` did not deliver in time (or another rank says it is down): down until it
+    /// announces a new life. True if it was alive until now (the caller tells the others).
     pub fn failed(&self, rank: u32) -> bool {
+        self.write_off(rank, true)
+    }
+
+    /// Every peer, when this rank's own MPI calls are stuck (nobody can be told): each one
+    /// alive until now is back at its next message.
+    pub fn cut_off(&self) {
+        (0..self.ranks()).for_each(|r| {
+            self.write_off(r, false);
+        });
+    }
+
+    fn write_off(&self, rank: u32, told: bool) -> bool {
         if rank == self.me {
             return false;
         }
-        let Some(h) = self.heard.get(rank as usize) else {
+        let (Some(h), Some(t)) = (self.heard.get(rank as usize), self.told.get(rank as usize))
+        else {
             return false;
         };
+        if told {
+            t.store(true, Ordering::Release);
+        }
         let was = h.swap(0, Ordering::AcqRel) != 0;
         if was {
             tracing::warn!("rank {rank} is written off: its files come from elsewhere until it is heard from again");
@@ -313,7 +405,9 @@ mod tests {
         assert!(!p.alive(1) && p.alive(2));
         p.failed(0);
         assert!(p.alive(0), "a rank never writes itself off");
-        assert!(p.heard(1), "back");
+        assert!(!p.heard(1), "a message it sent before it was written off");
+        assert!(!p.alive(1));
+        assert!(p.back(1, 1), "its announcement of a new life");
         assert!(p.alive(1));
         p.beat(
             2,
@@ -324,6 +418,36 @@ mod tests {
         );
         assert_eq!(p.last_beat(2).jobs, 3);
         assert!(!p.alive(7) && p.silence(7).is_none(), "no such rank");
+    }
+
+    #[test]
+    fn lives_tell_a_dead_ranks_late_messages_from_its_return() {
+        let p = Peers::new(0, 3);
+        // Rank 2 tells this one that rank 1 is down in its life 0.
+        assert!(p.down(1, 0));
+        assert!(!p.heard(1) && !p.beat(1, Beat::default()) && !p.alive(1));
+        assert!(
+            !p.back(1, 0),
+            "an announcement of the life that was written off"
+        );
+        assert!(!p.alive(1));
+        assert!(p.back(1, 1) && p.alive(1) && p.life(1) == 1);
+        // Rank 2's second `Down` of life 0 comes after the announcement of life 1: stale.
+        assert!(!p.down(1, 0) && p.alive(1));
+        assert!(p.down(1, 1) && !p.alive(1), "a write-off of its new life");
+        // Written off by this rank alone (its MPI calls stuck): back at the next message.
+        p.cut_off();
+        assert!(!p.alive(1) && !p.alive(2) && p.alive(0));
+        assert!(p.heard(2) && p.alive(2));
+        assert!(
+            !p.heard(1),
+            "rank 1 was down before: still waits for its announcement"
+        );
+        // This rank's own lives: a `Down` of its current life begins the next; one of a life it
+        // left already is answered with the current one.
+        assert_eq!(p.new_life(0), (1, true));
+        assert_eq!(p.new_life(0), (1, false));
+        assert_eq!(p.new_life(1), (2, true));
     }
 
     #[test]

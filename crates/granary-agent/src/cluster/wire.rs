@@ -41,14 +41,16 @@ pub enum Msg {
     Reply { tag: i32, answer: Answer },
     /// The requester gave up on `tag`: send no more.
     Cancel { tag: i32 },
-    /// Alive, with this node's numbers (to the successor on the ring; to the asker of `Ask`;
-    /// to every rank from a rank that was written off and is back).
+    /// Alive, with this node's numbers (to the successor on the ring; to the asker of `Ask`).
     Heartbeat(Beat),
+    /// The sender learnt it was written off and begins life `life` (`peers`): to every rank,
+    /// with its numbers. Only this brings back a rank written off on a `Down`.
+    Back { life: u32, beat: Beat },
     /// "Send me your numbers" (`granary status`): answered with a heartbeat.
     Ask,
-    /// The sender wrote rank `rank` off (its predecessor went silent, or a transfer from it
-    /// timed out).
-    Down { rank: u32 },
+    /// The sender wrote rank `rank` off in its life `life` (its predecessor went silent, or a
+    /// transfer from it timed out).
+    Down { rank: u32, life: u32 },
     /// Entry `idx` (object id `object`) changed on the source: `gone` = its name leads nowhere.
     Invalidate { idx: u32, object: u64, gone: bool },
     /// `granary stop` on one node: every rank stops.
@@ -89,6 +91,7 @@ const DOWN: u8 = 8;
 const DOOR: u8 = 9;
 const NEAR: u8 = 10;
 const MAPPED: u8 = 11;
+const BACK: u8 = 12;
 
 const COMING: u8 = 1;
 const WAIT: u8 = 2;
@@ -109,6 +112,19 @@ impl Out {
     fn u64(mut self, v: u64) -> Out {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
+    }
+    fn beat(self, b: Beat) -> Out {
+        self.u64(b.files_held)
+            .u64(b.bytes_held)
+            .u64(b.bytes_staged)
+            .u64(b.remote_files)
+            .u64(b.remote_bytes)
+            .u64(b.peer_files)
+            .u64(b.peer_bytes)
+            .u64(b.pfs_bytes)
+            .u64(b.fallbacks)
+            .u64(b.jobs)
+            .u64(b.bounce_bytes)
     }
     fn addr(mut self, a: SocketAddr) -> Out {
         let (family, ip) = match a.ip() {
@@ -142,6 +158,21 @@ impl In<'_> {
     fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take()?))
     }
+    fn beat(&mut self) -> Result<Beat> {
+        Ok(Beat {
+            files_held: self.u64()?,
+            bytes_held: self.u64()?,
+            bytes_staged: self.u64()?,
+            remote_files: self.u64()?,
+            remote_bytes: self.u64()?,
+            peer_files: self.u64()?,
+            peer_bytes: self.u64()?,
+            pfs_bytes: self.u64()?,
+            fallbacks: self.u64()?,
+            jobs: self.u64()?,
+            bounce_bytes: self.u64()?,
+        })
+    }
     fn addr(&mut self) -> Result<SocketAddr> {
         let family = self.u8()?;
         let v6 = Ipv6Addr::from(self.take::<16>()?);
@@ -162,6 +193,7 @@ impl Msg {
         matches!(
             self,
             Msg::Heartbeat(_)
+                | Msg::Back { .. }
                 | Msg::Ask
                 | Msg::Down { .. }
                 | Msg::Door { .. }
@@ -189,21 +221,10 @@ impl Msg {
                 }
             }
             Msg::Cancel { tag } => o.u8(CANCEL).u32(tag as u32),
-            Msg::Heartbeat(b) => o
-                .u8(HEARTBEAT)
-                .u64(b.files_held)
-                .u64(b.bytes_held)
-                .u64(b.bytes_staged)
-                .u64(b.remote_files)
-                .u64(b.remote_bytes)
-                .u64(b.peer_files)
-                .u64(b.peer_bytes)
-                .u64(b.pfs_bytes)
-                .u64(b.fallbacks)
-                .u64(b.jobs)
-                .u64(b.bounce_bytes),
+            Msg::Heartbeat(b) => o.u8(HEARTBEAT).beat(b),
+            Msg::Back { life, beat } => o.u8(BACK).u32(life).beat(beat),
             Msg::Ask => o.u8(ASK),
-            Msg::Down { rank } => o.u8(DOWN).u32(rank),
+            Msg::Down { rank, life } => o.u8(DOWN).u32(rank).u32(life),
             Msg::Invalidate { idx, object, gone } => {
                 o.u8(INVALIDATE).u32(idx).u64(object).u8(gone as u8)
             }
@@ -258,21 +279,16 @@ impl Msg {
             CANCEL => Msg::Cancel {
                 tag: tag(i.u32()?)?,
             },
-            HEARTBEAT => Msg::Heartbeat(Beat {
-                files_held: i.u64()?,
-                bytes_held: i.u64()?,
-                bytes_staged: i.u64()?,
-                remote_files: i.u64()?,
-                remote_bytes: i.u64()?,
-                peer_files: i.u64()?,
-                peer_bytes: i.u64()?,
-                pfs_bytes: i.u64()?,
-                fallbacks: i.u64()?,
-                jobs: i.u64()?,
-                bounce_bytes: i.u64()?,
-            }),
+            HEARTBEAT => Msg::Heartbeat(i.beat()?),
+            BACK => Msg::Back {
+                life: i.u32()?,
+                beat: i.beat()?,
+            },
             ASK => Msg::Ask,
-            DOWN => Msg::Down { rank: i.u32()? },
+            DOWN => Msg::Down {
+                rank: i.u32()?,
+                life: i.u32()?,
+            },
             INVALIDATE => Msg::Invalidate {
                 idx: i.u32()?,
                 object: i.u64()?,
@@ -357,7 +373,14 @@ mod tests {
                 bounce_bytes: 11,
             }),
             Msg::Ask,
-            Msg::Down { rank: 511 },
+            Msg::Down { rank: 511, life: 3 },
+            Msg::Back {
+                life: 4,
+                beat: Beat {
+                    jobs: 2,
+                    ..Beat::default()
+                },
+            },
             Msg::Invalidate {
                 idx: 3,
                 object: 5,
