@@ -1,7 +1,8 @@
 //! Keeping the tiers' object directories to what the catalog names, in the background of an
 //! attach that did not build the catalog itself (a saved one was loaded, or a walk took over an
 //! earlier table): files nobody names (stale copies, `.part` and `.tmp-*` files a killed agent
-//! left, chunk files of files no longer partial) are deleted, and copies the catalog names but
+//! left, chunk files of files no longer partial; beside the objects, the `.tmp-*` of a catalog
+//! or a record of copies it was saving) are deleted, and copies the catalog names but
 //! that are gone from the tier are withdrawn (their space given back).
 //!
 //! With `verify = "checksum"`, each reused copy is then re-hashed at idle priority against the
@@ -68,23 +69,52 @@ fn is_lmdb_lock(t: &Table, tier: usize, name: &[u8]) -> bool {
             .is_some_and(|e| e.stat.is_file())
 }
 
-fn is_young_tmp(dir: &OwnedFd, name: &[u8]) -> bool {
+fn is_young_tmp(dir: &OwnedFd, name: &[u8], now: i64) -> bool {
     if !name.starts_with(b".tmp-") {
         return false;
     }
     let Ok(c) = sys::copy_stat_at(dir, name) else {
         return false;
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
     now - (c.ctime_ns / 1_000_000_000) as i64 <= TMP_GRACE_S
+}
+
+fn now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Deletes the `.tmp-*` files older than the grace beside tier `dir`'s objects, in the source's
+/// directory: a catalog or a record of copies an agent was saving when it was killed (a save
+/// in progress writes its file, which keeps it young). Returns how many.
+fn sweep_beside(objects: &OwnedFd, now: i64) -> u64 {
+    let Ok(parent) = sys::open_path_at(objects, b"..") else {
+        return 0;
+    };
+    let Ok(rd) = list(&parent) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for de in rd.flatten() {
+        let name = de.file_name();
+        let b = name.as_bytes();
+        if b.starts_with(b".tmp-")
+            && de.file_type().is_ok_and(|t| t.is_file())
+            && !is_young_tmp(&parent, b, now)
+            && sys::unlink_at(&parent, b).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// Deletes from `space`'s object directories what table `t` does not name, and withdraws what
 /// it names but the tier lost; stops early once `work` is retired.
 pub fn sweep(t: &Table, space: &Space, work: &Work) -> SweepOutcome {
     let mut out = SweepOutcome::default();
+    let now = now_s();
     let words = granary_shm::layout::bitmap_words(t.entry_count() as usize);
     let mut seen = vec![0u64; words];
     for (tier, dir) in space.dirs().iter().enumerate() {
@@ -98,7 +128,7 @@ pub fn sweep(t: &Table, space: &Space, work: &Work) -> SweepOutcome {
             let b = name.as_bytes();
             match wanted(t, tier, b) {
                 Some(idx) => seen[(idx / 64) as usize] |= 1 << (idx % 64),
-                None if is_young_tmp(dir, b) || is_lmdb_lock(t, tier, b) => {}
+                None if is_young_tmp(dir, b, now) || is_lmdb_lock(t, tier, b) => {}
                 None => {
                     if sys::unlink_at(dir, b).is_ok() {
                         out.removed += 1;
@@ -106,6 +136,7 @@ pub fn sweep(t: &Table, space: &Space, work: &Work) -> SweepOutcome {
                 }
             }
         }
+        out.removed += sweep_beside(dir, now);
     }
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
@@ -229,5 +260,47 @@ impl AlignedBuf {
     }
     fn as_mut(&mut self) -> &mut [u8] {
         &mut self.v[self.off..self.off + self.len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temporary_files_a_killed_save_left_beside_the_objects_go_once_old() {
+        let d = tempfile::tempdir().unwrap();
+        let objects = d.path().join("objects");
+        std::fs::create_dir(&objects).unwrap();
+        for name in [
+            ".tmp-copies-4242-0",
+            ".tmp-catalog-4242",
+            "copies",
+            "copies.journal",
+        ] {
+            std::fs::write(d.path().join(name), b"x").unwrap();
+        }
+        std::fs::create_dir(d.path().join(".tmp-a-directory")).unwrap();
+        std::fs::write(objects.join(".tmp-in-objects"), b"x").unwrap();
+        let fd = sys::open_dir(&objects).unwrap();
+        assert_eq!(
+            sweep_beside(&fd, now_s()),
+            0,
+            "young: maybe a save in progress"
+        );
+        assert_eq!(sweep_beside(&fd, now_s() + TMP_GRACE_S + 10), 2);
+        let mut left: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [".tmp-a-directory", "copies", "copies.journal", "objects"]
+        );
+        assert!(
+            objects.join(".tmp-in-objects").exists(),
+            "the objects' own sweep's"
+        );
     }
 }
