@@ -173,6 +173,25 @@ class Job:
                             "--json"], capture_output=True, timeout=60)
         return (json.loads(p.stdout or b"null") or {}) if p.returncode == 0 else {}
 
+    def status_when(self, node: str, pred, what: str) -> dict:
+        """`node_status` once `pred` holds for it; a status a loaded node could not give in
+        time (an empty answer) is asked again, within `wait_for`'s bound."""
+        got = {}
+
+        def ready():
+            st = self.node_status(node)
+            if "sources" in st and "cluster" in st and pred(st):
+                got.update(st)
+                return True
+            return False
+        self.wait_for(ready, what)
+        return got
+
+    def settled_status(self, node: str) -> dict:
+        """`node_status` once nothing is pending on `node` (its placement settled)."""
+        return self.status_when(node, lambda st: sum(s["pending"] for s in st["sources"]) == 0,
+                                f"placement settled on {node}")
+
 
 def gave_up(job: Job, node: str) -> int:
     """Waits for its agent the program on `node` gave up (test_cluster.gave_up says why a
@@ -214,9 +233,7 @@ def test_the_documented_job_script_runs_under_slurm(cluster, tmp_path):
     # While the programs wait for USR1, every serving rank is up and has read its share once.
     statuses = {}
     for node in c.names:
-        job.wait_for(lambda: sum(s["pending"] for s in job.node_status(node)["sources"]) == 0,
-                     f"placement settled on {node}")
-        statuses[node] = job.node_status(node)["cluster"]
+        statuses[node] = job.settled_status(node)["cluster"]
     job.hold.touch()
     job.signal_soon()
     j = job.finish()
@@ -310,8 +327,7 @@ def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_
     # settled; and what it holds of the dataset.
     survivors, owned, fb = {}, {}, 0
     for node in ("n0", "n2"):
-        job.wait_for(lambda: sum(s["pending"] for s in job.node_status(node)["sources"]) == 0,
-                     f"placement settled on {node}")
+        job.settled_status(node)
         # Rank 1 written off; the survivors still serve each other. Loaded, a starved survivor
         # can be written off for a moment too (it missed its watcher's timeout); it is back as
         # soon as it is heard from again (docs/cluster.md, "Faults"), hence the bounded wait.
@@ -324,7 +340,7 @@ def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_
             job.wait_for(peers_alive, f"{node} seeing rank 1 written off, ranks 0 and 2 alive")
         except AssertionError as e:
             raise AssertionError(f"{e}; last seen: {seen[-1] if seen else None}") from None
-        st = job.node_status(node)
+        st = job.status_when(node, lambda st: True, f"the status of {node}")
         cl = st["cluster"]
         # Files whose owner was written off meanwhile this rank read from the source itself.
         fallbacks = cl["peers"][cl["rank"]]["fallbacks"]
