@@ -208,6 +208,11 @@ class Serve:
         p = subprocess.run([self.g, "status", "--json"], capture_output=True, env=self.env(r))
         return (json.loads(p.stdout or b"null") or {}) if p.returncode == 0 else {}
 
+    def fresh(self, r):
+        """Copies rank `r` received into new staging files so far (none ready: their pages
+        were allocated while the program waited)."""
+        return (self.status(r).get("cluster") or {}).get("staging_fresh", 0)
+
     def read(self, r, listing, threads, mode, size):
         env = {**self.env(r), "BENCH_AGENT_PIDS": ",".join(str(self.pid(k)) for k in range(self.ranks))}
         p = subprocess.run([self.g, "run", "--attach", "-q", "--", sys.executable, "-c", READER,
@@ -398,7 +403,12 @@ def bar(rows, side, extra, b=0):
     lines += ["", f"t_mpi: bench/floor/mpi_pingpong.c, 2 ranks, this run's launcher and environment; "
               f"t_hash: the requester's own checksum time per byte in this run ({hash_s_per_b * 1e9:.3f} ns/B, "
               f"`granary status --json` `cluster.hashing_ns / hashed_bytes`). Bytes through buffers "
-              f"(`bounce_bytes`, every pair): {sorted(set(side.get((b, 'bounce'), [])))}."]
+              f"(`bounce_bytes`, every pair): {sorted(set(side.get((b, 'bounce'), [])))}. Remote reads "
+              f"whose copy found no staging file ready (`staging_fresh`: pages allocated while the "
+              f"program waited), of all: " + ", ".join(
+                  f"{d} {sum(x.get('fresh', 0) for x in rows.get((b, d, 1, 'read', 'remote'), []))}"
+                  f"/{sum(len(x['lat']) for x in rows.get((b, d, 1, 'read', 'remote'), []))}"
+                  for d in BAR_SIZES) + "."]
     ep = extra.get("epochs" if b == 0 else "epochs_b")
     if ep:
         lines += ["", "| size | agent CPU s per remote GiB (owner + requester), epoch 1 | later epoch | requester's, epoch 1 / later | reader CPU s per GiB, epoch 1 / later | staging copies recycled | bytes through buffers |",
@@ -623,7 +633,10 @@ def one_pair(g, b, k, args, source, pack, work, sums, everything, threads, modes
                 for what, f in order:
                     if args.cold:
                         uncache(serve.tiers)
+                    fresh0 = serve.fresh(0) if what == "remote" else 0
                     res = serve.read(0, str(work / f), t, m, size)
+                    if what == "remote":
+                        res["fresh"] = serve.fresh(0) - fresh0
                     res["idle"] = idle
                     res["idles"] = idles
                     rows.setdefault((b, d, t, m, what), []).append(res)

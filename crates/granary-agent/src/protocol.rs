@@ -330,6 +330,10 @@ pub struct ClusterStatus {
     /// else having it open (`cluster::staging`).
     #[serde(default)]
     pub staging_recycled: u64,
+    /// Copies received into the staging tier that found no file ready (made ahead or dropped):
+    /// their pages were allocated while the program waited.
+    #[serde(default)]
+    pub staging_fresh: u64,
     /// Staging files made ahead and ready for a copy now, and their bytes.
     #[serde(default)]
     pub staging_free_files: u64,

@@ -189,7 +189,12 @@ fn prepare(
     };
     loop {
         match peer_copy::receive(ctx, idx, tiers) {
-            Ok(rx) => return Ok((rx, free)),
+            Ok(rx) => {
+                if staging.is_some() && free.is_none() {
+                    node.staging.count_fresh();
+                }
+                return Ok((rx, free));
+            }
             Err(NotStarted::Skipped(o)) => {
                 give_back(free);
                 return Err(Got::Outcome(o));

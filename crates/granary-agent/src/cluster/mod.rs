@@ -514,6 +514,7 @@ impl ServingNode for Node {
             copies_pending: self.copies_pending.load(Ordering::Acquire),
             invalidations: self.invalidations.load(Ordering::Acquire),
             staging_recycled: self.staging.recycled(),
+            staging_fresh: self.staging.fresh(),
             staging_free_files: free.0,
             staging_free_bytes: free.1,
             hashed_bytes: self.hashed_bytes.load(Ordering::Relaxed),

@@ -75,6 +75,9 @@ pub struct Staging {
     seq: AtomicU64,
     /// Dropped copies whose file was reused.
     recycled: AtomicU64,
+    /// Copies that found neither a free file nor a dropped copy's to land in: their pages were
+    /// allocated on the program's critical path.
+    fresh: AtomicU64,
 }
 
 #[derive(Default)]
@@ -301,6 +304,16 @@ impl Staging {
     /// Dropped copies whose file was reused, so far.
     pub fn recycled(&self) -> u64 {
         self.recycled.load(Ordering::Relaxed)
+    }
+
+    /// A copy is to land in a new file (no free file, no dropped copy's).
+    pub fn count_fresh(&self) {
+        self.fresh.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Copies that landed in new files, so far.
+    pub fn fresh(&self) -> u64 {
+        self.fresh.load(Ordering::Relaxed)
     }
 
     /// Free files ready now, and their bytes.
