@@ -282,14 +282,16 @@ BAR_SIZES = ("128K", "2M", "8M")
 SLACK = 150e-6   # the bar's allowance per file beyond the transfer's floor and the checksum
 
 
-def t_mpi(reps):
+def t_mpi(reps, cold=False):
     """t_mpi(s): one-way time of a plain MPI ping-pong of s bytes between two ranks, same MPI,
-    launcher and environment as the serving ranks (bench/floor/mpi_pingpong.c)."""
+    launcher and environment as the serving ranks (bench/floor/mpi_pingpong.c). `cold`: each
+    round trip from buffers not touched since a GiB of others was (from memory, as a first
+    read's bytes are; the bar's t_mpi reuses one buffer, which stays in the CPU's caches)."""
     with tempfile.TemporaryDirectory() as d:
         exe = pathlib.Path(d) / "pingpong"
         subprocess.run(["mpicc", "-O2", "-o", exe, REPO / "bench" / "floor" / "mpi_pingpong.c"], check=True)
         p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", exe, str(reps),
-                            *(str(SIZES[d]) for d in BAR_SIZES)],
+                            *(["--cold"] if cold else []), *(str(SIZES[d]) for d in BAR_SIZES)],
                            capture_output=True, text=True, env={**os.environ, **MPI_ENV}, timeout=600)
         if p.returncode != 0:
             raise SystemExit(f"ping-pong failed: {p.stderr[-2000:]}")
@@ -373,11 +375,12 @@ def bar(rows, side, extra, b=0):
     which binary's rows (`--compare`: 1); the epoch and idle phases run the first one only."""
     hash_s_per_b = statistics.median(side.get((b, "hash")) or [float("nan")])
     tm = extra["t_mpi"]
+    cold = extra.get("t_mpi_cold") or {}
     lines = ["## The bar (one run)", "",
              "| size | Δ = remote − local, median (ms) | t_mpi | t_hash | bound t_mpi + t_hash + 0.150 | Δ / bound | "
              "agent CPU s per remote GiB (idle subtracted): owner + requester | requester | "
-             "reader CPU remote / local |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "reader CPU remote / local | t_mpi from memory | Δ / its bound |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     costs = {"hash_s_per_byte": hash_s_per_b, "t_mpi": tm, "sizes": {}}
     med = lambda xs: xs[len(xs) // 2] if xs else float("nan")
     for d in BAR_SIZES:
@@ -394,13 +397,18 @@ def bar(rows, side, extra, b=0):
         requester = sum(x["agent_cpus"][0] - x["idles"][0] * x["s"] for x in r) / gib
         reader = sum(x["cpu"] for x in r) / max(sum(x["cpu"] for x in l), 1e-9)
         lines.append(f"| {d} | {delta * 1e3:.3f} | {tm[d] * 1e3:.3f} | {th * 1e3:.3f} | {bound * 1e3:.3f} | "
-                     f"{delta / bound:.2f} | {agent:.2f} | {requester:.2f} | {reader:.2f} |")
+                     f"{delta / bound:.2f} | {agent:.2f} | {requester:.2f} | {reader:.2f} | "
+                     f"{cold.get(d, float('nan')) * 1e3:.3f} | "
+                     f"{delta / (cold.get(d, float('nan')) + th + SLACK):.2f} |")
         costs["sizes"][d] = {"size": SIZES[d], "local": med(loc), "remote": med(rem),
                              "remote_p90": rem[int(len(rem) * 0.9)], "remote_p99": rem[int(len(rem) * 0.99)],
                              "delta": delta, "t_hash": th, "agent_cpu_per_gib": agent,
                              "requester_cpu_per_gib": requester,
                              "files": len(rem)}
-    lines += ["", f"t_mpi: bench/floor/mpi_pingpong.c, 2 ranks, this run's launcher and environment; "
+    lines += ["", f"t_mpi: bench/floor/mpi_pingpong.c, 2 ranks, this run's launcher and environment, "
+              f"one buffer reused (it stays in the CPU's caches); from memory: `--cold`, each round "
+              f"trip from buffers last touched a GiB ago, as a first read's bytes are (information: "
+              f"the bar is the first); "
               f"t_hash: the requester's own checksum time per byte in this run ({hash_s_per_b * 1e9:.3f} ns/B, "
               f"`granary status --json` `cluster.hashing_ns / hashed_bytes`). Bytes through buffers "
               f"(`bounce_bytes`, every pair): {sorted(set(side.get((b, 'bounce'), [])))}. Remote reads "
@@ -588,7 +596,8 @@ def main():
         for b in (range(len(bins)) if k % 2 == 0 else reversed(range(len(bins)))):
             one_pair(bins[b], b, k, args, source, pack, work, sums, everything, threads, modes, rows)
         log(f"pair {k + 1}/{args.pairs} done")
-    extra = {"t_mpi": t_mpi(args.tmp_mpi_reps), "load_start": os.getloadavg()[0]}
+    extra = {"t_mpi": t_mpi(args.tmp_mpi_reps), "t_mpi_cold": t_mpi(args.tmp_mpi_reps, cold=True),
+             "load_start": os.getloadavg()[0]}
     if args.epochs:
         # With --compare, both builds, size by size, alternating which goes first.
         for i, d in enumerate(("2M", "8M", "128K")):
