@@ -57,6 +57,11 @@ impl Space {
         &self.dirs
     }
 
+    /// Tier `tier`'s object directory's path as the table records it.
+    pub fn recorded_path(&self, tier: usize) -> Option<&Path> {
+        self.recorded.get(tier)?.path.as_deref()
+    }
+
     /// True if tier `tier`'s object directory is gone from its path (removed, renamed,
     /// replaced): clients open copies by that path, so a copy placed in the orphan could never
     /// be served. Noticed once (a warning), then remembered.

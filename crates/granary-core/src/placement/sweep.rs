@@ -12,6 +12,8 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use granary_shm::lifecycle;
 use granary_shm::{object_name, parse_object_name, State, StateWord, Table};
@@ -85,14 +87,11 @@ fn now_s() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Deletes the `.tmp-*` files older than the grace beside tier `dir`'s objects, in the source's
-/// directory: a catalog or a record of copies an agent was saving when it was killed (a save
+/// Deletes the `.tmp-*` files older than the grace in `parent`, the source's directory the
+/// tier's objects are in: a catalog or a record of copies an agent was saving when it was killed (a save
 /// in progress writes its file, which keeps it young). Returns how many.
-fn sweep_beside(objects: &OwnedFd, now: i64) -> u64 {
-    let Ok(parent) = sys::open_path_at(objects, b"..") else {
-        return 0;
-    };
-    let Ok(rd) = list(&parent) else {
+fn sweep_beside(parent: &OwnedFd, now: i64) -> u64 {
+    let Ok(rd) = list(parent) else {
         return 0;
     };
     let mut removed = 0;
@@ -101,13 +100,34 @@ fn sweep_beside(objects: &OwnedFd, now: i64) -> u64 {
         let b = name.as_bytes();
         if b.starts_with(b".tmp-")
             && de.file_type().is_ok_and(|t| t.is_file())
-            && !is_young_tmp(&parent, b, now)
-            && sys::unlink_at(&parent, b).is_ok()
+            && !is_young_tmp(parent, b, now)
+            && sys::unlink_at(parent, b).is_ok()
         {
             removed += 1;
         }
     }
     removed
+}
+
+/// `sweep_beside` of the directory the object directory `objects` is in, if that is still
+/// the one its path `recorded` (as the table records it) says: an object directory moved while
+/// the agent ran has another parent now, whose `.tmp-*` files are not a save's.
+fn sweep_beside_of(objects: &OwnedFd, recorded: &Path, now: i64) -> u64 {
+    let here = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    };
+    let Ok(parent) = sys::open_path_at(objects, b"..") else {
+        return 0;
+    };
+    let (Ok(o), Ok(p)) = (sys::dev_ino(objects), sys::dev_ino(&parent)) else {
+        return 0;
+    };
+    if Some(o) != here(recorded) || Some(p) != recorded.parent().and_then(here) {
+        return 0;
+    }
+    sweep_beside(&parent, now)
 }
 
 /// Deletes from `space`'s object directories what table `t` does not name, and withdraws what
@@ -136,7 +156,9 @@ pub fn sweep(t: &Table, space: &Space, work: &Work) -> SweepOutcome {
                 }
             }
         }
-        out.removed += sweep_beside(dir, now);
+        if let Some(recorded) = space.recorded_path(tier) {
+            out.removed += sweep_beside_of(dir, recorded, now);
+        }
     }
     for idx in 0..t.entry_count() {
         let w = t.state(idx);
@@ -283,6 +305,7 @@ mod tests {
         std::fs::create_dir(d.path().join(".tmp-a-directory")).unwrap();
         std::fs::write(objects.join(".tmp-in-objects"), b"x").unwrap();
         let fd = sys::open_dir(&objects).unwrap();
+        let fd = sys::open_path_at(&fd, b"..").unwrap();
         assert_eq!(
             sweep_beside(&fd, now_s()),
             0,
@@ -302,5 +325,37 @@ mod tests {
             objects.join(".tmp-in-objects").exists(),
             "the objects' own sweep's"
         );
+    }
+
+    #[test]
+    fn an_object_directory_moved_elsewhere_leaves_its_new_neighbours_alone() {
+        // The tier's objects moved while the agent ran (an operator's `mv`): `..` of the open
+        // directory is now the user's own directory, whose `.tmp-*` files are none of ours.
+        let d = tempfile::tempdir().unwrap();
+        let source = d.path().join("source-id");
+        let objects = source.join("objects");
+        std::fs::create_dir_all(&objects).unwrap();
+        std::fs::write(source.join(".tmp-catalog-4242"), b"x").unwrap();
+        let home = d.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::fs::write(home.join(".tmp-the-users-own"), b"x").unwrap();
+        let fd = sys::open_dir(&objects).unwrap();
+        let later = now_s() + TMP_GRACE_S + 10;
+        std::fs::rename(&objects, home.join("objects")).unwrap();
+        assert_eq!(sweep_beside_of(&fd, &objects, later), 0);
+        assert!(home.join(".tmp-the-users-own").exists());
+        assert!(
+            source.join(".tmp-catalog-4242").exists(),
+            "not found either"
+        );
+        // Moved back: swept.
+        std::fs::rename(home.join("objects"), &objects).unwrap();
+        assert_eq!(sweep_beside_of(&fd, &objects, later), 1);
+        assert!(!source.join(".tmp-catalog-4242").exists());
+        // A symlink named like a save's file, to a file of the user's: left, and so is its file.
+        std::fs::write(home.join("data"), b"x").unwrap();
+        std::os::unix::fs::symlink(home.join("data"), source.join(".tmp-link")).unwrap();
+        assert_eq!(sweep_beside_of(&fd, &objects, later), 0);
+        assert!(source.join(".tmp-link").exists() && home.join("data").exists());
     }
 }
