@@ -602,7 +602,12 @@ impl Remote for Node {
 
 impl Inbox for Node {
     fn heard(&self, from: u32) {
-        self.peers.heard(from);
+        if !self.peers.heard(from) {
+            if let Some(life) = self.peers.tell_again(from) {
+                // It may never have received the `Down` sent to it (`Peers::tell_again`).
+                self.comm.quiet(from, &Msg::Down { rank: from, life });
+            }
+        }
     }
 
     fn control(&self, from: u32, msg: Msg) {

@@ -15,8 +15,11 @@
 //! written off on a failure told to every rank: a dead rank's last messages, sent before it
 //! died, can be received after it was written off, and must not count it on again (every
 //! `Down` carries the life it ends, so a `Down` received after the rank's announcement of a
-//! later life is stale). A rank this rank wrote off by itself alone (its own MPI calls stuck,
-//! nobody told) is back at its next message.
+//! later life is stale, and one received before the announcement of the life it names ends that
+//! life here all the same). A rank this rank wrote off by itself alone (its own MPI calls stuck,
+//! nobody told) is back at its next message, unless a failure is told of it meanwhile. A rank
+//! written off on a told failure and heard from anyway is told again (`tell_again`): the `Down`
+//! sent to it may never have reached it.
 //!
 //! Why ask first: on a loaded node a live rank's threads can wait seconds for a core, and a
 //! rank written off while alive costs the source a read of every file of its that is asked for
@@ -51,6 +54,9 @@ pub struct Peers {
     /// Per rank: written off on a failure told to every rank (`Down`), so back only by its
     /// announcement of a later life.
     told: Vec<AtomicBool>,
+    /// Per rank: when it was last told again that it is written off (`tell_again`; ms since
+    /// `start`, + 1; 0: never).
+    told_again: Vec<AtomicU64>,
     /// Per rank: its last heartbeat's numbers, and when it arrived (ms since `start`, + 1).
     beats: Mutex<Vec<(Beat, u64)>>,
     beat_cv: Condvar,
@@ -81,6 +87,7 @@ impl Peers {
             heard: (0..ranks).map(|_| AtomicU64::new(1)).collect(),
             lives: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
             told: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
+            told_again: (0..ranks).map(|_| AtomicU64::new(0)).collect(),
             beats: Mutex::new(vec![(Beat::default(), 0); ranks as usize]),
             beat_cv: Condvar::new(),
             watch_from: AtomicU64::new(1),
@@ -150,9 +157,14 @@ impl Peers {
 
     /// Another rank wrote `rank` off in its life `life` (`Msg::Down`). True if it was alive
     /// here until now; a `Down` of a life it has since left behind (its announcement came
-    /// first) changes nothing.
+    /// first) changes nothing. That life is over from now on, here too: its announcement, sent
+    /// by another rank than the `Down` and so received after it or before it, no longer brings
+    /// it back (a rank alive after all learns of the `Down` and announces the next life).
     pub fn down(&self, rank: u32, life: u32) -> bool {
-        if life < self.life(rank) {
+        let Some(l) = self.lives.get(rank as usize) else {
+            return false;
+        };
+        if rank == self.me || l.fetch_max(life, Ordering::AcqRel) > life {
             return false;
         }
         self.failed(rank)
@@ -186,7 +198,8 @@ impl Peers {
     }
 
     /// `rank` did not deliver in time (or another rank says it is down): down until it
-    /// announces a new life. True if it was alive until now (the caller tells the others).
+    /// announces a new life. True if it was alive until now, or written off here alone (the
+    /// caller tells the others, and `rank`: only its announcement brings it back now).
     pub fn failed(&self, rank: u32) -> bool {
         self.write_off(rank, true)
     }
@@ -207,15 +220,42 @@ impl Peers {
         else {
             return false;
         };
-        if told {
-            t.store(true, Ordering::Release);
-        }
+        // A rank cut off here (told false) and now failed (a transfer from it ended when the
+        // cut-off wrote it off) is to be told: nobody else told it, and it would never announce
+        // the life that alone brings it back.
+        let newly_told = told && !t.swap(true, Ordering::AcqRel);
         let was = h.swap(0, Ordering::AcqRel) != 0;
         if was {
             tracing::warn!("rank {rank} is written off: its files come from elsewhere until it is heard from again");
             self.rewatch();
         }
-        was
+        was || newly_told
+    }
+
+    /// A message from `rank` arrived while it is written off on a failure told to every rank:
+    /// the life to tell it was written off in (`Msg::Down` to it), at most once per
+    /// `ASK_GRACE`. The `Down` addressed to it may never have reached it (the rank that wrote it
+    /// off died first, or stopped sending): told nothing, a live rank would never announce the
+    /// new life that alone brings it back. A dead rank's late messages cost a message or two.
+    pub fn tell_again(&self, rank: u32) -> Option<u32> {
+        let (Some(h), Some(t), Some(at)) = (
+            self.heard.get(rank as usize),
+            self.told.get(rank as usize),
+            self.told_again.get(rank as usize),
+        ) else {
+            return None;
+        };
+        if rank == self.me || h.load(Ordering::Acquire) != 0 || !t.load(Ordering::Acquire) {
+            return None;
+        }
+        let now = self.now_ms();
+        let last = at.load(Ordering::Acquire);
+        if last != 0 && Duration::from_millis(now.saturating_sub(last)) < ASK_GRACE {
+            return None;
+        }
+        at.compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+            .then(|| self.life(rank))
     }
 
     /// Restarts the watch of the predecessor from now.
@@ -524,5 +564,139 @@ mod tests {
         // A rank written off already is silent.
         peers.failed(2);
         assert_eq!(p.late(&peers, 2, later + 4 * t), Late::Silent);
+    }
+
+    #[test]
+    fn a_rank_cut_off_here_then_given_up_on_by_a_transfer_is_told_down() {
+        // This rank's MPI calls were stuck (every peer cut off, nobody told); a transfer from
+        // rank 1 then ends silent (its owner is written off here already) and writes it off.
+        let p = Peers::new(0, 3);
+        p.cut_off();
+        assert!(
+            p.failed(1),
+            "the caller must tell every rank, rank 1 too: only its announcement brings it back"
+        );
+        assert!(!p.failed(1), "told once");
+        assert!(
+            !p.heard(1) && !p.alive(1),
+            "a message from before it learnt it"
+        );
+        assert!(p.back(1, 1) && p.alive(1));
+        // Rank 2, cut off only, is back at its next message.
+        assert!(p.heard(2) && p.alive(2));
+    }
+
+    #[test]
+    fn a_down_ends_the_life_it_names_even_before_its_announcement_arrives() {
+        // Rank 1 was stopped and continued (life 1, announced to every rank), then died. Rank
+        // 2 heard the announcement and wrote rank 1 off in life 1; here that `Down` arrives
+        // before the announcement itself (different senders: MPI does not order them).
+        let p = Peers::new(0, 3);
+        assert!(p.down(1, 1) && !p.alive(1));
+        assert!(
+            !p.back(1, 1),
+            "the announcement of a life already ended: a dead rank's message"
+        );
+        assert!(!p.alive(1));
+        // Alive after all: it learnt of that `Down` too, and announces the next life.
+        assert!(p.back(1, 2) && p.alive(1) && p.life(1) == 2);
+        assert!(!p.down(1, 1) && p.alive(1), "stale");
+    }
+
+    #[test]
+    fn an_announcement_before_the_down_it_answers_leaves_the_rank_alive() {
+        // Rank 2 wrote rank 1 off in life 0; rank 1 (stopped, continued) announced life 1. Here
+        // the announcement arrives first, then rank 2's `Down`; a second rank's `Down` of the
+        // same life even later.
+        let p = Peers::new(0, 4);
+        assert!(
+            !p.back(1, 1) && p.alive(1),
+            "alive already: nothing to bring back"
+        );
+        assert!(!p.down(1, 0) && p.alive(1));
+        assert!(!p.down(1, 0) && p.alive(1));
+        // In the other order: written off, then back.
+        assert!(p.down(3, 0) && !p.alive(3));
+        assert!(!p.heard(3) && !p.alive(3));
+        assert!(p.back(3, 1) && p.alive(3));
+        // An announcement received twice (the broadcast, and the answer to a second `Down`).
+        assert!(!p.back(3, 1) && p.alive(3));
+    }
+
+    #[test]
+    fn a_rank_stopped_twice_begins_a_life_each_time_it_is_told() {
+        // On the stopped rank itself: two ranks wrote it off in life 0 (one `Down` each), then
+        // one wrote it off again in life 1 after it was stopped a second time.
+        let me = Peers::new(1, 3);
+        assert_eq!(
+            me.new_life(0),
+            (1, true),
+            "the first Down: told to every rank"
+        );
+        assert_eq!(
+            me.new_life(0),
+            (1, false),
+            "the second: answered to its sender"
+        );
+        assert_eq!(me.new_life(1), (2, true));
+        assert_eq!(me.life(1), 2);
+        // Elsewhere, the same story in any order ends with it alive in life 2.
+        let p = Peers::new(0, 3);
+        assert!(p.down(1, 0));
+        assert!(!p.down(1, 0), "the second rank's Down");
+        assert!(p.back(1, 1) && p.alive(1));
+        assert!(p.down(1, 1) && !p.alive(1));
+        assert!(!p.back(1, 1), "the answer to a Down of life 0, late");
+        assert!(p.back(1, 2) && p.alive(1));
+    }
+
+    #[test]
+    fn a_message_received_while_a_transfer_writes_the_rank_off_never_brings_it_back() {
+        // The communication thread counts messages from rank 1 while a transfer's thread writes
+        // it off: once that returns, rank 1 is down here whatever the interleaving.
+        for _ in 0..200 {
+            let p = std::sync::Arc::new(Peers::new(0, 2));
+            let stop = std::sync::Arc::new(AtomicBool::new(false));
+            let hearer = {
+                let (p, stop) = (p.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        p.heard(1);
+                    }
+                })
+            };
+            std::thread::yield_now();
+            assert!(p.failed(1));
+            for _ in 0..1000 {
+                p.heard(1);
+            }
+            stop.store(true, Ordering::Release);
+            hearer.join().unwrap();
+            assert!(!p.alive(1));
+        }
+    }
+
+    #[test]
+    fn a_rank_written_off_and_heard_from_is_told_again_now_and_then() {
+        // The rank that wrote rank 1 off died before its `Down` reached rank 1: rank 1 never
+        // learns it, and only its announcement brings it back. Its messages here say it is
+        // alive: it is told (`Msg::Down`) — not at every message.
+        let p = Peers::new(0, 3);
+        assert_eq!(p.tell_again(1), None, "alive");
+        assert!(p.down(1, 0));
+        assert!(!p.heard(1));
+        assert_eq!(p.tell_again(1), Some(0));
+        assert_eq!(p.tell_again(1), None, "told a moment ago");
+        let p = Peers {
+            start: p.start - ASK_GRACE - Duration::from_millis(10),
+            ..p
+        };
+        assert_eq!(p.tell_again(1), Some(0), "told again later");
+        assert!(p.back(1, 1) && p.alive(1));
+        assert_eq!(p.tell_again(1), None);
+        // Cut off here alone: back at its next message, nothing to tell.
+        p.cut_off();
+        assert_eq!(p.tell_again(2), None);
+        assert_eq!(p.tell_again(0), None, "never itself");
     }
 }
