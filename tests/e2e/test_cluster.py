@@ -593,6 +593,61 @@ def test_a_rank_stopped_mid_epoch_costs_no_reader(cluster, tmp_path, how):
     assert got["sha256"] == expected["sha256"]
 
 
+class ThreadHeld:
+    """One thread of a process held (ptrace), the process's other threads running on: to that
+    process, a communication thread stuck in the MPI library."""
+
+    def __init__(self, pid: int, name: str):
+        import ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                                     ctypes.c_void_p]
+        tids = [int(t.name) for t in pathlib.Path(f"/proc/{pid}/task").iterdir()
+                if (t / "comm").read_text().strip() == name]
+        assert len(tids) == 1, (name, tids)
+        self.tid = tids[0]
+        for req in (0x4206, 0x4207):  # PTRACE_SEIZE, PTRACE_INTERRUPT
+            assert self.libc.ptrace(req, self.tid, None, None) == 0, \
+                os.strerror(ctypes.get_errno())
+        os.waitpid(self.tid, 0x40000000)  # __WALL: it is stopped
+
+    def release(self):
+        if self.tid is not None:
+            self.libc.ptrace(17, self.tid, None, None)  # PTRACE_DETACH: it runs on
+            self.tid = None
+
+
+def test_a_rank_whose_mpi_was_stuck_counts_on_its_peers_again(cluster, tmp_path):
+    """Rank 0's communication thread held for 22 s (stuck in MPI as far as the rank can tell:
+    its other threads run) while its program reads: its watch writes its predecessors off, every
+    rank told (rank 2 at 4 s, rank 1 at 8 s); at 10 s it says MPI is stuck and writes every peer
+    off by itself alone; the others write it off. Once the thread moves again it learns it was
+    written off and announces a new life, its peers answer theirs, and it counts on them again:
+    every byte right, and rank 0 served by its peers again."""
+    data = tmp_path / "pfs" / "data"
+    fanstore(data)
+    expected = direct(data)
+    c = cluster(data, extra=["--peer-timeout", "8s"])
+    held = ThreadHeld(c.agent_pid(0), "mpi")
+    try:
+        p, stats = c.start_reader(0, data, every=5)
+        c.wait(lambda: (c.status(0)["cluster"].get("mpi_stuck_ms") or 0) > 0,
+               "rank 0's MPI seen stuck", timeout=60)
+        # Past the second timeout of the transfers asked for before the cut-off (16 s).
+        time.sleep(12)
+        cut = c.status(0)["cluster"]["peers"]
+        assert not cut[1]["alive"] and not cut[2]["alive"], cut
+    finally:
+        held.release()
+    got, _ = finish(p, stats)
+    assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
+    c.wait(lambda: all(c.status(r)["cluster"]["peers"][q]["alive"]
+                       for r in range(3) for q in range(3)),
+           "every rank counted on by every rank again", timeout=60)
+    got, _ = finish(*c.start_reader(0, data))
+    assert got["sha256"] == expected["sha256"]
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["tree", "pack"])
 def test_with_two_replicas_a_stopped_rank_costs_no_source_read(cluster, tmp_path, packed):
     data = tmp_path / "pfs" / "data"
