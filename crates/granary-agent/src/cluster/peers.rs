@@ -140,11 +140,10 @@ impl Peers {
         else {
             return false;
         };
-        if rank == self.me || l.fetch_max(life, Ordering::AcqRel) >= life {
-            // An announcement seen already (or an older one): an ordinary message.
-            return self.heard(rank);
+        // An announcement seen already (or an older one) is an ordinary message.
+        if rank != self.me && l.fetch_max(life, Ordering::AcqRel) < life {
+            told.store(false, Ordering::Release);
         }
-        told.store(false, Ordering::Release);
         self.heard(rank)
     }
 

@@ -82,9 +82,7 @@ fn is_young_tmp(dir: &OwnedFd, name: &[u8], now: i64) -> bool {
 }
 
 fn now_s() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+    (crate::cache::copies::now_ns() / 1_000_000_000) as i64
 }
 
 /// Deletes the `.tmp-*` files older than the grace in `parent`, the source's directory the
