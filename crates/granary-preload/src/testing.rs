@@ -111,7 +111,8 @@ fn build_fixture() -> Fixture {
         creds: (uid, gid, 0),
         root_parent_ino: fs::metadata(&dir).unwrap().ino(),
         agent_pid: std::process::id(),
-        ring_cap: 64,
+        // 64 slots per process's shard (`RING_SHARDS`).
+        ring_cap: 512,
         job_slots: 4,
         ..Default::default()
     };

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use crate::layout::*;
 use crate::lifecycle;
-use crate::state::StateWord;
+use crate::state::{State, StateWord};
 
 /// One path of the source, as plain data. `entries[0]` is the root; `children` index into the
 /// same slice, in the order the source listed them.
@@ -397,6 +397,8 @@ struct Plan {
     transient_off: usize,
     valid_off: usize,
     classes_off: usize,
+    copy_bits_off: usize,
+    copy_bits: u64,
     /// 0: no pack section.
     pack_off: usize,
     locators_off: usize,
@@ -423,7 +425,7 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     // Load factor 3/4: with tags, a probe past another path's slot costs no entry line, and
     // 5 slots share a line; a smaller slot array keeps the first line of a lookup cached.
     let hash_slots = (n + n / 3 + 1).max(2) as u32;
-    let ring_cap = spec.ring_cap.max(2).next_power_of_two();
+    let ring_cap = ring_cap_of(spec);
     let (mut large_count, mut bitmap_words) = (0usize, 0usize);
     for node in &cat.nodes {
         if is_file(cat, node) && spec.is_large(node.disk.size) {
@@ -447,7 +449,9 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     let valid_off = transient_off + words * 8;
     // Validated bits, then being-checked bits.
     let classes_off = valid_off + 2 * words * 8;
-    let classes_end = classes_off + cat.classes.len() * CLASS_LEN;
+    let copy_bits_off = align8(classes_off + cat.classes.len() * CLASS_LEN);
+    let copy_bits = copy_bits_of(n);
+    let classes_end = copy_bits_off + (copy_bits / 8) as usize;
     let (pack_off, locators_off, end) = match &spec.pack {
         Some(ps) => {
             if ps.dir.len() > PATH_MAX_LEN || ps.empty_dir.len() > PATH_MAX_LEN {
@@ -478,14 +482,32 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
         transient_off,
         valid_off,
         classes_off,
+        copy_bits_off,
+        copy_bits,
         pack_off,
         locators_off,
         total,
     })
 }
 
+/// The request ring's slots for `spec`: a power of two, at least two per shard.
+fn ring_cap_of(spec: &TableSpec) -> u32 {
+    spec.ring_cap
+        .max(2 * RING_SHARDS as u32)
+        .next_power_of_two()
+}
+
 fn bitmap_words_of(n: usize) -> usize {
     crate::layout::bitmap_words(n)
+}
+
+/// An entry whose bit in the copy bitmap (`H_COPY_BITS_OFF`) starts set: a copy carried over,
+/// or a symlink (an open of it may reach a placed file's copy).
+fn may_be_placed(cat: &Catalog, node: &Node) -> bool {
+    node.state.state() == State::Placed
+        || cat
+            .class(node.disk.class)
+            .is_some_and(|c| c.mode & libc::S_IFMT == libc::S_IFLNK)
 }
 
 fn is_file(cat: &Catalog, node: &Node) -> bool {
@@ -683,6 +705,8 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
     img.put_u64(H_VALID_OFF, p.valid_off as u64);
     img.put_u64(H_CLASSES_OFF, p.classes_off as u64);
     img.put_u32(H_CLASS_COUNT, cat.classes.len() as u32);
+    img.put_u64(H_COPY_BITS_OFF, p.copy_bits_off as u64);
+    img.put_u64(H_COPY_BITS, p.copy_bits);
     img.put_path(SLOT_SOURCE, &spec.source)?;
     img.put_path(SLOT_SOURCE_REAL, &spec.source_real)?;
     for (t, dir) in spec.tier_dirs.iter().enumerate() {
@@ -730,6 +754,12 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
         img.put_u64(st + STATE_COPY_INO, node.copy_ino);
         img.put_u64(st + STATE_COPY_CTIME, node.copy_ctime);
         img.put_u64(p.checksums_off + i * 8, node.checksum);
+        if may_be_placed(cat, node) {
+            let bit = copy_bit(d.object, p.copy_bits);
+            let at = p.copy_bits_off + (bit / 64) as usize * 8;
+            let word = u64::from_ne_bytes(img.0[at..at + 8].try_into().unwrap_or_default());
+            img.put_u64(at, word | 1 << (bit % 64));
+        }
 
         let mut slot = home_slot(d.object, p.hash_slots);
         loop {
@@ -743,8 +773,11 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
             slot = next_slot(slot, p.hash_slots);
         }
     }
-    for pos in 0..p.ring_cap as u64 {
-        img.put_u64(p.ring_off + RING_SLOTS + pos as usize * RING_SLOT_LEN, pos);
+    // Each shard's positions count from 0 (`ring`).
+    let per_shard = p.ring_cap as usize / RING_SHARDS;
+    for slot in 0..p.ring_cap as usize {
+        let pos = (slot % per_shard) as u64;
+        img.put_u64(p.ring_off + RING_SLOTS + slot * RING_SLOT_LEN, pos);
     }
     Ok(())
 }
@@ -782,9 +815,7 @@ pub fn rebase(img: &mut [u8], spec: &TableSpec) -> Result<(), BuildError> {
     if u64_at(img, H_TOTAL_LEN) != img.len() as u64 {
         return Err(BuildError::BadLength);
     }
-    if u32_at(img, H_JOB_SLOTS) != spec.job_slots
-        || u32_at(img, H_RING_CAP) != spec.ring_cap.max(2).next_power_of_two()
-    {
+    if u32_at(img, H_JOB_SLOTS) != spec.job_slots || u32_at(img, H_RING_CAP) != ring_cap_of(spec) {
         return Err(BuildError::Foreign("number of job slots or ring size"));
     }
     let prefetch = if spec.prefetch_min_size == 0 {

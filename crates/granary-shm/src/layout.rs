@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 11.
+//! The on-memory layout of a catalog table, version 12.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -27,6 +27,9 @@
 //!                                                  one bit per entry: being checked now (`lifecycle::claim_check`)
 //! classes_off    class_count × StatClass (56 B)   the stat fields entries share (mode, owner,
 //!                                                  device, block size, …), interned
+//! copy_bits_off  copy_bits / 8 bytes              one bit per path-hash value (4 per entry, a
+//!                                                  power of two): a copy of a file hashing there
+//!                                                  may exist (`H_COPY_BITS_OFF`)
 //! ```
 //! Entries of one directory are contiguous (`first_child .. first_child + child_count`), in the
 //! order the source's `readdir` returned them, so a listing is a slice walk. Entry 0 is the root;
@@ -42,7 +45,8 @@
 //! lines already cached.
 //!
 //! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 88 (entry) +
-//! 24 (state) + 8 (checksum) + ~16 (hash slots) + 20 (name) + 2 bits ≈ 157 bytes per file.
+//! 24 (state) + 8 (checksum) + ~16 (hash slots) + 20 (name) + 2 bits + ~4 bits (copy bitmap)
+//! ≈ 157 bytes per file.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
@@ -56,10 +60,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// a lookup reads no entry but its own. Version 10: 12-byte hash slots that also say where
 /// the entry's name lies, so a lookup loads the entry and its name at once. Version 11: the job
 /// counters every process adds to at each open and read are sharded by process
-/// (`COUNTER_SHARDS`). Tables
+/// (`COUNTER_SHARDS`). Version 12: the request ring is sharded by process (`RING_SHARDS`), and
+/// a copy bitmap (`H_COPY_BITS_OFF`) says which files can have no copy. Tables
 /// of earlier versions are rejected (`TableError::BadVersion`): the agent then walks the source
 /// again.
-pub const VERSION: u32 = 11;
+pub const VERSION: u32 = 12;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -127,6 +132,33 @@ pub const H_TIER_DIR_IDS: usize = 256;
 /// flags (`xattr::ABSENT_*`), the probed device (major, minor), then one word per file type
 /// (`xattr::TYPES`) holding one errno byte per name (`xattr::NAMES`, 0: not answered).
 pub const H_XATTR: usize = 256 + 16 * MAX_TIERS;
+/// Offset of the copy bitmap (`u64`; 0: none, every open looks its file up): one
+/// bit per path hash value modulo its length, set before an entry whose path hashes there is
+/// first `Placed` (and for symlinks from the start), never cleared while the table lives. A
+/// clear bit proves no copy of any such entry exists, so a client opens the source without
+/// waiting for the entry's lines (`Table::no_copy_yet`); the bitmap is small enough (4 bits
+/// per entry) to stay in the cache, where the hash slots do not.
+pub const H_COPY_BITS_OFF: usize = H_XATTR + 32;
+/// The copy bitmap's length in bits (`u64`, a power of two).
+pub const H_COPY_BITS: usize = H_XATTR + 40;
+
+/// The copy bitmap's bit for path hash `hash` of a bitmap of `bits` bits (a power of two):
+/// its high half, as the hash slots' tags, so the slots' positions (from the low half) do not
+/// decide it.
+#[inline]
+pub const fn copy_bit(hash: u64, bits: u64) -> u64 {
+    (hash >> 32) & (bits - 1)
+}
+
+/// Bits of the copy bitmap of a table of `entries` entries.
+pub const fn copy_bits_of(entries: usize) -> u64 {
+    let b = (entries as u64 * 4).next_power_of_two();
+    if b < 64 {
+        64
+    } else {
+        b
+    }
+}
 
 /// A table serving a pack: where the pack is, whether the tree exists anywhere else, and per
 /// entry where its stored bytes are (`Locator`). Written once by the agent; only `F_STREAMED`
@@ -687,19 +719,28 @@ pub mod request {
     }
 }
 
-/// Ring layout: consumer index at +0, producer index at +64 (own cache lines), slots from +128,
-/// each slot `[sequence: AtomicU64, value: AtomicU64]`.
-pub const RING_HEAD: usize = 0;
-/// The consumer's doorbell (u32, in the head's cache line, zero in tables that predate it): 1
-/// while the agent sleeps on it (futex), so a producer that sees 1 after pushing wakes it.
+/// Ring layout: a line of shared words (doorbell, published copies), then `RING_SHARDS` shards,
+/// each a consumer index at +0 and a producer index at +64 of its own `RING_SHARD_LEN` bytes
+/// (own cache lines), then the slots: shard `k`'s `cap / RING_SHARDS` slots from
+/// `RING_SLOTS + k × cap / RING_SHARDS × RING_SLOT_LEN`, each `[sequence: AtomicU64, value:
+/// AtomicU64]`. A process pushes into shard `pid % RING_SHARDS` only (as it counts,
+/// `COUNTER_SHARDS`), so the fork workers of a loader do not pass the producer index and the
+/// slots' lines between their cores at every close; the agent drains every shard. One
+/// process's requests stay in order; two processes' never had an order to keep.
+pub const RING_SHARDS: usize = 8;
+pub const RING_SHARDS_AT: usize = 128;
+pub const RING_SHARD_LEN: usize = 128;
+pub const RING_SHARD_HEAD: usize = 0;
+pub const RING_SHARD_TAIL: usize = 64;
+/// The consumer's doorbell (u32): 1 while the agent sleeps on it (futex), so a producer that
+/// sees 1 after pushing wakes it.
 pub const RING_BELL: usize = 8;
-/// Copies published (u32, wrapping; zero in older tables), and clients sleeping on it (u32):
-/// a client waiting for a copy sleeps on the count (futex) and the agent wakes it when it
-/// publishes one (`Table::notify_placed`), instead of the client polling.
+/// Copies published (u32, wrapping), and clients sleeping on it (u32): a client waiting for a
+/// copy sleeps on the count (futex) and the agent wakes it when it publishes one
+/// (`Table::notify_placed`), instead of the client polling.
 pub const RING_PLACED: usize = 12;
 pub const RING_PLACED_WAITERS: usize = 16;
-pub const RING_TAIL: usize = 64;
-pub const RING_SLOTS: usize = 128;
+pub const RING_SLOTS: usize = RING_SHARDS_AT + RING_SHARDS * RING_SHARD_LEN;
 pub const RING_SLOT_LEN: usize = 16;
 
 /// Per-job counters, `AtomicU64` each, `JOB_STATS_WORDS` per job slot. Slot 0 collects processes

@@ -1,6 +1,7 @@
 //! Client → agent request ring in shared memory: many producers (every hooked process), one
-//! consumer (the agent). A bounded sequence-numbered queue (D. Vyukov's design): a producer
-//! claims a position by CAS on the tail and publishes by bumping the slot's sequence.
+//! consumer (the agent). `RING_SHARDS` bounded sequence-numbered queues (D. Vyukov's design): a
+//! producer claims a position of its process's shard by CAS on the shard's tail and publishes by
+//! bumping the slot's sequence; the consumer drains every shard.
 //!
 //! Processes die at any instruction (kill -9, a forked worker exiting), so the consumer must
 //! survive a producer that claimed a slot and never published it: `skip_stuck` lets the agent
@@ -10,27 +11,42 @@
 use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use crate::layout::{
-    RING_BELL, RING_HEAD, RING_PLACED, RING_PLACED_WAITERS, RING_SLOTS, RING_SLOT_LEN, RING_TAIL,
+    RING_BELL, RING_PLACED, RING_PLACED_WAITERS, RING_SHARDS, RING_SHARDS_AT, RING_SHARD_HEAD,
+    RING_SHARD_LEN, RING_SHARD_TAIL, RING_SLOTS, RING_SLOT_LEN,
 };
 use crate::region::Region;
+
+/// Where the consumer starts its next look, so no shard waits behind a busy one.
+static NEXT_SHARD: AtomicU32 = AtomicU32::new(0);
 
 pub(crate) struct Ring<'a> {
     region: &'a Region,
     off: usize,
+    /// Slots per shard (a power of two).
     cap: u64,
 }
 
 impl<'a> Ring<'a> {
+    /// `cap`: the ring's slots, all shards together (a power of two, at least `RING_SHARDS`).
     pub(crate) fn new(region: &'a Region, off: usize, cap: u32) -> Ring<'a> {
         Ring {
             region,
             off,
-            cap: cap as u64,
+            cap: (cap as u64 / RING_SHARDS as u64).max(1),
         }
     }
 
-    fn head(&self) -> Option<&AtomicU64> {
-        self.region.atomic_u64(self.off + RING_HEAD)
+    fn shard_word(&self, shard: usize, at: usize) -> Option<&AtomicU64> {
+        self.region
+            .atomic_u64(self.off + RING_SHARDS_AT + shard * RING_SHARD_LEN + at)
+    }
+
+    fn head(&self, shard: usize) -> Option<&AtomicU64> {
+        self.shard_word(shard, RING_SHARD_HEAD)
+    }
+
+    fn tail(&self, shard: usize) -> Option<&AtomicU64> {
+        self.shard_word(shard, RING_SHARD_TAIL)
     }
 
     fn bell(&self) -> Option<&AtomicU32> {
@@ -108,28 +124,28 @@ impl<'a> Ring<'a> {
         interrupted
     }
 
-    fn tail(&self) -> Option<&AtomicU64> {
-        self.region.atomic_u64(self.off + RING_TAIL)
-    }
-
-    fn slot(&self, pos: u64) -> Option<(&AtomicU64, &AtomicU64)> {
-        let base = self.off + RING_SLOTS + (pos & (self.cap - 1)) as usize * RING_SLOT_LEN;
+    fn slot(&self, shard: usize, pos: u64) -> Option<(&AtomicU64, &AtomicU64)> {
+        let index = shard as u64 * self.cap + (pos & (self.cap - 1));
+        let base = self.off + RING_SLOTS + index as usize * RING_SLOT_LEN;
         Some((
             self.region.atomic_u64(base)?,
             self.region.atomic_u64(base + 8)?,
         ))
     }
 
+    /// Pushes into this process's shard (`crate::table::process_shard`); false if it is full.
     pub(crate) fn push(&self, value: u64) -> bool {
-        let Some(tail) = self.tail() else {
-            return false;
-        };
+        self.push_at(value).is_some()
+    }
+
+    /// `push`, saying at which position of the shard the value went.
+    pub(crate) fn push_at(&self, value: u64) -> Option<u64> {
+        let shard = crate::table::process_shard() % RING_SHARDS;
+        let tail = self.tail(shard)?;
         let mut pos = tail.load(Ordering::Relaxed);
         // Bounded: a hook must never spin for long.
         for _ in 0..64 {
-            let Some((seq, val)) = self.slot(pos) else {
-                return false;
-            };
+            let (seq, val) = self.slot(shard, pos)?;
             let s = seq.load(Ordering::Acquire);
             if s == pos {
                 match tail.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed)
@@ -139,38 +155,61 @@ impl<'a> Ring<'a> {
                         // Publish; fails only if the consumer already skipped us as stuck.
                         return seq
                             .compare_exchange(pos, pos + 1, Ordering::Release, Ordering::Relaxed)
-                            .is_ok();
+                            .is_ok()
+                            .then_some(pos);
                     }
                     Err(now) => pos = now,
                 }
             } else if s < pos {
-                return false; // full
+                return None; // full
             } else {
                 pos = tail.load(Ordering::Relaxed);
             }
         }
-        false
+        None
+    }
+
+    /// After a push at `pos` that woke nobody: true at every quarter of a shard, so a burst of
+    /// such pushes wakes a sleeping consumer before it could fill the shard — without the
+    /// producer reading the head, a line the consumer writes at every pop.
+    pub(crate) fn quarter_mark(&self, pos: u64) -> bool {
+        (pos + 1) % (self.cap / 4).max(1) == 0
     }
 
     /// Empties the ring: only for a table nobody else uses (a saved one being loaded).
     pub(crate) fn reset(&self) {
-        let (Some(head), Some(tail)) = (self.head(), self.tail()) else {
-            return;
-        };
-        head.store(0, Ordering::Relaxed);
-        tail.store(0, Ordering::Relaxed);
-        for pos in 0..self.cap {
-            if let Some((seq, val)) = self.slot(pos) {
-                seq.store(pos, Ordering::Relaxed);
-                val.store(0, Ordering::Relaxed);
+        for shard in 0..RING_SHARDS {
+            let (Some(head), Some(tail)) = (self.head(shard), self.tail(shard)) else {
+                return;
+            };
+            head.store(0, Ordering::Relaxed);
+            tail.store(0, Ordering::Relaxed);
+            for pos in 0..self.cap {
+                if let Some((seq, val)) = self.slot(shard, pos) {
+                    seq.store(pos, Ordering::Relaxed);
+                    val.store(0, Ordering::Relaxed);
+                }
             }
         }
     }
 
+    /// The next request of any shard, each shard in turn first.
     pub(crate) fn pop(&self) -> Option<u64> {
-        let head = self.head()?;
+        let first = NEXT_SHARD.load(Ordering::Relaxed) as usize;
+        for k in 0..RING_SHARDS {
+            let shard = (first + k) % RING_SHARDS;
+            if let Some(v) = self.pop_shard(shard) {
+                NEXT_SHARD.store(((shard + 1) % RING_SHARDS) as u32, Ordering::Relaxed);
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    fn pop_shard(&self, shard: usize) -> Option<u64> {
+        let head = self.head(shard)?;
         let pos = head.load(Ordering::Relaxed);
-        let (seq, val) = self.slot(pos)?;
+        let (seq, val) = self.slot(shard, pos)?;
         if seq.load(Ordering::Acquire) != pos + 1 {
             return None;
         }
@@ -180,39 +219,47 @@ impl<'a> Ring<'a> {
         Some(value)
     }
 
-    /// Positions claimed by producers and not yet consumed or skipped (tail − head). Counts
-    /// claimed-but-unpublished slots too, so it errs towards "not yet drained".
+    /// Positions claimed by producers and not yet consumed or skipped (tail − head, all
+    /// shards). Counts claimed-but-unpublished slots too, so it errs towards "not yet drained".
     pub(crate) fn backlog(&self) -> u64 {
-        let (Some(head), Some(tail)) = (self.head(), self.tail()) else {
-            return 0;
-        };
-        // Head first: both only grow and head never passes tail, so reading tail afterwards can
-        // only overstate the backlog, never report it drained while a request is still there.
-        let h = head.load(Ordering::Acquire);
-        let t = tail.load(Ordering::Acquire);
-        t.saturating_sub(h)
+        (0..RING_SHARDS)
+            .map(|shard| {
+                let (Some(head), Some(tail)) = (self.head(shard), self.tail(shard)) else {
+                    return 0;
+                };
+                // Head first: both only grow and head never passes tail, so reading tail
+                // afterwards can only overstate the backlog, never report it drained while a
+                // request is still there.
+                let h = head.load(Ordering::Acquire);
+                let t = tail.load(Ordering::Acquire);
+                t.saturating_sub(h)
+            })
+            .sum()
     }
 
-    /// True if the head slot is claimed (tail moved past it) but unpublished and was skipped.
-    /// Call only after the head has looked stuck for a while.
+    /// True if a shard's head slot was claimed (tail moved past it) but unpublished, and is
+    /// skipped now. Call only after the ring has looked stuck for a while.
     pub(crate) fn skip_stuck(&self) -> bool {
-        let (Some(head), Some(tail)) = (self.head(), self.tail()) else {
-            return false;
-        };
-        let pos = head.load(Ordering::Relaxed);
-        if tail.load(Ordering::Relaxed) <= pos {
-            return false;
+        let mut skipped = false;
+        for shard in 0..RING_SHARDS {
+            let (Some(head), Some(tail)) = (self.head(shard), self.tail(shard)) else {
+                return skipped;
+            };
+            let pos = head.load(Ordering::Relaxed);
+            if tail.load(Ordering::Relaxed) <= pos {
+                continue;
+            }
+            let Some((seq, _)) = self.slot(shard, pos) else {
+                continue;
+            };
+            if seq
+                .compare_exchange(pos, pos + self.cap, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                head.store(pos + 1, Ordering::Relaxed);
+                skipped = true;
+            }
         }
-        let Some((seq, _)) = self.slot(pos) else {
-            return false;
-        };
-        if seq
-            .compare_exchange(pos, pos + self.cap, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            head.store(pos + 1, Ordering::Relaxed);
-            return true;
-        }
-        false
+        skipped
     }
 }

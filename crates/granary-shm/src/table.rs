@@ -8,15 +8,33 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::layout::*;
 
 use crate::region::Region;
-use crate::state::StateWord;
+use crate::state::{State, StateWord};
 
 /// Which shard of the job counters this process adds to (`layout::COUNTER_SHARDS`).
 static COUNTER_SHARD: AtomicU32 = AtomicU32::new(0);
 
-/// Makes this process count in shard `pid % COUNTER_SHARDS`: the preload library calls it at
-/// start and in every fork child, so a loader's fork workers (consecutive pids) count apart.
+/// Makes this process count in shard `pid % COUNTER_SHARDS` and push requests into ring shard
+/// `pid % RING_SHARDS`: the preload library calls it at start and in every fork child, so a
+/// loader's fork workers (consecutive pids) count and ask apart.
 pub fn set_counter_shard(pid: u32) {
-    COUNTER_SHARD.store(pid % COUNTER_SHARDS as u32, Ordering::Relaxed);
+    COUNTER_SHARD.store(pid, Ordering::Relaxed);
+}
+
+/// This process's shard key (its pid, as `set_counter_shard` was told).
+#[inline]
+pub(crate) fn process_shard() -> usize {
+    COUNTER_SHARD.load(Ordering::Relaxed) as usize
+}
+
+/// What the copy bitmap says of a path (`Table::copy_hint`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyHint {
+    /// No copy of it can exist.
+    NoCopy,
+    /// A copy may exist; the path's hash.
+    Maybe(u64),
+    /// The table has no bitmap.
+    Unknown,
 }
 
 /// Why a mapping is not usable as a table.
@@ -46,6 +64,9 @@ impl std::error::Error for TableError {}
 #[derive(Clone, Copy)]
 pub struct Table {
     region: Region,
+    /// The copy bitmap (`H_COPY_BITS_OFF`); `copy_bits` 0: none.
+    copy_bits_off: usize,
+    copy_bits: u64,
     entry_count: u32,
     hash_slots: u32,
     entries_off: usize,
@@ -167,7 +188,7 @@ impl Table {
             "strings",
         )?;
         let ring_cap = u32_at(H_RING_CAP)?;
-        if !ring_cap.is_power_of_two() {
+        if !ring_cap.is_power_of_two() || (ring_cap as usize) < RING_SHARDS {
             return Err(TableError::BadLayout("ring capacity"));
         }
         let ring_off = section(
@@ -252,7 +273,22 @@ impl Table {
                 )
             }
         };
+        // Tables made before the copy bitmap have zeros here: none, every open looks up.
+        let (copy_bits_off, copy_bits) =
+            match (u64_at(H_COPY_BITS_OFF)? as usize, u64_at(H_COPY_BITS)?) {
+                (0, _) => (0, 0),
+                (off, bits) => {
+                    if !bits.is_power_of_two() || bits < 64 {
+                        return Err(TableError::BadLayout("copy bitmap length"));
+                    }
+                    let words = usize::try_from(bits / 64)
+                        .map_err(|_| TableError::BadLayout("copy bitmap length"))?;
+                    (section(&region, off, words, 8, "copy bitmap")?, bits)
+                }
+            };
         Ok(Table {
+            copy_bits_off,
+            copy_bits,
             pack_off,
             locators_off,
             region,
@@ -628,6 +664,67 @@ impl Table {
         })
     }
 
+    /// What the copy bitmap (`H_COPY_BITS_OFF`) says of the file `rel` names: no copy of it can
+    /// exist (its bit is clear), so an open of it goes to the source whatever its entry says;
+    /// or one may (with the path's hash: the copy's object id if it is catalogued). Either way
+    /// the hash slot's line starts loading now, so the caller's next system call (the source's
+    /// open, or the copy's) overlaps it. A hint, never a fact: `Table::find` decides once the
+    /// call is made.
+    #[inline]
+    pub fn copy_hint(&self, rel: &[u8]) -> CopyHint {
+        if self.copy_bits == 0 {
+            return CopyHint::Unknown;
+        }
+        let h = path_hash(rel);
+        let bit = copy_bit(h, self.copy_bits);
+        let Some(word) = self
+            .region
+            .u64_at(self.copy_bits_off + (bit / 64) as usize * 8)
+        else {
+            return CopyHint::Unknown;
+        };
+        let slot = home_slot(h, self.hash_slots);
+        self.region
+            .prefetch(self.hash_off + slot as usize * SLOT_LEN);
+        if word & 1 << (bit % 64) == 0 {
+            CopyHint::NoCopy
+        } else {
+            CopyHint::Maybe(h)
+        }
+    }
+
+    /// True if `copy_hint` says no copy of `rel` can exist.
+    pub fn no_copy_yet(&self, rel: &[u8]) -> bool {
+        self.copy_hint(rel) == CopyHint::NoCopy
+    }
+
+    /// Bits of the copy bitmap (`H_COPY_BITS`); 0: the table has none.
+    pub fn copy_bits(&self) -> u64 {
+        self.copy_bits
+    }
+
+    /// Entry `idx` is about to get a copy: the copy bitmap says so first (`no_copy_yet`).
+    fn mark_may_be_placed(&self, idx: u32) {
+        if self.copy_bits == 0 || idx >= self.entry_count {
+            return;
+        }
+        let Some(object) = self
+            .region
+            .u64_at(self.entries_off + idx as usize * ENTRY_LEN)
+        else {
+            return;
+        };
+        let bit = copy_bit(object, self.copy_bits);
+        if let Some(w) = self
+            .region
+            .atomic_u64(self.copy_bits_off + (bit / 64) as usize * 8)
+        {
+            if w.load(Ordering::Relaxed) & 1 << (bit % 64) == 0 {
+                w.fetch_or(1 << (bit % 64), Ordering::SeqCst);
+            }
+        }
+    }
+
     /// Walks `key`'s probe sequence: each entry whose slot tag matches `key` is asked `is`
     /// (with its slot's offset; `None`: the table cannot be read there, the walk ends). An
     /// empty slot ends it.
@@ -980,6 +1077,9 @@ impl Table {
 
     /// For `lifecycle`.
     pub(crate) fn set_state(&self, idx: u32, word: StateWord) {
+        if word.state() == State::Placed {
+            self.mark_may_be_placed(idx);
+        }
         if let Some(c) = self.state_cell(idx) {
             c.store(word.bits(), Ordering::Release);
         }
@@ -987,6 +1087,10 @@ impl Table {
 
     /// Compare-and-swap of a state word, for `lifecycle`; false if it was not `from`.
     pub(crate) fn swap_state(&self, idx: u32, from: StateWord, to: StateWord) -> bool {
+        if to.state() == State::Placed {
+            // Before the word can say so (if the swap then fails, the bit only costs a lookup).
+            self.mark_may_be_placed(idx);
+        }
         self.state_cell(idx).is_some_and(|c| {
             c.compare_exchange(from.bits(), to.bits(), Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
@@ -1032,14 +1136,19 @@ impl Table {
     /// A request nobody waits for (a small file closed, or opened where the agent follows opens:
     /// its copy is made later anyway), pushed without waking a sleeping consumer — no system call for the program, and
     /// the agent takes such requests in batches at its next look (within a millisecond while
-    /// requests flow) — unless the ring is half full, so a burst is never lost to a full ring.
+    /// requests flow) — but at every quarter of its shard, so a burst is never lost to a full
+    /// ring.
     pub fn push_hint_arg(&self, kind: u8, entry: u32, arg: u32) -> bool {
         let r = self.ring();
-        let pushed = r.push(request::encode_arg(kind, entry, arg));
-        if pushed && r.backlog() * 2 >= self.ring_cap as u64 {
-            r.ring_bell();
+        match r.push_at(request::encode_arg(kind, entry, arg)) {
+            Some(pos) => {
+                if r.quarter_mark(pos) {
+                    r.ring_bell();
+                }
+                true
+            }
+            None => false,
         }
-        pushed
     }
 
     /// Agent side: a copy was just published (PLACED); clients waiting for one wake up.

@@ -8,6 +8,14 @@ use proptest::prelude::*;
 use crate::layout::{home_slot, H_VERSION, SLOT_LEN};
 use crate::*;
 
+/// Held by tests that change or depend on this process's shard (`set_counter_shard`), a
+/// process-wide setting the test threads share.
+static SHARD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn shard_lock() -> std::sync::MutexGuard<'static, ()> {
+    SHARD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn map_image(img: &[u8]) -> (Mapping, Table, tempfile::NamedTempFile) {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     std::io::Write::write_all(&mut f, img).unwrap();
@@ -433,8 +441,12 @@ fn symlinks_resolve_inside_the_catalog_only() {
 
 #[test]
 fn ring_is_fifo_and_bounded() {
+    let _one = shard_lock();
     let m = Model::new();
-    let img = build(&Model::spec(), &m.entries).unwrap();
+    let mut spec = Model::spec();
+    // Eight slots per shard: one process's pushes all go to one.
+    spec.ring_cap = 8 * crate::layout::RING_SHARDS as u32;
+    let img = build(&spec, &m.entries).unwrap();
     let (_m, t, _f) = map_image(&img);
     for round in 0..3u32 {
         assert_eq!(t.ring_backlog(), 0);
@@ -444,7 +456,7 @@ fn ring_is_fifo_and_bounded() {
         }
         assert!(
             !t.push_request(request::OPEN_UNPLACED, 99),
-            "ring of 8 accepted a 9th"
+            "a shard of 8 accepted a 9th"
         );
         assert_eq!(t.ring_backlog(), 8, "a refused push is not counted");
         for i in 0..8 {
@@ -479,6 +491,7 @@ fn counters_fall_back_to_slot_zero() {
 
 #[test]
 fn counters_of_processes_in_other_shards_add_up_and_clear_together() {
+    let _one = shard_lock();
     let m = Model::new();
     let img = build(&Model::spec(), &m.entries).unwrap();
     let (_m, t, _f) = map_image(&img);
@@ -1311,4 +1324,128 @@ fn a_damaged_hash_slot_never_finds_another_path() {
         bad[off + 4..off + 8].copy_from_slice(&w.to_ne_bytes());
         check(&bad, Some(&victim));
     }
+}
+
+#[test]
+fn the_copy_bitmap_says_no_copy_only_of_files_never_placed() {
+    let mut m = Model::new();
+    let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    let names: Vec<String> = (0..40).map(|i| format!("train/f{i}")).collect();
+    for i in 0..40 {
+        m.add(
+            d,
+            &format!("f{i}"),
+            stat(libc::S_IFREG | 0o644, 10 + i, 10),
+            "",
+        );
+    }
+    m.add(0, "to_f0", stat(libc::S_IFLNK | 0o777, 5, 8), "train/f0");
+    // A copy an earlier table recorded, carried over.
+    let carried = m.add(0, "kept", stat(libc::S_IFREG | 0o644, 6, 10), "");
+    m.entries[carried].state = lifecycle::carried(StateWord::new(State::Placed, 0), 0).unwrap();
+    let (_m, t, _f) = map_image(&build(&Model::spec(), &m.entries).unwrap());
+    // A symlink may lead to a copy, a carried copy is one.
+    assert!(!t.no_copy_yet(b"to_f0"));
+    assert!(!t.no_copy_yet(b"kept"));
+    // Files nobody placed: every one whose bit no symlink or copy shares.
+    let taken = |rel: &[u8]| {
+        [&b"to_f0"[..], b"kept"].iter().any(|o| {
+            layout::copy_bit(layout::path_hash(o), t.copy_bits())
+                == layout::copy_bit(layout::path_hash(rel), t.copy_bits())
+        })
+    };
+    let free: Vec<&String> = names.iter().filter(|n| !taken(n.as_bytes())).collect();
+    assert!(free.len() > 30, "{} of 40", free.len());
+    for n in &free {
+        assert!(t.no_copy_yet(n.as_bytes()), "{n}");
+    }
+    // Placed now: the bit is set before the word says PLACED, and stays set after the copy goes.
+    let f0 = t.lookup(free[0].as_bytes()).unwrap();
+    let cell = lifecycle::EntryCell { table: &t, idx: f0 };
+    assert!(lifecycle::claim(&cell));
+    assert!(lifecycle::begin(&cell, t.state(f0), 1));
+    assert!(t.no_copy_yet(free[0].as_bytes()), "placing is not placed");
+    assert!(lifecycle::complete(&cell, 1));
+    assert!(!t.no_copy_yet(free[0].as_bytes()));
+    assert!(lifecycle::withdraw(&cell, t.state(f0)));
+    assert!(!t.no_copy_yet(free[0].as_bytes()));
+    // Adopted copies too; the others are untouched.
+    let f1 = t.lookup(free[1].as_bytes()).unwrap();
+    assert!(lifecycle::adopt_placed(&t, f1, 0, 1, 2, 3));
+    assert!(!t.no_copy_yet(free[1].as_bytes()));
+    let untouched = free[2..]
+        .iter()
+        .filter(|n| {
+            let b = layout::copy_bit(layout::path_hash(n.as_bytes()), t.copy_bits());
+            [free[0], free[1]]
+                .iter()
+                .all(|p| layout::copy_bit(layout::path_hash(p.as_bytes()), t.copy_bits()) != b)
+        })
+        .collect::<Vec<_>>();
+    assert!(!untouched.is_empty());
+    for n in untouched {
+        assert!(t.no_copy_yet(n.as_bytes()), "{n}");
+    }
+}
+
+#[test]
+fn a_table_without_a_copy_bitmap_always_looks_up() {
+    let mut m = Model::new();
+    m.add(0, "a", stat(libc::S_IFREG | 0o644, 3, 10), "");
+    let mut img = build(&Model::spec(), &m.entries).unwrap();
+    // As a table made before the bitmap existed: zeros in its header fields.
+    img[layout::H_COPY_BITS_OFF..layout::H_COPY_BITS_OFF + 16].fill(0);
+    let (_m, t, _f) = map_image(&img);
+    assert!(!t.no_copy_yet(b"a"));
+    assert!(t.lookup(b"a").is_some());
+    // A bitmap whose length is not a power of two is refused.
+    let mut img = build(&Model::spec(), &m.entries).unwrap();
+    img[layout::H_COPY_BITS..layout::H_COPY_BITS + 8].copy_from_slice(&100u64.to_ne_bytes());
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut f, &img).unwrap();
+    assert!(Mapping::map(f.as_file().as_raw_fd(), img.len()).is_err());
+}
+
+#[test]
+fn processes_push_into_their_own_shards_and_the_agent_drains_them_all() {
+    let _one = shard_lock();
+    let m = Model::new();
+    let mut spec = Model::spec();
+    spec.ring_cap = 4 * crate::layout::RING_SHARDS as u32;
+    let img = build(&spec, &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    // Process 1 fills its shard; process 2 (another shard) is not turned away.
+    crate::set_counter_shard(1);
+    for i in 0..4 {
+        assert!(t.push_request(request::OPEN_UNPLACED, 10 + i));
+    }
+    assert!(!t.push_hint_arg(request::CLOSED, 99, 0), "a full shard");
+    crate::set_counter_shard(2);
+    for i in 0..3 {
+        assert!(t.push_hint_arg(request::CLOSED, 20 + i, 0));
+    }
+    crate::set_counter_shard(0);
+    assert_eq!(t.ring_backlog(), 7);
+    let mut got = Vec::new();
+    while let Some(r) = t.pop_request() {
+        got.push(r.entry);
+    }
+    // Every request once, each process's in its order.
+    let of = |lo: u32| {
+        got.iter()
+            .copied()
+            .filter(|e| e / 10 == lo / 10)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of(10), vec![10, 11, 12, 13]);
+    assert_eq!(of(20), vec![20, 21, 22]);
+    assert_eq!(got.len(), 7);
+    assert_eq!(t.ring_backlog(), 0);
+    // A producer that died between claim and publication in one shard: the others flow, and
+    // the stuck slot is skipped.
+    crate::set_counter_shard(3);
+    assert!(t.push_request(request::OPEN_UNPLACED, 30));
+    crate::set_counter_shard(0);
+    assert_eq!(t.pop_request().map(|r| r.entry), Some(30));
+    assert!(!t.skip_stuck_request());
 }

@@ -22,7 +22,7 @@
 
 use core::sync::atomic::Ordering;
 
-use crate::layout::{StatRec, H_XATTR, PATHS_OFF};
+use crate::layout::{StatRec, H_XATTR};
 use crate::Table;
 
 /// `StatRec::xattrs` bit: the walk's `llistxattr` of the path gave an empty list.
@@ -45,7 +45,7 @@ pub const ABSENT_PROBED: u32 = 1;
 pub const ABSENT_PRIVILEGED: u32 = 2;
 
 const LEN: usize = 12 + 4 * TYPES.len();
-const _: () = assert!(H_XATTR + LEN <= PATHS_OFF);
+const _: () = assert!(H_XATTR + LEN <= crate::layout::H_COPY_BITS_OFF);
 
 /// What reading an attribute a file does not have answers, per file type and name, on the
 /// device of the source's root (`H_XATTR`).

@@ -11,7 +11,10 @@ use crate::sys::{self, real, set_errno};
 
 /// The open family: granary's fd, or the real call (`real`) and its fd tracked.
 fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, real: impl FnOnce() -> c_int) -> c_int {
-    match open::open(dirfd, path, flags) {
+    // Made once: by `open::open` itself (an open that can only go to the source), or below.
+    let mut real = Some(real);
+    let mut call = || real.take().map_or(-1, |f| f());
+    match open::open(dirfd, path, flags, Some(&mut call)) {
         Detour::Answer(fd) => fd,
         Detour::Fail(e) => {
             set_errno(e);
@@ -19,7 +22,7 @@ fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, real: impl FnOnce() 
         }
         Detour::Bypass(why, then) => {
             why.log(b"open", path::bytes(path).unwrap_or(b"?"));
-            let fd = real();
+            let fd = call();
             open::after_real(fd, then);
             fd
         }

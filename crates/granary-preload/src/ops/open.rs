@@ -10,7 +10,9 @@
 
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{job, request, EntryRec, Found, Locator, State};
+use core::sync::atomic::{AtomicI32, AtomicU8, Ordering};
+
+use granary_shm::{job, object_name, request, CopyHint, EntryRec, Found, Locator, State};
 
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
 use crate::ops::detour::{self, Bypass, Detour, Guard};
@@ -64,8 +66,15 @@ pub enum Then {
     Track(Option<Guard>, Option<Tracked>),
 }
 
-/// The open family: `open`, `openat` and their aliases, `creat`.
-pub fn open(dirfd: c_int, path: *const c_char, flags: c_int) -> Detour<c_int, Then> {
+/// The open family: `open`, `openat` and their aliases, `creat`. `real` makes the real call
+/// (errno set as it sets it): an open that can only go to the source makes it here, and its
+/// answer is that call's (`Detour::Answer`, the fd or -1). Without it, the answer is the plan.
+pub fn open(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    real: Option<&mut dyn FnMut() -> c_int>,
+) -> Detour<c_int, Then> {
     if writes(flags) {
         // A read-only LMDB environment's lock file: node-local while nobody writes.
         if flags & libc::O_ACCMODE == libc::O_RDWR {
@@ -75,7 +84,7 @@ pub fn open(dirfd: c_int, path: *const c_char, flags: c_int) -> Detour<c_int, Th
         }
         return Detour::Bypass(Bypass::Writes, Then::Written);
     }
-    read_only(dirfd, path, flags, CheckCopy::AtFirstUse)
+    read_only(dirfd, path, flags, CheckCopy::AtFirstUse, real)
 }
 
 /// `fopen`'s open with `mode`: as `open`, but the copy is checked now (stdio reads inside libc,
@@ -83,7 +92,7 @@ pub fn open(dirfd: c_int, path: *const c_char, flags: c_int) -> Detour<c_int, Th
 pub fn fopen(path: *const c_char, mode: *const c_char) -> Detour<c_int, Then> {
     match fopen_flags(crate::ops::path::bytes(mode)) {
         Some((_, true)) => Detour::Bypass(Bypass::Writes, Then::Written),
-        Some((flags, false)) => read_only(libc::AT_FDCWD, path, flags, CheckCopy::AtOpen),
+        Some((flags, false)) => read_only(libc::AT_FDCWD, path, flags, CheckCopy::AtOpen, None),
         None => Detour::Bypass(Bypass::Flags, Then::Nothing),
     }
 }
@@ -93,6 +102,7 @@ fn read_only(
     path: *const c_char,
     flags: c_int,
     check: CheckCopy,
+    real: Option<&mut dyn FnMut() -> c_int>,
 ) -> Detour<c_int, Then> {
     let g = match detour::enter() {
         Ok(g) => g,
@@ -100,10 +110,115 @@ fn read_only(
     };
     let mut buf = Buf::new();
     let loc = lookup::locate(&g, dirfd, path, &mut buf);
-    match plan(&g, &loc, flags, check) {
+    let hint = match loc.rel {
+        Some(rel) if real.is_some() && plain_open(&g, flags) => g.table.copy_hint(rel),
+        _ => CopyHint::Unknown,
+    };
+    if let (Some(real), CopyHint::NoCopy) = (real, hint) {
+        // The source's fd whatever the entry says: made now, while the hash slot's line loads,
+        // then tracked as the entry says.
+        let fd = real();
+        let t = if fd < 0 {
+            None
+        } else {
+            match plan(&g, &loc, flags, None) {
+                Detour::Bypass(why, t) => {
+                    why.log(b"open", crate::ops::path::bytes(path).unwrap_or(b"?"));
+                    t
+                }
+                // Not for a tree on the file system (`source_first`).
+                Detour::Answer(_) | Detour::Fail(_) => None,
+            }
+        };
+        opened(Some(&g), fd, t);
+        return Detour::Answer(fd);
+    }
+    // A copy may exist: opened now (the open the lookup would lead to), while the hash slot's
+    // line loads, and used only if the lookup then says it is the entry's.
+    let mut early = match hint {
+        CopyHint::Maybe(object) if check == CheckCopy::AtFirstUse => Early::open(&g, object, flags),
+        _ => None,
+    };
+    let d = plan(&g, &loc, flags, Some((check, &mut early)));
+    if let Some(e) = early {
+        e.unused();
+    }
+    match d {
         Detour::Answer(fd) => Detour::Answer(fd),
         Detour::Fail(e) => Detour::Fail(e),
         Detour::Bypass(why, t) => Detour::Bypass(why, Then::Track(Some(g), t)),
+    }
+}
+
+/// A copy's fd opened before its entry was looked up (`read_only`): `object`'s file in `tier`.
+struct Early {
+    fd: c_int,
+    added: u64,
+    tier: u8,
+    object: u64,
+}
+
+/// The tier this process last opened a copy on: where an early open looks first.
+static LAST_TIER: AtomicU8 = AtomicU8::new(0);
+/// Early opens that found the copy (up to 16), less four for each that did not (a file placed
+/// once and evicted since keeps its bit): while below zero none is tried and each open that
+/// could have been counts one up, so a tier smaller than the dataset costs at most one failed
+/// open in five.
+static EARLY_SCORE: AtomicI32 = AtomicI32::new(0);
+
+/// Whether to open early at `score` (`EARLY_SCORE`), and the score after.
+fn early_try(score: i32) -> (bool, i32) {
+    if score < 0 {
+        (false, score + 1)
+    } else {
+        (true, score)
+    }
+}
+
+/// The score after an early open that `found` the entry's copy, or did not.
+fn early_scored(score: i32, found: bool) -> i32 {
+    if found {
+        (score + 1).min(16)
+    } else {
+        score - 4
+    }
+}
+
+impl Early {
+    fn open(g: &Guard, object: u64, flags: c_int) -> Option<Early> {
+        if flags & libc::O_CLOEXEC == 0 {
+            return None;
+        }
+        let (try_now, score) = early_try(EARLY_SCORE.load(Ordering::Relaxed));
+        EARLY_SCORE.store(score, Ordering::Relaxed);
+        if !try_now {
+            return None;
+        }
+        let tier = LAST_TIER.load(Ordering::Relaxed);
+        match copies::open_unchecked(g.table, tier, &object_name(object), flags) {
+            Some((fd, added)) => Some(Early {
+                fd,
+                added: fdtable::flag::added(added),
+                tier,
+                object,
+            }),
+            None => {
+                Early::scored(false);
+                None
+            }
+        }
+    }
+
+    fn scored(found: bool) {
+        let s = EARLY_SCORE.load(Ordering::Relaxed);
+        EARLY_SCORE.store(early_scored(s, found), Ordering::Relaxed);
+    }
+
+    /// The lookup led elsewhere (another tier, no copy, the source): the fd goes, errno kept.
+    fn unused(self) {
+        let _keep = KeepErrno::new();
+        sys::raw_close(self.fd);
+        Early::scored(false);
     }
 }
 
@@ -116,14 +231,31 @@ pub fn after_real(fd: c_int, then: Then) {
     }
 }
 
-/// The answer for a read-only open of `loc` with `flags`: the placed copy's fd, or the real
-/// call (and how to track its fd).
-pub fn plan(
+/// Whether a read-only open with `flags` is one the copy bitmap may speed up: of a tree on the
+/// file system (not a pack, not cluster mode, where a file is waited for instead), with flags
+/// under which the open is either the source's or a copy's, nothing else.
+fn plain_open(g: &Guard, flags: c_int) -> bool {
+    let t = g.table;
+    flags & !READ_FLAGS == 0
+        && flags & (libc::O_NOATIME | libc::O_DIRECTORY) == 0
+        && !t.is_packed()
+        && !t.cluster()
+}
+
+/// The answer for a read-only open of `loc` with `flags`: the placed copy's fd (opened now, or
+/// taken from an early open if that is its file), or the real call (and how to track its fd).
+/// With `copy` `None`: how to track an fd the real call opened on the source already (no
+/// copy, no wait: the bypass this would give if the file had no copy).
+fn plan(
     g: &Guard,
     loc: &Loc,
     flags: c_int,
-    check: CheckCopy,
+    copy: Option<(CheckCopy, &mut Option<Early>)>,
 ) -> Detour<c_int, Option<Tracked>> {
+    let (check, early) = match copy {
+        Some((c, e)) => (Some(c), Some(e)),
+        None => (None, None),
+    };
     if loc.rel.is_none() {
         return Detour::Bypass(Bypass::Outside, None);
     }
@@ -142,7 +274,7 @@ pub fn plan(
     let fl = initial_flags(flags);
     let mount = g.table.pack_mount();
     if entry.stat.is_dir() {
-        if mount {
+        if mount && check.is_some() {
             return packed_dir(g, idx, flags);
         }
         return Detour::Bypass(Bypass::OnSource, Some(Tracked::new(idx, FdKind::Dir, fl)));
@@ -155,7 +287,7 @@ pub fn plan(
         // process owns, would grant it to anyone. The kernel decides, on the source.
         return Detour::Bypass(Bypass::Flags, Some(Tracked::new(idx, FdKind::Source, fl)));
     }
-    let loc = g.table.locator(idx);
+    let loc = g.table.locator(idx).filter(|_| check.is_some());
     if loc.is_some() && g.table.state(idx).state() != State::Placed {
         // Its bytes come from the pack: wait for the copy the agent streams now.
         crate::pack::wait(g, idx);
@@ -163,11 +295,13 @@ pub fn plan(
     let st = g.table.state(idx).state();
     let mut why = Bypass::NotPlaced;
     // (A packed file was waited for just now, in cluster mode too: no second wait.)
-    if st == State::Placed || loc.is_none() && cluster_wait(g, idx, &entry, st) {
+    let copy =
+        check.filter(|_| st == State::Placed || loc.is_none() && cluster_wait(g, idx, &entry, st));
+    if let Some(check) = copy {
         // A tree that exists only in the pack has no file to put under a damaged copy's fd: the
         // copy is checked now, and the pack serves it otherwise.
         let check = if mount { CheckCopy::AtOpen } else { check };
-        match copy_fd(g, idx, &entry, flags, check) {
+        match copy_fd(g, idx, &entry, flags, check, early) {
             Some(fd) => return Detour::Answer(fd),
             None => why = Bypass::CopyUnusable,
         }
@@ -185,12 +319,34 @@ pub fn plan(
     }
 }
 
-/// The placed copy opened and tracked, or `None` (the source is opened instead).
-fn copy_fd(g: &Guard, idx: u32, entry: &EntryRec, flags: c_int, check: CheckCopy) -> Option<c_int> {
-    let (fd, tier, added) = match check {
-        CheckCopy::AtOpen => copies::open_copy(g, idx, entry, flags)?,
-        CheckCopy::AtFirstUse => copies::open_copy_unchecked(g, idx, entry, flags)?,
+/// The placed copy opened (or taken from `early`, if that is its file) and tracked, or `None`
+/// (the source is opened instead).
+fn copy_fd(
+    g: &Guard,
+    idx: u32,
+    entry: &EntryRec,
+    flags: c_int,
+    check: CheckCopy,
+    early: Option<&mut Option<Early>>,
+) -> Option<c_int> {
+    let word = g.table.state(idx);
+    let taken = early.and_then(|e| {
+        e.take_if(|e| {
+            check == CheckCopy::AtFirstUse
+                && e.object == entry.object
+                && word.state() == State::Placed
+                && word.tier() == e.tier
+        })
+    });
+    let (fd, tier, added) = match (taken, check) {
+        (Some(e), _) => {
+            Early::scored(true);
+            (e.fd, e.tier, e.added | flag::UNCHECKED)
+        }
+        (None, CheckCopy::AtOpen) => copies::open_copy(g, idx, entry, flags)?,
+        (None, CheckCopy::AtFirstUse) => copies::open_copy_unchecked(g, idx, entry, flags)?,
     };
+    LAST_TIER.store(tier, Ordering::Relaxed);
     let fl = initial_flags(flags) | added;
     if !fdtable::track_unchecked_copy(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {
         // Untrackable fd number: fstat could not be answered consistently, use the source.
@@ -414,7 +570,7 @@ mod tests {
 
     /// The open's decision; an fd opened by the real call (here: none) is not tracked.
     fn decide(rel: &str, flags: c_int) -> Detour<c_int, Then> {
-        open(libc::AT_FDCWD, fixture().path(rel).as_ptr(), flags)
+        open(libc::AT_FDCWD, fixture().path(rel).as_ptr(), flags, None)
     }
 
     fn bypass(d: Detour<c_int, Then>) -> (Bypass, Option<Tracked>) {
@@ -457,6 +613,113 @@ mod tests {
         let t = fdtable::peek(fd).unwrap();
         assert!(!t.has(flag::UNCHECKED) && t.has(flag::SHARED));
         close(fd);
+    }
+
+    /// `open` as the hooks call it: `real` opens `rel` on the source when granary does not answer
+    /// first; the answer, and how many real calls were made.
+    fn open_as_hook(rel: &str, flags: c_int) -> (Detour<c_int, Then>, u32) {
+        let p = fixture().path(rel);
+        let mut calls = 0;
+        let mut real = || {
+            calls += 1;
+            sys::raw_openat(libc::AT_FDCWD, p.as_ptr(), flags, 0)
+        };
+        let d = open(libc::AT_FDCWD, p.as_ptr(), flags, Some(&mut real));
+        (d, calls)
+    }
+
+    #[test]
+    fn a_file_never_placed_is_opened_on_the_source_before_its_entry_is_read() {
+        let f = fixture();
+        let ro = libc::O_RDONLY | libc::O_CLOEXEC;
+        assert!(f.table.no_copy_yet(UNPLACED.as_bytes()));
+        let (Detour::Answer(fd), 1) = open_as_hook(UNPLACED, ro) else {
+            panic!("a file never placed: the real call's fd");
+        };
+        // Tracked as the lookup after the call says: its source fd, small.
+        let t = fdtable::peek(fd).unwrap();
+        assert_eq!((t.entry, t.kind), (f.idx(UNPLACED), FdKind::Source));
+        assert!(t.has(flag::SMALL));
+        let mut st = sys::empty_stat();
+        assert_eq!(sys::raw_fstat(fd, &mut st), 0);
+        assert_eq!(
+            st.st_ino,
+            std::fs::metadata(f.src.join(UNPLACED)).unwrap().ino()
+        );
+        close(fd);
+        // The real call's failure is the answer, errno as it set it.
+        let (Detour::Answer(-1), 1) = open_as_hook("nothing.here", ro) else {
+            panic!("a missing file: the real call's failure");
+        };
+        assert_eq!(sys::errno(), libc::ENOENT);
+        // A changed file: the source's fd, counted only.
+        let (Detour::Answer(fd), 1) = open_as_hook("changed.txt", ro) else {
+            panic!("a changed file: the real call's fd");
+        };
+        assert_eq!(fdtable::peek(fd).unwrap().kind, FdKind::Other);
+        close(fd);
+        // A placed file, and a symlink to one, never reach the real call: their copy — for the
+        // placed file the one opened before the lookup; the link's own name has no copy, so its
+        // early open finds nothing, and the next four opens try none.
+        let wants: Vec<Vec<u8>> = [PLACED, "link"]
+            .iter()
+            .map(|r| std::fs::read(f.src.join(r)).unwrap())
+            .collect();
+        for (rel, want) in [PLACED, "link", PLACED].into_iter().zip([0, 1, 0]) {
+            assert!(!f.table.no_copy_yet(rel.as_bytes()), "{rel}");
+            let (Detour::Answer(fd), 0) = open_as_hook(rel, ro) else {
+                panic!("{rel}: the copy, not the real call");
+            };
+            let t = fdtable::peek(fd).unwrap();
+            assert!(matches!(t.kind, FdKind::Tier(0)) && t.has(flag::UNCHECKED));
+            let mut buf = vec![0u8; 70 * 1024];
+            let n = sys::sys!(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), 0);
+            assert_eq!(&buf[..n as usize], &wants[want][..], "{rel}");
+            close(fd);
+        }
+        // Without O_CLOEXEC the copy is checked at the open: nothing opened early.
+        let (Detour::Answer(fd), 0) = open_as_hook(PLACED, libc::O_RDONLY) else {
+            panic!("the copy, checked");
+        };
+        assert!(!fdtable::peek(fd).unwrap().has(flag::UNCHECKED));
+        close(fd);
+        // Flags that could take another path: the plan decides, no real call made here.
+        let (d, 0) = open_as_hook(UNPLACED, ro | libc::O_NOATIME) else {
+            panic!("O_NOATIME: the plan's bypass");
+        };
+        assert_eq!(bypass(d).1.map(|t| t.kind), Some(FdKind::Source));
+    }
+
+    #[test]
+    fn early_opens_that_miss_pause_them_for_four_opens() {
+        // Found twice, then a miss (an evicted copy's bit): four opens without, then again.
+        let mut s = 0;
+        let mut tried = vec![];
+        for found in [true, true, false, true, true, true, true, true, true] {
+            let (t, next) = early_try(s);
+            s = next;
+            tried.push(t);
+            if t {
+                s = early_scored(s, found);
+            }
+        }
+        assert_eq!(
+            tried,
+            [true, true, true, false, false, true, true, true, true]
+        );
+        // A run of misses: one try in five.
+        let mut s = 0;
+        let tries = (0..50)
+            .filter(|_| {
+                let (t, next) = early_try(s);
+                s = if t { early_scored(next, false) } else { next };
+                t
+            })
+            .count();
+        assert_eq!(tries, 10);
+        // Successes saturate, so a long good run does not buy a long bad one.
+        let s = (0..100).fold(0, |s, _| early_scored(s, true));
+        assert_eq!(s, 16);
     }
 
     #[test]
@@ -505,7 +768,7 @@ mod tests {
             (Bypass::NotAFile, None)
         );
         let outside = CString::new("/proc/self/status").unwrap();
-        let (why, _) = bypass(open(libc::AT_FDCWD, outside.as_ptr(), ro));
+        let (why, _) = bypass(open(libc::AT_FDCWD, outside.as_ptr(), ro, None));
         assert_eq!(why, Bypass::Outside);
     }
 

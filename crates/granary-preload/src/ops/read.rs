@@ -664,9 +664,12 @@ mod tests {
     fn positioned_reads_of_a_copy_note_their_range() {
         let f = fixture();
         let p = f.path(PLACED);
-        let Detour::Answer(fd) =
-            super::super::open::open(libc::AT_FDCWD, p.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC)
-        else {
+        let Detour::Answer(fd) = super::super::open::open(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+            None,
+        ) else {
             panic!("a placed file opens its copy");
         };
         let mut buf = vec![0u8; 100];

@@ -330,9 +330,12 @@ mod tests {
     fn fstat_of_a_copy_describes_the_source_file() {
         let f = fixture();
         let p = f.path(PLACED);
-        let Detour::Answer(fd) =
-            crate::ops::open::open(libc::AT_FDCWD, p.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC)
-        else {
+        let Detour::Answer(fd) = crate::ops::open::open(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+            None,
+        ) else {
             panic!("a placed file opens its copy");
         };
         let mut st = sys::empty_stat();

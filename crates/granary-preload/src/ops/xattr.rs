@@ -249,6 +249,7 @@ mod tests {
                 libc::AT_FDCWD,
                 p.as_ptr(),
                 libc::O_RDONLY | libc::O_CLOEXEC,
+                None,
             ) {
                 Detour::Answer(fd) => fd,
                 _ => panic!("{rel}: a placed file opens its copy"),

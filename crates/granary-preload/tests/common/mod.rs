@@ -201,7 +201,8 @@ impl Fixture {
             creds: creds(),
             root_parent_ino: parent.ino,
             agent_pid: std::process::id(),
-            ring_cap: 64,
+            // 64 slots per process's shard (`RING_SHARDS`): a test drains them after.
+            ring_cap: 512,
             job_slots: 4,
             prefetch_min_size: params.prefetch_min_size,
             chunk_size: params.chunk_size,
