@@ -4,7 +4,8 @@
 # fresh and into reused pages against a local read, and the latency of a control message between
 # two ranks that poll with naps (as granary's communication threads do) or spin, and what a
 # thread's wake-up costs in CPU: a nap that ends by itself against one another thread ends; and a
-# same-host read's copy (process_vm_readv) into reused and fresh pages, in and out of cache.
+# same-host read's copy (process_vm_readv) into reused and fresh pages, in and out of cache, and
+# against other ways of copying the same bytes (copy_paths).
 #   bench/floor/run.sh            (needs mpicc/mpirun: openmpi-bin libopenmpi-dev)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -13,6 +14,7 @@ trap 'rm -rf "$out"' EXIT
 cc -O2 -o "$out/pages" pages.c
 cc -O2 -pthread -o "$out/wakeups" wakeups.c
 cc -O2 -o "$out/cma_copy" cma_copy.c
+cc -O2 -o "$out/copy_paths" copy_paths.c
 mpicc -O2 -o "$out/mpi_copy" mpi_copy.c
 mpicc -O2 -o "$out/mpi_latency" mpi_latency.c
 mpicc -O2 -o "$out/mpi_source_map" mpi_source_map.c
@@ -20,6 +22,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=se
 for n in 2097152 8388608; do "$out/pages" "$n" /dev/shm; done
 for nap in 100 200; do "$out/wakeups" "$nap"; done
 for n in 2097152 8388608; do "$out/cma_copy" "$n" 20; done
+"$out/copy_paths" 2097152 64; "$out/copy_paths" 8388608 32
 for n in 2097152 8388608; do mpirun -np 2 --oversubscribe "$out/mpi_copy" "$n" 20; done
 for n in 2097152 8388608; do mpirun -np 2 --oversubscribe "$out/mpi_source_map" "$n" 30; done
 mpirun -np 2 --oversubscribe "$out/mpi_latency" 0 1
