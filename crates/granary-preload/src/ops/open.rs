@@ -126,7 +126,7 @@ fn read_only(
                     why.log(b"open", crate::ops::path::bytes(path).unwrap_or(b"?"));
                     t
                 }
-                // Not for a tree on the file system (`source_first`).
+                // Only for a tree on the file system (`plain_open`): never an answer of its own.
                 Detour::Answer(_) | Detour::Fail(_) => None,
             }
         };
