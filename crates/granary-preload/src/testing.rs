@@ -35,6 +35,8 @@ pub const PLACED: &str = "train/big.bin";
 pub const UNPLACED: &str = "train/small.txt";
 /// A placed file with an extended attribute (`user.granary`) on the source, not on its copy.
 pub const TAGGED: &str = "tagged.bin";
+/// A file placed by no one: a test places it where it needs it (`MOVED`'s copy in two tiers).
+pub const MOVED: &str = "moved.bin";
 
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -78,6 +80,7 @@ fn build_fixture() -> Fixture {
     fs::write(src.join("a.txt"), b"hello granary\n").unwrap();
     fs::write(src.join(PLACED), pattern(64 * 1024, 7)).unwrap();
     fs::write(src.join(UNPLACED), b"not placed\n").unwrap();
+    fs::write(src.join(MOVED), pattern(3000, 9)).unwrap();
     fs::write(src.join("train/cls0/img0.jpg"), pattern(1000, 1)).unwrap();
     fs::write(src.join("changed.txt"), b"changed by the program\n").unwrap();
     fs::write(src.join("gone/inner/f.txt"), b"below a removed directory\n").unwrap();
@@ -99,15 +102,26 @@ fn build_fixture() -> Fixture {
     let tier = dir.join("tier0");
     fs::create_dir(&tier).unwrap();
     fs::set_permissions(&tier, fs::Permissions::from_mode(0o700)).unwrap();
+    // A second tier (`TIER1`), empty but for what a test puts there.
+    let tier1 = dir.join("tier1");
+    fs::create_dir(&tier1).unwrap();
+    fs::set_permissions(&tier1, fs::Permissions::from_mode(0o700)).unwrap();
     let entries = walk(&src);
     let tier_meta = fs::metadata(&tier).unwrap();
+    let tier1_meta = fs::metadata(&tier1).unwrap();
     // SAFETY: plain id getters.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let spec = TableSpec {
         source: src.as_os_str().as_bytes().to_vec(),
         source_real: src.as_os_str().as_bytes().to_vec(),
-        tier_dirs: vec![tier.as_os_str().as_bytes().to_vec()],
-        tier_dir_ids: vec![(tier_meta.dev(), tier_meta.ino())],
+        tier_dirs: vec![
+            tier.as_os_str().as_bytes().to_vec(),
+            tier1.as_os_str().as_bytes().to_vec(),
+        ],
+        tier_dir_ids: vec![
+            (tier_meta.dev(), tier_meta.ino()),
+            (tier1_meta.dev(), tier1_meta.ino()),
+        ],
         creds: (uid, gid, 0),
         root_parent_ino: fs::metadata(&dir).unwrap().ino(),
         agent_pid: std::process::id(),

@@ -331,12 +331,18 @@ fn copy_fd(
 ) -> Option<c_int> {
     let word = g.table.state(idx);
     let taken = early.and_then(|e| {
-        e.take_if(|e| {
+        let taken = e.take_if(|e| {
             check == CheckCopy::AtFirstUse
                 && e.object == entry.object
                 && word.state() == State::Placed
                 && word.tier() == e.tier
-        })
+        });
+        // Not the entry's copy: closed before the copy's open below, so that the program gets
+        // the fd number its open would have got.
+        if let Some(other) = e.take() {
+            other.unused();
+        }
+        taken
     });
     let (fd, tier, added) = match (taken, check) {
         (Some(e), _) => {
@@ -560,7 +566,7 @@ pub fn fopen_flags(mode: Option<&[u8]>) -> Option<(c_int, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{fixture, pattern, PLACED, UNPLACED};
+    use crate::testing::{fixture, pattern, MOVED, PLACED, UNPLACED};
     use granary_shm::Miss;
 
     fn close(fd: c_int) {
@@ -688,6 +694,57 @@ mod tests {
             panic!("O_NOATIME: the plan's bypass");
         };
         assert_eq!(bypass(d).1.map(|t| t.kind), Some(FdKind::Source));
+    }
+
+    #[test]
+    fn an_early_open_the_lookup_does_not_take_leaves_the_copy_its_fd_number() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let f = fixture();
+        // A copy moving from tier 0 to tier 1: both files there, the entry says tier 1. An open
+        // after one on tier 0 opens tier 0's file early, then the lookup leads to tier 1's.
+        let tier1 = f.tier.parent().unwrap().join("tier1");
+        let name = object_name(granary_shm::object_id(MOVED.as_bytes()));
+        let name = std::str::from_utf8(&name).unwrap();
+        for t in [&f.tier, &tier1] {
+            std::fs::copy(f.src.join(MOVED), t.join(name)).unwrap();
+            std::fs::set_permissions(t.join(name), std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let m = std::fs::metadata(tier1.join(name)).unwrap();
+        let ctime = m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64;
+        assert!(granary_shm::lifecycle::adopt_placed(
+            f.table,
+            f.idx(MOVED),
+            1,
+            1,
+            m.ino(),
+            ctime
+        ));
+        // In a child of one thread, so no other test's fd takes the number in between.
+        // SAFETY: the child makes system calls and this crate's opens only, then _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            LAST_TIER.store(0, Ordering::Relaxed);
+            EARLY_SCORE.store(0, Ordering::Relaxed);
+            let lowest = sys::raw_openat(libc::AT_FDCWD, c"/dev/null".as_ptr(), libc::O_RDONLY, 0);
+            sys::raw_close(lowest);
+            let (d, _) = open_as_hook(MOVED, libc::O_RDONLY | libc::O_CLOEXEC);
+            let code = match d {
+                Detour::Answer(fd) if fd == lowest => 0,
+                Detour::Answer(fd) if fd > lowest => 10 + (fd - lowest).min(100),
+                _ => 1,
+            };
+            // SAFETY: ends the child without running the parent's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status));
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "the copy's fd is not the number the program's open would get (10 + how far off)"
+        );
     }
 
     #[test]
