@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use granary_core::placement::handle_request;
+use granary_shm::layout::RING_SHARDS;
 
 use crate::agent::Agent;
 
@@ -26,7 +27,9 @@ const BELL_NAP_MIN: Duration = Duration::from_millis(1);
 const BELL_NAP_MAX: Duration = Duration::from_millis(50);
 
 pub fn consume(agent: Arc<Agent>) {
-    let mut empty_since: Option<Instant> = None;
+    let mut looked_stuck = Instant::now();
+    // Per table: the ring shards' heads found claimed but unpublished at the last look.
+    let mut stuck_seen: Vec<(usize, [u64; RING_SHARDS])> = Vec::new();
     let mut nap = NAP_MIN;
     while !agent.stopping.load(Ordering::Acquire) {
         let Some(setup) = agent.setup.get() else {
@@ -59,20 +62,29 @@ pub fn consume(agent: Arc<Agent>) {
                 did += 1;
             }
         }
-        if did > 0 {
-            empty_since = None;
-            nap = NAP_MIN;
-            continue;
-        }
-        let since = *empty_since.get_or_insert_with(Instant::now);
-        if since.elapsed() > Duration::from_secs(1) {
-            // A client that died between claiming a slot and publishing it would block the ring.
+        if looked_stuck.elapsed() > Duration::from_secs(1) {
+            // A client that died between claiming a slot and publishing it would block its ring
+            // shard: looked for every second, busy or not (the other shards' processes can keep
+            // the consumer busy while one shard waits), and skipped at the second look.
+            looked_stuck = Instant::now();
+            stuck_seen.retain(|(key, _)| ctxs.iter().any(|c| Arc::as_ptr(c) as usize == *key));
             for ctx in &ctxs {
-                if ctx.table.skip_stuck_request() {
+                let key = Arc::as_ptr(ctx) as usize;
+                let at = match stuck_seen.iter().position(|(k, _)| *k == key) {
+                    Some(at) => at,
+                    None => {
+                        stuck_seen.push((key, [u64::MAX; RING_SHARDS]));
+                        stuck_seen.len() - 1
+                    }
+                };
+                if ctx.table.skip_stuck_request(&mut stuck_seen[at].1) {
                     tracing::debug!("skipped a stuck ring slot");
                 }
             }
-            empty_since = None;
+        }
+        if did > 0 {
+            nap = NAP_MIN;
+            continue;
         }
         match ctxs.as_slice() {
             // One table (a job's source, a serving agent's): woken by a client's push.

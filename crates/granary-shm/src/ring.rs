@@ -237,11 +237,16 @@ impl<'a> Ring<'a> {
             .sum()
     }
 
-    /// True if a shard's head slot was claimed (tail moved past it) but unpublished, and is
-    /// skipped now. Call only after the ring has looked stuck for a while.
-    pub(crate) fn skip_stuck(&self) -> bool {
+    /// True if a shard's head slot was claimed (tail moved past it) but unpublished at the last
+    /// look too (`seen`: per shard, the head position found so then, `u64::MAX` for none), and
+    /// is skipped now. Records this look's in `seen`. Called about once a second whatever the
+    /// other shards do: a slot is skipped only once it has looked stuck for a whole interval,
+    /// and one shard's dead producer cannot hold its shard while other processes keep the
+    /// consumer busy.
+    pub(crate) fn skip_stuck(&self, seen: &mut [u64; RING_SHARDS]) -> bool {
         let mut skipped = false;
-        for shard in 0..RING_SHARDS {
+        for (shard, seen) in seen.iter_mut().enumerate() {
+            let last = core::mem::replace(seen, u64::MAX);
             let (Some(head), Some(tail)) = (self.head(shard), self.tail(shard)) else {
                 return skipped;
             };
@@ -252,6 +257,14 @@ impl<'a> Ring<'a> {
             let Some((seq, _)) = self.slot(shard, pos) else {
                 continue;
             };
+            if seq.load(Ordering::Acquire) != pos {
+                // Published (the consumer takes it) or not claimed.
+                continue;
+            }
+            if last != pos {
+                *seen = pos;
+                continue;
+            }
             if seq
                 .compare_exchange(pos, pos + self.cap, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
@@ -261,5 +274,19 @@ impl<'a> Ring<'a> {
             }
         }
         skipped
+    }
+
+    /// A producer of this process's shard that claims a slot and dies before publishing it.
+    #[cfg(test)]
+    pub(crate) fn claim_only(&self) -> bool {
+        let shard = crate::table::process_shard() % RING_SHARDS;
+        let Some(tail) = self.tail(shard) else {
+            return false;
+        };
+        let pos = tail.load(Ordering::Relaxed);
+        matches!(self.slot(shard, pos), Some((seq, _)) if seq.load(Ordering::Acquire) == pos)
+            && tail
+                .compare_exchange(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 }

@@ -1203,9 +1203,11 @@ impl Table {
         self.ring().backlog()
     }
 
-    /// Agent side: skips a slot a producer claimed but never filled (it died in between).
-    pub fn skip_stuck_request(&self) -> bool {
-        self.ring().skip_stuck()
+    /// Agent side: skips a slot a producer claimed but never filled (it died in between), once
+    /// it was found so at the last call too (`seen`, kept by the caller between calls; start
+    /// with `[u64::MAX; RING_SHARDS]`).
+    pub fn skip_stuck_request(&self, seen: &mut [u64; crate::layout::RING_SHARDS]) -> bool {
+        self.ring().skip_stuck(seen)
     }
 
     /// True if the table serves a pack (`granary run --pack`): its entries' bytes come from the

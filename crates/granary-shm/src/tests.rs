@@ -472,7 +472,15 @@ fn ring_is_fifo_and_bounded() {
         }
         assert_eq!(t.pop_request(), None);
     }
-    assert!(!t.skip_stuck_request(), "nothing claimed, nothing to skip");
+    let mut seen = [u64::MAX; crate::layout::RING_SHARDS];
+    assert!(
+        !t.skip_stuck_request(&mut seen),
+        "nothing claimed, nothing to skip"
+    );
+    assert!(
+        !t.skip_stuck_request(&mut seen),
+        "nothing claimed, nothing to skip"
+    );
 }
 
 #[test]
@@ -1447,5 +1455,48 @@ fn processes_push_into_their_own_shards_and_the_agent_drains_them_all() {
     assert!(t.push_request(request::OPEN_UNPLACED, 30));
     crate::set_counter_shard(0);
     assert_eq!(t.pop_request().map(|r| r.entry), Some(30));
-    assert!(!t.skip_stuck_request());
+    let mut seen = [u64::MAX; crate::layout::RING_SHARDS];
+    assert!(!t.skip_stuck_request(&mut seen));
+}
+
+#[test]
+fn a_dead_producers_slot_is_skipped_while_other_shards_keep_the_consumer_busy() {
+    let _one = shard_lock();
+    let m = Model::new();
+    let mut spec = Model::spec();
+    spec.ring_cap = 4 * crate::layout::RING_SHARDS as u32;
+    let img = build(&spec, &m.entries).unwrap();
+    let (_m, t, _f) = map_image(&img);
+    // Process 3 dies between claim and publication; its shard-mate 11 asks after it.
+    crate::set_counter_shard(3);
+    assert!(t.ring().claim_only());
+    crate::set_counter_shard(11);
+    assert!(t.push_request(request::OPEN_UNPLACED, 11));
+    let mut seen = [u64::MAX; crate::layout::RING_SHARDS];
+    // The consumer never finds the ring empty: process 2 asks between every look. A slot is
+    // skipped once it looked stuck at two looks (the agent's, a second apart), not at one.
+    let mut got = Vec::new();
+    let mut skips = 0;
+    for round in 0..3 {
+        crate::set_counter_shard(2);
+        assert!(t.push_request(request::OPEN_UNPLACED, 20 + round));
+        crate::set_counter_shard(0);
+        while let Some(r) = t.pop_request() {
+            got.push(r.entry);
+        }
+        if t.skip_stuck_request(&mut seen) {
+            skips += 1;
+            assert!(round >= 1, "skipped at its first look");
+        }
+    }
+    assert_eq!(skips, 1);
+    while let Some(r) = t.pop_request() {
+        got.push(r.entry);
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        vec![11, 20, 21, 22],
+        "the dead producer's shard-mate was served"
+    );
 }
