@@ -10,6 +10,7 @@ pub mod mapping;
 pub mod region;
 pub mod resolve;
 mod ring;
+pub mod shard;
 pub mod state;
 pub mod table;
 pub mod xattr;
@@ -25,8 +26,9 @@ pub use layout::{
 };
 pub use mapping::{MapError, Mapping};
 pub use resolve::{resolve, strip_root, Found, Miss, Resolved};
+pub use shard::set_counter_shard;
 pub use state::{State, StateWord};
-pub use table::{set_counter_shard, CopyHint, Request, Table, TableError, Unserved};
+pub use table::{CopyHint, Request, Table, TableError, Unserved};
 
 /// The largest file the agent fetches whole in one direct read, not through the page cache (a
 /// mid-size file: one device request instead of one per `max_segments` scattered pages). A

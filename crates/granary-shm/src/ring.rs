@@ -133,14 +133,14 @@ impl<'a> Ring<'a> {
         ))
     }
 
-    /// Pushes into this process's shard (`crate::table::process_shard`); false if it is full.
+    /// Pushes into this process's shard (`crate::shard::process_shard`); false if it is full.
     pub(crate) fn push(&self, value: u64) -> bool {
         self.push_at(value).is_some()
     }
 
     /// `push`, saying at which position of the shard the value went.
     pub(crate) fn push_at(&self, value: u64) -> Option<u64> {
-        let shard = crate::table::process_shard() % RING_SHARDS;
+        let shard = crate::shard::process_shard() % RING_SHARDS;
         let tail = self.tail(shard)?;
         let mut pos = tail.load(Ordering::Relaxed);
         // Bounded: a hook must never spin for long.
@@ -279,7 +279,7 @@ impl<'a> Ring<'a> {
     /// A producer of this process's shard that claims a slot and dies before publishing it.
     #[cfg(test)]
     pub(crate) fn claim_only(&self) -> bool {
-        let shard = crate::table::process_shard() % RING_SHARDS;
+        let shard = crate::shard::process_shard() % RING_SHARDS;
         let Some(tail) = self.tail(shard) else {
             return false;
         };

@@ -3,28 +3,12 @@
 //! Everything here is allocation-free and lock-free, so the preload library can call it from
 //! inside any hook (including a vfork child).
 
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layout::*;
 
 use crate::region::Region;
 use crate::state::{State, StateWord};
-
-/// Which shard of the job counters this process adds to (`layout::COUNTER_SHARDS`).
-static COUNTER_SHARD: AtomicU32 = AtomicU32::new(0);
-
-/// Makes this process count in shard `pid % COUNTER_SHARDS` and push requests into ring shard
-/// `pid % RING_SHARDS`: the preload library calls it at start and in every fork child, so a
-/// loader's fork workers (consecutive pids) count and ask apart.
-pub fn set_counter_shard(pid: u32) {
-    COUNTER_SHARD.store(pid, Ordering::Relaxed);
-}
-
-/// This process's shard key (its pid, as `set_counter_shard` was told).
-#[inline]
-pub(crate) fn process_shard() -> usize {
-    COUNTER_SHARD.load(Ordering::Relaxed) as usize
-}
 
 /// What the copy bitmap says of a path (`Table::copy_hint`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1337,7 +1321,7 @@ impl Table {
             return None;
         }
         let slot = if slot < self.job_slots { slot } else { 0 };
-        let shard = COUNTER_SHARD.load(Ordering::Relaxed) as usize % COUNTER_SHARDS;
+        let shard = crate::shard::process_shard() % COUNTER_SHARDS;
         self.region.atomic_u64(
             self.stats_off
                 + slot as usize * JOB_STATS_LEN
