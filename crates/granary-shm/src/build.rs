@@ -755,10 +755,10 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
         img.put_u64(st + STATE_COPY_CTIME, node.copy_ctime);
         img.put_u64(p.checksums_off + i * 8, node.checksum);
         if may_be_placed(cat, node) {
-            let bit = copy_bit(d.object, p.copy_bits);
-            let at = p.copy_bits_off + (bit / 64) as usize * 8;
-            let word = u64::from_ne_bytes(img.0[at..at + 8].try_into().unwrap_or_default());
-            img.put_u64(at, word | 1 << (bit % 64));
+            let (word, mask) = copy_word(d.object, p.copy_bits);
+            let at = p.copy_bits_off + word;
+            let now = u64::from_ne_bytes(img.0[at..at + 8].try_into().unwrap_or_default());
+            img.put_u64(at, now | mask);
         }
 
         let mut slot = home_slot(d.object, p.hash_slots);

@@ -150,6 +150,13 @@ pub const fn copy_bit(hash: u64, bits: u64) -> u64 {
     (hash >> 32) & (bits - 1)
 }
 
+/// Where `copy_bit` lies: the byte offset of its `u64` word in the bitmap, and its mask there.
+#[inline]
+pub const fn copy_word(hash: u64, bits: u64) -> (usize, u64) {
+    let bit = copy_bit(hash, bits);
+    ((bit / 64) as usize * 8, 1 << (bit % 64))
+}
+
 /// Bits of the copy bitmap of a table of `entries` entries.
 pub const fn copy_bits_of(entries: usize) -> u64 {
     let b = (entries as u64 * 4).next_power_of_two();

@@ -156,7 +156,19 @@ impl Table {
     /// directory the program renamed or removed — and, with `must_dir`, a directory.
     #[inline]
     pub fn find(&self, rel: &[u8], follow: bool, must_dir: bool) -> Result<Found, Miss> {
-        let idx = self.lookup(rel).ok_or(Miss::NotCatalogued)?;
+        self.find_hashed(rel, crate::layout::path_hash(rel), follow, must_dir)
+    }
+
+    /// `find` of `rel` whose `path_hash` the caller has already (`hash`).
+    #[inline]
+    pub fn find_hashed(
+        &self,
+        rel: &[u8],
+        hash: u64,
+        follow: bool,
+        must_dir: bool,
+    ) -> Result<Found, Miss> {
+        let idx = self.lookup_hashed(rel, hash).ok_or(Miss::NotCatalogued)?;
         let Resolved::Entry(idx, entry) = resolve_from(self, idx, follow) else {
             return Err(Miss::Unprovable);
         };

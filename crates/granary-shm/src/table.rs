@@ -15,8 +15,8 @@ use crate::state::{State, StateWord};
 pub enum CopyHint {
     /// No copy of it can exist.
     NoCopy,
-    /// A copy may exist; the path's hash.
-    Maybe(u64),
+    /// A copy may exist.
+    Maybe,
     /// The table has no bitmap.
     Unknown,
 }
@@ -634,7 +634,12 @@ impl Table {
     /// which the open and the first read want next. An uncatalogued path reads only slots (but
     /// for a tag equal by chance, 1 in 2^32).
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
-        let h = path_hash(rel);
+        self.lookup_hashed(rel, path_hash(rel))
+    }
+
+    /// `lookup` of `rel` whose `path_hash` the caller has already.
+    #[inline]
+    pub fn lookup_hashed(&self, rel: &[u8], h: u64) -> Option<u32> {
         self.probe(h, |idx, slot_off| {
             if let Some(name_off) = self.region.u32_at(slot_off + 8) {
                 self.region
@@ -648,38 +653,40 @@ impl Table {
         })
     }
 
-    /// What the copy bitmap (`H_COPY_BITS_OFF`) says of the file `rel` names: no copy of it can
-    /// exist (its bit is clear), so an open of it goes to the source whatever its entry says;
-    /// or one may (with the path's hash: the copy's object id if it is catalogued). Either way
-    /// the hash slot's line starts loading now, so the caller's next system call (the source's
-    /// open, or the copy's) overlaps it. A hint, never a fact: `Table::find` decides once the
-    /// call is made.
+    /// What the copy bitmap (`H_COPY_BITS_OFF`) says of the file whose path hashes to `hash`
+    /// (`path_hash`): no copy of it can exist (its bit is clear), so an open of it goes to the
+    /// source whatever its entry says; or one may. Either way the hash slot's line starts
+    /// loading now, so the caller's next system call (the source's open, or the copy's)
+    /// overlaps it. A hint, never a fact: `Table::find` decides once the call is made.
     #[inline]
-    pub fn copy_hint(&self, rel: &[u8]) -> CopyHint {
-        if self.copy_bits == 0 {
-            return CopyHint::Unknown;
-        }
-        let h = path_hash(rel);
-        let bit = copy_bit(h, self.copy_bits);
-        let Some(word) = self
-            .region
-            .u64_at(self.copy_bits_off + (bit / 64) as usize * 8)
-        else {
+    pub fn copy_hint(&self, hash: u64) -> CopyHint {
+        let Some(w) = self.copy_word(hash) else {
             return CopyHint::Unknown;
         };
-        let slot = home_slot(h, self.hash_slots);
+        let (word, mask) = w;
+        let slot = home_slot(hash, self.hash_slots);
         self.region
             .prefetch(self.hash_off + slot as usize * SLOT_LEN);
-        if word & 1 << (bit % 64) == 0 {
+        if word.load(Ordering::Relaxed) & mask == 0 {
             CopyHint::NoCopy
         } else {
-            CopyHint::Maybe(h)
+            CopyHint::Maybe
         }
     }
 
     /// True if `copy_hint` says no copy of `rel` can exist.
     pub fn no_copy_yet(&self, rel: &[u8]) -> bool {
-        self.copy_hint(rel) == CopyHint::NoCopy
+        self.copy_hint(path_hash(rel)) == CopyHint::NoCopy
+    }
+
+    /// The copy bitmap's word holding `hash`'s bit, and the bit's mask; `None` without a bitmap.
+    #[inline]
+    fn copy_word(&self, hash: u64) -> Option<(&AtomicU64, u64)> {
+        if self.copy_bits == 0 {
+            return None;
+        }
+        let (word, mask) = copy_word(hash, self.copy_bits);
+        Some((self.region.atomic_u64(self.copy_bits_off + word)?, mask))
     }
 
     /// Bits of the copy bitmap (`H_COPY_BITS`); 0: the table has none.
@@ -687,9 +694,9 @@ impl Table {
         self.copy_bits
     }
 
-    /// Entry `idx` is about to get a copy: the copy bitmap says so first (`no_copy_yet`).
+    /// Entry `idx` is about to get a copy: the copy bitmap says so first (`copy_hint`).
     fn mark_may_be_placed(&self, idx: u32) {
-        if self.copy_bits == 0 || idx >= self.entry_count {
+        if idx >= self.entry_count {
             return;
         }
         let Some(object) = self
@@ -698,13 +705,9 @@ impl Table {
         else {
             return;
         };
-        let bit = copy_bit(object, self.copy_bits);
-        if let Some(w) = self
-            .region
-            .atomic_u64(self.copy_bits_off + (bit / 64) as usize * 8)
-        {
-            if w.load(Ordering::Relaxed) & 1 << (bit % 64) == 0 {
-                w.fetch_or(1 << (bit % 64), Ordering::SeqCst);
+        if let Some((word, mask)) = self.copy_word(object) {
+            if word.load(Ordering::Relaxed) & mask == 0 {
+                word.fetch_or(mask, Ordering::SeqCst);
             }
         }
     }

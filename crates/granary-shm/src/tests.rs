@@ -1414,14 +1414,17 @@ fn a_table_without_a_copy_bitmap_always_looks_up() {
     assert!(Mapping::map(f.as_file().as_raw_fd(), img.len()).is_err());
 }
 
+/// A table whose request ring has four slots per shard.
+fn four_slots_a_shard() -> (Mapping, Table, tempfile::NamedTempFile) {
+    let mut spec = Model::spec();
+    spec.ring_cap = 4 * crate::layout::RING_SHARDS as u32;
+    map_image(&build(&spec, &Model::new().entries).unwrap())
+}
+
 #[test]
 fn processes_push_into_their_own_shards_and_the_agent_drains_them_all() {
     let _one = shard_lock();
-    let m = Model::new();
-    let mut spec = Model::spec();
-    spec.ring_cap = 4 * crate::layout::RING_SHARDS as u32;
-    let img = build(&spec, &m.entries).unwrap();
-    let (_m, t, _f) = map_image(&img);
+    let (_m, t, _f) = four_slots_a_shard();
     // Process 1 fills its shard; process 2 (another shard) is not turned away.
     crate::set_counter_shard(1);
     for i in 0..4 {
@@ -1449,8 +1452,8 @@ fn processes_push_into_their_own_shards_and_the_agent_drains_them_all() {
     assert_eq!(of(20), vec![20, 21, 22]);
     assert_eq!(got.len(), 7);
     assert_eq!(t.ring_backlog(), 0);
-    // A producer that died between claim and publication in one shard: the others flow, and
-    // the stuck slot is skipped.
+    // A push after every shard drained is taken, and no slot is left to skip (a producer that
+    // died mid-push: `a_dead_producers_slot_is_skipped_while_other_shards_keep_the_consumer_busy`).
     crate::set_counter_shard(3);
     assert!(t.push_request(request::OPEN_UNPLACED, 30));
     crate::set_counter_shard(0);
@@ -1462,11 +1465,7 @@ fn processes_push_into_their_own_shards_and_the_agent_drains_them_all() {
 #[test]
 fn a_dead_producers_slot_is_skipped_while_other_shards_keep_the_consumer_busy() {
     let _one = shard_lock();
-    let m = Model::new();
-    let mut spec = Model::spec();
-    spec.ring_cap = 4 * crate::layout::RING_SHARDS as u32;
-    let img = build(&spec, &m.entries).unwrap();
-    let (_m, t, _f) = map_image(&img);
+    let (_m, t, _f) = four_slots_a_shard();
     // Process 3 dies between claim and publication; its shard-mate 11 asks after it.
     crate::set_counter_shard(3);
     assert!(t.ring().claim_only());

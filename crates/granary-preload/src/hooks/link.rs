@@ -5,7 +5,6 @@ use core::ffi::{c_char, c_int};
 
 use crate::ops::detour::Detour;
 use crate::ops::link;
-use crate::ops::path;
 use crate::sys::{real, set_errno, sys};
 
 type ReadlinkFn = unsafe extern "C" fn(*const c_char, *mut c_char, usize) -> isize;
@@ -27,7 +26,7 @@ fn readlink_at(
             -1
         }
         Detour::Bypass(why, guard) => {
-            why.log(b"readlink", path::bytes(path).unwrap_or(b"?"));
+            why.log_path(b"readlink", path);
             let r = real(dirfd, path);
             drop(guard);
             r
@@ -41,7 +40,7 @@ fn realpath_answer(path: *const c_char, resolved: *mut c_char) -> Option<*mut c_
         Detour::Answer(p) => Some(p),
         Detour::Fail(_) => None,
         Detour::Bypass(why, ()) => {
-            why.log(b"realpath", path::bytes(path).unwrap_or(b"?"));
+            why.log_path(b"realpath", path);
             None
         }
     }

@@ -5,7 +5,6 @@
 use core::ffi::{c_char, c_int};
 
 use crate::ops::detour::Detour;
-use crate::ops::path;
 use crate::ops::{fd, open};
 use crate::sys::{self, real, set_errno};
 
@@ -21,7 +20,7 @@ fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, real: impl FnOnce() 
             -1
         }
         Detour::Bypass(why, then) => {
-            why.log(b"open", path::bytes(path).unwrap_or(b"?"));
+            why.log_path(b"open", path);
             let fd = call();
             open::after_real(fd, then);
             fd
@@ -151,7 +150,7 @@ fn fopen_at(
             core::ptr::null_mut()
         }
         Detour::Bypass(why, then) => {
-            why.log(b"fopen", path::bytes(path).unwrap_or(b"?"));
+            why.log_path(b"fopen", path);
             let fp = real();
             open::after_real(stream_fd(fp), then);
             fp

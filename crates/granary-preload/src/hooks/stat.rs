@@ -6,7 +6,6 @@
 use core::ffi::{c_char, c_int, c_uint};
 
 use crate::ops::detour::Detour;
-use crate::ops::path;
 use crate::ops::stat;
 use crate::sys::statbuf::Out;
 use crate::sys::{self, real, sys};
@@ -23,7 +22,7 @@ fn stat_at(
         Detour::Answer(r) => r,
         Detour::Fail(e) => fail(e),
         Detour::Bypass(why, guard) => {
-            why.log(b"stat", path::bytes(path).unwrap_or(b"?"));
+            why.log_path(b"stat", path);
             let r = real(dirfd, path);
             drop(guard);
             r
@@ -55,7 +54,7 @@ fn access_at(
         Detour::Answer(r) => r,
         Detour::Fail(e) => fail(e),
         Detour::Bypass(why, guard) => {
-            why.log(b"access", path::bytes(path).unwrap_or(b"?"));
+            why.log_path(b"access", path);
             let r = real(dirfd, path);
             drop(guard);
             r

@@ -4,7 +4,6 @@
 use core::ffi::{c_char, c_int, c_void};
 
 use crate::ops::detour::Detour;
-use crate::ops::path;
 use crate::ops::xattr;
 use crate::sys::{real, set_errno, sys};
 
@@ -30,7 +29,7 @@ fn finish<G>(
         Detour::Bypass(why, guard) => {
             match what() {
                 Some(fd) => why.log_fd(call, fd),
-                None => why.log(call, path::bytes(path).unwrap_or(b"?")),
+                None => why.log_path(call, path),
             }
             let r = real();
             drop(guard);

@@ -244,6 +244,15 @@ impl Bypass {
         }
     }
 
+    /// `log` of the program's C path argument, measured only when the line is written: every
+    /// pass-through of a path call goes by here, logging or not.
+    #[inline]
+    pub fn log_path(self, call: &[u8], path: *const core::ffi::c_char) {
+        if self.on_dataset() && log::enabled() {
+            self.log(call, crate::ops::path::bytes(path).unwrap_or(b"?"));
+        }
+    }
+
     /// `log` for a call on fd `fd`.
     #[inline]
     pub fn log_fd(self, call: &[u8], fd: c_int) {

@@ -25,7 +25,7 @@ pub fn opendir(
     let g = match detour::enter() {
         Ok(g) => g,
         Err(why) => {
-            why.log(b"opendir", crate::ops::path::bytes(path).unwrap_or(b"?"));
+            why.log_path(b"opendir", path);
             return real(path);
         }
     };

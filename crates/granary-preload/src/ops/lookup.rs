@@ -34,9 +34,10 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Result<Found, Bypass> {
     if loc.root_link && !follow {
         return Err(Bypass::RootLink);
     }
+    let hash = loc.hash.unwrap_or_else(|| granary_shm::path_hash(rel));
     let found = g
         .table
-        .find(rel, follow, loc.must_dir)
+        .find_hashed(rel, hash, follow, loc.must_dir)
         .map_err(Bypass::Catalog)?;
     LAST.set(Some((found.idx, found.entry)));
     confirmed(g.table, &found)?;

@@ -12,7 +12,9 @@ use core::ffi::{c_char, c_int};
 
 use core::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 
-use granary_shm::{job, object_name, request, CopyHint, EntryRec, Found, Locator, State};
+use granary_shm::{
+    job, object_name, path_hash, request, CopyHint, EntryRec, Found, Locator, State,
+};
 
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
 use crate::ops::detour::{self, Bypass, Detour, Guard};
@@ -109,9 +111,13 @@ fn read_only(
         Err(why) => return Detour::Bypass(why, Then::Track(None, None)),
     };
     let mut buf = Buf::new();
-    let loc = lookup::locate(&g, dirfd, path, &mut buf);
+    let mut loc = lookup::locate(&g, dirfd, path, &mut buf);
     let hint = match loc.rel {
-        Some(rel) if real.is_some() && plain_open(&g, flags) => g.table.copy_hint(rel),
+        Some(rel) if real.is_some() && plain_open(&g, flags) => {
+            let h = path_hash(rel);
+            loc.hash = Some(h);
+            g.table.copy_hint(h)
+        }
         _ => CopyHint::Unknown,
     };
     if let (Some(real), CopyHint::NoCopy) = (real, hint) {
@@ -123,7 +129,7 @@ fn read_only(
         } else {
             match plan(&g, &loc, flags, None) {
                 Detour::Bypass(why, t) => {
-                    why.log(b"open", crate::ops::path::bytes(path).unwrap_or(b"?"));
+                    why.log_path(b"open", path);
                     t
                 }
                 // Only for a tree on the file system (`plain_open`): never an answer of its own.
@@ -135,8 +141,11 @@ fn read_only(
     }
     // A copy may exist: opened now (the open the lookup would lead to), while the hash slot's
     // line loads, and used only if the lookup then says it is the entry's.
-    let mut early = match hint {
-        CopyHint::Maybe(object) if check == CheckCopy::AtFirstUse => Early::open(&g, object, flags),
+    let mut early = match (hint, loc.hash) {
+        // A catalogued path's hash is its copy's object id.
+        (CopyHint::Maybe, Some(object)) if check == CheckCopy::AtFirstUse => {
+            Early::open(&g, object, flags)
+        }
         _ => None,
     };
     let d = plan(&g, &loc, flags, Some((check, &mut early)));

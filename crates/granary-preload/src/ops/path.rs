@@ -36,6 +36,9 @@ pub struct Loc<'a> {
     /// The path named the source root itself through the user's spelling of it, which is a
     /// symlink to the real root: not following it means the link, not the catalog's root.
     pub root_link: bool,
+    /// `rel`'s `path_hash`, once a caller computed it (the open hook, for the copy bitmap), so
+    /// the lookup does not hash the path again.
+    pub hash: Option<u64>,
 }
 
 impl Loc<'_> {
@@ -44,6 +47,7 @@ impl Loc<'_> {
             rel: None,
             must_dir: false,
             root_link: false,
+            hash: None,
         }
     }
 }
@@ -245,6 +249,7 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut
             rel: None,
             must_dir,
             root_link: false,
+            hash: None,
         };
     }
     let len = n.len;
@@ -314,6 +319,7 @@ fn classify<'a>(table: &Table, abs: &'a [u8], must_dir: bool) -> Loc<'a> {
         rel,
         must_dir,
         root_link,
+        hash: None,
     }
 }
 
