@@ -202,6 +202,17 @@ def gave_up(job: Job, node: str) -> int:
                if line.startswith(f"granary-preload[{pid}]") and "stopped waiting" in line)
 
 
+def peer_story(job: Job) -> str:
+    """What each node's agent says of its peers, and the agents' log lines about ranks (no
+    debug lines): why a wait for the survivors to see each other did not end."""
+    views = {node: job.node_status(node).get("cluster", {}) for node in job.c.names}
+    text = job.log.read_text(errors="replace") if job.log.exists() else ""
+    lines = [line for line in text.splitlines()
+             if "rank" in line and " DEBUG " not in line and "granary-preload" not in line]
+    return (f"each node's view: {json.dumps(views)}\n"
+            "the agents' lines about ranks:\n" + "\n".join(lines[-60:]))
+
+
 def results(job: Job, suffix: str) -> dict:
     return {p.name.split(".")[0]: json.loads(p.read_text())
             for p in job.out.glob(f"*.{suffix}")}
@@ -339,7 +350,8 @@ def test_a_rank_killed_mid_epoch_costs_its_share_once(loop_source, cluster, tmp_
         try:
             job.wait_for(peers_alive, f"{node} seeing rank 1 written off, ranks 0 and 2 alive")
         except AssertionError as e:
-            raise AssertionError(f"{e}; last seen: {seen[-1] if seen else None}") from None
+            raise AssertionError(f"{e}; last seen: {seen[-1] if seen else None}\n"
+                                 f"{peer_story(job)}") from None
         st = job.status_when(node, lambda st: True, f"the status of {node}")
         cl = st["cluster"]
         # Files whose owner was written off meanwhile this rank read from the source itself.

@@ -360,6 +360,10 @@ impl Node {
                     self.tell_down(dead);
                 }
             }
+            for (rank, life) in self.peers.retell_due() {
+                tracing::debug!("rank {rank} told again that it is written off (its life {life})");
+                self.comm.quiet(rank, &Msg::Down { rank, life });
+            }
             std::thread::sleep(peers::BEAT_PERIOD);
         }
     }

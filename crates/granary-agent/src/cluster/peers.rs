@@ -19,7 +19,11 @@
 //! life here all the same). A rank this rank wrote off by itself alone (its own MPI calls stuck,
 //! nobody told) is back at its next message, unless a failure is told of it meanwhile. A rank
 //! written off on a told failure and heard from anyway is told again (`tell_again`): the `Down`
-//! sent to it may never have reached it.
+//! sent to it may never have reached it. And one heard from by nobody is told again all the same
+//! (`retell_due`, from `RETELL_MIN` after the write-off, the interval doubling up to
+//! `RETELL_MAX`): when the `Down`s of a rank that died were only partly sent, two live ranks can
+//! each hold the other written off, neither told of it, neither sending to the other — without
+//! the re-tell they would stay apart for good, each reading the other's share from the source.
 //!
 //! Why ask first: on a loaded node a live rank's threads can wait seconds for a core, and a
 //! rank written off while alive costs the source a read of every file of its that is asked for
@@ -41,6 +45,10 @@ pub const BEAT_PERIOD: Duration = Duration::from_millis(250);
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(3000);
 /// How long a suspected predecessor has to answer an `Ask`.
 pub const ASK_GRACE: Duration = Duration::from_millis(1000);
+/// The first re-tell of a rank written off on a told failure (`retell_due`), after the write-off.
+pub const RETELL_MIN: Duration = Duration::from_secs(2);
+/// The longest interval between re-tells: a dead rank costs one message a minute or so.
+pub const RETELL_MAX: Duration = Duration::from_secs(64);
 /// The longest a transfer waits on an owner that is heard from but does not deliver.
 pub const PATIENCE_MAX: Duration = Duration::from_secs(30);
 
@@ -57,6 +65,10 @@ pub struct Peers {
     /// Per rank: when it was last told again that it is written off (`tell_again`; ms since
     /// `start`, + 1; 0: never).
     told_again: Vec<AtomicU64>,
+    /// Per rank: how many times it was re-told since it was last written off, and when last
+    /// (ms since `start`, + 1; at first the write-off's time) (`retell_due`).
+    retold: Vec<AtomicU32>,
+    retold_at: Vec<AtomicU64>,
     /// Per rank: its last heartbeat's numbers, and when it arrived (ms since `start`, + 1).
     beats: Mutex<Vec<(Beat, u64)>>,
     beat_cv: Condvar,
@@ -88,6 +100,8 @@ impl Peers {
             lives: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
             told: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             told_again: (0..ranks).map(|_| AtomicU64::new(0)).collect(),
+            retold: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
+            retold_at: (0..ranks).map(|_| AtomicU64::new(0)).collect(),
             beats: Mutex::new(vec![(Beat::default(), 0); ranks as usize]),
             beat_cv: Condvar::new(),
             watch_from: AtomicU64::new(1),
@@ -223,6 +237,11 @@ impl Peers {
         // cut-off wrote it off) is to be told: nobody else told it, and it would never announce
         // the life that alone brings it back.
         let newly_told = told && !t.swap(true, Ordering::AcqRel);
+        if newly_told {
+            // Told now (by this rank or the one whose `Down` this is): re-told from now on.
+            self.retold_at[rank as usize].store(self.now_ms(), Ordering::Release);
+            self.retold[rank as usize].store(0, Ordering::Release);
+        }
         let was = h.swap(0, Ordering::AcqRel) != 0;
         if was {
             tracing::warn!("rank {rank} is written off: its files come from elsewhere until it is heard from again");
@@ -255,6 +274,38 @@ impl Peers {
         at.compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
             .then(|| self.life(rank))
+    }
+
+    /// Ranks written off on a failure told to every rank that are due to be told again, with
+    /// the life to name (`Msg::Down` to each): `RETELL_MIN` after the write-off, then at
+    /// intervals doubling up to `RETELL_MAX`, whether or not anything came from them. A rank
+    /// only `tell_again` would tell must send something first; this one does not wait for it
+    /// (module comment: two live ranks each holding the other written off send each other
+    /// nothing).
+    pub fn retell_due(&self) -> Vec<(u32, u32)> {
+        let now = self.now_ms();
+        (0..self.ranks())
+            .filter(|&r| r != self.me)
+            .filter_map(|r| {
+                let i = r as usize;
+                if self.heard[i].load(Ordering::Acquire) != 0
+                    || !self.told[i].load(Ordering::Acquire)
+                {
+                    return None;
+                }
+                let n = self.retold[i].load(Ordering::Acquire);
+                let every = RETELL_MIN.saturating_mul(1u32 << n.min(16)).min(RETELL_MAX);
+                let last = self.retold_at[i].load(Ordering::Acquire);
+                if Duration::from_millis(now.saturating_sub(last)) < every {
+                    return None;
+                }
+                self.retold_at[i]
+                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                    .ok()?;
+                self.retold[i].fetch_add(1, Ordering::AcqRel);
+                Some((r, self.life(r)))
+            })
+            .collect()
     }
 
     /// Restarts the watch of the predecessor from now.
@@ -697,5 +748,64 @@ mod tests {
         p.cut_off();
         assert_eq!(p.tell_again(2), None);
         assert_eq!(p.tell_again(0), None, "never itself");
+    }
+
+    /// `p` with its clock `by` later (its start moved back).
+    fn later(p: Peers, by: Duration) -> Peers {
+        Peers {
+            start: p.start - by,
+            ..p
+        }
+    }
+
+    #[test]
+    fn two_ranks_each_holding_the_other_written_off_are_told_again_and_come_back() {
+        // Rank 1 wrote off ranks 0 and 2 and died between its `Down`s: rank 0 learnt only of
+        // rank 2's failure, rank 2 only of rank 0's. Each holds the other written off, neither
+        // was told, and neither sends the other anything (no successor but the dead rank 1).
+        let (p0, p2) = (Peers::new(0, 3), Peers::new(2, 3));
+        assert!(p0.down(2, 0) && p2.down(0, 0));
+        assert!(p0.failed(1) && p2.failed(1));
+        assert_eq!((p0.successor(), p2.successor()), (None, None));
+        assert!(
+            p0.retell_due().is_empty(),
+            "not yet: the write-off has just been told"
+        );
+        let p0 = later(p0, RETELL_MIN);
+        let due = p0.retell_due();
+        assert_eq!(
+            due,
+            vec![(1, 0), (2, 0)],
+            "every rank written off on a told failure"
+        );
+        assert!(p0.retell_due().is_empty(), "told a moment ago");
+        // Rank 2 receives its `Down` (the agent's `Msg::Down` about itself): a new life,
+        // announced to every rank, which brings it back at rank 0.
+        let (life, fresh) = p2.new_life(0);
+        assert!(fresh);
+        assert!(p0.back(2, life) && p0.alive(2));
+        // Rank 0's message reaches rank 2, which holds rank 0 written off and tells it now.
+        assert!(!p2.heard(0));
+        assert_eq!(p2.tell_again(0), Some(0));
+        let (life, fresh) = p0.new_life(0);
+        assert!(fresh);
+        assert!(p2.back(0, life) && p2.alive(0));
+        assert_eq!((p0.successor(), p2.successor()), (Some(2), Some(0)));
+        // The dead rank 1 is re-told less and less often: 2 s, 4 s, 8 s, ... at most 64 s.
+        let mut p0 = p0;
+        let mut waits = vec![];
+        for _ in 0..8 {
+            let mut waited = Duration::ZERO;
+            while p0.retell_due().is_empty() {
+                p0 = later(p0, Duration::from_millis(500));
+                waited += Duration::from_millis(500);
+            }
+            waits.push(waited.as_secs());
+        }
+        assert_eq!(waits, vec![4, 8, 16, 32, 64, 64, 64, 64]);
+        assert!(
+            p0.back(1, 1) && p0.retell_due().is_empty(),
+            "back: nothing to tell"
+        );
     }
 }
