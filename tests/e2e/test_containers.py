@@ -39,9 +39,21 @@ def visible_tools(granary):
     return out
 
 
+# pytest's base directory, where the tests keep the dataset, the tier and the agent's runtime: a
+# container sees them only where they are bound. Under /tmp (pytest's default) the tmpfs hides
+# them; `--basetemp` can put them anywhere, so that is hidden too.
+BASETEMP: list = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hidden_base(tmp_path_factory):
+    BASETEMP[:] = [tmp_path_factory.getbasetemp().resolve()]
+
+
 def docker_shaped(granary, binds, extra=()):
+    hide = [a for d in BASETEMP if not d.is_relative_to("/tmp") for a in ("--tmpfs", str(d))]
     args = bwrap() + ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-                      "--tmpfs", "/tmp", "--tmpfs", "/run"] + visible_tools(granary)
+                      "--tmpfs", "/tmp", "--tmpfs", "/run", *hide] + visible_tools(granary)
     for src, dst in binds:
         args += ["--bind", str(src), str(dst)]
     return args + ["--unshare-pid", "--unshare-net", *extra]
