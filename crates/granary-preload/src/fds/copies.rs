@@ -60,21 +60,39 @@ fn verified(st: &libc::stat, dev: u64, ino: u64, euid: u32) -> bool {
         && st.st_ino == ino
 }
 
+/// Why a tier file was not opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Not there, or not the file the agent wrote (or the tier's directory is not usable).
+    NotCopy,
+    /// No fd to spare (`EMFILE`, `ENFILE`): says nothing about the copy. The tier's directory
+    /// fd has been given back, so the program's own open gets the slot it took.
+    NoRoom,
+}
+
+fn no_room(errno: c_int) -> bool {
+    errno == libc::EMFILE || errno == libc::ENFILE
+}
+
 /// The verified object directory fd of `tier`, opening it on first use.
-fn dir_fd(table: &Table, tier: u8) -> Option<c_int> {
-    let slot = DIRS.get(tier as usize)?;
+fn dir_fd(table: &Table, tier: u8) -> Result<c_int, Refused> {
+    let slot = DIRS.get(tier as usize).ok_or(Refused::NotCopy)?;
     let fd = slot.load(Ordering::Acquire);
     if fd >= 0 {
-        return Some(fd);
+        return Ok(fd);
     }
-    let (dev, ino) = table.tier_dir_id(tier as u32)?;
+    let (dev, ino) = table
+        .tier_dir_id(tier as u32)
+        .ok_or(Refused::NotCopy)?;
     if ino == 0 {
-        return None;
+        return Err(Refused::NotCopy);
     }
-    let path = table.tier_dir(tier as u32)?;
+    let path = table.tier_dir(tier as u32).ok_or(Refused::NotCopy)?;
     let mut buf = [0u8; PATH_BUF];
-    buf.get_mut(..path.len())?.copy_from_slice(path);
-    *buf.get_mut(path.len())? = 0;
+    buf.get_mut(..path.len())
+        .ok_or(Refused::NotCopy)?
+        .copy_from_slice(path);
+    *buf.get_mut(path.len()).ok_or(Refused::NotCopy)? = 0;
     let fd = sys::raw_openat(
         libc::AT_FDCWD,
         buf.as_ptr().cast(),
@@ -82,20 +100,39 @@ fn dir_fd(table: &Table, tier: u8) -> Option<c_int> {
         0,
     );
     if fd < 0 {
-        return None;
+        return Err(if no_room(sys::errno()) {
+            Refused::NoRoom
+        } else {
+            Refused::NotCopy
+        });
     }
     let mut st = sys::empty_stat();
     if sys::raw_fstat(fd, &mut st) != 0 || !verified(&st, dev, ino, our_euid(table)) {
         sys::raw_close(fd);
-        return None;
+        return Err(Refused::NotCopy);
     }
     let fd = out_of_the_way(fd);
     match slot.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => Some(fd),
+        Ok(_) => Ok(fd),
         Err(other) => {
             // Another thread got there first: keep one.
             sys::raw_close(fd);
-            Some(other)
+            Ok(other)
+        }
+    }
+}
+
+/// A tier file's open failed for want of an fd: our directory fd `dir` of `tier` is given
+/// back, so the program's own open (the source's, next) has the slot it holds — without granary
+/// the program would have had it. Opened again at the next use that finds room.
+fn give_back_dir(tier: u8, dir: c_int) {
+    if let Some(slot) = DIRS.get(tier as usize) {
+        // Only the thread that takes it out of the slot closes it: never a number twice.
+        if slot
+            .compare_exchange(dir, -1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            sys::raw_close(dir);
         }
     }
 }
@@ -160,20 +197,31 @@ pub fn open(
     flags: c_int,
     expect: &Expect,
 ) -> Option<(c_int, c_int)> {
+    open_or_why(table, tier, name, flags, expect).ok()
+}
+
+/// `open`, saying why not.
+pub fn open_or_why(
+    table: &Table,
+    tier: u8,
+    name: &[u8],
+    flags: c_int,
+    expect: &Expect,
+) -> Result<(c_int, c_int), Refused> {
     let _keep = KeepErrno::new();
     if expect.ino == 0 {
-        return None;
+        return Err(Refused::NotCopy);
     }
     let (fd, added) = open_unchecked(table, tier, name, flags)?;
     let mut st = sys::empty_stat();
     if sys::raw_fstat(fd, &mut st) != 0 || !is_copy(table, tier, &st, expect) {
         sys::raw_close(fd);
-        if let Some(dir) = dir_fd(table, tier) {
+        if let Ok(dir) = dir_fd(table, tier) {
             recheck_dir(table, tier, dir);
         }
-        return None;
+        return Err(Refused::NotCopy);
     }
-    Some((fd, added))
+    Ok((fd, added))
 }
 
 /// `open` without the check of what was opened: the caller checks the fd's first `fstat` with
@@ -184,7 +232,7 @@ pub fn open_unchecked(
     tier: u8,
     name: &[u8],
     flags: c_int,
-) -> Option<(c_int, c_int)> {
+) -> Result<(c_int, c_int), Refused> {
     let _keep = KeepErrno::new();
     let dir = dir_fd(table, tier)?;
     let nonblock_added = if flags & libc::O_NONBLOCK == 0 {
@@ -208,11 +256,15 @@ pub fn open_unchecked(
     }
     let (fd, nofollow_added) = opened;
     if fd < 0 {
+        if no_room(sys::errno()) {
+            give_back_dir(tier, dir);
+            return Err(Refused::NoRoom);
+        }
         recheck_dir(table, tier, dir);
-        return None;
+        return Err(Refused::NotCopy);
     }
     let nofollow = if nofollow_added { libc::O_NOFOLLOW } else { 0 };
-    Some((fd, nonblock_added | nofollow | noatime))
+    Ok((fd, nonblock_added | nofollow | noatime))
 }
 
 /// Set once an open of a copy with `O_NOATIME` was refused (`EPERM`: the process's fsuid does
@@ -227,7 +279,7 @@ pub fn could_be_copy(table: &Table, tier: u8, name: &[u8], st: &libc::stat) -> b
         return true;
     }
     let _keep = KeepErrno::new();
-    let Some(dir) = dir_fd(table, tier) else {
+    let Ok(dir) = dir_fd(table, tier) else {
         return false;
     };
     let Some(cname) = one_name(name) else {
@@ -259,7 +311,7 @@ pub fn is_copy(table: &Table, tier: u8, st: &libc::stat, expect: &Expect) -> boo
 /// a regular file of ours, closed to others, on the tier's device. Never changes errno.
 pub fn open_own(table: &Table, tier: u8, name: &[u8], flags: c_int) -> Option<c_int> {
     let _keep = KeepErrno::new();
-    let dir = dir_fd(table, tier)?;
+    let dir = dir_fd(table, tier).ok()?;
     let (fd, _) = open_beneath_mode(dir, name, flags | libc::O_NOFOLLOW, 0o600);
     if fd < 0 {
         recheck_dir(table, tier, dir);
@@ -347,7 +399,8 @@ fn recheck_dir(table: &Table, tier: u8, dir: c_int) {
 // ---- an entry's files: its complete copy, its part and chunk file ----
 
 /// The entry's complete copy, opened read-only with `flags`, if it is exactly what the agent
-/// placed. Reports a damaged copy. Never changes errno.
+/// placed. Reports a damaged copy (not one that could not be opened for want of an fd). Never
+/// changes errno.
 pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_int, u8, u64)> {
     let word = g.table.state(idx);
     if word.state() != State::Placed {
@@ -355,19 +408,22 @@ pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_i
     }
     let tier = word.tier();
     let expect = recorded(g.table, idx, e);
-    let opened = open(g.table, tier, &object_name(e.object), flags, &expect);
-    if opened.is_none() {
-        // Gone, damaged, replaced: the agent drops it and places it again.
-        g.table.push_request(granary_shm::request::DAMAGED, idx);
-        g.count(job::FALLBACKS, 1);
-        if log::enabled() {
-            log::line(&[
-                b"cached copy unusable, using the source: ",
-                g.table.name(e).unwrap_or(b"?"),
-            ]);
+    match open_or_why(g.table, tier, &object_name(e.object), flags, &expect) {
+        Ok((fd, added)) => Some((fd, tier, flag::added(added))),
+        Err(Refused::NoRoom) => None,
+        Err(Refused::NotCopy) => {
+            // Gone, damaged, replaced: the agent drops it and places it again.
+            g.table.push_request(granary_shm::request::DAMAGED, idx);
+            g.count(job::FALLBACKS, 1);
+            if log::enabled() {
+                log::line(&[
+                    b"cached copy unusable, using the source: ",
+                    g.table.name(e).unwrap_or(b"?"),
+                ]);
+            }
+            None
         }
     }
-    opened.map(|(fd, added)| (fd, tier, flag::added(added)))
 }
 
 /// What the agent recorded when it placed entry `idx`'s complete copy.
@@ -395,9 +451,11 @@ pub fn open_copy_unchecked(
     }
     let tier = word.tier();
     match open_unchecked(g.table, tier, &object_name(e.object), flags) {
-        Some((fd, added)) => Some((fd, tier, flag::added(added) | flag::UNCHECKED)),
+        Ok((fd, added)) => Some((fd, tier, flag::added(added) | flag::UNCHECKED)),
+        // No fd to spare: the source's open may still have one (the directory fd's).
+        Err(Refused::NoRoom) => None,
         // Gone: the checked open reports it.
-        None => open_copy(g, idx, e, flags),
+        Err(Refused::NotCopy) => open_copy(g, idx, e, flags),
     }
 }
 

@@ -120,17 +120,19 @@ fn failed(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
         tb.count(slot, job::FALLBACKS, 1);
         if word.state() == State::Placed {
             let expect = copies::recorded(tb, t.entry, e);
-            match copies::open(
+            match copies::open_or_why(
                 tb,
                 tier,
                 &object_name(e.object),
                 libc::O_RDONLY | libc::O_CLOEXEC,
                 &expect,
             ) {
-                Some((cfd, _)) => {
+                Ok((cfd, _)) => {
                     sys::raw_close(cfd);
                 }
-                None => {
+                // No fd to spare: nothing is known of the copy.
+                Err(copies::Refused::NoRoom) => {}
+                Err(copies::Refused::NotCopy) => {
                     // As an open that finds the copy damaged: withdrawn, then placed again.
                     tb.push_request(granary_shm::request::DAMAGED, t.entry);
                     tb.push_request_arg(granary_shm::request::OPEN_UNPLACED, t.entry, slot);

@@ -205,13 +205,15 @@ impl Early {
         }
         let tier = LAST_TIER.load(Ordering::Relaxed);
         match copies::open_unchecked(g.table, tier, &object_name(object), flags) {
-            Some((fd, added)) => Some(Early {
+            Ok((fd, added)) => Some(Early {
                 fd,
                 added: fdtable::flag::added(added),
                 tier,
                 object,
             }),
-            None => {
+            // No fd to spare: says nothing of the copy.
+            Err(copies::Refused::NoRoom) => None,
+            Err(copies::Refused::NotCopy) => {
                 Early::scored(false);
                 None
             }

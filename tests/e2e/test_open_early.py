@@ -1,0 +1,142 @@
+"""An open's system call may come before its lookup (docs/decisions.md, "The copy bitmap"): a file
+no copy of which was ever placed is opened on the source first, one that may have a copy has that
+copy opened first and kept only if the lookup then names it. Whatever path the open takes, the
+program gets what the kernel gives it directly: the fd number, errno (on success untouched), the
+status and descriptor flags, the stat fields and every byte — for placed files, files never
+placed, files changed, replaced, re-owned or removed since they were placed (their bits stay
+set), symlinks, `..`, a trailing `/`, `openat` from a directory fd, a source root spelled through
+a symlink, and a process at its fd limit (docs/reliability.md).
+"""
+import os
+import subprocess
+
+import pytest
+
+from conftest import CLIENTS, tier_files
+from probes import direct, make_tree, output, run_job
+
+
+@pytest.fixture(scope="module")
+def open_matrix(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("open_matrix") / "open_matrix"
+    subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(CLIENTS / "open_matrix.c")],
+                   check=True)
+    return exe
+
+
+def rand(n: int, seed: int) -> bytes:
+    import random
+    return random.Random(seed).randbytes(n)
+
+
+def no_background_validation(tmp_path):
+    """The program reaches every changed entry before a validator could."""
+    cfg = tmp_path / "granary.toml"
+    cfg.write_text("[catalog]\nvalidate_threads = 0\n")
+    return ["--config", str(cfg)]
+
+
+def placed_tree(granary, root, tier, extra):
+    """A tree whose files are all placed by a first job (every copy bit set)."""
+    files = {f"d/f{i}": rand(3000 + i, i) for i in range(8)}
+    files["d/big.bin"] = rand(3 << 20, 99)
+    files["e/g.txt"] = b"in e\n"
+    src = make_tree(root, files)
+    os.symlink("f0", src / "d" / "link")
+    os.symlink("link", src / "d" / "chain")
+    os.symlink("nothing", src / "d" / "dangling")
+    os.symlink("d", src / "dirlink")
+    os.symlink("../e/g.txt", src / "d" / "up")
+    reader = ["sh", "-c", f"cat {src}/d/f* {src}/d/big.bin {src}/e/g.txt > /dev/null"]
+    proc, _ = run_job(granary, src, reader, tier, extra=extra)
+    output(proc)
+    granary.settle(src)
+    proc, stats = run_job(granary, src, reader, tier, extra=extra)
+    output(proc)
+    assert tier_files(stats) == 10, stats
+    return src
+
+
+def change_behind_granarys_back(src):
+    """Between jobs, each placed file changed in one identity field (their copy bits stay set),
+    one removed, one added (its bit clear)."""
+    # Same size, mtime restored: only ctime tells.
+    p = src / "d" / "f1"
+    st = p.stat()
+    p.write_bytes(b"Z" * st.st_size)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    # Replaced by rename, same size and mtime: another inode.
+    p = src / "d" / "f2"
+    st = p.stat()
+    tmp = src.parent / "replacement"
+    tmp.write_bytes(b"Y" * st.st_size)
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.rename(tmp, p)
+    # Another mode, then another owner (the test runs as root where it can).
+    os.chmod(src / "d" / "f3", 0o600)
+    if os.geteuid() == 0:
+        os.chown(src / "d" / "f4", 65534, 65534)
+    # Removed: its copy and its bit remain.
+    (src / "d" / "f5").unlink()
+    (src / "d" / "new").write_bytes(b"never placed\n")
+
+
+ITEMS = ["d/f0", "d/f1", "d/f2", "d/f3", "d/f4", "d/f5", "d/f6", "d/new", "d/big.bin",
+         "d/link", "d/chain", "d/dangling", "d/up", "dirlink/f0", "dirlink/../e/g.txt",
+         "d/../d/f0", "./d/./f6", "d/f0/", "d/f5/", "d", "d/", "nothing",
+         "at:d:f0", "at:d:f5", "at:d:link", "at:d:../d/f6", "at:dirlink:f7",
+         "cd:d", "f0", "../d/f7", "../e/g.txt", "link", "../dirlink/f6", "cd:.."]
+
+
+@pytest.mark.parametrize("root", ["real", "symlinked"])
+def test_every_open_gets_the_kernels_fd_errno_flags_and_bytes(granary, tmp_path, open_matrix,
+                                                              root):
+    """Each item opened read-only with and without close-on-exec, non-blocking, no-follow, by an
+    absolute path, a relative one and `openat`: every line (fd number, errno — a sentinel on
+    success —, `F_GETFL`, `F_GETFD`, `fstat` fields, length and checksum of the bytes read) as
+    directly. The changed, replaced, re-owned and removed files' copies are still on the tier
+    with their bits set: their early opens must be dropped."""
+    tier = tmp_path / "tier"
+    extra = no_background_validation(tmp_path)
+    real = placed_tree(granary, tmp_path / "pfs" / "src", tier, extra)
+    change_behind_granarys_back(real)
+    src = real
+    if root == "symlinked":
+        src = tmp_path / "src-link"
+        os.symlink(real, src)
+    items = ITEMS + [f"{src}/d/f0", f"{real}/d/f6", f"{src}/d/f1", f"{real}/d/f5",
+                     f"{src}/dirlink/f0", f"{src}/../src-link/d/f7" if root == "symlinked"
+                     else f"{real}/../src/d/f7"]
+    cmd = [open_matrix, "matrix", src, *items]
+    got, stats = run_job(granary, src, cmd, tier, extra=extra)
+    want = direct(cmd)
+    assert output(got).decode() == output(want).decode()
+    assert b"errno 2" in want.stdout and b"errno 40" in want.stdout and b"errno 20" in want.stdout
+    # The unchanged placed files were served from the tier (the paths under test were taken).
+    assert tier_files(stats) >= 4 * 4, stats
+    # No copy was reported damaged: the changed ones were never the entry's copy.
+    assert stats["fallbacks"] == 0, stats
+
+
+@pytest.mark.parametrize("warm", [0, 1], ids=["first-copy-open-at-the-limit", "warm"])
+def test_at_the_fd_limit_opens_succeed_and_fail_as_directly(granary, tmp_path, open_matrix, warm):
+    """The fd limit lowered to 64 and filled but for one slot: the open of a placed file gets
+    that slot (it failed with EMFILE when granary's first open of a copy took it for the tier's
+    directory fd, and every later open then too); with no slot free it fails with EMFILE; then,
+    one slot free again, it succeeds. A copy that could not be opened for want of an fd is not
+    reported damaged (the agent withdrew healthy copies)."""
+    tier = tmp_path / "tier"
+    src = placed_tree(granary, tmp_path / "pfs" / "src", tier, [])
+    cmd = [open_matrix, "emfile", src, warm, "d/f0", "d/f1"]
+    got, stats = run_job(granary, src, cmd, tier)
+    want = direct(cmd)
+    assert output(got).decode() == output(want).decode()
+    assert b"one slot: fd =freed" in want.stdout and b"no slot -> fd -1 errno 24" in want.stdout
+    assert stats["fallbacks"] == 0, stats
+    if warm:
+        # The directory fd was opened while the limit was high: the copies themselves served.
+        assert tier_files(stats) >= 2, stats
+    # Every copy is still placed: none was withdrawn as damaged.
+    proc, stats = run_job(granary, src, ["sh", "-c", f"cat {src}/d/f* > /dev/null"], tier)
+    output(proc)
+    assert tier_files(stats) == 8, stats
