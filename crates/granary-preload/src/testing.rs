@@ -37,6 +37,8 @@ pub const UNPLACED: &str = "train/small.txt";
 pub const TAGGED: &str = "tagged.bin";
 /// A file placed by no one: a test places it where it needs it (`MOVED`'s copy in two tiers).
 pub const MOVED: &str = "moved.bin";
+/// A file placed by no one, which one test places while an open of it is under way.
+pub const LATE: &str = "late.bin";
 
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -81,6 +83,7 @@ fn build_fixture() -> Fixture {
     fs::write(src.join(PLACED), pattern(64 * 1024, 7)).unwrap();
     fs::write(src.join(UNPLACED), b"not placed\n").unwrap();
     fs::write(src.join(MOVED), pattern(3000, 9)).unwrap();
+    fs::write(src.join(LATE), pattern(2500, 11)).unwrap();
     fs::write(src.join("train/cls0/img0.jpg"), pattern(1000, 1)).unwrap();
     fs::write(src.join("changed.txt"), b"changed by the program\n").unwrap();
     fs::write(src.join("gone/inner/f.txt"), b"below a removed directory\n").unwrap();
@@ -188,7 +191,7 @@ fn probe_xattrs(f: &Fixture) {
 }
 
 /// Copies `rel` into tier 0 and records it placed, as the agent does.
-fn place(f: &Fixture, rel: &str) {
+pub fn place(f: &Fixture, rel: &str) {
     let obj = f.object(rel);
     fs::copy(f.src.join(rel), &obj).unwrap();
     fs::set_permissions(&obj, fs::Permissions::from_mode(0o600)).unwrap();

@@ -81,9 +81,7 @@ fn dir_fd(table: &Table, tier: u8) -> Result<c_int, Refused> {
     if fd >= 0 {
         return Ok(fd);
     }
-    let (dev, ino) = table
-        .tier_dir_id(tier as u32)
-        .ok_or(Refused::NotCopy)?;
+    let (dev, ino) = table.tier_dir_id(tier as u32).ok_or(Refused::NotCopy)?;
     if ino == 0 {
         return Err(Refused::NotCopy);
     }
@@ -161,6 +159,17 @@ fn out_of_the_way(fd: c_int) -> c_int {
     }
     sys::raw_close(fd);
     high
+}
+
+/// Closes every tier directory fd this process holds (a test's process starting afresh).
+#[cfg(test)]
+pub fn close_dirs() {
+    for (tier, d) in DIRS.iter().enumerate() {
+        let fd = d.load(Ordering::Acquire);
+        if fd >= 0 {
+            give_back_dir(tier as u8, fd);
+        }
+    }
 }
 
 /// The program closed (or replaced) fd `fd`: if it was one of our directory fds, forget it (the

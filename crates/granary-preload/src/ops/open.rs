@@ -577,7 +577,7 @@ pub fn fopen_flags(mode: Option<&[u8]>) -> Option<(c_int, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{fixture, pattern, MOVED, PLACED, UNPLACED};
+    use crate::testing::{fixture, pattern, LATE, MOVED, PLACED, UNPLACED};
     use granary_shm::Miss;
 
     fn close(fd: c_int) {
@@ -756,6 +756,175 @@ mod tests {
             0,
             "the copy's fd is not the number the program's open would get (10 + how far off)"
         );
+    }
+
+    /// Runs `f` in a forked child of one thread (no other test's fd or count in between),
+    /// counting in job slot 3 (no other test's); its exit code (99: it panicked).
+    fn in_child(f: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: the child makes system calls and this crate's calls only, then _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            detour::set_job_slot(3);
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(99);
+            // SAFETY: ends the child without running the parent's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status));
+        libc::WEXITSTATUS(status)
+    }
+
+    fn counts(f: &crate::testing::Fixture) -> [u64; 4] {
+        [
+            job::OPENS,
+            job::SOURCE_OPENS,
+            job::TIER_FILES,
+            job::FALLBACKS,
+        ]
+        .map(|w| f.table.job_value(3, w))
+    }
+
+    fn inode_of(fd: c_int) -> u64 {
+        let mut st = sys::empty_stat();
+        assert_eq!(sys::raw_fstat(fd, &mut st), 0);
+        st.st_ino
+    }
+
+    fn pread_all(fd: c_int) -> Vec<u8> {
+        let mut buf = vec![0u8; 128 * 1024];
+        let n = sys::sys!(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), 0);
+        buf.truncate(n.max(0) as usize);
+        buf
+    }
+
+    #[test]
+    fn a_file_placed_between_its_hint_and_its_lookup_keeps_the_sources_fd_counted_once() {
+        let f = fixture();
+        let ro = libc::O_RDONLY | libc::O_CLOEXEC;
+        assert!(f.table.no_copy_yet(LATE.as_bytes()));
+        let code = in_child(|| {
+            let before = counts(f);
+            // The bit read clear; the agent places the file (bit, then PLACED) while the real
+            // call opens the source, before the lookup reads the entry.
+            let p = f.path(LATE);
+            let mut calls = 0;
+            let mut real = || {
+                calls += 1;
+                crate::testing::place(f, LATE);
+                sys::raw_openat(libc::AT_FDCWD, p.as_ptr(), ro, 0)
+            };
+            let Detour::Answer(fd) = open(libc::AT_FDCWD, p.as_ptr(), ro, Some(&mut real)) else {
+                return 1;
+            };
+            if calls != 1 || fd < 0 || f.table.state(f.idx(LATE)).state() != State::Placed {
+                return 2;
+            }
+            // The source's fd, the source's bytes, tracked as the entry's source fd.
+            if inode_of(fd) != std::fs::metadata(f.src.join(LATE)).unwrap().ino()
+                || pread_all(fd) != pattern(2500, 11)
+            {
+                return 3;
+            }
+            match fdtable::peek(fd) {
+                Some(t) if t.kind == FdKind::Source && t.entry == f.idx(LATE) => {}
+                _ => return 4,
+            }
+            // One open, from the source; nothing from a tier, no copy found unusable.
+            let after = counts(f);
+            if after != [before[0] + 1, before[1] + 1, before[2], before[3]] {
+                return 5;
+            }
+            close(fd);
+            // The next open finds the bit set and gets the copy.
+            let (Detour::Answer(fd), 0) = open_as_hook(LATE, ro) else {
+                return 6;
+            };
+            let t = fdtable::peek(fd).unwrap();
+            if t.kind != FdKind::Tier(0)
+                || pread_all(fd) != pattern(2500, 11)
+                || counts(f)[2] != before[2] + 1
+            {
+                return 7;
+            }
+            close(fd);
+            0
+        });
+        assert_eq!(code, 0, "step {code} of the child failed");
+    }
+
+    #[test]
+    fn at_the_fd_limit_an_open_of_a_placed_file_gets_the_last_slot_and_reports_no_damage() {
+        let f = fixture();
+        let ro = libc::O_RDONLY | libc::O_CLOEXEC;
+        let want = std::fs::read(f.src.join(PLACED)).unwrap();
+        let code = in_child(|| {
+            // A process whose first copy open comes at its fd limit, one slot free.
+            copies::close_dirs();
+            LAST_TIER.store(0, Ordering::Relaxed);
+            EARLY_SCORE.store(0, Ordering::Relaxed);
+            let null = c"/dev/null".as_ptr();
+            let lowest = sys::raw_openat(libc::AT_FDCWD, null, libc::O_RDONLY, 0);
+            sys::raw_close(lowest);
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: plain getters and setters of this process's limit.
+            unsafe {
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+                lim.rlim_cur = lowest as u64 + 8;
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return 1;
+                }
+            }
+            let mut last = -1;
+            loop {
+                let fd = sys::raw_openat(libc::AT_FDCWD, null, libc::O_RDONLY, 0);
+                if fd < 0 {
+                    break;
+                }
+                last = fd;
+            }
+            sys::raw_close(last);
+            let before = counts(f);
+            // The open as the hook makes it: granary's fd, or the real call's.
+            let p = f.path(PLACED);
+            let open_placed = || {
+                let (d, _) = open_as_hook(PLACED, ro);
+                match d {
+                    Detour::Answer(fd) => fd,
+                    Detour::Fail(_) => -2,
+                    Detour::Bypass(..) => sys::raw_openat(libc::AT_FDCWD, p.as_ptr(), ro, 0),
+                }
+            };
+            let fd = open_placed();
+            if fd != last {
+                return 2;
+            }
+            if pread_all(fd) != want {
+                return 3;
+            }
+            // No slot: EMFILE, as the real call says.
+            sys::set_errno(0);
+            if open_placed() != -1 || sys::errno() != libc::EMFILE {
+                return 4;
+            }
+            close(fd);
+            // A slot again.
+            let fd = open_placed();
+            if fd != last || pread_all(fd) != want {
+                return 5;
+            }
+            close(fd);
+            // No copy was taken for damaged.
+            if counts(f)[3] != before[3] {
+                return 6;
+            }
+            0
+        });
+        assert_eq!(code, 0, "step {code} of the child failed");
     }
 
     #[test]
