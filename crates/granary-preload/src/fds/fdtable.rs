@@ -235,18 +235,6 @@ fn store(fd: i32, t: Tracked) -> bool {
     }
 }
 
-/// `track` for a copy this very call opened unchecked (`flag::UNCHECKED`), without asking
-/// whose table this is: in a vfork child (which may only `exec` or `_exit`) the entry would land
-/// in the parent's table under a number that is free there — and whatever the parent later gets
-/// under that number is checked before any use and forgotten when it names no copy
-/// (`tracked::confirm_with`). Saves the `getpid` of a placed open.
-pub fn track_unchecked_copy(fd: i32, t: Tracked) -> bool {
-    if t.flags & flag::UNCHECKED == 0 || !matches!(t.kind, FdKind::Tier(_)) {
-        return track(fd, t);
-    }
-    store(fd, t)
-}
-
 /// Clears `f` on a tracked fd, whichever process's table it is: for a fact about the open file
 /// itself (its copy passed the check), true for every fd that shares it.
 pub fn clear_file_flag(fd: i32, f: u64) {

@@ -365,8 +365,13 @@ fn copy_fd(
     };
     LAST_TIER.store(tier, Ordering::Relaxed);
     let fl = initial_flags(flags) | added;
-    if !fdtable::track_unchecked_copy(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {
-        // Untrackable fd number: fstat could not be answered consistently, use the source.
+    // Never in a vfork child's name (`fdtable::owned`): its fd table is not ours, and a number
+    // it closed and opened again may name another file of ours here — an UNCHECKED entry
+    // over it had the parent's fd found "damaged" at its next use and the other file's source
+    // put under it.
+    if !fdtable::track(fd, Tracked::new(idx, FdKind::Tier(tier), fl)) {
+        // Untrackable fd number (beyond the table, or a vfork child's): fstat could not be
+        // answered consistently, use the source.
         let _keep = KeepErrno::new();
         sys::raw_close(fd);
         return None;
