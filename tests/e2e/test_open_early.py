@@ -9,6 +9,7 @@ a symlink, and a process at its fd limit (docs/reliability.md).
 """
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -174,3 +175,39 @@ def test_a_vfork_child_reopening_a_number_never_changes_the_parents_fd(granary, 
     assert want.stdout.count(b"got the parent's number: yes") == 2, want.stdout
     assert tier_files(stats) >= 2, stats
     assert stats["fallbacks"] == 0, stats
+
+
+SUBPROCESSES = """
+import os, subprocess, sys
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+def read_and_spawn():
+    with open(sys.argv[1], "rb") as f:
+        f.read()
+    subprocess.run(["true"])
+read_and_spawn()
+first = fds()
+for _ in range(10):
+    read_and_spawn()
+print("fds grew by", fds() - first)
+"""
+
+
+@pytest.mark.parametrize("program", ["vfork-close_range", "python-subprocess"])
+def test_vfork_children_closing_every_fd_leak_no_fd_in_the_parent(granary, tmp_path, program):
+    """Children that run in the parent's memory until exec (`vfork`: CPython's subprocess,
+    here with `close_range` in the child) close every fd of their own table: the parent's tier
+    directory fd was forgotten in the shared memory, another opened at the next copy — one fd
+    leaked per child (ten children: ten fds), until the program's opens fail with EMFILE."""
+    tier = tmp_path / "tier"
+    src = placed_tree(granary, tmp_path / "pfs" / "src", tier, [])
+    if program == "vfork-close_range":
+        exe = tmp_path / "vfork_open"
+        subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(CLIENTS / "vfork_open.c")],
+                       check=True)
+        cmd = [exe, src / "d" / "f0", src / "d" / "f1", "leak"]
+    else:
+        cmd = [sys.executable, "-c", SUBPROCESSES, src / "d" / "f0"]
+    got, stats = run_job(granary, src, cmd, tier)
+    assert output(got) == output(direct(cmd)) == b"fds grew by 0\n"
+    assert tier_files(stats) == 11, stats

@@ -4,8 +4,13 @@
  * with a direct run. Twice: the parent's fd used before the vfork (checked), and not (its copy's
  * check still to come).
  *
- *   vfork_open A B */
+ *   vfork_open A B
+ *
+ *   vfork_open A B leak   ten vfork children that close every fd (close_range) and exit, the
+ *                         parent opening A after each: how many more fds the parent holds after
+ *                         the ten than after the first (granary's directory fds included). */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,7 +33,39 @@ static void show(const char *what, int fd) {
            (long long)st.st_size, (unsigned long long)st.st_ino, n, (unsigned long long)h);
 }
 
+static int open_fds(void) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    while (d && readdir(d))
+        n++;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void spawn_and_read(const char *a) {
+    pid_t pid = vfork();
+    if (pid == 0) {
+        close_range(3, ~0U, 0);
+        _exit(0);
+    }
+    waitpid(pid, NULL, 0);
+    char b[4096];
+    int fd = open(a, O_RDONLY | O_CLOEXEC);
+    while (read(fd, b, sizeof b) > 0) {
+    }
+    close(fd);
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4) {
+        spawn_and_read(argv[1]);
+        int first = open_fds();
+        for (int i = 0; i < 10; i++)
+            spawn_and_read(argv[1]);
+        printf("fds grew by %d\n", open_fds() - first);
+        return 0;
+    }
     if (argc != 3)
         return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);

@@ -25,7 +25,7 @@ use core::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use granary_shm::layout::MAX_TIERS;
 use granary_shm::{job, object_name, EntryRec, State, Table};
 
-use crate::fds::fdtable::flag;
+use crate::fds::fdtable::{self, flag};
 use crate::ops::detour::Guard;
 use crate::sys::log;
 use crate::sys::PATH_BUF;
@@ -68,6 +68,9 @@ pub enum Refused {
     /// No fd to spare (`EMFILE`, `ENFILE`): says nothing about the copy. The tier's directory
     /// fd has been given back, so the program's own open gets the slot it took.
     NoRoom,
+    /// A vfork child (`fdtable::owned` false): the directory fds are its parent's to open,
+    /// close and forget, and an fd this child has may not be one of them any more.
+    NoDir,
 }
 
 fn no_room(errno: c_int) -> bool {
@@ -80,6 +83,11 @@ fn dir_fd(table: &Table, tier: u8) -> Result<c_int, Refused> {
     let fd = slot.load(Ordering::Acquire);
     if fd >= 0 {
         return Ok(fd);
+    }
+    // A vfork child's fd would be published in its parent's memory under a number that names
+    // something else there.
+    if !fdtable::owned() {
+        return Err(Refused::NoDir);
     }
     let (dev, ino) = table.tier_dir_id(tier as u32).ok_or(Refused::NotCopy)?;
     if ino == 0 {
@@ -124,6 +132,9 @@ fn dir_fd(table: &Table, tier: u8) -> Result<c_int, Refused> {
 /// back, so the program's own open (the source's, next) has the slot it holds — without granary
 /// the program would have had it. Opened again at the next use that finds room.
 fn give_back_dir(tier: u8, dir: c_int) {
+    if !fdtable::owned() {
+        return;
+    }
     if let Some(slot) = DIRS.get(tier as usize) {
         // Only the thread that takes it out of the slot closes it: never a number twice.
         if slot
@@ -177,7 +188,9 @@ pub fn close_dirs() {
 #[inline]
 pub fn forget(fd: c_int) {
     for d in &DIRS {
-        if d.load(Ordering::Relaxed) == fd && fd >= 0 {
+        // Not in a vfork child (whose closes are of its own fd table): its parent would open
+        // another and keep this one open for nothing — an fd leaked at every subprocess.
+        if d.load(Ordering::Relaxed) == fd && fd >= 0 && fdtable::owned() {
             d.store(-1, Ordering::Release);
         }
     }
@@ -187,7 +200,7 @@ pub fn forget(fd: c_int) {
 pub fn forget_range(first: u32, last: u32) {
     for d in &DIRS {
         let fd = d.load(Ordering::Relaxed);
-        if fd >= 0 && (first..=last).contains(&(fd as u32)) {
+        if fd >= 0 && (first..=last).contains(&(fd as u32)) && fdtable::owned() {
             d.store(-1, Ordering::Release);
         }
     }
@@ -268,6 +281,11 @@ pub fn open_unchecked(
         if no_room(sys::errno()) {
             give_back_dir(tier, dir);
             return Err(Refused::NoRoom);
+        }
+        if !fdtable::owned() {
+            // A vfork child that closed its copy of the directory fd, say: nothing is known
+            // of the copy.
+            return Err(Refused::NoDir);
         }
         recheck_dir(table, tier, dir);
         return Err(Refused::NotCopy);
@@ -397,6 +415,10 @@ fn recheck_dir(table: &Table, tier: u8, dir: c_int) {
     let Some((dev, ino)) = table.tier_dir_id(tier as u32) else {
         return;
     };
+    if !fdtable::owned() {
+        // A vfork child's fd table is not the one the directory fds are kept for.
+        return;
+    }
     let mut st = sys::empty_stat();
     if sys::raw_fstat(dir, &mut st) != 0 || !verified(&st, dev, ino, our_euid(table)) {
         if let Some(slot) = DIRS.get(tier as usize) {
@@ -419,7 +441,8 @@ pub fn open_copy(g: &Guard, idx: u32, e: &EntryRec, flags: c_int) -> Option<(c_i
     let expect = recorded(g.table, idx, e);
     match open_or_why(g.table, tier, &object_name(e.object), flags, &expect) {
         Ok((fd, added)) => Some((fd, tier, flag::added(added))),
-        Err(Refused::NoRoom) => None,
+        // Nothing known of the copy.
+        Err(Refused::NoRoom | Refused::NoDir) => None,
         Err(Refused::NotCopy) => {
             // Gone, damaged, replaced: the agent drops it and places it again.
             g.table.push_request(granary_shm::request::DAMAGED, idx);
@@ -461,8 +484,9 @@ pub fn open_copy_unchecked(
     let tier = word.tier();
     match open_unchecked(g.table, tier, &object_name(e.object), flags) {
         Ok((fd, added)) => Some((fd, tier, flag::added(added) | flag::UNCHECKED)),
-        // No fd to spare: the source's open may still have one (the directory fd's).
-        Err(Refused::NoRoom) => None,
+        // No fd to spare (the source's open may still have one: the directory fd's), or a
+        // vfork child.
+        Err(Refused::NoRoom | Refused::NoDir) => None,
         // Gone: the checked open reports it.
         Err(Refused::NotCopy) => open_copy(g, idx, e, flags),
     }

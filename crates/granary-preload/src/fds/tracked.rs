@@ -130,8 +130,8 @@ fn failed(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
                 Ok((cfd, _)) => {
                     sys::raw_close(cfd);
                 }
-                // No fd to spare: nothing is known of the copy.
-                Err(copies::Refused::NoRoom) => {}
+                // No fd to spare, or a vfork child: nothing is known of the copy.
+                Err(copies::Refused::NoRoom | copies::Refused::NoDir) => {}
                 Err(copies::Refused::NotCopy) => {
                     // As an open that finds the copy damaged: withdrawn, then placed again.
                     tb.push_request(granary_shm::request::DAMAGED, t.entry);

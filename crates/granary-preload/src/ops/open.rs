@@ -211,8 +211,8 @@ impl Early {
                 tier,
                 object,
             }),
-            // No fd to spare: says nothing of the copy.
-            Err(copies::Refused::NoRoom) => None,
+            // No fd to spare, or a vfork child: says nothing of the copy.
+            Err(copies::Refused::NoRoom | copies::Refused::NoDir) => None,
             Err(copies::Refused::NotCopy) => {
                 Early::scored(false);
                 None
