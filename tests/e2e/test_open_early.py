@@ -20,8 +20,8 @@ from probes import direct, make_tree, output, run_job
 @pytest.fixture(scope="module")
 def open_matrix(tmp_path_factory):
     exe = tmp_path_factory.mktemp("open_matrix") / "open_matrix"
-    subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(CLIENTS / "open_matrix.c")],
-                   check=True)
+    subprocess.run(["cc", "-O2", "-Wall", "-pthread", "-o", str(exe),
+                    str(CLIENTS / "open_matrix.c")], check=True)
     return exe
 
 
@@ -130,6 +130,26 @@ def test_every_open_gets_the_kernels_fd_errno_flags_and_bytes(granary, tmp_path,
     # The unchanged placed files were served from the tier (the paths under test were taken).
     assert tier_files(stats) >= 3 * 3 * len(items), stats
     # No copy was reported damaged: the changed ones were never the entry's copy.
+    assert stats["fallbacks"] == 0, stats
+
+
+def test_threads_opening_while_another_forks_get_their_own_files(granary, tmp_path, open_matrix):
+    """Four threads open (close-on-exec), read and close placed, changed, removed and never
+    placed files and symlinks, 200 times each, while a fifth thread forks children that exit at
+    once: an early open taken or closed in one thread never ends or replaces another thread's
+    fd, and every outcome is each file's, as directly."""
+    tier = tmp_path / "tier"
+    extra = no_background_validation(tmp_path)
+    src = placed_tree(granary, tmp_path / "pfs" / "src", tier, extra)
+    change_behind_granarys_back(src)
+    items = [f"d/f{i}" for i in range(10)] + ["d/new", "d/big.bin", "d/link", "d/dangling",
+                                             "dirlink/f6", "nothing"]
+    cmd = [open_matrix, "threads", src, 200, *items]
+    got, stats = run_job(granary, src, cmd, tier, extra=extra)
+    want = direct(cmd)
+    assert output(got).decode() == output(want).decode()
+    assert want.stdout.endswith(b"differed 0\n")
+    assert tier_files(stats) >= 4 * 200 * 4, stats
     assert stats["fallbacks"] == 0, stats
 
 

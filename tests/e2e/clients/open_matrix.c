@@ -5,6 +5,11 @@
  *   open_matrix matrix ROOT ITEM...   chdir(ROOT); ITEM is a path opened with each flag set, or
  *                                     "cd:DIR" (chdir there), or "at:DIR:NAME" (openat from a
  *                                     directory fd of DIR).
+ *   open_matrix threads ROOT N ITEM...
+ *                                     four threads each open, read whole and close every ITEM
+ *                                     N times (close-on-exec) while a fifth forks children that
+ *                                     exit at once: each item's outcome (bytes or errno), and
+ *                                     how many outcomes differed from the item's first.
  *   open_matrix emfile ROOT WARM PATH PATH2
  *                                     the fd limit lowered to 64 and filled with /dev/null but
  *                                     for one slot, then PATH opened (WARM: a first open of PATH
@@ -14,6 +19,9 @@
  * Every line is comparable between a direct run and a run under granary on the same tree. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -155,12 +163,79 @@ static int emfile(char **argv) {
     return 0;
 }
 
+#define MAX_ITEMS 64
+static int n_items, rounds;
+static char **items;
+static atomic_ullong first[MAX_ITEMS];
+static atomic_int differed, stop;
+
+static unsigned long long outcome(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return (unsigned long long)errno;
+    long len;
+    uint64_t h = digest(fd, &len);
+    close(fd);
+    return (h ^ (uint64_t)len) | 1ull << 63;
+}
+
+static void *opener(void *arg) {
+    long t = (long)arg;
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < n_items; i++) {
+            int k = (i + (int)t * 7) % n_items;
+            unsigned long long o = outcome(items[k]), none = 0;
+            if (!atomic_compare_exchange_strong(&first[k], &none, o) && none != o)
+                atomic_fetch_add(&differed, 1);
+        }
+    return NULL;
+}
+
+static void *forker(void *arg) {
+    (void)arg;
+    while (!atomic_load(&stop)) {
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(0);
+        if (pid > 0)
+            waitpid(pid, NULL, 0);
+    }
+    return NULL;
+}
+
+static int threads(int argc, char **argv) {
+    rounds = atoi(argv[3]);
+    items = argv + 4;
+    n_items = argc - 4;
+    if (n_items > MAX_ITEMS)
+        return 2;
+    pthread_t t[4], f;
+    pthread_create(&f, NULL, forker, NULL);
+    for (long i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, opener, (void *)i);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    atomic_store(&stop, 1);
+    pthread_join(f, NULL);
+    for (int i = 0; i < n_items; i++) {
+        unsigned long long o = atomic_load(&first[i]);
+        if (o >> 63)
+            printf("%s %016llx\n", items[i], o);
+        else
+            printf("%s errno %llu\n", items[i], o);
+    }
+    printf("differed %d\n", atomic_load(&differed));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 3 || chdir(argv[2]) != 0)
         return 2;
     if (strcmp(argv[1], "matrix") == 0)
         return matrix(argc, argv);
+    if (strcmp(argv[1], "threads") == 0 && argc > 4)
+        return threads(argc, argv);
     if (strcmp(argv[1], "emfile") == 0 && argc == 6)
         return emfile(argv);
     return 2;
