@@ -197,6 +197,57 @@ def test_a_vfork_child_reopening_a_number_never_changes_the_parents_fd(granary, 
     assert stats["fallbacks"] == 0, stats
 
 
+@pytest.fixture(scope="module")
+def vfork_open(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("vfork_open") / "vfork_open"
+    subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(CLIENTS / "vfork_open.c")],
+                   check=True)
+    return exe
+
+
+def test_a_vfork_child_reads_and_resolves_through_its_own_fds(granary, tmp_path, vfork_open):
+    """A vfork child runs in its parent's memory, so the fd table granary keeps there is the
+    parent's: a number the child closed and opened again names another file in the child. Its
+    reads of that number were served from the parent's file's copy (wrong bytes), and `fstatat`,
+    `openat` and the read through a directory fd it reopened resolved against the parent's
+    directory. Now every hook in such a child takes the kernel's word for its fds."""
+    tier = tmp_path / "tier"
+    src = make_tree(tmp_path / "pfs" / "src", {"big.bin": rand(4 << 20, 7),
+                                              "d/a": rand(5000, 8)})
+    other = make_tree(tmp_path / "other", {"big.bin": rand(4 << 20, 9), "a": rand(700, 10)})
+    # The big file is fetched whole by the agent from its open on: its source fd (inheritable,
+    # so served call by call) then reads from the copy.
+    cmd = [vfork_open, src / "big.bin", other / "big.bin", tier, "read"]
+    got, stats = run_job(granary, src, cmd, tier)
+    assert b"placed while open: yes" in got.stderr, got.stderr
+    assert output(got) == output(direct(cmd))
+    granary.settle(src)
+    cmd = [vfork_open, src / "d", other, "a", "dirfd"]
+    got, stats = run_job(granary, src, cmd, tier)
+    assert output(got) == output(direct(cmd))
+
+
+CWD_SUBPROCESSES = """
+import os, subprocess, sys
+os.chdir(sys.argv[1])
+for _ in range(5):
+    with open("d/f0", "rb") as f:
+        f.read()
+    subprocess.run(["true"], cwd="/")
+"""
+
+
+def test_a_child_started_in_another_directory_leaves_the_parents_paths_served(granary, tmp_path):
+    """`subprocess.run(cwd=...)` vforks a child that changes its working directory: that
+    change was noted in the parent's memory, and the parent's relative paths into the dataset
+    were taken for outside it (not served, not counted) for the rest of the job."""
+    tier = tmp_path / "tier"
+    src = placed_tree(granary, tmp_path / "pfs" / "src", tier, [])
+    got, stats = run_job(granary, src, [sys.executable, "-c", CWD_SUBPROCESSES, src], tier)
+    output(got)
+    assert tier_files(stats) == 5, stats
+
+
 SUBPROCESSES = """
 import os, subprocess, sys
 def fds():

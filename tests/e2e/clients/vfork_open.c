@@ -14,6 +14,8 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -57,7 +59,74 @@ static void spawn_and_read(const char *a) {
     close(fd);
 }
 
+static uint64_t fnv(const char *b, ssize_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (ssize_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* A complete copy of `size` bytes somewhere in TIER/<dir>/objects. */
+static int placed(const char *tier, off_t size) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "find '%s' -path '*/objects/*' -type f -size %lldc | grep -q .",
+             tier, (long long)size);
+    return system(cmd) == 0;
+}
+
+static int child_reads(char **argv) {
+    static char got[4096], rest[4096];
+    int fd = open(argv[1], O_RDONLY);
+    struct stat st;
+    fstat(fd, &st);
+    ssize_t n0 = read(fd, rest, 10);
+    int ok = 0;
+    for (int i = 0; i < 400 && !(ok = placed(argv[3], st.st_size)); i++)
+        usleep(50000);
+    fprintf(stderr, "placed while open: %s\n", ok ? "yes" : "no");
+    pid_t pid = vfork();
+    if (pid == 0) {
+        close(fd);
+        int o = open(argv[2], O_RDONLY);
+        ssize_t n = read(o, got, sizeof got);
+        _exit(o != fd ? 255 : n != (ssize_t)sizeof got ? 254 : (int)(fnv(got, n) & 0x7f));
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    printf("child read its own file: %d\n", WEXITSTATUS(status));
+    ssize_t n = read(fd, rest, sizeof rest);
+    printf("parent read %zd then %zd: %016llx\n", n0, n, (unsigned long long)fnv(rest, n));
+    return 0;
+}
+
+static int child_dirfd(char **argv) {
+    int d = open(argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    pid_t pid = vfork();
+    if (pid == 0) {
+        close(d);
+        int o = open(argv[2], O_RDONLY | O_DIRECTORY);
+        struct stat a, b;
+        char buf[1 << 16];
+        int r = 0;
+        if (fstatat(o, argv[3], &a, 0) != 0)
+            r |= 1;
+        int f = openat(o, argv[3], O_RDONLY | O_CLOEXEC);
+        if (f < 0 || fstat(f, &b) != 0)
+            r |= 2;
+        ssize_t n = f >= 0 ? read(f, buf, sizeof buf) : -1;
+        _exit(o != d ? 255 : r ? r : (int)((fnv(buf, n) ^ (uint64_t)a.st_size ^ b.st_ino) & 0x7f));
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    printf("child through its own directory: %d\n", WEXITSTATUS(status));
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[4], "read") == 0)
+        return child_reads(argv);
+    if (argc == 5 && strcmp(argv[4], "dirfd") == 0)
+        return child_dirfd(argv);
     if (argc == 4) {
         spawn_and_read(argv[1]);
         int first = open_fds();

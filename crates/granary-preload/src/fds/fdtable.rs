@@ -188,9 +188,14 @@ fn cell(fd: i32) -> Option<&'static AtomicU64> {
 }
 
 /// What `fd` is, as recorded (an `UNCHECKED` copy stays unchecked: hooks ask `tracked::get`).
+/// Nothing in a vfork child: the table describes its parent's fds, and a number the child
+/// closed and opened again names another file in the child (its reads were served from the
+/// parent's file's copy, its `*at` calls resolved against the parent's directory). A child with
+/// memory of its own (`fork`, raw or not) has a copy of the table that describes its fds.
 #[inline]
 pub fn peek(fd: i32) -> Option<Tracked> {
     decode(cell(fd)?.load(Ordering::Acquire))
+        .filter(|_| crate::sys::pid::no_memory_sharers() || owned())
 }
 
 /// Records `fd` (keeping a `BUSY` bit its holder will clear); false if it cannot be tracked

@@ -251,7 +251,11 @@ pub fn sending(msg: *const libc::msghdr) {
 
 /// `chdir`/`fchdir` returned `r`: the working directory `path` remembers is read again.
 pub fn cwd_changed(r: c_int) {
-    if r == 0 {
+    // A vfork child's working directory is its own, the remembered one its parent's (shared
+    // memory): a child started with another directory (`subprocess.run(cwd=...)`) made the
+    // parent take its relative paths for outside the source for the rest of the job. Left as
+    // it is, it only costs the child a `getcwd` or a pass-through.
+    if r == 0 && fdtable::owned() {
         if let Some(t) = detour::table() {
             let _keep = KeepErrno::new();
             crate::ops::path::note_cwd(t);

@@ -60,6 +60,14 @@ pub fn init() {
     PAGE.store(p.cast(), Ordering::Release);
 }
 
+/// True while no child that shares our memory (`vfork`, `clone(CLONE_VM)`) can be running: code
+/// running now is this process's (or a child's with memory of its own). One load. Where `vfork`
+/// is not interposed, always true: such a child cannot be told from its parent there.
+#[inline]
+pub fn no_memory_sharers() -> bool {
+    SHARERS.load(Ordering::Acquire) == 0
+}
+
 /// `getpid()`, from the cache when no memory-sharing child can be running this code.
 #[inline]
 pub fn current() -> c_int {
