@@ -227,6 +227,41 @@ def test_a_vfork_child_reads_and_resolves_through_its_own_fds(granary, tmp_path,
     assert output(got) == output(direct(cmd))
 
 
+HAND_ON = {
+    # CPython's subprocess: a vfork child dup2s the fd onto 0 and execs.
+    "vfork-child": "subprocess.run(['cat'], stdin=fd, check=True)",
+    # The process itself.
+    "itself": "os.dup2(fd, 0); os.execvp('cat', ['cat'])",
+}
+
+
+@pytest.mark.parametrize("who", HAND_ON)
+def test_an_unchecked_copy_handed_to_a_program_is_checked_first(granary, tmp_path, who):
+    """A copy damaged behind granary's back (a byte flipped, same size, while no agent ran),
+    opened close-on-exec and never used, then `dup2`ed onto 0 for `cat`, which is exec'd: the
+    copy is checked before the `dup2` shares it, and `cat` prints the source's bytes. The check
+    came after the `dup2` (0 kept the damaged copy, read raw by `cat`), and a vfork child made
+    none at all."""
+    tier = tmp_path / "tier"
+    src = placed_tree(granary, tmp_path / "pfs" / "src", tier, [])
+    granary.stop()
+    want = (src / "d" / "f3").read_bytes()
+    copy = [p for p in tier.rglob("*") if p.parent.name == "objects" and p.is_file()
+            and p.read_bytes() == want]
+    assert len(copy) == 1, copy
+    data = bytearray(want)
+    data[100] ^= 0xFF
+    copy[0].write_bytes(bytes(data))
+    prog = ("import os, subprocess, sys\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY)\n"  # close-on-exec: checked at first use
+            + HAND_ON[who])
+    cmd = [sys.executable, "-c", prog, src / "d" / "f3"]
+    got, stats = run_job(granary, src, cmd, tier, extra=no_background_validation(tmp_path))
+    assert output(got) == want
+    # The check found it damaged: its open moved from the tier's row to the source's.
+    assert tier_files(stats) == 0 and stats["fallbacks"] >= 1, stats
+
+
 CWD_SUBPROCESSES = """
 import os, subprocess, sys
 os.chdir(sys.argv[1])

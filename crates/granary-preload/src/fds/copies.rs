@@ -302,7 +302,9 @@ static NOATIME_REFUSED: AtomicBool = AtomicBool::new(false);
 /// or one that looks like the agent's (`is_ours`): what a copy's fd can name. Anything else —
 /// a socket, another user's file — means the fd's number was closed behind our back and reused.
 pub fn could_be_copy(table: &Table, tier: u8, name: &[u8], st: &libc::stat) -> bool {
-    if is_ours(table, tier, st) {
+    // Not in a vfork child, whose fd may be a file of its own (a private file on the tier's
+    // device looks like ours): there only the file at the copy's name counts.
+    if is_ours(table, tier, st) && fdtable::owned() {
         return true;
     }
     let _keep = KeepErrno::new();

@@ -188,14 +188,20 @@ fn cell(fd: i32) -> Option<&'static AtomicU64> {
 }
 
 /// What `fd` is, as recorded (an `UNCHECKED` copy stays unchecked: hooks ask `tracked::get`).
-/// Nothing in a vfork child: the table describes its parent's fds, and a number the child
-/// closed and opened again names another file in the child (its reads were served from the
-/// parent's file's copy, its `*at` calls resolved against the parent's directory). A child with
-/// memory of its own (`fork`, raw or not) has a copy of the table that describes its fds.
+/// In a vfork child only an unchecked copy: the table describes its parent's fds, and a number
+/// the child closed and opened again names another file there (its reads were served from the
+/// parent's file's copy, its `*at` calls resolved against the parent's directory). An unchecked
+/// copy is still checked before the child hands it on (`dup2` onto 0, then `exec`) — against
+/// the copy's name only in a child (`copies::could_be_copy`), so a file of its own is never
+/// taken for a damaged copy. A child with memory of its own (`fork`, raw or not) has a copy of
+/// the table that describes its fds.
 #[inline]
 pub fn peek(fd: i32) -> Option<Tracked> {
-    decode(cell(fd)?.load(Ordering::Acquire))
-        .filter(|_| crate::sys::pid::no_memory_sharers() || owned())
+    decode(cell(fd)?.load(Ordering::Acquire)).filter(|t| {
+        crate::sys::pid::no_memory_sharers()
+            || matches!(t.kind, FdKind::Tier(_)) && t.has(flag::UNCHECKED)
+            || owned()
+    })
 }
 
 /// Records `fd` (keeping a `BUSY` bit its holder will clear); false if it cannot be tracked

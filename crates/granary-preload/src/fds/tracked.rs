@@ -105,7 +105,12 @@ fn failed(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
         // A shared fd keeps its file so its sharers keep one offset — unless what was opened is
         // no regular file (a FIFO): no offset to share, and no byte of it may be read.
         let not_a_file = st.st_mode & libc::S_IFMT != libc::S_IFREG;
-        let may_move = exclusive(&now) || (not_a_file && fdtable::owned());
+        // A child that runs in our memory (vfork) has a table of fds of its own: the source
+        // under its number changes nothing for its parent, whose fd is checked at its own
+        // first use — and the child is about to hand its fd to the program it starts (`dup2`
+        // onto 0, then `exec`), which would read the damaged copy raw.
+        let own_fds_only = !fdtable::owned() && !now.has(flag::SHARED) && !now.has(flag::PINNED);
+        let may_move = exclusive(&now) || (not_a_file && fdtable::owned()) || own_fds_only;
         let moved = may_move
             && replacement_flags(fd, t.flags)
                 .and_then(|fl| open_source_in(tb, t.entry, e, fl))

@@ -40,6 +40,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    fd::duplicating(fd);
     let r = real!(DUP as DupFn, (fd) else sys!(libc::SYS_dup, fd) as c_int);
     if r >= 0 {
         fd::duplicated(fd, r);
@@ -52,6 +53,7 @@ fn dup_over(old: c_int, new: c_int, call: impl FnOnce() -> c_int) -> c_int {
     if old == new {
         return call();
     }
+    fd::duplicating(old);
     let closing = fd::replacing(new);
     let r = call();
     if r >= 0 {

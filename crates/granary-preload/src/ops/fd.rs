@@ -136,6 +136,15 @@ fn close_fds(
 }
 
 /// `new` now names `old`'s open file description (`dup`, `F_DUPFD*`, a successful `dup2`).
+/// Before the dup family copies `old`: a copy whose check was left for its first use is
+/// checked now, while `old` is still its only fd — one that fails gets the source under it
+/// before the new fd shares it (a copy found damaged after the `dup2` onto 0 stayed under 0,
+/// and the program `exec`'d next read it raw).
+#[inline]
+pub fn duplicating(old: c_int) {
+    let _ = tracked::get(old);
+}
+
 pub fn duplicated(old: c_int, new: c_int) {
     fdtable::dup(old, new, tracked::get(old));
 }
@@ -153,6 +162,7 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long, real: impl FnOnce() -> c_int) -
         return real();
     };
     match cmd {
+        // (`get` above made the check, before the copy is shared.)
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
             let r = real();
             if r >= 0 {
