@@ -153,6 +153,37 @@ def test_threads_opening_while_another_forks_get_their_own_files(granary, tmp_pa
     assert stats["fallbacks"] == 0, stats
 
 
+def test_a_symlink_retargeted_between_jobs_leads_to_its_new_target(granary, tmp_path,
+                                                                   open_matrix):
+    """Between jobs, symlinks of the placed tree retargeted (`ln -sf`: to another placed file,
+    a chain's first link, one whose target climbed out with `..`), one replaced by a regular
+    file and a directory symlink by a directory; the program reaches them before any validator.
+    Every open and stat through them is the new target's: the catalog's link led to its old
+    target's copy (every open of `d/link` read `d/f0`'s bytes)."""
+    tier = tmp_path / "tier"
+    extra = no_background_validation(tmp_path)
+    src = placed_tree(granary, tmp_path / "pfs" / "src", tier, extra)
+    for link, target in [("d/link", "f1"), ("d/chain", "f2"), ("d/up", "f6")]:
+        os.unlink(src / link)
+        os.symlink(target, src / link)
+    os.unlink(src / "d" / "dangling")
+    (src / "d" / "dangling").write_bytes(b"a file now\n")
+    os.unlink(src / "dirlink")
+    (src / "dirlink").mkdir()
+    (src / "dirlink" / "f0").write_bytes(b"not d/f0\n")
+    cmd = [open_matrix, "matrix", src, "d/link", "d/chain", "d/up", "d/dangling", "dirlink/f0",
+           "at:d:link", f"{src}/d/link"]
+    got, stats = run_job(granary, src, cmd, tier, extra=extra)
+    want = direct(cmd)
+    assert output(got).decode() == output(want).decode()
+    # And stat through them (the same lookup).
+    stat = [sys.executable, "-c", "import os, sys\nfor p in sys.argv[1:]:\n"
+            "    s = os.stat(p); print(p, s.st_ino, s.st_size)", *(src / p for p in
+            ["d/link", "d/chain", "d/up", "d/dangling"])]
+    got, _ = run_job(granary, src, stat, tier, extra=extra)
+    assert output(got) == output(direct(stat))
+
+
 @pytest.mark.parametrize("warm", [0, 1], ids=["first-copy-open-at-the-limit", "warm"])
 def test_at_the_fd_limit_opens_succeed_and_fail_as_directly(granary, tmp_path, open_matrix, warm):
     """The fd limit lowered to 64 and filled but for one slot: the open of a placed file gets

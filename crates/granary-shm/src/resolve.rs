@@ -70,6 +70,37 @@ fn follow_links(table: &Table, mut idx: u32) -> Resolved {
     Resolved::PassThrough
 }
 
+impl Table {
+    /// The links `resolve` follows from entry `idx` (a path's own entry), in order, each given
+    /// to `f` (its index and entry) before it is followed; false as soon as `f` says false. The
+    /// entry the last link leads to is not given (nor anything, when `idx` is no link).
+    pub fn links_from(&self, mut idx: u32, mut f: impl FnMut(u32, &EntryRec) -> bool) -> bool {
+        let mut buf = [0u8; PATH_MAX_LEN];
+        for _ in 0..MAX_HOPS {
+            let Some(e) = self.entry(idx) else {
+                return true;
+            };
+            let Some(target) = self.link_target(&e) else {
+                return true;
+            };
+            if !f(idx, &e) {
+                return false;
+            }
+            let Some(dir_len) = self.write_rel_path(e.parent, &mut buf) else {
+                return true;
+            };
+            let Some(len) = join_target(self, dir_len, target, &mut buf) else {
+                return true;
+            };
+            match self.lookup(&buf[..len]) {
+                Some(next) => idx = next,
+                None => return true,
+            }
+        }
+        true
+    }
+}
+
 /// Writes the catalog path a link target names into `out`, which holds the link's directory in
 /// its first `dir_len` bytes; `None` if it leaves the source or needs knowledge the catalog lacks.
 fn join_target(table: &Table, dir_len: usize, target: &[u8], out: &mut [u8]) -> Option<usize> {

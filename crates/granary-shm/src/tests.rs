@@ -437,6 +437,27 @@ fn symlinks_resolve_inside_the_catalog_only() {
         Resolved::Entry(link, t.entry(link).unwrap())
     );
     assert_eq!(t.link_target(&t.entry(link).unwrap()).unwrap(), b"d/f");
+    // The links followed on the way, in order (whoever answers from the target must check
+    // them too): none for the file itself, the whole chain for a chain.
+    let links = |p: &str| {
+        let mut seen = vec![];
+        assert!(t.links_from(t.lookup(p.as_bytes()).unwrap(), |i, _| {
+            seen.push(i);
+            true
+        }));
+        seen
+    };
+    assert_eq!(links("d/f"), Vec::<u32>::new());
+    assert_eq!(links("rel"), vec![link]);
+    assert_eq!(links("chain"), vec![t.lookup(b"chain").unwrap(), link]);
+    assert_eq!(links("loop").len(), 40);
+    // A refusal stops the walk at once.
+    let mut asked = 0;
+    assert!(!t.links_from(t.lookup(b"chain").unwrap(), |_, _| {
+        asked += 1;
+        false
+    }));
+    assert_eq!(asked, 1);
 }
 
 #[test]

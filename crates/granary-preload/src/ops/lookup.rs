@@ -40,8 +40,35 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Result<Found, Bypass> {
         .find_hashed(rel, hash, follow, loc.must_dir)
         .map_err(Bypass::Catalog)?;
     LAST.set(Some((found.idx, found.entry)));
+    if follow && found.entry.object != hash {
+        // A final symlink was followed: the catalog's link must still be the source's — one
+        // replaced or retargeted between jobs (`ln -sf`) led to its old target's copy.
+        links_confirmed(g.table, rel, hash)?;
+    }
     confirmed(g.table, &found)?;
     Ok(found)
+}
+
+/// Every link on the way from `rel`'s own entry is live and, like an entry answered for,
+/// validated in this attach or checked against the source now.
+#[inline(never)]
+fn links_confirmed(table: &Table, rel: &[u8], hash: u64) -> Result<(), Bypass> {
+    let own = table
+        .lookup_hashed(rel, hash)
+        .ok_or(Bypass::Catalog(granary_shm::Miss::NotCatalogued))?;
+    let mut why = Bypass::Unconfirmed;
+    let live = table.links_from(own, |idx, e| {
+        if table.state(idx).state().is_void() {
+            why = Bypass::Catalog(granary_shm::Miss::Void);
+            return false;
+        }
+        table.is_validated(idx) || !table.is_packed() && crate::ops::validate::check(table, idx, e)
+    });
+    if live {
+        Ok(())
+    } else {
+        Err(why)
+    }
 }
 
 /// An entry found, validated in this attach or checked against the source just now. A packed
