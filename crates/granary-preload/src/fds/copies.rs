@@ -68,8 +68,8 @@ pub enum Refused {
     /// No fd to spare (`EMFILE`, `ENFILE`): says nothing about the copy. The tier's directory
     /// fd has been given back, so the program's own open gets the slot it took.
     NoRoom,
-    /// A vfork child (`fdtable::owned` false): the directory fds are its parent's to open,
-    /// close and forget, and an fd this child has may not be one of them any more.
+    /// A vfork child (`fdtable::not_a_vfork_child`): the directory fds are its parent's to
+    /// open, close and forget, and an fd this child has may not be one of them any more.
     NoDir,
 }
 
@@ -86,7 +86,7 @@ fn dir_fd(table: &Table, tier: u8) -> Result<c_int, Refused> {
     }
     // A vfork child's fd would be published in its parent's memory under a number that names
     // something else there.
-    if !fdtable::owned() {
+    if !fdtable::not_a_vfork_child() {
         return Err(Refused::NoDir);
     }
     let (dev, ino) = table.tier_dir_id(tier as u32).ok_or(Refused::NotCopy)?;
@@ -132,7 +132,7 @@ fn dir_fd(table: &Table, tier: u8) -> Result<c_int, Refused> {
 /// back, so the program's own open (the source's, next) has the slot it holds — without granary
 /// the program would have had it. Opened again at the next use that finds room.
 fn give_back_dir(tier: u8, dir: c_int) {
-    if !fdtable::owned() {
+    if !fdtable::not_a_vfork_child() {
         return;
     }
     if let Some(slot) = DIRS.get(tier as usize) {
@@ -190,7 +190,7 @@ pub fn forget(fd: c_int) {
     for d in &DIRS {
         // Not in a vfork child (whose closes are of its own fd table): its parent would open
         // another and keep this one open for nothing — an fd leaked at every subprocess.
-        if d.load(Ordering::Relaxed) == fd && fd >= 0 && fdtable::owned() {
+        if d.load(Ordering::Relaxed) == fd && fd >= 0 && fdtable::not_a_vfork_child() {
             d.store(-1, Ordering::Release);
         }
     }
@@ -200,7 +200,7 @@ pub fn forget(fd: c_int) {
 pub fn forget_range(first: u32, last: u32) {
     for d in &DIRS {
         let fd = d.load(Ordering::Relaxed);
-        if fd >= 0 && (first..=last).contains(&(fd as u32)) && fdtable::owned() {
+        if fd >= 0 && (first..=last).contains(&(fd as u32)) && fdtable::not_a_vfork_child() {
             d.store(-1, Ordering::Release);
         }
     }
@@ -282,7 +282,7 @@ pub fn open_unchecked(
             give_back_dir(tier, dir);
             return Err(Refused::NoRoom);
         }
-        if !fdtable::owned() {
+        if !fdtable::not_a_vfork_child() {
             // A vfork child that closed its copy of the directory fd, say: nothing is known
             // of the copy.
             return Err(Refused::NoDir);
@@ -304,7 +304,7 @@ static NOATIME_REFUSED: AtomicBool = AtomicBool::new(false);
 pub fn could_be_copy(table: &Table, tier: u8, name: &[u8], st: &libc::stat) -> bool {
     // Not in a vfork child, whose fd may be a file of its own (a private file on the tier's
     // device looks like ours): there only the file at the copy's name counts.
-    if is_ours(table, tier, st) && fdtable::owned() {
+    if is_ours(table, tier, st) && fdtable::not_a_vfork_child() {
         return true;
     }
     let _keep = KeepErrno::new();
@@ -417,7 +417,7 @@ fn recheck_dir(table: &Table, tier: u8, dir: c_int) {
     let Some((dev, ino)) = table.tier_dir_id(tier as u32) else {
         return;
     };
-    if !fdtable::owned() {
+    if !fdtable::not_a_vfork_child() {
         // A vfork child's fd table is not the one the directory fds are kept for.
         return;
     }

@@ -47,6 +47,15 @@ pub fn set_owner() {
     OWNER.store(crate::sys::pid::current(), Ordering::Relaxed);
 }
 
+/// False only in a child that runs in our memory (a vfork child, `clone(CLONE_VM)`): what this
+/// process keeps in memory about its fds (this table, the tier directory fds) is its parent's
+/// there, not its own. One load unless such a child may be running. A child with memory of its
+/// own (`fork`, raw or not) has its own copy, which describes its fds.
+#[inline]
+pub fn not_a_vfork_child() -> bool {
+    crate::sys::pid::no_memory_sharers() || owned()
+}
+
 /// Called only when the table is about to change. No system call unless a vfork child (or
 /// another child sharing our memory) may be running (`sys::pid`).
 #[inline]
@@ -194,7 +203,8 @@ fn cell(fd: i32) -> Option<&'static AtomicU64> {
 /// copy is still checked before the child hands it on (`dup2` onto 0, then `exec`) — against
 /// the copy's name only in a child (`copies::could_be_copy`), so a file of its own is never
 /// taken for a damaged copy. A child with memory of its own (`fork`, raw or not) has a copy of
-/// the table that describes its fds.
+/// the table that describes its fds (`not_a_vfork_child`, the unchecked copy's exception
+/// between its two tests).
 #[inline]
 pub fn peek(fd: i32) -> Option<Tracked> {
     decode(cell(fd)?.load(Ordering::Acquire)).filter(|t| {

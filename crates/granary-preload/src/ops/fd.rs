@@ -265,7 +265,7 @@ pub fn cwd_changed(r: c_int) {
     // memory): a child started with another directory (`subprocess.run(cwd=...)`) made the
     // parent take its relative paths for outside the source for the rest of the job. Left as
     // it is, it only costs the child a `getcwd` or a pass-through.
-    if r == 0 && fdtable::owned() {
+    if r == 0 && fdtable::not_a_vfork_child() {
         if let Some(t) = detour::table() {
             let _keep = KeepErrno::new();
             crate::ops::path::note_cwd(t);
