@@ -241,7 +241,8 @@ def test_a_vfork_child_reads_and_resolves_through_its_own_fds(granary, tmp_path,
     parent's: a number the child closed and opened again names another file in the child. Its
     reads of that number were served from the parent's file's copy (wrong bytes), and `fstatat`,
     `openat` and the read through a directory fd it reopened resolved against the parent's
-    directory. Now every hook in such a child takes the kernel's word for its fds."""
+    directory. Now a record of the parent's holds in such a child only while the child's fd is
+    the file it names (an fd it inherited and kept `fstat`s as in its parent)."""
     tier = tmp_path / "tier"
     src = make_tree(tmp_path / "pfs" / "src", {"big.bin": rand(4 << 20, 7),
                                               "d/a": rand(5000, 8)})
@@ -256,6 +257,15 @@ def test_a_vfork_child_reads_and_resolves_through_its_own_fds(granary, tmp_path,
     cmd = [vfork_open, src / "d", other, "a", "dirfd"]
     got, stats = run_job(granary, src, cmd, tier)
     assert output(got) == output(direct(cmd))
+    # What it did not reopen is its parent's: the copy's fd `fstat`s as the source (the
+    # catalog's answer), the directory as itself, the bytes are the file's.
+    output(run_job(granary, src, ["cat", src / "d" / "a"], tier)[0])
+    granary.settle(src)
+    cmd = [vfork_open, src / "d" / "a", src / "d", "-", "inherit"]
+    got, stats = run_job(granary, src, cmd, tier)
+    assert output(got) == output(direct(cmd)) == b"child's view of the inherited fds: 0 " \
+        b"(0: as the parent's)\n"
+    assert tier_files(stats) == 1, stats
 
 
 HAND_ON = {

@@ -122,7 +122,36 @@ static int child_dirfd(char **argv) {
     return 0;
 }
 
+static int child_inherits(char **argv) {
+    int fd = open(argv[1], O_RDONLY | O_CLOEXEC);
+    int d = open(argv[2], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat f0, d0;
+    static char want[1 << 16], got[1 << 16];
+    fstat(fd, &f0);
+    fstat(d, &d0);
+    ssize_t n0 = pread(fd, want, sizeof want, 0);
+    pid_t pid = vfork();
+    if (pid == 0) {
+        struct stat f1, d1;
+        int r = 0;
+        if (fstat(fd, &f1) != 0 || f1.st_mode != f0.st_mode || f1.st_ino != f0.st_ino ||
+            f1.st_size != f0.st_size || f1.st_dev != f0.st_dev)
+            r |= 1;
+        if (fstat(d, &d1) != 0 || d1.st_ino != d0.st_ino || d1.st_dev != d0.st_dev)
+            r |= 2;
+        if (pread(fd, got, sizeof got, 0) != n0 || memcmp(got, want, (size_t)n0) != 0)
+            r |= 4;
+        _exit(r);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    printf("child's view of the inherited fds: %d (0: as the parent's)\n", WEXITSTATUS(status));
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[4], "inherit") == 0)
+        return child_inherits(argv);
     if (argc == 5 && strcmp(argv[4], "read") == 0)
         return child_reads(argv);
     if (argc == 5 && strcmp(argv[4], "dirfd") == 0)

@@ -197,20 +197,21 @@ fn cell(fd: i32) -> Option<&'static AtomicU64> {
 }
 
 /// What `fd` is, as recorded (an `UNCHECKED` copy stays unchecked: hooks ask `tracked::get`).
-/// In a vfork child only an unchecked copy: the table describes its parent's fds, and a number
-/// the child closed and opened again names another file there (its reads were served from the
-/// parent's file's copy, its `*at` calls resolved against the parent's directory). An unchecked
-/// copy is still checked before the child hands it on (`dup2` onto 0, then `exec`) — against
-/// the copy's name only in a child (`copies::could_be_copy`), so a file of its own is never
-/// taken for a damaged copy. A child with memory of its own (`fork`, raw or not) has a copy of
-/// the table that describes its fds (`not_a_vfork_child`, the unchecked copy's exception
-/// between its two tests).
+/// In a vfork child the table describes its parent's fds, and a number the child closed and
+/// opened again names another file there (its reads were served from the parent's file's copy,
+/// its `*at` calls resolved against the parent's directory): there a record holds only if the
+/// child's fd is still the file it names (`tracked::same_file_in_child`, one `fstat`). An
+/// unchecked copy is always shown, so that the child checks it before it hands it on (`dup2`
+/// onto 0, then `exec`) — against the copy's name only (`copies::could_be_copy`), so a file of
+/// its own is never taken for a damaged copy. A child with memory of its own (`fork`, raw or
+/// not) has a copy of the table that describes its fds (`not_a_vfork_child`).
 #[inline]
 pub fn peek(fd: i32) -> Option<Tracked> {
     decode(cell(fd)?.load(Ordering::Acquire)).filter(|t| {
         crate::sys::pid::no_memory_sharers()
             || matches!(t.kind, FdKind::Tier(_)) && t.has(flag::UNCHECKED)
             || owned()
+            || crate::fds::tracked::same_file_in_child(fd, t)
     })
 }
 
