@@ -60,6 +60,7 @@
 //! `init`, `ops::path`'s stack buffer, `sys::usermem`, `sys::statbuf`, `pack`'s mappings and
 //! zstd, `ops::exec`'s environment), each with a `// SAFETY:` line.
 
+mod attached;
 mod fds;
 mod hooks;
 mod init;

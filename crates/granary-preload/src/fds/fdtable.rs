@@ -16,7 +16,9 @@
 
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use crate::sys::sys;
+use core::ffi::c_int;
+
+use crate::sys::{self, sys, KeepErrno};
 
 const MAX_FDS: usize = 65536;
 /// Directory fds get a listing cursor and a dirent buffer each; more than this pass through.
@@ -200,7 +202,7 @@ fn cell(fd: i32) -> Option<&'static AtomicU64> {
 /// In a vfork child the table describes its parent's fds, and a number the child closed and
 /// opened again names another file there (its reads were served from the parent's file's copy,
 /// its `*at` calls resolved against the parent's directory): there a record holds only if the
-/// child's fd is still the file it names (`tracked::same_file_in_child`, one `fstat`). An
+/// child's fd is still the file it names (`same_file_in_child`, one `fstat`). An
 /// unchecked copy is always shown, so that the child checks it before it hands it on (`dup2`
 /// onto 0, then `exec`) — against the copy's name only (`copies::could_be_copy`), so a file of
 /// its own is never taken for a damaged copy. A child with memory of its own (`fork`, raw or
@@ -211,8 +213,38 @@ pub fn peek(fd: i32) -> Option<Tracked> {
         crate::sys::pid::no_memory_sharers()
             || matches!(t.kind, FdKind::Tier(_)) && t.has(flag::UNCHECKED)
             || owned()
-            || crate::fds::tracked::same_file_in_child(fd, t)
+            || same_file_in_child(fd, t)
     })
+}
+
+/// In a vfork child (`fdtable::peek`): the child's `fd` is still the file its parent's table
+/// records under that number — the same device and inode as the entry's copy (a tier fd) or
+/// its source file or directory. Not for any other kind.
+#[inline(never)]
+fn same_file_in_child(fd: c_int, t: &Tracked) -> bool {
+    let Some(table) = crate::attached::table() else {
+        return false;
+    };
+    let _keep = KeepErrno::new();
+    let mut st = sys::empty_stat();
+    if sys::raw_fstat(fd, &mut st) != 0 {
+        return false;
+    }
+    match t.kind {
+        FdKind::Tier(tier) => {
+            let (ino, _) = table.copy_identity(t.entry);
+            ino != 0
+                && st.st_ino == ino
+                && table
+                    .tier_dir_id(tier as u32)
+                    .is_some_and(|(dev, _)| dev == st.st_dev)
+        }
+        FdKind::Source | FdKind::Dir => table.entry(t.entry).is_some_and(|e| {
+            e.stat.ino == st.st_ino
+                && libc::makedev(e.stat.dev_major, e.stat.dev_minor) == st.st_dev
+        }),
+        _ => false,
+    }
 }
 
 /// Records `fd` (keeping a `BUSY` bit its holder will clear); false if it cannot be tracked

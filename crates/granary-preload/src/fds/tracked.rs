@@ -26,36 +26,6 @@ pub fn get(fd: c_int) -> Option<Tracked> {
     Some(t)
 }
 
-/// In a vfork child (`fdtable::peek`): the child's `fd` is still the file its parent's table
-/// records under that number — the same device and inode as the entry's copy (a tier fd) or
-/// its source file or directory. Not for any other kind.
-#[inline(never)]
-pub fn same_file_in_child(fd: c_int, t: &Tracked) -> bool {
-    let Some(table) = crate::ops::detour::table() else {
-        return false;
-    };
-    let _keep = KeepErrno::new();
-    let mut st = sys::empty_stat();
-    if sys::raw_fstat(fd, &mut st) != 0 {
-        return false;
-    }
-    match t.kind {
-        FdKind::Tier(tier) => {
-            let (ino, _) = table.copy_identity(t.entry);
-            ino != 0
-                && st.st_ino == ino
-                && table
-                    .tier_dir_id(tier as u32)
-                    .is_some_and(|(dev, _)| dev == st.st_dev)
-        }
-        FdKind::Source | FdKind::Dir => table.entry(t.entry).is_some_and(|e| {
-            e.stat.ino == st.st_ino
-                && libc::makedev(e.stat.dev_major, e.stat.dev_minor) == st.st_dev
-        }),
-        _ => false,
-    }
-}
-
 /// The deferred check of tier fd `fd` (`flag::UNCHECKED`): its `fstat`, then `confirm_with`.
 /// `None` if the number is not open any more (closed behind our back): it is forgotten.
 pub fn confirm(fd: c_int, t: Tracked) -> Option<Tracked> {

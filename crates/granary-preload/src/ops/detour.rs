@@ -7,16 +7,12 @@
 use core::cell::Cell;
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::OnceLock;
 
 use granary_shm::{Miss, Table};
 
 use crate::sys::log;
 use crate::sys::KeepErrno;
 
-/// The job's table, once the constructor mapped and accepted it; never unset (a withdrawn table
-/// says so itself: `Table::is_valid`).
-static TABLE: OnceLock<Table> = OnceLock::new();
 /// The job slot this process counts in (`GRANARY_JOB_SLOT`).
 static JOB_SLOT: AtomicU32 = AtomicU32::new(0);
 /// True while this process's credentials are the agent's (`creds`): only then may the catalog
@@ -28,16 +24,7 @@ thread_local! {
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The table hooks consult from now on. Constructor only.
-pub fn attach(table: Table) -> &'static Table {
-    TABLE.get_or_init(|| table)
-}
-
-/// The attached table, if any.
-#[inline]
-pub fn table() -> Option<&'static Table> {
-    TABLE.get()
-}
+pub use crate::attached::{attach, table};
 
 pub fn set_job_slot(slot: u32) {
     JOB_SLOT.store(slot, Ordering::Relaxed);
