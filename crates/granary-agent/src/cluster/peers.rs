@@ -737,10 +737,7 @@ mod tests {
         assert!(!p.heard(1));
         assert_eq!(p.tell_again(1), Some(0));
         assert_eq!(p.tell_again(1), None, "told a moment ago");
-        let p = Peers {
-            start: p.start - ASK_GRACE - Duration::from_millis(10),
-            ..p
-        };
+        let p = later(p, ASK_GRACE + Duration::from_millis(10));
         assert_eq!(p.tell_again(1), Some(0), "told again later");
         assert!(p.back(1, 1) && p.alive(1));
         assert_eq!(p.tell_again(1), None);
