@@ -655,9 +655,10 @@ impl Table {
 
     /// What the copy bitmap (`H_COPY_BITS_OFF`) says of the file whose path hashes to `hash`
     /// (`path_hash`): no copy of it can exist (its bit is clear), so an open of it goes to the
-    /// source whatever its entry says; or one may. Either way the hash slot's line starts
-    /// loading now, so the caller's next system call (the source's open, or the copy's)
-    /// overlaps it. A hint, never a fact: `Table::find` decides once the call is made.
+    /// source whatever its entry says; or one may. Either way the lines the lookup reads next
+    /// start loading now (`warm_home`), so the caller's next system call (the source's open,
+    /// or the copy's) overlaps them. A hint, never a fact: `Table::find` decides once the call
+    /// is made.
     #[inline]
     pub fn copy_hint(&self, hash: u64) -> CopyHint {
         let Some(w) = self.copy_word(hash) else {
@@ -667,10 +668,41 @@ impl Table {
         let slot = home_slot(hash, self.hash_slots);
         self.region
             .prefetch(self.hash_off + slot as usize * SLOT_LEN);
-        if word.load(Ordering::Relaxed) & mask == 0 {
+        let hint = if word.load(Ordering::Relaxed) & mask == 0 {
             CopyHint::NoCopy
         } else {
             CopyHint::Maybe
+        };
+        self.warm_home(hash, slot);
+        hint
+    }
+
+    /// Starts loading the lines a lookup of `hash` reads after the slot — the entry's record,
+    /// name, state and checksum — for the first slot of its probe sequence whose tag matches,
+    /// so that they load during the caller's next system call rather than after it (the slot's
+    /// own line was asked for with the copy bitmap's word, and mostly came with it). Reads
+    /// slots only; a tag equal by chance warms another entry's lines, nothing else.
+    #[inline]
+    fn warm_home(&self, hash: u64, mut slot: u32) {
+        // A probe sequence is short (the table is at most ~70 % full): two slots cover most.
+        for _ in 0..2 {
+            let off = self.hash_off + slot as usize * SLOT_LEN;
+            let (Some(tag), Some(idx1)) = (self.region.u32_at(off), self.region.u32_at(off + 4))
+            else {
+                return;
+            };
+            if idx1 == 0 {
+                return;
+            }
+            if let Some(idx) = slot_entry(tag, idx1, hash) {
+                if let Some(name_off) = self.region.u32_at(off + 8) {
+                    self.region
+                        .prefetch(self.strings_off.wrapping_add(name_off as usize));
+                }
+                self.prefetch_entry_words(idx);
+                return;
+            }
+            slot = next_slot(slot, self.hash_slots);
         }
     }
 
