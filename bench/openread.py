@@ -184,16 +184,19 @@ def summary(passes):
 
 
 def hot(builds, names, src, lst, kind, exe, workers, passes, rounds):
-    """Rounds of: direct, then each build (every file placed, page cache hot)."""
+    """Rounds of: direct, then each build (every file placed, page cache hot). The builds take
+    turns at going first, so that no build always runs in the same place of a round (right
+    after the direct passes, or after another build's agent stopped)."""
     runs = {"direct": [], **{n: [] for n in names}}
     per_round = []
     digests = set()
-    for _ in range(rounds):
+    for r in range(rounds):
         out = direct(reader_cmd(kind, exe, lst, passes, workers))
         runs["direct"] += out["passes"]
         digests.add(out["digest"])
         fastest = {"direct": min(out["passes"])}
-        for n, g in zip(names, builds):
+        turn = r % len(builds)
+        for n, g in list(zip(names, builds))[turn:] + list(zip(names, builds))[:turn]:
             out = json.loads(g.run(src, reader_cmd(kind, exe, lst, passes, workers)).stdout)
             runs[n] += out["passes"]
             digests.add(out["digest"])
