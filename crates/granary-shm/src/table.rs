@@ -75,6 +75,9 @@ pub struct Table {
     /// The pack section (`layout::pack`), 0 when the table serves no pack.
     pack_off: usize,
     locators_off: usize,
+    /// The path slot `source_root` answers with: the user's spelling (`SLOT_SOURCE`), or the
+    /// real root once this process found the spelling no longer names it (`forget_spelling`).
+    source_slot: usize,
 }
 
 /// A request taken off the ring.
@@ -271,6 +274,7 @@ impl Table {
                 }
             };
         Ok(Table {
+            source_slot: SLOT_SOURCE,
             copy_bits_off,
             copy_bits,
             pack_off,
@@ -410,8 +414,19 @@ impl Table {
         self.region.bytes(off + 8, len)
     }
 
+    /// The source root as the user named it when the table was made (lexically normalised,
+    /// absolute; a symlink to `source_real_root` or the same path), unless this view forgot it
+    /// (`forget_spelling`): then the real root.
     pub fn source_root(&self) -> &[u8] {
-        self.path_slot(SLOT_SOURCE).unwrap_or(b"")
+        self.path_slot(self.source_slot).unwrap_or(b"")
+    }
+
+    /// This view stops taking the recorded spelling for the source (`source_root` becomes the
+    /// real root, for every lookup and link target): a process that found the spelling naming
+    /// another directory than the catalogued one (a symlink retargeted since the table was
+    /// made) must not read the catalogued directory's copies under that name.
+    pub fn forget_spelling(&mut self) {
+        self.source_slot = SLOT_SOURCE_REAL;
     }
 
     pub fn source_real_root(&self) -> &[u8] {
