@@ -1418,6 +1418,63 @@ fn the_copy_bitmap_says_no_copy_only_of_files_never_placed() {
 }
 
 #[test]
+fn the_copy_hint_tells_a_symlinks_path_from_a_files() {
+    // A Hugging Face cache's shape: blobs, and as many links to them. Hundreds of entries, so
+    // that many slots lie several probes from their home.
+    let mut m = Model::new();
+    let blobs = m.add(0, "blobs", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    let snap = m.add(0, "snap", stat(libc::S_IFDIR | 0o755, 3, 4096), "");
+    let mut files = Vec::new();
+    let mut links = Vec::new();
+    for i in 0..600u64 {
+        let e = m.add(
+            blobs,
+            &format!("{i:040x}"),
+            stat(libc::S_IFREG | 0o644, 10 + i, 1024),
+            "",
+        );
+        if i % 2 == 0 {
+            m.entries[e].state = StateWord::new(State::Placed, 0);
+        }
+        files.push((format!("blobs/{i:040x}"), i % 2 == 0));
+        let target = format!("../blobs/{i:040x}");
+        m.add(
+            snap,
+            &format!("f{i}"),
+            stat(libc::S_IFLNK | 0o777, 1000 + i, target.len() as u64),
+            &target,
+        );
+        links.push(format!("snap/f{i}"));
+    }
+    let (_m, t, _f) = map_image(&build(&Model::spec(), &m.entries).unwrap());
+    for l in &links {
+        assert_eq!(
+            t.copy_hint(layout::path_hash(l.as_bytes())),
+            CopyHint::Link,
+            "{l}"
+        );
+        // The mark changes nothing else: the link is found, and followed to its blob.
+        let f = t.find(l.as_bytes(), true, false).unwrap();
+        assert!(f.entry.stat.is_file(), "{l}");
+        assert!(t
+            .find(l.as_bytes(), false, false)
+            .unwrap()
+            .entry
+            .stat
+            .is_symlink());
+    }
+    for (f, placed) in &files {
+        let hint = t.copy_hint(layout::path_hash(f.as_bytes()));
+        if *placed {
+            assert_eq!(hint, CopyHint::Maybe, "{f}");
+        } else {
+            assert_ne!(hint, CopyHint::Link, "{f}");
+        }
+        assert!(t.lookup(f.as_bytes()).is_some(), "{f}");
+    }
+}
+
+#[test]
 fn a_table_without_a_copy_bitmap_always_looks_up() {
     let mut m = Model::new();
     m.add(0, "a", stat(libc::S_IFREG | 0o644, 3, 10), "");
