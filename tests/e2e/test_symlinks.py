@@ -39,10 +39,11 @@ FILES["e/big.bin"] = os.urandom(3 << 20)
 
 
 def spelled_tree(tmp_path):
-    """The dataset at its real path, and a symlink to it where users name it."""
+    """The dataset at its real path, and a symlink to it where users name it (under a
+    directory whose name starts with a dot, as `~/.cache` does)."""
     real = make_tree(tmp_path / "lustre" / "proj" / "ds", FILES)
-    (tmp_path / "data").mkdir()
-    link = tmp_path / "data" / "ds"
+    (tmp_path / "home" / ".cache").mkdir(parents=True)
+    link = tmp_path / "home" / ".cache" / "ds"
     os.symlink(real, link)
     return real, link
 
@@ -103,7 +104,7 @@ def test_a_source_link_retargeted_between_jobs_never_serves_the_old_target(grana
                       {n: os.urandom(len(b)) for n, b in FILES.items()})
     tier = tmp_path / "tier"
     place(granary, link, tier)
-    tmp = tmp_path / "data" / "ds.new"
+    tmp = link.parent / "ds.new"
     os.symlink(other, tmp)
     os.rename(tmp, link)
     ways = reads(real, link)
@@ -117,7 +118,7 @@ def test_a_source_link_retargeted_between_jobs_never_serves_the_old_target(grana
     assert output(got) == output(direct(cmd))
     assert tier_files(stats) == len(FILES), stats
     # The link back: its old state, and its copies, serve it again.
-    tmp = tmp_path / "data" / "ds.back"
+    tmp = link.parent / "ds.back"
     os.symlink(real, tmp)
     os.rename(tmp, link)
     cmd = [sys.executable, "-c", READER, *ways["link"]]

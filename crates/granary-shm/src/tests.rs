@@ -95,6 +95,36 @@ impl Model {
 }
 
 #[test]
+fn a_view_that_forgot_the_spelling_resolves_through_the_real_root_only() {
+    let mut m = Model::new();
+    let d = m.add(0, "d", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    m.add(d, "f", stat(libc::S_IFREG | 0o644, 3, 10), "");
+    m.add(
+        0,
+        "abs",
+        stat(libc::S_IFLNK | 0o777, 4, 13),
+        "/pfs/data/d/f",
+    );
+    m.add(
+        0,
+        "absreal",
+        stat(libc::S_IFLNK | 0o777, 5, 16),
+        "/lustre/data/d/f",
+    );
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, mut t, _f) = map_image(&img);
+    let target = t.lookup(b"d/f").unwrap();
+    assert_eq!(t.source_root(), b"/pfs/data");
+    assert!(matches!(resolve(&t, b"abs", true), Resolved::Entry(i, _) if i == target));
+    // The spelling (a symlink) leads elsewhere now: a link's absolute target through it names
+    // whatever the symlink leads to, which the catalog does not describe.
+    t.forget_spelling();
+    assert_eq!(t.source_root(), b"/lustre/data");
+    assert_eq!(resolve(&t, b"abs", true), Resolved::PassThrough);
+    assert!(matches!(resolve(&t, b"absreal", true), Resolved::Entry(i, _) if i == target));
+}
+
+#[test]
 fn header_round_trip() {
     let mut m = Model::new();
     let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");

@@ -197,7 +197,7 @@ pub fn job_root() -> Option<&'static [u8]> {
 /// `.`, `..` or empty component, so that the lexical rules stay exact) other than the table's
 /// two; false otherwise.
 pub fn set_job_root(table: &Table, spelling: &[u8]) -> bool {
-    if !is_clean_abs(spelling)
+    if !is_normal_abs(spelling)
         || spelling == table.source_root()
         || spelling == table.source_real_root()
         || spelling.len() > PATH_MAX_LEN
@@ -349,6 +349,16 @@ fn is_clean_abs(p: &[u8]) -> bool {
     clean(w)
 }
 
+/// An absolute path of named components only (no empty, `.` or `..` one, no trailing `/`), other
+/// than `/`: `is_clean_abs` without its shortcut (names starting with a dot, `~/.cache`, pass).
+fn is_normal_abs(p: &[u8]) -> bool {
+    p.len() > 1
+        && p.first() == Some(&b'/')
+        && p[1..]
+            .split(|&b| b == b'/')
+            .all(|c| !matches!(c, b"" | b"." | b".."))
+}
+
 /// Where a normal absolute path lies relative to the source: under one of its spellings —
 /// the table's (unless this process forgot it: `Table::forget_spelling`), the real root's, the
 /// job's (`job_root`).
@@ -424,7 +434,31 @@ pub fn entry_path(table: &Table, idx: u32, buf: &mut Buf) -> Option<*const c_cha
 
 #[cfg(test)]
 mod tests {
-    use super::is_clean_abs;
+    use super::{is_clean_abs, is_normal_abs};
+
+    #[test]
+    fn a_job_root_is_a_normal_absolute_path() {
+        for p in [
+            "/data/ds",
+            "/home/u/.cache/huggingface/hub",
+            "/a",
+            "/a/..b/.c.",
+        ] {
+            assert!(is_normal_abs(p.as_bytes()), "{p}");
+        }
+        for p in [
+            "",
+            "/",
+            "data/ds",
+            "/data/",
+            "/data//ds",
+            "/data/./ds",
+            "/data/../ds",
+            "/..",
+        ] {
+            assert!(!is_normal_abs(p.as_bytes()), "{p}");
+        }
+    }
 
     /// The rule, byte by byte.
     fn clean_by_bytes(p: &[u8]) -> bool {
