@@ -471,23 +471,37 @@ fn symlinks_resolve_inside_the_catalog_only() {
     // them too): none for the file itself, the whole chain for a chain.
     let links = |p: &str| {
         let mut seen = vec![];
-        assert!(t.links_from(t.lookup(p.as_bytes()).unwrap(), |i, _| {
-            seen.push(i);
-            true
-        }));
-        seen
+        let found = t.find_hashed_with(
+            p.as_bytes(),
+            path_hash(p.as_bytes()),
+            true,
+            false,
+            |i, _| {
+                seen.push(i);
+                true
+            },
+        );
+        (seen, found.is_ok())
     };
-    assert_eq!(links("d/f"), Vec::<u32>::new());
-    assert_eq!(links("rel"), vec![link]);
-    assert_eq!(links("chain"), vec![t.lookup(b"chain").unwrap(), link]);
-    assert_eq!(links("loop").len(), 40);
+    assert_eq!(links("d/f"), (Vec::<u32>::new(), true));
+    assert_eq!(links("rel"), (vec![link], true));
+    assert_eq!(
+        links("chain"),
+        (vec![t.lookup(b"chain").unwrap(), link], true)
+    );
+    assert_eq!(links("loop").0.len(), 40);
+    assert!(!links("loop").1);
     // A refusal stops the walk at once.
     let mut asked = 0;
-    assert!(!t.links_from(t.lookup(b"chain").unwrap(), |_, _| {
+    let found = t.find_hashed_with(b"chain", path_hash(b"chain"), true, false, |_, _| {
         asked += 1;
         false
-    }));
+    });
+    assert_eq!(found.err(), Some(Miss::Unprovable));
     assert_eq!(asked, 1);
+    // Not following, no link is asked about.
+    let found = t.find_hashed_with(b"chain", path_hash(b"chain"), false, false, |_, _| false);
+    assert!(found.unwrap().entry.stat.is_symlink());
 }
 
 #[test]
