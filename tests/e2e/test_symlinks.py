@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from conftest import source_opens, source_reads, tier_files
-from probes import direct, make_tree, output, run_job
+from probes import Holder, direct, make_tree, output, run_job
 
 # Reads each file named by the arguments (`cd:DIR` changes directory first) and prints its
 # length and SHA-256: two runs print the same exactly when they read the same bytes.
@@ -125,6 +125,28 @@ def test_a_source_link_retargeted_between_jobs_never_serves_the_old_target(grana
     got, stats = run_job(granary, link, cmd, tier)
     assert output(got) == output(direct(cmd))
     assert tier_files(stats) == len(FILES), stats
+
+
+def test_a_source_link_retargeted_while_a_job_reads_its_old_target(granary, tmp_path):
+    """The link retargeted while a job that named it still runs: a second job naming the link
+    runs without granary (its state is the first job's directory's, which that job still
+    reads), and reads the new directory's bytes; the first job's state is untouched."""
+    real, link = spelled_tree(tmp_path)
+    other = make_tree(tmp_path / "lustre" / "proj" / "other",
+                      {n: os.urandom(len(b)) for n, b in FILES.items()})
+    tier = tmp_path / "tier"
+    place(granary, link, tier)
+    holder = Holder(granary, link, tier)
+    try:
+        tmp = link.parent / "ds.new"
+        os.symlink(other, tmp)
+        os.rename(tmp, link)
+        cmd = [sys.executable, "-c", READER, *reads(real, link)["link"]]
+        got, stats = run_job(granary, link, cmd, tier)
+        assert output(got) == output(direct(cmd))
+        assert stats["disabled"] and "leads to" in stats["fallback"], stats
+    finally:
+        holder.close()
 
 
 def hf_cache(root, blobs=300):

@@ -339,9 +339,10 @@ fn aside_if_retargeted(
         now.display(),
         s.source_real.display()
     );
+    // Two NULs: no key of a packed source (`source_key`: one NUL, then the pack) is one of these.
     let aside = |real: &std::path::Path| {
         let mut k = key.as_os_str().as_bytes().to_vec();
-        k.push(0);
+        k.extend_from_slice(&[0, 0]);
         k.extend_from_slice(real.as_os_str().as_bytes());
         PathBuf::from(std::ffi::OsString::from_vec(k))
     };
