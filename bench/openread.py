@@ -8,6 +8,7 @@ reader on a fresh tier, while the agent is still placing what it reads (its firs
     python3 bench/openread.py                           # 100,000 × 1 KiB, 20,000 × 110 KiB files
     python3 bench/openread.py --granary A --granary B   # two builds, paired: rounds alternate
     python3 bench/openread.py --reader python           # the same passes from CPython (`open().read()`)
+    python3 bench/openread.py --layout hf --only 1k --files 20000   # every file read through a symlink
 
 Measured in one run, as ratios against direct reads of the same files, rounds interleaved
 (direct, then each build): the fastest timed pass of each setup (other load only ever adds time,
@@ -121,6 +122,30 @@ def generate(root: pathlib.Path, files: int, size: int, per_dir: int = 1000):
         k = (i * 61) % 4096
         (d / f"f{i:07d}.bin").write_bytes(blob[k:k + size])
     marker.write_text("")
+
+
+def generate_hf(root: pathlib.Path, files: int, size: int, per_dir: int = 1000):
+    """A Hugging Face hub cache's shape: the bytes in `blobs/<sha>`, the dataset's names in
+    `snapshots/<rev>/` as relative symlinks to them (`d0000/f0000000.bin -> ../../../blobs/<sha>`).
+    Returns the snapshot directory (the paths a reader opens)."""
+    snap = root / "snapshots" / ("0" * 40)
+    marker = root.parent / f".{root.name}.complete"
+    if marker.exists():
+        return snap
+    shutil.rmtree(root, ignore_errors=True)
+    blobs = root / "blobs"
+    blobs.mkdir(parents=True)
+    blob = os.urandom(size + 4096)
+    for i in range(files):
+        d = snap / f"d{i // per_dir:04d}"
+        if i % per_dir == 0:
+            d.mkdir(parents=True)
+        sha = f"{(i * 0x9E3779B97F4A7C15) % (1 << 64):016x}{i:048x}"
+        k = (i * 61) % 4096
+        (blobs / sha).write_bytes(blob[k:k + size])
+        os.symlink(f"../../../blobs/{sha}", d / f"f{i:07d}.bin")
+    marker.write_text("")
+    return snap
 
 
 class Granary(scale.Granary):
@@ -251,6 +276,9 @@ def main():
     ap.add_argument("--during-rounds", type=int, default=3, help="rounds on a fresh tier; 0 skips")
     ap.add_argument("--reader", choices=("c", "python"), default="c")
     ap.add_argument("--only", choices=("1k", "110k"), help="one file size only")
+    ap.add_argument("--layout", choices=("plain", "hf"), default="plain",
+                    help="hf: a Hugging Face hub cache (`generate_hf`): the reader opens every file "
+                         "through a symlink to its blob")
     ap.add_argument("--granary", action="append",
                     help="a granary binary, or NAME=PATH (repeat to pair builds: rounds alternate); "
                          "default target/release/granary")
@@ -292,18 +320,22 @@ def main():
 def run(args, work, exe, workers, names, bins, sizes, tier_root):
     commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
                             capture_output=True, text=True).stdout.strip()
-    res = {"reader": args.reader, "tier_size": args.tier_size, "builds": {n: str(b) for n, b in zip(names, bins)},
+    res = {"reader": args.reader, "layout": args.layout, "tier_size": args.tier_size, "builds": {n: str(b) for n, b in zip(names, bins)},
            "commit": commit, "load_before": os.getloadavg()[0], "sizes": {},
            "tier": tier_fs(tier_root or work) + ("" if tier_root else f" ({work})")}
     live = []  # every agent is stopped before the tier is unmounted, also on a failure
     try:
         for key, size, files in sizes:
-            src = work / f"ds-{key}-{files}"
-            print(f"generating {files} files of {size} B", flush=True)
-            generate(src, files, size)
+            print(f"generating {files} files of {size} B ({args.layout})", flush=True)
+            if args.layout == "hf":
+                src = work / f"hf-{key}-{files}"
+                tree = generate_hf(src, files, size)
+            else:
+                src = tree = work / f"ds-{key}-{files}"
+                generate(src, files, size)
             lst = work / f"{src.name}.list"
-            lst.write_text("".join(f"{src / d / f}\n" for d in sorted(os.listdir(src))
-                                   for f in sorted(os.listdir(src / d))))
+            lst.write_text("".join(f"{tree / d / f}\n" for d in sorted(os.listdir(tree))
+                                   for f in sorted(os.listdir(tree / d))))
             builds = [Granary(b, work / f"{n}-{key}", tier_root, args.tier_size)
                       for n, b in zip(names, bins)]
             live += builds
@@ -363,7 +395,8 @@ def report(res, argv):
                         f"{r['during_workers']} fork workers (median of rounds) | {d['ratio_first']:.2f} "
                         f"(rounds {firsts}) | ≤ {DURING_BAR} | {'pass' if ok else '**fail**'} |")
     builds = "; ".join(f"{n} = `{b}`" for n, b in res["builds"].items())
-    return (f"# Placed open+read+close ({res['reader']} reader)\n\n"
+    layout = ", every file through a symlink (hf)" if res.get("layout") == "hf" else ""
+    return (f"# Placed open+read+close ({res['reader']} reader{layout})\n\n"
             f"`python3 bench/openread.py {argv}` at {res['commit']}; {builds}; "
             f"load average {res['load_before']:.2f} before, {res['load_after']:.2f} after, "
             f"{os.cpu_count()} cores; tiers on {res.get('tier', '?')}.\n\n"

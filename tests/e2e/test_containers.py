@@ -261,11 +261,13 @@ def test_container_flags_name_every_bind_and_variable(granary, warm):
     assert flags(granary, data, tier, "docker") == (
         f"--user={os.getuid()}:{os.getegid()}{groups} "
         f"--volume={data}:{data} --volume={tier}:{tier} --volume={rt}:{rt} --volume={lib}:{lib}:ro "
-        "--env=LD_PRELOAD --env=GRANARY_TABLE --env=GRANARY_TABLE_ID --env=GRANARY_JOB_SLOT")
+        "--env=LD_PRELOAD --env=GRANARY_TABLE --env=GRANARY_TABLE_ID --env=GRANARY_JOB_SLOT "
+        "--env=GRANARY_SOURCE")
     assert flags(granary, data, tier, "podman") == (
         f"{user} "
         f"--volume={data}:{data} --volume={tier}:{tier} --volume={rt}:{rt} --volume={lib}:{lib}:ro "
-        "--env=LD_PRELOAD --env=GRANARY_TABLE --env=GRANARY_TABLE_ID --env=GRANARY_JOB_SLOT")
+        "--env=LD_PRELOAD --env=GRANARY_TABLE --env=GRANARY_TABLE_ID --env=GRANARY_JOB_SLOT "
+        "--env=GRANARY_SOURCE")
     assert flags(granary, data, tier, "apptainer") == (
         f"--bind={data}:{data},{tier}:{tier},{rt}:{rt},{lib}:{lib}:ro")
 

@@ -2,7 +2,7 @@
 //! job's lease: when it closes (the job ended or died), the job is detached.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -307,6 +307,55 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
     result
 }
 
+/// The source known as `key` was named through a symlink that leads elsewhere now (retargeted
+/// since, `ln -sfn`): its state — catalog, table, copies — is the old directory's, and a job
+/// given it would read the old directory's copies under the new one's paths. It is set aside
+/// under its spelling and real path (kept for when the link leads there again), and the
+/// spelling's state becomes the one of the directory it names now (set aside before, or new).
+/// Refused while a job still uses the old directory through it.
+fn aside_if_retargeted(
+    map: &mut std::collections::HashMap<PathBuf, Arc<SourceState>>,
+    key: &std::path::Path,
+) -> Result<()> {
+    let Some(s) = map.get(key) else {
+        return Ok(());
+    };
+    let now = match std::fs::canonicalize(&s.source) {
+        Ok(now) if now != s.source_real => now,
+        // The same directory, or none (the attach reports that).
+        _ => return Ok(()),
+    };
+    if s.jobs_now.load(Ordering::Acquire) > 0 {
+        bail!(
+            "{} leads to {} now, but a job still reads {} through it",
+            s.source.display(),
+            now.display(),
+            s.source_real.display()
+        );
+    }
+    tracing::info!(
+        "{} leads to {} now (was {}): served as that directory",
+        s.source.display(),
+        now.display(),
+        s.source_real.display()
+    );
+    // Two NULs: no key of a packed source (`source_key`: one NUL, then the pack) is one of these.
+    let aside = |real: &std::path::Path| {
+        let mut k = key.as_os_str().as_bytes().to_vec();
+        k.extend_from_slice(&[0, 0]);
+        k.extend_from_slice(real.as_os_str().as_bytes());
+        PathBuf::from(std::ffi::OsString::from_vec(k))
+    };
+    let old = map.remove(key);
+    if let Some(old) = old {
+        map.insert(aside(&old.source_real), old);
+    }
+    if let Some(back) = map.remove(&aside(&now)) {
+        map.insert(key.to_path_buf(), back);
+    }
+    Ok(())
+}
+
 fn find_source(
     agent: &Agent,
     source: &std::path::Path,
@@ -361,6 +410,9 @@ fn attach(
     let key = crate::source::source_key(&path, pack);
     let src = {
         let mut map = agent.sources.lock().unwrap_or_else(|e| e.into_inner());
+        if pack.is_none() {
+            aside_if_retargeted(&mut map, &key)?;
+        }
         match map.get(&key) {
             Some(s) => s.clone(),
             None => {

@@ -504,10 +504,12 @@ fn bitmap_words_of(n: usize) -> usize {
 /// An entry whose bit in the copy bitmap (`H_COPY_BITS_OFF`) starts set: a copy carried over,
 /// or a symlink (an open of it may reach a placed file's copy).
 fn may_be_placed(cat: &Catalog, node: &Node) -> bool {
-    node.state.state() == State::Placed
-        || cat
-            .class(node.disk.class)
-            .is_some_and(|c| c.mode & libc::S_IFMT == libc::S_IFLNK)
+    node.state.state() == State::Placed || is_link(cat, node)
+}
+
+fn is_link(cat: &Catalog, node: &Node) -> bool {
+    cat.class(node.disk.class)
+        .is_some_and(|c| c.mode & libc::S_IFMT == libc::S_IFLNK)
 }
 
 fn is_file(cat: &Catalog, node: &Node) -> bool {
@@ -765,7 +767,11 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
         loop {
             let off = p.hash_off + slot as usize * SLOT_LEN;
             if img.0[off + 4..off + 8] == [0; 4] {
-                for (k, w) in hash_slot(d.object, i as u32, d.name_off).iter().enumerate() {
+                let link = is_link(cat, node);
+                for (k, w) in hash_slot(d.object, i as u32, d.name_off, link)
+                    .iter()
+                    .enumerate()
+                {
                     img.put_u32(off + 4 * k, *w);
                 }
                 break;

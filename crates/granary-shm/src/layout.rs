@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 12.
+//! The on-memory layout of a catalog table, version 13.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -13,7 +13,8 @@
 //! hash_off       hash_slots × 12 bytes            open addressing (4/3 of the entries, linear
 //!                                                  probing from `home_slot`): u32s [tag (high 32
 //!                                                  bits of the path hash), entry index + 1
-//!                                                  (0 = empty), the entry's name's offset]
+//!                                                  (0 = empty; `SLOT_LINK` set for a
+//!                                                  symlink), the entry's name's offset]
 //! strings_off    strings_len bytes                names (last components) and symlink targets
 //! ring_off       request ring                     clients → agent (see `ring`)
 //! stats_off      job_slots × JobStats             per-job counters, atomics only (256-aligned;
@@ -61,10 +62,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// the entry's name lies, so a lookup loads the entry and its name at once. Version 11: the job
 /// counters every process adds to at each open and read are sharded by process
 /// (`COUNTER_SHARDS`). Version 12: the request ring is sharded by process (`RING_SHARDS`), and
-/// a copy bitmap (`H_COPY_BITS_OFF`) says which files can have no copy. Tables
-/// of earlier versions are rejected (`TableError::BadVersion`): the agent then walks the source
-/// again.
-pub const VERSION: u32 = 12;
+/// a copy bitmap (`H_COPY_BITS_OFF`) says which files can have no copy. Version 13: a hash
+/// slot says whether its entry is a symlink (`SLOT_LINK`), whose copy is named by its target's
+/// path, not its own. Tables of earlier versions are rejected (`TableError::BadVersion`): the
+/// agent then walks the source again.
+pub const VERSION: u32 = 13;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -657,12 +659,18 @@ pub const fn next_slot(slot: u32, slots: u32) -> u32 {
 /// Bytes of a hash slot: three `u32`s, `hash_slot`'s.
 pub const SLOT_LEN: usize = 12;
 
+/// The bit of a hash slot's index word set when its entry is a symlink (entry indices stay
+/// below 2^31): an open sees it in the slot it loads with the copy bitmap's word, before any
+/// entry (`Table::copy_hint`).
+pub const SLOT_LINK: u32 = 1 << 31;
+
 /// A hash slot's words for entry `idx` whose path hashes to `hash` and whose name starts at
 /// `name_off` in the string pool: the hash's high 32 bits, the tag (the slot's position comes
-/// from its low bits); the index + 1 (0: an empty slot); the name's offset, so a lookup loads
-/// the name beside the entry instead of after it.
-pub const fn hash_slot(hash: u64, idx: u32, name_off: u32) -> [u32; 3] {
-    [(hash >> 32) as u32, idx.wrapping_add(1), name_off]
+/// from its low bits); the index + 1 (0: an empty slot), with `SLOT_LINK` for a symlink; the
+/// name's offset, so a lookup loads the name beside the entry instead of after it.
+pub const fn hash_slot(hash: u64, idx: u32, name_off: u32, link: bool) -> [u32; 3] {
+    let link = if link { SLOT_LINK } else { 0 };
+    [(hash >> 32) as u32, idx.wrapping_add(1) | link, name_off]
 }
 
 /// Whether a slot whose words are `tag` and `idx1` may hold the path hashing to `hash` (its tag
@@ -671,7 +679,7 @@ pub const fn hash_slot(hash: u64, idx: u32, name_off: u32) -> [u32; 3] {
 #[inline]
 pub const fn slot_entry(tag: u32, idx1: u32, hash: u64) -> Option<u32> {
     if tag == (hash >> 32) as u32 {
-        Some(idx1.wrapping_sub(1))
+        Some((idx1 & !SLOT_LINK).wrapping_sub(1))
     } else {
         None
     }

@@ -29,12 +29,18 @@ pub fn resolve(table: &Table, rel: &[u8], follow: bool) -> Resolved {
     let Some(idx) = table.lookup(rel) else {
         return Resolved::PassThrough;
     };
-    resolve_from(table, idx, follow)
+    resolve_from(table, idx, follow, |_, _| true)
 }
 
-/// `resolve` of the path that names entry `idx`.
+/// `resolve` of the path that names entry `idx`; each link followed is given to `link_ok`
+/// first (its index and entry), and a false answer ends the walk (`PassThrough`).
 #[inline]
-fn resolve_from(table: &Table, idx: u32, follow: bool) -> Resolved {
+fn resolve_from(
+    table: &Table,
+    idx: u32,
+    follow: bool,
+    link_ok: impl FnMut(u32, &EntryRec) -> bool,
+) -> Resolved {
     let Some(e) = table.entry(idx) else {
         return Resolved::PassThrough;
     };
@@ -43,11 +49,15 @@ fn resolve_from(table: &Table, idx: u32, follow: bool) -> Resolved {
         // entry is built where the caller keeps it rather than copied out through each layer.
         return Resolved::Entry(idx, e);
     }
-    follow_links(table, idx)
+    follow_links(table, idx, link_ok)
 }
 
 #[inline(never)]
-fn follow_links(table: &Table, mut idx: u32) -> Resolved {
+fn follow_links(
+    table: &Table,
+    mut idx: u32,
+    mut link_ok: impl FnMut(u32, &EntryRec) -> bool,
+) -> Resolved {
     let mut buf = [0u8; PATH_MAX_LEN];
     for _ in 0..MAX_HOPS {
         let Some(e) = table.entry(idx) else {
@@ -56,6 +66,9 @@ fn follow_links(table: &Table, mut idx: u32) -> Resolved {
         let Some(target) = table.link_target(&e) else {
             return Resolved::Entry(idx, e);
         };
+        if !link_ok(idx, &e) {
+            return Resolved::PassThrough;
+        }
         let Some(dir_len) = table.write_rel_path(e.parent, &mut buf) else {
             return Resolved::PassThrough;
         };
@@ -68,37 +81,6 @@ fn follow_links(table: &Table, mut idx: u32) -> Resolved {
         }
     }
     Resolved::PassThrough
-}
-
-impl Table {
-    /// The links `resolve` follows from entry `idx` (a path's own entry), in order, each given
-    /// to `f` (its index and entry) before it is followed; false as soon as `f` says false. The
-    /// entry the last link leads to is not given (nor anything, when `idx` is no link).
-    pub fn links_from(&self, mut idx: u32, mut f: impl FnMut(u32, &EntryRec) -> bool) -> bool {
-        let mut buf = [0u8; PATH_MAX_LEN];
-        for _ in 0..MAX_HOPS {
-            let Some(e) = self.entry(idx) else {
-                return true;
-            };
-            let Some(target) = self.link_target(&e) else {
-                return true;
-            };
-            if !f(idx, &e) {
-                return false;
-            }
-            let Some(dir_len) = self.write_rel_path(e.parent, &mut buf) else {
-                return true;
-            };
-            let Some(len) = join_target(self, dir_len, target, &mut buf) else {
-                return true;
-            };
-            match self.lookup(&buf[..len]) {
-                Some(next) => idx = next,
-                None => return true,
-            }
-        }
-        true
-    }
 }
 
 /// Writes the catalog path a link target names into `out`, which holds the link's directory in
@@ -199,8 +181,24 @@ impl Table {
         follow: bool,
         must_dir: bool,
     ) -> Result<Found, Miss> {
+        self.find_hashed_with(rel, hash, follow, must_dir, |_, _| true)
+    }
+
+    /// `find_hashed`, giving every link it follows to `link_ok` (its index and entry) before
+    /// following it, in order — the entry the last link leads to is not given, nor anything
+    /// when the path's own entry is no link or `follow` is false: a false answer ends the
+    /// lookup (`Miss::Unprovable`; the caller kept why).
+    #[inline]
+    pub fn find_hashed_with(
+        &self,
+        rel: &[u8],
+        hash: u64,
+        follow: bool,
+        must_dir: bool,
+        link_ok: impl FnMut(u32, &EntryRec) -> bool,
+    ) -> Result<Found, Miss> {
         let idx = self.lookup_hashed(rel, hash).ok_or(Miss::NotCatalogued)?;
-        let Resolved::Entry(idx, entry) = resolve_from(self, idx, follow) else {
+        let Resolved::Entry(idx, entry) = resolve_from(self, idx, follow, link_ok) else {
             return Err(Miss::Unprovable);
         };
         let word = self.state(idx);

@@ -17,6 +17,9 @@ pub enum CopyHint {
     NoCopy,
     /// A copy may exist.
     Maybe,
+    /// The path is a symlink's (its hash slot says so): a copy of what it leads to may exist,
+    /// named by the target's path, never by the link's.
+    Link,
     /// The table has no bitmap.
     Unknown,
 }
@@ -75,6 +78,9 @@ pub struct Table {
     /// The pack section (`layout::pack`), 0 when the table serves no pack.
     pack_off: usize,
     locators_off: usize,
+    /// The path slot `source_root` answers with: the user's spelling (`SLOT_SOURCE`), or the
+    /// real root once this process found the spelling no longer names it (`forget_spelling`).
+    source_slot: usize,
 }
 
 /// A request taken off the ring.
@@ -271,6 +277,7 @@ impl Table {
                 }
             };
         Ok(Table {
+            source_slot: SLOT_SOURCE,
             copy_bits_off,
             copy_bits,
             pack_off,
@@ -410,8 +417,19 @@ impl Table {
         self.region.bytes(off + 8, len)
     }
 
+    /// The source root as the user named it when the table was made (lexically normalised,
+    /// absolute; a symlink to `source_real_root` or the same path), unless this view forgot it
+    /// (`forget_spelling`): then the real root.
     pub fn source_root(&self) -> &[u8] {
-        self.path_slot(SLOT_SOURCE).unwrap_or(b"")
+        self.path_slot(self.source_slot).unwrap_or(b"")
+    }
+
+    /// This view stops taking the recorded spelling for the source (`source_root` becomes the
+    /// real root, for every lookup and link target): a process that found the spelling naming
+    /// another directory than the catalogued one (a symlink retargeted since the table was
+    /// made) must not read the catalogued directory's copies under that name.
+    pub fn forget_spelling(&mut self) {
+        self.source_slot = SLOT_SOURCE_REAL;
     }
 
     pub fn source_real_root(&self) -> &[u8] {
@@ -668,31 +686,39 @@ impl Table {
         let slot = home_slot(hash, self.hash_slots);
         self.region
             .prefetch(self.hash_off + slot as usize * SLOT_LEN);
-        let hint = if word.load(Ordering::Relaxed) & mask == 0 {
+        let no_copy = word.load(Ordering::Relaxed) & mask == 0;
+        // A path that may have a copy is nearly always catalogued: its probe sequence ends at
+        // its own slot, and the lookup right after walks the same slots (cached by then), so
+        // following it to the end costs nothing extra and finds a symlink's mark wherever its
+        // slot lies. One without is mostly a path the catalog does not hold, whose sequence
+        // runs to an empty slot: two slots warm most of what its lookup reads.
+        let probes = if no_copy { 2 } else { self.hash_slots };
+        let link = self.warm_home(hash, slot, probes);
+        if no_copy {
             CopyHint::NoCopy
+        } else if link {
+            CopyHint::Link
         } else {
             CopyHint::Maybe
-        };
-        self.warm_home(hash, slot);
-        hint
+        }
     }
 
     /// Starts loading the lines a lookup of `hash` reads after the slot — the entry's record,
     /// name, state and checksum — for the first slot of its probe sequence whose tag matches,
     /// so that they load during the caller's next system call rather than after it (the slot's
     /// own line was asked for with the copy bitmap's word, and mostly came with it). Reads
-    /// slots only; a tag equal by chance warms another entry's lines, nothing else.
+    /// slots only, at most `probes`; a tag equal by chance warms another entry's lines, nothing
+    /// else. True when the slot found is a symlink's (`SLOT_LINK`).
     #[inline]
-    fn warm_home(&self, hash: u64, mut slot: u32) {
-        // A probe sequence is short (the table is at most ~70 % full): two slots cover most.
-        for _ in 0..2 {
+    fn warm_home(&self, hash: u64, mut slot: u32, probes: u32) -> bool {
+        for _ in 0..probes {
             let off = self.hash_off + slot as usize * SLOT_LEN;
             let (Some(tag), Some(idx1)) = (self.region.u32_at(off), self.region.u32_at(off + 4))
             else {
-                return;
+                return false;
             };
             if idx1 == 0 {
-                return;
+                return false;
             }
             if let Some(idx) = slot_entry(tag, idx1, hash) {
                 if let Some(name_off) = self.region.u32_at(off + 8) {
@@ -700,10 +726,11 @@ impl Table {
                         .prefetch(self.strings_off.wrapping_add(name_off as usize));
                 }
                 self.prefetch_entry_words(idx);
-                return;
+                return idx1 & SLOT_LINK != 0;
             }
             slot = next_slot(slot, self.hash_slots);
         }
+        false
     }
 
     /// True if `copy_hint` says no copy of `rel` can exist.

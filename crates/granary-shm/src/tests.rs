@@ -95,6 +95,36 @@ impl Model {
 }
 
 #[test]
+fn a_view_that_forgot_the_spelling_resolves_through_the_real_root_only() {
+    let mut m = Model::new();
+    let d = m.add(0, "d", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    m.add(d, "f", stat(libc::S_IFREG | 0o644, 3, 10), "");
+    m.add(
+        0,
+        "abs",
+        stat(libc::S_IFLNK | 0o777, 4, 13),
+        "/pfs/data/d/f",
+    );
+    m.add(
+        0,
+        "absreal",
+        stat(libc::S_IFLNK | 0o777, 5, 16),
+        "/lustre/data/d/f",
+    );
+    let img = build(&Model::spec(), &m.entries).unwrap();
+    let (_m, mut t, _f) = map_image(&img);
+    let target = t.lookup(b"d/f").unwrap();
+    assert_eq!(t.source_root(), b"/pfs/data");
+    assert!(matches!(resolve(&t, b"abs", true), Resolved::Entry(i, _) if i == target));
+    // The spelling (a symlink) leads elsewhere now: a link's absolute target through it names
+    // whatever the symlink leads to, which the catalog does not describe.
+    t.forget_spelling();
+    assert_eq!(t.source_root(), b"/lustre/data");
+    assert_eq!(resolve(&t, b"abs", true), Resolved::PassThrough);
+    assert!(matches!(resolve(&t, b"absreal", true), Resolved::Entry(i, _) if i == target));
+}
+
+#[test]
 fn header_round_trip() {
     let mut m = Model::new();
     let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
@@ -441,23 +471,37 @@ fn symlinks_resolve_inside_the_catalog_only() {
     // them too): none for the file itself, the whole chain for a chain.
     let links = |p: &str| {
         let mut seen = vec![];
-        assert!(t.links_from(t.lookup(p.as_bytes()).unwrap(), |i, _| {
-            seen.push(i);
-            true
-        }));
-        seen
+        let found = t.find_hashed_with(
+            p.as_bytes(),
+            path_hash(p.as_bytes()),
+            true,
+            false,
+            |i, _| {
+                seen.push(i);
+                true
+            },
+        );
+        (seen, found.is_ok())
     };
-    assert_eq!(links("d/f"), Vec::<u32>::new());
-    assert_eq!(links("rel"), vec![link]);
-    assert_eq!(links("chain"), vec![t.lookup(b"chain").unwrap(), link]);
-    assert_eq!(links("loop").len(), 40);
+    assert_eq!(links("d/f"), (Vec::<u32>::new(), true));
+    assert_eq!(links("rel"), (vec![link], true));
+    assert_eq!(
+        links("chain"),
+        (vec![t.lookup(b"chain").unwrap(), link], true)
+    );
+    assert_eq!(links("loop").0.len(), 40);
+    assert!(!links("loop").1);
     // A refusal stops the walk at once.
     let mut asked = 0;
-    assert!(!t.links_from(t.lookup(b"chain").unwrap(), |_, _| {
+    let found = t.find_hashed_with(b"chain", path_hash(b"chain"), true, false, |_, _| {
         asked += 1;
         false
-    }));
+    });
+    assert_eq!(found.err(), Some(Miss::Unprovable));
     assert_eq!(asked, 1);
+    // Not following, no link is asked about.
+    let found = t.find_hashed_with(b"chain", path_hash(b"chain"), false, false, |_, _| false);
+    assert!(found.unwrap().entry.stat.is_symlink());
 }
 
 #[test]
@@ -1414,6 +1458,63 @@ fn the_copy_bitmap_says_no_copy_only_of_files_never_placed() {
     assert!(!untouched.is_empty());
     for n in untouched {
         assert!(t.no_copy_yet(n.as_bytes()), "{n}");
+    }
+}
+
+#[test]
+fn the_copy_hint_tells_a_symlinks_path_from_a_files() {
+    // A Hugging Face cache's shape: blobs, and as many links to them. Hundreds of entries, so
+    // that many slots lie several probes from their home.
+    let mut m = Model::new();
+    let blobs = m.add(0, "blobs", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    let snap = m.add(0, "snap", stat(libc::S_IFDIR | 0o755, 3, 4096), "");
+    let mut files = Vec::new();
+    let mut links = Vec::new();
+    for i in 0..600u64 {
+        let e = m.add(
+            blobs,
+            &format!("{i:040x}"),
+            stat(libc::S_IFREG | 0o644, 10 + i, 1024),
+            "",
+        );
+        if i % 2 == 0 {
+            m.entries[e].state = StateWord::new(State::Placed, 0);
+        }
+        files.push((format!("blobs/{i:040x}"), i % 2 == 0));
+        let target = format!("../blobs/{i:040x}");
+        m.add(
+            snap,
+            &format!("f{i}"),
+            stat(libc::S_IFLNK | 0o777, 1000 + i, target.len() as u64),
+            &target,
+        );
+        links.push(format!("snap/f{i}"));
+    }
+    let (_m, t, _f) = map_image(&build(&Model::spec(), &m.entries).unwrap());
+    for l in &links {
+        assert_eq!(
+            t.copy_hint(layout::path_hash(l.as_bytes())),
+            CopyHint::Link,
+            "{l}"
+        );
+        // The mark changes nothing else: the link is found, and followed to its blob.
+        let f = t.find(l.as_bytes(), true, false).unwrap();
+        assert!(f.entry.stat.is_file(), "{l}");
+        assert!(t
+            .find(l.as_bytes(), false, false)
+            .unwrap()
+            .entry
+            .stat
+            .is_symlink());
+    }
+    for (f, placed) in &files {
+        let hint = t.copy_hint(layout::path_hash(f.as_bytes()));
+        if *placed {
+            assert_eq!(hint, CopyHint::Maybe, "{f}");
+        } else {
+            assert_ne!(hint, CopyHint::Link, "{f}");
+        }
+        assert!(t.lookup(f.as_bytes()).is_some(), "{f}");
     }
 }
 

@@ -19,12 +19,13 @@ use anyhow::{Context, Result};
 use granary_agent::job::program::{launcher, Launcher};
 
 /// The variables a process of the job needs, as `granary run` gives them to the program.
-pub const JOB_VARS: [&str; 5] = [
+pub const JOB_VARS: [&str; 6] = [
     "LD_PRELOAD",
     "GRANARY_TABLE",
     "GRANARY_TABLE_FD",
     "GRANARY_TABLE_ID",
     "GRANARY_JOB_SLOT",
+    "GRANARY_SOURCE",
 ];
 
 /// The table fd the program inherits, open while it runs.
@@ -60,12 +61,19 @@ pub fn job_env(
     ld_preload: &OsStr,
     table: &Path,
     slot: u32,
+    source: &Path,
 ) {
     let mut vars: Vec<(&str, OsString)> = vec![
         ("LD_PRELOAD", ld_preload.to_os_string()),
         ("GRANARY_TABLE", table.as_os_str().to_os_string()),
         ("GRANARY_JOB_SLOT", slot.to_string().into()),
     ];
+    // The source as this job names it: a table made for a job that named it otherwise (the
+    // real path, another symlink) serves this spelling too, once the library proved it leads
+    // to the catalogued directory.
+    if let Ok(s) = granary_core::source::normalize(source) {
+        vars.push(("GRANARY_SOURCE", s.into_os_string()));
+    }
     if let Some(h) = handover {
         vars.push(("GRANARY_TABLE_FD", h.fd.as_raw_fd().to_string().into()));
         vars.push(("GRANARY_TABLE_ID", format!("{}:{}", h.id.0, h.id.1).into()));

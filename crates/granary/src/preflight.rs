@@ -12,9 +12,9 @@ use anyhow::{bail, Result};
 use crate::output::say;
 
 /// Every variable granary reads, with the form it accepts (shown in errors and docs).
-/// `GRANARY_TABLE*`, `GRANARY_JOB_SLOT` and `GRANARY_MNT_NS` are set by `granary run` for the
+/// `GRANARY_TABLE*`, `GRANARY_JOB_SLOT`, `GRANARY_MNT_NS` and `GRANARY_SOURCE` are set by `granary run` for the
 /// program; the rest are the user's.
-const KNOWN: [(&str, &str); 18] = [
+const KNOWN: [(&str, &str); 19] = [
     (
         "GRANARY_LOG",
         "a level (error, warn, info, debug, trace, off), optionally `:FILE`",
@@ -54,6 +54,7 @@ const KNOWN: [(&str, &str); 18] = [
     ("GRANARY_TABLE_ID", "set by granary run"),
     ("GRANARY_JOB_SLOT", "set by granary run"),
     ("GRANARY_MNT_NS", "set by granary run"),
+    ("GRANARY_SOURCE", "set by granary run"),
     ("GRANARY_EMBED_PRELOAD", "1 or 0, when building granary"),
     ("GRANARY_TEST_LOG", "used by granary's own tests"),
     (

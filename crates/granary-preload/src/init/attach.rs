@@ -170,18 +170,55 @@ fn dev_ino(path: &[u8]) -> Option<(u64, u64)> {
     (r == 0).then_some((st.st_dev, st.st_ino))
 }
 
+/// `(st_dev, st_ino)` of the catalogued source root.
+fn root_id(table: &Table) -> Option<(u64, u64)> {
+    let root = table.entry(0)?;
+    Some((
+        libc::makedev(root.stat.dev_major, root.stat.dev_minor),
+        root.stat.ino,
+    ))
+}
+
+/// The spellings of the source root this process takes for the catalogued root, each proven by
+/// one `stat` of it now (none for the real root's path, which the agent validates): the
+/// table's — kept only while it still leads there (a symlink retargeted since the table was
+/// made names another directory, whose files the catalog's copies are not) — and the job's
+/// own, `GRANARY_SOURCE`, when it is neither of the table's (a job naming the source through a
+/// symlink, served by a table made for a job that named the real path, or another symlink).
+/// An unproven spelling is a path outside the source: passed through.
+pub fn check_spellings(table: &mut Table) {
+    let Some(want) = root_id(table) else {
+        table.forget_spelling();
+        return;
+    };
+    if table.source_root() != table.source_real_root() && dev_ino(table.source_root()) != Some(want)
+    {
+        table.forget_spelling();
+        crate::sys::log::line(&[
+            b"the table's spelling of the source no longer leads to it: not taken: ",
+            table.source_root(),
+        ]);
+    }
+    if let Some(job) = env(c"GRANARY_SOURCE") {
+        let other = job != table.source_root() && job != table.source_real_root();
+        if other && dev_ino(job) == Some(want) {
+            crate::ops::path::set_job_root(table, job);
+        }
+    }
+}
+
 /// True when this process sees the catalogued source root at its path. When it does not, the
 /// job learns why (`SOURCE_HIDDEN`, and `SOURCE_ELSEWHERE` when a mount point shows it).
 pub fn sees_source(table: &Table, slot: u32) -> bool {
-    let Some(root) = table.entry(0) else {
+    let (Some(root), Some(want)) = (table.entry(0), root_id(table)) else {
         return false;
     };
-    let want = (
-        libc::makedev(root.stat.dev_major, root.stat.dev_minor),
-        root.stat.ino,
-    );
     let at = |p: &[u8]| !p.is_empty() && dev_ino(p) == Some(want);
-    if at(table.source_root()) || at(table.source_real_root()) {
+    // The job's spelling was proven so already (`check_spellings`).
+    if crate::ops::path::job_root().is_some()
+        || at(table.source_root())
+        || at(table.source_real_root())
+    {
         return true;
     }
     let mut bits = seen::SOURCE_HIDDEN;

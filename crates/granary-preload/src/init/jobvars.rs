@@ -11,20 +11,22 @@ use crate::sys::env::{parse_u32, var};
 
 /// The variables besides `LD_PRELOAD`, as `granary run` sets them (`GRANARY_LOG` too, so a
 /// child logs as its parent does).
-pub const NAMES: [&[u8]; 6] = [
+pub const NAMES: [&[u8]; 7] = [
     b"GRANARY_TABLE",
     b"GRANARY_TABLE_FD",
     b"GRANARY_TABLE_ID",
     b"GRANARY_MNT_NS",
     b"GRANARY_JOB_SLOT",
     b"GRANARY_LOG",
+    b"GRANARY_SOURCE",
 ];
 
 /// Index of `GRANARY_TABLE_FD` in `NAMES`: put back only while the fd is open.
 pub const TABLE_FD: usize = 1;
 
-/// Room for all of them as `NAME=value\0` strings.
-const ROOM: usize = 8192;
+/// Room for all of them as `NAME=value\0` strings (`GRANARY_SOURCE` may be a path of up to
+/// 4 KiB).
+const ROOM: usize = 3 * 4096;
 
 pub struct Saved {
     buf: [u8; ROOM],

@@ -54,7 +54,8 @@ extern "C" fn init() {
             return;
         }
     };
-    let table = found.table;
+    let mut table = found.table;
+    crate::init::attach::check_spellings(&mut table);
     let slot = detour::job_slot();
     table.count(slot, job::PROCESSES, 1);
     if found.fd_lost {

@@ -35,39 +35,41 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Result<Found, Bypass> {
         return Err(Bypass::RootLink);
     }
     let hash = loc.hash.unwrap_or_else(|| granary_shm::path_hash(rel));
+    // Every symlink followed on the way must still be the source's, checked as it is followed:
+    // one replaced or retargeted between jobs (`ln -sf`) led to its old target's copy.
+    let mut why = None;
     let found = g
         .table
-        .find_hashed(rel, hash, follow, loc.must_dir)
-        .map_err(Bypass::Catalog)?;
+        .find_hashed_with(
+            rel,
+            hash,
+            follow,
+            loc.must_dir,
+            |idx, e| match link_confirmed(g.table, idx, e) {
+                Ok(()) => true,
+                Err(w) => {
+                    why = Some(w);
+                    false
+                }
+            },
+        )
+        .map_err(|m| why.unwrap_or(Bypass::Catalog(m)))?;
     LAST.set(Some((found.idx, found.entry)));
-    if follow && found.entry.object != hash {
-        // A final symlink was followed: the catalog's link must still be the source's — one
-        // replaced or retargeted between jobs (`ln -sf`) led to its old target's copy.
-        links_confirmed(g.table, rel, hash)?;
-    }
     confirmed(g.table, &found)?;
     Ok(found)
 }
 
-/// Every link on the way from `rel`'s own entry is live and, like an entry answered for,
-/// validated in this attach or checked against the source now.
+/// A link on the way to an entry is live and, like an entry answered for, validated in this
+/// attach or checked against the source now.
 #[inline(never)]
-fn links_confirmed(table: &Table, rel: &[u8], hash: u64) -> Result<(), Bypass> {
-    let own = table
-        .lookup_hashed(rel, hash)
-        .ok_or(Bypass::Catalog(granary_shm::Miss::NotCatalogued))?;
-    let mut why = Bypass::Unconfirmed;
-    let live = table.links_from(own, |idx, e| {
-        if table.state(idx).state().is_void() {
-            why = Bypass::Catalog(granary_shm::Miss::Void);
-            return false;
-        }
-        table.is_validated(idx) || !table.is_packed() && crate::ops::validate::check(table, idx, e)
-    });
-    if live {
+fn link_confirmed(table: &Table, idx: u32, e: &EntryRec) -> Result<(), Bypass> {
+    if table.state(idx).state().is_void() {
+        return Err(Bypass::Catalog(granary_shm::Miss::Void));
+    }
+    if table.is_validated(idx) || !table.is_packed() && crate::ops::validate::check(table, idx, e) {
         Ok(())
     } else {
-        Err(why)
+        Err(Bypass::Unconfirmed)
     }
 }
 

@@ -141,6 +141,8 @@ fn read_only(
     }
     // A copy may exist: opened now (the open the lookup would lead to), while the hash slot's
     // line loads, and used only if the lookup then says it is the entry's.
+    // A symlink's (`CopyHint::Link`) is not: its copy is named by its target's path, so an
+    // early open by the link's name could only fail (and pause early opens for the next four).
     let mut early = match (hint, loc.hash) {
         // A catalogued path's hash is its copy's object id.
         (CopyHint::Maybe, Some(object)) if check == CheckCopy::AtFirstUse => {

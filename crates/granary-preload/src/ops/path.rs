@@ -12,7 +12,9 @@
 use core::ffi::{c_char, c_int, CStr};
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
+use granary_shm::layout::PATH_MAX_LEN;
 use granary_shm::{strip_root, Table};
 
 use crate::fds::fdtable::{self, FdKind};
@@ -169,7 +171,45 @@ fn outside_root(p: &[u8], root: &[u8]) -> bool {
 
 /// Cheap early exit for absolute paths that cannot be under the source.
 pub fn surely_outside_abs(table: &Table, p: &[u8]) -> bool {
-    outside_root(p, table.source_root()) && outside_root(p, table.source_real_root())
+    outside_root(p, table.source_root())
+        && outside_root(p, table.source_real_root())
+        && job_root().is_none_or(|j| outside_root(p, j))
+}
+
+/// The job's own spelling of the source root (`GRANARY_SOURCE`, the `--source` it was given)
+/// when it is neither of the table's — the table was made for a job that named the source
+/// otherwise — and led to the catalogued root when this process started (`set_job_root`).
+struct JobRoot {
+    buf: [u8; PATH_MAX_LEN],
+    len: usize,
+}
+
+static JOB_ROOT: OnceLock<JobRoot> = OnceLock::new();
+
+/// The job's spelling of the source root, if this process took it (`set_job_root`).
+#[inline]
+pub fn job_root() -> Option<&'static [u8]> {
+    JOB_ROOT.get().and_then(|r| r.buf.get(..r.len))
+}
+
+/// Takes `spelling` as a name of the source root for this process's life: the constructor,
+/// once it proved the spelling leads to the catalogued root. Only a normal absolute path (no
+/// `.`, `..` or empty component, so that the lexical rules stay exact) other than the table's
+/// two; false otherwise.
+pub fn set_job_root(table: &Table, spelling: &[u8]) -> bool {
+    if !is_normal_abs(spelling)
+        || spelling == table.source_root()
+        || spelling == table.source_real_root()
+        || spelling.len() > PATH_MAX_LEN
+    {
+        return false;
+    }
+    let mut r = JobRoot {
+        buf: [0; PATH_MAX_LEN],
+        len: spelling.len(),
+    };
+    r.buf[..spelling.len()].copy_from_slice(spelling);
+    JOB_ROOT.set(r).is_ok()
 }
 
 /// Whether the working directory we last saw (`getcwd` in the constructor and after every
@@ -309,12 +349,32 @@ fn is_clean_abs(p: &[u8]) -> bool {
     clean(w)
 }
 
-/// Where a normal absolute path lies relative to the source.
+/// An absolute path of named components only (no empty, `.` or `..` one, no trailing `/`), other
+/// than `/`: `is_clean_abs` without its shortcut (names starting with a dot, `~/.cache`, pass).
+fn is_normal_abs(p: &[u8]) -> bool {
+    p.len() > 1
+        && p.first() == Some(&b'/')
+        && p[1..]
+            .split(|&b| b == b'/')
+            .all(|c| !matches!(c, b"" | b"." | b".."))
+}
+
+/// Where a normal absolute path lies relative to the source: under one of its spellings —
+/// the table's (unless this process forgot it: `Table::forget_spelling`), the real root's, the
+/// job's (`job_root`).
 fn classify<'a>(table: &Table, abs: &'a [u8], must_dir: bool) -> Loc<'a> {
-    let named = strip_root(abs, table.source_root());
-    let root_link =
-        named.is_some_and(|r| r.is_empty()) && table.source_root() != table.source_real_root();
-    let rel = named.or_else(|| strip_root(abs, table.source_real_root()));
+    let spelled = table.source_root();
+    let real = table.source_real_root();
+    // `root_link`: the root itself, named through a symlink to it.
+    let (rel, root_link) = if let Some(r) = strip_root(abs, spelled) {
+        (Some(r), r.is_empty() && spelled != real)
+    } else if let Some(r) = strip_root(abs, real) {
+        (Some(r), false)
+    } else if let Some(r) = job_root().and_then(|j| strip_root(abs, j)) {
+        (Some(r), r.is_empty())
+    } else {
+        (None, false)
+    };
     Loc {
         rel,
         must_dir,
@@ -374,7 +434,31 @@ pub fn entry_path(table: &Table, idx: u32, buf: &mut Buf) -> Option<*const c_cha
 
 #[cfg(test)]
 mod tests {
-    use super::is_clean_abs;
+    use super::{is_clean_abs, is_normal_abs};
+
+    #[test]
+    fn a_job_root_is_a_normal_absolute_path() {
+        for p in [
+            "/data/ds",
+            "/home/u/.cache/huggingface/hub",
+            "/a",
+            "/a/..b/.c.",
+        ] {
+            assert!(is_normal_abs(p.as_bytes()), "{p}");
+        }
+        for p in [
+            "",
+            "/",
+            "data/ds",
+            "/data/",
+            "/data//ds",
+            "/data/./ds",
+            "/data/../ds",
+            "/..",
+        ] {
+            assert!(!is_normal_abs(p.as_bytes()), "{p}");
+        }
+    }
 
     /// The rule, byte by byte.
     fn clean_by_bytes(p: &[u8]) -> bool {

@@ -171,6 +171,7 @@ pub fn main(args: RunArgs) -> Result<i32> {
         &ld,
         &job.table_path,
         job.slot,
+        &source,
     );
     let st = spawn_and_wait(&mut cmd, prog)?;
     drop(handover);
