@@ -655,9 +655,10 @@ impl Table {
 
     /// What the copy bitmap (`H_COPY_BITS_OFF`) says of the file whose path hashes to `hash`
     /// (`path_hash`): no copy of it can exist (its bit is clear), so an open of it goes to the
-    /// source whatever its entry says; or one may. Either way the hash slot's line starts
+    /// source whatever its entry says; or one may. Either way the lookup's first lines start
     /// loading now, so the caller's next system call (the source's open, or the copy's)
-    /// overlaps it. A hint, never a fact: `Table::find` decides once the call is made.
+    /// overlaps them: the hash slot's, and with no copy the entry's too (the slot is read
+    /// now). A hint, never a fact: `Table::find` decides once the call is made.
     #[inline]
     pub fn copy_hint(&self, hash: u64) -> CopyHint {
         let Some(w) = self.copy_word(hash) else {
@@ -668,10 +669,32 @@ impl Table {
         self.region
             .prefetch(self.hash_off + slot as usize * SLOT_LEN);
         if word.load(Ordering::Relaxed) & mask == 0 {
+            // The caller opens the source next and looks the path up after: the slot is read
+            // now, so that the lines of the entry it names (its record, name, state and
+            // validation words) load during that open instead of after it.
+            self.prefetch_entry_of(hash);
             CopyHint::NoCopy
         } else {
             CopyHint::Maybe
         }
+    }
+
+    /// Starts loading the lines `lookup_hashed(_, hash)` reads after the hash slot, for the
+    /// first entry whose slot's tag matches `hash` (the path's, but for a chance match, which
+    /// only costs the loads).
+    #[inline]
+    fn prefetch_entry_of(&self, hash: u64) {
+        let _ = self.probe(hash, |idx, slot_off| {
+            if let Some(name_off) = self.region.u32_at(slot_off + 8) {
+                self.region
+                    .prefetch(self.strings_off.wrapping_add(name_off as usize));
+            }
+            self.prefetch_entry_words(idx);
+            if idx < self.entry_count {
+                self.region.prefetch(self.valid_off + (idx / 64) as usize * 8);
+            }
+            Some(true)
+        });
     }
 
     /// True if `copy_hint` says no copy of `rel` can exist.
