@@ -172,9 +172,10 @@ impl EntryBits {
     /// Sets entry `idx`'s bit; true if it was clear (false for an entry out of range).
     pub fn set(&self, idx: u32) -> bool {
         let bit = 1u64 << (idx % 64);
-        self.0
-            .get(idx as usize / 64)
-            .is_some_and(|w| w.fetch_or(bit, Ordering::AcqRel) & bit == 0)
+        // A load first: most calls find the bit set (a file read again before it was taken).
+        self.0.get(idx as usize / 64).is_some_and(|w| {
+            w.load(Ordering::Acquire) & bit == 0 && w.fetch_or(bit, Ordering::AcqRel) & bit == 0
+        })
     }
 
     pub fn clear(&self, idx: u32) {
