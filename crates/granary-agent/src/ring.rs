@@ -43,8 +43,8 @@ pub fn consume(agent: Arc<Agent>) {
             ctx.sample_program_reads();
             // Held from before the first pop until the last request is handed on, so `pending`
             // never sees a request that is neither in the ring nor in the pool (see
-            // `SourceCtx::pending`): once for the whole batch, not a fence and two shared
-            // writes per request (a quarter of the consumer's time per small file's close).
+            // `SourceCtx::pending`): once for the whole batch, not around each request (the
+            // fence alone was a quarter of the consumer's samples per small file's close).
             ctx.work.hold();
             fence(Ordering::SeqCst);
             // Bounded per pass so one busy source cannot starve the others.

@@ -193,7 +193,6 @@ impl Sorted {
     }
 }
 
-/// Whether entry `e` is a file the agent fetches whole in one request (the only kind read ahead).
 impl NameOrder {
     /// False if no file of `t` is one the read-ahead fetches: then no run is ever followed for
     /// it, and an open (or a small file's close) need not be observed at all. Looked up in the
@@ -205,6 +204,7 @@ impl NameOrder {
     }
 }
 
+/// Whether entry `e` is a file the agent fetches whole in one request (the only kind read ahead).
 fn fetched_ahead(t: &Table, e: u32) -> bool {
     t.entry(e).is_some_and(|r| {
         r.stat.is_file()
