@@ -691,7 +691,8 @@ impl Table {
             }
             self.prefetch_entry_words(idx);
             if idx < self.entry_count {
-                self.region.prefetch(self.valid_off + (idx / 64) as usize * 8);
+                self.region
+                    .prefetch(self.valid_off + (idx / 64) as usize * 8);
             }
             Some(true)
         });
