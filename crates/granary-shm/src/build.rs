@@ -726,6 +726,11 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
     }
     img.put(p.strings_off, &cat.strings);
 
+    // As the header says it (0 there: every file is small).
+    let prefetch_min = match spec.prefetch_min_size {
+        0 => u64::MAX,
+        n => n,
+    };
     let (mut large, mut chunk_pos) = (0usize, 8usize);
     for (i, node) in cat.nodes.iter().enumerate() {
         let mut d = node.disk;
@@ -765,7 +770,11 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
         loop {
             let off = p.hash_off + slot as usize * SLOT_LEN;
             if img.0[off + 4..off + 8] == [0; 4] {
-                for (k, w) in hash_slot(d.object, i as u32, d.name_off).iter().enumerate() {
+                let small = is_file(cat, node) && d.size < prefetch_min;
+                for (k, w) in hash_slot(d.object, i as u32, d.name_off, small)
+                    .iter()
+                    .enumerate()
+                {
                     img.put_u32(off + 4 * k, *w);
                 }
                 break;

@@ -61,10 +61,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// the entry's name lies, so a lookup loads the entry and its name at once. Version 11: the job
 /// counters every process adds to at each open and read are sharded by process
 /// (`COUNTER_SHARDS`). Version 12: the request ring is sharded by process (`RING_SHARDS`), and
-/// a copy bitmap (`H_COPY_BITS_OFF`) says which files can have no copy. Tables
+/// a copy bitmap (`H_COPY_BITS_OFF`) says which files can have no copy. Version 13: a hash
+/// slot says whether its entry is a small file (`SLOT_SMALL_FILE`). Tables
 /// of earlier versions are rejected (`TableError::BadVersion`): the agent then walks the source
 /// again.
-pub const VERSION: u32 = 12;
+pub const VERSION: u32 = 13;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -657,12 +658,18 @@ pub const fn next_slot(slot: u32, slots: u32) -> u32 {
 /// Bytes of a hash slot: three `u32`s, `hash_slot`'s.
 pub const SLOT_LEN: usize = 12;
 
+/// The top bit of a hash slot's second word: its entry is a regular file smaller than the
+/// table's whole-fetch size (`H_PREFETCH_MIN_SIZE`), one the agent copies after its close. Free
+/// since a table holds fewer than 2^31 entries.
+pub const SLOT_SMALL_FILE: u32 = 1 << 31;
+
 /// A hash slot's words for entry `idx` whose path hashes to `hash` and whose name starts at
 /// `name_off` in the string pool: the hash's high 32 bits, the tag (the slot's position comes
-/// from its low bits); the index + 1 (0: an empty slot); the name's offset, so a lookup loads
-/// the name beside the entry instead of after it.
-pub const fn hash_slot(hash: u64, idx: u32, name_off: u32) -> [u32; 3] {
-    [(hash >> 32) as u32, idx.wrapping_add(1), name_off]
+/// from its low bits); the index + 1 (0: an empty slot), with `SLOT_SMALL_FILE` for a `small`
+/// file; the name's offset, so a lookup loads the name beside the entry instead of after it.
+pub const fn hash_slot(hash: u64, idx: u32, name_off: u32, small: bool) -> [u32; 3] {
+    let flag = if small { SLOT_SMALL_FILE } else { 0 };
+    [(hash >> 32) as u32, idx.wrapping_add(1) | flag, name_off]
 }
 
 /// Whether a slot whose words are `tag` and `idx1` may hold the path hashing to `hash` (its tag
@@ -671,7 +678,7 @@ pub const fn hash_slot(hash: u64, idx: u32, name_off: u32) -> [u32; 3] {
 #[inline]
 pub const fn slot_entry(tag: u32, idx1: u32, hash: u64) -> Option<u32> {
     if tag == (hash >> 32) as u32 {
-        Some(idx1.wrapping_sub(1))
+        Some((idx1 & !SLOT_SMALL_FILE).wrapping_sub(1))
     } else {
         None
     }

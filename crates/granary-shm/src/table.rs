@@ -679,6 +679,23 @@ impl Table {
         }
     }
 
+    /// The entry a path hashing to `hash` may name, if the first slot of its probe whose tag
+    /// matches says a small file (`SLOT_SMALL_FILE`) — unverified: another path whose hash has
+    /// the same high 32 bits may own that slot. Only what no byte or metadata answer rests on
+    /// may use it (`ops::open`'s close hint). Reads slots only: no entry, name or state line.
+    #[inline]
+    pub fn small_file_slot(&self, hash: u64) -> Option<u32> {
+        let mut small = false;
+        let idx = self.probe(hash, |_, slot_off| {
+            small = self
+                .region
+                .u32_at(slot_off + 4)
+                .is_some_and(|w| w & SLOT_SMALL_FILE != 0);
+            Some(true)
+        })?;
+        small.then_some(idx)
+    }
+
     /// Starts loading the lines `lookup_hashed(_, hash)` reads after the hash slot, for the
     /// first entry whose slot's tag matches `hash` (the path's, but for a chance match, which
     /// only costs the loads).
