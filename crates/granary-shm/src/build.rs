@@ -207,7 +207,7 @@ impl Catalog {
     /// The plain-data form in breadth-first order from the root; unreachable entries are dropped.
     pub fn from_entries(entries: &[CatalogEntry]) -> Result<Catalog, BuildError> {
         let root = entries.first().ok_or(BuildError::Empty)?;
-        if entries.len() > (u32::MAX / 2) as usize {
+        if entries.len() > MAX_ENTRIES {
             return Err(BuildError::TooManyEntries(entries.len()));
         }
         let mut cat = Catalog::new(&root.stat);
@@ -339,11 +339,9 @@ impl std::fmt::Display for BuildError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BuildError::Empty => write!(f, "catalog has no root entry"),
-            BuildError::TooManyEntries(n) => write!(
-                f,
-                "{n} entries exceed the table's limit of {}",
-                u32::MAX / 2
-            ),
+            BuildError::TooManyEntries(n) => {
+                write!(f, "{n} entries exceed the table's limit of {MAX_ENTRIES}")
+            }
             BuildError::TooManyTiers(n) => write!(f, "{n} tiers exceed the limit of {MAX_TIERS}"),
             BuildError::PathTooLong(p) => {
                 write!(
@@ -410,7 +408,7 @@ fn plan(spec: &TableSpec, cat: &Catalog) -> Result<Plan, BuildError> {
     if n == 0 {
         return Err(BuildError::Empty);
     }
-    if n > (u32::MAX / 2) as usize {
+    if n > MAX_ENTRIES {
         return Err(BuildError::TooManyEntries(n));
     }
     if spec.tier_dirs.len() > MAX_TIERS {
@@ -728,6 +726,11 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
     }
     img.put(p.strings_off, &cat.strings);
 
+    // As the header says it (0 there: every file is small).
+    let prefetch_min = match spec.prefetch_min_size {
+        0 => u64::MAX,
+        n => n,
+    };
     let (mut large, mut chunk_pos) = (0usize, 8usize);
     for (i, node) in cat.nodes.iter().enumerate() {
         let mut d = node.disk;
@@ -768,7 +771,8 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
             let off = p.hash_off + slot as usize * SLOT_LEN;
             if img.0[off + 4..off + 8] == [0; 4] {
                 let link = is_link(cat, node);
-                for (k, w) in hash_slot(d.object, i as u32, d.name_off, link)
+                let small = is_file(cat, node) && d.size < prefetch_min;
+                for (k, w) in hash_slot(d.object, i as u32, d.name_off, link, small)
                     .iter()
                     .enumerate()
                 {

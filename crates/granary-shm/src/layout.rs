@@ -64,8 +64,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// (`COUNTER_SHARDS`). Version 12: the request ring is sharded by process (`RING_SHARDS`), and
 /// a copy bitmap (`H_COPY_BITS_OFF`) says which files can have no copy. Version 13: a hash
 /// slot says whether its entry is a symlink (`SLOT_LINK`), whose copy is named by its target's
-/// path, not its own. Tables of earlier versions are rejected (`TableError::BadVersion`): the
-/// agent then walks the source again.
+/// path, not its own, or a small file (`SLOT_SMALL_FILE`). Tables of earlier versions are
+/// rejected (`TableError::BadVersion`): the agent then walks the source again.
 pub const VERSION: u32 = 13;
 
 // Header fields: byte offsets from the start of the table.
@@ -659,18 +659,33 @@ pub const fn next_slot(slot: u32, slots: u32) -> u32 {
 /// Bytes of a hash slot: three `u32`s, `hash_slot`'s.
 pub const SLOT_LEN: usize = 12;
 
-/// The bit of a hash slot's index word set when its entry is a symlink (entry indices stay
-/// below 2^31): an open sees it in the slot it loads with the copy bitmap's word, before any
-/// entry (`Table::copy_hint`).
+/// The bit of a hash slot's index word set when its entry is a symlink: an open sees it in the
+/// slot it loads with the copy bitmap's word, before any entry (`Table::copy_hint`).
 pub const SLOT_LINK: u32 = 1 << 31;
+
+/// The bit of a hash slot's index word set when its entry is a regular file smaller than the
+/// table's whole-fetch size (`H_PREFETCH_MIN_SIZE`), one the agent copies after its close.
+pub const SLOT_SMALL_FILE: u32 = 1 << 30;
+
+/// The index word's flag bits; entry indices stay below them (`MAX_ENTRIES`).
+pub const SLOT_FLAGS: u32 = SLOT_LINK | SLOT_SMALL_FILE;
+
+/// Most entries a table holds: their index + 1 fits below the slot's flag bits.
+pub const MAX_ENTRIES: usize = (SLOT_SMALL_FILE - 2) as usize;
 
 /// A hash slot's words for entry `idx` whose path hashes to `hash` and whose name starts at
 /// `name_off` in the string pool: the hash's high 32 bits, the tag (the slot's position comes
-/// from its low bits); the index + 1 (0: an empty slot), with `SLOT_LINK` for a symlink; the
-/// name's offset, so a lookup loads the name beside the entry instead of after it.
-pub const fn hash_slot(hash: u64, idx: u32, name_off: u32, link: bool) -> [u32; 3] {
+/// from its low bits); the index + 1 (0: an empty slot), with `SLOT_LINK` for a symlink and
+/// `SLOT_SMALL_FILE` for a `small` file; the name's offset, so a lookup loads the name beside
+/// the entry instead of after it.
+pub const fn hash_slot(hash: u64, idx: u32, name_off: u32, link: bool, small: bool) -> [u32; 3] {
     let link = if link { SLOT_LINK } else { 0 };
-    [(hash >> 32) as u32, idx.wrapping_add(1) | link, name_off]
+    let small = if small { SLOT_SMALL_FILE } else { 0 };
+    [
+        (hash >> 32) as u32,
+        idx.wrapping_add(1) | link | small,
+        name_off,
+    ]
 }
 
 /// Whether a slot whose words are `tag` and `idx1` may hold the path hashing to `hash` (its tag
@@ -679,7 +694,7 @@ pub const fn hash_slot(hash: u64, idx: u32, name_off: u32, link: bool) -> [u32; 
 #[inline]
 pub const fn slot_entry(tag: u32, idx1: u32, hash: u64) -> Option<u32> {
     if tag == (hash >> 32) as u32 {
-        Some((idx1 & !SLOT_LINK).wrapping_sub(1))
+        Some((idx1 & !SLOT_FLAGS).wrapping_sub(1))
     } else {
         None
     }

@@ -726,11 +726,32 @@ impl Table {
                         .prefetch(self.strings_off.wrapping_add(name_off as usize));
                 }
                 self.prefetch_entry_words(idx);
+                if idx < self.entry_count {
+                    self.region
+                        .prefetch(self.valid_off + (idx / 64) as usize * 8);
+                }
                 return idx1 & SLOT_LINK != 0;
             }
             slot = next_slot(slot, self.hash_slots);
         }
         false
+    }
+
+    /// The entry a path hashing to `hash` may name, if the first slot of its probe whose tag
+    /// matches says a small file (`SLOT_SMALL_FILE`) — unverified: another path whose hash has
+    /// the same high 32 bits may own that slot. Only what no byte or metadata answer rests on
+    /// may use it (`ops::open`'s close hint). Reads slots only: no entry, name or state line.
+    #[inline]
+    pub fn small_file_slot(&self, hash: u64) -> Option<u32> {
+        let mut small = false;
+        let idx = self.probe(hash, |_, slot_off| {
+            small = self
+                .region
+                .u32_at(slot_off + 4)
+                .is_some_and(|w| w & SLOT_SMALL_FILE != 0);
+            Some(true)
+        })?;
+        small.then_some(idx)
     }
 
     /// True if `copy_hint` says no copy of `rel` can exist.

@@ -1354,7 +1354,7 @@ fn a_damaged_hash_slot_never_finds_another_path() {
             + 1;
         let at = used
             .iter()
-            .find(|&&off| u32_at(&img, off + 4) == idx1)
+            .find(|&&off| u32_at(&img, off + 4) & !crate::layout::SLOT_FLAGS == idx1)
             .unwrap();
         ((at - hash_off) / SLOT_LEN) < home_slot(h, slots as u32) as usize
     });
@@ -1391,12 +1391,58 @@ fn a_damaged_hash_slot_never_finds_another_path() {
     for w in [u32::MAX, 302, 2] {
         let mut bad = img.clone();
         let off = used[used.len() / 2];
-        let victim = m.entries[u32_at(&img, off + 4) as usize - 1]
+        let victim = m.entries[(u32_at(&img, off + 4) & !crate::layout::SLOT_FLAGS) as usize - 1]
             .rel_path
             .clone();
         bad[off + 4..off + 8].copy_from_slice(&w.to_ne_bytes());
         check(&bad, Some(&victim));
     }
+}
+
+#[test]
+fn a_hash_slot_says_which_entries_are_small_files() {
+    let mut m = Model::new();
+    let d = m.add(0, "train", stat(libc::S_IFDIR | 0o755, 2, 4096), "");
+    for i in 0..20 {
+        m.add(
+            d,
+            &format!("s{i}"),
+            stat(libc::S_IFREG | 0o644, 10 + i, 999),
+            "",
+        );
+    }
+    m.add(d, "large", stat(libc::S_IFREG | 0o644, 40, 1000), "");
+    m.add(0, "to_s0", stat(libc::S_IFLNK | 0o777, 5, 8), "train/s0");
+    let spec = TableSpec {
+        prefetch_min_size: 1000,
+        ..Model::spec()
+    };
+    let (_m, t, _f) = map_image(&build(&spec, &m.entries).unwrap());
+    let slot_of = |rel: &[u8]| t.small_file_slot(layout::path_hash(rel));
+    for i in 0..20 {
+        let rel = format!("train/s{i}");
+        let e = t.lookup(rel.as_bytes()).expect("catalogued");
+        assert_eq!(slot_of(rel.as_bytes()), Some(e), "{rel}");
+        assert_eq!(t.entry(e).unwrap().stat.size, 999);
+    }
+    // At the whole-fetch size, a directory, a symlink to a small file, the root, a path the
+    // catalog does not hold: not small files.
+    assert!(t.lookup(b"train/large").is_some());
+    for rel in [&b"train/large"[..], b"train", b"to_s0", b"", b"train/s20"] {
+        assert_eq!(slot_of(rel), None, "{}", String::from_utf8_lossy(rel));
+    }
+    // Every lookup still finds its own entry (the flag is not part of the index).
+    for i in 0..20 {
+        let rel = format!("train/s{i}");
+        let e = t.lookup(rel.as_bytes()).unwrap();
+        assert_eq!(t.rel_path_vec(e).unwrap(), rel.as_bytes());
+    }
+    // Without a whole-fetch size every regular file is small.
+    let (_m, t, _f) = map_image(&build(&Model::spec(), &m.entries).unwrap());
+    assert!(t
+        .small_file_slot(layout::path_hash(b"train/large"))
+        .is_some());
+    assert_eq!(t.small_file_slot(layout::path_hash(b"train")), None);
 }
 
 #[test]

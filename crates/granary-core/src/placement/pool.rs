@@ -36,6 +36,10 @@ pub enum CopyMethod {
     /// Whole-file fetch of a file a program reading its directory in name order is about to
     /// open (`ahead`): after the fetches programs wait on, before small copies.
     Ahead,
+    /// A small file's close request (CLOSED) the ring consumer handed on without looking at it
+    /// (`requests::handle_request`): an idle-class worker decides it as the consumer would
+    /// have (`claim_closed`), then copies the file (`Small { closed: true }`).
+    Closed,
 }
 
 pub struct CopyTask {
@@ -163,16 +167,7 @@ impl Pool {
 
     /// The program closed `entry`: its pages are hot, copy it now. False if it was not waiting.
     pub fn promote(&self, ctx: &Arc<SourceCtx>, entry: u32) -> bool {
-        let k = (Arc::as_ptr(ctx) as usize, entry);
-        let job = lock(&self.shared.delayed).remove(&k);
-        match job {
-            Some((_, mut job)) => {
-                job.method = CopyMethod::Small { closed: true };
-                enqueue(&self.shared, job);
-                true
-            }
-            None => false,
-        }
+        promote(&self.shared, ctx, entry)
     }
 
     /// Lets queued jobs finish (retired tables drop theirs quickly) and joins the workers.
@@ -190,6 +185,43 @@ impl Pool {
     }
 }
 
+fn promote(sh: &Shared, ctx: &Arc<SourceCtx>, entry: u32) -> bool {
+    let k = (Arc::as_ptr(ctx) as usize, entry);
+    let job = lock(&sh.delayed).remove(&k);
+    match job {
+        Some((_, mut job)) => {
+            job.method = CopyMethod::Small { closed: true };
+            enqueue(sh, job);
+            true
+        }
+        None => false,
+    }
+}
+
+/// A close request handed on by the ring consumer (`CopyMethod::Closed`), decided as the
+/// consumer decides a CLOSED (`requests::handle_request`): true if this worker now holds the
+/// file's claim (QUEUED) and copies it.
+fn claim_closed(sh: &Shared, job: &CopyTask) -> bool {
+    use granary_shm::lifecycle::{self, EntryCell};
+    let (ctx, idx) = (&job.ctx, job.entry);
+    // From here on, another close of the file is handed on again.
+    ctx.closed_waiting.clear(idx);
+    let t = &ctx.table;
+    if ctx.work.is_retired() {
+        return false;
+    }
+    if t.state(idx).state() == granary_shm::State::Queued {
+        // Its open asked for it (the table reported opens then): the delayed copy goes now.
+        promote(sh, ctx, idx);
+        return false;
+    }
+    t.entry(idx).is_some_and(|e| {
+        e.stat.is_file()
+            && e.stat.size < t.prefetch_min_size()
+            && lifecycle::claim(&EntryCell { table: t, idx })
+    })
+}
+
 fn enqueue(sh: &Shared, job: CopyTask) {
     let mut q = lock(&sh.queue);
     match job.method {
@@ -198,7 +230,7 @@ fn enqueue(sh: &Shared, job: CopyTask) {
             requested: true, ..
         } => q.high.push_back(job),
         CopyMethod::Ahead => q.ahead.push_back(job),
-        CopyMethod::Small { .. } => {
+        CopyMethod::Small { .. } | CopyMethod::Closed => {
             // A wake-up is a system call of the ring consumer's per copy: only while fewer are
             // queued than there are idle-class workers. A worker sleeps only on an empty queue,
             // and the push that ended it being empty woke one, which drains it before it sleeps.
@@ -270,6 +302,14 @@ fn worker(sh: &Shared, class: Class) {
                 q = ready.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
+        let mut job = job;
+        if job.method == CopyMethod::Closed {
+            if !claim_closed(sh, &job) {
+                job.ctx.work.release();
+                continue;
+            }
+            job.method = CopyMethod::Small { closed: true };
+        }
         // (A retired table's copies end at once: nothing to wait for.)
         let charged = match cores.as_mut().filter(|_| !job.ctx.work.is_retired()) {
             Some(c) => c.wait_for_one(behind).then(crate::sys::thread_cpu_time),
@@ -287,6 +327,8 @@ fn worker(sh: &Shared, class: Class) {
             CopyMethod::Small { closed } => {
                 super::page_cache_copy::copy_small(&job.ctx, job.entry, engine, &mut buf, closed)
             }
+            // Made a small copy above.
+            CopyMethod::Closed => super::outcome::PlaceOutcome::Skipped,
             CopyMethod::Chunk { first, requested } => super::partial::chunk_job(
                 &job.ctx,
                 job.entry,

@@ -22,6 +22,21 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         ctx.mmap.request(idx, arg);
         return;
     }
+    if kind == request::CLOSED && closed_waits(ctx) {
+        // Nobody waits for a small file's copy, and its copy runs only on an idle core
+        // (`pool`): so does deciding it (its entry, state and claim, several loads that miss
+        // the cache), on the idle-class workers (`CopyMethod::Closed`), not here at the
+        // program's priority beside it. Once per file until a worker took it.
+        if ctx.closed_waiting.set(idx) {
+            pool.submit(CopyTask {
+                ctx: ctx.clone(),
+                entry: idx,
+                method: CopyMethod::Closed,
+                slot: arg,
+            });
+        }
+        return;
+    }
     let Some(e) = t.entry(idx) else { return };
     // The preload library decides from the same header which files the agent fetches whole.
     let whole = e.stat.size >= t.prefetch_min_size();
@@ -176,6 +191,16 @@ pub fn handle_request(ctx: &Arc<SourceCtx>, kind: u8, idx: u32, arg: u32, pool: 
         }
         _ => tracing::debug!("unknown request kind {kind} for entry {idx}"),
     }
+}
+
+/// True if a CLOSED request of `ctx` needs nothing but its claim and copy, which the idle-class
+/// workers can decide: no known order or read-ahead follows the program's opens (the close of a
+/// small file stands for its open there), no pack serves its bytes.
+fn closed_waits(ctx: &SourceCtx) -> bool {
+    ctx.order.is_none()
+        && ctx.pack.get().is_none()
+        && !ctx.table.reports_opens()
+        && !ctx.ahead.may_fetch(&ctx.table)
 }
 
 /// Deletes every copy of a void entry (whole copies on any tier, a chunk file) and gives their

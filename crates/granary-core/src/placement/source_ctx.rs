@@ -44,6 +44,9 @@ pub struct SourceCtx {
     pub mmap: Follower,
     /// Programs reading a directory's files in name order, and the files fetched ahead of them.
     pub ahead: NameOrder,
+    /// Small files' close requests left to the idle-class workers and not taken yet
+    /// (`requests::handle_request`, `CopyMethod::Closed`).
+    pub closed_waiting: EntryBits,
     /// The current attach's background validation (`catalog::validate`), which clients point
     /// at the directories they are in (`request::VALIDATE`).
     pub validation: RwLock<Option<Arc<crate::catalog::Validation>>>,
@@ -71,7 +74,8 @@ impl SourceCtx {
         residency: Arc<Residency>,
     ) -> SourceCtx {
         let space = Space::new(&table, tiers, dirs);
-        SourceCtx {
+        let closed_waiting = EntryBits::new(table.entry_count());
+        let ctx = SourceCtx {
             table,
             source_real,
             space,
@@ -82,12 +86,16 @@ impl SourceCtx {
             order: None,
             mmap: Default::default(),
             ahead: Default::default(),
+            closed_waiting,
             validation: Default::default(),
             pack: Default::default(),
             remote: Default::default(),
             program: Default::default(),
             _mapping: mapping,
-        }
+        };
+        // Here, before any request: the whole table is looked at once, not by the ring consumer.
+        ctx.ahead.may_fetch(&ctx.table);
+        ctx
     }
 
     /// With the known-order policy's prefetcher (`order`).
@@ -146,6 +154,34 @@ impl SourceCtx {
         self.sample_program_reads();
         let moved = self.program.moved_ns.load(Ordering::Relaxed);
         moved != 0 && mono_ns().saturating_sub(moved) < BUSY_WINDOW.as_nanos() as u64
+    }
+}
+
+/// One bit per entry of a table, set and cleared atomically.
+pub struct EntryBits(Box<[AtomicU64]>);
+
+impl EntryBits {
+    pub fn new(entries: u32) -> EntryBits {
+        EntryBits(
+            (0..(entries as usize).div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        )
+    }
+
+    /// Sets entry `idx`'s bit; true if it was clear (false for an entry out of range).
+    pub fn set(&self, idx: u32) -> bool {
+        let bit = 1u64 << (idx % 64);
+        // A load first: most calls find the bit set (a file read again before it was taken).
+        self.0.get(idx as usize / 64).is_some_and(|w| {
+            w.load(Ordering::Acquire) & bit == 0 && w.fetch_or(bit, Ordering::AcqRel) & bit == 0
+        })
+    }
+
+    pub fn clear(&self, idx: u32) {
+        if let Some(w) = self.0.get(idx as usize / 64) {
+            w.fetch_and(!(1u64 << (idx % 64)), Ordering::AcqRel);
+        }
     }
 }
 

@@ -106,3 +106,83 @@ fn the_pool_places_every_file_once() {
         ITERATIONS,
     );
 }
+
+/// Only small files, so nothing is ever read ahead: the ring consumer hands each close request
+/// on to the idle-class workers untouched (`CopyMethod::Closed`), and they decide it. `small0`
+/// was opened first (its copy is held back until its close, which a worker then releases),
+/// `small1` is closed twice (one task while the first is not taken yet) while a client sees it
+/// change and invalidates it, `small2` and `small3` are only closed; then the pool shuts down
+/// with close requests maybe still queued. Afterwards every file is placed exactly once with
+/// its bytes, the invalidated one has no copy, and the work held is back to zero.
+#[test]
+fn close_requests_left_to_the_idle_workers_place_every_file_once() {
+    let source = Source::new(&[
+        ("small0", 5000),
+        ("small1", 3000),
+        ("small2", 7000),
+        ("small3", 100),
+    ]);
+    let cat = source.catalog();
+    check_random(
+        move || {
+            let spec = TableSpec {
+                prefetch_min_size: WHOLE,
+                ..Default::default()
+            };
+            let p = Placing::new(&source.src(), &cat, spec, 1 << 20);
+            let params = Params {
+                block_size: 4096,
+                max_source_streams: 1,
+                prefetch_min_size: WHOLE,
+                chunk_size: 0,
+                small_copy_delay: Duration::from_secs(3600),
+            };
+            let pool = Arc::new(Pool::new(2, Arc::new(FillHighestFirst), params).unwrap());
+            let ctx = p.ctx.clone();
+            assert!(
+                !ctx.ahead.may_fetch(&ctx.table),
+                "no file here is fetched whole: close requests go to the idle-class workers"
+            );
+            let voided = Arc::new(AtomicBool::new(false));
+            let client = {
+                let (ctx, voided) = (ctx.clone(), voided.clone());
+                let idx = p.idx("small1");
+                thread::spawn(move || {
+                    lifecycle::void(
+                        &EntryCell {
+                            table: &ctx.table,
+                            idx,
+                        },
+                        lifecycle::Void::Stale,
+                    );
+                    voided.store(true, Ordering::Release);
+                })
+            };
+            let consumer = {
+                let (ctx, pool, voided) = (ctx.clone(), pool.clone(), voided.clone());
+                let idx: Vec<u32> = ["small0", "small1", "small2", "small3"]
+                    .iter()
+                    .map(|n| p.idx(n))
+                    .collect();
+                thread::spawn(move || {
+                    handle_request(&ctx, request::OPEN_UNPLACED, idx[0], 1, &pool);
+                    for &i in &[idx[1], idx[0], idx[2], idx[1], idx[3]] {
+                        handle_request(&ctx, request::CLOSED, i, 1, &pool);
+                    }
+                    wait_until("the client's invalidation", || {
+                        voided.load(Ordering::Acquire)
+                    });
+                    handle_request(&ctx, request::INVALIDATE, idx[1], 1, &pool);
+                })
+            };
+            client.join().unwrap();
+            consumer.join().unwrap();
+            let Ok(pool) = Arc::try_unwrap(pool) else {
+                panic!("the pool is still shared")
+            };
+            pool.shutdown();
+            p.check_placed(&source.files, &["small1"]);
+        },
+        ITERATIONS,
+    );
+}

@@ -102,6 +102,12 @@ pub mod flag {
     /// only once the program closed it (from the page cache the program's reads filled): no
     /// read of it is ever served by granary, so the read hooks pass it through at once.
     pub const SMALL: u64 = 1 << 24;
+    /// An `Other` fd of a small file not placed yet, opened on the source, whose entry
+    /// (`Tracked::entry`) its hash slot named without the entry being read (`ops::open`): only
+    /// its close uses that entry, to ask the agent for the copy (a request the agent checks).
+    /// Every other hook passes it through, as any `Other` fd; an fd-based change looks the path
+    /// up as for an untracked fd.
+    pub const CLOSE_HINT: u64 = 1 << 25;
 
     /// The fd flags that record the open flags `copies::open` added.
     pub fn added(open_flags: core::ffi::c_int) -> u64 {

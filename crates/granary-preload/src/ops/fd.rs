@@ -47,7 +47,8 @@ pub fn closed(c: Closing) {
 /// A tracked fd went away: a small source file still waiting for placement has its pages in
 /// the page cache now, so the agent should copy it from there.
 fn released(t: Tracked) {
-    if t.kind != FdKind::Source {
+    let hinted = t.kind == FdKind::Other && t.has(flag::CLOSE_HINT);
+    if t.kind != FdKind::Source && !hinted {
         return;
     }
     let Some(table) = detour::table() else {
@@ -61,7 +62,8 @@ fn released(t: Tracked) {
         return;
     }
     // Marked at its open (`flag::SMALL`); an fd that was not (O_NOATIME) is judged by its size.
-    let small = t.has(flag::SMALL)
+    let small = hinted
+        || t.has(flag::SMALL)
         || crate::ops::lookup::entry(table, t.entry)
             .is_some_and(|e| e.stat.size < table.prefetch_min_size());
     if small {

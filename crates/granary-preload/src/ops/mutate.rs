@@ -19,6 +19,7 @@ use core::ffi::{c_char, c_int};
 
 use granary_shm::{strip_root, Table};
 
+use crate::fds::fdtable::flag;
 use crate::ops::detour::Guard;
 use crate::sys::PATH_BUF;
 use crate::sys::{self, sys, KeepErrno};
@@ -198,6 +199,11 @@ pub fn fd_changed(fd: c_int, perms: bool) {
     };
     let _keep = KeepErrno::new();
     let idx = match crate::fds::tracked::get(fd) {
+        // (A close hint's entry is its hash slot's, unverified: the path is looked up instead.)
+        Some(t) if t.has(flag::CLOSE_HINT) => {
+            let mut buf = [0u8; PATH_BUF];
+            rel_of_fd(g.table, fd, &mut buf).and_then(|rel| g.table.lookup(rel))
+        }
         Some(t) if t.entry != u32::MAX => Some(t.entry),
         Some(_) => None,
         None => {

@@ -121,11 +121,15 @@ fn read_only(
         _ => CopyHint::Unknown,
     };
     if let (Some(real), CopyHint::NoCopy) = (real, hint) {
-        // The source's fd whatever the entry says: made now, while the hash slot's line loads,
-        // then tracked as the entry says.
+        // The source's fd whatever the entry says: made now, while the entry's lines load, then
+        // tracked as the entry says — or, for a small file not placed yet, by its hash slot.
         let fd = real();
         let t = if fd < 0 {
             None
+        } else if let Some(t) = close_hint(&g, &loc, flags) {
+            g.count(job::SOURCE_OPENS, 1);
+            g.count(job::OPENS, 1);
+            Some(t)
         } else {
             match plan(&g, &loc, flags, None) {
                 Detour::Bypass(why, t) => {
@@ -159,6 +163,36 @@ fn read_only(
         Detour::Fail(e) => Detour::Fail(e),
         Detour::Bypass(why, t) => Detour::Bypass(why, Then::Track(Some(g), t)),
     }
+}
+
+/// How to track the source's fd of a file with no copy (its copy bit clear) that its hash slot
+/// says is a small file (`Table::small_file_slot`), not placed yet and validated in this attach:
+/// an `Other` fd (every hook passes it through) whose close asks the agent for the copy
+/// (`flag::CLOSE_HINT`), counted as a source open. The entry is the slot's, its path not
+/// compared: the entry's name and record, and the name-by-name comparison, are what a file not
+/// placed yet cost over a placed one. The slot's may be another path's entry (a 32-bit tag matching by
+/// chance, or crafted): then that entry's copy is asked for — a request the agent checks like
+/// any — and nothing is answered from it. `None`: the lookup decides (`plan`).
+fn close_hint(g: &Guard, loc: &Loc, flags: c_int) -> Option<Tracked> {
+    let t = g.table;
+    if loc.must_dir || loc.root_link || t.reports_opens() {
+        return None;
+    }
+    let idx = t.small_file_slot(loc.hash?)?;
+    // (Its lines were loaded during the open: `Table::copy_hint`.) Live as the lookup would
+    // find it: not changed or removed by the program, nor below a directory it removed.
+    let st = t.state(idx).state();
+    if !matches!(st, State::Unplaced | State::Queued)
+        || !t.is_validated(idx)
+        || t.is_live(idx).is_err()
+    {
+        return None;
+    }
+    Some(Tracked::new(
+        idx,
+        FdKind::Other,
+        initial_flags(flags) | flag::CLOSE_HINT,
+    ))
 }
 
 /// A copy's fd opened before its entry was looked up (`read_only`): `object`'s file in `tier`.
@@ -660,10 +694,11 @@ mod tests {
         let (Detour::Answer(fd), 1) = open_as_hook(UNPLACED, ro) else {
             panic!("a file never placed: the real call's fd");
         };
-        // Tracked as the lookup after the call says: its source fd, small.
+        // A small file not placed yet: tracked by what its hash slot says, without its entry
+        // being read — an fd every hook passes through, whose close asks for the copy.
         let t = fdtable::peek(fd).unwrap();
-        assert_eq!((t.entry, t.kind), (f.idx(UNPLACED), FdKind::Source));
-        assert!(t.has(flag::SMALL));
+        assert_eq!((t.entry, t.kind), (f.idx(UNPLACED), FdKind::Other));
+        assert!(t.has(flag::CLOSE_HINT) && !t.has(flag::SMALL));
         let mut st = sys::empty_stat();
         assert_eq!(sys::raw_fstat(fd, &mut st), 0);
         assert_eq!(
@@ -680,7 +715,20 @@ mod tests {
         let (Detour::Answer(fd), 1) = open_as_hook("changed.txt", ro) else {
             panic!("a changed file: the real call's fd");
         };
-        assert_eq!(fdtable::peek(fd).unwrap().kind, FdKind::Other);
+        let t = fdtable::peek(fd).unwrap();
+        assert_eq!((t.entry, t.kind), (u32::MAX, FdKind::Other));
+        assert!(
+            !t.has(flag::CLOSE_HINT),
+            "a changed file's close asks for nothing"
+        );
+        close(fd);
+        // Below a directory the program removed: the lookup's answer, counted only.
+        let (Detour::Answer(fd), 1) = open_as_hook("gone/inner/f.txt", ro) else {
+            panic!("below a removed directory: the real call's fd");
+        };
+        let t = fdtable::peek(fd).unwrap();
+        assert_eq!((t.entry, t.kind), (u32::MAX, FdKind::Other));
+        assert!(!t.has(flag::CLOSE_HINT));
         close(fd);
         // A placed file, and a symlink to one, never reach the real call: their copy — for the
         // placed file the one opened before the lookup; the link's own name has no copy, so its

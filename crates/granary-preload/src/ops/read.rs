@@ -82,10 +82,10 @@ pub fn read(
     let Some(peeked) = fdtable::peek(fd) else {
         return Detour::Bypass(Bypass::Untracked, NOTHING);
     };
-    if peeked.kind == FdKind::Source && peeked.has(flag::SMALL) {
+    if peeked.kind == FdKind::Source && peeked.has(flag::SMALL) || peeked.has(flag::CLOSE_HINT) {
         // The source's own bytes, always right: nothing to wait for, switch to or serve (a copy
         // the agent completed since the open is for the file's next open).
-        return Detour::Bypass(Bypass::ByFd, counted(FdKind::Source, false));
+        return Detour::Bypass(Bypass::ByFd, counted(peeked.kind, false));
     }
     if peeked.has(flag::UNCHECKED) && off.is_none() {
         // A whole small copy read at once: checked by what the read returns (no `fstat`).

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use granary_shm::{lifecycle, State, Table};
 
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Arc, Mutex, OnceLock};
 
 /// Opens this many places behind or ahead of a run's furthest file keep the run.
 pub const SPAN: usize = 16;
@@ -21,6 +21,8 @@ pub const WINDOW: u64 = 8 << 20;
 #[derive(Default)]
 pub struct NameOrder {
     inner: Mutex<Inner>,
+    /// Whether any file of the table is one the read-ahead fetches (`may_fetch`).
+    fetches: OnceLock<bool>,
 }
 
 #[derive(Default)]
@@ -188,6 +190,17 @@ impl Sorted {
     fn rank_of(&self, idx: u32) -> Option<usize> {
         let k = idx.checked_sub(self.first_child)? as usize;
         self.rank.get(k).map(|&r| r as usize)
+    }
+}
+
+impl NameOrder {
+    /// False if no file of `t` is one the read-ahead fetches: then no run is ever followed for
+    /// it, and an open (or a small file's close) need not be observed at all. Looked up in the
+    /// whole table once (`SourceCtx::new` asks first, off the ring consumer).
+    pub fn may_fetch(&self, t: &Table) -> bool {
+        *self
+            .fetches
+            .get_or_init(|| (0..t.entry_count()).any(|e| fetched_ahead(t, e)))
     }
 }
 
