@@ -16,6 +16,7 @@ task/affinity (no cgroups); CR_CPU; MpiDefault=none (the serve step asks for `--
 import contextlib
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -37,10 +38,28 @@ def missing() -> list:
     return out
 
 
+# Ports handed out in this process: a daemon's port is bound only when it starts.
+_TAKEN: set = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, below the kernel's ephemeral range and never handed out
+    before in this process. One the kernel picked (`bind(("", 0))`) was free only until the
+    socket closed: an outgoing connection, or the next pick, could take it before slurmd bound
+    it ("Unable to bind listen port: Address already in use", seen once in a CI run)."""
+    low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(1000):
+        port = random.randint(max(1024, low - 12000), low - 1)
+        if port in _TAKEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _TAKEN.add(port)
+        return port
+    raise AssertionError("no free port below the ephemeral range")
 
 
 def hardware() -> dict:
