@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import CLIENTS, make_dataset, source_opens
-from test_source_device import device_reads, drop_caches, loop_source  # noqa: F401 (fixture)
+from test_source_device import device_reads, drop_caches, loop_source, two_epochs  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="loop devices and drop_caches need root")
 
@@ -70,28 +70,7 @@ def test_small_files_closed_by_exiting_fork_workers_are_placed(
     again, 23.9 MB for 17.0 MB, when its copies came after the pages had gone.)"""
     dev, mnt = loop_source
     source = make_dataset(mnt / "data", classes=8, per_class=250, mean_size=8000, records=0)
-    sync = tmp_path / "sync"
-    sync.mkdir()
-    drop_caches()
-    cmd = [granary.bin, "run", "--source", source, "--tier", f"{tmp_path / 'tier'}=1G", "--",
-           sys.executable, CLIENTS / "loader.py", source, "--epochs", "2", "--workers", "3",
-           "--sync-dir", sync]
-    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=granary.env)
-    try:
-        while not (sync / "done-0").exists():
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.05)
-        granary.settle(source)
-        drop_caches()  # nothing of the source may come from RAM in epoch 2
-        before = device_reads(dev)
-        (sync / "go-0").touch()
-        out, err = proc.communicate(timeout=600)
-        after = device_reads(dev)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err.decode(errors="replace")
+    out, before, after = two_epochs(granary, dev, source, tmp_path)
     assert [json.loads(l)["epoch"] for l in out.decode().splitlines()] == [0, 1]
     assert after == before, f"epoch 2 read the source device: {before} -> {after}"
 

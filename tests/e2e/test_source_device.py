@@ -59,10 +59,10 @@ def loop_source(tmp_path):
         subprocess.run(["losetup", "-d", dev], check=False)
 
 
-def test_second_epoch_reads_nothing_from_the_source_device(granary, loop_source, tmp_path):
-    dev, mnt = loop_source
-    source = make_dataset(mnt / "data", classes=8, per_class=50, mean_size=110_000, records=2,
-                          record_size=8 << 20)
+def two_epochs(granary, dev, source, tmp_path):
+    """The loader's two epochs of `source` (3 fork workers) under `granary run`, the agent
+    settled and the page cache dropped between them: the loader's stdout and the source
+    device's reads before and after epoch 2."""
     sync = tmp_path / "sync"
     sync.mkdir()
     drop_caches()
@@ -70,7 +70,7 @@ def test_second_epoch_reads_nothing_from_the_source_device(granary, loop_source,
            sys.executable, CLIENTS / "loader.py", source, "--epochs", "2", "--workers", "3",
            "--sync-dir", sync]
     proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=granary.env)
+                            env=granary.env)
     try:
         while not (sync / "done-0").exists():
             assert proc.poll() is None, proc.communicate()
@@ -85,6 +85,14 @@ def test_second_epoch_reads_nothing_from_the_source_device(granary, loop_source,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err.decode(errors="replace")
+    return out, before, after
+
+
+def test_second_epoch_reads_nothing_from_the_source_device(granary, loop_source, tmp_path):
+    dev, mnt = loop_source
+    source = make_dataset(mnt / "data", classes=8, per_class=50, mean_size=110_000, records=2,
+                          record_size=8 << 20)
+    out, before, after = two_epochs(granary, dev, source, tmp_path)
     assert [json.loads(l)["epoch"] for l in out.decode().splitlines()] == [0, 1]
     assert after == before, f"epoch 2 read the source device: {before} -> {after}"
 
