@@ -18,6 +18,25 @@ const ITERATIONS: usize = 300;
 /// once the program closed them (`CopyMethod::Small`, held back by the pool until then).
 const WHOLE: u64 = 16 << 10;
 
+/// A client thread that sees `name` change: it voids the entry itself (`Void::Stale`), then
+/// says so in the flag returned beside it, which the consumer waits for before it tells the pool.
+fn voiding_client(p: &Placing, name: &str) -> (thread::JoinHandle<()>, Arc<AtomicBool>) {
+    let voided = Arc::new(AtomicBool::new(false));
+    let (ctx, flag) = (p.ctx.clone(), voided.clone());
+    let idx = p.idx(name);
+    let client = thread::spawn(move || {
+        lifecycle::void(
+            &EntryCell {
+                table: &ctx.table,
+                idx,
+            },
+            lifecycle::Void::Stale,
+        );
+        flag.store(true, Ordering::Release);
+    });
+    (client, voided)
+}
+
 /// Two programs open every file (the second open finds it claimed), close two of the small
 /// ones (`small2` stays open), and one of them sees `small1` change and invalidates it while
 /// it may be queued, held back, copied or placed; then the pool shuts down. Workers, the
@@ -58,23 +77,8 @@ fn the_pool_places_every_file_once() {
             };
             let pool = Arc::new(Pool::new(2, Arc::new(FillHighestFirst), params).unwrap());
             let ctx = p.ctx.clone();
-            let voided = Arc::new(AtomicBool::new(false));
-
             // A client sees small1 change: it voids the entry itself, then tells the agent.
-            let client = {
-                let (ctx, voided) = (ctx.clone(), voided.clone());
-                let idx = p.idx("small1");
-                thread::spawn(move || {
-                    lifecycle::void(
-                        &EntryCell {
-                            table: &ctx.table,
-                            idx,
-                        },
-                        lifecycle::Void::Stale,
-                    );
-                    voided.store(true, Ordering::Release);
-                })
-            };
+            let (client, voided) = voiding_client(&p, "small1");
             // The ring consumer: one thread, requests in the order the clients pushed them.
             let consumer = {
                 let (ctx, pool, voided) = (ctx.clone(), pool.clone(), voided.clone());
@@ -143,21 +147,7 @@ fn close_requests_left_to_the_idle_workers_place_every_file_once() {
                 !ctx.ahead.may_fetch(&ctx.table),
                 "no file here is fetched whole: close requests go to the idle-class workers"
             );
-            let voided = Arc::new(AtomicBool::new(false));
-            let client = {
-                let (ctx, voided) = (ctx.clone(), voided.clone());
-                let idx = p.idx("small1");
-                thread::spawn(move || {
-                    lifecycle::void(
-                        &EntryCell {
-                            table: &ctx.table,
-                            idx,
-                        },
-                        lifecycle::Void::Stale,
-                    );
-                    voided.store(true, Ordering::Release);
-                })
-            };
+            let (client, voided) = voiding_client(&p, "small1");
             let consumer = {
                 let (ctx, pool, voided) = (ctx.clone(), pool.clone(), voided.clone());
                 let idx: Vec<u32> = ["small0", "small1", "small2", "small3"]
