@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use granary_core::cache::remove;
 
@@ -94,8 +95,9 @@ fn take(agent: &Agent, dir: &Path) -> Result<Option<PathBuf>, String> {
             }
             continue;
         }
-        // A job attaching holds this lock for its whole attach: busy too.
-        let mut g = s.inner.try_lock().map_err(|_| busy())?;
+        // A job attaching holds this lock for its whole attach: busy too. One that just ended
+        // holds it while its catalog is saved: worth a short wait.
+        let mut g = lock_within(&s.inner, SAVE_WAIT).ok_or_else(busy)?;
         if g.jobs > 0 {
             if uses {
                 return Err(busy());
@@ -118,6 +120,24 @@ fn take(agent: &Agent, dir: &Path) -> Result<Option<PathBuf>, String> {
     drop(map);
     drop(guards);
     r
+}
+
+/// How long a clean waits for a source's lock held by a job that ended (saving its catalog).
+const SAVE_WAIT: Duration = Duration::from_secs(10);
+
+/// `m` locked, if it comes free within `wait`.
+fn lock_within<T>(m: &Mutex<T>, wait: Duration) -> Option<MutexGuard<'_, T>> {
+    let until = Instant::now() + wait;
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(TryLockError::WouldBlock) => return None,
+        }
+    }
 }
 
 /// True if `s`'s current table has a tier at `root`.

@@ -8,7 +8,7 @@
 //! and a new one started. If it cannot be killed (blocked in the kernel) the job runs without
 //! granary and says so.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
@@ -128,6 +128,17 @@ impl Conn {
             bail!("the granary agent closed the connection (see its log)");
         }
         serde_json::from_str(&line).with_context(|| format!("bad reply from the agent: {line}"))
+    }
+
+    /// Ends the connection and waits (at most `patience()`) until the agent has closed its
+    /// side: for a job's lease, the agent counts the job as ended before it closes, so whatever
+    /// runs after `granary run` returns (`granary cache clean`) finds it ended.
+    pub fn leave(&mut self) {
+        if self.stream.shutdown(std::net::Shutdown::Write).is_err() {
+            return;
+        }
+        let mut rest = Vec::new();
+        let _ = self.reader.read_to_end(&mut rest);
     }
 
     /// Sends `req` and returns the first reply that is not a keepalive.

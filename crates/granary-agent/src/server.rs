@@ -302,7 +302,7 @@ fn serve(agent: &Arc<Agent>, stream: UnixStream) -> Result<()> {
         Ok(())
     })();
     if let Some(l) = lease {
-        detach(agent, l);
+        detach(agent, l, &w);
     }
     result
 }
@@ -613,13 +613,19 @@ fn refuse_tiers_inside(src: &SourceState, specs: &[granary_core::tiers::TierSpec
     Ok(())
 }
 
-fn detach(agent: &Agent, l: Lease) {
+/// Ends the job of lease `l`; its connection `w` is closed once the job is counted out (the
+/// job's `Conn::leave` waits for that), before the catalog is saved.
+fn detach(agent: &Agent, l: Lease, w: &Writer) {
     l.source.free_job_slot(l.slot);
     let mut inner = l.source.inner.lock().unwrap_or_else(|e| e.into_inner());
     inner.jobs = inner.jobs.saturating_sub(1);
     l.source.jobs_now.store(inner.jobs, Ordering::Release);
     l.source.used_now();
     agent.jobs.fetch_sub(1, Ordering::AcqRel);
+    let _ = w
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .shutdown(std::net::Shutdown::Both);
     agent.touch();
     tracing::info!(
         "job detached from {} ({} job(s) left)",

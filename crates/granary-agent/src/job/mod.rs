@@ -169,7 +169,12 @@ impl Job {
             slot: self.slot,
             pack: pack.clone(),
         };
-        let (delta, usage, mine, cluster, placing, mut pack_damage) = match self.conn.ask(&req) {
+        let answered = self.conn.ask(&req);
+        if answered.is_ok() {
+            // The job ends here: the agent has counted it out when `granary run` returns.
+            self.conn.leave();
+        }
+        let (delta, usage, mine, cluster, placing, mut pack_damage) = match answered {
             Ok(Reply::Stats {
                 placement,
                 tiers,
