@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
 use granary_shm::{State, Table};
@@ -112,6 +113,7 @@ impl Maps {
                 object: k.object,
                 size: k.map.len() as u64,
                 addr: k.map.as_ptr() as usize as u64,
+                fd: k.file.as_raw_fd() as u32,
                 sum,
             });
         }

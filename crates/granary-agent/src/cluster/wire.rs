@@ -66,18 +66,20 @@ pub enum Msg {
 }
 
 /// One of an owner's kept mappings (`direct`): entry `idx` (object id, size), mapped at `addr`
-/// in the owner's address space, with the checksum its copy was placed with.
+/// in the owner's address space from its file descriptor `fd`, with the checksum its copy was
+/// placed with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mapped {
     pub idx: u32,
     pub object: u64,
     pub size: u64,
     pub addr: u64,
+    pub fd: u32,
     pub sum: u64,
 }
 
-/// `Mapped` records per message: a control message stays below a shared-memory transport's
-/// eager limit (4 KiB with OpenMPI's), so it is here once matched.
+/// `Mapped` records per message (40 bytes each): a control message stays below a shared-memory
+/// transport's eager limit (4 KiB with OpenMPI's), so it is here once matched.
 pub const MAPPED_PER_MSG: usize = 96;
 
 const REQUEST: u8 = 1;
@@ -239,6 +241,7 @@ impl Msg {
                         .u64(m.object)
                         .u64(m.size)
                         .u64(m.addr)
+                        .u32(m.fd)
                         .u64(m.sum);
                 }
                 o
@@ -315,6 +318,7 @@ impl Msg {
                         object: i.u64()?,
                         size: i.u64()?,
                         addr: i.u64()?,
+                        fd: i.u32()?,
                         sum: i.u64()?,
                     });
                 }
@@ -406,6 +410,7 @@ mod tests {
                     object: 2,
                     size: 3,
                     addr: 0x7f00_0000_0000,
+                    fd: 1023,
                     sum: 5
                 };
                 MAPPED_PER_MSG
