@@ -24,10 +24,14 @@ pub const SLEEP_MAX_NS: i64 = 1_000_000;
 /// agent wakes it when it publishes one: its naps only bound how late it sees anything else (a
 /// copy given up, a pending signal, the agent gone). Each wake-up costs the program CPU (a
 /// context switch, ~10 µs on a VM), against ~40 µs for the whole read of a 128 KiB copy: with
-/// naps from 50 µs, a remote open woke 2–3 times before its copy came, 13 times for 8 MiB.
-const OPEN_SLEEP_MIN_NS: i64 = 500_000;
+/// naps from 50 µs, a remote open woke 2–3 times before its copy came, 13 times for 8 MiB; from
+/// 0.5 ms doubling to 1 ms, 2.7–3.4 times for 8 MiB (a same-host read of ~2 ms), from 2 ms
+/// doubling to 4 ms, 0.8–1.2 times (voluntary context switches per file). The price: a signal
+/// that arrives while the open sleeps (held: `Gate`) is handled up to 4 ms later, and a copy
+/// given up or an agent gone is seen as late.
+const OPEN_SLEEP_MIN_NS: i64 = 2_000_000;
 
-const OPEN_SLEEP_MAX_NS: i64 = 1_000_000;
+const OPEN_SLEEP_MAX_NS: i64 = 4_000_000;
 
 /// …and it waits longer for the copy to start moving: the agent bounds its own waits on other
 /// nodes (it reads the source when one is silent), its own death or stop ends the wait at once
