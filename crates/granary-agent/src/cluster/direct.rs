@@ -271,6 +271,9 @@ impl Direct {
     ) -> Result<(), ReceiveError> {
         let size = src.m.size as usize;
         let mirror = self.mirror(src);
+        if mirror.is_some() {
+            landing.map_pages();
+        }
         let mut off = 0;
         while off < size {
             let n = SLICE.min(size - off);

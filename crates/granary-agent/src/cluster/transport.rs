@@ -76,6 +76,8 @@ pub struct Landing {
     map: Arc<memmap2::MmapRaw>,
     /// The copy's size (the mapping may be longer: a recycled file's).
     len: usize,
+    /// Its pages are mapped already (a recycled or ready-made staging file's mapping).
+    mapped: bool,
 }
 
 impl Landing {
@@ -86,13 +88,32 @@ impl Landing {
         Ok(Landing {
             map: Arc::new(map),
             len,
+            mapped: false,
         })
     }
 
     /// The first `len` bytes of `map`, a mapping of the part file (a recycled file's, its pages
     /// mapped already: no fault per page as the pieces land).
     pub fn on(map: Arc<memmap2::MmapRaw>, len: usize) -> Option<Landing> {
-        (len <= map.len()).then_some(Landing { map, len })
+        (len <= map.len()).then_some(Landing {
+            map,
+            len,
+            mapped: true,
+        })
+    }
+
+    /// Maps every page of a fresh landing for writing, in one call, before a copy made in this
+    /// process writes it: each page it would otherwise fault on (a trap per 4 KiB) costs more
+    /// than the kernel's own mapping of it. A C loop of first reads of 128 KiB files into fresh
+    /// tmpfs pages: 72–82 µs per file with a `memcpy` faulting them, 50–52 µs populated first,
+    /// against 54–67 µs for `process_vm_readv` (whose copy faults them in the kernel). Nothing
+    /// to do for a recycled file's mapping; an older kernel (before 5.14) faults them as before.
+    pub fn map_pages(&self) {
+        if !self.mapped && self.len > 0 {
+            let _ = self
+                .map
+                .advise_range(memmap2::Advice::PopulateWrite, 0, self.len);
+        }
     }
 
     /// The mapping (kept with the copy's file for its pages to be reused).
