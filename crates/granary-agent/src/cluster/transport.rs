@@ -105,9 +105,10 @@ impl Landing {
     /// Maps every page of a fresh landing for writing, in one call, before a copy made in this
     /// process writes it: each page it would otherwise fault on (a trap per 4 KiB) costs more
     /// than the kernel's own mapping of it. A C loop of first reads of 128 KiB files into fresh
-    /// tmpfs pages: 72–82 µs per file with a `memcpy` faulting them, 50–52 µs populated first,
-    /// against 54–67 µs for `process_vm_readv` (whose copy faults them in the kernel). Nothing
-    /// to do for a recycled file's mapping; an older kernel (before 5.14) faults them as before.
+    /// tmpfs pages (docs/cluster.md): 70–73 µs per file with a `memcpy` faulting them, 50–52 µs
+    /// populated first, against 54–55 µs for `process_vm_readv` (whose copy faults them in the
+    /// kernel). Nothing to do for a recycled file's mapping; an older kernel (before 5.14)
+    /// faults them as before.
     pub fn map_pages(&self) {
         if !self.mapped && self.len > 0 {
             let _ = self
