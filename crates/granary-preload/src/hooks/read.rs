@@ -61,9 +61,11 @@ impl ReadInto for Buf {
         // SAFETY: the kernel has just written these `n` bytes into the caller's buffer, so they
         // are mapped and initialised; they are only read, before the call returns.
         let got = unsafe { core::slice::from_raw_parts(self.0.cast::<u8>(), n as usize) };
-        // The same xxh3-64 as the agent's, with the CPU's vector unit chosen at run time (AVX2
-        // where there is one: half the time of the SSE2 code xxhash-rust is built with).
-        Some((n, twox_hash::XxHash3_64::oneshot(got)))
+        // The same xxh3-64 as the agent's, in SSE2. Not AVX2: hashed alone, 1 KiB takes
+        // 45–65 ns with AVX2 against 68–79 ns, but a reader opening, reading and closing
+        // placed 1 KiB files ran 0.25 µs a file slower with it (docs/decisions.md, "A small
+        // copy's check is hashed without AVX2").
+        Some((n, xxhash_rust::xxh3::xxh3_64(got)))
     }
 }
 
