@@ -62,7 +62,13 @@ def loop_source(tmp_path):
 def two_epochs(granary, dev, source, tmp_path):
     """The loader's two epochs of `source` (3 fork workers) under `granary run`, the agent
     settled and the page cache dropped between them: the loader's stdout and the source
-    device's reads before and after epoch 2."""
+    device's reads before and after epoch 2.
+
+    Both counts are taken while the job runs (the loader waits after each epoch): once its last
+    job has ended the agent holds the source's inodes (`[catalog] pin_inodes`), and those
+    `openat`s read back from the device the inodes the drop above let go. Counted after `granary
+    run` returned, the first came 5–21 ms later: a test process woken later than that on a busy
+    machine counted them as epoch 2's."""
     sync = tmp_path / "sync"
     sync.mkdir()
     drop_caches()
@@ -71,16 +77,22 @@ def two_epochs(granary, dev, source, tmp_path):
            "--sync-dir", sync]
     proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=granary.env)
-    try:
-        while not (sync / "done-0").exists():
+
+    def epoch_done(k):
+        while not (sync / f"done-{k}").exists():
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
+
+    try:
+        epoch_done(0)
         granary.settle(source)
         drop_caches()  # nothing of the source may come from RAM in epoch 2
         before = device_reads(dev)
         (sync / "go-0").touch()
-        out, err = proc.communicate(timeout=600)
+        epoch_done(1)
         after = device_reads(dev)
+        (sync / "go-1").touch()
+        out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()

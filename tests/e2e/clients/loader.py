@@ -38,8 +38,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--delay", type=float, default=0.0, help="seconds of 'compute' per sample")
     ap.add_argument("--marker", help="file to create once the first epoch is half done")
-    ap.add_argument("--sync-dir", help="after epoch k, create DIR/done-k and wait for DIR/go-k "
-                    "(lets a test observe the system between epochs)")
+    ap.add_argument("--sync-dir", help="after epoch k (the last one too), create DIR/done-k and "
+                    "wait for DIR/go-k (lets a test observe the system between epochs, and "
+                    "after the last while the job still runs)")
     args = ap.parse_args()
 
     with open(os.path.join(args.root, "MANIFEST.json")) as f:
@@ -67,7 +68,7 @@ def main() -> None:
                 print(f"MISMATCH (subprocess) {names[0]}", file=sys.stderr)
             print(json.dumps({"epoch": epoch, "files": len(names), "bytes": nbytes,
                               "seconds": round(time.monotonic() - t0, 3)}), flush=True)
-            if args.sync_dir and epoch + 1 < args.epochs:
+            if args.sync_dir:
                 open(os.path.join(args.sync_dir, f"done-{epoch}"), "w").close()
                 while not os.path.exists(os.path.join(args.sync_dir, f"go-{epoch}")):
                     time.sleep(0.05)
