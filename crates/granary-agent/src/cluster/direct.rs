@@ -31,16 +31,14 @@
 //! owner's page tables, a page at a time) and copies in the kernel: 18–24 µs for 128 KiB here,
 //! against 10–12 µs for a copy between two mappings of one process (`memcpy`). So the first read
 //! of an owner's copy also takes the owner's file itself (`pidfd_getfd`: the kernel asks the
-//! same right to trace the owner as `process_vm_readv` does) and keeps it (`Mirror`) for the
-//! next read of the file, the next epoch's; the copy is then a `pread` of it, a plain copy out
-//! of the page cache with no page pinned. Not a mapping of it: a file cut short while a mapping
-//! is read past its new end faults (`SIGBUS`), a `pread` only comes back short. A mirror is only
-//! a faster way to the same bytes: what it gives is checked against the owner's checksum like
-//! the rest. Its file is looked at (`fstat`) before every use: a copy its owner dropped
-//! (unlinked) or cut short is not read through it and the mirror goes; a mirror never used again
-//! is found so by the check each new mirror makes of the oldest one, so dropped copies' pages are
-//! not held for long. Each mirror holds a descriptor: at most an eighth of the agent's open-file
-//! limit go to mirrors (`mirrors_max`), the rest stays for placement and the inode pins.
+//! same right to trace the owner as `process_vm_readv` does) and maps it read-only here; the
+//! copy is then a plain memory copy, and the mapping is kept (`Mirror`) for the next read of the
+//! file, the next epoch's. A mirror is only a faster way to the same bytes: what it gives is
+//! checked against the owner's checksum like the rest. Its file is looked at (`fstat`) before
+//! every use: a copy its owner dropped (unlinked) or cut short is not read through it (a mapping
+//! read past the file's end would fault) and the mirror goes; a mirror never used again is found
+//! so by the check each new mirror makes of the oldest one, so dropped copies' pages are not
+//! held for long.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -64,11 +62,13 @@ const SLICE: usize = 128 << 10;
 /// Files larger than this go the MPI way: the thread that copies is the one that takes every
 /// program's requests.
 pub const MAX: u64 = 64 << 20;
-/// Mirrors kept at most, whatever the open-file limit (`mirrors_max`).
+/// Mirrors kept at most (each one mapping: the kernel's default limit is 65,530 per process,
+/// and the owner's kept mappings are bounded the same way, `maps`), whatever the open-file limit
+/// (`mirrors_max`).
 const MIRRORS_MAX: usize = 16384;
 
 /// Mirrors kept at most here: each holds a descriptor, and placement and the inode pins need
-/// theirs (the pins take half of the limit).
+/// theirs (the pins take half of the open-file limit).
 fn mirrors_max() -> usize {
     (granary_core::sys::open_files_limit() / 8).min(MIRRORS_MAX as u64) as usize
 }
@@ -193,18 +193,16 @@ impl Direct {
 
     /// This rank's own mapping of `src`'s file (`Mirror`), kept or made now; `None`: read it
     /// with `process_vm_readv` (mirrors refused, the file not what was announced, gone).
-    fn mirror(&self, src: &Source) -> Option<Arc<File>> {
+    fn mirror(&self, src: &Source) -> Option<Arc<memmap2::MmapRaw>> {
         if !self.mirror_on.load(Ordering::Relaxed) {
             return None;
         }
-        let kept = self
-            .mirrors_lock()
-            .map
-            .get(&src.m.idx)
-            .and_then(|m| (m.of == (src.rank, src.pid, src.m)).then(|| m.file.clone()));
-        if let Some(file) = kept {
+        let kept = self.mirrors_lock().map.get(&src.m.idx).and_then(|m| {
+            (m.of == (src.rank, src.pid, src.m)).then(|| (m.file.clone(), m.map.clone()))
+        });
+        if let Some((file, map)) = kept {
             if whole(&file, src.m.size) {
-                return Some(file);
+                return Some(map);
             }
             self.mirrors_lock().map.remove(&src.m.idx);
             return None;
@@ -227,16 +225,25 @@ impl Direct {
         if !whole(&file, src.m.size) {
             return None;
         }
-        self.mirrors_lock().keep(
+        let map = Arc::new(
+            memmap2::MmapOptions::new()
+                .len(src.m.size as usize)
+                .populate()
+                .map_raw_read_only(&*file)
+                .ok()?,
+        );
+        let mut m = self.mirrors_lock();
+        m.keep(
             src.m.idx,
             Mirror {
                 of: (src.rank, src.pid, src.m),
-                file: file.clone(),
+                file,
+                map: map.clone(),
                 seq: 0,
             },
             mirrors_max(),
         );
-        Some(file)
+        Some(map)
     }
 
     /// Where to read entry `idx` (object id `object`, `size` bytes) from, if one of `owners`
@@ -279,13 +286,14 @@ impl Direct {
         while off < size {
             let n = SLICE.min(size - off);
             let dst = landing.dest(off, n).ok_or(ReceiveError::Mismatch("size"))?;
-            if let Some(file) = &mirror {
-                // A file cut short meanwhile reads short: that read fails, the MPI way follows.
-                if let Err(e) = read_file_at(file, off as u64, dst, n) {
-                    tracing::debug!("a mirror of rank {}'s copy: {e}", src.rank);
-                    self.mirrors_lock().map.remove(&src.m.idx);
-                    return Err(ReceiveError::Mismatch("sender"));
-                }
+            if let Some(map) = &mirror {
+                // SAFETY: `map` maps `size` bytes of the owner's file, live while held here, and
+                // the file was checked to be at least that long just now (`whole`: a mapping
+                // read past the file's end faults); the owner never writes or truncates a
+                // placed copy (a changed one fails the checksum). `dst` has room for `n` bytes
+                // (`Landing::dest`), in a mapping of our own staging file that nothing else
+                // writes, so the ranges do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(map.as_ptr().add(off), dst, n) };
             } else if let Err(e) = read_from(src.pid, src.m.addr + off as u64, dst, n) {
                 if matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS)) {
                     tracing::info!("reading other ranks' copies directly: {e}; using MPI only");
@@ -328,6 +336,7 @@ struct Mirror {
     /// descriptor), and its mirror is made again.
     of: (u32, u32, Mapped),
     file: Arc<File>,
+    map: Arc<memmap2::MmapRaw>,
     /// Its place in `Mirrors::order`.
     seq: u64,
 }
@@ -389,15 +398,6 @@ impl Mirrors {
 fn whole(file: &File, size: u64) -> bool {
     file.metadata()
         .is_ok_and(|m| m.is_file() && m.nlink() > 0 && m.len() >= size)
-}
-
-/// `n` bytes at `off` in `file` into `dst`, all of them or an error.
-fn read_file_at(file: &File, off: u64, dst: *mut u8, n: usize) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    // SAFETY: `dst` has room for `n` bytes (`Landing::dest`), in a mapping of our own staging
-    // file that nothing else writes while it is filled; the slice lives only for this call.
-    let buf = unsafe { std::slice::from_raw_parts_mut(dst, n) };
-    file.read_exact_at(buf, off)
 }
 
 /// `n` bytes at `addr` in process `pid` into `dst`, all of them or an error.
@@ -538,24 +538,6 @@ mod tests {
         assert_eq!(d.mirrors_lock().map.len(), 1);
         d.forget(4);
         assert!(d.mirrors_lock().map.is_empty());
-    }
-
-    #[test]
-    fn a_mirror_cut_short_reads_short_and_never_faults() {
-        let dir = tempfile::tempdir().unwrap();
-        let (file, _map, data) = owner_copy(dir.path(), "a", 2 * SLICE);
-        let mut dst = vec![0u8; SLICE];
-        read_file_at(&file, SLICE as u64, dst.as_mut_ptr(), SLICE).unwrap();
-        assert!(dst == data[SLICE..]);
-        // Cut short behind our back: past its new end the read fails, where a mapping faults.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(dir.path().join("a"))
-            .unwrap()
-            .set_len(SLICE as u64 / 2)
-            .unwrap();
-        assert!(read_file_at(&file, SLICE as u64, dst.as_mut_ptr(), SLICE).is_err());
-        assert!(read_file_at(&file, 0, dst.as_mut_ptr(), SLICE).is_err());
     }
 
     #[test]
