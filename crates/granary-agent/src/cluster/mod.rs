@@ -214,6 +214,7 @@ impl Node {
                 );
             }
             self.announce_maps(&memory);
+            self.direct.warm(&stopping);
             std::thread::sleep(HELD_EVERY);
         }
     }
