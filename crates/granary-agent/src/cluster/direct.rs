@@ -70,10 +70,6 @@ const MIRRORS_MAX: usize = 16384;
 
 /// The most `Direct::warm` maps ahead, in bytes.
 const WARM_BYTES_MAX: u64 = 64 << 30;
-/// The most a call of `warm` populates: a thread at idle priority is not preempted inside a
-/// system call.
-const WARM_SLICE: usize = 64 << 10;
-
 /// Mirrors kept at most here: each holds a descriptor, and placement and the inode pins need
 /// theirs (the pins take half of the open-file limit).
 fn mirrors_max() -> usize {
@@ -189,7 +185,7 @@ impl Direct {
     }
 
     /// Mirrors ahead, at idle priority (the caller's thread), the copies announced since the
-    /// last pass, their pages mapped a slice per call: a first read then copies from a mapping
+    /// last pass, their pages mapped a slice per call (`maps::populate`): a first read then copies from a mapping
     /// whose pages are there. Made on the first read instead, a mirror costs that read the
     /// mapping of every page (~0.3 µs per 4 KiB here: 0.15 ms of a 2 MiB read, whose copy
     /// takes 0.33 ms). At most `WARM_BYTES_MAX` bytes mapped so (their page tables: 2 MiB per
@@ -288,17 +284,7 @@ impl Direct {
             .map_raw_read_only(&*file)
             .ok()?;
         if ahead {
-            let mut off = 0;
-            while off < map.len() {
-                let n = (map.len() - off).min(WARM_SLICE);
-                if map
-                    .advise_range(memmap2::Advice::PopulateRead, off, n)
-                    .is_err()
-                {
-                    break; // before Linux 5.14: the first copy maps its pages
-                }
-                off += n;
-            }
+            super::maps::populate(&map);
         }
         let map = Arc::new(map);
         let mut m = self.mirrors_lock();

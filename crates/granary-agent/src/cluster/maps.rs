@@ -162,17 +162,7 @@ impl Maps {
             else {
                 continue;
             };
-            let mut off = 0;
-            while off < map.len() {
-                let n = (map.len() - off).min(SLICE);
-                if map
-                    .advise_range(memmap2::Advice::PopulateRead, off, n)
-                    .is_err()
-                {
-                    break; // before Linux 5.14: the first transfer maps its pages
-                }
-                off += n;
-            }
+            populate(&map);
             self.keep(
                 idx,
                 Kept {
@@ -184,6 +174,22 @@ impl Maps {
                 },
             );
         }
+    }
+}
+
+/// Maps every page of `map` for reading, `SLICE` bytes per call (a thread at idle priority is
+/// not preempted inside a system call). Before Linux 5.14 nothing: the first copy maps them.
+pub fn populate(map: &memmap2::MmapRaw) {
+    let mut off = 0;
+    while off < map.len() {
+        let n = (map.len() - off).min(SLICE);
+        if map
+            .advise_range(memmap2::Advice::PopulateRead, off, n)
+            .is_err()
+        {
+            break;
+        }
+        off += n;
     }
 }
 
