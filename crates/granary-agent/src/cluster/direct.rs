@@ -185,11 +185,11 @@ impl Direct {
     }
 
     /// Mirrors ahead, at idle priority (the caller's thread), the copies announced since the
-    /// last pass, their pages mapped a slice per call (`maps::populate`): a first read then copies from a mapping
-    /// whose pages are there. Made on the first read instead, a mirror costs that read the
-    /// mapping of every page (~0.3 µs per 4 KiB here: 0.15 ms of a 2 MiB read, whose copy
-    /// takes 0.33 ms). At most `WARM_BYTES_MAX` bytes mapped so (their page tables: 2 MiB per
-    /// GiB), and within the mirrors' own bound.
+    /// last pass, their pages mapped a slice per call (`maps::populate`): a first read then
+    /// copies from a mapping whose pages are there. Made on the first read instead, a mirror
+    /// costs that read the mapping of every page (~0.3 µs per 4 KiB here: 0.15 ms of a 2 MiB
+    /// read, whose copy takes 0.33 ms). At most `WARM_BYTES_MAX` bytes mapped so (their page
+    /// tables: 2 MiB per GiB), and within the mirrors' own bound.
     pub fn warm(&self, stopping: &dyn Fn() -> bool) {
         loop {
             if stopping() || !self.mirror_on.load(Ordering::Relaxed) {
