@@ -243,10 +243,11 @@ impl Direct {
         self.mirror_with(src, false)
     }
 
-    /// `mirror`; `ahead`: made by `warm`, its pages mapped now a slice per call. A mirror made
-    /// for a read maps none: the copy's own faults map them 16 at a time (the kernel's fault
-    /// around), which took 1.62 ms for a first copy of 8 MiB here against 2.12 ms with the
-    /// mapping populated first in one call.
+    /// `mirror`; `ahead`: made by `warm`, its pages mapped now a slice per call at idle
+    /// priority; else in one call, on the read's critical path. `bench/floor/copy_paths.c`
+    /// here (2 / 8 MiB, out of the caches): a copy through a mapping made for it 0.67 / 2.69 ms
+    /// (0.69 / 2.68 with its pages faulted by the copy instead), through one made ahead 0.41 /
+    /// 1.81 ms.
     fn mirror_with(&self, src: &Source, ahead: bool) -> Option<Arc<memmap2::MmapRaw>> {
         if !self.mirror_on.load(Ordering::Relaxed) {
             return None;
@@ -279,10 +280,12 @@ impl Direct {
         if !whole(&file, src.m.size) {
             return None;
         }
-        let map = memmap2::MmapOptions::new()
-            .len(src.m.size as usize)
-            .map_raw_read_only(&*file)
-            .ok()?;
+        let mut opts = memmap2::MmapOptions::new();
+        opts.len(src.m.size as usize);
+        if !ahead {
+            opts.populate();
+        }
+        let map = opts.map_raw_read_only(&*file).ok()?;
         if ahead {
             super::maps::populate(&map);
         }
