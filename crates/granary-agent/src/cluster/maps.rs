@@ -107,6 +107,9 @@ impl Maps {
             if (k.announced && !all) || !memory.get(k.tier).copied().unwrap_or(false) || sum == 0 {
                 continue;
             }
+            let Ok((ino, ctime)) = granary_core::sys::copy_identity(&k.file) else {
+                continue;
+            };
             k.announced = true;
             out.push(Mapped {
                 idx,
@@ -115,6 +118,8 @@ impl Maps {
                 addr: k.map.as_ptr() as usize as u64,
                 fd: k.file.as_raw_fd() as u32,
                 sum,
+                ino,
+                ctime,
             });
         }
         out
