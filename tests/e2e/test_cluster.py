@@ -853,6 +853,38 @@ def test_ranks_of_one_host_copy_each_other_s_files_directly(cluster, tmp_path, h
         shutil.rmtree(at, ignore_errors=True)
 
 
+def test_a_low_open_file_limit_leaves_placement_its_descriptors(cluster, tmp_path):
+    """Each kept mapping of a rank's own copies (`cluster::maps`) and each mirror of another's
+    (`cluster::direct`) holds a descriptor. Under an open-file limit of 1,024 (`ulimit -n`), with
+    ~750 small copies per rank on tiers in memory, they leave placement its own: every copy is
+    received and placed (no "Too many open files"), every job attaches, every byte right."""
+    data = tmp_path / "pfs" / "data"
+    rng = random.Random(31)
+    for i in range(1500):
+        write(data, f"d{i % 10}/f{i:04d}", rng.randbytes(rng.choice([2000, 20_000])))
+    expected = direct(data)
+    at = pathlib.Path(tempfile.mkdtemp(prefix="granary-test-nofile-", dir="/dev/shm"))
+    c = None
+    try:
+        c = cluster(data, ranks=2, at=at, staging_size="16M",
+                    wrap=("prlimit", "--nofile=1024:1024", "--"))
+        for r in (1, 0, 0):
+            p, stats_path = c.start_reader(r, data)
+            got, stats = finish(p, stats_path)
+            assert got["sha256"] == expected["sha256"] and got["listing"] == expected["listing"]
+            assert not stats["disabled"], f"rank {r}'s job ran without granary: {stats}"
+        for r in range(2):
+            st = c.status(r)
+            placement = st["sources"][0]["placement"]
+            print(f"rank {r}: {st['cluster']['maps_kept']} mappings kept, "
+                  f"{len(os.listdir(f'/proc/{c.agent_pid(r)}/fd'))} descriptors, {placement}")
+            assert placement["failures"] == 0, placement
+    finally:
+        if c is not None:
+            c.stop()
+        shutil.rmtree(at, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Packs (`granary serve --pack`): rank 0 reads the index, each rank streams its units of the pack
 
