@@ -925,6 +925,59 @@ def test_copies_removed_by_hand_from_a_rank_s_tier_never_make_another_file_a_mir
         shutil.rmtree(at, ignore_errors=True)
 
 
+def test_copies_cut_short_by_hand_in_their_owner_s_tier_cost_no_reader_a_byte(cluster, tmp_path):
+    """docs/reliability.md, "Documented limits": a person cuts rank 1's copies (tiers in memory)
+    short and writes them back, over and over, while rank 0 reads them. A rank reading such a
+    copy through its mapping (the owner sending it over MPI, a mirror of it) faults and ends, and
+    with OpenMPI's default every rank's agent with it; rank 0's programs go on from the source
+    (or their staged copies) with every byte right, the later one without an agent at all."""
+    data = tmp_path / "pfs" / "data"
+    rng = random.Random(8)
+    for i in range(24):
+        write(data, f"d/f{i:02d}", rng.randbytes(rng.choice([8 << 20, 16 << 20])))
+    expected = direct(data)
+    at = pathlib.Path(tempfile.mkdtemp(prefix="granary-test-cut-", dir="/dev/shm"))
+    c = None
+    try:
+        c = cluster(data, ranks=2, at=at, staging_size="64M")
+        got, _ = finish(*c.start_reader(1, data))
+        assert got["sha256"] == expected["sha256"]
+        mine = tier_copies(c, 1)
+        c.wait(lambda: c.status(0)["cluster"]["direct_known"] >= len(mine) // 2,
+               "rank 1's mappings announced to rank 0")
+        done, cuts = threading.Event(), [0]
+
+        def cut():
+            while not done.is_set():
+                for p in mine:
+                    try:
+                        with open(p, "r+b") as f:
+                            whole = f.read()
+                            os.ftruncate(f.fileno(), len(whole) // 2)
+                            time.sleep(0.001)
+                            f.seek(0)
+                            f.write(whole)
+                        cuts[0] += 1
+                    except OSError:
+                        pass
+        cutter = threading.Thread(target=cut)
+        cutter.start()
+        try:
+            for seed in (4, 5, 6, 7):
+                got, _ = finish(*c.start_reader(0, data, seed=seed,
+                                                env={"GRANARY_ATTACH_WAIT": "2"}))
+                assert got["sha256"] == expected["sha256"], "rank 0 read other bytes"
+                assert got["listing"] == expected["listing"]
+        finally:
+            done.set()
+            cutter.join()
+        print(f"{cuts[0]} cuts; serving job: {'running' if c.proc.poll() is None else 'ended'}")
+    finally:
+        if c is not None:
+            c.stop()
+        shutil.rmtree(at, ignore_errors=True)
+
+
 def test_a_low_open_file_limit_leaves_placement_its_descriptors(cluster, tmp_path):
     """Each kept mapping of a rank's own copies (`cluster::maps`) and each mirror of another's
     (`cluster::direct`) holds a descriptor. Under an open-file limit of 1,024 (`ulimit -n`), with
