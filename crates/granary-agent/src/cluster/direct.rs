@@ -401,10 +401,13 @@ impl Mirrors {
 /// may name another file by the time it is taken, one it will cut short or a person may change),
 /// linked (its owner has not dropped it) and at least `m.size` bytes long.
 fn whole(file: &File, m: &Mapped) -> bool {
-    granary_core::sys::copy_identity(file).ok() == Some((m.ino, m.ctime))
-        && file
-            .metadata()
-            .is_ok_and(|s| s.is_file() && s.nlink() > 0 && s.len() >= m.size)
+    // One `fstat`; the identity as `granary_core::sys::copy_identity` computes it.
+    file.metadata().is_ok_and(|s| {
+        let ctime = (s.ctime() as u64)
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(s.ctime_nsec() as u64);
+        (s.ino(), ctime) == (m.ino, m.ctime) && s.is_file() && s.nlink() > 0 && s.len() >= m.size
+    })
 }
 
 /// `n` bytes at `addr` in process `pid` into `dst`, all of them or an error.
