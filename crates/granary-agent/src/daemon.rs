@@ -72,6 +72,9 @@ pub fn start(rt: Runtime, config: AgentConfig) -> Result<Started> {
             .and_then(|()| writeln!(f, "{}", std::process::id()));
     }
     volunteer_for_oom();
+    // What holds descriptors is budgeted in shares of the open-file limit (kept mappings, mirrors,
+    // inode pins): a soft limit of 1,024 under a hard one of a million would cut them for nothing.
+    granary_core::sys::raise_open_files_limit();
     let listener = bind(&rt)?;
     let socket_ino = {
         use std::os::unix::fs::MetadataExt;

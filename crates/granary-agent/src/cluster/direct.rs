@@ -37,7 +37,10 @@
 //! announced (`Direct::warm`, at idle priority): a first read then maps no page either. A mirror is only a faster way to the same bytes: what it gives is
 //! checked against the owner's checksum like the rest. Its file is looked at (`fstat`) before
 //! every use: a copy its owner dropped (unlinked) or cut short is not read through it (a mapping
-//! read past the file's end would fault) and the mirror goes; a mirror never used again is found
+//! read past the file's end would fault) and the mirror goes. Nor is a file that is not the copy
+//! announced (its inode and change time, `Mapped`): an owner that let go of a copy closed its
+//! descriptor, and the number may name any file it opened since — a source file a user may cut
+//! short, a staging file it reuses for a smaller copy. A mirror never used again is found
 //! so by the check each new mirror makes of the oldest one, so dropped copies' pages are not
 //! held for long.
 
@@ -256,7 +259,7 @@ impl Direct {
             (m.of == (src.rank, src.pid, src.m)).then(|| (m.file.clone(), m.map.clone()))
         });
         if let Some((file, map)) = kept {
-            if whole(&file, src.m.size) {
+            if whole(&file, &src.m) {
                 return Some(map);
             }
             self.mirrors_lock().remove(src.m.idx);
@@ -277,7 +280,7 @@ impl Direct {
                 return None;
             }
         };
-        if !whole(&file, src.m.size) {
+        if !whole(&file, &src.m) {
             return None;
         }
         let mut opts = memmap2::MmapOptions::new();
@@ -440,7 +443,7 @@ impl Mirrors {
             let Some(o) = self.map.get(&old).filter(|o| o.seq == seq) else {
                 continue; // made again or forgotten since
             };
-            if whole(&o.file, o.of.2.size) {
+            if whole(&o.file, &o.of.2) {
                 self.order.push_back((old, seq));
             } else {
                 self.remove(old);
@@ -469,10 +472,17 @@ impl Mirrors {
     }
 }
 
-/// True while `file` is linked (its owner has not dropped it) and at least `size` bytes long.
-fn whole(file: &File, size: u64) -> bool {
-    file.metadata()
-        .is_ok_and(|m| m.is_file() && m.nlink() > 0 && m.len() >= size)
+/// True while `file` is the copy `m` announced (its identity: a descriptor the owner closed
+/// may name another file by the time it is taken, one it will cut short or a person may change),
+/// linked (its owner has not dropped it) and at least `m.size` bytes long.
+fn whole(file: &File, m: &Mapped) -> bool {
+    // One `fstat`; the identity as `granary_core::sys::copy_identity` computes it.
+    file.metadata().is_ok_and(|s| {
+        let ctime = (s.ctime() as u64)
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(s.ctime_nsec() as u64);
+        (s.ino(), ctime) == (m.ino, m.ctime) && s.is_file() && s.nlink() > 0 && s.len() >= m.size
+    })
 }
 
 /// `n` bytes at `addr` in process `pid` into `dst`, all of them or an error.
@@ -540,6 +550,7 @@ mod tests {
     }
 
     fn source(idx: u32, file: &File, map: &memmap2::MmapRaw) -> Source {
+        let (ino, ctime) = granary_core::sys::copy_identity(file).unwrap();
         Source {
             rank: 0,
             pid: std::process::id(),
@@ -550,6 +561,8 @@ mod tests {
                 addr: map.as_ptr() as usize as u64,
                 fd: file.as_raw_fd() as u32,
                 sum: 0,
+                ino,
+                ctime,
             },
         }
     }
@@ -646,6 +659,25 @@ mod tests {
         // Nothing new announced: a pass does nothing.
         d.warm(&|| false);
         assert_eq!(d.mirrors_lock().map.len(), 1);
+    }
+
+    #[test]
+    fn a_descriptor_number_the_owner_reused_for_another_file_is_never_mirrored() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, map, data) = owner_copy(dir.path(), "a", 2 * SLICE);
+        let src = source(5, &file, &map);
+        // The owner closed the copy's descriptor and its number went to another file (a source
+        // file it pins, a staging file it will cut short): it is not the copy announced.
+        let (other, _other_map, _) = owner_copy(dir.path(), "b", 3 * SLICE);
+        // SAFETY: both are descriptors this test owns; `file`'s number now names `other`'s file.
+        assert!(unsafe { libc::dup2(other.as_raw_fd(), file.as_raw_fd()) } >= 0);
+        let d = Direct::new(1, true);
+        let (landed, handed) = copy_out(&d, dir.path(), &src);
+        assert!(
+            landed == data && handed == data,
+            "read another file's bytes"
+        );
+        assert!(d.mirrors_lock().map.is_empty(), "another file was mirrored");
     }
 
     #[test]

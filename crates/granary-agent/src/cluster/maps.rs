@@ -9,8 +9,9 @@
 //! asks for them, a slice per call at idle priority.
 //!
 //! Bounded: at most `MAX_MAPS` mappings (a mapping is one VMA; the kernel's default limit is
-//! 65,530 per process); a warming pass also drops the mappings of copies that are gone (a
-//! mapping of a removed file would keep its pages).
+//! 65,530 per process) and a quarter of the open-file limit (each holds a descriptor); a
+//! warming pass also drops the mappings of copies that are gone (a mapping of a removed file
+//! would keep its pages).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -21,8 +22,17 @@ use granary_shm::{State, Table};
 
 use super::wire::Mapped;
 
-/// Mappings kept at most.
+/// Mappings kept at most, whatever the open-file limit (`max_maps`).
 const MAX_MAPS: usize = 16384;
+
+/// Mappings kept at most here: each holds its copy's descriptor, and placement needs its own
+/// (under `ulimit -n 1024` ~750 kept copies a rank left placement none: every copy it received
+/// failed with "Too many open files"). A quarter of the open-file limit; with the mirrors of
+/// other ranks' copies (`direct`, an eighth) and the inode pins (half of what exceeds 4,096)
+/// at most seven eighths, less 2,048.
+fn max_maps() -> usize {
+    (granary_core::sys::open_files_limit() / 4).min(MAX_MAPS as u64) as usize
+}
 /// The most a warming call populates (`MADV_POPULATE_READ`): a thread at idle priority is not
 /// preempted inside a system call.
 const SLICE: usize = 64 << 10;
@@ -90,7 +100,7 @@ impl Maps {
 
     fn keep(&self, idx: u32, k: Kept) {
         let mut kept = self.lock();
-        if kept.len() < MAX_MAPS || kept.contains_key(&idx) {
+        if kept.len() < max_maps() || kept.contains_key(&idx) {
             kept.insert(idx, k);
         }
     }
@@ -107,6 +117,9 @@ impl Maps {
             if (k.announced && !all) || !memory.get(k.tier).copied().unwrap_or(false) || sum == 0 {
                 continue;
             }
+            let Ok((ino, ctime)) = granary_core::sys::copy_identity(&k.file) else {
+                continue;
+            };
             k.announced = true;
             out.push(Mapped {
                 idx,
@@ -115,6 +128,8 @@ impl Maps {
                 addr: k.map.as_ptr() as usize as u64,
                 fd: k.file.as_raw_fd() as u32,
                 sum,
+                ino,
+                ctime,
             });
         }
         out
@@ -127,7 +142,7 @@ impl Maps {
 
     /// One warming pass: drops the mappings of copies that are gone, then maps and populates
     /// the copies `own(idx)` says this rank serves from its tiers in memory (`memory[tier]`),
-    /// up to `MAX_MAPS`. `open(idx, tier, object, size)` opens and checks a copy.
+    /// up to `max_maps()`. `open(idx, tier, object, size)` opens and checks a copy.
     pub fn warm(
         &self,
         t: &Table,
@@ -137,8 +152,9 @@ impl Maps {
         stopping: &dyn Fn() -> bool,
     ) {
         self.lock().retain(|&idx, k| current(t, idx, k));
+        let max = max_maps();
         for idx in 0..t.entry_count() {
-            if stopping() || self.len() >= MAX_MAPS {
+            if stopping() || self.len() >= max {
                 return;
             }
             let w = t.state(idx);

@@ -67,8 +67,10 @@ pub enum Msg {
 
 /// One of an owner's kept mappings (`direct`): entry `idx` (object id, size), mapped at `addr`
 /// in the owner's address space from its file descriptor `fd`, with the checksum its copy was
-/// placed with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// placed with and the copy's identity (`ino`, `ctime`: `granary_core::sys::copy_identity`). A
+/// rank that takes the descriptor checks the identity: the owner may have closed it since and
+/// its number may name another file by then.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Mapped {
     pub idx: u32,
     pub object: u64,
@@ -76,11 +78,13 @@ pub struct Mapped {
     pub addr: u64,
     pub fd: u32,
     pub sum: u64,
+    pub ino: u64,
+    pub ctime: u64,
 }
 
-/// `Mapped` records per message (40 bytes each): a control message stays below a shared-memory
+/// `Mapped` records per message (56 bytes each): a control message stays below a shared-memory
 /// transport's eager limit (4 KiB with OpenMPI's), so it is here once matched.
-pub const MAPPED_PER_MSG: usize = 96;
+pub const MAPPED_PER_MSG: usize = 64;
 
 const REQUEST: u8 = 1;
 const REPLY: u8 = 2;
@@ -242,7 +246,9 @@ impl Msg {
                         .u64(m.size)
                         .u64(m.addr)
                         .u32(m.fd)
-                        .u64(m.sum);
+                        .u64(m.sum)
+                        .u64(m.ino)
+                        .u64(m.ctime);
                 }
                 o
             }
@@ -320,6 +326,8 @@ impl Msg {
                         addr: i.u64()?,
                         fd: i.u32()?,
                         sum: i.u64()?,
+                        ino: i.u64()?,
+                        ctime: i.u64()?,
                     });
                 }
                 Msg::Mapped(v)
@@ -411,7 +419,9 @@ mod tests {
                     size: 3,
                     addr: 0x7f00_0000_0000,
                     fd: 1023,
-                    sum: 5
+                    sum: 5,
+                    ino: u64::MAX,
+                    ctime: 7,
                 };
                 MAPPED_PER_MSG
             ]),
@@ -419,6 +429,9 @@ mod tests {
         for m in msgs {
             assert_eq!(Msg::decode(&m.encode()).unwrap(), m);
         }
+        // A full `Mapped` message is sent eagerly (`MAPPED_PER_MSG`).
+        let full = Msg::Mapped(vec![Mapped::default(); MAPPED_PER_MSG]);
+        assert!(full.encode().len() <= 4096);
     }
 
     #[test]
