@@ -984,7 +984,8 @@ def test_a_low_open_file_limit_leaves_placement_its_descriptors(cluster, tmp_pat
     (`cluster::direct`) holds a descriptor. Under an open-file limit of 1,024 (`ulimit -n`; soft:
     the common default under a higher hard limit, which the agent raises it to), with ~750 small
     copies per rank on tiers in memory, they leave placement its own: every copy is received and
-    placed (no "Too many open files"), every job attaches, every byte right."""
+    placed (no "Too many open files"), every job attaches, every byte right; the staging
+    filler's free files hold at most a 32nd of the limit."""
     data = tmp_path / "pfs" / "data"
     rng = random.Random(31)
     for i in range(1500):
@@ -1003,9 +1004,21 @@ def test_a_low_open_file_limit_leaves_placement_its_descriptors(cluster, tmp_pat
         for r in range(2):
             st = c.status(r)
             placement = st["sources"][0]["placement"]
-            print(f"rank {r}: {st['cluster']['maps_kept']} mappings kept, "
-                  f"{len(os.listdir(f'/proc/{c.agent_pid(r)}/fd'))} descriptors, {placement}")
+            pid = c.agent_pid(r)
+            fds = []
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    fds.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                except OSError:
+                    pass
+            free = sum("/.tmp-free-" in f for f in fds)
+            soft = next(int(l.split()[3]) for l in open(f"/proc/{pid}/limits")
+                        if l.startswith("Max open files"))
+            print(f"rank {r}: {st['cluster']['maps_kept']} mappings kept, {len(fds)} descriptors "
+                  f"({free} free staging files) of {soft}, {placement}")
             assert placement["failures"] == 0, placement
+            # The staging filler's free files hold a descriptor each: a share of the limit.
+            assert free <= soft // 32, f"{free} free staging files open under a limit of {soft}"
     finally:
         if c is not None:
             c.stop()

@@ -56,6 +56,17 @@ struct Staged {
 /// mapped again when recycled.
 const KEEP_MAPPED: usize = 256;
 
+/// Descriptors the staging tier holds at most — its free files and the staged copies it keeps
+/// open (`KEEP_MAPPED`) each — as a share of the open-file limit: the inode pins take half of
+/// it, the owner's kept mappings a quarter, the mirrors an eighth (a 1,024 limit and small
+/// files left the filler holding 370 free files).
+/// Read once: the agent raised its limit at start, and a staged copy's `push` is on a
+/// program's critical path.
+fn fds_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| (granary_core::sys::open_files_limit() / 32).max(4) as usize)
+}
+
 /// Free files the filler keeps ready: at most this many bytes…
 const RESERVE_MAX: u64 = 256 << 20;
 /// …and at most this share of the staging tier (1/8).
@@ -105,8 +116,9 @@ impl Staging {
         o.push_back(Staged { idx, slot });
         // Only the newest keep theirs (file descriptors and mappings are bounded).
         let n = o.len();
-        if n > KEEP_MAPPED {
-            if let Some(old) = o.get_mut(n - 1 - KEEP_MAPPED) {
+        let keep = KEEP_MAPPED.min(fds_max());
+        if n > keep {
+            if let Some(old) = o.get_mut(n - 1 - keep) {
                 old.slot = None;
             }
         }
@@ -356,7 +368,7 @@ impl Staging {
                     None => None,
                 };
                 match size {
-                    Some(s) if f.bytes + s <= target => Some(s),
+                    Some(s) if f.bytes + s <= target && f.files.len() < fds_max() => Some(s),
                     _ => {
                         started = true;
                         let _ = self
