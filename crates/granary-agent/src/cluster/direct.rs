@@ -34,8 +34,9 @@
 //! same right to trace the owner as `process_vm_readv` does) and maps it read-only here; the
 //! copy is then a plain memory copy, and the mapping is kept (`Mirror`) for the next read of the
 //! file, the next epoch's. Mirrors are also made ahead, with their pages mapped, as copies are
-//! announced (`Direct::warm`, at idle priority): a first read then maps no page either. A mirror is only a faster way to the same bytes: what it gives is
-//! checked against the owner's checksum like the rest. Its file is looked at (`fstat`) before
+//! announced (`Direct::warm`, at idle priority): a first read then maps no page either. A mirror
+//! is only a faster way to the same bytes: what it gives is checked against the owner's checksum
+//! like the rest. Its file is looked at (`fstat`) before
 //! every use: a copy its owner dropped (unlinked) or cut short is not read through it (a mapping
 //! read past the file's end would fault) and the mirror goes. Nor is a file that is not the copy
 //! announced (its inode and change time, `Mapped`): an owner that let go of a copy closed its
@@ -181,8 +182,11 @@ impl Direct {
         };
         let mut s = self.sources_lock();
         let mut q = self.unwarmed.lock().unwrap_or_else(|e| e.into_inner());
+        let ahead = self.mirror_on.load(Ordering::Relaxed);
         for m in v {
-            q.push_back(m.idx);
+            if ahead {
+                q.push_back(m.idx);
+            }
             s.insert(m.idx, Source { rank: from, pid, m });
         }
     }
@@ -195,7 +199,15 @@ impl Direct {
     /// tables: 2 MiB per GiB), and within the mirrors' own bound.
     pub fn warm(&self, stopping: &dyn Fn() -> bool) {
         loop {
-            if stopping() || !self.mirror_on.load(Ordering::Relaxed) {
+            if !self.mirror_on.load(Ordering::Relaxed) {
+                // Refused by the kernel: nothing will be mirrored.
+                self.unwarmed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
+                return;
+            }
+            if stopping() {
                 return;
             }
             let next = self
