@@ -7,6 +7,7 @@ Source traffic is counted outside granary: the source is a loop-mounted ext4 ima
 in /sys/block/loopN/stat, page cache dropped first) and, for metadata, strace of the serving
 ranks. Skipped only when the granary binary was built without the `mpi` feature.
 """
+import contextlib
 import hashlib
 import json
 import math
@@ -868,6 +869,29 @@ def shared_read_only_maps(pid: int) -> set:
     return out
 
 
+@contextlib.contextmanager
+def rank_1_s_copies_known_to_rank_0(cluster, data, prefix, staging_size):
+    """Two ranks with tiers in memory (`/dev/shm`): rank 1 has read every file of `data` (its
+    share placed in its tier, every byte right) and rank 0 has learned where at least half of
+    its copies are. Yields the cluster, the tiers' directory, rank 1's copies and the direct
+    reading of `data`; stops the ranks and removes the tiers after."""
+    expected = direct(data)
+    at = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
+    c = None
+    try:
+        c = cluster(data, ranks=2, at=at, staging_size=staging_size)
+        got, _ = finish(*c.start_reader(1, data))
+        assert got["sha256"] == expected["sha256"]
+        mine = tier_copies(c, 1)
+        c.wait(lambda: c.status(0)["cluster"]["direct_known"] >= len(mine) // 2,
+               "rank 1's mappings announced to rank 0")
+        yield c, at, mine, expected
+    finally:
+        if c is not None:
+            c.stop()
+        shutil.rmtree(at, ignore_errors=True)
+
+
 def test_copies_removed_by_hand_from_a_rank_s_tier_never_make_another_file_a_mirror(
         cluster, tmp_path):
     """A careless user removes rank 1's copies from its tier (in memory) after rank 0 learned
@@ -881,16 +905,8 @@ def test_copies_removed_by_hand_from_a_rank_s_tier_never_make_another_file_a_mir
     rng = random.Random(5)
     for i in range(60):
         write(data, f"d/f{i:03d}", rng.randbytes(rng.choice([130_000, 1 << 20, 3 << 20])))
-    expected = direct(data)
-    at = pathlib.Path(tempfile.mkdtemp(prefix="granary-test-removed-", dir="/dev/shm"))
-    c = None
-    try:
-        c = cluster(data, ranks=2, at=at, staging_size="8M")
-        got, _ = finish(*c.start_reader(1, data))
-        assert got["sha256"] == expected["sha256"]
-        mine = tier_copies(c, 1)
-        c.wait(lambda: c.status(0)["cluster"]["direct_known"] >= len(mine) // 2,
-               "rank 1's mappings announced to rank 0")
+    with rank_1_s_copies_known_to_rank_0(cluster, data, "granary-test-removed-", "8M") as (
+            c, at, mine, expected):
         for p in mine:
             p.unlink()
         # Its warming pass (at least every 30 s) lets go of them: their descriptors are closed.
@@ -919,10 +935,6 @@ def test_copies_removed_by_hand_from_a_rank_s_tier_never_make_another_file_a_mir
                         if m.startswith((f"{at}/s1/", f"{at}/rt1/", f"{data}/")))
         assert others == [], f"rank 0 mapped files of rank 1's that are not copies: {others}"
         assert all(os.path.exists(f"/proc/{c.agent_pid(r)}") for r in range(2))
-    finally:
-        if c is not None:
-            c.stop()
-        shutil.rmtree(at, ignore_errors=True)
 
 
 def test_copies_cut_short_by_hand_in_their_owner_s_tier_cost_no_reader_a_byte(cluster, tmp_path):
@@ -935,16 +947,8 @@ def test_copies_cut_short_by_hand_in_their_owner_s_tier_cost_no_reader_a_byte(cl
     rng = random.Random(8)
     for i in range(24):
         write(data, f"d/f{i:02d}", rng.randbytes(rng.choice([8 << 20, 16 << 20])))
-    expected = direct(data)
-    at = pathlib.Path(tempfile.mkdtemp(prefix="granary-test-cut-", dir="/dev/shm"))
-    c = None
-    try:
-        c = cluster(data, ranks=2, at=at, staging_size="64M")
-        got, _ = finish(*c.start_reader(1, data))
-        assert got["sha256"] == expected["sha256"]
-        mine = tier_copies(c, 1)
-        c.wait(lambda: c.status(0)["cluster"]["direct_known"] >= len(mine) // 2,
-               "rank 1's mappings announced to rank 0")
+    with rank_1_s_copies_known_to_rank_0(cluster, data, "granary-test-cut-", "64M") as (
+            c, _, mine, expected):
         done, cuts = threading.Event(), [0]
 
         def cut():
@@ -972,10 +976,6 @@ def test_copies_cut_short_by_hand_in_their_owner_s_tier_cost_no_reader_a_byte(cl
             done.set()
             cutter.join()
         print(f"{cuts[0]} cuts; serving job: {'running' if c.proc.poll() is None else 'ended'}")
-    finally:
-        if c is not None:
-            c.stop()
-        shutil.rmtree(at, ignore_errors=True)
 
 
 @pytest.mark.parametrize("limit", ["1024:1024", "1024:"], ids=["hard", "soft"])

@@ -302,7 +302,7 @@ impl Direct {
         }
         let map = opts.map_raw_read_only(&*file).ok()?;
         if ahead {
-            super::maps::populate(&map);
+            super::maps::populate(&map, memmap2::Advice::PopulateRead);
         }
         let map = Arc::new(map);
         let mut m = self.mirrors_lock();

@@ -33,7 +33,7 @@ const MAX_MAPS: usize = 16384;
 fn max_maps() -> usize {
     (granary_core::sys::open_files_limit() / 4).min(MAX_MAPS as u64) as usize
 }
-/// The most a warming call populates (`MADV_POPULATE_READ`): a thread at idle priority is not
+/// The most a call of `populate` maps: a thread at idle priority is not
 /// preempted inside a system call.
 const SLICE: usize = 64 << 10;
 
@@ -178,7 +178,7 @@ impl Maps {
             else {
                 continue;
             };
-            populate(&map);
+            populate(&map, memmap2::Advice::PopulateRead);
             self.keep(
                 idx,
                 Kept {
@@ -193,20 +193,19 @@ impl Maps {
     }
 }
 
-/// Maps every page of `map` for reading, `SLICE` bytes per call (a thread at idle priority is
-/// not preempted inside a system call). Before Linux 5.14 nothing: the first copy maps them.
-pub fn populate(map: &memmap2::MmapRaw) {
+/// Maps every page of `map` (`how`: `PopulateRead` or `PopulateWrite`), `SLICE` bytes per call
+/// (a thread at idle priority is not preempted inside a system call). False before Linux 5.14,
+/// which has neither: the first copy maps them.
+pub fn populate(map: &memmap2::MmapRaw, how: memmap2::Advice) -> bool {
     let mut off = 0;
     while off < map.len() {
         let n = (map.len() - off).min(SLICE);
-        if map
-            .advise_range(memmap2::Advice::PopulateRead, off, n)
-            .is_err()
-        {
-            break;
+        if map.advise_range(how, off, n).is_err() {
+            return false;
         }
         off += n;
     }
+    true
 }
 
 /// True while `k` is still the complete copy of `idx` the table knows: PLACED on its tier, and

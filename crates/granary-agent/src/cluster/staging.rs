@@ -437,20 +437,12 @@ fn make(space: &Space, staging_tier: usize, name: &[u8], size: u64) -> std::io::
         off += n as u64;
     }
     let map = memmap2::MmapOptions::new().map_raw(&file)?;
-    let mut off = 0;
-    while off < map.len() {
-        let n = (map.len() - off).min(SLICE);
-        if map
-            .advise_range(memmap2::Advice::PopulateWrite, off, n)
-            .is_err()
-        {
-            // A kernel without MADV_POPULATE_WRITE (before 5.14): all at once.
-            return Ok(Slot {
-                map: map_populated(&file)?,
-                file,
-            });
-        }
-        off += n;
+    if !super::maps::populate(&map, memmap2::Advice::PopulateWrite) {
+        // A kernel without MADV_POPULATE_WRITE (before 5.14): all at once.
+        return Ok(Slot {
+            map: map_populated(&file)?,
+            file,
+        });
     }
     Ok(Slot {
         file,
