@@ -6,9 +6,12 @@
 //! - **Written as copies land, in batches.** Publishing a copy (`placement::copy::publish`)
 //!   appends its record to a buffer of its tier; the buffer is written with one `write(2)`
 //!   (`O_APPEND`, never synced) when it holds `BATCH` records, when it is older than
-//!   `FLUSH_AFTER` (the agent's journal thread), and before the table's last placement work is
-//!   released (`Work::release`): once the agent reports nothing pending, every copy it published
-//!   is in the file. No call per copy while placement is busy; a write a second at most besides.
+//!   `FLUSH_AFTER` (the agent's journal thread), and when the table is found with nothing
+//!   pending (`SourceCtx::pending`): once the agent reports nothing pending, every copy it
+//!   published is in the file. No call per copy, also when copies come one at a time (a program
+//!   reading remote files one by one); a write a second at most besides. An agent killed within
+//!   `FLUSH_AFTER` of its last copies, before anyone asked, loses their records: those copies
+//!   are placed again.
 //!   What is in the file survives the agent's death (it is in the kernel's page cache); a node
 //!   that loses power loses what was not written back, as it may lose the copies themselves.
 //! - **Folded at each save.** Saving the record (`Journal::save`) writes everything buffered,

@@ -123,11 +123,20 @@ impl SourceCtx {
     /// Ordering: the consumer holds work before it pops (with a SeqCst fence between), and a job
     /// holds it before the consumer lets its own go, so reading the ring first and then the work
     /// held (fenced likewise) never misses a request in hand.
+    ///
+    /// Zero also writes the journal of copies (`Work::journal`): every copy published so far
+    /// is in it before anyone is told nothing is pending.
     pub fn pending(&self, busy_entries: u64) -> u64 {
         let ring = self.table.ring_backlog();
         fence(Ordering::SeqCst);
         let held = self.work.held() as u64;
-        ring + held.max(busy_entries)
+        let pending = ring + held.max(busy_entries);
+        if pending == 0 {
+            if let Some(j) = self.work.journal.get() {
+                j.flush();
+            }
+        }
+        pending
     }
 
     /// Samples the program's source reads (at most every 10 ms; the ring consumer calls this on
@@ -240,7 +249,7 @@ struct ProgramReads {
 pub const BUSY_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Nanoseconds since the first call in this process (never 0).
-fn mono_ns() -> u64 {
+pub(crate) fn mono_ns() -> u64 {
     static BASE: statics::OnceLock<std::time::Instant> = statics::OnceLock::new();
     BASE.get_or_init(std::time::Instant::now)
         .elapsed()

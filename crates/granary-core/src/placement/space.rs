@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use granary_shm::Table;
 
-use crate::sync::atomic::{AtomicU8, Ordering};
+use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use crate::sync::Arc;
 use crate::tiers::{Reservation, Tiers};
 
@@ -26,6 +26,13 @@ pub struct Space {
     lost: AtomicU8,
 }
 
+/// A tier's object directory found where the table says is not looked up again for this long
+/// (`Space::is_lost`): it was a `statx` of the path at every copy's reservation, one of the ~10
+/// system calls a remote read of 128 KiB costs its agent in a later epoch. Within it a copy may
+/// still land in a directory just removed; no client finds it by that path, so it is never
+/// served (docs/reliability.md: a lost tier is noticed within ~1 s).
+pub const LOST_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Space {
     pub(super) fn new(table: &Table, tiers: Arc<Tiers>, dirs: Vec<Option<OwnedFd>>) -> Space {
         let recorded = (0..dirs.len() as u32)
@@ -36,6 +43,7 @@ impl Space {
                 RecordedDir {
                     path,
                     id: table.tier_dir_id(t),
+                    found_ns: AtomicU64::new(0),
                 }
             })
             .collect();
@@ -71,11 +79,21 @@ impl Space {
             return true;
         }
         let rec = self.recorded.get(tier);
+        let now = super::source_ctx::mono_ns();
+        if let Some(r) = rec {
+            let found = r.found_ns.load(Ordering::Relaxed);
+            if found != 0 && now.saturating_sub(found) < LOST_CHECK_EVERY.as_nanos() as u64 {
+                return false;
+            }
+        }
         let path = rec.and_then(|r| r.path.as_deref());
         let here = path
             .and_then(|p| std::fs::symlink_metadata(p).ok())
             .map(|m| (m.dev(), m.ino()));
         let lost = here.is_none() || here != rec.and_then(|r| r.id);
+        if let (false, Some(r)) = (lost, rec) {
+            r.found_ns.store(now, Ordering::Relaxed);
+        }
         if lost && self.lost.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
             tracing::warn!(
                 "tier {tier} ({}) was removed or renamed while in use: no more copies there",
@@ -132,4 +150,6 @@ struct RecordedDir {
     path: Option<PathBuf>,
     /// Device and inode.
     id: Option<(u64, u64)>,
+    /// When the directory was last found where the table says (`mono_ns`; 0: never).
+    found_ns: AtomicU64,
 }

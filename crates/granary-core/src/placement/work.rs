@@ -12,9 +12,11 @@ use crate::sync::{Arc, OnceLock};
 pub struct Work {
     pub(super) retired: AtomicBool,
     held: AtomicUsize,
-    /// The table's journal of copies (`cache::journal`), written before the last work held is
-    /// released: once nothing is pending (`SourceCtx::pending`), every copy published is in
-    /// it. Set before any work is held (unset: no journal, as in tests of the placement).
+    /// The table's journal of copies (`cache::journal`), written when `SourceCtx::pending` finds
+    /// nothing pending: once the agent reports that, every copy published is in it. (Written
+    /// at the release of the last work held before, it cost a program reading remote files one
+    /// by one a `write` per file.) Set before any work is held (unset: no journal, as in tests
+    /// of the placement).
     pub journal: OnceLock<Arc<Journal>>,
 }
 
@@ -38,26 +40,9 @@ impl Work {
         self.held.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A piece of work done or dropped; the last one writes the journal first (a decrement
-    /// racing with another can only find it not the last, and that other one writes it).
+    /// A piece of work done or dropped.
     pub fn release(&self) {
-        let mut held = self.held.load(Ordering::Acquire);
-        loop {
-            if held == 1 {
-                if let Some(j) = self.journal.get() {
-                    j.flush();
-                }
-            }
-            match self.held.compare_exchange_weak(
-                held,
-                held.wrapping_sub(1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(now) => held = now,
-            }
-        }
+        self.held.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Work held now.
