@@ -463,9 +463,12 @@ fn file_larger_than_the_tier_is_cached_in_chunks() {
         p["page_cache_bytes"].as_u64().unwrap(),
         p["duplicate_bytes"].as_u64().unwrap(),
     );
+    // Under load the agent may copy every chunk before the program's reads reach it: then
+    // nothing comes from the page cache, and nothing is read twice either (seen once with both
+    // cores busy: 16 MiB read by the agent, none of it duplicate).
     assert!(
-        cached > 0,
-        "no requested chunk came from the page cache: {src}"
+        cached > 0 || dup == 0,
+        "no requested chunk came from the page cache, and {dup} bytes were read twice: {src}"
     );
     assert!(
         dup < p["chunk_bytes_placed"].as_u64().unwrap(),
