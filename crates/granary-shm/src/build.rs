@@ -171,6 +171,7 @@ impl Catalog {
         Node {
             disk: DiskEntry {
                 object,
+                check: crate::layout::path_check(rel),
                 parent,
                 name_off,
                 name_len: name.len().min(u16::MAX as usize) as u16,
@@ -619,6 +620,7 @@ impl Image<'_> {
             w += bytes.len();
         };
         put(self, &d.object.to_ne_bytes());
+        put(self, &d.check.to_ne_bytes());
         put(self, &d.parent.to_ne_bytes());
         put(self, &d.name_off.to_ne_bytes());
         put(self, &d.name_len.to_ne_bytes());
@@ -772,7 +774,7 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
             if img.0[off + 4..off + 8] == [0; 4] {
                 let link = is_link(cat, node);
                 let small = is_file(cat, node) && d.size < prefetch_min;
-                for (k, w) in hash_slot(d.object, i as u32, d.name_off, link, small)
+                for (k, w) in hash_slot(d.object, i as u32, link, small)
                     .iter()
                     .enumerate()
                 {

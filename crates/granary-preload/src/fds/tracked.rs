@@ -198,10 +198,10 @@ pub fn first_read(fd: c_int, t: Tracked, len: Option<u64>, f: &impl ReadInto) ->
     if word.state() != State::Placed || word.tier() != tier {
         return FirstRead::No;
     }
-    let Some(e) = crate::ops::lookup::entry(table, t.entry) else {
+    // (The entry's object id and size: read from its record, not decoded.)
+    let Some((object, size, _)) = table.file_fields(t.entry) else {
         return FirstRead::No;
     };
-    let size = e.stat.size;
     let sum = table.checksum(t.entry);
     // An empty file's bytes prove nothing (a FIFO reads as empty too); 0 is no checksum.
     if size == 0 || size > CONTENT_CHECK_MAX || len <= size || sum == 0 {
@@ -230,7 +230,7 @@ pub fn first_read(fd: c_int, t: Tracked, len: Option<u64>, f: &impl ReadInto) ->
     // Not the copy's bytes: what is under the fd decides.
     let _keep = KeepErrno::new();
     let mut st = sys::empty_stat();
-    let object = object_name(e.object);
+    let object = object_name(object);
     if sys::raw_fstat(fd, &mut st) != 0 || !copies::could_be_copy(table, tier, &object, &st) {
         fdtable::take(fd);
         return FirstRead::NotOurs(n);
