@@ -16,7 +16,7 @@ import pytest
 
 from conftest import source_opens, tier_files
 from probes import (Holder, copy_of, copies, direct, fsprobe, make_tree, output, prime,
-                    run_job, same_run, twin)
+                    run_job, same_run, twin, wait_for)
 
 
 def rand(n: int, seed: int) -> bytes:
@@ -184,6 +184,22 @@ def test_fds_on_a_copy_read_the_programs_change(granary, tmp_path, tier):
         fsprobe("open_fds_see_changes", other, tmp_path, "alone.bin", "shared.bin"))
     assert tier_files(stats) == 2, "both fds must start on the copies"
     assert json.loads(got) == json.loads(want)
+
+
+def test_the_tables_are_their_users_alone(granary, tmp_path, tier):
+    """The live table and the catalog saved beside the copies hold the secret seed of the
+    paths' second hash (docs/reliability.md): no other user may read them."""
+    src = make_tree(tmp_path / "src", {"a.bin": rand(1000, 1)})
+    prime(granary, src, tier)
+    tables = list(granary.runtime.glob("*.table"))
+    wait_for(lambda: list(tier.glob("*/catalog.table")), "the saved catalog")
+    saved = list(tier.glob("*/catalog.table"))
+    assert tables and saved, (list(granary.runtime.iterdir()), list(tier.rglob("*")))
+    for p in [*tables, *saved]:
+        st = p.stat()
+        assert (oct(st.st_mode & 0o777), st.st_uid) == ("0o600", os.getuid()), p
+    for d in [granary.runtime, *{p.parent for p in saved}]:
+        assert d.stat().st_mode & 0o077 == 0, d
 
 
 # ---- 4. a copy damaged while another job on the same source is attached ----

@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 13.
+//! The on-memory layout of a catalog table, version 15.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -6,15 +6,16 @@
 //!
 //! ```text
 //! 0              header (HEADER_LEN bytes: fixed fields, then PATH_SLOTS slots of PATH_SLOT_LEN)
-//! entries_off    entry_count × DiskEntry (88 B)   immutable: name, parent, compact stat record
+//! entries_off    entry_count × DiskEntry (96 B)   immutable: name, parent, compact stat record,
+//!                                                  the path's two hashes
 //! states_off     entry_count × 24 bytes           mutable, atomics only: [state word, copy
 //!                                                  inode, copy ctime]
 //! checksums_off  entry_count × u64                xxh3 of each placed copy (agent only)
-//! hash_off       hash_slots × 12 bytes            open addressing (4/3 of the entries, linear
+//! hash_off       hash_slots × 8 bytes             open addressing (4/3 of the entries, linear
 //!                                                  probing from `home_slot`): u32s [tag (high 32
 //!                                                  bits of the path hash), entry index + 1
 //!                                                  (0 = empty; `SLOT_LINK` set for a
-//!                                                  symlink), the entry's name's offset]
+//!                                                  symlink, `SLOT_SMALL_FILE` for a small file)]
 //! strings_off    strings_len bytes                names (last components) and symlink targets
 //! ring_off       request ring                     clients → agent (see `ring`)
 //! stats_off      job_slots × JobStats             per-job counters, atomics only (256-aligned;
@@ -67,7 +68,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// rejected (`TableError::BadVersion`): the agent then walks the source again. Version 14: an
 /// entry holds a second hash of its path (`DiskEntry::check`, `path_check`), which a lookup
 /// compares instead of the entry's names; hash slots are two `u32`s again (no name offset).
-pub const VERSION: u32 = 14;
+/// Version 15: that second hash is keyed with a secret seed drawn for each table
+/// (`H_CHECK_SEED`).
+pub const VERSION: u32 = 15;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -144,6 +147,11 @@ pub const H_XATTR: usize = 256 + 16 * MAX_TIERS;
 pub const H_COPY_BITS_OFF: usize = H_XATTR + 32;
 /// The copy bitmap's length in bits (`u64`, a power of two).
 pub const H_COPY_BITS: usize = H_XATTR + 40;
+/// The seed of every entry's `path_check` (`u64`): drawn from the kernel's random source when
+/// the catalog is made (`Catalog::new`), never changed while the table lives, carried with the
+/// image wherever it goes (a saved catalog loaded again, rank 0's table adopted by another
+/// rank), secret to whoever cannot read the table (the file is the agent user's, mode 0600).
+pub const H_CHECK_SEED: usize = H_XATTR + 48;
 
 /// The copy bitmap's bit for path hash `hash` of a bitmap of `bits` bits (a power of two):
 /// its high half, as the hash slots' tags, so the slots' positions (from the low half) do not
@@ -652,19 +660,35 @@ pub fn path_hash(rel_path: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(rel_path)
 }
 
-/// The seed of `path_check`: any constant other than 0 (xxh3's default) gives a hash
-/// independent of `path_hash`'s.
-const PATH_CHECK_SEED: u64 = 0x6772_616e_6172_7931;
-
-/// A second 64-bit hash of a path relative to the source root (xxh3-64 with its own seed),
-/// stored in its entry (`DiskEntry::check`). A lookup takes an entry for a path when its slot
-/// leads there, the entry's `object` is the path's `path_hash` and its `check` the path's
-/// `path_check`: 128 bits, so another path is taken for it with probability 2^-128 by chance
-/// (a path crafted to collide needs the user's own doing, who can as well write the table,
-/// which is the user's memory).
+/// A second 64-bit hash of a path relative to the source root, keyed with the table's secret
+/// seed (`H_CHECK_SEED`; xxh3-64 with that seed), stored in its entry (`DiskEntry::check`). A
+/// lookup takes an entry for a path when its slot leads there, the entry's `object` is the
+/// path's `path_hash` and its `check` the path's `path_check` with the table's seed: 128 bits,
+/// so another path is taken for it with probability 2^-128 by chance. `path_hash` has no key,
+/// so a path colliding with a catalogued one in it can be computed; in `path_check` it cannot
+/// without the seed, which only those who can read the table know (docs/reliability.md).
 #[inline]
-pub fn path_check(rel_path: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(rel_path, PATH_CHECK_SEED)
+pub fn path_check(rel_path: &[u8], seed: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(rel_path, seed)
+}
+
+/// A seed for `path_check` of a new table: 64 bits from the kernel's random source
+/// (`getrandom(2)`, else `/dev/urandom`), else from the standard library's randomly keyed
+/// hasher (which has the same sources).
+pub fn new_check_seed() -> u64 {
+    if let Some(s) = crate::mapping::getrandom_u64() {
+        return s;
+    }
+    let mut b = [0u8; 8];
+    let urandom = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    if urandom.is_ok() {
+        return u64::from_ne_bytes(b);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x6772_616e_6172_7931);
+    h.finish()
 }
 
 /// The slot a path hashing to `hash` starts probing at, of `slots`: its low 32 bits scaled to

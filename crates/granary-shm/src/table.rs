@@ -83,6 +83,8 @@ pub struct Table {
     source_slot: usize,
     /// Both root spellings are normal absolute paths (`roots_normal`).
     roots_normal: bool,
+    /// The seed of the entries' `path_check` (`H_CHECK_SEED`), read once at the mapping.
+    check_seed: u64,
 }
 
 /// `/`, or an absolute path of named components only.
@@ -288,8 +290,10 @@ impl Table {
                     (section(&region, off, words, 8, "copy bitmap")?, bits)
                 }
             };
+        let check_seed = u64_at(H_CHECK_SEED)?;
         Ok(Table {
             source_slot: SLOT_SOURCE,
+            check_seed,
             copy_bits_off,
             copy_bits,
             pack_off,
@@ -333,6 +337,12 @@ impl Table {
     /// that locating a path gives (`granary_core::source::normalize` makes both so).
     pub fn roots_normal(&self) -> bool {
         self.roots_normal
+    }
+
+    /// The seed of this table's `path_check`s (`H_CHECK_SEED`): a lookup keys the path's
+    /// second hash with it.
+    pub fn check_seed(&self) -> u64 {
+        self.check_seed
     }
 
     pub fn region(&self) -> Region {
@@ -682,10 +692,11 @@ impl Table {
     ///
     /// For a catalogued path: its hash slot, whose tag turns away every other path's slot on
     /// the way without reading its entry, then its entry's record, whose `object` (the path's
-    /// `path_hash`) and `check` (its `path_check`) confirm the path — 128 bits, no name read
-    /// (docs/decisions.md, "A lookup confirms a path by a second hash") — beside the lines of
-    /// its state and checksum, which the open and the first read want next. An uncatalogued
-    /// path reads only slots (but for a tag equal by chance, 1 in 2^32).
+    /// `path_hash`) and `check` (its `path_check`, keyed with the table's seed) confirm the
+    /// path — 128 bits, no name read (docs/decisions.md, "A lookup confirms a path by a second
+    /// hash") — beside the lines of its state and checksum, which the open and the first read
+    /// want next. An uncatalogued path reads only slots (but for a tag equal by chance, 1 in
+    /// 2^32).
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
         self.lookup_hashed(rel, path_hash(rel))
     }
@@ -707,7 +718,7 @@ impl Table {
             let stored = self
                 .region
                 .u64_at(rec + core::mem::offset_of!(DiskEntry, check))?;
-            Some(stored == *check.get_or_insert_with(|| path_check(rel)))
+            Some(stored == *check.get_or_insert_with(|| path_check(rel, self.check_seed)))
         })
     }
 

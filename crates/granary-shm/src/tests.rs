@@ -1150,9 +1150,11 @@ fn an_adopted_image_keeps_the_catalog_and_forgets_the_copies() {
     spec.prefetch_min_size = 1;
     let mut img = build(&spec, &m.entries).unwrap();
     let dir_word;
+    let seed;
     {
         // What rank 0 holds: a copy, a chunk file's bits, a void entry, validation done.
         let (_m, t, _f) = map_image(&img);
+        seed = t.check_seed();
         let p = t.lookup(b"train/placed").unwrap();
         assert!(lifecycle::adopt_placed(&t, p, 1, 0xabc, 77, 88));
         lifecycle::progress(&t, p, 5);
@@ -1173,6 +1175,11 @@ fn an_adopted_image_keeps_the_catalog_and_forgets_the_copies() {
     rebase(&mut img, &mine).unwrap();
     let (_m, t, _f) = map_image(&img);
     lifecycle::forget_placement(&t);
+    // The entries' second hashes were made with rank 0's seed: the adopted table keeps it.
+    assert_eq!(t.check_seed(), seed);
+    for e in &m.entries {
+        assert!(t.lookup(&e.rel_path).is_some());
+    }
     assert_eq!(t.tier_count(), 1);
     assert_eq!(t.tier_dir(0), Some(&b"/dev/shm/rank1/objects"[..]));
     assert_eq!(t.tier_dir_id(0), Some((9, 90)));
@@ -1767,4 +1774,83 @@ fn find_file_answers_only_as_find_does() {
         .find_file(b"train/b.jpg", path_hash(b"train/b.jpg"), false)
         .is_none());
     check(&t);
+}
+
+#[test]
+fn each_table_keys_the_second_hash_of_its_paths_with_a_seed_of_its_own() {
+    let mut m = Model::new();
+    for d in 0..8 {
+        let dir = m.add(
+            0,
+            &format!("d{d}"),
+            stat(libc::S_IFDIR | 0o755, 2 + d, 4096),
+            "",
+        );
+        for f in 0..40 {
+            m.add(
+                dir,
+                &format!("f{f}.jpg"),
+                stat(libc::S_IFREG | 0o644, 100 + 100 * d + f, 10),
+                "",
+            );
+        }
+        m.add(dir, "up", stat(libc::S_IFLNK | 0o777, 50 + d, 2), "..");
+    }
+    // Two tables of the same tree.
+    let a = build(&Model::spec(), &m.entries).unwrap();
+    let b = build(&Model::spec(), &m.entries).unwrap();
+    let (_ma, ta, _fa) = map_image(&a);
+    let (_mb, tb, _fb) = map_image(&b);
+    assert_ne!(ta.check_seed(), tb.check_seed());
+    let u64_at = |img: &[u8], off: usize| u64::from_ne_bytes(img[off..off + 8].try_into().unwrap());
+    let seed_at = crate::layout::H_CHECK_SEED;
+    assert_eq!(u64_at(&a, seed_at), ta.check_seed(), "read from the header");
+    let entries_off = u64_at(&a, crate::layout::H_ENTRIES_OFF) as usize;
+    let check_of = |img: &[u8], idx: u32| {
+        u64_at(
+            img,
+            entries_off
+                + idx as usize * crate::layout::ENTRY_LEN
+                + core::mem::offset_of!(crate::layout::DiskEntry, check),
+        )
+    };
+    for t in [&ta, &tb] {
+        for e in &m.entries {
+            let idx = t
+                .lookup(&e.rel_path)
+                .unwrap_or_else(|| panic!("{} not found", String::from_utf8_lossy(&e.rel_path)));
+            assert_eq!(t.rel_path_vec(idx).as_deref(), Some(&e.rel_path[..]));
+            assert!(t.find(&e.rel_path, false, false).is_ok());
+        }
+        for p in [
+            &b"d0/f40.jpg"[..],
+            b"d8",
+            b"d0/f1.jpg/x",
+            b"f0.jpg",
+            b"d00/f1.jpg",
+        ] {
+            assert_eq!(t.lookup(p), None, "{}", String::from_utf8_lossy(p));
+            assert!(t.find(p, true, false).is_err());
+            assert!(t.find_file(p, path_hash(p), false).is_none());
+        }
+    }
+    // The entries are the same but for their second hashes, each its own table's.
+    for e in &m.entries {
+        let (ia, ib) = (
+            ta.lookup(&e.rel_path).unwrap(),
+            tb.lookup(&e.rel_path).unwrap(),
+        );
+        assert_eq!(ia, ib);
+        assert_eq!(check_of(&a, ia), path_check(&e.rel_path, ta.check_seed()));
+        assert_eq!(check_of(&b, ib), path_check(&e.rel_path, tb.check_seed()));
+        assert_ne!(check_of(&a, ia), check_of(&b, ib));
+    }
+    // Under another seed (the other table's, here) no entry is found: a lookup keys the
+    // path's second hash with the seed in its own table's header.
+    let mut other = a.clone();
+    other[seed_at..seed_at + 8].copy_from_slice(&tb.check_seed().to_ne_bytes());
+    let (_mo, to, _fo) = map_image(&other);
+    for e in &m.entries {
+        assert_eq!(to.lookup(&e.rel_path), None);
+    }
 }
