@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import source_opens, tier_files
+from conftest import CLIENTS, source_opens, tier_files
 from probes import (Holder, copy_of, copies, direct, fsprobe, make_tree, output, prime,
                     run_job, same_run, twin, wait_for)
 
@@ -184,6 +184,31 @@ def test_fds_on_a_copy_read_the_programs_change(granary, tmp_path, tier):
         fsprobe("open_fds_see_changes", other, tmp_path, "alone.bin", "shared.bin"))
     assert tier_files(stats) == 2, "both fds must start on the copies"
     assert json.loads(got) == json.loads(want)
+
+
+# ---- 3b. a signal handler that reads the fd a first read is checking ----
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="the test command installs gcc")
+def test_a_signal_handler_reading_the_fd_of_a_first_read(granary, tmp_path, tier):
+    """The first read of a small copy is checked by its bytes under the fd's lock
+    (`tracked::first_read`): a SIGALRM handler reading the same fd meanwhile must neither wait
+    for that lock (its holder is the read it interrupted: it would wait forever) nor make the
+    interrupted read give bytes twice. Every file's bytes arrive once, in order, as directly."""
+    n, passes = 64, 40
+    src = make_tree(tmp_path / "a" / "src",
+                    {f"f{i:04d}.bin": rand(100 + 61 * i, 300 + i) for i in range(n)})
+    prime(granary, src, tier)
+    other = twin(src, tmp_path / "b")
+    exe = tmp_path / "signal_reader"
+    subprocess.run(["cc", "-O2", "-o", str(exe), str(CLIENTS / "signal_reader.c")], check=True)
+    got, stats = run_job(granary, src, [exe, src, n, passes], tier, timeout=120)
+    want = direct([exe, other, n, passes])
+    assert want.returncode == 0, want.stderr
+    assert got.returncode == 0, got.stderr.decode(errors="replace")[-2000:]
+    got, want = json.loads(got.stdout), json.loads(want.stdout)
+    assert want["wrong"] == 0, want
+    assert got == want
+    assert tier_files(stats) >= n, "the files must be read from their copies"
 
 
 def test_the_tables_are_their_users_alone(granary, tmp_path, tier):
