@@ -14,9 +14,9 @@ import subprocess
 
 import pytest
 
-from conftest import source_opens, tier_files
+from conftest import CLIENTS, source_opens, tier_files
 from probes import (Holder, copy_of, copies, direct, fsprobe, make_tree, output, prime,
-                    run_job, same_run, twin)
+                    run_job, same_run, twin, wait_for)
 
 
 def rand(n: int, seed: int) -> bytes:
@@ -184,6 +184,47 @@ def test_fds_on_a_copy_read_the_programs_change(granary, tmp_path, tier):
         fsprobe("open_fds_see_changes", other, tmp_path, "alone.bin", "shared.bin"))
     assert tier_files(stats) == 2, "both fds must start on the copies"
     assert json.loads(got) == json.loads(want)
+
+
+# ---- 3b. a signal handler that reads the fd a first read is checking ----
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="the test command installs gcc")
+def test_a_signal_handler_reading_the_fd_of_a_first_read(granary, tmp_path, tier):
+    """The first read of a small copy is checked by its bytes under the fd's lock
+    (`tracked::first_read`): a SIGALRM handler reading the same fd meanwhile must neither wait
+    for that lock (its holder is the read it interrupted: it would wait forever) nor make the
+    interrupted read give bytes twice. Every file's bytes arrive once, in order, as directly."""
+    n, passes = 64, 40
+    src = make_tree(tmp_path / "a" / "src",
+                    {f"f{i:04d}.bin": rand(100 + 61 * i, 300 + i) for i in range(n)})
+    prime(granary, src, tier)
+    other = twin(src, tmp_path / "b")
+    exe = tmp_path / "signal_reader"
+    subprocess.run(["cc", "-O2", "-o", str(exe), str(CLIENTS / "signal_reader.c")], check=True)
+    got, stats = run_job(granary, src, [exe, src, n, passes], tier, timeout=120)
+    want = direct([exe, other, n, passes])
+    assert want.returncode == 0, want.stderr
+    assert got.returncode == 0, got.stderr.decode(errors="replace")[-2000:]
+    got, want = json.loads(got.stdout), json.loads(want.stdout)
+    assert want["wrong"] == 0, want
+    assert got == want
+    assert tier_files(stats) >= n, "the files must be read from their copies"
+
+
+def test_the_tables_are_their_users_alone(granary, tmp_path, tier):
+    """The live table and the catalog saved beside the copies hold the secret seed of the
+    paths' second hash (docs/reliability.md): no other user may read them."""
+    src = make_tree(tmp_path / "src", {"a.bin": rand(1000, 1)})
+    prime(granary, src, tier)
+    tables = list(granary.runtime.glob("*.table"))
+    wait_for(lambda: list(tier.glob("*/catalog.table")), "the saved catalog")
+    saved = list(tier.glob("*/catalog.table"))
+    assert tables and saved, (list(granary.runtime.iterdir()), list(tier.rglob("*")))
+    for p in [*tables, *saved]:
+        st = p.stat()
+        assert (oct(st.st_mode & 0o777), st.st_uid) == ("0o600", os.getuid()), p
+    for d in [granary.runtime, *{p.parent for p in saved}]:
+        assert d.stat().st_mode & 0o077 == 0, d
 
 
 # ---- 4. a copy damaged while another job on the same source is attached ----

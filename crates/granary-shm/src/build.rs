@@ -68,12 +68,18 @@ pub struct Catalog {
     /// Where each node's bytes are in a pack (`TableSpec::pack`), by node index; empty for a
     /// catalog that serves no pack, and shorter than `nodes` when the last nodes have none.
     pub locators: Vec<Locator>,
+    /// The seed of every node's `path_check` (`DiskEntry::check`), drawn for this catalog
+    /// (`new_check_seed`) and written to its table's header (`H_CHECK_SEED`).
+    check_seed: u64,
 }
 
 impl Catalog {
     /// A catalog of just the root.
     pub fn new(root: &StatRec) -> Catalog {
-        let mut c = Catalog::default();
+        let mut c = Catalog {
+            check_seed: new_check_seed(),
+            ..Catalog::default()
+        };
         let node = c.node(0, object_id(b""), b"", root, b"", lifecycle::initial_root());
         c.nodes.push(node);
         c
@@ -81,6 +87,11 @@ impl Catalog {
 
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// The seed of this catalog's `path_check`s, its table's `H_CHECK_SEED`.
+    pub fn check_seed(&self) -> u64 {
+        self.check_seed
     }
 
     pub fn is_empty(&self) -> bool {
@@ -171,6 +182,7 @@ impl Catalog {
         Node {
             disk: DiskEntry {
                 object,
+                check: path_check(rel, self.check_seed),
                 parent,
                 name_off,
                 name_len: name.len().min(u16::MAX as usize) as u16,
@@ -619,6 +631,7 @@ impl Image<'_> {
             w += bytes.len();
         };
         put(self, &d.object.to_ne_bytes());
+        put(self, &d.check.to_ne_bytes());
         put(self, &d.parent.to_ne_bytes());
         put(self, &d.name_off.to_ne_bytes());
         put(self, &d.name_len.to_ne_bytes());
@@ -707,6 +720,7 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
     img.put_u32(H_CLASS_COUNT, cat.classes.len() as u32);
     img.put_u64(H_COPY_BITS_OFF, p.copy_bits_off as u64);
     img.put_u64(H_COPY_BITS, p.copy_bits);
+    img.put_u64(H_CHECK_SEED, cat.check_seed);
     img.put_path(SLOT_SOURCE, &spec.source)?;
     img.put_path(SLOT_SOURCE_REAL, &spec.source_real)?;
     for (t, dir) in spec.tier_dirs.iter().enumerate() {
@@ -772,7 +786,7 @@ pub fn build_into(spec: &TableSpec, cat: &Catalog, out: &mut [u8]) -> Result<(),
             if img.0[off + 4..off + 8] == [0; 4] {
                 let link = is_link(cat, node);
                 let small = is_file(cat, node) && d.size < prefetch_min;
-                for (k, w) in hash_slot(d.object, i as u32, d.name_off, link, small)
+                for (k, w) in hash_slot(d.object, i as u32, link, small)
                     .iter()
                     .enumerate()
                 {

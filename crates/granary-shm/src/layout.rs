@@ -1,4 +1,4 @@
-//! The on-memory layout of a catalog table, version 13.
+//! The on-memory layout of a catalog table, version 15.
 //!
 //! A table is one file (normally under `/dev/shm/granary-<uid>/`) that the node agent writes and
 //! every process of a job maps with `MAP_SHARED`. Everything a hook needs is reachable from the
@@ -6,15 +6,16 @@
 //!
 //! ```text
 //! 0              header (HEADER_LEN bytes: fixed fields, then PATH_SLOTS slots of PATH_SLOT_LEN)
-//! entries_off    entry_count × DiskEntry (88 B)   immutable: name, parent, compact stat record
+//! entries_off    entry_count × DiskEntry (96 B)   immutable: name, parent, compact stat record,
+//!                                                  the path's two hashes
 //! states_off     entry_count × 24 bytes           mutable, atomics only: [state word, copy
 //!                                                  inode, copy ctime]
 //! checksums_off  entry_count × u64                xxh3 of each placed copy (agent only)
-//! hash_off       hash_slots × 12 bytes            open addressing (4/3 of the entries, linear
+//! hash_off       hash_slots × 8 bytes             open addressing (4/3 of the entries, linear
 //!                                                  probing from `home_slot`): u32s [tag (high 32
 //!                                                  bits of the path hash), entry index + 1
 //!                                                  (0 = empty; `SLOT_LINK` set for a
-//!                                                  symlink), the entry's name's offset]
+//!                                                  symlink, `SLOT_SMALL_FILE` for a small file)]
 //! strings_off    strings_len bytes                names (last components) and symlink targets
 //! ring_off       request ring                     clients → agent (see `ring`)
 //! stats_off      job_slots × JobStats             per-job counters, atomics only (256-aligned;
@@ -39,15 +40,14 @@
 //! Invariant the resolver relies on: every ancestor of a catalogued path is a real directory (the
 //! walk never descends a symlink), so lexical `..` inside the catalog is exact.
 //!
-//! A lookup (docs/decisions.md, "Catalog lookup"): the hash slot, whose tag turns away every
-//! other path without touching its entry and which names the entry's name, then the entry,
-//! its name, state and checksum lines all at once (two misses deep, not three). A parent is a
-//! directory, and few directories hold many files, so the rest of the path compares against
-//! lines already cached.
+//! A lookup (docs/decisions.md, "Catalog lookup", "A lookup confirms a path by a second
+//! hash"): the hash slot, whose tag turns away every other path without touching its entry,
+//! then the entry's record, state and checksum lines all at once (two misses deep); the
+//! record's two hashes of the path (`object`, `check`) confirm it, no name is read.
 //!
-//! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 88 (entry) +
-//! 24 (state) + 8 (checksum) + ~16 (hash slots) + 20 (name) + 2 bits + ~4 bits (copy bitmap)
-//! ≈ 157 bytes per file.
+//! Size at a million files of ImageNet-like names (20 bytes) in 1,000 directories: 96 (entry) +
+//! 24 (state) + 8 (checksum) + ~11 (hash slots) + 20 (name) + 2 bits + ~4 bits (copy bitmap)
+//! ≈ 160 bytes per file.
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// Version 5: compact entries (names only, interned stat classes, times in ns), per-attach
@@ -65,8 +65,12 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GRNRYT01");
 /// a copy bitmap (`H_COPY_BITS_OFF`) says which files can have no copy. Version 13: a hash
 /// slot says whether its entry is a symlink (`SLOT_LINK`), whose copy is named by its target's
 /// path, not its own, or a small file (`SLOT_SMALL_FILE`). Tables of earlier versions are
-/// rejected (`TableError::BadVersion`): the agent then walks the source again.
-pub const VERSION: u32 = 13;
+/// rejected (`TableError::BadVersion`): the agent then walks the source again. Version 14: an
+/// entry holds a second hash of its path (`DiskEntry::check`, `path_check`), which a lookup
+/// compares instead of the entry's names; hash slots are two `u32`s again (no name offset).
+/// Version 15: that second hash is keyed with a secret seed drawn for each table
+/// (`H_CHECK_SEED`).
+pub const VERSION: u32 = 15;
 
 // Header fields: byte offsets from the start of the table.
 pub const H_MAGIC: usize = 0;
@@ -143,6 +147,11 @@ pub const H_XATTR: usize = 256 + 16 * MAX_TIERS;
 pub const H_COPY_BITS_OFF: usize = H_XATTR + 32;
 /// The copy bitmap's length in bits (`u64`, a power of two).
 pub const H_COPY_BITS: usize = H_XATTR + 40;
+/// The seed of every entry's `path_check` (`u64`): drawn from the kernel's random source when
+/// the catalog is made (`Catalog::new`), never changed while the table lives, carried with the
+/// image wherever it goes (a saved catalog loaded again, rank 0's table adopted by another
+/// rank), secret to whoever cannot read the table (the file is the agent user's, mode 0600).
+pub const H_CHECK_SEED: usize = H_XATTR + 48;
 
 /// The copy bitmap's bit for path hash `hash` of a bitmap of `bits` bits (a power of two):
 /// its high half, as the hash slots' tags, so the slots' positions (from the low half) do not
@@ -430,12 +439,15 @@ impl EntryRec {
     }
 }
 
-/// An entry as stored: 88 bytes, immutable once the table is built. The fields most entries
+/// An entry as stored: 96 bytes, immutable once the table is built. The fields most entries
 /// share (type and permissions, owner, device, block size, attributes) are one `StatClass`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskEntry {
     pub object: u64,
+    /// A second hash of the path relative to the source root (`path_check`): with `object`,
+    /// 128 bits that confirm a lookup's path is this entry's without comparing names.
+    pub check: u64,
     pub parent: u32,
     pub name_off: u32,
     pub name_len: u16,
@@ -543,11 +555,21 @@ pub const LARGE_CHUNKS: usize = 8;
 
 /// The cached copy's file name inside a tier's object directory: 16 lowercase hex digits.
 pub fn object_name(object: u64) -> [u8; 16] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = HEX[((object >> (60 - 4 * i)) & 0xf) as usize];
+    // Eight nibbles to eight bytes (the most significant in the highest byte), then each byte
+    // to its hex digit at once: every open of a copy names it, so no loop and no table.
+    fn hex8(x: u32) -> [u8; 8] {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        let mut v = x as u64;
+        v = (v | v << 16) & 0x0000_ffff_0000_ffff;
+        v = (v | v << 8) & 0x00ff_00ff_00ff_00ff;
+        v = (v | v << 4) & 0x0f0f_0f0f_0f0f_0f0f;
+        // 1 in each byte whose nibble is 10 or more: adding 6 carries it into bit 4.
+        let letters = ((v + 6 * ONES) >> 4) & ONES;
+        (v + b'0' as u64 * ONES + (b'a' - b'0' - 10) as u64 * letters).to_be_bytes()
     }
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&hex8((object >> 32) as u32));
+    out[8..].copy_from_slice(&hex8(object as u32));
     out
 }
 
@@ -638,6 +660,37 @@ pub fn path_hash(rel_path: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(rel_path)
 }
 
+/// A second 64-bit hash of a path relative to the source root, keyed with the table's secret
+/// seed (`H_CHECK_SEED`; xxh3-64 with that seed), stored in its entry (`DiskEntry::check`). A
+/// lookup takes an entry for a path when its slot leads there, the entry's `object` is the
+/// path's `path_hash` and its `check` the path's `path_check` with the table's seed: 128 bits,
+/// so another path is taken for it with probability 2^-128 by chance. `path_hash` has no key,
+/// so a path colliding with a catalogued one in it can be computed; in `path_check` it cannot
+/// without the seed, which only those who can read the table know (docs/reliability.md).
+#[inline]
+pub fn path_check(rel_path: &[u8], seed: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(rel_path, seed)
+}
+
+/// A seed for `path_check` of a new table: 64 bits from the kernel's random source
+/// (`getrandom(2)`, else `/dev/urandom`), else from the standard library's randomly keyed
+/// hasher (which has the same sources).
+pub fn new_check_seed() -> u64 {
+    if let Some(s) = crate::mapping::getrandom_u64() {
+        return s;
+    }
+    let mut b = [0u8; 8];
+    let urandom = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    if urandom.is_ok() {
+        return u64::from_ne_bytes(b);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x6772_616e_6172_7931);
+    h.finish()
+}
+
 /// The slot a path hashing to `hash` starts probing at, of `slots`: its low 32 bits scaled to
 /// the slot count (multiply and shift), so the count need not be a power of two and the
 /// tag (the high bits) is independent of the position.
@@ -656,8 +709,8 @@ pub const fn next_slot(slot: u32, slots: u32) -> u32 {
     }
 }
 
-/// Bytes of a hash slot: three `u32`s, `hash_slot`'s.
-pub const SLOT_LEN: usize = 12;
+/// Bytes of a hash slot: two `u32`s, `hash_slot`'s.
+pub const SLOT_LEN: usize = 8;
 
 /// The bit of a hash slot's index word set when its entry is a symlink: an open sees it in the
 /// slot it loads with the copy bitmap's word, before any entry (`Table::copy_hint`).
@@ -673,19 +726,13 @@ pub const SLOT_FLAGS: u32 = SLOT_LINK | SLOT_SMALL_FILE;
 /// Most entries a table holds: their index + 1 fits below the slot's flag bits.
 pub const MAX_ENTRIES: usize = (SLOT_SMALL_FILE - 2) as usize;
 
-/// A hash slot's words for entry `idx` whose path hashes to `hash` and whose name starts at
-/// `name_off` in the string pool: the hash's high 32 bits, the tag (the slot's position comes
-/// from its low bits); the index + 1 (0: an empty slot), with `SLOT_LINK` for a symlink and
-/// `SLOT_SMALL_FILE` for a `small` file; the name's offset, so a lookup loads the name beside
-/// the entry instead of after it.
-pub const fn hash_slot(hash: u64, idx: u32, name_off: u32, link: bool, small: bool) -> [u32; 3] {
+/// A hash slot's words for entry `idx` whose path hashes to `hash`: the hash's high 32 bits,
+/// the tag (the slot's position comes from its low bits); the index + 1 (0: an empty slot),
+/// with `SLOT_LINK` for a symlink and `SLOT_SMALL_FILE` for a `small` file.
+pub const fn hash_slot(hash: u64, idx: u32, link: bool, small: bool) -> [u32; 2] {
     let link = if link { SLOT_LINK } else { 0 };
     let small = if small { SLOT_SMALL_FILE } else { 0 };
-    [
-        (hash >> 32) as u32,
-        idx.wrapping_add(1) | link | small,
-        name_off,
-    ]
+    [(hash >> 32) as u32, idx.wrapping_add(1) | link | small]
 }
 
 /// Whether a slot whose words are `tag` and `idx1` may hold the path hashing to `hash` (its tag
@@ -878,7 +925,7 @@ pub const COUNTER_SHARDS: usize = 8;
 pub const COUNTER_SHARD_LEN: usize = 256;
 const _: () = assert!(job::SHARDED * 8 <= COUNTER_SHARD_LEN);
 
-const _: () = assert!(ENTRY_LEN == 88);
+const _: () = assert!(ENTRY_LEN == 96);
 const _: () = assert!(CLASS_LEN == 56);
 const _: () = assert!(job::EXECS < job::MAP_LOCAL_BYTES);
 const _: () = assert!(job::PACK_REFUSED < job::UNSERVED);

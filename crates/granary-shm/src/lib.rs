@@ -21,11 +21,11 @@ pub use build::{
 };
 pub use layout::{
     chunk_count, chunk_data_offset, chunks_name, groups_hash, job, object_id, object_name,
-    parse_object_name, part_name, path_hash, request, seen, DiskEntry, EntryRec, Locator,
-    StatClass, StatRec, Ts,
+    parse_object_name, part_name, path_check, path_hash, request, seen, DiskEntry, EntryRec,
+    Locator, StatClass, StatRec, Ts,
 };
 pub use mapping::{MapError, Mapping};
-pub use resolve::{resolve, strip_root, Found, Miss, Resolved};
+pub use resolve::{resolve, strip_root, FileHit, Found, Miss, Resolved};
 pub use shard::set_counter_shard;
 pub use state::{State, StateWord};
 pub use table::{CopyHint, Request, Table, TableError, Unserved};

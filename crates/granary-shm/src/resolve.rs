@@ -163,6 +163,27 @@ pub struct Found {
     pub validated: bool,
 }
 
+/// What an open of a file needs of the entry `Table::find_file` found, read from its stored
+/// record and class without decoding the entry (`Table::entry`): its file type and owner, size
+/// and object id, and what `Found` says besides.
+#[derive(Debug, Clone, Copy)]
+pub struct FileHit {
+    pub idx: u32,
+    pub object: u64,
+    pub size: u64,
+    /// `st_mode` (file type and permission bits) and `st_uid`, from the entry's class.
+    pub mode: u32,
+    pub uid: u32,
+    pub word: StateWord,
+    pub validated: bool,
+}
+
+impl FileHit {
+    pub fn is_file(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+}
+
 impl Table {
     /// The one lookup of a path a reader of the table makes: the entry `rel` names (following a
     /// final symlink with `follow`), if it is live — not voided by the program, nor below a
@@ -214,6 +235,38 @@ impl Table {
         Ok(Found {
             idx,
             entry,
+            word,
+            validated: lifecycle::is_validated(self, idx),
+        })
+    }
+
+    /// `find_hashed(rel, hash, follow, must_dir)` without decoding the entry, for the case
+    /// that decides nearly every open: `Some` only when that call would answer `Ok` with this
+    /// entry, and the entry is no symlink (so `follow` changes nothing). `None` says nothing:
+    /// the caller asks `find_hashed` (a symlink, a miss, a void, a damaged record).
+    #[inline]
+    pub fn find_file(&self, rel: &[u8], hash: u64, must_dir: bool) -> Option<FileHit> {
+        let idx = self.lookup_hashed(rel, hash)?;
+        // What `resolve_from` reads: the record and its class (`Table::entry` is `None`
+        // without either), and whether it is a symlink.
+        let (object, size, class) = self.file_fields(idx)?;
+        let (mode, uid) = self.class_mode_uid(class)?;
+        if mode & libc::S_IFMT == libc::S_IFLNK {
+            return None;
+        }
+        let word = self.state(idx);
+        if word.state().is_void()
+            || must_dir && mode & libc::S_IFMT != libc::S_IFDIR
+            || !self.ancestors_live(idx)
+        {
+            return None;
+        }
+        Some(FileHit {
+            idx,
+            object,
+            size,
+            mode,
+            uid,
             word,
             validated: lifecycle::is_validated(self, idx),
         })

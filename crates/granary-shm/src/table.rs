@@ -81,6 +81,20 @@ pub struct Table {
     /// The path slot `source_root` answers with: the user's spelling (`SLOT_SOURCE`), or the
     /// real root once this process found the spelling no longer names it (`forget_spelling`).
     source_slot: usize,
+    /// Both root spellings are normal absolute paths (`roots_normal`).
+    roots_normal: bool,
+    /// The seed of the entries' `path_check` (`H_CHECK_SEED`), read once at the mapping.
+    check_seed: u64,
+}
+
+/// `/`, or an absolute path of named components only.
+fn normal_abs(p: &[u8]) -> bool {
+    p == b"/"
+        || p.len() > 1
+            && p[0] == b'/'
+            && p[1..]
+                .split(|&b| b == b'/')
+                .all(|c| !matches!(c, b"" | b"." | b".."))
 }
 
 /// A request taken off the ring.
@@ -276,8 +290,10 @@ impl Table {
                     (section(&region, off, words, 8, "copy bitmap")?, bits)
                 }
             };
+        let check_seed = u64_at(H_CHECK_SEED)?;
         Ok(Table {
             source_slot: SLOT_SOURCE,
+            check_seed,
             copy_bits_off,
             copy_bits,
             pack_off,
@@ -304,7 +320,29 @@ impl Table {
             valid_off,
             classes_off,
             class_count,
-        })
+            roots_normal: false,
+        }
+        .with_roots_checked())
+    }
+
+    /// Notes whether both spellings of the source root are normal absolute paths
+    /// (`roots_normal`); the header's path slots never change once the table is made.
+    fn with_roots_checked(mut self) -> Table {
+        self.roots_normal = normal_abs(self.source_root()) && normal_abs(self.source_real_root());
+        self
+    }
+
+    /// True if both the spelled and the real source root are normal absolute paths: `/`, or
+    /// named components only (no empty, `.` or `..` one, no trailing `/`) — the lexical form
+    /// that locating a path gives (`granary_core::source::normalize` makes both so).
+    pub fn roots_normal(&self) -> bool {
+        self.roots_normal
+    }
+
+    /// The seed of this table's `path_check`s (`H_CHECK_SEED`): a lookup keys the path's
+    /// second hash with it.
+    pub fn check_seed(&self) -> u64 {
+        self.check_seed
     }
 
     pub fn region(&self) -> Region {
@@ -509,6 +547,43 @@ impl Table {
         Some(e)
     }
 
+    /// Entry `idx`'s object id, size and class index, read from its stored record alone.
+    #[inline]
+    pub fn file_fields(&self, idx: u32) -> Option<(u64, u64, u16)> {
+        if idx >= self.entry_count {
+            return None;
+        }
+        let rec = self.entries_off + idx as usize * ENTRY_LEN;
+        let class = u16::from_ne_bytes(
+            self.region
+                .bytes(rec + core::mem::offset_of!(DiskEntry, class), 2)?
+                .try_into()
+                .ok()?,
+        );
+        Some((
+            self.region
+                .u64_at(rec + core::mem::offset_of!(DiskEntry, object))?,
+            self.region
+                .u64_at(rec + core::mem::offset_of!(DiskEntry, size))?,
+            class,
+        ))
+    }
+
+    /// `st_mode` and `st_uid` of class `ix`; `None` where `class` is (out of range).
+    #[inline]
+    pub(crate) fn class_mode_uid(&self, ix: u16) -> Option<(u32, u32)> {
+        if ix as u32 >= self.class_count {
+            return None;
+        }
+        let at = self.classes_off + ix as usize * CLASS_LEN;
+        Some((
+            self.region
+                .u32_at(at + core::mem::offset_of!(StatClass, mode))?,
+            self.region
+                .u32_at(at + core::mem::offset_of!(StatClass, uid))?,
+        ))
+    }
+
     fn string(&self, off: u32, len: u32) -> Option<&[u8]> {
         let end = (off as usize).checked_add(len as usize)?;
         if end > self.strings_len {
@@ -524,8 +599,9 @@ impl Table {
         if idx >= self.entry_count {
             return None;
         }
-        self.region
-            .u32_at(self.entries_off + idx as usize * ENTRY_LEN + 8)
+        self.region.u32_at(
+            self.entries_off + idx as usize * ENTRY_LEN + core::mem::offset_of!(DiskEntry, parent),
+        )
     }
 
     /// Last component of an entry's path: the name a listing shows ("" for the root).
@@ -612,45 +688,15 @@ impl Table {
         Some(v)
     }
 
-    /// True if entry `idx`'s path is `rel`: compared name by name from the end.
-    fn path_is(&self, idx: u32, rel: &[u8]) -> bool {
-        let mut rest = rel;
-        let mut cur = idx;
-        for _ in 0..PATH_MAX_LEN {
-            if cur == 0 {
-                return rest.is_empty();
-            }
-            let Some(d) = self.disk_entry(cur) else {
-                return false;
-            };
-            let Some(name) = self.disk_name(&d) else {
-                return false;
-            };
-            let Some(before) = rest.strip_suffix(name) else {
-                return false;
-            };
-            if before.is_empty() {
-                return d.parent == 0;
-            }
-            let Some(before) = before.strip_suffix(b"/") else {
-                return false;
-            };
-            if d.parent >= cur {
-                return false;
-            }
-            rest = before;
-            cur = d.parent;
-        }
-        false
-    }
-
     /// Entry index of a path relative to the source root, without following symlinks.
     ///
     /// For a catalogued path: its hash slot, whose tag turns away every other path's slot on
-    /// the way without reading its entry, then its entry and its name, whose lines load
-    /// together (the slot says where the name lies), beside those of its state and checksum,
-    /// which the open and the first read want next. An uncatalogued path reads only slots (but
-    /// for a tag equal by chance, 1 in 2^32).
+    /// the way without reading its entry, then its entry's record, whose `object` (the path's
+    /// `path_hash`) and `check` (its `path_check`, keyed with the table's seed) confirm the
+    /// path — 128 bits, no name read (docs/decisions.md, "A lookup confirms a path by a second
+    /// hash") — beside the lines of its state and checksum, which the open and the first read
+    /// want next. An uncatalogued path reads only slots (but for a tag equal by chance, 1 in
+    /// 2^32).
     pub fn lookup(&self, rel: &[u8]) -> Option<u32> {
         self.lookup_hashed(rel, path_hash(rel))
     }
@@ -658,16 +704,21 @@ impl Table {
     /// `lookup` of `rel` whose `path_hash` the caller has already.
     #[inline]
     pub fn lookup_hashed(&self, rel: &[u8], h: u64) -> Option<u32> {
-        self.probe(h, |idx, slot_off| {
-            if let Some(name_off) = self.region.u32_at(slot_off + 8) {
-                self.region
-                    .prefetch(self.strings_off.wrapping_add(name_off as usize));
-            }
+        // The path's second hash, made once the first slot whose tag and entry match is found.
+        let mut check = None;
+        self.probe(h, |idx, _| {
             self.prefetch_entry_words(idx);
+            let rec = self.entries_off + idx as usize * ENTRY_LEN;
             let object = self
                 .region
-                .u64_at(self.entries_off + idx as usize * ENTRY_LEN)?;
-            Some(object == h && self.path_is(idx, rel))
+                .u64_at(rec + core::mem::offset_of!(DiskEntry, object))?;
+            if object != h {
+                return Some(false);
+            }
+            let stored = self
+                .region
+                .u64_at(rec + core::mem::offset_of!(DiskEntry, check))?;
+            Some(stored == *check.get_or_insert_with(|| path_check(rel, self.check_seed)))
         })
     }
 
@@ -704,7 +755,7 @@ impl Table {
     }
 
     /// Starts loading the lines a lookup of `hash` reads after the slot — the entry's record,
-    /// name, state and checksum — for the first slot of its probe sequence whose tag matches,
+    /// state and checksum — for the first slot of its probe sequence whose tag matches,
     /// so that they load during the caller's next system call rather than after it (the slot's
     /// own line was asked for with the copy bitmap's word, and mostly came with it). Reads
     /// slots only, at most `probes`; a tag equal by chance warms another entry's lines, nothing
@@ -721,10 +772,6 @@ impl Table {
                 return false;
             }
             if let Some(idx) = slot_entry(tag, idx1, hash) {
-                if let Some(name_off) = self.region.u32_at(off + 8) {
-                    self.region
-                        .prefetch(self.strings_off.wrapping_add(name_off as usize));
-                }
                 self.prefetch_entry_words(idx);
                 if idx < self.entry_count {
                     self.region

@@ -476,21 +476,29 @@ pub fn recorded(table: &Table, idx: u32, e: &EntryRec) -> Expect {
 pub fn open_copy_unchecked(
     g: &Guard,
     idx: u32,
-    e: &EntryRec,
+    object: u64,
+    e: Option<&EntryRec>,
     flags: c_int,
 ) -> Option<(c_int, u8, u64)> {
+    // The checked open, with the entry (decoded now if the caller has not).
+    let checked = || {
+        let e = e
+            .copied()
+            .or_else(|| crate::ops::lookup::entry(g.table, idx))?;
+        open_copy(g, idx, &e, flags)
+    };
     let word = g.table.state(idx);
     if word.state() != State::Placed || flags & libc::O_CLOEXEC == 0 {
-        return open_copy(g, idx, e, flags);
+        return checked();
     }
     let tier = word.tier();
-    match open_unchecked(g.table, tier, &object_name(e.object), flags) {
+    match open_unchecked(g.table, tier, &object_name(object), flags) {
         Ok((fd, added)) => Some((fd, tier, flag::added(added) | flag::UNCHECKED)),
         // No fd to spare (the source's open may still have one: the directory fd's), or a
         // vfork child.
         Err(Refused::NoRoom | Refused::NoDir) => None,
         // Gone: the checked open reports it.
-        Err(Refused::NotCopy) => open_copy(g, idx, e, flags),
+        Err(Refused::NotCopy) => checked(),
     }
 }
 

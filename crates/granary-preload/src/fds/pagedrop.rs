@@ -53,8 +53,11 @@ fn transient_copy(t: Tracked) -> Option<crate::ops::detour::Guard> {
     if !matches!(t.kind, FdKind::Tier(_)) {
         return None;
     }
-    let g = crate::ops::detour::enter_any_creds().ok()?;
-    g.table.is_transient(t.entry).then_some(g)
+    // The bit first (no guard taken for a copy that is not transient: nearly every one).
+    if !crate::ops::detour::table().is_some_and(|tb| tb.is_transient(t.entry)) {
+        return None;
+    }
+    crate::ops::detour::enter_any_creds().ok()
 }
 
 /// How much of a transient copy a sequential reader leaves cached behind it before it is

@@ -74,6 +74,14 @@ pub fn confirm_with(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
 
 /// The deferred check of tier fd `fd` failed (`st`: its `fstat` now): see `confirm_with`.
 fn failed(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
+    // Nothing was read through the fd yet, so its offset is 0 — even where the opened thing
+    // (a FIFO planted in place of the copy) has none.
+    failed_at(fd, t, st, 0)
+}
+
+/// `failed`, the source put under the fd at offset `pos` (where the program's reads of it got
+/// to, none of whose bytes it was given).
+fn failed_at(fd: c_int, t: Tracked, st: &libc::stat, pos: libc::c_long) -> Option<Tracked> {
     let mut now = Tracked {
         flags: t.flags & !flag::UNCHECKED,
         ..t
@@ -96,10 +104,8 @@ fn failed(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
     fdtable::set_flag(fd, flag::DAMAGED);
     fdtable::clear_flag(fd, flag::UNCHECKED);
     if let (Some(tb), Some(e)) = (table, &entry) {
-        // Nothing was read through the fd yet, so its offset is 0 — even where the opened
-        // thing (a FIFO planted in place of the copy) has none: the source goes under it now.
-        // The flags granary added at the open stay on the replacement (`replacement_flags`),
-        // hidden from `F_GETFL` as before.
+        // The source goes under it now, at `pos`. The flags granary added at the open stay on
+        // the replacement (`replacement_flags`), hidden from `F_GETFL` as before.
         let added = t.flags & (flag::NONBLOCK_ADDED | flag::NOFOLLOW_ADDED);
         let to = Tracked::new(t.entry, FdKind::Source, flag::PINNED | added);
         // A shared fd keeps its file so its sharers keep one offset — unless what was opened is
@@ -114,7 +120,7 @@ fn failed(fd: c_int, t: Tracked, st: &libc::stat) -> Option<Tracked> {
         let moved = may_move
             && replacement_flags(fd, t.flags)
                 .and_then(|fl| open_source_in(tb, t.entry, e, fl))
-                .is_some_and(|new| put_under_at(fd, new, to, 0));
+                .is_some_and(|new| put_under_at(fd, new, to, pos));
         if moved {
             now = to;
         }
@@ -183,7 +189,12 @@ pub enum FirstRead {
 /// truncated, extended, replaced by another file, a FIFO, a directory) changes what the read
 /// returns, and any such answer goes the way of a failed check before it reaches the program.
 /// Only for an fd nobody shares (`switch::exclusive`), so the offset the read moved is ours to
-/// rewind; the fd's `BUSY` bit keeps the program's other threads out meanwhile.
+/// rewind; the fd's `BUSY` bit keeps the program's other threads out meanwhile, and the
+/// re-entrancy guard, held from before the lock is taken, this thread's signal handlers: a
+/// handler that reads the fd meanwhile finds the guard taken and its read passes through (after
+/// the check at first use, `get`) instead of waiting for a lock only this thread can release.
+/// Such a read moves the offset under this one: the rewind goes back by what this read took,
+/// not to 0.
 pub fn first_read(fd: c_int, t: Tracked, len: Option<u64>, f: &impl ReadInto) -> FirstRead {
     let FdKind::Tier(tier) = t.kind else {
         return FirstRead::No;
@@ -198,15 +209,20 @@ pub fn first_read(fd: c_int, t: Tracked, len: Option<u64>, f: &impl ReadInto) ->
     if word.state() != State::Placed || word.tier() != tier {
         return FirstRead::No;
     }
-    let Some(e) = crate::ops::lookup::entry(table, t.entry) else {
+    // (The entry's object id and size: read from its record, not decoded.)
+    let Some((object, size, _)) = table.file_fields(t.entry) else {
         return FirstRead::No;
     };
-    let size = e.stat.size;
     let sum = table.checksum(t.entry);
     // An empty file's bytes prove nothing (a FIFO reads as empty too); 0 is no checksum.
     if size == 0 || size > CONTENT_CHECK_MAX || len <= size || sum == 0 {
         return FirstRead::No;
     }
+    // Inside a hook of this thread already (a signal handler's read, say, of this very fd,
+    // whose `BUSY` bit the interrupted read may hold): the usual way, without waiting.
+    let Ok(_guard) = crate::ops::detour::enter_any_creds() else {
+        return FirstRead::No;
+    };
     if !fdtable::lock(fd) {
         return FirstRead::No;
     }
@@ -230,15 +246,21 @@ pub fn first_read(fd: c_int, t: Tracked, len: Option<u64>, f: &impl ReadInto) ->
     // Not the copy's bytes: what is under the fd decides.
     let _keep = KeepErrno::new();
     let mut st = sys::empty_stat();
-    let object = object_name(e.object);
+    let object = object_name(object);
     if sys::raw_fstat(fd, &mut st) != 0 || !copies::could_be_copy(table, tier, &object, &st) {
         fdtable::take(fd);
         return FirstRead::NotOurs(n);
     }
-    // Whatever the read took goes back (a FIFO has no offset: nothing to give back).
-    sys!(libc::SYS_lseek, fd, 0, libc::SEEK_SET);
-    fdtable::unlock(fd);
-    // Its bytes were not the copy's, whatever its identity says: a failed check.
-    failed(fd, t, &st);
+    // Whatever the read took goes back (a FIFO has no offset: nothing to give back, and the
+    // source goes under it at 0). Back by what it took rather than to 0: a read that a signal
+    // handler of this thread made of the fd before this one (passed through: see above) moved
+    // the offset first, and keeps what it read.
+    let back = n.max(0) as libc::c_long;
+    let pos = sys!(libc::SYS_lseek, fd, -back, libc::SEEK_CUR).max(0);
+    // Its bytes were not the copy's, whatever its identity says: a failed check (the source
+    // put under the fd while its lock is held; an fd it forgets has no lock left to release).
+    if failed_at(fd, t, &st, pos).is_some() {
+        fdtable::unlock(fd);
+    }
     FirstRead::Damaged
 }

@@ -235,7 +235,7 @@ impl Bypass {
     /// pass-through of a path call goes by here, logging or not.
     #[inline]
     pub fn log_path(self, call: &[u8], path: *const core::ffi::c_char) {
-        if self.on_dataset() && log::enabled() {
+        if log::enabled() && self.on_dataset() {
             self.log(call, crate::ops::path::bytes(path).unwrap_or(b"?"));
         }
     }
@@ -243,7 +243,7 @@ impl Bypass {
     /// `log` for a call on fd `fd`.
     #[inline]
     pub fn log_fd(self, call: &[u8], fd: c_int) {
-        if self.on_dataset() && log::enabled() {
+        if log::enabled() && self.on_dataset() {
             let _keep = KeepErrno::new();
             let mut d = [0u8; 20];
             let n = log::num(fd as u64, &mut d);

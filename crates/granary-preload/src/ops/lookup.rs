@@ -9,7 +9,7 @@
 use core::cell::Cell;
 use core::ffi::{c_char, c_int};
 
-use granary_shm::{EntryRec, Found, Table};
+use granary_shm::{EntryRec, FileHit, Found, Table};
 
 use crate::ops::detour::{Bypass, Guard};
 use crate::ops::path::{self, Buf, Loc};
@@ -57,6 +57,23 @@ pub fn find(g: &Guard, loc: &Loc, follow: bool) -> Result<Found, Bypass> {
     LAST.set(Some((found.idx, found.entry)));
     confirmed(g.table, &found)?;
     Ok(found)
+}
+
+/// `find` for an open's common case, without decoding the entry: `Some` only where `find`
+/// would answer `Ok` with this entry, the entry being no symlink and validated in this attach
+/// (so nothing is checked against the source). `None` says nothing: the caller asks `find`.
+/// The thread's last entry (`entry`) is left as it was.
+#[inline]
+pub fn find_file(g: &Guard, loc: &Loc, follow: bool) -> Option<FileHit> {
+    let rel = loc.rel?;
+    let follow = follow || loc.must_dir;
+    if loc.root_link && !follow {
+        return None;
+    }
+    let hash = loc.hash.unwrap_or_else(|| granary_shm::path_hash(rel));
+    g.table
+        .find_file(rel, hash, loc.must_dir)
+        .filter(|hit| hit.validated)
 }
 
 /// A link on the way to an entry is live and, like an entry answered for, validated in this

@@ -13,7 +13,7 @@ use core::ffi::{c_char, c_int};
 use core::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 
 use granary_shm::{
-    job, object_name, path_hash, request, CopyHint, EntryRec, Found, Locator, State,
+    job, object_name, path_hash, request, CopyHint, EntryRec, FileHit, Found, Locator, State,
 };
 
 use crate::fds::fdtable::{self, flag, FdKind, Tracked};
@@ -299,7 +299,7 @@ fn plan(
     flags: c_int,
     copy: Option<(CheckCopy, &mut Option<Early>)>,
 ) -> Detour<c_int, Option<Tracked>> {
-    let (check, early) = match copy {
+    let (check, mut early) = match copy {
         Some((c, e)) => (Some(c), Some(e)),
         None => (None, None),
     };
@@ -313,6 +313,14 @@ fn plan(
     }
     if flags & !READ_FLAGS != 0 {
         return Detour::Bypass(Bypass::Flags, other());
+    }
+    if let Some(c) = check {
+        // Nearly every open: a placed file, answered without decoding its entry.
+        if let Some(hit) = lookup::find_file(g, loc, flags & libc::O_NOFOLLOW == 0) {
+            if let Some(d) = placed_file(g, &hit, flags, c, early.as_deref_mut()) {
+                return d;
+            }
+        }
     }
     let Found { idx, entry, .. } = match lookup::find(g, loc, flags & libc::O_NOFOLLOW == 0) {
         Ok(f) => f,
@@ -348,7 +356,7 @@ fn plan(
         // A tree that exists only in the pack has no file to put under a damaged copy's fd: the
         // copy is checked now, and the pack serves it otherwise.
         let check = if mount { CheckCopy::AtOpen } else { check };
-        match copy_fd(g, idx, &entry, flags, check, early) {
+        match copy_fd(g, idx, entry.object, Some(&entry), flags, check, early) {
             Some(fd) => return Detour::Answer(fd),
             None => why = Bypass::CopyUnusable,
         }
@@ -366,12 +374,55 @@ fn plan(
     }
 }
 
+/// `plan`'s answer for a placed regular file that `lookup::find_file` found (no symlink,
+/// validated), from what that lookup read — the same answer `plan` gives after the whole
+/// lookup: the copy's fd, or the source's open when the copy is unusable. `None` before
+/// anything was opened or closed where the whole lookup must decide (not a plain file, not
+/// placed, a pack, `O_NOATIME` on another user's file).
+fn placed_file(
+    g: &Guard,
+    hit: &FileHit,
+    flags: c_int,
+    check: CheckCopy,
+    early: Option<&mut Option<Early>>,
+) -> Option<Detour<c_int, Option<Tracked>>> {
+    let t = g.table;
+    if !hit.is_file() || flags & libc::O_DIRECTORY != 0 {
+        return None;
+    }
+    if flags & libc::O_NOATIME != 0 && hit.uid != t.agent_creds().0 {
+        return None;
+    }
+    if t.pack_mount() || t.locator(hit.idx).is_some() || t.state(hit.idx).state() != State::Placed {
+        return None;
+    }
+    Some(
+        match copy_fd(g, hit.idx, hit.object, None, flags, check, early) {
+            Some(fd) => Detour::Answer(fd),
+            None => {
+                let small = if hit.size < t.prefetch_min_size() {
+                    flag::SMALL
+                } else {
+                    0
+                };
+                let fl = initial_flags(flags) | small;
+                Detour::Bypass(
+                    Bypass::CopyUnusable,
+                    Some(Tracked::new(hit.idx, FdKind::Source, fl)),
+                )
+            }
+        },
+    )
+}
+
 /// The placed copy opened (or taken from `early`, if that is its file) and tracked, or `None`
-/// (the source is opened instead).
+/// (the source is opened instead). `object`: the entry's object id; `entry`: the entry, if the
+/// caller decoded it (decoded here only if needed).
 fn copy_fd(
     g: &Guard,
     idx: u32,
-    entry: &EntryRec,
+    object: u64,
+    entry: Option<&EntryRec>,
     flags: c_int,
     check: CheckCopy,
     early: Option<&mut Option<Early>>,
@@ -380,7 +431,7 @@ fn copy_fd(
     let taken = early.and_then(|e| {
         let taken = e.take_if(|e| {
             check == CheckCopy::AtFirstUse
-                && e.object == entry.object
+                && e.object == object
                 && word.state() == State::Placed
                 && word.tier() == e.tier
         });
@@ -396,8 +447,11 @@ fn copy_fd(
             Early::scored(true);
             (e.fd, e.tier, e.added | flag::UNCHECKED)
         }
-        (None, CheckCopy::AtOpen) => copies::open_copy(g, idx, entry, flags)?,
-        (None, CheckCopy::AtFirstUse) => copies::open_copy_unchecked(g, idx, entry, flags)?,
+        (None, CheckCopy::AtOpen) => {
+            let e = entry.copied().or_else(|| lookup::entry(g.table, idx))?;
+            copies::open_copy(g, idx, &e, flags)?
+        }
+        (None, CheckCopy::AtFirstUse) => copies::open_copy_unchecked(g, idx, object, entry, flags)?,
     };
     LAST_TIER.store(tier, Ordering::Relaxed);
     let fl = initial_flags(flags) | added;
@@ -416,7 +470,9 @@ fn copy_fd(
     g.count(job::TIER_FILES + tier as usize, 1);
     report_open(g, idx);
     if log::enabled() {
-        log::line(&[b"open from tier: ", g.table.name(entry).unwrap_or(b"?")]);
+        let e = entry.copied().or_else(|| lookup::entry(g.table, idx));
+        let name = e.as_ref().and_then(|e| g.table.name(e));
+        log::line(&[b"open from tier: ", name.unwrap_or(b"?")]);
     }
     Some(fd)
 }

@@ -255,11 +255,14 @@ pub fn locate<'a>(table: &Table, dirfd: c_int, path: *const c_char, buf: &'a mut
         return Loc::outside();
     };
     if first == b'/' {
+        if let Some(loc) = classify_clean(table, p) {
+            // The common case: under a root, already normal, nothing to build.
+            return loc;
+        }
         if surely_outside_abs(table, p) {
             return Loc::outside();
         }
         if is_clean_abs(p) {
-            // The common case: already normal, nothing to build.
             return classify(table, p, false);
         }
     }
@@ -320,33 +323,42 @@ fn is_clean_abs(p: &[u8]) -> bool {
     fn zero_bytes(x: u64) -> u64 {
         !(((x & !HIGH) + !HIGH) | x) & HIGH
     }
-    // The previous word ended with a `/`.
-    let mut carry = false;
-    let mut clean = |w: u64| {
+    // Whether word `w` is clean, `carry` saying the byte before it was a `/`; and whether its
+    // last byte is one.
+    fn clean(w: u64, carry: bool) -> (bool, bool) {
         let slash = zero_bytes(w ^ SLASHES);
         // `/` is 0x2f and `.` 0x2e: a byte is either exactly when it is 0x2f with bit 0 set.
         let slash_or_dot = zero_bytes((w | ONES) ^ SLASHES);
         // Little-endian: byte i + 1 follows byte i, 8 bits up.
         let ok = (slash << 8) & slash_or_dot == 0 && !(carry && slash_or_dot & 0x80 != 0);
-        carry = slash >> 63 != 0;
-        ok
-    };
+        (ok, slash >> 63 != 0)
+    }
+    let word = |c: &[u8]| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+    // The previous word ended with a `/`.
+    let mut carry = false;
     let mut words = p.chunks_exact(8);
     for c in &mut words {
-        if !clean(u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))) {
+        let (ok, last) = clean(word(c), carry);
+        if !ok {
             return false;
         }
+        carry = last;
     }
-    // The last bytes, padded with zeros (neither `/` nor `.`), without a call to `memcpy`.
     let rest = words.remainder();
     if rest.is_empty() {
         return true;
     }
+    if p.len() >= 8 {
+        // The last eight bytes, overlapping bytes already checked: each pair of neighbours in
+        // them is a pair of the path, and the pair before them was checked with the words.
+        return clean(word(&p[p.len() - 8..]), false).0;
+    }
+    // The last bytes, padded with zeros (neither `/` nor `.`), without a call to `memcpy`.
     let mut w = 0u64;
     for (i, &c) in rest.iter().enumerate() {
         w |= (c as u64) << (8 * i);
     }
-    clean(w)
+    clean(w, carry).0
 }
 
 /// An absolute path of named components only (no empty, `.` or `..` one, no trailing `/`), other
@@ -381,6 +393,40 @@ fn classify<'a>(table: &Table, abs: &'a [u8], must_dir: bool) -> Loc<'a> {
         root_link,
         hash: None,
     }
+}
+
+/// `classify(table, p, false)` of absolute path `p` when `p` is normal as it stands (what
+/// `locate` would normalise it to is `p` itself): under one of the roots, all of them normal
+/// (`Table::roots_normal`; the job's is by `set_job_root`), with nothing to normalise after
+/// the root (`is_clean_abs` of the rest, from the `/` that joins it). Then only the rest is
+/// scanned, not the whole path. `None`: the caller decides the long way.
+#[inline]
+fn classify_clean<'a>(table: &Table, p: &'a [u8]) -> Option<Loc<'a>> {
+    if !table.roots_normal() {
+        return None;
+    }
+    let spelled = table.source_root();
+    let real = table.source_real_root();
+    let (rel, root_link) = if let Some(r) = strip_root(p, spelled) {
+        (r, r.is_empty() && spelled != real)
+    } else if let Some(r) = strip_root(p, real) {
+        (r, false)
+    } else if let Some(r) = job_root().and_then(|j| strip_root(p, j)) {
+        (r, r.is_empty())
+    } else {
+        return None;
+    };
+    // `p` is a root, or a root, one `/` and `rel`: the root is normal, so `p` is exactly when
+    // `/rel` is (no empty, `.` or `..` component and no trailing `/` in it).
+    if !rel.is_empty() && !is_clean_abs(&p[p.len() - rel.len() - 1..]) {
+        return None;
+    }
+    Some(Loc {
+        rel: Some(rel),
+        must_dir: false,
+        root_link,
+        hash: None,
+    })
 }
 
 /// Writes `<real source root>/<entry's path>`. The real root, because `..` from the catalog's

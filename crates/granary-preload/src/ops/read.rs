@@ -95,7 +95,14 @@ pub fn read(
             FirstRead::NotOurs(n) => return Detour::Answer(n),
         }
     }
-    let Some(t) = tracked::get(fd) else {
+    // What the fd is now: as peeked, unless it was left for its first use (`tracked::get`
+    // checks it; `first_read` may have checked or switched it already).
+    let t = if peeked.has(flag::UNCHECKED) {
+        tracked::get(fd)
+    } else {
+        Some(peeked)
+    };
+    let Some(t) = t else {
         return Detour::Bypass(Bypass::Untracked, NOTHING);
     };
     if t.kind == FdKind::Dir {
