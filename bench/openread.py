@@ -24,7 +24,7 @@ create) gives a figure no node would show (docs/benchmarks.md, "during placement
 `--tier-root DIR` puts them in DIR instead (e.g. /dev/shm for a RAM tier); without root
 privileges the bench cannot mount and uses `--workdir`'s file system, and says so. The source
 trees the direct passes read go on the tiers' file system too (direct "on the same disk"), unless
-`--source-on workdir`.
+`--source-on workdir` (with `--tier-root`, they are removed after the run).
 
 Before the hot rounds, every setup's files are put back in memory the same way (`even_out`: the
 caches dropped, then direct's and every build's files read in one interleaved pass): otherwise the
@@ -397,6 +397,10 @@ def run(args, work, exe, workers, names, bins, sizes, tier_root):
                 r["during_workers"] = w
             for g in builds:
                 g.reset()
+            if args.tier_root and src_root == args.tier_root:
+                # Not left in a directory of the user's (a RAM tier's would hold its memory).
+                shutil.rmtree(src, ignore_errors=True)
+                (src.parent / f".{src.name}.complete").unlink(missing_ok=True)
     finally:
         for g in live:
             g.stop()
