@@ -203,7 +203,9 @@ def even_out(builds, lst, exe, work):
     then the direct tree's file i, each build's copy i, file i + 1, ... read once. Without it the
     tier placed first reads 2–7 % slower than the one placed after it, whichever build it is;
     dropping the page cache and reading the files back takes that away (docs/benchmarks.md, "The
-    order effect"). Returns what was done (for the report)."""
+    order effect"). Not neutral for 110 KiB files: read-back pages read at other speeds than
+    written ones, direct's ~6 % faster (docs/benchmarks.md, "How the pages came into the cache
+    moves the figure"). Returns what was done (for the report)."""
     if os.geteuid() != 0:
         return "not done (needs root for drop_caches): placement order may move the figures"
     files = [l for l in lst.read_text().splitlines() if l]
