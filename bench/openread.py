@@ -22,10 +22,17 @@ The tiers go on a journaled ext4 (`mkfs.ext4` defaults) in a loop file the bench
 machine's root (ext4 without a journal, which skips inodes freed in the last 30 s at every
 create) gives a figure no node would show (docs/benchmarks.md, "during placement").
 `--tier-root DIR` puts them in DIR instead (e.g. /dev/shm for a RAM tier); without root
-privileges the bench cannot mount and uses `--workdir`'s file system, and says so.
+privileges the bench cannot mount and uses `--workdir`'s file system, and says so. The source
+trees the direct passes read go on the tiers' file system too (direct "on the same disk"), unless
+`--source-on workdir` (with `--tier-root`, they are removed after the run).
+
+Before the hot rounds, every setup's files are put back in memory the same way (`even_out`: the
+caches dropped, then direct's and every build's files read in one interleaved pass): otherwise the
+tier placed first reads a few per cent slower than the next, whichever build it is.
 """
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import pathlib
@@ -191,6 +198,29 @@ class Granary(scale.Granary):
         return p
 
 
+def even_out(builds, lst, exe, work):
+    """Every setup's files put back in memory the same way: the caches dropped (`drop_caches`),
+    then the direct tree's file i, each build's copy i, file i + 1, ... read once. Without it the
+    tier placed first reads 2–7 % slower than the one placed after it, whichever build it is;
+    dropping the page cache and reading the files back takes that away (docs/benchmarks.md, "The
+    order effect"). Not neutral for 110 KiB files: read-back pages read at other speeds than
+    written ones, direct's ~6 % faster (docs/benchmarks.md, "How the pages came into the cache
+    moves the figure"). Returns what was done (for the report)."""
+    if os.geteuid() != 0:
+        return "not done (needs root for drop_caches): placement order may move the figures"
+    files = [l for l in lst.read_text().splitlines() if l]
+    # A copy is `<tier>/<source id>/objects/<16 hex digits>` (docs/architecture.md).
+    copies = [sorted(map(str, g.tier.glob("*/objects/*"))) for g in builds]
+    mixed = work / "even.list"
+    mixed.write_text("".join(f"{p}\n" for row in itertools.zip_longest(files, *copies)
+                             for p in row if p))
+    subprocess.run(["sync"], check=True)
+    pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    direct([exe, mixed, 1, 1])
+    return (f"caches dropped, then {len(files)} files and {', '.join(str(len(c)) for c in copies)} "
+            f"copies read in one interleaved pass")
+
+
 def reader_cmd(kind, exe, lst, passes, workers):
     if kind == "python":
         return [sys.executable, "-c", PYREADER, str(lst), str(passes), str(workers)]
@@ -274,6 +304,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5,
                     help="interleaved rounds (direct, each build) of the hot passes; 0 skips them")
     ap.add_argument("--during-rounds", type=int, default=3, help="rounds on a fresh tier; 0 skips")
+    ap.add_argument("--no-even", dest="even", action="store_false",
+                    help="skip `even_out` before the hot rounds (the tier placed first then reads "
+                         "slower)")
     ap.add_argument("--reader", choices=("c", "python"), default="c")
     ap.add_argument("--only", choices=("1k", "110k"), help="one file size only")
     ap.add_argument("--layout", choices=("plain", "hf"), default="plain",
@@ -286,6 +319,10 @@ def main():
     ap.add_argument("--tier-root", type=pathlib.Path,
                     help="where the tiers go (default: a journaled ext4 on a loop file the bench "
                          "makes under --workdir and removes); e.g. /dev/shm for a RAM tier")
+    ap.add_argument("--source-on", choices=("tier", "workdir"), default="tier",
+                    help="where the source (direct) trees go: tier = on the tiers' file system (the "
+                         "same disk), workdir = under --workdir (the layout before; each run then "
+                         "reuses them)")
     ap.add_argument("--tier-size", default="40G",
                     help="each job's tier size; a tiny one (64K) copies nothing, so the first-pass "
                          "rows measure the library's path for files not placed yet, without copies")
@@ -307,9 +344,10 @@ def main():
     if args.tier_root:
         run(args, work, exe, workers, names, bins, sizes, args.tier_root)
         return
-    # Every build's copies of the largest set at once (the hot rounds), 4 KiB blocks, an inode
-    # (16 KiB of the file system at mkfs.ext4's default ratio) each, and slack.
-    need = len(bins) * max(n * (-(-sz // 4096) * 4096 + 16384) for _, sz, n in sizes) * 5 // 4
+    # The source trees and every build's copies of the largest set at once (the hot rounds),
+    # 4 KiB blocks, an inode (16 KiB of the file system at mkfs.ext4's default ratio) each, slack.
+    per_file = [n * (-(-sz // 4096) * 4096 + 16384) for _, sz, n in sizes]
+    need = (len(bins) * max(per_file) + sum(per_file)) * 5 // 4
     with journaled_tier(work, need) as mnt:
         if mnt is None:
             print(f"cannot make a journaled ext4 tier (needs root, mkfs.ext4, a loop device): "
@@ -323,15 +361,19 @@ def run(args, work, exe, workers, names, bins, sizes, tier_root):
     res = {"reader": args.reader, "layout": args.layout, "tier_size": args.tier_size, "builds": {n: str(b) for n, b in zip(names, bins)},
            "commit": commit, "load_before": os.getloadavg()[0], "sizes": {},
            "tier": tier_fs(tier_root or work) + ("" if tier_root else f" ({work})")}
+    # The direct reads' tree on the same file system as the tiers (the issue's "on the same
+    # disk"), unless asked for under the workdir.
+    src_root = tier_root if tier_root and args.source_on == "tier" else work
+    res["source"] = tier_fs(src_root) + f" ({src_root})"
     live = []  # every agent is stopped before the tier is unmounted, also on a failure
     try:
         for key, size, files in sizes:
             print(f"generating {files} files of {size} B ({args.layout})", flush=True)
             if args.layout == "hf":
-                src = work / f"hf-{key}-{files}"
+                src = src_root / f"hf-{key}-{files}"
                 tree = generate_hf(src, files, size)
             else:
-                src = tree = work / f"ds-{key}-{files}"
+                src = tree = src_root / f"ds-{key}-{files}"
                 generate(src, files, size)
             lst = work / f"{src.name}.list"
             lst.write_text("".join(f"{tree / d / f}\n" for d in sorted(os.listdir(tree))
@@ -345,6 +387,8 @@ def run(args, work, exe, workers, names, bins, sizes, tier_root):
                 g.run(src, reader_cmd("c", exe, lst, 1, 2))  # job 1: walk, open every file
                 g.settle()
                 r["placed"] = sum(s.get("placed", 0) for s in g.status().get("sources", []))
+            if args.rounds:
+                r["even"] = even_out(builds, lst, exe, work) if args.even else "not asked"
             for w in workers if args.rounds else []:
                 print(f"{key}: hot, {w} worker(s)", flush=True)
                 r["hot"][str(w)] = hot(builds, names, src, lst, args.reader, exe, w, args.passes, args.rounds)
@@ -355,6 +399,10 @@ def run(args, work, exe, workers, names, bins, sizes, tier_root):
                 r["during_workers"] = w
             for g in builds:
                 g.reset()
+            if args.tier_root and src_root == args.tier_root:
+                # Not left in a directory of the user's (a RAM tier's would hold its memory).
+                shutil.rmtree(src, ignore_errors=True)
+                (src.parent / f".{src.name}.complete").unlink(missing_ok=True)
     finally:
         for g in live:
             g.stop()
@@ -395,11 +443,15 @@ def report(res, argv):
                         f"{r['during_workers']} fork workers (median of rounds) | {d['ratio_first']:.2f} "
                         f"(rounds {firsts}) | ≤ {DURING_BAR} | {'pass' if ok else '**fail**'} |")
     builds = "; ".join(f"{n} = `{b}`" for n, b in res["builds"].items())
+    evens = "".join(f"Before the hot rounds of {k}: {r['even']}.\n\n"
+                    for k, r in res["sizes"].items() if "even" in r)
     layout = ", every file through a symlink (hf)" if res.get("layout") == "hf" else ""
     return (f"# Placed open+read+close ({res['reader']} reader{layout})\n\n"
             f"`python3 bench/openread.py {argv}` at {res['commit']}; {builds}; "
             f"load average {res['load_before']:.2f} before, {res['load_after']:.2f} after, "
-            f"{os.cpu_count()} cores; tiers on {res.get('tier', '?')}.\n\n"
+            f"{os.cpu_count()} cores; tiers on {res.get('tier', '?')}, the source (direct) "
+            f"trees on {res.get('source', '?')}.\n\n"
+            f"{evens}"
             "| what | measured | bar | |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
