@@ -676,7 +676,7 @@ pub fn path_check(rel_path: &[u8], seed: u64) -> u64 {
 /// (`getrandom(2)`, else `/dev/urandom`), else from the standard library's randomly keyed
 /// hasher (which has the same sources).
 pub fn new_check_seed() -> u64 {
-    if let Some(s) = crate::mapping::getrandom_u64() {
+    if let Some(s) = crate::random::getrandom_u64() {
         return s;
     }
     let mut b = [0u8; 8];

@@ -7,6 +7,7 @@ pub mod build;
 pub mod layout;
 pub mod lifecycle;
 pub mod mapping;
+mod random;
 pub mod region;
 pub mod resolve;
 mod ring;

@@ -37,6 +37,7 @@
 pub mod ahead;
 mod buffers;
 pub mod chunks;
+mod clock;
 mod copy;
 mod engine;
 pub mod known_order;

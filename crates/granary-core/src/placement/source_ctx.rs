@@ -19,7 +19,7 @@ use super::space::Space;
 use super::work::Work;
 use crate::stats::AgentCounters;
 use crate::sync::atomic::{fence, AtomicU64, Ordering};
-use crate::sync::{statics, Arc, OnceLock, RwLock};
+use crate::sync::{Arc, OnceLock, RwLock};
 use crate::tiers::{Reservation, Tiers};
 
 /// One published table of one source. Jobs hold it by `Arc`, so a table replaced by a new walk
@@ -143,7 +143,7 @@ impl SourceCtx {
     /// every pass, so a change is seen within about that long).
     pub fn sample_program_reads(&self) {
         let p = &self.program;
-        let now = mono_ns();
+        let now = super::clock::mono_ns();
         if now.saturating_sub(p.sampled_ns.load(Ordering::Relaxed)) < 10_000_000 {
             return;
         }
@@ -162,7 +162,7 @@ impl SourceCtx {
     pub fn program_busy(&self) -> bool {
         self.sample_program_reads();
         let moved = self.program.moved_ns.load(Ordering::Relaxed);
-        moved != 0 && mono_ns().saturating_sub(moved) < BUSY_WINDOW.as_nanos() as u64
+        moved != 0 && super::clock::mono_ns().saturating_sub(moved) < BUSY_WINDOW.as_nanos() as u64
     }
 }
 
@@ -240,19 +240,10 @@ pub trait Remote: Send + Sync {
 #[derive(Debug, Default)]
 struct ProgramReads {
     last: AtomicU64,
-    /// `mono_ns()` of the last change (0: never).
+    /// `super::clock::mono_ns()` of the last change (0: never).
     moved_ns: AtomicU64,
     sampled_ns: AtomicU64,
 }
 
 /// The program's reads count as "now" for this long after they moved.
 pub const BUSY_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Nanoseconds since the first call in this process (never 0).
-pub(crate) fn mono_ns() -> u64 {
-    static BASE: statics::OnceLock<std::time::Instant> = statics::OnceLock::new();
-    BASE.get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos() as u64
-        + 1
-}

@@ -79,7 +79,7 @@ impl Space {
             return true;
         }
         let rec = self.recorded.get(tier);
-        let now = super::source_ctx::mono_ns();
+        let now = super::clock::mono_ns();
         if let Some(r) = rec {
             let found = r.found_ns.load(Ordering::Relaxed);
             if found != 0 && now.saturating_sub(found) < LOST_CHECK_EVERY.as_nanos() as u64 {
