@@ -363,14 +363,7 @@ fn plan(
     }
     match (mount, loc) {
         (true, Some(loc)) => extracted(g, idx, &entry, &loc, flags),
-        _ => {
-            let small = if entry.stat.size < g.table.prefetch_min_size() {
-                flag::SMALL
-            } else {
-                0
-            };
-            Detour::Bypass(why, Some(Tracked::new(idx, FdKind::Source, fl | small)))
-        }
+        _ => Detour::Bypass(why, Some(source_fd(g, idx, entry.stat.size, fl))),
     }
 }
 
@@ -399,18 +392,10 @@ fn placed_file(
     Some(
         match copy_fd(g, hit.idx, hit.object, None, flags, check, early) {
             Some(fd) => Detour::Answer(fd),
-            None => {
-                let small = if hit.size < t.prefetch_min_size() {
-                    flag::SMALL
-                } else {
-                    0
-                };
-                let fl = initial_flags(flags) | small;
-                Detour::Bypass(
-                    Bypass::CopyUnusable,
-                    Some(Tracked::new(hit.idx, FdKind::Source, fl)),
-                )
-            }
+            None => Detour::Bypass(
+                Bypass::CopyUnusable,
+                Some(source_fd(g, hit.idx, hit.size, initial_flags(flags))),
+            ),
         },
     )
 }
@@ -537,6 +522,17 @@ fn cluster_wait(g: &Guard, idx: u32, entry: &EntryRec, st: State) -> bool {
         && g.table
             .push_request_arg(request::OPEN_UNPLACED, idx, g.slot);
     crate::wait::wait_placed(g, idx, asked)
+}
+
+/// The source's fd of entry `idx` (`size` bytes), tracked with flags `fl`, marked
+/// `flag::SMALL` below the whole-fetch size.
+fn source_fd(g: &Guard, idx: u32, size: u64, fl: u64) -> Tracked {
+    let small = if size < g.table.prefetch_min_size() {
+        flag::SMALL
+    } else {
+        0
+    };
+    Tracked::new(idx, FdKind::Source, fl | small)
 }
 
 /// A catalogued file opened on the source: counted, and the agent asked to place it. `small`:
